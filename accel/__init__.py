@@ -1,0 +1,1 @@
+"""accel: fast kernels, each registered against its refimpl twin (see accel.registry)."""
