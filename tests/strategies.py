@@ -55,3 +55,44 @@ def qkv_BHTD(draw, dtype=np.float64, *, max_T: int = 7, max_S: int = 9, max_D: i
     k = draw(random_arrays((B, H, S, D), dtype))
     v = draw(random_arrays((B, H, S, Dv), dtype))
     return q, k, v
+
+
+@st.composite
+def qkv_BHKTD(draw, dtype=np.float64, *, max_K: int = 3, max_G: int = 3, max_T: int = 7, max_S: int = 9, max_D: int = 8):
+    """Grouped-query (q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv]) with H = K * G; T != S allowed."""
+    B = draw(dims(1, 2))
+    K = draw(dims(1, max_K))
+    H = K * draw(dims(1, max_G))
+    T = draw(dims(1, max_T))
+    S = draw(dims(1, max_S))
+    D = draw(dims(1, max_D))
+    Dv = draw(dims(1, max_D))
+    q = draw(random_arrays((B, H, T, D), dtype))
+    k = draw(random_arrays((B, K, S, D), dtype))
+    v = draw(random_arrays((B, K, S, Dv), dtype))
+    return q, k, v
+
+
+# ---- text for the tokenizer (tests/test_tokenizer.py) ------------------------------------
+
+# Characters where GPT-2's pre-tokenizer is easy to get wrong: White_Space and its look-alikes
+# (U+001C..U+001F are str.isspace() but not White_Space), apostrophes, combining marks, ZWJ.
+TRICKY_CHARS = (
+    " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2009\u200a\u200b\u2028\u2029\u202f\u205f\u3000\ufeff"
+    "'’‘\"`sdmtlrevSDMTLREVaZ09٣۳߃१²½Ⅻ!?.,;:-_()[]{}<>|/\\@#$%^&*+=~"
+    "\u0301\u0308\u200d\ufe0féßøДжαΩ你好世界こんにちはカタカナ한국어😀👩🏽🧑‍💻\U0001f1ef\U0001f1f5"
+)
+
+
+def unicode_text(max_size: int = 40) -> st.SearchStrategy[str]:
+    """Text over every character assigned in Python's Unicode database (no surrogates).
+
+    Unassigned code points (category Cn) are left out: tiktoken's regex knows a later
+    Unicode version, where some of them are letters or numbers (see refimpl.gpt2.bpe).
+    """
+    return st.text(st.characters(exclude_categories=("Cs", "Cn")), max_size=max_size)
+
+
+def tricky_text(max_size: int = 40) -> st.SearchStrategy[str]:
+    """Mixes of whitespace, apostrophes, letters, digits, punctuation, marks and emoji."""
+    return st.text(st.sampled_from(TRICKY_CHARS), max_size=max_size)

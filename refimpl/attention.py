@@ -1,0 +1,425 @@
+"""Attention: softmax, scaled dot-product attention, multi-head / grouped-query / multi-query.
+
+Read top to bottom: softmax -> scaled_dot_product_attention (one head, any leading axes) ->
+grouped_query_attention (H query heads share K key/value heads; K = H is multi-head,
+K = 1 multi-query) -> multi_head_attention (projections from model width and back) ->
+masked_attention / decode_attention (the structured forms the accel kernels are proved against).
+
+Conventions (see refimpl.masks): masks are boolean, True = may attend; they become -inf only
+inside `scaled_dot_product_attention`. Queries are aligned to the end of the keys: query i of T
+sits at absolute position S - T + i. A query that may attend to no key gets zero weights and a
+zero output row, never NaN. Dtype in = dtype out: the scale and the -inf are made in the
+computation dtype, so float32 stays float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_float, check_positive_int, float_result_type
+from .linear import LinearParams, linear
+from .masks import (
+    causal_mask,
+    combine_masks,
+    key_mask_to_attention_mask,
+    local_window_mask,
+    padding_mask,
+    query_positions,
+    sink_window_mask,
+)
+
+__all__ = [
+    "softmax",
+    "scaled_dot_product_attention",
+    "grouped_query_attention",
+    "multi_query_attention",
+    "split_heads",
+    "merge_heads",
+    "AttentionParams",
+    "FusedQKVParams",
+    "multi_head_attention",
+    "masked_attention",
+    "decode_attention",
+]
+
+
+# ----------------------------------------------------------------------------- softmax
+
+def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
+    """softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m), m = max_j x_j  (Bridle 1990; the max shift is exact algebra).
+
+    Shapes: x [...] -> same shape and dtype, normalised along `axis`.
+    Notes: subtracting the row maximum leaves the result unchanged (the factor exp(-m)
+    cancels) and keeps every exponent <= 0, so nothing overflows. A row that is entirely
+    -inf (a query with nothing to attend to) returns zeros instead of 0/0 = NaN. A +inf or
+    NaN entry gives NaN, as it should. An empty axis gives an empty result.
+    """
+    x = as_float(x, "x")
+    if not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    m = np.where(m == -np.inf, x.dtype.type(0), m)  # all -inf row: exp(-inf - 0) = 0, not NaN
+    e = np.exp(x - m)
+    total = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(total == 0, x.dtype.type(1), total)  # total == 0 only for all -inf rows
+
+
+# ------------------------------------------------------------- scaled dot-product attention
+
+def _check_broadcasts_to(a: np.ndarray, name: str, shape: tuple, shape_str: str) -> None:
+    """Require `a` to broadcast to exactly `shape` (it may not enlarge it)."""
+    try:
+        ok = np.broadcast_shapes(a.shape, shape) == tuple(shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be broadcastable to {shape_str} = {tuple(shape)}; got shape {a.shape}")
+
+
+def _check_mask(mask, shape: tuple, shape_str: str) -> np.ndarray:
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(
+            f"mask must be boolean (True = may attend); got dtype {mask.dtype}. "
+            "Pass additive float terms as bias=...")
+    _check_broadcasts_to(mask, "mask", shape, shape_str)
+    return mask
+
+
+def _check_bias(bias, shape: tuple, shape_str: str, dtype) -> np.ndarray:
+    bias = as_float(bias, "bias")
+    _check_broadcasts_to(bias, "bias", shape, shape_str)
+    return bias.astype(dtype, copy=False)
+
+
+def _scale_for(D: int, scale, dtype) -> np.floating:
+    if scale is None:
+        return dtype.type(1.0 / math.sqrt(D))
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__} {scale!r}")
+    return dtype.type(scale)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+    """Attention(Q, K, V) = softmax(Q K^T * scale + bias, masked to -inf where mask is False) V  (Vaswani et al. 2017, eq. 1).
+
+    Shapes: q [..., T, D], k [..., S, D], v [..., S, Dv]; the leading axes of q, k, v
+    broadcast together to [...]; mask bool and bias float broadcastable to [..., T, S].
+    Returns out [..., T, Dv], and weights [..., T, S] too when return_weights=True.
+    Notes: scale defaults to 1/sqrt(D). The computation dtype is the promotion of q, k, v
+    (float32 stays float32); the scale, the -inf fill and the bias are cast to it. A query row
+    whose keys are all masked (or all -inf after the bias) gets zero weights and a zero output.
+    See also: grouped_query_attention (heads sharing keys), masked_attention (structured
+    masks, the accel twin), accel's fused attention kernels.
+    """
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    for a, name, shape in ((q, "q", "[..., T, D]"), (k, "k", "[..., S, D]"), (v, "v", "[..., S, Dv]")):
+        if a.ndim < 2:
+            raise ValueError(f"{name} must have shape {shape} (at least 2 dimensions); got shape {a.shape}")
+    T, D = q.shape[-2:]
+    S = k.shape[-2]
+    if k.shape[-1] != D:
+        raise ValueError(f"k must have shape [..., S, D] with D={D} (q's last axis); got k {k.shape}, q {q.shape}")
+    if v.shape[-2] != S:
+        raise ValueError(f"v must have shape [..., S, Dv] with S={S} (k's key axis); got v {v.shape}, k {k.shape}")
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"the leading axes of q, k, v must broadcast together; got q {q.shape}, k {k.shape}, v {v.shape}") from None
+    dtype = float_result_type(q, k, v)
+    q, k, v = q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    scores_shape = (*batch, T, S)
+
+    scores = (q @ np.swapaxes(k, -1, -2)) * _scale_for(D, scale, dtype)  # [..., T, S]
+    if bias is not None:
+        scores = scores + _check_bias(bias, scores_shape, "[..., T, S]", dtype)
+    if mask is not None:
+        scores = np.where(_check_mask(mask, scores_shape, "[..., T, S]"), scores, dtype.type(-np.inf))
+    weights = softmax(scores, axis=-1)  # [..., T, S]; all -inf rows -> 0
+    out = weights @ v  # [..., T, Dv]
+    return (out, weights) if return_weights else out
+
+
+# ------------------------------------------------------------- grouped-query attention
+
+def _group_heads(m: np.ndarray, H: int, K: int) -> np.ndarray:  # [.., H|1, T|1, S|1] -> [b, K|1, G|1, t, s]
+    """Reshape a mask / bias that broadcasts to [B, H, T, S] so that it broadcasts to [B, K, G, T, S]."""
+    m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # [b, h, t, s] with h in (1, H)
+    b, h, t, s = m.shape
+    if h == 1:
+        return m[:, :, None]  # [b, 1, 1, t, s]
+    return m.reshape(b, K, H // K, t, s)  # [b, K, G, t, s]: head h -> group h // G, member h % G
+
+
+def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """head_h = Attention(Q_h, K_{g(h)}, V_{g(h)}), g(h) = floor(h / (H/K))  (GQA, Ainslie et al. 2023, sec. 2.2).
+
+    Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; mask bool and bias
+    float broadcastable to [B, H, T, S]. Returns [B, H, T, Dv] (and weights [B, H, T, S]).
+    Notes: query heads form K consecutive groups of G = H/K; group g reads key/value head g
+    (the layout of Hugging Face's repeat_kv and torch's enable_gqa). The group is an array
+    axis: q becomes [B, K, G, T, D] and k, v become [B, K, 1, S, D] views that broadcast over
+    G, so K/V are never copied G times. K = H is multi-head attention, K = 1 multi-query.
+    See also: multi_query_attention, masked_attention, decode_attention.
+    """
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
+        if a.ndim != 4:
+            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
+    B, H, T, D = q.shape
+    _, K, S, _ = k.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
+    if v.shape[:3] != (B, K, S):
+        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
+    if K == 0 or H % K != 0:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
+                         f"(q {q.shape}, k {k.shape})")
+    G = H // K
+    dtype = float_result_type(q, k, v)
+    if mask is not None:
+        mask = _group_heads(_check_mask(mask, (B, H, T, S), "[B, H, T, S]"), H, K)
+    if bias is not None:
+        bias = _group_heads(_check_bias(bias, (B, H, T, S), "[B, H, T, S]", dtype), H, K)
+    qg = q.reshape(B, K, G, T, D)  # [B, K, G, T, D]
+    kg, vg = k[:, :, None], v[:, :, None]  # [B, K, 1, S, D], [B, K, 1, S, Dv] (views)
+    res = scaled_dot_product_attention(qg, kg, vg, mask, bias, scale=scale, return_weights=return_weights)
+    if return_weights:
+        out, weights = res
+        return out.reshape(B, H, T, -1), weights.reshape(B, H, T, S)
+    return res.reshape(B, H, T, -1)  # [B, H, T, Dv]
+
+
+def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]
+    """head_h = Attention(Q_h, K, V): every query head shares one key/value head  (MQA, Shazeer 2019, sec. 3).
+
+    Shapes: q [B, H, T, D], k [B, S, D], v [B, S, Dv] (no head axis, as in the paper);
+    mask / bias broadcastable to [B, H, T, S]. Returns [B, H, T, Dv] (and weights).
+    Notes: exactly grouped_query_attention with K = 1 (k[:, None], v[:, None]).
+    """
+    k, v = as_float(k, "k"), as_float(v, "v")
+    if k.ndim != 3:
+        raise ValueError(f"k must have shape [B, S, D] (one shared head); got shape {k.shape}")
+    if v.ndim != 3:
+        raise ValueError(f"v must have shape [B, S, Dv] (one shared head); got shape {v.shape}")
+    return grouped_query_attention(q, k[:, None], v[:, None], mask, bias, scale=scale, return_weights=return_weights)
+
+
+# ------------------------------------------------------------- multi-head attention
+
+def split_heads(x, n_head: int) -> np.ndarray:  # [..., T, C] -> [..., H, T, D]
+    """x[..., t, h*D + d] -> out[..., h, t, d]: the width C = H*D cut into H heads of D features.
+
+    Shapes: x [..., T, C] with C % n_head == 0 -> [..., H, T, D], D = C / H.
+    Notes: head h owns columns h*D .. h*D + D - 1 (the layout of GPT-2, PyTorch and HF).
+    """
+    x = as_float(x, "x")
+    H = check_positive_int(n_head, "n_head")
+    if x.ndim < 2 or x.shape[-1] % H != 0:
+        raise ValueError(f"x must have shape [..., T, C] with C divisible by n_head={H}; got shape {x.shape}")
+    *lead, T, C = x.shape
+    return np.swapaxes(x.reshape(*lead, T, H, C // H), -3, -2)  # [..., T, H, D] -> [..., H, T, D]
+
+
+def merge_heads(x) -> np.ndarray:  # [..., H, T, D] -> [..., T, H*D]
+    """out[..., t, h*D + d] = x[..., h, t, d]: the inverse of split_heads (concatenate the heads).
+
+    Shapes: x [..., H, T, D] -> [..., T, C] with C = H*D.
+    """
+    x = as_float(x, "x")
+    if x.ndim < 3:
+        raise ValueError(f"x must have shape [..., H, T, D]; got shape {x.shape}")
+    *lead, H, T, D = x.shape
+    return np.swapaxes(x, -3, -2).reshape(*lead, T, H * D)  # [..., T, H, D] -> [..., T, C]
+
+
+def _check_linear(p, name: str) -> None:
+    if not isinstance(p, LinearParams):
+        raise TypeError(f"{name} must be a LinearParams; got {type(p).__name__}")
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """Separate projections: q [C, H*D], k [Ckv, K*D], v [Ckv, K*Dv], o [H*Dv, C] (LinearParams, [in, out])."""
+
+    q: LinearParams
+    k: LinearParams
+    v: LinearParams
+    o: LinearParams
+
+    def __post_init__(self) -> None:
+        for name in ("q", "k", "v", "o"):
+            _check_linear(getattr(self, name), f"AttentionParams.{name}")
+        if self.k.n_in != self.v.n_in:
+            raise ValueError(f"AttentionParams.k and .v must read the same width; got k.w {self.k.w.shape}, v.w {self.v.w.shape}")
+
+
+@dataclass(frozen=True)
+class FusedQKVParams:
+    """Fused projection: qkv [C, (H + 2K)*D] with output columns [q | k | v] (GPT-2's c_attn), o [H*D, C]."""
+
+    qkv: LinearParams
+    o: LinearParams
+
+    def __post_init__(self) -> None:
+        _check_linear(self.qkv, "FusedQKVParams.qkv")
+        _check_linear(self.o, "FusedQKVParams.o")
+
+
+def _divide(width: int, n: int, what: str) -> int:  # width = n * d -> d
+    if width % n != 0:
+        raise ValueError(f"{what}: width {width} is not a multiple of {n}")
+    return width // n
+
+
+def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: int | None = None, kv=None, scale=None, return_weights: bool = False):  # [B, T, C] -> [B, T, C]
+    """MultiHead(X) = Concat(head_1, ..., head_H) W_O, head_h = Attention(X W_Q^h, X_kv W_K^g(h), X_kv W_V^g(h))  (Vaswani et al. 2017, sec. 3.2.2).
+
+    Shapes: x [B, T, C]; kv [B, S, Ckv] (cross-attention) or None (self-attention, S = T);
+    mask bool / bias float broadcastable to [B, H, T, S]. Returns [B, T, C'] (C' = o's output
+    width), and the weights [B, H, T, S] too when return_weights=True.
+    Params: AttentionParams (separate q, k, v, o) or FusedQKVParams (one qkv projection whose
+    output columns are [q | k | v], as GPT-2's c_attn: qkv = x W + b, then split).
+    Notes: n_head is H. Grouped-query projections (K < H key/value heads, k/v of width K*D)
+    work with both: for AttentionParams K is read off the k width (n_kv_head, if given, is
+    checked); for FusedQKVParams give n_kv_head (default H) to split the (H + 2K)*D columns.
+    No mask is applied unless given: pass causal_mask(T) for a decoder.
+    See also: grouped_query_attention, split_heads / merge_heads.
+    """
+    x = as_float(x, "x")
+    if x.ndim != 3:
+        raise ValueError(f"x must have shape [B, T, C]; got shape {x.shape}")
+    H = check_positive_int(n_head, "n_head")
+    if isinstance(p, FusedQKVParams):
+        if kv is not None:
+            raise ValueError("kv= (cross-attention) needs separate projections: pass AttentionParams, "
+                             "a fused qkv projection reads a single sequence")
+        K = H if n_kv_head is None else check_positive_int(n_kv_head, "n_kv_head")
+        if x.shape[-1] != p.qkv.n_in:
+            raise ValueError(f"x must have shape [B, T, C] with C={p.qkv.n_in} (qkv.w is {p.qkv.w.shape}); got shape {x.shape}")
+        if p.qkv.n_out % (H + 2 * K) != 0:
+            raise ValueError(f"FusedQKVParams.qkv output width {p.qkv.n_out} must be (H + 2K)*D "
+                             f"with H={H}, K={K}; it is not a multiple of {H + 2 * K}")
+        D = p.qkv.n_out // (H + 2 * K)
+        qkv = linear(x, p.qkv)  # [B, T, (H + 2K) D]
+        q, k, v = np.split(qkv, [H * D, (H + K) * D], axis=-1)  # [B, T, H D], [B, T, K D], [B, T, K D]
+    elif isinstance(p, AttentionParams):
+        src = x if kv is None else as_float(kv, "kv")
+        if src.ndim != 3 or src.shape[0] != x.shape[0]:
+            raise ValueError(f"kv must have shape [B, S, Ckv] with B={x.shape[0]}; got shape {src.shape}")
+        if x.shape[-1] != p.q.n_in:
+            raise ValueError(f"x must have shape [B, T, C] with C={p.q.n_in} (q.w is {p.q.w.shape}); got shape {x.shape}")
+        if src.shape[-1] != p.k.n_in:
+            raise ValueError(f"{'kv' if kv is not None else 'x'} must have shape [B, S, Ckv] with Ckv={p.k.n_in} "
+                             f"(k.w is {p.k.w.shape}); got shape {src.shape}")
+        D = _divide(p.q.n_out, H, f"AttentionParams.q output must be H*D wide with H=n_head={H}")
+        K = _divide(p.k.n_out, D, f"AttentionParams.k output must be K*D wide with D={D}")
+        if n_kv_head is not None and check_positive_int(n_kv_head, "n_kv_head") != K:
+            raise ValueError(f"n_kv_head={n_kv_head} but the k projection has width {p.k.n_out} = {K} heads of D={D}")
+        _divide(p.v.n_out, K, f"AttentionParams.v output must be K*Dv wide with K={K}")
+        q, k, v = linear(x, p.q), linear(src, p.k), linear(src, p.v)  # [B, T, H D], [B, S, K D], [B, S, K Dv]
+    else:
+        raise TypeError(f"p must be AttentionParams or FusedQKVParams; got {type(p).__name__}")
+    if p.o.n_in != H * v.shape[-1] // K:
+        raise ValueError(f"o must have input width H*Dv = {H * v.shape[-1] // K}; got o.w {p.o.w.shape}")
+    res = grouped_query_attention(split_heads(q, H), split_heads(k, K), split_heads(v, K),  # [B, H|K, T|S, D]
+                                  mask, bias, scale=scale, return_weights=return_weights)
+    out, weights = res if return_weights else (res, None)
+    y = linear(merge_heads(out), p.o)  # [B, H, T, Dv] -> [B, T, H Dv] -> [B, T, C']
+    return (y, weights) if return_weights else y
+
+
+# ------------------------------------------------------------- structured attention (accel twins)
+
+def _check_qkv_BHTD(q, k, v):
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
+        if a.ndim != 4:
+            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
+    return q, k, v
+
+
+def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
+                     key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (structured GQA attention).
+
+    Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
+    bool (True = real token); alibi_slopes [H] (m_h; ALiBi, Press et al. 2022, sec. 3).
+    Returns [B, H, T, Dv].
+    The mask M is the AND of the padding key mask and one pattern (with p = p_i):
+      window=None, causal=False   all keys;
+      window=None, causal=True    j <= p                                     (causal_mask);
+      window=w,    causal=True    0 <= p - j < w                             (local_window_mask);
+      window=w,    causal=False   |p - j| < w  (two-sided)                    (local_window_mask);
+      window=w, n_sink=n > 0      j <= p and (j < n or p - j < w); needs causal=True (sink_window_mask).
+    n_sink > 0 without a window (or without causal) is refused: under a plain causal mask the
+    sinks are visible anyway, and StreamingLLM's pattern is causal.
+    Notes: the ALiBi bias is added as written, -m_h (p_i - j), also for keys after the query
+    when causal=False (positive there). Fully masked rows give zeros. This is the twin that
+    accel's fused (never materialising T x S) attention kernels are proved against; here the
+    boolean [.., T, S] mask is built with refimpl.masks and handed to grouped_query_attention.
+    """
+    q, k, v = _check_qkv_BHTD(q, k, v)
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False; got {type(causal).__name__} {causal!r}")
+    if window is not None:
+        window = check_positive_int(window, "window")
+    if n_sink > 0 and (window is None or not causal):
+        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
+                         f"sliding window); got window={window}, causal={causal}")
+    if window is None:
+        pattern = causal_mask(T, S) if causal else None  # [T, S] or None
+    elif n_sink > 0:
+        pattern = sink_window_mask(T, S, n_sink=n_sink, window=window)
+    else:
+        pattern = local_window_mask(T, S, window=window, causal=causal)
+    padding = None
+    if key_mask is not None:
+        padding = key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
+        if padding.shape != (B, 1, 1, S):
+            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {np.shape(key_mask)}")
+    mask = combine_masks(pattern, padding)  # [T, S], [B, 1, 1, S], [B, 1, T, S] or None
+
+    bias = None
+    if alibi_slopes is not None:
+        dtype = float_result_type(q, k, v)
+        m = as_float(alibi_slopes, "alibi_slopes").astype(dtype, copy=False)
+        if m.shape != (H,):
+            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {m.shape}")
+        p_i = query_positions(T, S).astype(dtype)[:, None]  # [T, 1]
+        j = np.arange(S, dtype=dtype)[None, :]  # [1, S]
+        bias = -m[:, None, None] * (p_i - j)  # [H, T, S]: -m_h (p_i - j)
+    return grouped_query_attention(q, k, v, mask, bias, scale=scale)
+
+
+def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}: one new token against a KV cache.
+
+    Shapes: q [B, H, D] (the newest query of each sequence), k [B, K, S, D], v [B, K, S, Dv]
+    (the cache, H % K == 0); key_lengths [B] ints in 0 .. S or None (all S entries valid).
+    Returns [B, H, Dv].
+    Notes: cache entries j >= L_b are ignored (right padding of the cache). The new token is
+    the last query, so it sees every valid entry: no causal mask is needed. L_b = 0 gives a zero
+    row. The twin of accel's decode-attention kernel.
+    """
+    q = as_float(q, "q")
+    if q.ndim != 3:
+        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
+    k = as_float(k, "k")
+    if k.ndim != 4:
+        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
+    B, S = q.shape[0], k.shape[2]
+    mask = None
+    if key_lengths is not None:
+        if np.shape(key_lengths) != (B,):
+            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
+        mask = key_mask_to_attention_mask(padding_mask(key_lengths, S))  # [B, 1, 1, S]
+    out = grouped_query_attention(q[:, :, None, :], k, v, mask, scale=scale)  # [B, H, 1, Dv]
+    return out[:, :, 0, :]
