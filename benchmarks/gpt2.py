@@ -1,0 +1,136 @@
+"""GPT-2 small end to end: prefill and KV-cache decoding, against Hugging Face + PyTorch.
+
+Same random weights on both sides (a GPT2LMHeadModel built from GPT2Config(); no download),
+float32, same thread count. Validated first: our logits must equal HF's (max relative
+difference reported) before anything is timed.
+
+Cases
+- prefill T: one forward over T prompt tokens, logits at every position (what HF's forward
+  returns). FLOP ~ 2 * N_params_nonembedding * T + 2 * T * V * C + attention 2 * 2 * L * T^2/2 * C.
+- decode B: greedy generation of N new tokens after a short prompt, through each library's
+  public generate (refimpl.gpt2.generate / generate_batch vs HF generate). Reported as
+  generated tokens per second (B * N / time).
+- textbook: the simplest NumPy GPT-2 decoding: recompute the whole sequence for every new
+  token (no KV cache), through the same refimpl forward.
+
+Bandwidth bound for decoding at batch 1: each step must read every parameter once
+(wte twice: the embedding row is negligible, the LM head reads all of it), so
+tokens/s <= bandwidth / parameter_bytes. The fraction of that bound is reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .harness import Result, time_fn
+
+
+def build_models(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
+                 n_positions: int = 1024, seed: int = 0):
+    """A random-weight HF GPT2LMHeadModel and the same weights as a refimpl GPT2Model."""
+    import torch
+    from transformers import GPT2Config as HFConfig, GPT2LMHeadModel
+
+    from refimpl.gpt2 import GPT2Config, GPT2Model, GPT2Params
+
+    torch.manual_seed(seed)
+    hf_cfg = HFConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
+                      n_positions=n_positions)
+    hf = GPT2LMHeadModel(hf_cfg).eval()
+    sd = {k.removeprefix("transformer."): v.detach().numpy() for k, v in hf.state_dict().items()
+          if not k.startswith("lm_head.") and not k.endswith(".attn.bias") and not k.endswith("masked_bias")}
+    config = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd,
+                        n_layer=n_layer, n_head=n_head)
+    model = GPT2Model(config, GPT2Params.from_named_tensors(sd, config))
+    return hf, model
+
+
+def validate(hf, model, backend: str = "numpy", T: int = 32) -> float:
+    """Max relative difference max|ours - HF| / max|HF| of the logits on a random prompt."""
+    import torch
+
+    from refimpl.gpt2 import logits
+
+    ids = np.random.default_rng(1).integers(0, model.config.vocab_size, size=(1, T))
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids)).logits.numpy()
+    ours = logits(model, ids, backend=backend)
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+def prefill_flop(config, T: int) -> float:
+    C, L, V = config.n_embd, config.n_layer, config.vocab_size
+    per_token_block = 2 * (C * 3 * C + C * C + 2 * C * 4 * C)  # qkv, proj, fc, fc_proj
+    attn = L * 2 * 2 * C * T * (T + 1) / 2                     # QK^T and AV under the causal mask
+    return L * per_token_block * T + attn + 2 * T * C * V
+
+
+def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
+    import torch
+
+    from refimpl.gpt2 import generate, generate_batch
+    from refimpl.gpt2.model import forward, get_ops
+
+    torch.set_num_threads(threads)
+    hf, model = build_models()
+    cfg = model.config
+    param_bytes = model.params.nbytes()
+    out: dict = {"config": {"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
+                            "vocab_size": cfg.vocab_size}, "param_bytes": param_bytes,
+                 "validation": {}, "results": []}
+    for b in backends:
+        out["validation"][b] = validate(hf, model, backend=b)
+    rng = np.random.default_rng(0)
+    results: list[Result] = []
+
+    # ---- prefill
+    for T in ((128,) if quick else (128, 1024)):
+        ids = rng.integers(0, cfg.vocab_size, size=(1, T))
+        tid = torch.from_numpy(ids)
+        with torch.no_grad():
+            t = time_fn(lambda: hf(tid), repeats=5 if quick else 9, warmup=1)
+        flop = prefill_flop(cfg, T)
+        results.append(Result(f"prefill T={T}", "hf.torch", t.median, t.spread, flop=flop, params={"T": T}))
+        for b in backends:
+            ops = get_ops(b)
+            params = ops.prepare(model.params)
+            t = time_fn(lambda: forward(params, cfg, ids, ops=ops), repeats=5 if quick else 9, warmup=1)
+            results.append(Result(f"prefill T={T}", f"refimpl[{b}]", t.median, t.spread, flop=flop, params={"T": T}))
+
+    # ---- decode
+    n_new = 32 if quick else 64
+    prompt_len = 8
+    for B in ((1, 8)):
+        prompts = rng.integers(0, cfg.vocab_size, size=(B, prompt_len))
+        tp = torch.from_numpy(prompts)
+        with torch.no_grad():
+            t = time_fn(lambda: hf.generate(tp, attention_mask=torch.ones_like(tp), max_new_tokens=n_new,
+                                            min_new_tokens=n_new, do_sample=False, pad_token_id=0),
+                        repeats=3 if quick else 5, warmup=1)
+        results.append(Result(f"decode B={B}", "hf.generate", t.median, t.spread,
+                              bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new},
+                              extra={"tokens_per_s": B * n_new / t.median}))
+        for b in backends:
+            if B == 1:
+                fn = lambda: generate(model, prompts[0], max_new_tokens=n_new, eos_token_id=None, backend=b)
+            else:
+                fn = lambda: generate_batch(model, list(prompts), max_new_tokens=n_new, eos_token_id=None, backend=b)
+            t = time_fn(fn, repeats=3 if quick else 5, warmup=1)
+            results.append(Result(f"decode B={B}", f"refimpl[{b}]", t.median, t.spread,
+                                  bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new},
+                                  extra={"tokens_per_s": B * n_new / t.median}))
+
+    # ---- textbook baseline: full recomputation per token, no cache
+    n_tb = 8 if quick else 32
+
+    def textbook():
+        seq = list(rng.integers(0, cfg.vocab_size, size=prompt_len))
+        for _ in range(n_tb):
+            z = forward(model.params, cfg, np.asarray(seq)[None])
+            seq.append(int(z[0, -1].argmax()))
+
+    t = time_fn(textbook, repeats=3, warmup=0)
+    results.append(Result("decode B=1", "textbook (no cache)", t.median, t.spread,
+                          params={"B": 1, "new_tokens": n_tb}, extra={"tokens_per_s": n_tb / t.median}))
+    out["results"] = results
+    return out

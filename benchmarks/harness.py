@@ -1,0 +1,215 @@
+"""Timing, ceilings and result records shared by every benchmark case.
+
+Method (DESIGN.md, llm.c's dev/cuda): validate a case against refimpl first, warm up
+(JIT compilation is not a timing), then time several runs and report the median and
+the spread (interquartile range). Every case states its FLOP and byte counts so its
+achieved GFLOP/s or GB/s can be set against the machine's ceilings measured in the
+same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Timing:
+    """Seconds per call: median, first and third quartiles, and all samples."""
+
+    median: float
+    q1: float
+    q3: float
+    samples: list[float]
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median."""
+        return (self.q3 - self.q1) / self.median if self.median > 0 else float("nan")
+
+
+def time_fn(fn, *, repeats: int = 7, warmup: int = 2, min_time: float = 0.0, max_time: float = 60.0) -> Timing:
+    """Median time of `fn()` over `repeats` runs after `warmup` unrecorded calls.
+
+    A run that is very short is repeated inside one sample until it lasts `min_time`
+    seconds (the sample is then the mean per call). Sampling stops early when the total
+    exceeds `max_time` (with at least 3 samples).
+    """
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    start_all = time.perf_counter()
+    inner = 1
+    if min_time > 0:
+        t0 = time.perf_counter()
+        fn()
+        once = time.perf_counter() - t0
+        inner = max(1, int(min_time / max(once, 1e-9)))
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - t0) / inner)
+        if len(samples) >= 3 and time.perf_counter() - start_all > max_time:
+            break
+    qs = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
+    return Timing(statistics.median(samples), qs[0], qs[2], samples)
+
+
+# ---- ceilings --------------------------------------------------------------------
+
+
+def measure_matmul_gflops(n: int = 2048, dtype=np.float32) -> dict:
+    """Dense matrix multiply throughput (BLAS sgemm, all BLAS threads): 2 n^3 FLOP per call."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    t = time_fn(lambda: a @ b, repeats=5, warmup=1)
+    return {"n": n, "dtype": np.dtype(dtype).name, "flop": 2 * n**3, "seconds": t.median,
+            "gflops": 2 * n**3 / t.median / 1e9}
+
+
+def measure_read_bandwidth(nbytes: int = 1 << 30) -> dict:
+    """Memory read bandwidth: the best of a BLAS matrix-vector product over a large matrix
+    (all BLAS threads, the access pattern of a decoding step) and NumPy's sum (one thread).
+
+    The array is several times larger than the last-level cache, so this is DRAM bandwidth.
+    """
+    cols = 16384
+    rows = nbytes // (4 * cols)
+    w = np.ones((rows, cols), np.float32)
+    x = np.ones(cols, np.float32)
+    gemv = time_fn(lambda: w @ x, repeats=5, warmup=1)
+    flat = w.reshape(-1)
+    total = time_fn(lambda: flat.sum(), repeats=3, warmup=1)
+    return {"bytes": w.nbytes, "gemv_gbps": w.nbytes / gemv.median / 1e9,
+            "sum_gbps": w.nbytes / total.median / 1e9,
+            "gbps": max(w.nbytes / gemv.median, w.nbytes / total.median) / 1e9}
+
+
+def measure_ceilings(quick: bool = True) -> dict:
+    return {
+        "matmul": measure_matmul_gflops(1536 if quick else 2048),
+        "bandwidth": measure_read_bandwidth((512 << 20) if quick else (1 << 30)),
+    }
+
+
+# ---- machine and versions ----------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(mod: str) -> str | None:
+    try:
+        m = __import__(mod)
+        return getattr(m, "__version__", "unknown")
+    except Exception:
+        return None
+
+
+def machine_info() -> dict:
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": _version("numba"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS",
+                                                "NUMBA_NUM_THREADS")},
+    }
+    try:
+        import torch
+        info["torch_threads"] = torch.get_num_threads()
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            info["gpu"] = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+# ---- records ---------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One measured implementation of one case."""
+
+    case: str           # e.g. "attention causal T=1024"
+    impl: str           # e.g. "accel.numba", "torch.sdpa", "refimpl"
+    seconds: float      # median
+    spread: float       # interquartile range / median
+    flop: float | None = None
+    bytes: float | None = None
+    params: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    def gflops(self) -> float | None:
+        return None if not self.flop else self.flop / self.seconds / 1e9
+
+    def gbps(self) -> float | None:
+        return None if not self.bytes else self.bytes / self.seconds / 1e9
+
+
+def write_results(name: str, payload: dict, out_dir: Path = RESULTS_DIR) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+
+    def default(o):
+        if isinstance(o, (np.floating, np.integer)):
+            return o.item()
+        if hasattr(o, "__dataclass_fields__"):
+            return asdict(o)
+        raise TypeError(type(o))
+
+    path.write_text(json.dumps(payload, indent=2, default=default) + "\n")
+    return path
+
+
+def peak_rss_of(code: str, *, env: dict | None = None, timeout: float = 600.0) -> dict:
+    """Run `code` in a fresh Python process and return its peak resident memory (MiB).
+
+    The child prints a JSON line {"baseline_kib": ..., ...}: the code must set a variable
+    `baseline` (ru_maxrss in KiB, read after imports and input allocation and a warm-up
+    call) so the reported figure is what the measured call added on top of that.
+    """
+    wrapper = (
+        "import resource, json\n" + code +
+        "\npeak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(json.dumps({'baseline_kib': baseline, 'peak_kib': peak}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, **(env or {})},
+                         cwd=str(Path(__file__).resolve().parent.parent))
+    if out.returncode != 0:
+        raise RuntimeError(f"memory probe failed:\n{out.stderr[-2000:]}")
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"baseline_mib": rec["baseline_kib"] / 1024, "peak_mib": rec["peak_kib"] / 1024,
+            "added_mib": (rec["peak_kib"] - rec["baseline_kib"]) / 1024}

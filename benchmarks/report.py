@@ -1,0 +1,159 @@
+"""Turn benchmarks/results/*.json into the README's performance table and PNG plots.
+
+    python -m benchmarks.report            # print the markdown table
+    python -m benchmarks.report --plots    # also (re)write the PNGs
+
+Ratios are time(ours) / time(peer) measured in the same run (lower is better for us),
+except decoding, which is reported as tokens/s and the ratio ours / peer (higher is better).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from .harness import RESULTS_DIR
+
+PEERS = ("torch", "torch.sdpa", "hf.torch", "hf.generate")
+
+
+def _load(out_dir: Path, name: str) -> dict | None:
+    p = Path(out_dir) / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _fmt_time(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _rows_by_case(results):
+    by = defaultdict(dict)
+    for r in results:
+        by[r["case"]][r["impl"]] = r
+    return by
+
+
+def markdown(out_dir: Path = RESULTS_DIR) -> str:
+    ceil = _load(out_dir, "ceilings")
+    lines = []
+    if ceil:
+        m, c = ceil["machine"], ceil["ceilings"]
+        lines.append(f"Measured {m['date']} on {m['cpu']} ({m['cores']} cores), numpy {m['numpy']}, "
+                     f"numba {m['numba']}, torch {m['torch']}, OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}, "
+                     f"{m.get('mode', '?')} mode. Ceilings measured in the same run: matmul "
+                     f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}), read bandwidth "
+                     f"{c['bandwidth']['gbps']:.1f} GB/s.")
+        lines.append("")
+        gflops_ceiling, gbps_ceiling = c["matmul"]["gflops"], c["bandwidth"]["gbps"]
+    else:
+        gflops_ceiling = gbps_ceiling = None
+
+    kern = _load(out_dir, "kernels")
+    if kern:
+        lines += ["| kernel case | ours (accel) | refimpl | peer (torch) | ours / peer | achieved | of ceiling |",
+                  "|---|---|---|---|---|---|---|"]
+        for case, impls in _rows_by_case(kern["results"]).items():
+            ours = next((r for k, r in impls.items() if k.startswith("accel")), None)
+            ref = impls.get("refimpl")
+            peer = next((impls[p] for p in PEERS if p in impls), None)
+            if ours is None:
+                continue
+            ratio = f"{ours['seconds'] / peer['seconds']:.2f}x" if peer else "-"
+            if ours.get("flop"):
+                ach = ours["flop"] / ours["seconds"] / 1e9
+                achieved, frac = f"{ach:.1f} GFLOP/s", (f"{ach / gflops_ceiling:.0%}" if gflops_ceiling else "-")
+            elif ours.get("bytes"):
+                ach = ours["bytes"] / ours["seconds"] / 1e9
+                achieved, frac = f"{ach:.1f} GB/s", (f"{ach / gbps_ceiling:.0%}" if gbps_ceiling else "-")
+            else:
+                achieved = frac = "-"
+            lines.append(f"| {case} | {_fmt_time(ours['seconds'])} | {_fmt_time(ref['seconds']) if ref else '-'} | "
+                         f"{_fmt_time(peer['seconds']) if peer else '-'} | {ratio} | {achieved} | {frac} |")
+        lines.append("")
+
+    g = _load(out_dir, "gpt2")
+    if g:
+        lines += ["| GPT-2 small (124M, float32) | implementation | time | tokens/s | vs Hugging Face | of bound |",
+                  "|---|---|---|---|---|---|"]
+        bound_tps = (g["ceilings"]["bandwidth"]["gbps"] * 1e9 / g["param_bytes"]) if g.get("ceilings") else None
+        for case, impls in _rows_by_case(g["results"]).items():
+            peer = impls.get("hf.torch") or impls.get("hf.generate")
+            for impl, r in impls.items():
+                tps = r.get("extra", {}).get("tokens_per_s")
+                if case.startswith("prefill"):
+                    vs = f"{r['seconds'] / peer['seconds']:.2f}x time" if peer and r is not peer else "-"
+                    frac = "-"
+                else:
+                    vs = (f"{tps / peer['extra']['tokens_per_s']:.2f}x tokens/s"
+                          if peer and r is not peer and tps else "-")
+                    frac = f"{tps / bound_tps:.0%}" if (bound_tps and tps and case == "decode B=1") else "-"
+                lines.append(f"| {case} | {impl} | {_fmt_time(r['seconds'])} | "
+                             f"{f'{tps:.1f}' if tps else '-'} | {vs} | {frac} |")
+        if bound_tps:
+            lines.append("")
+            lines.append(f"Decode bound at batch 1: {g['ceilings']['bandwidth']['gbps']:.1f} GB/s / "
+                         f"{g['param_bytes'] / 1e6:.0f} MB of parameters = {bound_tps:.1f} tokens/s. "
+                         f"Validation (max relative logit difference vs HF): "
+                         + ", ".join(f"{k}: {v:.1e}" for k, v in g["validation"].items()) + ".")
+        lines.append("")
+
+    s = _load(out_dir, "scaling")
+    if s:
+        lines += ["| causal attention, B=1 H=12 D=64 | T | time | peak memory added |", "|---|---|---|---|"]
+        for r in s["rows"]:
+            lines.append(f"| {r['impl']} | {r['T']} | {_fmt_time(r['seconds'])} | {r['added_mib']:.0f} MiB |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(out_dir: Path = RESULTS_DIR) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    s = _load(out_dir, "scaling")
+    if s:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        impls = sorted({r["impl"] for r in s["rows"]})
+        for impl in impls:
+            rows = [r for r in s["rows"] if r["impl"] == impl]
+            a1.plot([r["T"] for r in rows], [r["seconds"] * 1e3 for r in rows], "o-", label=impl)
+            a2.plot([r["T"] for r in rows], [r["added_mib"] for r in rows], "o-", label=impl)
+        for a, yl in ((a1, "time (ms)"), (a2, "peak memory added (MiB)")):
+            a.set_xscale("log", base=2)
+            a.set_yscale("log")
+            a.set_xlabel("T (queries = keys)")
+            a.set_ylabel(yl)
+            a.grid(True, which="both", alpha=0.3)
+            a.legend()
+        a1.set_title("causal attention time, B=1 H=12 D=64 float32")
+        a2.set_title("peak memory: naive grows as T^2, fused as T")
+        fig.tight_layout()
+        p = Path(out_dir) / "attention_scaling.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    g = _load(out_dir, "gpt2")
+    if g:
+        dec = [r for r in g["results"] if r["case"].startswith("decode")]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = [f"{r['case']}\n{r['impl']}" for r in dec]
+        ax.barh(labels, [r["extra"]["tokens_per_s"] for r in dec])
+        ax.set_xlabel("generated tokens / s (higher is better)")
+        ax.set_title("GPT-2 small decoding, float32, CPU")
+        fig.tight_layout()
+        p = Path(out_dir) / "gpt2_decode.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    return written
+
+
+if __name__ == "__main__":
+    print(markdown())
+    if "--plots" in sys.argv:
+        for p in plots():
+            print(p)

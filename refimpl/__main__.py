@@ -1,0 +1,175 @@
+"""Command line: python -m refimpl {generate, tokenize, export, verify, demo} ...
+
+    python -m refimpl generate --model PATH --prompt TEXT [--max-new-tokens N]
+                               [--greedy | --temperature T --top-k K --top-p P] [--beams N] [--seed S]
+    python -m refimpl tokenize --model PATH TEXT
+    python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
+    python -m refimpl verify [--backend numba|numba_cuda|cupy]
+    python -m refimpl demo
+
+Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
+input: a missing file, a malformed model, an out-of-range argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: printed without a traceback."""
+
+
+# ----------------------------------------------------------------------------- generate
+
+def _load_model(path):
+    from refimpl import gpt2
+
+    return gpt2.load(path)
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(f"--ids must be integers separated by spaces or commas; got {text!r}") from None
+
+
+def cmd_generate(args) -> int:
+    from refimpl import gpt2
+
+    model = _load_model(args.model)
+    if args.ids is not None:
+        prompt = _parse_ids(args.ids)
+    elif args.prompt is not None:
+        if model.tokenizer is None:
+            raise UsageError("this model has no tokenizer files; give the prompt as token ids with --ids")
+        prompt = args.prompt
+    else:
+        raise UsageError("give a prompt: --prompt TEXT (or --ids '1 2 3' for token ids)")
+    sampling = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
+    if args.greedy and sampling:
+        raise UsageError("--greedy cannot be combined with --temperature / --top-k / --top-p")
+    if args.beams > 1 and sampling:
+        raise UsageError("--beams cannot be combined with sampling options")
+    kw = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling and not args.greedy,
+              repetition_penalty=args.repetition_penalty, num_beams=args.beams,
+              length_penalty=args.length_penalty, seed=args.seed, stop=tuple(args.stop or ()),
+              on_context_limit=args.on_context_limit, backend=args.backend)
+    if sampling:
+        kw.update(temperature=1.0 if args.temperature is None else args.temperature,
+                  top_k=args.top_k, top_p=args.top_p)
+    if model.tokenizer is not None and args.ids is None:
+        out = sys.stdout
+        out.write(args.prompt)
+        out.flush()
+        for chunk in gpt2.stream_text(model, prompt, **kw):
+            out.write(chunk)
+            out.flush()
+        out.write("\n")
+    else:
+        for tok in gpt2.stream(model, prompt, **kw):
+            print(tok, end=" ", flush=True)
+        print()
+    return 0
+
+
+# ----------------------------------------------------------------------------- tokenize
+
+def cmd_tokenize(args) -> int:
+    from refimpl.gpt2 import load_tokenizer
+
+    tok = load_tokenizer(args.model)
+    ids = tok.encode(args.text, allowed_special="all" if args.allow_special else ())
+    print(f"{len(ids)} tokens")
+    print("ids:   ", " ".join(map(str, ids)))
+    print("pieces:", " ".join(repr(p) for p in tok.pieces(ids)))
+    return 0
+
+
+# ----------------------------------------------------------------------------- export
+
+def cmd_export(args) -> int:
+    from refimpl.gpt2.io import export
+
+    out = export(args.model, args.out)
+    print(f"wrote {out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- verify
+
+def cmd_verify(args) -> int:
+    from accel import verify
+
+    return verify.main(backend=args.backend, seed=args.seed)
+
+
+# ----------------------------------------------------------------------------- demo
+
+def cmd_demo(args) -> int:
+    from refimpl import demo
+
+    return demo.main()
+
+
+# ----------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m refimpl", description="Readable NumPy transformer math: GPT-2 "
+                                 "inference, tokenization, export and kernel verification.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="continue a prompt with a GPT-2 model, streaming tokens as they come")
+    g.add_argument("--model", help="a GPT-2 directory or weights file (see refimpl.gpt2.io)")
+    g.add_argument("--prompt", help="the prompt text")
+    g.add_argument("--ids", help="the prompt as token ids ('1 2 3'), for models without tokenizer files")
+    g.add_argument("--max-new-tokens", type=int, default=50)
+    g.add_argument("--greedy", action="store_true", help="greedy decoding (the default without sampling options)")
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--beams", type=int, default=1, help="beam search with N beams")
+    g.add_argument("--length-penalty", type=float, default=1.0)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    g.add_argument("--on-context-limit", choices=("error", "stop"), default="error")
+    g.add_argument("--backend", default="numpy", help="numpy (default), numba, cuda")
+    g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("tokenize", help="print the token ids and pieces of a text")
+    t.add_argument("--model", required=True, help="a model directory or tokenizer file")
+    t.add_argument("text")
+    t.add_argument("--allow-special", action="store_true", help="treat special-token text as special tokens")
+    t.set_defaults(func=cmd_tokenize)
+
+    e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model")
+    e.add_argument("--model", required=True, help="a local Hugging Face directory, or a hub name (needs a network)")
+    e.add_argument("--out", required=True, help="output directory")
+    e.set_defaults(func=cmd_export)
+
+    v = sub.add_parser("verify", help="run every registered kernel against its refimpl twin and print a table")
+    v.add_argument("--backend", help="only this backend (numba, numba_cuda, cupy)")
+    v.add_argument("--seed", type=int, default=0)
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("demo", help="a short tour of what refimpl computes, checked as it goes")
+    d.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
