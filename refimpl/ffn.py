@@ -1,0 +1,222 @@
+"""Position-wise feed-forward networks and their activations.
+
+FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017, sec. 3.3), and the gated variants
+GLU_act(x) = (act(x W_gate) * (x W_up)) W_down (Shazeer 2020, "GLU Variants Improve
+Transformer", eqs. 5-6): SwiGLU (act = SiLU, as in LLaMA) and GeGLU (act = GELU).
+
+Activations: GELU (Hendrycks & Gimpel 2016) exactly, x * Phi(x), and in GPT-2's tanh
+approximation; ReLU; SiLU / Swish-1 (Elfwing et al. 2017; Ramachandran et al. 2017).
+Every function keeps its input's float dtype; constants are made in that dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ._checks import as_float, check_ndim
+from .linear import LinearParams, linear
+from .special import normal_cdf
+
+__all__ = [
+    "gelu_tanh",
+    "gelu_tanh_bias",
+    "gelu_erf",
+    "relu",
+    "sigmoid",
+    "silu",
+    "FFNParams",
+    "ffn",
+    "GLUParams",
+    "glu",
+    "swiglu",
+    "geglu",
+]
+
+# Beyond |x| = 20 the tanh in gelu_tanh is +-1 in every float dtype (its argument is
+# > 0.79 * (20 + 0.044715 * 8000) = 300; tanh(u) rounds to 1 in float64 once u > 19.1).
+# Clamping x there before cubing keeps x*x*x from overflowing (float32 at |x| > 7e12)
+# and leaves every result unchanged.
+_GELU_TANH_SATURATION = 20.0
+
+
+def gelu_tanh(x) -> np.ndarray:  # [...] -> [...]
+    """GELU(x) ~ x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (Hendrycks & Gimpel 2016, sec. 2).
+
+    The approximation GPT-2 uses ("gelu_new" in Hugging Face, approximate='tanh' in PyTorch).
+    Shapes: any -> same shape and dtype.
+    Notes: the cubic is evaluated on x clamped to [-20, 20], where tanh has already
+    saturated to +-1, so |x| up to the dtype's max gives x (x > 0) or -0 (x < 0) with no
+    overflow warning. gelu_tanh(x) - gelu_tanh(-x) = x exactly in real arithmetic (tanh is
+    odd). Its largest gap to gelu_erf is 4.73e-4 in absolute value, at |x| = 2.70
+    (measured in tests/test_ffn.py). x = -inf gives nan (-inf * 0), as in PyTorch.
+    See also: gelu_erf; accel fused bias + GELU kernels (twin: gelu_tanh_bias).
+    """
+    x = as_float(x, "x")
+    t = x.dtype.type
+    lim = t(_GELU_TANH_SATURATION)
+    xc = np.clip(x, -lim, lim)
+    inner = t(np.sqrt(2.0 / np.pi)) * (xc + t(0.044715) * (xc * xc * xc))
+    return t(0.5) * x * (t(1) + np.tanh(inner))
+
+
+def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
+    """gelu_tanh(x + b): the bias add and GELU that follow GPT-2's first FFN matmul.
+
+    Shapes: x [..., F], b [F] -> [..., F]; dtype is NumPy's promotion of x and b.
+    Notes: the reference twin of accel's fused bias + GELU kernels.
+    See also: gelu_tanh, ffn.
+    """
+    x = as_float(x, "x")
+    b = as_float(b, "b")
+    check_ndim(x, "x", 1, "[..., F]")
+    if b.shape != (x.shape[-1],):
+        raise ValueError(f"b must have shape [F] with F={x.shape[-1]} (x's last axis); got shape {b.shape}")
+    return gelu_tanh(x + b)
+
+
+def gelu_erf(x) -> np.ndarray:  # [...] -> [...]
+    """GELU(x) = x Phi(x) = x/2 (1 + erf(x / sqrt 2))  (Hendrycks & Gimpel 2016, sec. 2).
+
+    The exact GELU (BERT, approximate='none' in PyTorch), with Phi the standard normal CDF.
+    Shapes: any -> same shape and dtype.
+    Notes: Phi is evaluated as erfc(-x / sqrt 2) / 2 (refimpl.special, Cody 1969), which
+    equals the (1 + erf) form but keeps the left tail: gelu_erf(-10) = -7.6e-23 here, where
+    the (1 + erf) form (PyTorch's) cancels to -0. gelu_erf(x) - gelu_erf(-x) = x since
+    Phi(x) + Phi(-x) = 1. x = -inf gives nan (-inf * 0), x = +inf gives inf (PyTorch
+    2.13's exact F.gelu gives nan there).
+    See also: gelu_tanh (the approximation), refimpl.special.normal_cdf.
+    """
+    x = as_float(x, "x")
+    return x * normal_cdf(x)
+
+
+def relu(x) -> np.ndarray:  # [...] -> [...]
+    """ReLU(x) = max(x, 0)  (Nair & Hinton 2010; the FFN of Vaswani et al. 2017, eq. 2).
+
+    Shapes: any -> same shape and dtype. Notes: nan stays nan.
+    """
+    x = as_float(x, "x")
+    return np.maximum(x, x.dtype.type(0))
+
+
+def sigmoid(x) -> np.ndarray:  # [...] -> [...]
+    """sigma(x) = 1 / (1 + exp(-x)) = exp(x) / (1 + exp(x)).
+
+    Shapes: any -> same shape and dtype.
+    Notes: evaluated with e = exp(-|x|) <= 1, as 1/(1+e) for x >= 0 and e/(1+e) for x < 0,
+    so exp never overflows and sigma(-1e4) = 0, sigma(1e4) = 1 without warnings.
+    """
+    x = as_float(x, "x")
+    one = x.dtype.type(1)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, one, e) / (one + e)
+
+
+def silu(x) -> np.ndarray:  # [...] -> [...]
+    """SiLU(x) = x sigma(x)  (Elfwing et al. 2017; Swish-1 of Ramachandran et al. 2017).
+
+    Shapes: any -> same shape and dtype.
+    Notes: stable sigmoid (see `sigmoid`); silu(x) - silu(-x) = x since sigma(x) + sigma(-x) = 1.
+    x = -inf gives nan (-inf * 0), as in PyTorch.
+    """
+    x = as_float(x, "x")
+    return x * sigmoid(x)
+
+
+def _check_activation(activation) -> None:
+    if not callable(activation):
+        raise TypeError(f"activation must be a callable such as gelu_tanh; got {type(activation).__name__}")
+
+
+@dataclass(frozen=True)
+class FFNParams:
+    """The two affine maps of FFN(x) = act(x W1 + b1) W2 + b2.
+
+    fc: LinearParams w [C, F]  (GPT-2's mlp.c_fc);  proj: LinearParams w [F, C'] (mlp.c_proj).
+    """
+
+    fc: LinearParams
+    proj: LinearParams
+
+    def __post_init__(self) -> None:
+        for name in ("fc", "proj"):
+            if not isinstance(getattr(self, name), LinearParams):
+                raise TypeError(f"FFNParams.{name} must be LinearParams; got {type(getattr(self, name)).__name__}")
+        if self.fc.n_out != self.proj.n_in:
+            raise ValueError(
+                f"FFNParams widths disagree: fc.w is [C, F] = {self.fc.w.shape} but proj.w must be "
+                f"[F, C] with F={self.fc.n_out}; got {self.proj.w.shape}")
+
+
+def ffn(x, p: FFNParams, *, activation: Callable = gelu_tanh) -> np.ndarray:  # [..., C] -> [..., C]
+    """FFN(x) = act(x W1 + b1) W2 + b2  (Vaswani et al. 2017, sec. 3.3, eq. 2).
+
+    Shapes: x [..., C], p.fc.w [C, F], p.proj.w [F, C] -> [..., C].
+    Notes: act defaults to gelu_tanh (GPT-2); the paper uses relu. dtype follows NumPy's
+    promotion of x and the weights.
+    See also: glu, swiglu, geglu.
+    """
+    if not isinstance(p, FFNParams):
+        raise TypeError(f"p must be FFNParams; got {type(p).__name__}")
+    _check_activation(activation)
+    h = activation(linear(x, p.fc))  # [..., F]
+    return linear(h, p.proj)  # [..., C]
+
+
+@dataclass(frozen=True)
+class GLUParams:
+    """The three maps of a gated FFN: gate w [C, F], up w [C, F], down w [F, C'] (biases optional)."""
+
+    gate: LinearParams
+    up: LinearParams
+    down: LinearParams
+
+    def __post_init__(self) -> None:
+        for name in ("gate", "up", "down"):
+            if not isinstance(getattr(self, name), LinearParams):
+                raise TypeError(f"GLUParams.{name} must be LinearParams; got {type(getattr(self, name)).__name__}")
+        if self.gate.w.shape != self.up.w.shape:
+            raise ValueError(
+                f"GLUParams.gate.w and GLUParams.up.w must both be [C, F]; got {self.gate.w.shape} "
+                f"and {self.up.w.shape}")
+        if self.down.n_in != self.gate.n_out:
+            raise ValueError(
+                f"GLUParams.down.w must be [F, C] with F={self.gate.n_out} (gate's width); "
+                f"got {self.down.w.shape}")
+
+
+def glu(x, p: GLUParams, *, activation: Callable) -> np.ndarray:  # [..., C] -> [..., C]
+    """GLU_act(x) = (act(x W_gate) * (x W_up)) W_down  (Shazeer 2020, eqs. 5-6; Dauphin et al. 2017).
+
+    Shapes: x [..., C], p.gate.w / p.up.w [C, F], p.down.w [F, C] -> [..., C].
+    Notes: * is the elementwise product; biases are used if present (Shazeer's have none).
+    See also: swiglu, geglu, ffn.
+    """
+    if not isinstance(p, GLUParams):
+        raise TypeError(f"p must be GLUParams; got {type(p).__name__}")
+    _check_activation(activation)
+    h = activation(linear(x, p.gate)) * linear(x, p.up)  # [..., F]
+    return linear(h, p.down)  # [..., C]
+
+
+def swiglu(x, p: GLUParams) -> np.ndarray:  # [..., C] -> [..., C]
+    """SwiGLU(x) = (SiLU(x W_gate) * (x W_up)) W_down  (Shazeer 2020, eq. 6; LLaMA's FFN).
+
+    Shapes: x [..., C], p.gate.w / p.up.w [C, F], p.down.w [F, C] -> [..., C].
+    See also: glu, geglu.
+    """
+    return glu(x, p, activation=silu)
+
+
+def geglu(x, p: GLUParams, *, gelu: Callable = gelu_erf) -> np.ndarray:  # [..., C] -> [..., C]
+    """GEGLU(x) = (GELU(x W_gate) * (x W_up)) W_down  (Shazeer 2020, eq. 6).
+
+    Shapes: x [..., C], p.gate.w / p.up.w [C, F], p.down.w [F, C] -> [..., C].
+    Notes: `gelu` defaults to the exact gelu_erf, the paper's GELU; pass gelu=gelu_tanh for
+    models trained with the approximation (T5 v1.1's "gated-gelu", Gemma).
+    See also: glu, swiglu.
+    """
+    return glu(x, p, activation=gelu)
