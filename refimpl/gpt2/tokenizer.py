@@ -1,0 +1,597 @@
+"""GPT-2's tokenizer: byte-level BPE over ranks, its four file formats, streaming decode.
+
+    encode: text -> pre-tokens -> UTF-8 bytes -> BPE merges by rank -> token ids
+    decode: token ids -> bytes (concatenated) -> UTF-8 text (invalid bytes become U+FFFD)
+
+The algorithm lives in `bpe.py` (Sennrich et al. 2016 sec. 3.2; Radford et al. 2019 sec. 2.2).
+This module holds the `Tokenizer` object and the loaders:
+
+    load_tokenizer(path)     a directory or one file, in any of these formats:
+      *.tiktoken             base64 token bytes + rank per line (tiktoken; id = rank)
+      vocab.json+merges.txt  Hugging Face's GPT-2 files (byte-level strings)
+      encoder.json+vocab.bpe OpenAI's original GPT-2 release (same content, other names)
+      tokenizer.json         Hugging Face `tokenizers` BPE model (vocab + merges + added_tokens)
+
+One merge rule serves every format, tiktoken's: two adjacent parts merge when their
+concatenation has a rank, lowest rank first. A merges file gives the token built by its
+i-th line the rank i. (Hugging Face checks the exact pair (a, b) rather than the
+concatenation a+b; the two agree whenever no token can be built from two different
+pairs of shorter tokens that both appear as merges, which holds for GPT-2 and is tested
+token for token against tiktoken and against Hugging Face's own tokenizer.)
+
+Special tokens such as <|endoftext|> are never produced from text unless the caller allows
+them (`allowed_special`), so a prompt cannot smuggle in a control token. tiktoken does the
+same, except that its `encode` raises on disallowed special text by default, while here
+such text is encoded as ordinary text (tiktoken's `encode_ordinary`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .bpe import bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
+
+__all__ = [
+    "TokenizerFileError",
+    "Tokenizer",
+    "StreamDecoder",
+    "load_tokenizer",
+    "has_tokenizer_files",
+    "load_tiktoken_file",
+    "load_vocab_merges",
+    "load_tokenizer_json",
+    "save_vocab_merges",
+    "ENDOFTEXT",
+]
+
+ENDOFTEXT = "<|endoftext|>"
+
+
+class TokenizerFileError(ValueError):
+    """A tokenizer file is malformed; the message names the file and what is wrong.
+
+    Raised for undecodable bytes, bad JSON, wrong types, bad base64, duplicate tokens,
+    ids or ranks, a merge whose parts or result are not in the vocabulary, missing byte
+    tokens, and formats other than GPT-2's byte-level BPE.
+    """
+
+
+# --------------------------------------------------------------------------------------
+# The tokenizer object
+# --------------------------------------------------------------------------------------
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer: `encode(text) -> list[int]`, `decode(ids) -> str`.
+
+    Built from three tables (loaders build them from files; see `load_tokenizer`):
+      encoder        token bytes -> id, for every ordinary token (all 256 single bytes included)
+      merge_ranks    token bytes -> merge rank, for every multi-byte token BPE may build
+                     (lower rank merges first; for a .tiktoken file this is the id)
+      special_tokens text -> id, e.g. {"<|endoftext|>": 50256}
+
+    Attributes: vocab_size (largest id + 1), special_tokens, eot_token (id of <|endoftext|>,
+    or None). The object is immutable apart from a private cache of encoded pieces.
+    """
+
+    def __init__(self, encoder: Mapping[bytes, int], merge_ranks: Mapping[bytes, int],
+                 special_tokens: Mapping[str, int] | None = None, *, name: str = "bpe"):
+        special_tokens = dict(special_tokens or {})
+        missing = [b for b in range(256) if bytes([b]) not in encoder]
+        if missing:
+            raise ValueError(f"{name}: byte-level BPE needs a token for each of the 256 bytes; "
+                             f"missing {len(missing)}, e.g. byte 0x{missing[0]:02x}")
+        unbuildable = [t for t in merge_ranks if t not in encoder]
+        if unbuildable:
+            raise ValueError(f"{name}: merge result {unbuildable[0]!r} has no id in the vocabulary")
+        decoder: dict[int, bytes] = {}
+        for token, i in encoder.items():
+            if i in decoder:
+                raise ValueError(f"{name}: id {i} is given to two tokens, {decoder[i]!r} and {token!r}")
+            decoder[i] = token
+        for text, i in special_tokens.items():
+            if not text:
+                raise ValueError(f"{name}: a special token has empty text (id {i})")
+            if i in decoder:
+                raise ValueError(f"{name}: special token {text!r} has id {i}, already used by {decoder[i]!r}")
+            decoder[i] = text.encode("utf-8")
+        self.name = name
+        self._encoder = dict(encoder)
+        self._merge_ranks = dict(merge_ranks)
+        self._decoder = decoder
+        self.special_tokens: dict[str, int] = special_tokens
+        self.vocab_size: int = max(decoder) + 1
+        self.eot_token: int | None = special_tokens.get(ENDOFTEXT)
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._merges: tuple[tuple[bytes, bytes], ...] | None = None
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, "
+                f"special_tokens={self.special_tokens!r})")
+
+    # ---- encoding ----------------------------------------------------------------------
+
+    def _encode_piece(self, piece: str) -> tuple[int, ...]:
+        """Token ids of one pre-token (cached: text repeats the same words)."""
+        ids = self._cache.get(piece)
+        if ids is None:
+            parts = bpe_merge(piece.encode("utf-8"), self._merge_ranks)
+            ids = tuple(self._encoder[p] for p in parts)
+            if len(self._cache) < 1_000_000:
+                self._cache[piece] = ids
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:  # text -> ids [T]
+        """Encode `text` with every special-token string treated as plain text."""
+        _check_text(text)
+        text = _replace_lone_surrogates(text)
+        ids: list[int] = []
+        for piece in pre_tokenize(text):
+            ids.extend(self._encode_piece(piece))
+        return ids
+
+    def encode(self, text: str, *, allowed_special: Iterable[str] | str = ()) -> list[int]:  # text -> ids [T]
+        """ids = concat over pieces p of pre_tokenize(text) of bpe_merge(utf8(p)) (Radford et al. 2019 sec. 2.2).
+
+        Special-token text is ordinary text unless in `allowed_special`.
+
+        allowed_special: special-token strings to recognise in `text` (e.g. {"<|endoftext|>"}),
+        or "all". Lone surrogates in `text` become U+FFFD first (as tiktoken does), since they
+        have no UTF-8 form.
+        """
+        _check_text(text)
+        allowed = self._allowed(allowed_special)
+        if not allowed:
+            return self.encode_ordinary(text)
+        # Longest first, so that a special token that is a prefix of another does not win.
+        splitter = re.compile("|".join(re.escape(s) for s in sorted(allowed, key=len, reverse=True)))
+        ids: list[int] = []
+        start = 0
+        for m in splitter.finditer(text):
+            ids.extend(self.encode_ordinary(text[start:m.start()]))
+            ids.append(self.special_tokens[m.group()])
+            start = m.end()
+        ids.extend(self.encode_ordinary(text[start:]))
+        return ids
+
+    def _allowed(self, allowed_special) -> frozenset[str]:
+        if isinstance(allowed_special, str):
+            if allowed_special == "all":
+                return frozenset(self.special_tokens)
+            raise TypeError(f"allowed_special must be 'all' or a collection of special-token strings; "
+                            f"got the string {allowed_special!r} (wrap one token in a set)")
+        allowed = frozenset(allowed_special)
+        unknown = sorted(s for s in allowed if s not in self.special_tokens)
+        if unknown:
+            raise ValueError(f"allowed_special names unknown special tokens {unknown}; "
+                             f"this tokenizer has {sorted(self.special_tokens)}")
+        return allowed
+
+    # ---- decoding ----------------------------------------------------------------------
+
+    def _check_id(self, i) -> int:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"token ids must be integers; got {i!r} of type {type(i).__name__}")
+        i = int(i)
+        if i not in self._decoder:
+            if 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is not assigned to any token in this vocabulary")
+            raise ValueError(f"token id {i} is out of range; valid ids are 0 .. {self.vocab_size - 1}")
+        return i
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes of token `i` (a special token's UTF-8 text)."""
+        return self._decoder[self._check_id(i)]
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:  # ids [T] -> bytes
+        """The concatenated bytes of `ids` (may end inside a UTF-8 sequence)."""
+        return b"".join(self._decoder[self._check_id(i)] for i in _id_list(ids))
+
+    def decode(self, ids: Iterable[int], *, errors: str = "replace") -> str:  # ids [T] -> text
+        """text = utf8_decode(concat of token_bytes(i) for i in ids); invalid sequences become U+FFFD.
+
+        `errors` is passed to bytes.decode ("replace", like tiktoken; "strict" to raise instead).
+        """
+        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+
+    def id_to_piece(self, i: int) -> str:
+        """Token `i` for display: its text, with bytes that are not whole UTF-8 shown as \\xNN."""
+        return self.token_bytes(i).decode("utf-8", errors="backslashreplace")
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """`id_to_piece` of each id."""
+        return [self.id_to_piece(i) for i in _id_list(ids)]
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A fresh `StreamDecoder` for this tokenizer."""
+        return StreamDecoder(self)
+
+    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:  # ids [T] -> text chunks
+        """Yield text as ids arrive, never splitting a UTF-8 character; "".join(...) == decode(ids)."""
+        return StreamDecoder(self).decode_stream(ids)
+
+    # ---- tables, for saving --------------------------------------------------------------
+
+    def ordinary_tokens(self) -> dict[bytes, int]:
+        """A copy of the token bytes -> id table (special tokens excluded)."""
+        return dict(self._encoder)
+
+    def merges(self) -> list[tuple[bytes, bytes]]:
+        """The merge list (a, b), in rank order, that rebuilds this tokenizer's merge ranks.
+
+        For each token built by merging, the two halves are what BPE gives on the token's
+        own bytes using only lower ranks. Raises ValueError for a token that BPE cannot
+        build from exactly two lower-ranked tokens (it has no merges.txt form).
+        """
+        if self._merges is None:
+            self._merges = tuple(self._recover_merges())
+        return list(self._merges)
+
+    def _recover_merges(self) -> Iterator[tuple[bytes, bytes]]:
+        for token, r in sorted(self._merge_ranks.items(), key=lambda item: item[1]):
+            parts = bpe_merge(token, self._merge_ranks, max_rank=r)
+            if len(parts) != 2:
+                raise ValueError(f"{self.name}: token {token!r} (rank {r}) is not the merge of two "
+                                 f"lower-ranked tokens (BPE gives {len(parts)} parts); no merges.txt form")
+            yield parts[0], parts[1]
+
+
+class StreamDecoder:
+    """Decode ids one at a time, holding back bytes of an unfinished UTF-8 character.
+
+    `push(id)` returns the text that is complete so far (possibly ""); `flush()` returns
+    what is left at the end (an unfinished sequence becomes U+FFFD). The concatenation of
+    everything returned equals `tokenizer.decode(all_ids)`: Python's incremental UTF-8
+    decoder replaces exactly the same invalid sequences as the one-shot decoder.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self.tokenizer.token_bytes(token_id), final=False)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
+        """Yield non-empty text chunks for `ids`, then what `flush` gives."""
+        for i in ids:
+            text = self.push(i)
+            if text:
+                yield text
+        rest = self.flush()
+        if rest:
+            yield rest
+
+
+def _id_list(ids) -> list:  # ids [T]
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"ids must be a sequence of integers; got {type(ids).__name__}")
+    if isinstance(ids, np.ndarray) and ids.ndim != 1:
+        raise ValueError(f"ids must be one sequence, shape [T]; got an array of shape {ids.shape}")
+    return list(ids)
+
+
+def _check_text(text) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str; got {type(text).__name__}")
+
+
+def _replace_lone_surrogates(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+# --------------------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------------------
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerFileError(f"{path}: not UTF-8 text ({e})") from None
+
+
+def _lines(path: Path) -> list[str]:
+    """Lines split at \n only (str.splitlines would also split at U+001C, U+0085, U+2028, ...)."""
+    return [line.removesuffix("\r") for line in _read_text(path).split("\n")]
+
+
+def _read_json(path: Path):
+    text = _read_text(path)
+
+    def unique_keys(pairs: list[tuple]) -> dict:
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise TokenizerFileError(f"{path}: key {key!r:.60} appears twice in one JSON object")
+            seen.add(key)
+        return dict(pairs)
+
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except TokenizerFileError:
+        raise
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, or an integer too long to convert
+        raise TokenizerFileError(f"{path}: not valid JSON ({e})") from None
+
+
+def _byte_level_bytes(token, where: str) -> bytes:
+    """Bytes of a byte-level string such as 'Ġthe' (GPT-2's printable byte alphabet)."""
+    if not isinstance(token, str):
+        raise TokenizerFileError(f"{where}: token must be a string; got {type(token).__name__} {token!r:.60}")
+    table = unicode_to_byte()
+    try:
+        return bytes(table[c] for c in token)
+    except KeyError as e:
+        raise TokenizerFileError(f"{where}: token {token!r:.60} has character {e.args[0]!r} "
+                                 f"outside GPT-2's byte-level alphabet") from None
+
+
+def _to_byte_level(token: bytes) -> str:
+    table = byte_to_unicode()
+    return "".join(table[b] for b in token)
+
+
+def load_tiktoken_file(path, special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
+    """Load a tiktoken ranks file: one `base64(token bytes) rank` per line; id = rank.
+
+    The file holds no special tokens; by default <|endoftext|> gets the id after the
+    largest rank (50256 for GPT-2's r50k_base, as in tiktoken). Pass `special_tokens`
+    to choose others ({} for none).
+    """
+    path = Path(path)
+    ranks: dict[bytes, int] = {}
+    token_of_rank: dict[int, bytes] = {}
+    for lineno, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) != 2:
+            raise TokenizerFileError(f"{path}:{lineno}: expected 'base64-token rank'; got {line!r:.80}")
+        b64, rank_text = fields
+        try:
+            token = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise TokenizerFileError(f"{path}:{lineno}: bad base64 {b64!r:.60} ({e})") from None
+        if not token:
+            raise TokenizerFileError(f"{path}:{lineno}: empty token")
+        if not rank_text.isascii() or not rank_text.isdigit() or len(rank_text) > 18:
+            raise TokenizerFileError(f"{path}:{lineno}: rank must be a non-negative integer "
+                                     f"of at most 18 digits; got {rank_text!r:.40}")
+        rank = int(rank_text)
+        if token in ranks:
+            raise TokenizerFileError(f"{path}:{lineno}: token {token!r} appears twice (ranks {ranks[token]} and {rank})")
+        if rank in token_of_rank:
+            raise TokenizerFileError(f"{path}:{lineno}: rank {rank} given twice ({token_of_rank[rank]!r} and {token!r})")
+        ranks[token] = rank
+        token_of_rank[rank] = token
+    if not ranks:
+        raise TokenizerFileError(f"{path}: no tokens")
+    if special_tokens is None:
+        special_tokens = {ENDOFTEXT: max(token_of_rank) + 1}
+    multi_byte = {t: r for t, r in ranks.items() if len(t) > 1}
+    return _build(path, ranks, multi_byte, special_tokens)
+
+
+def _build(path, encoder, merge_ranks, special_tokens) -> Tokenizer:
+    try:
+        return Tokenizer(encoder, merge_ranks, special_tokens, name=str(path))
+    except ValueError as e:
+        raise TokenizerFileError(str(e)) from None
+
+
+def _vocab_table(vocab, where: str) -> dict[bytes, int]:
+    if not isinstance(vocab, dict):
+        raise TokenizerFileError(f"{where}: vocabulary must be a JSON object token -> id; got {type(vocab).__name__}")
+    encoder: dict[bytes, int] = {}
+    for token, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise TokenizerFileError(f"{where}: id of {token!r:.60} must be a non-negative integer; got {i!r:.40}")
+        encoder[_byte_level_bytes(token, where)] = i
+    missing = [b for b in range(256) if bytes([b]) not in encoder]
+    if missing:
+        raise TokenizerFileError(f"{where}: byte-level BPE needs a token for each of the 256 bytes; missing "
+                                 f"{len(missing)}, e.g. {byte_to_unicode()[missing[0]]!r} (byte 0x{missing[0]:02x})")
+    return encoder
+
+
+def _merge_table(merges, where: str, encoder: dict[bytes, int]) -> dict[bytes, int]:
+    """merge rank of each token built by merging: the index of the first line that builds it."""
+    if not isinstance(merges, list):
+        raise TokenizerFileError(f"{where}: merges must be a list; got {type(merges).__name__}")
+    ranks: dict[bytes, int] = {}
+    for rank, merge in enumerate(merges):
+        if isinstance(merge, str):
+            halves = merge.split(" ")
+        elif isinstance(merge, list):
+            halves = merge
+        else:
+            raise TokenizerFileError(f"{where}: merge {rank} must be 'a b' or [a, b]; got {merge!r:.60}")
+        if len(halves) != 2 or not all(isinstance(h, str) and h for h in halves):
+            raise TokenizerFileError(f"{where}: merge {rank} must have two non-empty parts; got {merge!r:.60}")
+        a, b = (_byte_level_bytes(h, f"{where}: merge {rank}") for h in halves)
+        for part in (a, b, a + b):
+            if part not in encoder:
+                raise TokenizerFileError(f"{where}: merge {rank} {merge!r:.60}: "
+                                         f"{_to_byte_level(part)!r:.60} is not in the vocabulary")
+        ranks.setdefault(a + b, rank)
+    return ranks
+
+
+def _split_specials(encoder: dict[bytes, int], merge_ranks: dict[bytes, int], where: str):
+    """Vocabulary entries that neither are a single byte nor come from a merge are special tokens
+    (GPT-2's vocab.json has one: <|endoftext|> = 50256); their text is their UTF-8 bytes."""
+    ordinary, special = {}, {}
+    for token, i in encoder.items():
+        if len(token) == 1 or token in merge_ranks:
+            ordinary[token] = i
+        else:
+            try:
+                special[token.decode("utf-8")] = i
+            except UnicodeDecodeError:
+                raise TokenizerFileError(f"{where}: token {token!r:.60} (id {i}) is built by no merge "
+                                         f"and is not UTF-8 text, so it cannot be a special token") from None
+    return ordinary, special
+
+
+def load_vocab_merges(vocab_path, merges_path) -> Tokenizer:
+    """Load Hugging Face `vocab.json` + `merges.txt`, or OpenAI's `encoder.json` + `vocab.bpe`.
+
+    vocab: a JSON object byte-level token string -> id. merges: optional '#version' first
+    line, then one 'a b' per line, highest priority first.
+    """
+    vocab_path, merges_path = Path(vocab_path), Path(merges_path)
+    encoder = _vocab_table(_read_json(vocab_path), str(vocab_path))
+    lines = _lines(merges_path)
+    if lines and lines[0].startswith("#version"):
+        lines = lines[1:]
+    lines = [line for line in lines if line.strip()]
+    merge_ranks = _merge_table(lines, str(merges_path), encoder)
+    ordinary, special = _split_specials(encoder, merge_ranks, f"{vocab_path}")
+    return _build(vocab_path, ordinary, merge_ranks, special)
+
+
+def load_tokenizer_json(path) -> Tokenizer:
+    """Load a Hugging Face `tokenizers` tokenizer.json holding a GPT-2-style byte-level BPE.
+
+    Reads model.vocab, model.merges ('a b' strings or [a, b] pairs) and added_tokens
+    (all as special tokens: matched in text only when allowed, whatever their "special" flag). Refuses other models (WordPiece, Unigram, ...) and pre-tokenizers
+    other than plain ByteLevel, whose text would be split differently.
+    """
+    path = Path(path)
+    data = _read_json(path)
+    where = str(path)
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise TokenizerFileError(f"{where}: expected an object with a 'model' object")
+    model = data["model"]
+    if model.get("type", "BPE") != "BPE":
+        raise TokenizerFileError(f"{where}: model type {model.get('type')!r:.40} is not BPE")
+    for key in ("pre_tokenizer", "decoder"):
+        part = data.get(key)
+        if part is not None and (not isinstance(part, dict) or part.get("type") != "ByteLevel"):
+            kind = part.get("type") if isinstance(part, dict) else part
+            raise TokenizerFileError(f"{where}: {key} is {kind!r:.60}; only GPT-2's ByteLevel is supported")
+    pre = data.get("pre_tokenizer")
+    if isinstance(pre, dict) and (pre.get("add_prefix_space") or pre.get("use_regex") is False):
+        raise TokenizerFileError(f"{where}: ByteLevel pre_tokenizer with add_prefix_space={pre.get('add_prefix_space')}, "
+                                 f"use_regex={pre.get('use_regex')} is not GPT-2's")
+    if data.get("normalizer") is not None:
+        raise TokenizerFileError(f"{where}: a normalizer is set ({data['normalizer']!r:.60}); GPT-2 has none")
+    encoder = _vocab_table(model.get("vocab"), f"{where}: model.vocab")
+    merge_ranks = _merge_table(model.get("merges"), f"{where}: model.merges", encoder)
+    added = data.get("added_tokens", [])
+    if not isinstance(added, list):
+        raise TokenizerFileError(f"{where}: added_tokens must be a list; got {type(added).__name__}")
+    special: dict[str, int] = {}
+    for k, entry in enumerate(added):
+        if not (isinstance(entry, dict) and isinstance(entry.get("content"), str) and entry["content"]
+                and isinstance(entry.get("id"), int) and not isinstance(entry.get("id"), bool) and entry["id"] >= 0):
+            raise TokenizerFileError(f"{where}: added_tokens[{k}] needs a non-empty 'content' string "
+                                     f"and a non-negative integer 'id'; got {entry!r:.80}")
+        special[entry["content"]] = entry["id"]
+    # Added tokens usually also appear in model.vocab (byte-level spelled); drop those entries.
+    special_ids = set(special.values())
+    encoder = {t: i for t, i in encoder.items() if i not in special_ids}
+    ordinary, unreachable = _split_specials(encoder, merge_ranks, where)
+    for text, i in unreachable.items():
+        special.setdefault(text, i)
+    return _build(path, ordinary, merge_ranks, special)
+
+
+_PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
+
+
+def has_tokenizer_files(directory) -> bool:
+    """True when `directory` holds tokenizer files that `load_tokenizer` can read."""
+    d = Path(directory)
+    if not d.is_dir():
+        return False
+    return ((d / "tokenizer.json").is_file()
+            or any((d / v).is_file() and (d / m).is_file() for v, m in _PAIRS)
+            or any(p.is_file() for p in d.glob("*.tiktoken")))
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """Load a tokenizer from a directory or one file (see the module docstring for formats).
+
+    A directory is searched in this order: tokenizer.json, vocab.json + merges.txt,
+    encoder.json + vocab.bpe, one *.tiktoken file. A file is read by its name: *.tiktoken,
+    tokenizer.json (any *.json with a 'model'), vocab.json (merges.txt beside it),
+    encoder.json (vocab.bpe beside it), merges.txt / vocab.bpe (the JSON beside it).
+    Raises FileNotFoundError for missing paths and TokenizerFileError for bad contents.
+    """
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        if (p / "tokenizer.json").is_file():
+            return load_tokenizer_json(p / "tokenizer.json")
+        for v, m in _PAIRS:
+            if (p / v).is_file() and (p / m).is_file():
+                return load_vocab_merges(p / v, p / m)
+        found = sorted(x for x in p.glob("*.tiktoken") if x.is_file())
+        if len(found) == 1:
+            return load_tiktoken_file(found[0])
+        if len(found) > 1:
+            raise TokenizerFileError(f"{p}: several .tiktoken files {[x.name for x in found]}; pass one file")
+        raise FileNotFoundError(f"{p}: no tokenizer files (tokenizer.json, vocab.json + merges.txt, "
+                                f"encoder.json + vocab.bpe, or *.tiktoken)")
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    if p.suffix == ".tiktoken":
+        return load_tiktoken_file(p)
+    for v, m in _PAIRS:
+        if p.name in (v, m):
+            vocab, merges = p.with_name(v), p.with_name(m)
+            for q in (vocab, merges):
+                if not q.is_file():
+                    raise FileNotFoundError(f"{q}: needed beside {p.name}")
+            return load_vocab_merges(vocab, merges)
+    if p.suffix == ".json":
+        return load_tokenizer_json(p)
+    raise TokenizerFileError(f"{p}: unknown tokenizer file type (expected *.tiktoken, tokenizer.json, "
+                             f"vocab.json, merges.txt, encoder.json or vocab.bpe)")
+
+
+# --------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------
+
+
+def save_vocab_merges(tokenizer: Tokenizer, directory) -> tuple[Path, Path]:
+    """Write `vocab.json` + `merges.txt` (Hugging Face GPT-2 layout) into `directory`.
+
+    Special tokens go into vocab.json with their ids; `load_tokenizer(directory)` gives
+    back a tokenizer that encodes and decodes identically. Returns the two paths.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    merges = tokenizer.merges()
+    vocab = {_to_byte_level(t): i for t, i in tokenizer.ordinary_tokens().items()}
+    for text, i in tokenizer.special_tokens.items():
+        spelled = _to_byte_level(text.encode("utf-8"))
+        if spelled in vocab:
+            raise ValueError(f"special token {text!r} (id {i}) has the same bytes as ordinary token "
+                             f"{vocab[spelled]}; vocab.json cannot hold both")
+        vocab[spelled] = i
+    vocab = dict(sorted(vocab.items(), key=lambda item: item[1]))
+    vocab_path, merges_path = d / "vocab.json", d / "merges.txt"
+    vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    lines = ["#version: 0.2"] + [f"{_to_byte_level(a)} {_to_byte_level(b)}" for a, b in merges]
+    merges_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return vocab_path, merges_path

@@ -1,0 +1,622 @@
+"""GPT-2's byte-level BPE tokenizer (refimpl.gpt2.tokenizer / bpe) against tiktoken.
+
+Oracle: tiktoken's Rust BPE with GPT-2's ranks file (whisper/assets/gpt2.tiktoken from the
+openai-whisper source archive, byte-identical to r50k_base), built offline here: tiktoken
+never downloads anything. Fetch the file once with `.venv/bin/python scripts/fetch_data.py`.
+Second oracles: the `regex` module (which GPT-2's own encoder.py used) for the pre-tokenizer,
+and Hugging Face `tokenizers` for the files we write.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+import sys
+import time
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl.gpt2.bpe import WHITE_SPACE, bpe_merge, byte_to_unicode, pre_tokenize
+from refimpl.gpt2.tokenizer import (
+    StreamDecoder,
+    Tokenizer,
+    TokenizerFileError,
+    has_tokenizer_files,
+    load_tokenizer,
+    save_vocab_merges,
+)
+from strategies import tricky_text, unicode_text
+
+tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is the tokenizer oracle (extra 'oracle')")
+from tiktoken.load import load_tiktoken_bpe  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("REFIMPL_DATA_DIR") or REPO / ".cache")
+RANKS_FILE = DATA_DIR / "gpt2.tiktoken"
+
+# GPT-2's pattern as tiktoken writes it for r50k_base (possessive form of the same regex).
+TIKTOKEN_GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# GPT-2's pattern as released in encoder.py (for the `regex` module).
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT = "<|endoftext|>"
+
+CORPUS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "It's a test; they're here, we've gone, I'm done, you'll see, he'd know. IT'S LOUD. 'tis",
+    "Curly quotes: “don’t” ‘won’t’ — dashes – and ellipses…",
+    "def f(x):\n    return x ** 2  # square\n\n\nclass A:\n\tpass\n",
+    "for (int i = 0; i < n; ++i) { a[i] += b[i] * 3.14159; }\r\n",
+    '{"key": [1, 2, 3], "nested": {"a": null, "b": true}}',
+    "中文分词测试：今天天气很好，我们去公园散步吧。",
+    "日本語のテキスト、カタカナとひらがな。東京タワー！",
+    "한국어 텍스트도 있습니다.",
+    "Emoji: 😀 👍🏽 👩‍👩‍👧‍👦 🧑‍💻 🏳️‍🌈 🇯🇵🇫🇷 ❤️",
+    "Combining: e\u0301 a\u0308 n\u0303 Z\u0351\u0325\u0359 ǅ ﬁ Å",
+    "     leading spaces and trailing spaces     ",
+    "tabs\t\t\tand\nnew\n\n\nlines\r\n\r\nmixed \t \n \t",
+    "   ",
+    "\n",
+    "",
+    "x",
+    "digits 0123456789 1,000,000.00 3.14e-10 ٣٤٥ ²³ ½ Ⅻ ① 𝟘𝟙",
+    "separators\x1c\x1d\x1e\x1fbetween \x1cx \x1fy",
+    "nbsp\u00a0here \u00a0 there\u00a0\u00a0 ideographic\u3000space\u3000\u3000x",
+    "line\u2028separator\u2029paragraph \u2028 \u0085nel \u1680ogham \u2003em\u202fnarrow\u205fmath",
+    "zero width\u200bspace and\ufeffBOM and\u200djoiner",
+    "trailing newline\n",
+    "trailing mixed \n \t ",
+    "a  b   c    d",
+    "URLs: https://example.com/path?q=1&r=2#frag user@mail.org",
+    "Ελληνικά, русский язык, עברית, العربية, हिन्दी, ไทย",
+    "Math: ∀x∈ℝ, ∃y: x²+y²≥0 ⇒ ∑ᵢ∫f(x)dx ≈ π",
+    "<|endoftext|> inside text and <|endoftext|><|endoftext|>",
+    "'s's 's 'S 'Ll 'LL 've've",
+    "!!!??? ... ,,, ;;; ::: --- ___ ***",
+    "A" * 300 + " " + "ab" * 200,
+    " " * 64 + "x" + "\n" * 33 + "y" + "\t" * 17,
+]
+
+
+def _require_ranks_file() -> Path:
+    if not RANKS_FILE.is_file():
+        pytest.fail(f"{RANKS_FILE} is missing: run `.venv/bin/python scripts/fetch_data.py` first "
+                    f"(or set REFIMPL_DATA_DIR to the folder that holds gpt2.tiktoken)", pytrace=False)
+    return RANKS_FILE
+
+
+@pytest.fixture(scope="module")
+def ranks_file() -> Path:
+    return _require_ranks_file()
+
+
+@pytest.fixture(scope="module")
+def enc(ranks_file):
+    """tiktoken's GPT-2 encoding, built offline from the local ranks file."""
+    return tiktoken.Encoding(
+        name="gpt2_local_oracle",
+        pat_str=TIKTOKEN_GPT2_PAT,
+        mergeable_ranks=load_tiktoken_bpe(str(ranks_file)),
+        special_tokens={EOT: 50256},
+    )
+
+
+@pytest.fixture(scope="module")
+def tok(ranks_file) -> Tokenizer:
+    return load_tokenizer(ranks_file)
+
+
+@pytest.fixture(scope="module")
+def file_formats(tok, tmp_path_factory) -> dict[str, Tokenizer]:
+    """The same tokenizer written in every format and loaded back (by directory and by file)."""
+    root = tmp_path_factory.mktemp("tokenizer_files")
+    hf = root / "hf"
+    vocab_path, merges_path = save_vocab_merges(tok, hf)
+    openai = root / "openai"
+    openai.mkdir()
+    shutil.copy(vocab_path, openai / "encoder.json")
+    shutil.copy(merges_path, openai / "vocab.bpe")
+    for style in ("strings", "pairs"):
+        _write_tokenizer_json(tok, root / f"tj_{style}" / "tokenizer.json", pairs=style == "pairs")
+    return {
+        "tiktoken": tok,
+        "vocab.json+merges.txt (dir)": load_tokenizer(hf),
+        "vocab.json (file)": load_tokenizer(vocab_path),
+        "merges.txt (file)": load_tokenizer(merges_path),
+        "encoder.json+vocab.bpe (dir)": load_tokenizer(openai),
+        "tokenizer.json, 'a b' merges": load_tokenizer(root / "tj_strings"),
+        "tokenizer.json, [a, b] merges (file)": load_tokenizer(root / "tj_pairs" / "tokenizer.json"),
+    }
+
+
+def _write_tokenizer_json(tok: Tokenizer, path: Path, *, pairs: bool) -> None:
+    """A test-local tokenizer.json writer (Hugging Face `tokenizers` layout for GPT-2)."""
+    table = byte_to_unicode()
+    spell = lambda b: "".join(table[x] for x in b)  # noqa: E731
+    vocab = {spell(t): i for t, i in tok.ordinary_tokens().items()}
+    merges = [[spell(a), spell(b)] if pairs else f"{spell(a)} {spell(b)}" for a, b in tok.merges()]
+    added = []
+    for text, i in tok.special_tokens.items():
+        vocab[spell(text.encode())] = i
+        added.append({"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": True, "special": True})
+    data = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+# ---- parity with tiktoken ------------------------------------------------------------------
+
+
+def test_corpus_token_identical_to_tiktoken(tok, enc):
+    """Each corpus string and their concatenation encode to exactly tiktoken's ids."""
+    n_tokens = n_chars = 0
+    for s in CORPUS + ["\n".join(CORPUS), "".join(CORPUS)]:
+        ours, theirs = tok.encode(s), enc.encode_ordinary(s)
+        assert ours == theirs, f"mismatch on {s!r:.80}"
+        assert tok.decode(ours) == s
+        n_tokens += len(ours)
+        n_chars += len(s)
+    print(f"corpus: {len(CORPUS) + 2} strings, {n_chars} chars, {n_tokens} tokens, 0 differing vs tiktoken")
+
+
+def _megabyte_of_text() -> str:
+    """~1 MB of varied real text: Python standard-library sources plus the corpus, shuffled by line."""
+    lines = []
+    for f in sorted(Path(os.__file__).parent.glob("*.py"))[:400]:
+        lines += f.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        if sum(map(len, lines)) > 1_000_000:
+            break
+    lines += [s + "\n" for s in CORPUS] * 20
+    random.Random(0).shuffle(lines)
+    return "".join(lines)[:1_000_000]
+
+
+def test_megabyte_matches_tiktoken_and_is_fast(tok, enc):
+    """~1 MB of source code and prose: identical ids, and encoding takes seconds (fresh cache)."""
+    text = _megabyte_of_text()
+    fresh = load_tokenizer(RANKS_FILE)  # empty piece cache
+    t0 = time.perf_counter()
+    ours = fresh.encode(text)
+    t1 = time.perf_counter()
+    theirs = enc.encode_ordinary(text)
+    t2 = time.perf_counter()
+    assert ours == theirs
+    assert fresh.decode(ours) == text
+    print(f"1 MB: {len(text)} chars, {len(ours)} tokens identical; refimpl {t1 - t0:.2f} s, tiktoken {t2 - t1:.2f} s")
+    assert t1 - t0 < 60.0, "encoding 1 MB should take seconds"
+
+
+def test_long_single_piece_is_not_quadratic(tok, enc):
+    """A 50 kB run of one letter (one pre-token) encodes like tiktoken, quickly (heap-based merging)."""
+    for s in ["a" * 50_000, " " * 50_000, "ab" * 25_000]:
+        t0 = time.perf_counter()
+        assert tok.encode(s) == enc.encode_ordinary(s)
+        assert time.perf_counter() - t0 < 20.0
+
+
+@given(unicode_text(60))
+def test_hypothesis_unicode_matches_tiktoken(text):
+    """Any text of assigned characters encodes to tiktoken's ids and decodes back to itself."""
+    tok, enc = _shared()
+    ids = tok.encode(text)
+    assert ids == enc.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+@given(tricky_text(60))
+def test_hypothesis_tricky_mixes_match_tiktoken(text):
+    """Whitespace / apostrophe / mark / emoji mixes: same ids as tiktoken, exact round trip."""
+    tok, enc = _shared()
+    ids = tok.encode(text)
+    assert ids == enc.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+@given(st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010) | st.sampled_from("ab \n"), max_size=12))
+def test_lone_surrogates_become_replacement_like_tiktoken(text):
+    """Lone surrogates have no UTF-8 form; both tokenizers encode them as U+FFFD."""
+    tok, enc = _shared()
+    assert tok.encode(text) == enc.encode_ordinary(text)
+
+
+def test_every_assigned_code_point_matches_tiktoken(tok, enc):
+    """Every character assigned in the BMP, in letter/digit/space/punctuation contexts: same ids."""
+    chars = [chr(c) for c in range(0x10000) if unicodedata.category(chr(c)) not in ("Cs", "Cn")]
+    text = "".join(f"a{c} {c}1{c}!{c}  {c}\n" for c in chars)
+    assert tok.encode(text) == enc.encode_ordinary(text)
+    print(f"BMP scan: {len(chars)} assigned code points in {len(text)} chars, identical to tiktoken")
+
+
+_SHARED: dict = {}
+
+
+def _shared():
+    """(tokenizer, tiktoken encoding) for Hypothesis tests (fixtures are not reset between examples)."""
+    if not _SHARED:
+        path = _require_ranks_file()
+        _SHARED["tok"] = load_tokenizer(path)
+        _SHARED["enc"] = tiktoken.Encoding(name="gpt2_local_oracle_h", pat_str=TIKTOKEN_GPT2_PAT,
+                                           mergeable_ranks=load_tiktoken_bpe(str(path)),
+                                           special_tokens={EOT: 50256})
+    return _SHARED["tok"], _SHARED["enc"]
+
+
+# ---- the pre-tokenizer against the `regex` module ------------------------------------------
+
+
+def test_character_classes_match_regex_module_on_assigned_code_points():
+    """L, N and White_Space agree with `regex`'s \\p{L}, \\p{N}, \\s on every code point that
+    Python's Unicode database assigns; the only disagreements are code points unassigned here
+    (Cn) that `regex`'s newer Unicode made letters or numbers. This is the documented reason
+    the Hypothesis alphabet excludes Cn."""
+    regex = pytest.importorskip("regex", reason="the regex module (a transformers dependency) is the oracle")
+    from refimpl.gpt2.bpe import pretokenizer_pattern
+
+    pat = pretokenizer_pattern()
+    L, N, S = regex.compile(r"\p{L}"), regex.compile(r"\p{N}"), regex.compile(r"\s")
+    disagree_assigned, disagree_cn = [], 0
+    for cp in range(sys.maxunicode + 1):
+        c = chr(cp)
+        cat = unicodedata.category(c)
+        ours = (cat[0] == "L", cat[0] == "N", c in WHITE_SPACE)
+        theirs = (L.match(c) is not None, N.match(c) is not None, S.match(c) is not None)
+        if ours != theirs:
+            if cat == "Cn":
+                disagree_cn += 1
+            else:
+                disagree_assigned.append(hex(cp))
+    assert disagree_assigned == []
+    assert {c for c in map(chr, range(0x20)) if c.isspace()} - WHITE_SPACE == set("\x1c\x1d\x1e\x1f")
+    assert pat.findall("a\x1cb") == ["a", "\x1c", "b"]  # \x1c is punctuation-like, not space
+    print(f"classes: 0 assigned code points differ from regex {regex.__version__}; "
+          f"{disagree_cn} Cn code points (Unicode {unicodedata.unidata_version}) do")
+
+
+@given(unicode_text(60) | tricky_text(60))
+def test_pre_tokenize_matches_gpt2_regex(text):
+    """pre_tokenize equals regex.findall with GPT-2's released pattern, and its pieces join to text."""
+    regex = pytest.importorskip("regex", reason="the regex module (a transformers dependency) is the oracle")
+    pieces = pre_tokenize(text)
+    assert "".join(pieces) == text
+    assert pieces == regex.findall(GPT2_PAT, text)
+
+
+def test_pre_tokenize_examples():
+    """Hand-checked splits: one leading space joins a word; the last space of a run goes to the word."""
+    assert pre_tokenize("Hello  world's 2024!") == ["Hello", " ", " world", "'s", " 2024", "!"]
+    assert pre_tokenize("a\n\n  b  ") == ["a", "\n\n ", " b", "  "]
+    assert pre_tokenize("don’t") == ["don", "’", "t"]  # only the ASCII apostrophe forms contractions
+
+
+# ---- the BPE merge loop --------------------------------------------------------------------
+
+
+def _naive_bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
+    """The textbook loop: scan all adjacent pairs, merge the lowest-ranked (leftmost on ties)."""
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while True:
+        best = None
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and (best is None or r < best[0]):
+                best = (r, i)
+        if best is None:
+            return parts
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+@given(st.binary(max_size=40) | tricky_text(40).map(str.encode) | st.text(st.sampled_from("ab the"), max_size=60).map(str.encode))
+def test_heap_bpe_equals_textbook_loop(piece):
+    """bpe_merge (heap) returns the same parts as the quadratic textbook loop: both merge the
+    lowest-ranked adjacent pair, leftmost first, until none has a rank; parts join to the piece."""
+    tok, _ = _shared()
+    ranks = tok._merge_ranks
+    parts = bpe_merge(piece, ranks)
+    assert b"".join(parts) == piece
+    assert parts == _naive_bpe(piece, ranks)
+
+
+def test_bpe_merge_on_a_tiny_table():
+    """With ranks {ab: 0, bc: 1, abc: 2}: 'abc' -> ab first (rank 0), then ab+c (rank 2) -> [abc];
+    'bcab' -> ab (0), bc (1), then 'bcab' has no rank -> [bc, ab]; 'aaa' with {aa: 0} -> [aa, a]."""
+    ranks = {b"ab": 0, b"bc": 1, b"abc": 2}
+    assert bpe_merge(b"abc", ranks) == [b"abc"]
+    assert bpe_merge(b"bcab", ranks) == [b"bc", b"ab"]
+    assert bpe_merge(b"aaa", {b"aa": 0}) == [b"aa", b"a"]
+    assert bpe_merge(b"abc", ranks, max_rank=2) == [b"ab", b"c"]
+    assert bpe_merge(b"", ranks) == [] and bpe_merge(b"x", ranks) == [b"x"]
+
+
+# ---- file formats --------------------------------------------------------------------------
+
+
+def test_every_file_format_gives_identical_results(file_formats, enc):
+    """The ranks file, vocab.json+merges.txt, encoder.json+vocab.bpe and tokenizer.json (both merge
+    spellings) loaded by directory and by file: identical ids on the corpus, identical tables."""
+    text = "\n".join(CORPUS)
+    expected = enc.encode_ordinary(text)
+    for name, t in file_formats.items():
+        assert t.encode(text) == expected, name
+        assert t.encode(EOT, allowed_special="all") == [50256], name
+        assert t.vocab_size == 50257 and t.eot_token == 50256 and t.special_tokens == {EOT: 50256}, name
+        assert t.decode(expected) == text, name
+    print(f"formats: {len(file_formats)} loaders x {len(expected)} tokens, identical")
+
+
+def test_saved_files_match_original_gpt2_merges(file_formats, tmp_path):
+    """Saving a tokenizer loaded from vocab.json/merges.txt reproduces the same two files byte for byte."""
+    t = file_formats["vocab.json+merges.txt (dir)"]
+    a, b = save_vocab_merges(file_formats["tiktoken"], tmp_path / "a"), save_vocab_merges(t, tmp_path / "b")
+    assert a[0].read_bytes() == b[0].read_bytes() and a[1].read_bytes() == b[1].read_bytes()
+    lines = a[1].read_text(encoding="utf-8").splitlines()
+    assert lines[:4] == ["#version: 0.2", "Ġ t", "Ġ a", "h e"] and len(lines) == 50001
+
+
+def test_hugging_face_tokenizers_reads_our_files_identically(file_formats, tmp_path, enc):
+    """HF `tokenizers` (exact-pair merge rule) on our vocab.json/merges.txt, and on the test's
+    tokenizer.json, gives tiktoken's ids: the written files are right, and the two merge
+    rules (pair (a, b) listed vs. concatenation a+b ranked) agree on GPT-2."""
+    tokenizers = pytest.importorskip("tokenizers", reason="Hugging Face tokenizers is an oracle (transformers dep)")
+    vocab_path, merges_path = save_vocab_merges(file_formats["tiktoken"], tmp_path)
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(vocab_path), str(merges_path)))
+    hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = tokenizers.decoders.ByteLevel()
+    _write_tokenizer_json(file_formats["tiktoken"], tmp_path / "tokenizer.json", pairs=False)
+    hf_json = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    n = 0
+    for s in CORPUS:
+        ids = hf.encode(s).ids
+        assert ids == enc.encode_ordinary(s), s
+        # HF always matches added tokens in text: that is our allowed_special="all".
+        assert hf_json.encode(s, add_special_tokens=False).ids == enc.encode(s, allowed_special="all"), s
+        n += len(ids)
+    print(f"HF tokenizers {tokenizers.__version__}: {n} tokens identical on the corpus "
+          f"(from vocab.json/merges.txt and from tokenizer.json)")
+
+
+def test_has_tokenizer_files(tmp_path, file_formats):
+    assert not has_tokenizer_files(tmp_path)
+    assert not has_tokenizer_files(tmp_path / "missing")
+    save_vocab_merges(file_formats["tiktoken"], tmp_path / "hf")
+    assert has_tokenizer_files(tmp_path / "hf")
+    (tmp_path / "t").mkdir()
+    shutil.copy(RANKS_FILE, tmp_path / "t" / "gpt2.tiktoken")
+    assert has_tokenizer_files(tmp_path / "t")
+    assert load_tokenizer(tmp_path / "t").encode("hi there") == [5303, 612]
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(tmp_path / "nothing.tiktoken")
+
+
+# ---- special tokens ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [EOT, f"Hi{EOT}there", f"{EOT}{EOT} x <|endoftext| <|endoftext|>>", "no special"])
+def test_special_tokens_like_tiktoken(tok, enc, text):
+    """Not allowed: the text is ordinary (tiktoken's encode_ordinary; 50256 never appears).
+    Allowed (by name or "all"): each occurrence is 50256, exactly as tiktoken's encode."""
+    plain = tok.encode(text)
+    assert plain == enc.encode_ordinary(text) and 50256 not in plain
+    assert tok.encode(text, allowed_special={EOT}) == enc.encode(text, allowed_special={EOT})
+    assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all")
+    assert tok.decode(tok.encode(text, allowed_special="all")) == text
+
+
+def test_special_token_errors(tok):
+    with pytest.raises(ValueError, match="unknown special tokens"):
+        tok.encode("x", allowed_special={"<|im_start|>"})
+    with pytest.raises(TypeError, match="allowed_special"):
+        tok.encode("x", allowed_special=EOT)
+    with pytest.raises(TypeError, match="text must be str"):
+        tok.encode(b"bytes")
+    assert tok.decode([50256]) == EOT and tok.id_to_piece(50256) == EOT
+
+
+# ---- decoding ------------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 50256), max_size=30))
+def test_decode_matches_tiktoken_on_any_ids(ids):
+    """Any id sequence (often invalid UTF-8): same bytes and same replaced text as tiktoken."""
+    tok, enc = _shared()
+    assert tok.decode_bytes(ids) == enc.decode_bytes(ids)
+    assert tok.decode(ids) == enc.decode(ids)
+
+
+def test_decode_errors_name_the_id_and_range(tok):
+    for bad in (50257, -1, 10**12):
+        with pytest.raises(ValueError, match=rf"token id {bad} is out of range; valid ids are 0 \.\. 50256"):
+            tok.decode([1, bad])
+    for bad in (1.0, "1", None, True):
+        with pytest.raises(TypeError, match="token ids must be integers"):
+            tok.decode([bad])
+    with pytest.raises(TypeError, match="sequence of integers"):
+        tok.decode("abc")
+    assert tok.decode(np.array([15496, 995], dtype=np.int64)) == "Hello world"
+    with pytest.raises(ValueError, match=r"shape \[T\]"):
+        tok.decode(np.array([[15496, 995]]))
+
+
+def test_pieces_for_display(tok):
+    ids = tok.encode("Hello world 😀")
+    assert tok.pieces(ids) == ["Hello", " world", " \\xf0\\x9f\\x98", "\\x80"]
+    assert [tok.token_bytes(i) for i in ids] == [b"Hello", b" world", b" \xf0\x9f\x98", b"\x80"]
+
+
+# ---- streaming decode ----------------------------------------------------------------------
+
+
+def _stream(tok, ids) -> list[str]:
+    d = tok.stream_decoder()
+    return [d.push(i) for i in ids] + [d.flush()]
+
+
+@given(st.lists(st.integers(0, 50256), max_size=30))
+def test_stream_equals_full_decode_on_any_ids(ids):
+    """Concatenated stream output == decode(ids), even for invalid UTF-8 (same replacement rule)."""
+    tok, _ = _shared()
+    assert "".join(_stream(tok, ids)) == tok.decode(ids)
+
+
+@given(unicode_text(40) | tricky_text(40))
+def test_stream_never_garbles_valid_text(text):
+    """For ids of valid text, every chunk is valid text: no U+FFFD unless the text has one."""
+    tok, _ = _shared()
+    chunks = _stream(tok, tok.encode(text))
+    assert "".join(chunks) == text
+    if "\ufffd" not in text:
+        assert all("\ufffd" not in c for c in chunks)
+
+
+def test_stream_holds_back_split_emoji(tok):
+    """👩‍👩‍👧 spans tokens that end inside UTF-8 sequences: those pushes yield '' (held back)."""
+    text = "family: 👩‍👩‍👧!"
+    ids = tok.encode(text)
+    chunks = _stream(tok, ids)
+    assert "".join(chunks) == text and "" in chunks[:-1]
+    assert all("\ufffd" not in c for c in chunks)
+    d = StreamDecoder(tok)
+    assert list(d.decode_stream(ids)) == [c for c in chunks if c] == list(tok.decode_stream(ids))
+    d = tok.stream_decoder()
+    assert d.push(tok.encode("😀")[0]) == "" and d.flush() == "\ufffd"  # unfinished at the end
+
+
+# ---- garbage files: only TokenizerFileError ------------------------------------------------
+
+TINY_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+
+
+def _tiny_files(tmp: Path) -> dict[str, str]:
+    """A small valid tokenizer in each format (256 bytes + 3 merges + <|endoftext|>)."""
+    table = byte_to_unicode()
+    vocab = {table[b]: b for b in range(256)}
+    for a, b in TINY_MERGES:
+        vocab[a + b] = len(vocab)
+    vocab[EOT] = len(vocab)
+    merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in TINY_MERGES)
+    tj = {"model": {"type": "BPE", "vocab": vocab, "merges": [f"{a} {b}" for a, b in TINY_MERGES]},
+          "added_tokens": [{"id": vocab[EOT], "content": EOT, "special": True}],
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}, "normalizer": None}
+    inverse = {c: b for b, c in table.items()}
+    ranks = "".join(f"{base64.b64encode(bytes(inverse[c] for c in t)).decode()} {i}\n"
+                    for t, i in vocab.items() if t != EOT)
+    return {"vocab.json": json.dumps(vocab), "merges.txt": merges, "tokenizer.json": json.dumps(tj),
+            "gpt2.tiktoken": ranks}
+
+
+def test_tiny_files_are_valid_and_agree(tmp_path):
+    """The fixtures for the garbage tests load, and all formats encode alike."""
+    for name, content in _tiny_files(tmp_path).items():
+        (tmp_path / name).write_text(content, encoding="utf-8")
+    a = load_tokenizer(tmp_path / "vocab.json")
+    b = load_tokenizer(tmp_path / "tokenizer.json")
+    c = load_tokenizer(tmp_path / "gpt2.tiktoken")
+    for t in (a, b, c):
+        assert t.encode(" the the") == [258, 258] and t.decode([258]) == " the"
+        assert t.encode(EOT, allowed_special="all") == [259]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 300) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+
+FORMATS = ["vocab.json", "merges.txt", "tokenizer.json", "gpt2.tiktoken"]
+
+
+def _load_one(tmp: Path, name: str, content: bytes) -> None:
+    """Write the tiny valid set, replace file `name` by `content`, load through `name`."""
+    for n, text in _tiny_files(tmp).items():
+        (tmp / n).write_text(text, encoding="utf-8")
+    (tmp / name).write_bytes(content)
+    load_tokenizer(tmp / name)
+
+
+def _expect_file_error(name: str, content: bytes, *, may_load: bool = False) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            _load_one(Path(d), name, content)
+        except TokenizerFileError as e:
+            assert str(Path(d)) in str(e), f"error does not name the file: {e}"
+            return
+        assert may_load, f"{name}: garbage {content[:60]!r} loaded without error"
+
+
+@settings(max_examples=25)
+@given(st.sampled_from(FORMATS), st.binary(max_size=200))
+def test_random_bytes_raise_tokenizer_file_error(name, content):
+    """Random bytes are never a valid tokenizer (they lack the 256 byte tokens or merge parts)."""
+    _expect_file_error(name, content, may_load=name == "merges.txt" and content.strip() in (b"", b"#version"))
+
+
+@settings(max_examples=25)
+@given(st.sampled_from(FORMATS), st.data())
+def test_truncated_files_raise_tokenizer_file_error(name, data):
+    """A valid file cut short: bad JSON, a missing byte token, or (merges.txt) fewer merges."""
+    full = _tiny_files(Path("."))[name].encode()
+    cut = data.draw(st.integers(0, len(full) - 2))
+    # merges.txt cut at a line end is a valid shorter merge list, whose dropped tokens turn
+    # unreachable (then they become special tokens only if UTF-8 text): that may load.
+    _expect_file_error(name, full[:cut], may_load=name == "merges.txt")
+
+
+@settings(max_examples=40)
+@given(st.sampled_from(["vocab.json", "tokenizer.json"]), json_values, st.data())
+def test_wrong_json_types_raise_tokenizer_file_error(name, value, data):
+    """Any JSON value in place of the file, or put at a random key of a valid file: only
+    TokenizerFileError (or a successful load when the change is harmless)."""
+    _expect_file_error(name, json.dumps(value).encode(), may_load=False)
+    doc = json.loads(_tiny_files(Path("."))[name])
+    target = doc
+    if name == "tokenizer.json":
+        target = data.draw(st.sampled_from([doc, doc["model"], doc["added_tokens"][0]]))
+    key = data.draw(st.sampled_from(sorted(target) + ["model", "vocab", "merges"]))
+    target[key] = value
+    _expect_file_error(name, json.dumps(doc).encode(), may_load=True)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("gpt2.tiktoken", b"IQ== 0\nIQ== 1\n", "appears twice"),
+    ("gpt2.tiktoken", b"IQ== 0\nIg== 0\n", "rank 0 given twice"),
+    ("gpt2.tiktoken", b"I!== 0\n", "bad base64"),
+    ("gpt2.tiktoken", b"IQ== -3\n", "non-negative integer"),
+    ("gpt2.tiktoken", b"IQ== 0\n", "missing 255"),
+    ("vocab.json", b'{"a": 1', "not valid JSON"),
+    ("vocab.json", b'{"a": "1"}', "non-negative integer"),
+    ("vocab.json", b'{"\xff": 1}', "not UTF-8"),
+    ("vocab.json", b'{}', "missing 256"),  # pinned from Hypothesis: empty vocabulary
+    ("vocab.json", b'{"a": 1, "a": 2}', "appears twice"),
+    ("vocab.json", b'{"a": ' + b'1' * 5000 + b'}', "not valid JSON"),
+    ("gpt2.tiktoken", b'IQ== ' + b'1' * 5000 + b'\n', "non-negative integer"),
+    ("merges.txt", b"#version: 0.2\nq z\n", "not in the vocabulary"),
+    ("merges.txt", b"#version: 0.2\nabc\n", "two non-empty parts"),
+    ("merges.txt", b"#version: 0.2\n\xc4\xa0 t\xc2\x85h e\n", "two non-empty parts"),  # NEL is no line break
+    ("tokenizer.json", b'{"model": {"type": "WordPiece"}}', "not BPE"),
+    ("tokenizer.json", b'{"model": {}, "pre_tokenizer": {"type": "Metaspace"}}', "only GPT-2's ByteLevel"),
+])
+def test_specific_file_errors(tmp_path, name, content, message):
+    """Each documented failure raises TokenizerFileError naming the file and the problem."""
+    with pytest.raises(TokenizerFileError, match=message) as info:
+        _load_one(tmp_path, name, content)
+    assert name in str(info.value)
