@@ -38,8 +38,15 @@ class GPT2Config:
             raise ValueError(
                 f"GPT2Config.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
-        if not (isinstance(self.layer_norm_epsilon, (int, float)) and self.layer_norm_epsilon > 0):
-            raise ValueError(f"GPT2Config.layer_norm_epsilon must be a positive number; got {self.layer_norm_epsilon!r}")
+        eps = self.layer_norm_epsilon
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf")):
+            raise ValueError(f"GPT2Config.layer_norm_epsilon must be a positive finite number; got {eps!r}")
+        for name in ("bos_token_id", "eos_token_id"):
+            ids = getattr(self, name)
+            ids = ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else []
+            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise ValueError(f"GPT2Config.{name} must be None or a non-negative token id (or a list of them); "
+                                 f"got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:

@@ -1,0 +1,404 @@
+"""Read and write the safetensors format in plain Python + NumPy (no pickle, no dependency).
+
+The format (https://github.com/huggingface/safetensors, "Format" section):
+
+    [8 bytes]  N, the header length, unsigned 64-bit little-endian
+    [N bytes]  a UTF-8 JSON object:
+                 {"TENSOR_NAME": {"dtype": "F32", "shape": [2, 3], "data_offsets": [BEGIN, END]},
+                  ...,
+                  "__metadata__": {"key": "value", ...}}      (optional, str -> str)
+               writers pad it with trailing spaces so the data starts 8-byte aligned
+    [rest]     the byte buffer: each tensor's C-order little-endian bytes at
+               [BEGIN, END) relative to the start of the buffer
+
+Every rule the format states is checked when reading, and each violation is a
+`SafetensorsError` (a ValueError) naming the tensor or field: header length against the
+file size, JSON validity (no NaN / Infinity constants, no duplicate keys), known dtypes,
+shapes of non-negative integers, data_offsets that tile the byte buffer exactly (no gap,
+no overlap, nothing past the end, no trailing bytes), and shape x itemsize == END - BEGIN.
+
+Dtypes: F64, F32, F16, BOOL, U8, I8, U16, I16, U32, I32, U64, I64 load as the NumPy dtype of
+the same width. BF16 (bfloat16, which NumPy lacks) loads as float32: a bfloat16 is the top
+16 bits of a float32, so the widening `bits << 16` is exact. The 8-, 6- and 4-bit float
+dtypes and complex types of newer safetensors versions are refused by name. Writing takes
+the NumPy dtypes above (float32 stays F32; nothing is written as BF16).
+
+`mmap=True` maps the file instead of reading it: tensors are read-only views of the page
+cache, so opening a 500 MB checkpoint costs no copy until a tensor is used.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap as _mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "SafetensorsError",
+    "TensorInfo",
+    "Header",
+    "DTYPES",
+    "MAX_HEADER_BYTES",
+    "bfloat16_to_float32",
+    "parse_header",
+    "read_header",
+    "safe_open",
+    "load",
+    "load_file",
+    "save",
+    "save_file",
+]
+
+# Same cap as the reference Rust implementation: a header larger than this is refused.
+MAX_HEADER_BYTES = 100_000_000
+
+# safetensors dtype name -> NumPy storage dtype (little-endian). BF16 is stored as uint16 bits.
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("|b1"),
+    "U8": np.dtype("|u1"), "I8": np.dtype("|i1"),
+    "U16": np.dtype("<u2"), "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"), "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"), "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
+    "F32": np.dtype("<f4"), "F64": np.dtype("<f8"),
+}
+_UNSUPPORTED = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64", "C128")
+
+# NumPy kind + itemsize -> safetensors name, for writing.
+_FROM_NUMPY = {(np.dtype(v).kind, np.dtype(v).itemsize): k for k, v in DTYPES.items() if k != "BF16"}
+
+
+class SafetensorsError(ValueError):
+    """A safetensors file (or bytes) that breaks the format; the message names the tensor or field."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry: dtype name, shape, and [begin, end) byte offsets into the data buffer."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data_offsets: tuple[int, int]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed, validated header: tensors in file order, metadata, and where the data starts."""
+
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_start: int  # 8 + N: absolute file offset of the byte buffer
+
+
+# ---- parsing ----------------------------------------------------------------------------
+
+
+def _reject_constant(name: str):
+    raise SafetensorsError(f"safetensors header is not valid JSON: it contains the constant {name}")
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise SafetensorsError(f"safetensors header has the key {k!r} twice")
+        d[k] = v
+    return d
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_entry(name: str, entry) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise SafetensorsError(f"safetensors tensor {name!r}: header entry must be an object; got {entry!r:.80}")
+    for field in ("dtype", "shape", "data_offsets"):
+        if field not in entry:
+            raise SafetensorsError(f"safetensors tensor {name!r}: header entry has no {field!r}")
+    dtype = entry["dtype"]
+    if not isinstance(dtype, str):
+        raise SafetensorsError(f"safetensors tensor {name!r}: dtype must be a string; got {dtype!r:.80}")
+    if dtype not in DTYPES:
+        if dtype in _UNSUPPORTED:
+            raise SafetensorsError(f"safetensors tensor {name!r}: dtype {dtype} is not supported here "
+                                   f"(supported: {', '.join(DTYPES)})")
+        raise SafetensorsError(f"safetensors tensor {name!r}: unknown dtype {dtype!r:.40}")
+    shape = entry["shape"]
+    if not (isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape)):
+        raise SafetensorsError(
+            f"safetensors tensor {name!r}: shape must be a list of non-negative integers; got {shape!r:.80}")
+    offsets = entry["data_offsets"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise SafetensorsError(
+            f"safetensors tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end; "
+            f"got {offsets!r:.80}")
+    info = TensorInfo(dtype, tuple(shape), (offsets[0], offsets[1]))
+    nbytes = info.numel * DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise SafetensorsError(
+            f"safetensors tensor {name!r}: shape {list(shape)} of {dtype} needs {nbytes} bytes but "
+            f"data_offsets {offsets} span {offsets[1] - offsets[0]}")
+    return info
+
+
+def parse_header(prefix: bytes, file_size: int) -> Header:
+    """Validate and parse the header of a safetensors file of `file_size` bytes.
+
+    `prefix` must hold at least the first 8 + N bytes of the file (N read from its first 8).
+    Raises SafetensorsError naming the field or tensor at fault.
+    """
+    if file_size < 8 or len(prefix) < 8:
+        raise SafetensorsError(
+            f"safetensors data is {file_size} bytes; it must start with an 8-byte header length")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > MAX_HEADER_BYTES:
+        raise SafetensorsError(f"safetensors header length {n} exceeds the limit of {MAX_HEADER_BYTES} bytes")
+    if 8 + n > file_size:
+        raise SafetensorsError(
+            f"safetensors header length {n} runs past the end of the data ({file_size} bytes in all); "
+            f"the file is truncated or not safetensors")
+    if n < 2:
+        raise SafetensorsError(f"safetensors header length {n} is too short for a JSON object")
+    raw = prefix[8:8 + n]
+    if len(raw) != n:
+        raise SafetensorsError(f"safetensors header: expected {n} bytes, got {len(raw)} (truncated)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"safetensors header is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not text.startswith("{"):
+        raise SafetensorsError(f"safetensors header must be a JSON object starting with '{{'; got {text[:20]!r}")
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise SafetensorsError(f"safetensors header is not valid JSON: {e}") from None
+    except RecursionError:
+        raise SafetensorsError("safetensors header is not valid JSON: nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise SafetensorsError(f"safetensors header must be a JSON object; got {type(obj).__name__}")
+
+    metadata = obj.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not (isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in metadata.items())):
+        raise SafetensorsError("safetensors __metadata__ must be an object mapping strings to strings")
+
+    tensors = {name: _parse_entry(name, entry) for name, entry in obj.items()}
+
+    # The byte buffer must be tiled exactly: sorted by offsets, each tensor begins where the
+    # previous one ended, the first at 0, the last at the end of the file.
+    data_size = file_size - 8 - n
+    end, prev = 0, None
+    for name, info in sorted(tensors.items(), key=lambda kv: kv[1].data_offsets):
+        b, e = info.data_offsets
+        if b < end:
+            raise SafetensorsError(
+                f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} overlap tensor "
+                f"{prev!r} (which ends at {end})")
+        if b > end:
+            where = f"after tensor {prev!r}" if prev is not None else "at the start of the data"
+            raise SafetensorsError(
+                f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} leave a gap of "
+                f"{b - end} bytes {where}")
+        if e > data_size:
+            raise SafetensorsError(
+                f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} run past the end of "
+                f"the data ({data_size} bytes); the file is truncated")
+        end, prev = e, name
+    if end != data_size:
+        raise SafetensorsError(
+            f"safetensors data has {data_size - end} bytes after the last tensor (data is {data_size} bytes, "
+            f"tensors cover {end})")
+    return Header(tensors, dict(metadata), 8 + n)
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:  # [...] uint16 -> [...] float32
+    """float32 value of bfloat16 bit patterns: f32_bits = bf16_bits << 16 (exact widening).
+
+    bfloat16 (Kalamkar et al. 2019, "A Study of BFLOAT16 for Deep Learning Training", sec. 2)
+    keeps float32's sign and 8 exponent bits and the top 7 mantissa bits, so every bfloat16
+    is a float32 whose low 16 bits are zero.
+    """
+    bits = np.asarray(bits)
+    if bits.dtype.kind != "u" or bits.dtype.itemsize != 2:
+        raise TypeError(f"bits must be a uint16 array; got dtype {bits.dtype}")
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _decode(raw: np.ndarray, info: TensorInfo, name: str) -> np.ndarray:  # flat storage -> [*shape]
+    """Turn the flat storage array of one tensor into its value (BF16 widened to float32)."""
+    if info.dtype == "BF16":
+        raw = bfloat16_to_float32(raw)
+    elif info.dtype == "BOOL":
+        if raw.size and raw.view(np.uint8).max() > 1:
+            raise SafetensorsError(f"safetensors tensor {name!r}: BOOL bytes must be 0 or 1")
+    return raw.reshape(info.shape)
+
+
+def _read_prefix(f, size: int) -> bytes:
+    head = f.read(8)
+    if len(head) == 8:
+        (n,) = struct.unpack("<Q", head)
+        if n <= MAX_HEADER_BYTES and 8 + n <= size:
+            head += f.read(n)
+    return head
+
+
+def read_header(path) -> Header:
+    """Parse and validate only the header of the safetensors file at `path` (reads no tensor data)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return parse_header(_read_prefix(f, size), size)
+
+
+class safe_open:
+    """An open safetensors file: `.header`, `.metadata`, `.keys()`, `.get_tensor(name)`.
+
+    With mmap=True tensors are read-only views of a memory map (zero copy; BF16 still
+    converts); otherwise each tensor is read into its own fresh, writable array.
+    Use as a context manager, or call close().
+    """
+
+    def __init__(self, path, *, mmap: bool = False):
+        self.path = Path(path)
+        self._f = open(self.path, "rb")
+        self._mm = None
+        try:
+            size = os.fstat(self._f.fileno()).st_size
+            self.header = parse_header(_read_prefix(self._f, size), size)
+            if mmap and size > 0:
+                self._mm = _mmap.mmap(self._f.fileno(), 0, access=_mmap.ACCESS_READ)
+        except BaseException:
+            self._f.close()
+            raise
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.header.metadata
+
+    def keys(self) -> list[str]:
+        return list(self.header.tensors)
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        info = self.header.tensors.get(name)
+        if info is None:
+            raise SafetensorsError(f"safetensors file {self.path} has no tensor {name!r}")
+        dt = DTYPES[info.dtype]
+        start = self.header.data_start + info.data_offsets[0]
+        if self._mm is not None:
+            raw = np.frombuffer(self._mm, dtype=dt, count=info.numel, offset=start)
+        else:
+            self._f.seek(start)
+            raw = np.fromfile(self._f, dtype=dt, count=info.numel)
+            if raw.size != info.numel:  # the file shrank since the header was checked
+                raise SafetensorsError(f"safetensors tensor {name!r}: file {self.path} is truncated")
+        return _decode(raw, info, name)
+
+    def close(self) -> None:
+        # Arrays from the map keep it alive (they hold a buffer reference), so only drop ours.
+        self._mm = None
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_file(path, *, mmap: bool = False) -> dict[str, np.ndarray]:
+    """name -> array for every tensor of the safetensors file at `path`, in file order.
+
+    See the module docstring for dtypes (BF16 -> float32) and checks; mmap=True returns
+    read-only arrays that view the file.
+    """
+    with safe_open(path, mmap=mmap) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def load(data: bytes) -> dict[str, np.ndarray]:
+    """name -> array from safetensors bytes held in memory (fresh, writable arrays)."""
+    data = bytes(data)
+    header = parse_header(data, len(data))
+    out = {}
+    for name, info in header.tensors.items():
+        raw = np.frombuffer(data, dtype=DTYPES[info.dtype], count=info.numel,
+                            offset=header.data_start + info.data_offsets[0]).copy()
+        out[name] = _decode(raw, info, name)
+    return out
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+def _prepare(tensors: dict, metadata: dict | None) -> tuple[bytes, list[np.ndarray]]:
+    """Header bytes (length + padded JSON) and the arrays in data order."""
+    if not isinstance(tensors, dict):
+        raise SafetensorsError(f"tensors must be a dict of name -> array; got {type(tensors).__name__}")
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise SafetensorsError("metadata must be a dict of str -> str")
+    arrays = {}
+    for name, a in tensors.items():
+        if not isinstance(name, str) or name == "__metadata__":
+            raise SafetensorsError(f"tensor name must be a string other than '__metadata__'; got {name!r}")
+        a = np.asarray(a)
+        key = (a.dtype.kind, a.dtype.itemsize)
+        if key not in _FROM_NUMPY:
+            raise SafetensorsError(f"tensor {name!r}: dtype {a.dtype} cannot be stored in safetensors here "
+                                   f"(supported: bool, (u)int8-64, float16/32/64)")
+        arrays[name] = (_FROM_NUMPY[key], np.asarray(a, dtype=a.dtype.newbyteorder("<"), order="C"))
+    # Widest dtypes first, then by name (as the reference writer does), so with an 8-byte
+    # aligned data start every tensor is aligned to its item size.
+    order = sorted(arrays, key=lambda k: (-arrays[k][1].dtype.itemsize, k))
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    for name in order:
+        dt, a = arrays[name]
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, [arrays[k][1] for k in order]
+
+
+def save(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
+    """The safetensors bytes of `tensors` (+ optional str -> str metadata)."""
+    head, arrays = _prepare(tensors, metadata)
+    return head + b"".join(a.tobytes() for a in arrays)
+
+
+def save_file(tensors: dict[str, np.ndarray], path, metadata: dict[str, str] | None = None) -> None:
+    """Write `tensors` to `path` in safetensors format (atomically: a temp file, then rename)."""
+    head, arrays = _prepare(tensors, metadata)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(head)
+            for a in arrays:
+                f.write(a.tobytes())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
