@@ -16,6 +16,7 @@ __all__ = [
     "check_axis",
     "check_positive_int",
     "float_result_type",
+    "check_bool",
 ]
 
 
@@ -62,3 +63,11 @@ def check_positive_int(value, name: str, *, allow_zero: bool = False) -> int:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound}; got {value}")
     return value
+
+
+def check_bool(value, name: str) -> bool:
+    """Require True or False (a Python or NumPy bool): a truthy string such as "half" must not
+    silently pick a convention."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
+    return bool(value)

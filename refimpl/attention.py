@@ -58,7 +58,7 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     NaN entry gives NaN, as it should. An empty axis gives an empty result.
     """
     x = as_float(x, "x")
-    if not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
     m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     m = np.where(m == -np.inf, x.dtype.type(0), m)  # all -inf row: exp(-inf - 0) = 0, not NaN
@@ -97,6 +97,8 @@ def _check_bias(bias, shape: tuple, shape_str: str, dtype) -> np.ndarray:
 
 def _scale_for(D: int, scale, dtype) -> np.floating:
     if scale is None:
+        if D < 1:
+            raise ValueError(f"q and k must have head dim D >= 1 for the default scale 1/sqrt(D); got D={D}")
         return dtype.type(1.0 / math.sqrt(D))
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TypeError(f"scale must be a real number or None; got {type(scale).__name__} {scale!r}")
@@ -179,6 +181,8 @@ def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return
     if K == 0 or H % K != 0:
         raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
                          f"(q {q.shape}, k {k.shape})")
+    if H == 0:
+        raise ValueError(f"q must have shape [B, H, T, D] with H >= 1 query heads; got shape {q.shape}")
     G = H // K
     dtype = float_result_type(q, k, v)
     if mask is not None:

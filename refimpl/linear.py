@@ -23,12 +23,17 @@ class LinearParams:
     b: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        w = np.asarray(self.w)
+        # Stored as float arrays (a no-op for float ndarrays), so a list or an int array
+        # works and a complex / object one fails here, naming the field.
+        w = as_float(self.w, "LinearParams.w")
+        object.__setattr__(self, "w", w)
         if w.ndim != 2:
             raise ValueError(f"LinearParams.w must have shape [in, out]; got shape {w.shape}")
-        if self.b is not None and np.shape(self.b) != (w.shape[1],):
-            raise ValueError(
-                f"LinearParams.b must have shape [out] = [{w.shape[1]}]; got shape {np.shape(self.b)}")
+        if self.b is not None:
+            b = as_float(self.b, "LinearParams.b")
+            object.__setattr__(self, "b", b)
+            if b.shape != (w.shape[1],):
+                raise ValueError(f"LinearParams.b must have shape [out] = [{w.shape[1]}]; got shape {b.shape}")
 
     @property
     def n_in(self) -> int:
@@ -43,8 +48,8 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
     """y = x W + b  (the affine layer of every transformer; W in [in, out] layout).
 
     Shapes: x [..., in], p.w [in, out], p.b [out] -> [..., out].
-    Notes: dtype follows NumPy promotion of x and the weights (float32 weights and float32 x
-    give float32).
+    Notes: dtype follows NumPy promotion of x and w (float32 weights and float32 x give
+    float32); the bias is added in that dtype.
     """
     x = as_float(x, "x")
     check_ndim(x, "x", 1, "[..., in]")

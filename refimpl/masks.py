@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_positive_int
+from ._checks import check_bool, check_positive_int
 
 __all__ = [
     "query_positions",
@@ -45,8 +45,9 @@ def query_positions(T: int, S: int | None = None) -> np.ndarray:  # -> [T]
     """p_i = S - T + i: the absolute position of query i when T queries end at key S - 1.
 
     Shapes: -> [T] int64.
-    Notes: the one place the end-alignment convention is written down; every mask here
-    and the ALiBi bias of `refimpl.attention.masked_attention` use it.
+    Notes: the one place the end-alignment convention is written down; every mask here,
+    the ALiBi bias of `refimpl.attention.masked_attention` and the [H, T, S] biases of
+    `refimpl.positional` (alibi_bias, relative_position_bias) use it. T > S is allowed.
     """
     T, S = _check_TS(T, S)
     return np.arange(T) + (S - T)
@@ -106,6 +107,7 @@ def local_window_mask(T: int, S: int | None = None, *, window: int, causal: bool
     See also: `sink_window_mask` (window plus the first tokens), `masked_attention(window=...)`.
     """
     window = check_positive_int(window, "window")
+    causal = check_bool(causal, "causal")
     p, j = _grid(T, S)
     if causal:
         return (j <= p) & (p - j < window)

@@ -7,8 +7,11 @@ additive [H, T, S] terms passed to attention as `bias`.
 
 Position convention (shared with refimpl.masks and refimpl.attention): with T queries and
 S keys, the queries are the LAST T of the S positions, so query i sits at absolute position
-S - T + i and key j at position j. T == S is ordinary self-attention; T < S is cached
-decoding (S - T tokens already in the cache). S < T is refused.
+S - T + i and key j at position j (refimpl.masks.query_positions, the one definition).
+T == S is ordinary self-attention; T < S is cached decoding (S - T tokens already in the
+cache). T > S is accepted with the same formula, as refimpl.masks and refimpl.attention
+accept it: the first T - S queries then sit at negative positions, before key 0 (under a
+causal mask they see no key at all).
 
 Shapes use the glossary of DESIGN.md: B batch, T queries, S keys, C model width, H heads,
 D head dim; P is the number of positions in a table.
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float, check_ndim, check_positive_int
+from ._checks import as_float, check_bool, check_ndim, check_positive_int
+from .masks import query_positions
 
 __all__ = [
     "sinusoidal_encoding",
@@ -67,20 +71,10 @@ def _integer_array(x, name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _query_key_lengths(T, S) -> tuple[int, int]:
-    """Validated (T, S) with S defaulting to T and S >= T (queries are the last T keys)."""
-    T = check_positive_int(T, "T")
-    S = T if S is None else check_positive_int(S, "S")
-    if S < T:
-        raise ValueError(
-            f"S must be >= T (the T queries sit at the last T of the S key positions); got T={T}, S={S}")
-    return T, S
-
-
-def _relative_offsets(T: int, S: int) -> np.ndarray:  # -> [T, S] int64
-    """key_pos - query_pos with query i at S - T + i and key j at j."""
-    query_pos = np.arange(S - T, S)  # [T]
-    key_pos = np.arange(S)  # [S]
+def _relative_offsets(T, S) -> np.ndarray:  # -> [T, S] int64
+    """key_pos - query_pos with query i at S - T + i and key j at j (S defaults to T; T > S allowed)."""
+    query_pos = query_positions(T, S)  # [T]  validates T, S > 0
+    key_pos = np.arange(T if S is None else S)  # [S]
     return key_pos[None, :] - query_pos[:, None]  # [T, S]
 
 
@@ -128,7 +122,10 @@ def sinusoidal_shift_matrix(k, d, *, base=10000.0, dtype=np.float64) -> np.ndarr
         raise ValueError(f"d must be even for the block rotation (pairs of sin/cos dims); got d={d}")
     base = _positive_float(base, "base")
     dt = _float_dtype(dtype, "dtype")
-    k = float(k)
+    try:
+        k = float(k)
+    except (TypeError, ValueError):
+        raise TypeError(f"k must be a real number (the position offset); got {k!r}") from None
     w = base ** (-(2 * np.arange(d // 2)) / d)  # [d/2]
     c, s = np.cos(k * w), np.sin(k * w)  # [d/2]
     m = np.zeros((d, d))
@@ -256,6 +253,7 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     x = as_float(x, "x")
     check_ndim(x, "x", 2, "[..., T, D]")
     T, D = x.shape[-2], x.shape[-1]
+    interleaved = check_bool(interleaved, "interleaved")
     R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
     if rotary_dim is None and D % 2:
         raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
@@ -322,7 +320,7 @@ def alibi_bias(n_heads_or_slopes, T, S=None, *, dtype=None) -> np.ndarray:  # ->
     Notes:
     - Query i sits at position S - T + i (the last T of S keys), so the bias is a function of
       the distance query_pos - key_pos only, and a cached decoding step (T=1) gets the last
-      row of the full table.
+      row of the full table. T > S follows the same formula (module docstring).
     - For keys after the query (j > S - T + i) the bias is POSITIVE: ALiBi is meant for causal
       attention, where the causal mask removes those entries; without a mask it favours the
       future. The paper writes only the causal part.
@@ -337,7 +335,6 @@ def alibi_bias(n_heads_or_slopes, T, S=None, *, dtype=None) -> np.ndarray:  # ->
         if slopes.ndim != 1 or slopes.shape[0] == 0:
             raise ValueError(f"n_heads_or_slopes must be an int H or slopes of shape [H]; got shape {slopes.shape}")
     dt = slopes.dtype if dtype is None else _float_dtype(dtype, "dtype")
-    T, S = _query_key_lengths(T, S)
     offsets = _relative_offsets(T, S).astype(dt)  # [T, S]  key_pos - query_pos = -(query_pos - key_pos)
     return slopes.astype(dt)[:, None, None] * offsets[None, :, :]  # [H, T, S]
 
@@ -362,6 +359,7 @@ def relative_position_bucket(relative_position, *, bidirectional=True, num_bucke
       max_distance > n_exact.
     """
     rp = _integer_array(relative_position, "relative_position")
+    bidirectional = check_bool(bidirectional, "bidirectional")
     N = check_positive_int(num_buckets, "num_buckets")
     max_distance = check_positive_int(max_distance, "max_distance")
     if bidirectional:
@@ -401,7 +399,6 @@ def relative_position_bias(table, T, S=None, *, bidirectional=True, num_buckets=
     elif check_positive_int(num_buckets, "num_buckets") != table.shape[0]:
         raise ValueError(f"table must have shape [num_buckets, H] with num_buckets={num_buckets}; "
                          f"got shape {table.shape}")
-    T, S = _query_key_lengths(T, S)
     buckets = relative_position_bucket(_relative_offsets(T, S), bidirectional=bidirectional,
                                        num_buckets=num_buckets, max_distance=max_distance)  # [T, S]
     return np.moveaxis(table[buckets], -1, 0)  # [T, S, H] -> [H, T, S]

@@ -194,6 +194,23 @@ def test_non_finite_inputs_like_torch():
 
 # ---------------------------------------------------------------- activations vs PyTorch
 
+_MAX = {}
+
+
+def _record(name, dtype, d):
+    """Keep the largest difference seen per (oracle, dtype); the table prints once, at the end of the module."""
+    key = (name, np.dtype(dtype).name)
+    _MAX[key] = max(_MAX.get(key, 0.0), d)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_max_diffs():
+    yield
+    print("\nmax abs diff vs torch (refimpl.ffn, over every Hypothesis example):")
+    for (name, dt), d in sorted(_MAX.items()):
+        print(f"  {name + ' [' + dt + ']':<60s} {d:.3e}")
+
+
 TORCH_ACTS = [  # (ours, PyTorch's), looked up lazily so this module imports without torch
     (gelu_tanh, lambda t: F.gelu(t, approximate="tanh")),
     (gelu_erf, lambda t: F.gelu(t, approximate="none")),
@@ -215,6 +232,7 @@ def test_activation_vs_torch_grid(ours, theirs, dtype, atol):
     assert got.dtype == want.dtype == dtype
     d = np.abs(got.astype(np.float64) - want).max()
     print(f"{ours.__name__} {np.dtype(dtype).name}: max abs diff vs torch {d:.3e}")
+    _record(f"{ours.__name__} (grid, |x| <= 1e4)", dtype, float(d))
     assert d <= atol
 
 
@@ -227,7 +245,9 @@ def test_activations_vs_torch_hypothesis(dtype, atol, data):
     x = data.draw(finite_arrays(shape, dtype, scale=8.0))
     for ours, theirs in TORCH_ACTS:
         want = theirs(torch.from_numpy(x)).numpy()
-        assert np.abs(ours(x).astype(np.float64) - want).max(initial=0.0) <= atol, ours.__name__
+        d = float(np.abs(ours(x).astype(np.float64) - want).max(initial=0.0))
+        _record(f"{ours.__name__} (Hypothesis, |x| <= 8)", dtype, d)
+        assert d <= atol, ours.__name__
 
 
 # ---------------------------------------------------------------- gelu_tanh_bias
@@ -308,9 +328,6 @@ def test_ffn_is_the_composition(act, dtype, data):
     np.testing.assert_allclose(y, want, **TOL[dtype])
 
 
-_FFN_MAX = {}
-
-
 @needs_torch
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
@@ -322,10 +339,7 @@ def test_ffn_vs_torch(approximate, dtype, data):
     with torch.no_grad():
         want = _torch_linear(p.proj)(F.gelu(_torch_linear(p.fc)(torch.from_numpy(x)), approximate=approximate)).numpy()
     got = ffn(x, p, activation=act)
-    d = float(np.abs(got - want).max())
-    key = (approximate, np.dtype(dtype).name)
-    _FFN_MAX[key] = max(_FFN_MAX.get(key, 0.0), d)
-    print(f"ffn gelu[{approximate}] {key[1]}: max abs diff vs torch so far {_FFN_MAX[key]:.3e}")
+    _record(f"ffn, gelu approximate={approximate!r}", dtype, float(np.abs(got - want).max()))
     np.testing.assert_allclose(got, want, **TOL[dtype])
 
 
@@ -340,9 +354,6 @@ def test_glu_variants_are_the_composition(dtype, data):
                      (geglu(x, p, gelu=gelu_tanh), gelu_tanh), (glu(x, p, activation=relu), relu)]:
         assert got.dtype == dtype and got.shape == x.shape
         np.testing.assert_allclose(got, linear(act(g) * u, p.down), **TOL[dtype])
-
-
-_GLU_MAX = {}
 
 
 @needs_torch
@@ -361,11 +372,8 @@ def test_glu_variants_vs_torch(dtype, data):
     for name, got, act in cases:
         with torch.no_grad():
             want = down(act(gate(tx)) * up(tx)).numpy()
-        d = float(np.abs(got - want).max())
-        key = (name, np.dtype(dtype).name)
-        _GLU_MAX[key] = max(_GLU_MAX.get(key, 0.0), d)
+        _record(name, dtype, float(np.abs(got - want).max()))
         np.testing.assert_allclose(got, want, **TOL[dtype])
-    print("glu max abs diffs vs torch so far: " + ", ".join(f"{k[0]} {k[1]} {v:.3e}" for k, v in _GLU_MAX.items()))
 
 
 def test_ffn_and_glu_param_errors():
@@ -374,6 +382,13 @@ def test_ffn_and_glu_param_errors():
     lp = lambda i, o: _linear_params(rng, i, o, np.float64)  # noqa: E731
     with pytest.raises(ValueError, match=r"proj.w must be \[F, C\] with F=6"):
         FFNParams(lp(4, 6), lp(5, 4))
+    with pytest.raises(TypeError, match="LinearParams.w must be a real floating-point array"):
+        LinearParams(np.zeros((4, 6), complex))
+    with pytest.raises(ValueError, match=r"LinearParams.b must have shape \[out\] = \[6\]"):
+        LinearParams(np.zeros((4, 6)), [0.0] * 5)
+    listed = LinearParams([[1.0, 2.0]], [0.5, 0.25])  # lists become arrays at construction, not at first use
+    assert (listed.n_in, listed.n_out) == (1, 2)
+    np.testing.assert_array_equal(linear(np.array([[2.0]]), listed), [[2.5, 4.25]])
     with pytest.raises(TypeError, match="FFNParams.fc must be LinearParams"):
         FFNParams(np.zeros((4, 6)), lp(6, 4))
     with pytest.raises(ValueError, match=r"gate.w and GLUParams.up.w must both be \[C, F\]"):

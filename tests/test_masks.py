@@ -200,6 +200,7 @@ def test_key_mask_to_attention_mask():
     (lambda: causal_mask(3, -1), ValueError, r"S \(number of keys\) must be > 0"),
     (lambda: local_window_mask(3, window=0), ValueError, "window must be > 0"),
     (lambda: local_window_mask(3, window=1.5), TypeError, "window must be an integer"),
+    (lambda: local_window_mask(3, window=2, causal="no"), TypeError, "causal must be True or False"),
     (lambda: strided_mask(3, stride=0), ValueError, "stride must be > 0"),
     (lambda: strided_mask(3, stride=2, part="all"), ValueError, "part must be"),
     (lambda: fixed_mask(3, block=2, summary=3), ValueError, "summary must be <= block"),
