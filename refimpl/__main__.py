@@ -5,6 +5,7 @@
     python -m refimpl tokenize --model PATH TEXT
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
     python -m refimpl verify [--backend numba|numba_cuda|cupy]
+    python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl demo
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
@@ -155,12 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0)
     v.set_defaults(func=cmd_verify)
 
+    sub.add_parser("embed", help="sentence embeddings with all-MiniLM-L6-v2 (see: python -m refimpl embed --help)",
+                   add_help=False)
+
     d = sub.add_parser("demo", help="a short tour of what refimpl computes, checked as it goes")
     d.set_defaults(func=cmd_demo)
     return ap
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "embed":  # its own parser: refimpl.bert.cli
+        from refimpl.bert import cli
+
+        return cli.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -8,7 +8,7 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[numba]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[numba,plot,bert]'
 .venv/bin/python scripts/fetch_data.py >/dev/null
 if [ "$#" -eq 0 ]; then
   set -- demo
