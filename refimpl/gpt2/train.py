@@ -1,0 +1,480 @@
+"""Training GPT-2 in NumPy: loss and gradients, AdamW, clipping, schedule, the loop.
+
+    loss, grads = loss_and_grads(params, config, ids, targets)      # grads: a GPT2Params of dL/dW
+    grads, norm = clip_by_global_norm(grads, max_norm=1.0)         # BEFORE the optimizer step
+    params, state = adamw_step(params, grads, state, lr=lr_at(step, ...), ...)
+
+The forward here is the one of `refimpl.gpt2.model` (pre-LN blocks, tied LM head), written
+out once more so that every intermediate the backward needs is kept; a test checks that its
+logits equal `model.forward`'s. The backward calls the readable functions of `refimpl.grad`
+in the reverse order of the forward. Loss: mean cross-entropy over all B*T positions (nats).
+
+AdamW (Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Algorithm 2):
+
+    w <- w - lr * wd * w                                   (decay, decoupled from the gradient)
+    m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2
+    w <- w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+in PyTorch's form (torch.optim.AdamW: eps added after the bias-corrected square root, decay
+multiplied by the scheduled lr). Weight decay applies to 2-D weights only: wte, wpe and the
+linear matrices; biases and LayerNorm gains/biases are not decayed (as in GPT-2 / nanoGPT
+practice: shrinking a gain or bias towards 0 is not a useful prior).
+
+Gradient clipping by global norm (Pascanu et al. 2013, sec. 3.2), PyTorch's
+`clip_grad_norm_` formula: scale = min(1, max_norm / (||g||_2 + 1e-6)), over all tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..attention import softmax
+from ..ffn import gelu_tanh
+from ..grad import (attention_backward, cross_entropy, cross_entropy_with_grad, embedding_backward,
+                    gelu_tanh_backward, layer_norm_backward, linear_backward)
+from ..linear import LinearParams, linear
+from ..masks import causal_mask
+from ..norms import layer_norm
+from .config import GPT2Config
+from .model import check_token_ids
+from .params import BlockParams, GPT2Params, LayerNormParams
+
+__all__ = [
+    "init_params", "forward_with_cache", "loss_and_grads", "loss",
+    "AdamWState", "adamw_init", "adamw_step", "decays", "global_norm", "clip_by_global_norm", "lr_at",
+    "TrainSettings", "train", "sample_batch", "evaluate", "save_checkpoint", "load_checkpoint",
+    "plot_loss_curve",
+]
+
+
+# ----------------------------------------------------------------------------- initialisation
+
+def init_params(config: GPT2Config, *, seed: int = 0, dtype=np.float32) -> GPT2Params:
+    """GPT-2's initialisation (Radford et al. 2019, sec. 2.3): weights ~ N(0, 0.02^2), the two
+    residual-branch output projections scaled by 1/sqrt(2 n_layer), biases 0, LayerNorm g=1, b=0.
+
+    Drawn from np.random.default_rng(seed) in the order of `GPT2Params.expected_shapes`, so a
+    seed fixes every weight.
+    """
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    resid_std = 0.02 / math.sqrt(2 * config.n_layer)
+    for name, shape in GPT2Params.expected_shapes(config).items():
+        if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight":
+            a = np.ones(shape)
+        elif len(shape) == 1:
+            a = np.zeros(shape)
+        else:
+            std = resid_std if name.endswith("c_proj.weight") else 0.02
+            a = rng.normal(0.0, std, size=shape)
+        tensors[name] = a.astype(dtype)
+    return GPT2Params.from_named_tensors(tensors, config, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- forward, keeping intermediates
+
+@dataclass(frozen=True)
+class _BlockCache:
+    x: np.ndarray      # [B, T, C] block input
+    a: np.ndarray      # [B, T, C] ln_1(x)
+    q: np.ndarray      # [B, H, T, D]
+    k: np.ndarray      # [B, H, T, D]
+    v: np.ndarray      # [B, H, T, D]
+    P: np.ndarray      # [B, H, T, T] attention weights
+    y: np.ndarray      # [B, T, C] merged heads (input of attn_proj)
+    x_mid: np.ndarray  # [B, T, C] x + attention
+    m: np.ndarray      # [B, T, C] ln_2(x_mid)
+    u: np.ndarray      # [B, T, F] m W_fc + b_fc (GELU input)
+    h: np.ndarray      # [B, T, F] gelu(u)
+
+
+def _check_batch(ids, targets, config: GPT2Config):
+    ids = check_token_ids(ids, config, name="ids")
+    if ids.ndim != 2:
+        raise ValueError(f"ids must have shape [B, T]; got {list(ids.shape)}")
+    B, T = ids.shape
+    if not 1 <= T <= config.n_positions:
+        raise ValueError(f"ids must have 1 <= T <= n_positions={config.n_positions} tokens per row; got T={T}")
+    if targets is not None:
+        targets = check_token_ids(targets, config, name="targets")
+        if targets.shape != ids.shape:
+            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got {list(targets.shape)}")
+    return ids, targets
+
+
+def forward_with_cache(params: GPT2Params, config: GPT2Config, ids):  # [B, T] -> logits [B, T, V], cache
+    """logits = LN_f(Block_L(...Block_1(W_te[ids] + W_pe[0:T]))) W_te^T, keeping what the backward needs.
+
+    Same math as `refimpl.gpt2.model.forward` without a KV cache: causal attention over the
+    T positions of each row. Returns (logits [B, T, V], cache) where cache holds every
+    block's intermediates, the final hidden state before and after ln_f.
+    """
+    ids, _ = _check_batch(ids, None, config)
+    B, T = ids.shape
+    C, H, D = config.n_embd, config.n_head, config.head_dim
+    eps = config.layer_norm_epsilon
+    mask = causal_mask(T)  # [T, T] bool, True = may attend
+    x = params.wte[ids] + params.wpe[:T]  # [B, T, C]
+    blocks = []
+    for p in params.blocks:
+        a = layer_norm(x, p.ln_1.g, p.ln_1.b, eps=eps)
+        qkv = linear(a, p.attn_qkv)  # [B, T, 3C]
+        q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
+        scores = (q @ k.transpose(0, 1, 3, 2)) * x.dtype.type(1.0 / math.sqrt(D))  # [B, H, T, T]
+        P = softmax(np.where(mask, scores, x.dtype.type(-np.inf)), axis=-1)
+        y = (P @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # merge heads: [B, H, T, D] -> [B, T, C]
+        x_mid = x + linear(y, p.attn_proj)
+        m = layer_norm(x_mid, p.ln_2.g, p.ln_2.b, eps=eps)
+        u = linear(m, p.mlp_fc)  # [B, T, F]
+        h = gelu_tanh(u)
+        blocks.append(_BlockCache(x, a, q, k, v, P, y, x_mid, m, u, h))
+        x = x_mid + linear(h, p.mlp_proj)
+    xf = layer_norm(x, params.ln_f.g, params.ln_f.b, eps=eps)  # [B, T, C]
+    logits = xf @ params.wte.T  # [B, T, V]
+    return logits, {"ids": ids, "blocks": blocks, "x_final": x, "xf": xf}
+
+
+def loss(params: GPT2Params, config: GPT2Config, ids, targets) -> float:  # [B, T], [B, T] -> scalar
+    """L = mean over positions of -log p(targets | ids)  (nats per token), no gradients."""
+    ids, targets = _check_batch(ids, targets, config)
+    logits, _ = forward_with_cache(params, config, ids)
+    return cross_entropy(logits, targets)
+
+
+def loss_and_grads(params: GPT2Params, config: GPT2Config, ids, targets) -> tuple[float, GPT2Params]:  # [B, T], [B, T] -> L, dL/dparams
+    """L = mean_p CE(logits_p, targets_p) and dL/dW for every weight W, by reverse-mode differentiation.
+
+    Shapes: ids, targets [B, T] integers in [0, V), T <= n_positions. Returns (L as a float,
+    grads) where grads is a GPT2Params whose every array is dL/d(that weight), same shape and
+    dtype. The tied wte collects the gradient of the LM head (dlogits^T xf) plus that of the
+    embedding gather; wpe rows >= T get zero.
+    """
+    ids, targets = _check_batch(ids, targets, config)
+    logits, cache = forward_with_cache(params, config, ids)
+    B, T = ids.shape
+    C, H, D, V = config.n_embd, config.n_head, config.head_dim, config.vocab_size
+    eps = config.layer_norm_epsilon
+    L, dlogits = cross_entropy_with_grad(logits, targets)  # dlogits [B, T, V]
+    del logits
+    xf = cache["xf"]
+    dwte = dlogits.reshape(-1, V).T @ xf.reshape(-1, C)  # [V, C]   LM head: logits = xf wte^T
+    dxf = dlogits @ params.wte  # [B, T, C]
+    del dlogits
+    dx, dgf, dbf = layer_norm_backward(dxf, cache["x_final"], params.ln_f.g, eps=eps)
+
+    block_grads = []
+    for p, c in zip(reversed(params.blocks), reversed(cache["blocks"])):
+        # MLP branch: x_out = x_mid + (gelu(m W_fc + b_fc) W_proj + b_proj), m = ln_2(x_mid)
+        dh, dw_proj, db_proj = linear_backward(dx, c.h, p.mlp_proj.w)
+        du = gelu_tanh_backward(dh, c.u)
+        dm, dw_fc, db_fc = linear_backward(du, c.m, p.mlp_fc.w)
+        dxm, dg2, db2 = layer_norm_backward(dm, c.x_mid, p.ln_2.g, eps=eps)
+        dx_mid = dx + dxm
+        # attention branch: x_mid = x + attn(a) W_proj + b_proj, a = ln_1(x)
+        dy, dw_ap, db_ap = linear_backward(dx_mid, c.y, p.attn_proj.w)
+        dyh = dy.reshape(B, T, H, D).transpose(0, 2, 1, 3)  # split heads: [B, T, C] -> [B, H, T, D]
+        dq, dk, dv = attention_backward(dyh, c.q, c.k, c.v, c.P)
+        dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C)  # 3 x [B, H, T, D] -> [B, T, 3C]
+        da, dw_qkv, db_qkv = linear_backward(dqkv, c.a, p.attn_qkv.w)
+        dxa, dg1, db1 = layer_norm_backward(da, c.x, p.ln_1.g, eps=eps)
+        dx = dx_mid + dxa
+        block_grads.append(BlockParams(
+            LayerNormParams(dg1, db1), LinearParams(dw_qkv, db_qkv), LinearParams(dw_ap, db_ap),
+            LayerNormParams(dg2, db2), LinearParams(dw_fc, db_fc), LinearParams(dw_proj, db_proj)))
+    # embedding: x = wte[ids] + wpe[0:T]
+    dwte = dwte + embedding_backward(dx, ids, V)
+    dwpe = np.zeros_like(params.wpe)
+    dwpe[:T] = dx.sum(axis=0)
+    grads = GPT2Params(dwte.astype(params.dtype, copy=False), dwpe, tuple(reversed(block_grads)),
+                       LayerNormParams(dgf, dbf))
+    return L, grads
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+def decays(name: str, array: np.ndarray) -> bool:
+    """Whether AdamW decays this tensor: 2-D weights (wte, wpe, linear matrices) yes; 1-D biases and norms no."""
+    return array.ndim == 2
+
+
+@dataclass(frozen=True)
+class AdamWState:
+    """t: steps taken; m, v: first and second moment estimates, by Hugging Face tensor name."""
+
+    t: int
+    m: dict[str, np.ndarray]
+    v: dict[str, np.ndarray]
+
+
+def adamw_init(params: GPT2Params) -> AdamWState:
+    """t = 0, m = v = 0 for every tensor."""
+    named = params.named_tensors()
+    return AdamWState(0, {n: np.zeros_like(a) for n, a in named.items()},
+                      {n: np.zeros_like(a) for n, a in named.items()})
+
+
+def adamw_step(params: GPT2Params, grads: GPT2Params, state: AdamWState, *, lr: float,
+               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+               weight_decay: float = 0.01, config: GPT2Config | None = None) -> tuple[GPT2Params, AdamWState]:
+    """One AdamW step (Loshchilov & Hutter 2019, Alg. 2, in torch.optim.AdamW's form; see the module docstring).
+
+    Returns new (params, state); the inputs are not modified. weight_decay applies to the
+    tensors where `decays(name, w)` is True (2-D weights only).
+    """
+    if not lr >= 0 or not eps > 0 or not weight_decay >= 0 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"AdamW needs lr >= 0, eps > 0, weight_decay >= 0, 0 <= betas < 1; "
+                         f"got lr={lr}, eps={eps}, weight_decay={weight_decay}, betas={betas}")
+    b1, b2 = betas
+    t = state.t + 1
+    bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+    named, g_named = params.named_tensors(), grads.named_tensors()
+    new_p, new_m, new_v = {}, {}, {}
+    for name, w in named.items():
+        g = g_named[name]
+        dt = w.dtype.type
+        if decays(name, w):
+            w = w * dt(1.0 - lr * weight_decay)
+        m = dt(b1) * state.m[name] + dt(1.0 - b1) * g
+        v = dt(b2) * state.v[name] + dt(1.0 - b2) * (g * g)
+        denom = np.sqrt(v) / dt(math.sqrt(bc2)) + dt(eps)
+        new_p[name] = w - dt(lr / bc1) * (m / denom)
+        new_m[name], new_v[name] = m, v
+    if config is None:
+        config = _config_of(params)
+    return GPT2Params.from_named_tensors(new_p, config, dtype=None), AdamWState(t, new_m, new_v)
+
+
+def _config_of(params: GPT2Params) -> GPT2Config:
+    """The shape fields of a config consistent with params (for rebuilding from named tensors)."""
+    V, C = params.wte.shape
+    return GPT2Config(vocab_size=V, n_positions=params.wpe.shape[0], n_embd=C, n_layer=len(params.blocks),
+                      n_head=1, bos_token_id=None, eos_token_id=None)
+
+
+def global_norm(grads: GPT2Params) -> float:
+    """||g||_2 over all tensors together: sqrt(sum_W sum_i g_i^2), accumulated in float64."""
+    return math.sqrt(sum(float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64)))
+                         for g in grads.named_tensors().values()))
+
+
+def clip_by_global_norm(grads: GPT2Params, max_norm: float) -> tuple[GPT2Params, float]:
+    """g <- g * min(1, max_norm / (||g||_2 + 1e-6))  (Pascanu et al. 2013 sec. 3.2; torch's clip_grad_norm_).
+
+    Returns (clipped grads, the norm before clipping).
+    """
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0; got {max_norm!r}")
+    norm = global_norm(grads)
+    scale = min(1.0, max_norm / (norm + 1e-6))
+    if scale == 1.0:
+        return grads, norm
+    named = {n: g * g.dtype.type(scale) for n, g in grads.named_tensors().items()}
+    return GPT2Params.from_named_tensors(named, _config_of(grads), dtype=None), norm
+
+
+def lr_at(step: int, *, max_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
+    """Linear warmup then cosine decay  (Goyal et al. 2017 warmup; Loshchilov & Hutter 2017, SGDR eq. 5):
+
+        step < warmup:  max_lr * (step + 1) / warmup
+        afterwards:     min_lr + (max_lr - min_lr) * (1 + cos(pi * s)) / 2,  s = (step - warmup) / (total - warmup)
+
+    step counts from 0; past `total` the rate stays at min_lr.
+    """
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    if step >= total or total <= warmup:
+        return min_lr
+    s = (step - warmup) / (total - warmup)
+    return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * s))
+
+
+# ----------------------------------------------------------------------------- the training loop
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything that decides a training run (recorded in checkpoints and the model card)."""
+
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 256
+    max_lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    ckpt_every: int = 500
+    seed: int = 1337
+
+
+def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # [N] -> ids [B, T], targets [B, T]
+    """B random windows: ids = tokens[s : s+T], targets = tokens[s+1 : s+T+1] (next-token prediction)."""
+    if len(tokens) < seq_len + 1:
+        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} tokens; got {len(tokens)}")
+    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
+    idx = starts[:, None] + np.arange(seq_len)[None, :]  # [B, T]
+    return tokens[idx], tokens[idx + 1]
+
+
+def evaluate(params: GPT2Params, config: GPT2Config, tokens: np.ndarray, *, seq_len: int,
+             batch_size: int, n_batches: int) -> float:
+    """Mean loss over a fixed set of windows spread evenly over `tokens` (the same every call)."""
+    n = batch_size * n_batches
+    starts = np.linspace(0, len(tokens) - seq_len - 1, n).astype(np.int64)
+    losses = []
+    for i in range(n_batches):
+        idx = starts[i * batch_size:(i + 1) * batch_size, None] + np.arange(seq_len)[None, :]
+        losses.append(loss(params, config, tokens[idx], tokens[idx + 1]))
+    return float(np.mean(losses))
+
+
+def save_checkpoint(directory, config: GPT2Config, params: GPT2Params, state: AdamWState,
+                    rng: np.random.Generator, history: dict, settings: TrainSettings) -> Path:
+    """Write weights (config.json + model.safetensors, by io.save_weights) and optimizer.npz
+    (m/<name>, v/<name>, t, the batch sampler's RNG state, history and settings as JSON)."""
+    from .io import save_weights
+    d = Path(directory)
+    save_weights(config, params, d)
+    arrays = {f"m/{n}": a for n, a in state.m.items()}
+    arrays.update({f"v/{n}": a for n, a in state.v.items()})
+    arrays["t"] = np.array(state.t)
+    arrays["meta"] = np.array(json.dumps({"rng": rng.bit_generator.state, "history": history,
+                                          "settings": asdict(settings)}))
+    tmp = d / "optimizer.npz.part"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, d / "optimizer.npz")
+    return d
+
+
+def load_checkpoint(directory):
+    """Read what save_checkpoint wrote: (config, params, state, rng, history, settings dict)."""
+    from .io import load_weights
+    d = Path(directory)
+    config, params = load_weights(d)
+    with np.load(d / "optimizer.npz") as z:
+        m = {k[2:]: z[k] for k in z.files if k.startswith("m/")}
+        v = {k[2:]: z[k] for k in z.files if k.startswith("v/")}
+        t = int(z["t"])
+        meta = json.loads(str(z["meta"]))
+    rng = np.random.default_rng()
+    rng.bit_generator.state = meta["rng"]
+    return config, params, AdamWState(t, m, v), rng, meta["history"], meta["settings"]
+
+
+def _progress(step: int, total: int, loss_value: float, lr: float, tok_s: float, extra: str = "") -> str:
+    width = 30
+    done = int(width * step / max(total, 1))
+    return (f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss_value:.4f} "
+            f"lr {lr:.2e} {tok_s:,.0f} tok/s{extra}")
+
+
+def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, settings: TrainSettings, *,
+          params: GPT2Params | None = None, checkpoint_dir=None, resume: bool = False,
+          log: Callable[[str], None] | None = None) -> tuple[GPT2Params, dict]:
+    """Train with AdamW + global-norm clipping + warmup/cosine lr; returns (params, history).
+
+    history: {"step": [...], "train_loss": [...], "lr": [...], "grad_norm": [...],
+    "eval_step": [...], "val_loss": [...], "train_eval_loss": [...], "seconds": float}.
+    Batches come from np.random.default_rng(settings.seed); params (if not given) from
+    init_params(config, seed=settings.seed). With checkpoint_dir, a checkpoint is written
+    every ckpt_every steps and at the end; resume=True continues from the one there.
+    A plain-text progress bar goes to stderr.
+    """
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    train_tokens = np.asarray(train_tokens, dtype=np.int64)
+    val_tokens = np.asarray(val_tokens, dtype=np.int64)
+    T = settings.seq_len
+    if T > config.n_positions:
+        raise ValueError(f"settings.seq_len={T} exceeds config.n_positions={config.n_positions}")
+    history = {"step": [], "train_loss": [], "lr": [], "grad_norm": [], "eval_step": [], "val_loss": [],
+               "train_eval_loss": [], "seconds": 0.0}
+    rng = np.random.default_rng(settings.seed)
+    state = None
+    if resume and checkpoint_dir is not None and (Path(checkpoint_dir) / "optimizer.npz").is_file():
+        config, params, state, rng, history, _ = load_checkpoint(checkpoint_dir)
+        log(f"resumed from {checkpoint_dir} at step {state.t}")
+    if params is None:
+        params = init_params(config, seed=settings.seed)
+    if state is None:
+        state = adamw_init(params)
+
+    def run_eval(step):
+        kw = dict(seq_len=T, batch_size=settings.batch_size, n_batches=settings.eval_batches)
+        val = evaluate(params, config, val_tokens, **kw)
+        tr = evaluate(params, config, train_tokens, **kw)
+        history["eval_step"].append(step)
+        history["val_loss"].append(val)
+        history["train_eval_loss"].append(tr)
+        log(f"\nstep {step}: train {tr:.4f}  val {val:.4f} nats/token")
+
+    t0 = time.perf_counter() - history["seconds"]
+    last = time.perf_counter()
+    for step in range(state.t, settings.steps):
+        ids, targets = sample_batch(train_tokens, settings.batch_size, T, rng)
+        lr = lr_at(step, max_lr=settings.max_lr, warmup=settings.warmup, total=settings.steps,
+                   min_lr=settings.min_lr)
+        L, grads = loss_and_grads(params, config, ids, targets)
+        grads, norm = clip_by_global_norm(grads, settings.grad_clip)
+        params, state = adamw_step(params, grads, state, lr=lr, betas=settings.betas, eps=settings.eps,
+                                   weight_decay=settings.weight_decay, config=config)
+        now = time.perf_counter()
+        tok_s = settings.batch_size * T / max(now - last, 1e-9)
+        last = now
+        history["step"].append(step)
+        history["train_loss"].append(L)
+        history["lr"].append(lr)
+        history["grad_norm"].append(norm)
+        history["seconds"] = now - t0
+        sys.stderr.write(_progress(step + 1, settings.steps, L, lr, tok_s))
+        sys.stderr.flush()
+        done = step + 1
+        if settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):
+            run_eval(done)
+        if checkpoint_dir is not None and (done % settings.ckpt_every == 0 or done == settings.steps):
+            save_checkpoint(checkpoint_dir, config, params, state, rng, history, settings)
+    sys.stderr.write("\n")
+    return params, history
+
+
+def plot_loss_curve(history: dict, path, *, title: str = "GPT-2 training loss",
+                    baselines: dict[str, float] | None = None) -> Path | None:
+    """Write a PNG of training loss per step and validation loss per evaluation (plus dashed
+    horizontal lines for `baselines`, label -> loss); None if matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = np.asarray(history["step"]) + 1
+    ax.plot(steps, history["train_loss"], lw=0.6, alpha=0.5, label="train (batch)")
+    if history["eval_step"]:
+        ax.plot(history["eval_step"], history["train_eval_loss"], "o-", ms=3, label="train (eval windows)")
+        ax.plot(history["eval_step"], history["val_loss"], "o-", ms=3, label="validation")
+    for k, (label, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, ls="--", lw=1, color=f"C{3 + k}", label=f"{label} ({value:.2f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
