@@ -1,0 +1,96 @@
+"""GPT-2 inference in readable NumPy (Radford et al. 2019): the front door.
+
+    model = refimpl.gpt2.load("path/to/gpt2")         # config, params, tokenizer (or None)
+    z = refimpl.gpt2.logits(model, ids)                # ids [B, T] -> [B, T, V]; [T] -> [T, V]
+    out = refimpl.gpt2.generate(model, "Hello", max_new_tokens=20)
+    for token_id in refimpl.gpt2.stream(model, "Hello", do_sample=True, seed=0): ...
+
+Modules, in the order the data flows: config, params, io (files), tokenizer (text <-> ids),
+model (forward pass, KV cache, backends), generate (decoding strategies).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .config import GPT2Config
+from .generate import (
+    Generation,
+    apply_repetition_penalty,
+    apply_temperature,
+    generate,
+    generate_batch,
+    stream,
+    stream_text,
+    top_k_filter,
+    top_p_filter,
+)
+from .model import BACKENDS, GPT2Model, KVCache, check_token_ids, forward, get_ops
+from .params import BlockParams, GPT2Params, LayerNormParams, LinearParams
+
+__all__ = [
+    "GPT2Config", "GPT2Params", "BlockParams", "LayerNormParams", "LinearParams",
+    "GPT2Model", "KVCache", "BACKENDS", "load", "logits", "forward",
+    "generate", "generate_batch", "stream", "stream_text", "Generation",
+    "top_k_filter", "top_p_filter", "apply_repetition_penalty", "apply_temperature",
+    "load_tokenizer",
+]
+
+
+def load_tokenizer(path):
+    """Load a GPT-2 tokenizer from a directory or one file (see refimpl.gpt2.tokenizer)."""
+    from .tokenizer import load_tokenizer as _load_tokenizer
+    return _load_tokenizer(path)
+
+
+def load(path=None, *, dtype=np.float32) -> GPT2Model:
+    """Load a GPT-2 model: weights (io.load_weights), config and, when present, its tokenizer.
+
+    path: a Hugging Face GPT-2 directory (config.json + model.safetensors), a .safetensors
+    or .npz file, or llm.c's gpt2_124M.bin (see refimpl.gpt2.io). The tokenizer is read from
+    the directory (or, for a file, the directory that holds it) when tokenizer files are
+    there (tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, *.tiktoken);
+    otherwise `.tokenizer` is None and prompts must be token ids.
+    path=None is reserved for the default model shipped with the package; none is shipped yet.
+    """
+    if path is None:
+        raise ValueError("no default GPT-2 model is shipped yet: pass the path of a model "
+                         "(a Hugging Face GPT-2 directory, a .safetensors / .npz file or llm.c's "
+                         "gpt2_124M.bin), e.g. load('path/to/gpt2') or --model PATH on the command line")
+    from .io import load_weights
+    from .tokenizer import has_tokenizer_files
+
+    p = Path(os.fspath(path))
+    config, params = load_weights(p, dtype=dtype)
+    tok_dir = p if p.is_dir() else p.parent
+    tokenizer = load_tokenizer(tok_dir) if has_tokenizer_files(tok_dir) else None
+    return GPT2Model(config, params, tokenizer)
+
+
+def logits(model: GPT2Model, ids, *, backend: str = "numpy", attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+    """logits = GPT-2(ids): next-token scores at every position (see refimpl.gpt2.model.forward).
+
+    Shapes: ids [B, T] -> [B, T, V]; ids [T] -> [T, V]. attention_mask [B, T] (or [T]),
+    1 / True = real token, for left-padded batches (positions then come from the mask).
+    Returns a NumPy array in the parameters' dtype (float32 for `load`ed models).
+    Errors: ids must be integers with 0 <= id < V (the bad id is named) and T <= n_positions;
+    an unknown backend is a ValueError listing the available ones (BACKENDS).
+    """
+    if not isinstance(model, GPT2Model):
+        raise TypeError(f"model must be a GPT2Model (from refimpl.gpt2.load); got {type(model).__name__}")
+    ops = get_ops(backend)
+    ids = check_token_ids(ids, model.config)
+    if ids.ndim not in (1, 2):
+        raise ValueError(f"ids must have shape [T] or [B, T]; got shape {ids.shape}")
+    single = ids.ndim == 1
+    if attention_mask is not None:
+        attention_mask = np.asarray(attention_mask)
+        if single and attention_mask.ndim == 1:
+            attention_mask = attention_mask[None]
+    out = forward(ops.prepare(model.params), model.config, ids[None] if single else ids,
+                  attention_mask=attention_mask, ops=ops)
+    out = ops.to_numpy(out)
+    return out[0] if single else out

@@ -1,0 +1,655 @@
+"""Decoding: from next-token logits to a continuation.
+
+Each step runs the model on the newest token(s) through the KV cache, takes the logits of
+the last position, reshapes them with the logits processors below (pure functions, each
+the same rule as its Hugging Face counterpart) and picks the next token:
+
+    logits [B, V] -> repetition penalty -> greedy argmax
+                                        -> temperature -> top-k -> top-p -> sample (seeded)
+
+Beam search (Hugging Face's algorithm and defaults) keeps num_beams partial sequences
+scored by their summed log-probabilities.
+
+Entry points: `generate` (all ids, and text when the model has a tokenizer), `stream`
+(a generator of token ids, as they come), `stream_text` (a generator of text chunks, with
+stop strings honoured), `generate_batch` (several prompts, left-padded, one forward per step).
+
+Policies, stated once:
+- Context limit: GPT-2 has n_positions learned positions. A run whose prompt plus
+  max_new_tokens exceeds n_positions raises a ValueError naming the numbers before any work
+  (on_context_limit="error", the default); on_context_limit="stop" generates as many tokens
+  as fit and ends with finish_reason "context". A prompt longer than n_positions is an error.
+- End of text: generation ends after eos_token_id (default config.eos_token_id; None
+  disables). The eos id is in `Generation.ids`, never in `Generation.text`.
+- Stop strings are matched on the decoded text of the generated tokens (not the prompt).
+  Generation ends at the token that completes the first match; that token is the last of
+  `ids` (and the last one `stream` yields), while `text` (and `stream_text`) end just
+  before the stop string. They need a tokenizer, and do not combine with beam search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..attention import softmax
+from .model import GPT2Model, KVCache, check_token_ids, get_ops, hidden_states, lm_head
+
+__all__ = [
+    "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
+    "log_softmax", "sample_from_logits",
+    "Generation", "generate", "generate_batch", "stream", "stream_text",
+]
+
+
+# ----------------------------------------------------------------------------- logits processors
+
+def _check_logits(logits) -> np.ndarray:
+    x = np.asarray(logits)
+    if x.dtype.kind != "f":
+        raise TypeError(f"logits must be a floating array [..., V]; got dtype {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise ValueError(f"logits must have shape [..., V] with V >= 1; got shape {x.shape}")
+    return x
+
+
+def _check_min_keep(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"min_tokens_to_keep must be an integer >= 1; got {n!r}")
+    return int(n)
+
+
+def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [..., V], [..., N] -> [..., V]
+    """z_i <- z_i / theta if z_i > 0 else z_i * theta, for every token i already in `ids`  (CTRL, Keskar et al. 2019, sec. 4.1).
+
+    Shapes: logits [V] with ids [N], or logits [B, V] with ids [B, N] (row b penalises the
+    tokens of ids[b]) -> same shape and dtype as logits.
+    Notes: theta > 1 makes seen tokens less likely whatever the sign of their logit (the
+    paper divides positive logits; multiplying negative ones is Hugging Face's extension,
+    RepetitionPenaltyLogitsProcessor, copied here). A token counts once however often it
+    appears. theta = 1 is the identity. z_i = 0 stays 0.
+    """
+    x = _check_logits(logits)
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu" and ids.size:
+        raise TypeError(f"ids must be integer token ids; got dtype {ids.dtype}")
+    if ids.shape[:-1] != x.shape[:-1] or ids.ndim != x.ndim:
+        raise ValueError(f"ids must have shape [..., N] with the leading axes of logits {x.shape[:-1]}; got {ids.shape}")
+    V = x.shape[-1]
+    if ids.size and (ids.min() < 0 or ids.max() >= V):
+        raise ValueError(f"ids must lie in [0, V={V}); got values in [{ids.min()}, {ids.max()}]")
+    seen = np.zeros(x.shape, dtype=bool)  # [..., V]
+    np.put_along_axis(seen, ids.astype(np.intp), True, axis=-1)
+    return _penalize_seen(x, seen, penalty)
+
+
+def _penalize_seen(x: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:  # [..., V], [..., V] bool -> [..., V]
+    if not isinstance(penalty, (int, float, np.floating, np.integer)) or isinstance(penalty, bool) or not penalty > 0:
+        raise ValueError(f"repetition penalty must be a number > 0; got {penalty!r}")
+    theta = x.dtype.type(penalty)
+    return np.where(seen, np.where(x < 0, x * theta, x / theta), x)
+
+
+def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> [..., V]
+    """z / tau: tau < 1 sharpens softmax(z), tau > 1 flattens it  (Ackley, Hinton & Sejnowski 1985; Hugging Face's TemperatureLogitsWarper).
+
+    Shapes: logits [..., V] -> same shape and dtype.
+    """
+    x = _check_logits(logits)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
+            or not temperature > 0 or not np.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
+    return x / x.dtype.type(temperature)
+
+
+def top_k_filter(logits, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
+    """z_i <- -inf unless z_i >= the k-th largest logit  (top-k sampling; Fan, Lewis & Dauphin 2018, sec. 5.4).
+
+    Shapes: logits [..., V] -> same shape and dtype.
+    Notes: k is raised to min_tokens_to_keep and capped at V. Ties with the k-th value are
+    all kept, as Hugging Face's TopKLogitsWarper does (it compares with the k-th value).
+    """
+    x = _check_logits(logits)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"top_k must be an integer >= 1; got {k!r}")
+    V = x.shape[-1]
+    k = min(max(int(k), _check_min_keep(min_tokens_to_keep)), V)
+    kth = np.partition(x, V - k, axis=-1)[..., V - k:V - k + 1]  # [..., 1]: the k-th largest
+    return np.where(x < kth, x.dtype.type(-np.inf), x)
+
+
+def top_p_filter(logits, p: float, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
+    """Keep the smallest set of most likely tokens whose probability mass reaches p; the rest -> -inf  (nucleus sampling; Holtzman et al. 2020, sec. 3.1).
+
+    Shapes: logits [..., V] -> same shape and dtype.
+    Notes: the rule, in Hugging Face's form (TopPLogitsWarper): sort ascending, take the
+    cumulative softmax c; drop the tokens with c <= 1 - p (their whole mass is at most
+    1 - p), and always keep the min_tokens_to_keep most likely. Probabilities are computed
+    in the logits' dtype. p = 1 keeps every token of nonzero probability.
+    """
+    x = _check_logits(logits)
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"top_p must be a number in [0, 1]; got {p!r}")
+    keep = _check_min_keep(min_tokens_to_keep)
+    order = np.argsort(x, axis=-1, kind="stable")  # ascending
+    cum = np.cumsum(softmax(np.take_along_axis(x, order, axis=-1), axis=-1), axis=-1)  # [..., V]
+    drop_sorted = cum <= x.dtype.type(1.0 - p)
+    drop_sorted[..., -keep:] = False  # the most likely tokens stay
+    drop = np.empty_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, x.dtype.type(-np.inf), x)
+
+
+def log_softmax(logits, axis: int = -1) -> np.ndarray:  # [..., V] -> [..., V]
+    """log softmax(z)_i = z_i - m - log sum_j exp(z_j - m), m = max_j z_j  (the log-probabilities beam search adds)."""
+    x = _check_logits(logits)
+    m = np.max(x, axis=axis, keepdims=True)
+    shifted = x - m
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def sample_from_logits(logits, rng: np.random.Generator) -> np.ndarray:  # [B, V] -> [B]
+    """i ~ Categorical(softmax(z)) by inverse transform: the first i with F(i) > u * F(V-1), u ~ U[0, 1).
+
+    Shapes: logits [B, V] -> token ids [B] int64.
+    Notes: one uniform draw per row from `rng`, so a seeded Generator reproduces the run.
+    Tokens with logit -inf have probability 0 and are never drawn. The cumulative sum is
+    taken in float64.
+    """
+    x = _check_logits(logits)
+    if x.ndim != 2:
+        raise ValueError(f"logits must have shape [B, V]; got shape {x.shape}")
+    cdf = np.cumsum(softmax(x, axis=-1), axis=-1, dtype=np.float64)  # [B, V]
+    u = rng.random(x.shape[0])[:, None] * cdf[:, -1:]  # [B, 1]
+    return np.minimum(np.sum(cdf <= u, axis=-1), x.shape[-1] - 1).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class _Settings:
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    repetition_penalty: float
+    num_beams: int
+    length_penalty: float
+    early_stopping: bool | str
+    eos_ids: tuple[int, ...]
+    stop: tuple[str, ...]
+    on_context_limit: str
+
+
+_DEFAULT = object()
+
+
+def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
+              num_beams, length_penalty, early_stopping, eos_token_id, stop, on_context_limit) -> _Settings:
+    def is_int(v):
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    def is_num(v):
+        return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and np.isfinite(v)
+
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True or False; got {do_sample!r}")
+    if not is_num(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
+    if top_k == 0:
+        top_k = None  # 0 = off, as in Hugging Face
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None; got {top_k!r}")
+    if top_p is not None and (not is_num(top_p) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be a number in (0, 1] or None; got {top_p!r}")
+    if not do_sample and (temperature != 1.0 or top_k is not None or top_p is not None):
+        raise ValueError("temperature, top_k and top_p shape sampling: pass do_sample=True with them "
+                         f"(got do_sample=False, temperature={temperature}, top_k={top_k}, top_p={top_p})")
+    if not is_num(repetition_penalty) or repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty must be a number > 0 (1.0 = off); got {repetition_penalty!r}")
+    if not is_int(num_beams) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1; got {num_beams!r}")
+    if num_beams > 1 and do_sample:
+        raise ValueError("beam search here is deterministic: do_sample=True needs num_beams=1")
+    if num_beams > 1 and 2 * num_beams > config.vocab_size:
+        raise ValueError(f"num_beams={num_beams} needs a vocabulary of at least 2*num_beams tokens; "
+                         f"V={config.vocab_size}")
+    if not is_num(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number; got {length_penalty!r}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never'; got {early_stopping!r}")
+    if eos_token_id is _DEFAULT:
+        eos_token_id = config.eos_token_id
+        if eos_token_id is not None and not 0 <= eos_token_id < config.vocab_size:
+            raise ValueError(f"the config's eos_token_id={eos_token_id} lies outside the vocabulary "
+                             f"[0, V={config.vocab_size}): pass eos_token_id=... (or None) explicitly")
+    eos_ids = () if eos_token_id is None else (
+        (eos_token_id,) if is_int(eos_token_id) else tuple(eos_token_id))
+    for e in eos_ids:
+        if not is_int(e) or not 0 <= e < config.vocab_size:
+            raise ValueError(f"eos_token_id must be a token id in [0, V={config.vocab_size}) "
+                             f"(or a list of them, or None); got {eos_token_id!r}")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ValueError(f"stop must be a non-empty string or a list of them; got {stop!r}")
+    if stop and num_beams > 1:
+        raise ValueError("stop strings are not supported with beam search (num_beams > 1)")
+    if on_context_limit not in ("error", "stop"):
+        raise ValueError(f"on_context_limit must be 'error' or 'stop'; got {on_context_limit!r}")
+    return _Settings(int(max_new_tokens), do_sample, float(temperature), top_k, top_p,
+                     float(repetition_penalty), int(num_beams), float(length_penalty), early_stopping,
+                     tuple(int(e) for e in eos_ids), stop, on_context_limit)
+
+
+def _prompt_ids(model: GPT2Model, prompt) -> np.ndarray:  # str | ids [P] -> [P] int64
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer, and this model has none: "
+                             "pass token ids, or load a model directory with tokenizer files")
+        prompt = model.tokenizer.encode(prompt)
+    ids = np.asarray(prompt)
+    ids = check_token_ids(ids if ids.size else ids.astype(np.int64), model.config, name="prompt")
+    if ids.ndim != 1:
+        raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}")
+    if ids.size == 0:
+        bos = model.config.bos_token_id
+        raise ValueError("prompt is empty: GPT-2 needs at least one token to condition on"
+                         + (f" (start with bos_token_id={bos}, '<|endoftext|>')" if bos is not None and 0 <= bos < model.config.vocab_size else ""))
+    return ids
+
+
+def _n_steps(config, prompt_len: int, s: _Settings) -> int:
+    """How many tokens to generate under the context policy (see the module docstring)."""
+    n = config.n_positions
+    if prompt_len > n:
+        raise ValueError(f"the prompt has {prompt_len} tokens, more than the model's context "
+                         f"n_positions={n}; shorten it")
+    if prompt_len + s.max_new_tokens > n:
+        if s.on_context_limit == "error":
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({s.max_new_tokens}) = "
+                f"{prompt_len + s.max_new_tokens} exceeds the model's context n_positions={n}: "
+                f"lower max_new_tokens to at most {n - prompt_len}, or pass on_context_limit='stop' "
+                "to stop when the context is full")
+        return n - prompt_len
+    return s.max_new_tokens
+
+
+# ----------------------------------------------------------------------------- greedy / sampling
+
+def _choose(logits, seen, s: _Settings, rng) -> np.ndarray:  # [B, V], [B, V] bool -> [B]
+    """One decoding step's choice, in Hugging Face's processor order."""
+    if s.repetition_penalty != 1.0:
+        logits = _penalize_seen(logits, seen, s.repetition_penalty)
+    if not s.do_sample:
+        return np.argmax(logits, axis=-1)
+    if s.temperature != 1.0:
+        logits = apply_temperature(logits, s.temperature)
+    if s.top_k is not None:
+        logits = top_k_filter(logits, s.top_k)
+    if s.top_p is not None and s.top_p < 1.0:
+        logits = top_p_filter(logits, s.top_p)
+    return sample_from_logits(logits, rng)
+
+
+def _sample_steps(model: GPT2Model, ops, rows: list[np.ndarray], n_steps: int, s: _Settings,
+                  rng) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> yields next ids [B] per step
+    """Greedy / sampled decoding with a KV cache; prompts of different lengths are left-padded.
+
+    Yields the chosen token of every row at each of n_steps steps; the caller stops early
+    by closing the generator. Row b's padding is masked out of attention and its positions
+    start at 0 at its first real token, so each row decodes as it would alone.
+    """
+    config, params = model.config, ops.prepare(model.params)
+    B, P = len(rows), max(len(r) for r in rows)
+    pad = 0
+    ids = np.full((B, P), pad, dtype=np.int64)  # [B, P] left-padded
+    mask = np.zeros((B, P + n_steps), dtype=bool)  # [B, S_max]: 1 = real token
+    for b, r in enumerate(rows):
+        ids[b, P - len(r):] = r
+        mask[b, P - len(r):] = True  # generated tokens are real too
+    ragged = any(len(r) != P for r in rows)
+    seen = np.zeros((B, config.vocab_size), dtype=bool)  # tokens in each row so far (repetition penalty)
+    for b, r in enumerate(rows):
+        seen[b, r] = True
+    cache = KVCache.allocate(config, B, max_len=max(P + n_steps - 1, P), dtype=params.wte.dtype, zeros=ops.zeros)
+
+    h = hidden_states(params, config, ids, cache=cache, attention_mask=mask[:, :P] if ragged else None,
+                      ops=ops)[:, -1]  # [B, C]: the last position only
+    for step in range(n_steps):
+        logits = ops.to_numpy(lm_head(h, params))  # [B, V]
+        nxt = _choose(logits, seen, s, rng)  # [B]
+        yield nxt
+        if step + 1 == n_steps:
+            return
+        seen[np.arange(B), nxt] = True
+        S = P + step + 1
+        h = hidden_states(params, config, nxt[:, None], cache=cache,
+                          attention_mask=mask[:, :S] if ragged else None, ops=ops)[:, -1]
+
+
+class _StopMatcher:
+    """Decoded text of the generated tokens, and where the first stop string starts in it."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...], eos_ids: tuple[int, ...]):
+        self.decoder = tokenizer.stream_decoder()
+        self.stop, self.eos_ids = stop, eos_ids
+        self.text = ""
+        self.cut: int | None = None  # index of the first stop string in text, once found
+
+    def push(self, token: int) -> None:
+        if token not in self.eos_ids:
+            self.text += self.decoder.push(token)
+            self._find()
+
+    def flush(self) -> None:
+        if self.cut is None:
+            self.text += self.decoder.flush()
+            self._find()
+
+    def _find(self) -> None:
+        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.cut = min(hits)
+
+    def safe_end(self) -> int:
+        """Text up to here can be shown: nothing after it can start a stop string (held back otherwise)."""
+        if self.cut is not None:
+            return self.cut
+        hold = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:k]):
+                    hold = k
+                    break
+        return len(self.text) - hold
+
+
+def _run_one(model: GPT2Model, prompt: np.ndarray, s: _Settings, ops, seed,
+             matcher: _StopMatcher | None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
+    """One prompt, greedy or sampled: yields (token id, None) and, with the last token, its finish reason."""
+    n_steps = _n_steps(model.config, len(prompt), s)
+    truncated = n_steps < s.max_new_tokens
+    if n_steps == 0:
+        return
+    steps = _sample_steps(model, ops, [prompt], n_steps, s, np.random.default_rng(seed))
+    try:
+        for i, nxt in enumerate(steps):
+            tok = int(nxt[0])
+            if matcher is not None:
+                matcher.push(tok)
+            if tok in s.eos_ids:
+                yield tok, "eos"
+                return
+            if matcher is not None and matcher.cut is not None:
+                yield tok, "stop"
+                return
+            last = i + 1 == n_steps
+            yield tok, (("context" if truncated else "length") if last else None)
+    finally:
+        steps.close()
+
+
+# ----------------------------------------------------------------------------- beam search
+
+def _beam_search(model: GPT2Model, ops, prompt: np.ndarray, n_steps: int,
+                 s: _Settings) -> tuple[list[int], float]:  # [P] -> (generated ids, score)
+    """Beam search as Hugging Face's `generate(num_beams=N)` does it (transformers 5.x; checked against 5.24).
+
+    Each step, every running beam b (score = its summed log-probabilities) extends by each
+    token: candidate score = score_b + log softmax(z_b)_i (after the repetition penalty).
+    The best 2N candidates overall (more with several eos ids) are ranked. Those of rank < N
+    that end in eos, or that reach the length limit, become finished hypotheses with score
+    sum_logprobs / generated_len ** length_penalty, and the N best finished are kept. The N
+    best candidates that did not finish are the next running beams.
+    Stops when the length limit is reached; or, with early_stopping=True, once N hypotheses
+    are finished; or (default, early_stopping=False) once N are finished and the best running
+    beam, scored at its current length, cannot beat the worst of them ("never": for
+    length_penalty > 0, at the maximum length instead). Returns the best finished hypothesis.
+    At step 0 only one beam runs (all beams start from the same prompt).
+    """
+    config, params = model.config, ops.prepare(model.params)
+    N, V, P = s.num_beams, config.vocab_size, len(prompt)
+    lp = s.length_penalty
+    K = max(2, 1 + len(s.eos_ids)) * N
+    cache = KVCache.allocate(config, N, max_len=max(P + n_steps - 1, P), dtype=params.wte.dtype, zeros=ops.zeros)
+    first = KVCache(cache.k[:, :1], cache.v[:, :1], 0)  # row 0 as a view: prefill the prompt once
+    h = hidden_states(params, config, prompt[None], cache=first, ops=ops)[:, -1]  # [1, C]
+    cache.k[:, 1:, :, :P] = cache.k[:, :1, :, :P]
+    cache.v[:, 1:, :, :P] = cache.v[:, :1, :, :P]
+    cache.length = P
+
+    seqs = np.zeros((1, n_steps), dtype=np.int64)  # generated tokens of the running beams
+    scores = np.zeros(1)  # [n_running] summed log-probs (float64)
+    seen = np.zeros((1, V), dtype=bool)
+    seen[0, prompt] = True
+    finished: list[tuple[float, list[int]]] = []  # (penalized score, tokens), best first, at most N
+    for g in range(n_steps):
+        z = ops.to_numpy(lm_head(h, params))  # [n_running, V]
+        logp = log_softmax(z)
+        if s.repetition_penalty != 1.0:
+            logp = _penalize_seen(logp, seen, s.repetition_penalty)
+        cand = (scores[:, None] + logp).reshape(-1)  # [n_running * V]
+        top = np.argpartition(-cand, K - 1)[:K]
+        top = top[np.argsort(-cand[top], kind="stable")]  # K best, best first
+        beam, tok, cand_score = top // V, top % V, cand[top]
+        at_limit = g + 1 == n_steps
+        hits = np.isin(tok, s.eos_ids) | at_limit  # [K]
+
+        new = [(float(cand_score[r]) / (g + 1) ** lp, [*seqs[beam[r], :g].tolist(), int(tok[r])])
+               for r in range(N) if hits[r]]
+        if new:
+            finished = sorted(finished + new, key=lambda f: -f[0])[:N]
+        if at_limit:
+            break
+        keep = np.flatnonzero(~hits)[:N]  # the N best that go on
+        beam, tok, scores = beam[keep], tok[keep], cand_score[keep]
+        seqs = seqs[beam]
+        seqs[:, g] = tok
+        seen = seen[beam]
+        seen[np.arange(N), tok] = True
+        cache.reorder(beam)  # row b of the cache <- the cache of the beam it extends (row 0 at g = 0)
+
+        if len(finished) == N:
+            if s.early_stopping is True:
+                break
+            length = (n_steps if (s.early_stopping == "never" and lp > 0) else g + 1)
+            if not scores[0] / length ** lp > finished[-1][0]:
+                break  # no running beam can beat the worst finished one
+        h = hidden_states(params, config, tok[:, None], cache=cache, ops=ops)[:, -1]  # [N, C]
+    score, tokens = finished[0]
+    return tokens, score
+
+
+# ----------------------------------------------------------------------------- public API
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated continuation.
+
+    prompt_ids: the prompt's token ids. ids: the generated ids (an ending eos included).
+    text: the decoded generated text (None without a tokenizer), eos excluded, cut just
+    before the first stop string. finish_reason: "eos", "stop" (a stop string), "length"
+    (max_new_tokens reached) or "context" (the context was full, on_context_limit="stop").
+    score: beam search's length-penalized log-probability of this beam (None otherwise).
+    """
+
+    prompt_ids: list[int]
+    ids: list[int]
+    text: str | None
+    finish_reason: str
+    score: float | None = None
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, GPT2Model):
+        raise TypeError(f"model must be a GPT2Model (from refimpl.gpt2.load); got {type(model).__name__}")
+
+
+def _make(model, prompt, kw):
+    _check_model(model)
+    backend = kw.pop("backend", "numpy")
+    seed = kw.pop("seed", None)
+    s = _settings(model.config, **kw)
+    if s.stop and model.tokenizer is None:
+        raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
+    return _prompt_ids(model, prompt), s, get_ops(backend), seed
+
+
+def _text_of(model, ids, s: _Settings) -> str | None:
+    if model.tokenizer is None:
+        return None
+    text = model.tokenizer.decode([t for t in ids if t not in s.eos_ids])
+    cuts = [i for i in (text.find(x) for x in s.stop) if i >= 0]
+    return text[:min(cuts)] if cuts else text
+
+
+def generate(model: GPT2Model, prompt, *, max_new_tokens: int = 20, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
+             early_stopping: bool | str = False, eos_token_id=_DEFAULT, stop=(), seed=None,
+             on_context_limit: str = "error", backend: str = "numpy") -> Generation:
+    """Continue `prompt` (text or token ids) by up to max_new_tokens tokens.
+
+    Strategy: greedy (default), sampling (do_sample=True with temperature, top_k, top_p;
+    `seed` makes it reproducible), or beam search (num_beams > 1, length_penalty,
+    early_stopping as Hugging Face). repetition_penalty applies to all of them.
+    eos_token_id defaults to the config's (None: never stop on a token). See the module
+    docstring for stop strings and the context-limit policy. Returns a Generation.
+    """
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+              top_p=top_p, repetition_penalty=repetition_penalty, num_beams=num_beams,
+              length_penalty=length_penalty, early_stopping=early_stopping, eos_token_id=eos_token_id,
+              stop=stop, on_context_limit=on_context_limit, backend=backend, seed=seed)
+    prompt_ids, s, ops, seed = _make(model, prompt, kw)
+    if s.num_beams > 1:
+        n_steps = _n_steps(model.config, len(prompt_ids), s)
+        if n_steps == 0:
+            return Generation(prompt_ids.tolist(), [], _text_of(model, [], s),
+                              "context" if s.max_new_tokens else "length", None)
+        ids, score = _beam_search(model, ops, prompt_ids, n_steps, s)
+        reason = "eos" if ids[-1] in s.eos_ids else ("context" if n_steps < s.max_new_tokens else "length")
+        return Generation(prompt_ids.tolist(), ids, _text_of(model, ids, s), reason, score)
+    matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
+    ids, reason = [], ("context" if s.max_new_tokens else "length")
+    for tok, why in _run_one(model, prompt_ids, s, ops, seed, matcher):
+        ids.append(tok)
+        reason = why or reason
+    if matcher is not None and reason != "stop":
+        matcher.flush()  # a stop string completed by the held-back bytes of the last token
+        reason = "stop" if matcher.cut is not None else reason
+    return Generation(prompt_ids.tolist(), ids, _text_of(model, ids, s), reason, None)
+
+
+_STREAM_DEFAULTS = dict(max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
+                        repetition_penalty=1.0, num_beams=1, length_penalty=1.0, early_stopping=False,
+                        eos_token_id=_DEFAULT, stop=(), on_context_limit="error")
+
+
+def stream(model: GPT2Model, prompt, **kw) -> Iterator[int]:
+    """Yield generated token ids one at a time, as `generate(model, prompt, **kw)` makes them.
+
+    Same keywords as generate, checked at the call (not at the first `next`). The ids are
+    exactly generate's `.ids`: an ending eos is yielded, and so is the token that completes a
+    stop string (use stream_text for text that stops before it). Beam search cannot know its
+    best beam before the end: with num_beams > 1 the ids come all at once when the search ends.
+    """
+    prompt_ids, s, ops, seed = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
+    if s.num_beams > 1:
+        return iter(generate(model, prompt_ids, **kw).ids)
+    matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
+    return (tok for tok, _ in _run_one(model, prompt_ids, s, ops, seed, matcher))
+
+
+def stream_text(model: GPT2Model, prompt, **kw) -> Iterator[str]:
+    """Yield the generated text in chunks as tokens come (needs a tokenizer).
+
+    Same keywords as generate, checked at the call; the chunks join to generate's `.text`.
+    Bytes of an unfinished UTF-8 character are held back until it completes, and so is any
+    tail of the text that could be the beginning of a stop string; the text ends just before
+    the stop string.
+    """
+    _check_model(model)
+    if model.tokenizer is None:
+        raise ValueError("stream_text needs a tokenizer, and this model has none; use stream() for ids")
+    prompt_ids, s, ops, seed = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
+    if s.num_beams > 1:
+        text = generate(model, prompt_ids, **kw).text
+        return iter([text] if text else [])
+    return _text_chunks(model, prompt_ids, s, ops, seed)
+
+
+def _text_chunks(model, prompt_ids, s: _Settings, ops, seed) -> Iterator[str]:
+    matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids)
+    shown = 0
+    for _tok, _ in _run_one(model, prompt_ids, s, ops, seed, matcher):
+        end = matcher.safe_end()
+        if end > shown:
+            yield matcher.text[shown:end]
+            shown = end
+    matcher.flush()
+    end = matcher.cut if matcher.cut is not None else len(matcher.text)
+    if end > shown:
+        yield matcher.text[shown:end]
+
+
+def generate_batch(model: GPT2Model, prompts: Sequence, *, max_new_tokens: int = 20, do_sample: bool = False,
+                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   repetition_penalty: float = 1.0, eos_token_id=_DEFAULT, stop=(), seed=None,
+                   on_context_limit: str = "error", backend: str = "numpy") -> list[Generation]:
+    """Greedy or sampled continuations of several prompts at once (one forward per step).
+
+    Prompts of different lengths are left-padded; the padding is masked and positions come
+    from the mask, so greedy results equal generate() on each prompt alone. Each row ends on
+    its own (eos, stop string); the batch runs until all have ended or the step limit. The
+    context limit applies to the longest prompt. Sampling draws one uniform per row per step
+    from one seeded Generator, so a row's samples differ from those of a single-prompt run
+    with the same seed. Beam search is single-prompt (use generate).
+    """
+    _check_model(model)
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of prompts (texts or token-id lists)")
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+              top_p=top_p, repetition_penalty=repetition_penalty, num_beams=1, length_penalty=1.0,
+              early_stopping=False, eos_token_id=eos_token_id, stop=stop, on_context_limit=on_context_limit)
+    s = _settings(model.config, **kw)
+    if s.stop and model.tokenizer is None:
+        raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
+    ops = get_ops(backend)
+    rows = [_prompt_ids(model, p) for p in prompts]
+    B = len(rows)
+    n_steps = _n_steps(model.config, max(len(r) for r in rows), s)
+    matchers = [_StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None for _ in rows]
+    out: list[list[int]] = [[] for _ in rows]
+    reasons: list[str | None] = [None] * B
+    if n_steps:
+        steps = _sample_steps(model, ops, rows, n_steps, s, np.random.default_rng(seed))
+        for nxt in steps:
+            for b in range(B):
+                if reasons[b] is not None:
+                    continue
+                tok = int(nxt[b])
+                out[b].append(tok)
+                if matchers[b] is not None:
+                    matchers[b].push(tok)
+                if tok in s.eos_ids:
+                    reasons[b] = "eos"
+                elif matchers[b] is not None and matchers[b].cut is not None:
+                    reasons[b] = "stop"
+            if all(r is not None for r in reasons):
+                steps.close()
+                break
+    final = "context" if n_steps < s.max_new_tokens else "length"
+    results = []
+    for b in range(B):
+        reason = reasons[b]
+        if reason is None and matchers[b] is not None:
+            matchers[b].flush()
+            reason = "stop" if matchers[b].cut is not None else None
+        results.append(Generation(rows[b].tolist(), out[b], _text_of(model, out[b], s), reason or final))
+    return results

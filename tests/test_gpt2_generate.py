@@ -1,0 +1,356 @@
+"""Decoding: logits processors vs Hugging Face's, greedy and beam search vs HF generate,
+seeded sampling, stop strings, streaming, batching, the context-limit policy.
+
+Random-weight models with larger weights than HF's init (wte_std, weight_std = 0.3) so that
+next-token distributions are peaked and continuations vary: the top-2 logit gaps stay far
+above float32 rounding (~1e-6), so token identity with HF tests the algorithm, not ties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refimpl.gpt2 as gpt2
+from refimpl.gpt2.generate import log_softmax, sample_from_logits
+from refimpl.gpt2.model import forward
+from refimpl.gpt2.tokenizer import Tokenizer
+from gpt2_oracle import GPT2Config, SMALL_CONFIGS, TINY, hf_gpt2, hf_to_params, torch, transformers
+
+LP = transformers.generation.logits_process
+
+_MODELS: dict = {}
+
+
+def model_pair(name: str, seed: int = 0, dtype=np.float32):
+    """Cached (hf_model, GPT2Model) with peaked random weights."""
+    key = (name, seed, np.dtype(dtype).name)
+    if key not in _MODELS:
+        config = BYTES if name == "bytes" else SMALL_CONFIGS[name]
+        hf = hf_gpt2(config, seed=seed, dtype=dtype, wte_std=0.3, weight_std=0.3)
+        tok = BYTE_TOKENIZER if name == "bytes" else None
+        _MODELS[key] = hf, gpt2.GPT2Model(config, hf_to_params(hf, config, dtype=dtype), tok)
+    return _MODELS[key]
+
+
+# A byte-level tokenizer (256 byte tokens + <|endoftext|>) for text tests; V = 257.
+BYTE_TOKENIZER = Tokenizer({bytes([b]): b for b in range(256)}, {}, {"<|endoftext|>": 256})
+BYTES = GPT2Config(vocab_size=257, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=256, eos_token_id=256)
+
+
+def prompt_of(config, n, seed=0):
+    return np.random.default_rng(seed).integers(0, config.vocab_size, n)
+
+
+def hf_generate(hf, prompt, **kw):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(np.asarray(prompt)[None]), **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def strip_after_eos(ids, eos):
+    return ids[:ids.index(eos) + 1] if eos is not None and eos in ids else ids
+
+
+# ----------------------------------------------------------------------------- processors vs HF
+
+def _logits(seed, B=3, V=50, dtype=np.float32):
+    return (np.random.default_rng(seed).standard_normal((B, V)) * 2).astype(dtype)
+
+
+@given(seed=st.integers(0, 2**31), k=st.integers(1, 60), keep=st.integers(1, 3))
+def test_top_k_matches_hugging_face(seed, k, keep):
+    """Same kept set and values as TopKLogitsWarper, including k > V and min_tokens_to_keep."""
+    z = _logits(seed)
+    if seed % 3 == 0:
+        z = np.round(z)  # ties at the k-th value: HF keeps all of them, so do we
+    ours = gpt2.top_k_filter(z, k, min_tokens_to_keep=keep)
+    ref = LP.TopKLogitsWarper(k, min_tokens_to_keep=keep)(None, torch.tensor(z)).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    assert ours.dtype == np.float32
+
+
+@given(seed=st.integers(0, 2**31), p=st.floats(0.0, 1.0), keep=st.integers(1, 3), scale=st.sampled_from([0.3, 2.0, 8.0]))
+def test_top_p_matches_hugging_face(seed, p, keep, scale):
+    """Same kept set and values as TopPLogitsWarper (cumulative mass rule, min_tokens_to_keep)."""
+    z = _logits(seed) * np.float32(scale)
+    ours = gpt2.top_p_filter(z, p, min_tokens_to_keep=keep)
+    ref = LP.TopPLogitsWarper(p, min_tokens_to_keep=keep)(None, torch.tensor(z)).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    # the kept tokens carry mass >= p (the dropped ones have cumulative mass <= 1 - p), up to rounding
+    probs = np.exp(z - z.max(-1, keepdims=True)); probs /= probs.sum(-1, keepdims=True)
+    assert (np.where(np.isinf(ours), 0, probs).sum(-1) >= p - 1e-5).all()
+
+
+@given(seed=st.integers(0, 2**31), penalty=st.floats(0.5, 3.0), n=st.integers(1, 12))
+def test_repetition_penalty_matches_hugging_face(seed, penalty, n):
+    """Same as RepetitionPenaltyLogitsProcessor (repeated ids count once; negative logits multiplied)."""
+    z = _logits(seed)
+    ids = np.random.default_rng(seed + 1).integers(0, z.shape[1], (z.shape[0], n))
+    ours = gpt2.apply_repetition_penalty(z, ids, penalty)
+    ref = LP.RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor(ids), torch.tensor(z)).numpy()
+    np.testing.assert_array_equal(ours, ref)
+
+
+@given(seed=st.integers(0, 2**31), t=st.floats(0.05, 5.0))
+def test_temperature_matches_hugging_face(seed, t):
+    z = _logits(seed)
+    ref = LP.TemperatureLogitsWarper(t)(None, torch.tensor(z)).numpy()
+    np.testing.assert_array_equal(gpt2.apply_temperature(z, t), ref)
+
+
+def test_processor_arguments_are_checked():
+    z = _logits(0)
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
+        gpt2.top_k_filter(z, 0)
+    with pytest.raises(ValueError, match=r"top_p must be a number in \[0, 1\]"):
+        gpt2.top_p_filter(z, 1.5)
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        gpt2.apply_temperature(z, 0.0)
+    with pytest.raises(ValueError, match="repetition penalty must be a number > 0"):
+        gpt2.apply_repetition_penalty(z, np.zeros((3, 1), dtype=np.int64), -1.0)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, V=50\)"):
+        gpt2.apply_repetition_penalty(z, np.full((3, 1), 50), 1.2)
+
+
+def test_sampler_frequencies_follow_softmax():
+    """Inverse-transform sampling draws token i with probability softmax(z)_i (chi-square, fixed seed).
+
+    Proof: u * F(V-1) is uniform on [0, F(V-1)), and the first i with F(i) > u F(V-1) is i with
+    probability (F(i) - F(i-1)) / F(V-1) = p_i. A -inf logit has p_i = 0 and is never drawn.
+    """
+    z = np.array([[0.0, 1.0, -1.0, 2.0, -np.inf, 0.5]], dtype=np.float32)
+    p = np.exp(z[0] - z[0].max()); p /= p.sum()
+    rng = np.random.default_rng(0)
+    n = 20000
+    draws = np.concatenate([sample_from_logits(np.repeat(z, 1000, axis=0), rng) for _ in range(n // 1000)])
+    counts = np.bincount(draws, minlength=6)
+    assert counts[4] == 0
+    live = p > 0
+    chi2 = float((((counts - n * p) ** 2)[live] / (n * p[live])).sum())
+    print(f"sampler chi-square (5 dof): {chi2:.2f}")
+    assert chi2 < 20.5  # 99.9% quantile of chi-square with 5 degrees of freedom
+
+
+# ----------------------------------------------------------------------------- greedy and beams vs HF
+
+@pytest.mark.parametrize("name", ["tiny", "odd_3x32_5L_V1000", "5_heads_of_16"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_greedy_is_token_identical_to_hugging_face(name, penalty):
+    """Greedy continuation (with and without repetition penalty, with an eos that does occur)."""
+    hf, model = model_pair(name)
+    config = model.config
+    prompt = prompt_of(config, 6, seed=2)
+    n = min(24, config.n_positions - 6)
+    free = gpt2.generate(model, prompt, max_new_tokens=n, eos_token_id=None, repetition_penalty=penalty)
+    assert free.ids == hf_generate(hf, prompt, max_new_tokens=n, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0, repetition_penalty=penalty)
+    assert len(set(free.ids)) > 2  # a varied continuation, not one repeated token
+    eos = free.ids[n // 2]
+    ended = gpt2.generate(model, prompt, max_new_tokens=n, eos_token_id=eos, repetition_penalty=penalty)
+    ref = strip_after_eos(hf_generate(hf, prompt, max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                                      pad_token_id=eos, repetition_penalty=penalty), eos)
+    assert ended.ids == ref and ended.finish_reason == "eos" and ended.ids[-1] == eos
+
+
+def test_greedy_float64_model_matches_hugging_face():
+    hf, model = model_pair("odd_3x32_5L_V1000", dtype=np.float64)
+    prompt = prompt_of(model.config, 5, seed=4)
+    ours = gpt2.generate(model, prompt, max_new_tokens=20, eos_token_id=None)
+    assert ours.ids == hf_generate(hf, prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def test_beam_search_is_token_identical_to_hugging_face():
+    """num_beams=4 over length penalties, eos choices and early_stopping modes, two models."""
+    n_cases = n_eos_endings = 0
+    for name in ("tiny", "odd_3x32_5L_V1000"):
+        hf, model = model_pair(name)
+        prompt = prompt_of(model.config, 5, seed=1)
+        greedy = gpt2.generate(model, prompt, max_new_tokens=10, eos_token_id=None).ids
+        for eos in (None, greedy[0], greedy[4]):
+            for lp, es in ((1.0, False), (0.5, False), (2.0, False), (-1.0, False), (1.0, True), (2.0, "never")):
+                ours = gpt2.generate(model, prompt, max_new_tokens=10, num_beams=4, eos_token_id=eos,
+                                     length_penalty=lp, early_stopping=es)
+                ref = strip_after_eos(hf_generate(hf, prompt, max_new_tokens=10, num_beams=4, do_sample=False,
+                                                  eos_token_id=eos, pad_token_id=0 if eos is None else eos,
+                                                  length_penalty=lp, early_stopping=es), eos)
+                assert ours.ids == ref, (name, eos, lp, es)
+                n_cases += 1
+                n_eos_endings += ours.finish_reason == "eos"
+    print(f"beam search: {n_cases} cases identical to HF, {n_eos_endings} ending in eos")
+    assert n_eos_endings >= 3  # the eos bookkeeping was exercised
+
+
+def test_beam_search_with_repetition_penalty_matches_hugging_face():
+    hf, model = model_pair("odd_3x32_5L_V1000", seed=1)
+    prompt = prompt_of(model.config, 4, seed=3)
+    ours = gpt2.generate(model, prompt, max_new_tokens=8, num_beams=3, eos_token_id=None, repetition_penalty=1.5)
+    ref = hf_generate(hf, prompt, max_new_tokens=8, num_beams=3, do_sample=False, eos_token_id=None,
+                      pad_token_id=0, repetition_penalty=1.5)
+    assert ours.ids == ref
+
+
+def test_beam_score_is_the_sum_of_log_probs_and_one_beam_is_greedy():
+    """With length_penalty 0 the returned score is sum_i log p(token_i | prefix) under the model
+    (recomputed here by one full forward); with num_beams=1, generate is greedy."""
+    _, model = model_pair("tiny")
+    prompt = prompt_of(model.config, 4, seed=5)
+    out = gpt2.generate(model, prompt, max_new_tokens=6, num_beams=3, eos_token_id=None, length_penalty=0.0)
+    seq = np.array([*prompt, *out.ids])
+    logp = log_softmax(forward(model.params, model.config, seq[None]).astype(np.float64))[0]
+    total = sum(logp[len(prompt) - 1 + i, t] for i, t in enumerate(out.ids))
+    assert abs(out.score - total) <= 1e-4 * max(1.0, abs(total))
+    greedy = gpt2.generate(model, prompt, max_new_tokens=6, eos_token_id=None)
+    assert gpt2.generate(model, prompt, max_new_tokens=6, num_beams=1, eos_token_id=None).ids == greedy.ids
+
+
+# ----------------------------------------------------------------------------- cache vs recomputation
+
+@settings(max_examples=12)
+@given(data=st.data())
+def test_cached_greedy_equals_greedy_by_full_recomputation(data):
+    """Greedy through the KV cache = argmax of a full forward over the whole sequence at every step."""
+    name = data.draw(st.sampled_from(["tiny", "one_head"]))
+    _, model = model_pair(name, dtype=np.float64)
+    config = model.config
+    P = data.draw(st.integers(1, 8))
+    n = data.draw(st.integers(1, 10))
+    prompt = prompt_of(config, P, seed=data.draw(st.integers(0, 1000)))
+    ours = gpt2.generate(model, prompt, max_new_tokens=n, eos_token_id=None).ids
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(np.argmax(forward(model.params, config, np.array([seq]))[0, -1])))
+    assert ours == seq[P:]
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def test_seeded_sampling_is_reproducible():
+    _, model = model_pair("odd_3x32_5L_V1000")
+    prompt = prompt_of(model.config, 5)
+    kw = dict(max_new_tokens=20, do_sample=True, temperature=1.5, top_k=50, top_p=0.95, eos_token_id=None)
+    a = gpt2.generate(model, prompt, seed=123, **kw).ids
+    b = gpt2.generate(model, prompt, seed=123, **kw).ids
+    c = gpt2.generate(model, prompt, seed=124, **kw).ids
+    assert a == b
+    assert a != c  # 20 draws from flattened distributions: equal only with negligible probability
+    assert list(gpt2.stream(model, prompt, seed=123, **kw)) == a
+
+
+def test_top_k_one_sampling_is_greedy():
+    """top_k=1 leaves only the argmax with nonzero probability, so sampling must pick it."""
+    _, model = model_pair("tiny")
+    prompt = prompt_of(model.config, 5)
+    greedy = gpt2.generate(model, prompt, max_new_tokens=12, eos_token_id=None).ids
+    sampled = gpt2.generate(model, prompt, max_new_tokens=12, do_sample=True, top_k=1, seed=9, eos_token_id=None).ids
+    assert sampled == greedy
+
+
+# ----------------------------------------------------------------------------- batching
+
+def test_left_padded_batch_generation_equals_one_by_one():
+    _, model = model_pair("odd_3x32_5L_V1000")
+    prompts = [prompt_of(model.config, n, seed=n) for n in (7, 2, 4)]
+    alone = [gpt2.generate(model, p, max_new_tokens=12, eos_token_id=None) for p in prompts]
+    batch = gpt2.generate_batch(model, prompts, max_new_tokens=12, eos_token_id=None)
+    assert [g.ids for g in batch] == [g.ids for g in alone]
+    eos = alone[1].ids[3]  # rows then end at different steps
+    alone = [gpt2.generate(model, p, max_new_tokens=12, eos_token_id=eos) for p in prompts]
+    batch = gpt2.generate_batch(model, prompts, max_new_tokens=12, eos_token_id=eos)
+    assert [(g.ids, g.finish_reason) for g in batch] == [(g.ids, g.finish_reason) for g in alone]
+
+
+# ----------------------------------------------------------------------------- text, stop strings, streaming
+
+def _ascii_substring(text: str, length: int = 2) -> str | None:
+    for i in range(len(text) - length + 1):
+        s = text[i:i + length]
+        if all(32 <= ord(c) < 127 for c in s):
+            return s
+    return None
+
+
+def test_stop_string_cuts_text_and_ends_generation():
+    """With stop=s, text is the unstopped text up to the first s; ids end at the token completing s."""
+    _, model = model_pair("bytes")
+    for seed in range(20):
+        prompt = prompt_of(model.config, 4, seed=seed) % 256
+        full = gpt2.generate(model, prompt, max_new_tokens=40, eos_token_id=None)
+        stop = _ascii_substring(full.text[1:])  # not at the very start
+        if stop is not None:
+            break
+    assert stop is not None
+    out = gpt2.generate(model, prompt, max_new_tokens=40, eos_token_id=None, stop=[stop, "\x00never"])
+    cut = full.text.find(stop)
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[:cut]
+    assert out.ids == full.ids[:len(out.ids)]
+    assert stop in BYTE_TOKENIZER.decode(out.ids) and stop not in BYTE_TOKENIZER.decode(out.ids[:-1])
+    assert list(gpt2.stream(model, prompt, max_new_tokens=40, eos_token_id=None, stop=stop)) == out.ids
+    chunks = list(gpt2.stream_text(model, prompt, max_new_tokens=40, eos_token_id=None, stop=stop))
+    assert "".join(chunks) == out.text
+    other = prompt_of(model.config, 9, seed=99) % 256
+    batch = gpt2.generate_batch(model, [prompt, other], max_new_tokens=40, eos_token_id=None, stop=stop)
+    alone = gpt2.generate(model, other, max_new_tokens=40, eos_token_id=None, stop=stop)
+    assert (batch[0].ids, batch[0].text, batch[0].finish_reason) == (out.ids, out.text, "stop")
+    assert (batch[1].ids, batch[1].text, batch[1].finish_reason) == (alone.ids, alone.text, alone.finish_reason)
+
+
+def test_text_prompt_streaming_and_eos_text():
+    _, model = model_pair("bytes")
+    out = gpt2.generate(model, "Hello", max_new_tokens=15, eos_token_id=None)
+    assert out.prompt_ids == list(b"Hello")
+    assert out.text == BYTE_TOKENIZER.decode(out.ids)
+    assert "".join(gpt2.stream_text(model, "Hello", max_new_tokens=15, eos_token_id=None)) == out.text
+    eos = out.ids[5]
+    ended = gpt2.generate(model, "Hello", max_new_tokens=15, eos_token_id=eos)
+    assert ended.ids == out.ids[:6] and ended.finish_reason == "eos"
+    assert ended.text == BYTE_TOKENIZER.decode(out.ids[:5])  # the eos token is not text
+
+
+# ----------------------------------------------------------------------------- limits and errors
+
+def test_context_limit_policy():
+    _, model = model_pair("tiny")  # n_positions = 32
+    prompt = prompt_of(model.config, 30)
+    with pytest.raises(ValueError, match=r"prompt \(30 tokens\) \+ max_new_tokens \(5\) = 35 exceeds .*n_positions=32"):
+        gpt2.generate(model, prompt, max_new_tokens=5)
+    out = gpt2.generate(model, prompt, max_new_tokens=5, eos_token_id=None, on_context_limit="stop")
+    assert len(out.ids) == 2 and out.finish_reason == "context"
+    beam = gpt2.generate(model, prompt, max_new_tokens=5, eos_token_id=None, num_beams=2, on_context_limit="stop")
+    assert len(beam.ids) == 2 and beam.finish_reason == "context"
+    with pytest.raises(ValueError, match=r"prompt has 33 tokens, more than the model's context n_positions=32"):
+        gpt2.generate(model, prompt_of(model.config, 33), max_new_tokens=1, on_context_limit="stop")
+
+
+def test_bad_settings_and_prompts_are_refused():
+    _, model = model_pair("tiny")
+    p = [1, 2, 3]
+    with pytest.raises(ValueError, match="pass do_sample=True"):
+        gpt2.generate(model, p, temperature=0.7)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        gpt2.generate(model, [])
+    with pytest.raises(ValueError, match="token id 97"):
+        gpt2.generate(model, [1, 97])
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        gpt2.generate(model, "hello")
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        gpt2.generate(model, p, stop="x")
+    with pytest.raises(ValueError, match="num_beams must be an integer >= 1"):
+        gpt2.generate(model, p, num_beams=0)
+    with pytest.raises(ValueError, match="eos_token_id must be a token id"):
+        gpt2.generate(model, p, eos_token_id=500)
+    with pytest.raises(ValueError, match="on_context_limit must be"):
+        gpt2.generate(model, p, on_context_limit="slide")
+    with pytest.raises(ValueError, match="unknown backend"):
+        gpt2.generate(model, p, backend="nope")
+    with pytest.raises(ValueError, match="pass do_sample=True"):
+        gpt2.stream(model, p, top_k=5)  # checked at the call, not at the first next()
+    odd_eos = gpt2.GPT2Model(dataclasses.replace(TINY, eos_token_id=500), model.params)
+    with pytest.raises(ValueError, match=r"config's eos_token_id=500 lies outside the vocabulary"):
+        gpt2.generate(odd_eos, p)
+    assert len(gpt2.generate(odd_eos, p, max_new_tokens=3, eos_token_id=None).ids) == 3

@@ -1,0 +1,276 @@
+"""GPT-2 forward pass: parity with Hugging Face, the KV cache, padding, front door, errors.
+
+Differences are reported as max relative difference = max|ours - ref| / max|ref| over
+all logits (run with -s to read them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import refimpl.gpt2 as gpt2
+from refimpl.gpt2.model import NUMPY_OPS, KVCache, Ops, forward, get_ops
+from gpt2_oracle import GPT2_SMALL, SMALL_CONFIGS, TINY, ODD, hf_logits, max_rel_diff, oracle_pair
+
+_PAIRS: dict = {}
+
+
+def pair(name: str, dtype=np.float32):
+    """Cached (hf_model, params) for a named config (building HF models is the slow part)."""
+    key = (name, np.dtype(dtype).name)
+    if key not in _PAIRS:
+        _PAIRS[key] = oracle_pair(SMALL_CONFIGS[name], seed=1, dtype=dtype)
+    return _PAIRS[key]
+
+
+def rand_ids(config, shape, seed=0):
+    return np.random.default_rng(seed).integers(0, config.vocab_size, shape)
+
+
+# ----------------------------------------------------------------------------- parity with HF
+
+@pytest.mark.parametrize("name", list(SMALL_CONFIGS))
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-12)])
+def test_logits_match_hugging_face(name, dtype, tol):
+    """Same weights, same ids -> same logits as transformers' GPT2LMHeadModel (eval), whole context."""
+    config = SMALL_CONFIGS[name]
+    hf, params = pair(name, dtype)
+    ids = rand_ids(config, (2, config.n_positions), seed=3)
+    ours = forward(params, config, ids)
+    ref = hf_logits(hf, ids)
+    d = max_rel_diff(ours, ref)
+    print(f"[{name} {np.dtype(dtype).name}] logits max rel diff vs HF: {d:.3e}")
+    assert ours.dtype == dtype and ours.shape == ref.shape
+    assert d <= tol
+
+
+def test_logits_match_hugging_face_gpt2_small_shapes():
+    """GPT-2 small's shapes (V=50257, C=768, 12 layers, 12 heads), random weights, float32."""
+    hf, params = oracle_pair(GPT2_SMALL, seed=0, dtype=np.float32)
+    ids = rand_ids(GPT2_SMALL, (1, 24), seed=5)
+    ours = gpt2.logits(gpt2.GPT2Model(GPT2_SMALL, params), ids)
+    ref = hf_logits(hf, ids)
+    d = max_rel_diff(ours, ref)
+    print(f"[gpt2-small shapes float32] logits max rel diff vs HF: {d:.3e}")
+    assert ours.dtype == np.float32 and ours.shape == (1, 24, 50257)
+    assert d <= 1e-5
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-12)])
+def test_left_padded_batch_matches_hugging_face(dtype, tol):
+    """HF with the same attention mask and position ids (cumsum - 1) gives the same real-token logits."""
+    config = ODD
+    hf, params = pair("odd_3x32_5L_V1000", dtype)
+    lengths = [9, 4, 1]
+    S = max(lengths)
+    ids = rand_ids(config, (3, S), seed=7)
+    mask = np.zeros((3, S), dtype=np.int64)
+    for b, n in enumerate(lengths):
+        mask[b, S - n:] = 1
+    ours = forward(params, config, ids, attention_mask=mask)
+    ref = hf_logits(hf, ids, attention_mask=mask)
+    real = mask.astype(bool)
+    d = max_rel_diff(ours[real], ref[real])
+    print(f"[odd {np.dtype(dtype).name}] left-padded logits max rel diff vs HF: {d:.3e}")
+    assert d <= tol
+    assert np.isfinite(ours).all()  # pad queries see no key: zero attention rows, not NaN
+
+
+# ----------------------------------------------------------------------------- structure properties
+
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_kv_cache_decoding_equals_full_recomputation(data, dtype):
+    """Feeding a sequence in chunks through the cache gives the logits of one full pass.
+
+    Proof: position t's output depends only on tokens <= t (causal mask); the cache holds
+    exactly the k, v a full pass computes for the earlier positions (same inputs, same
+    positions: the cache offset), so each chunk's queries see the same keys and values.
+    """
+    name = data.draw(st.sampled_from(["tiny", "one_head", "5_heads_of_16"]))
+    config = SMALL_CONFIGS[name]
+    _, params = pair(name, dtype)
+    B = data.draw(st.integers(1, 2))
+    T = data.draw(st.integers(2, config.n_positions))
+    ids = rand_ids(config, (B, T), seed=data.draw(st.integers(0, 2**31)))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, T - 1), min_size=1, max_size=4))))
+    full = forward(params, config, ids)
+    cache = KVCache.allocate(config, B, max_len=data.draw(st.integers(T, config.n_positions)), dtype=dtype)
+    parts = [forward(params, config, ids[:, a:b], cache=cache) for a, b in zip([0, *cuts], [*cuts, T])]
+    chunked = np.concatenate(parts, axis=1)
+    assert cache.length == T and chunked.dtype == dtype
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    assert max_rel_diff(chunked, full) <= tol
+
+
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_appending_tokens_never_changes_earlier_logits(data, dtype):
+    """logits(ids[:t]) == logits(ids)[:t]: the causal mask hides every later token from position < t."""
+    name = data.draw(st.sampled_from(["tiny", "odd_3x32_5L_V1000"]))
+    config = SMALL_CONFIGS[name]
+    _, params = pair(name, dtype)
+    T = data.draw(st.integers(2, 24))
+    t = data.draw(st.integers(1, T - 1))
+    ids = rand_ids(config, (1, T), seed=data.draw(st.integers(0, 2**31)))
+    short, long = forward(params, config, ids[:, :t]), forward(params, config, ids)
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    assert max_rel_diff(long[:, :t], short) <= tol
+
+
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_left_padded_batch_equals_each_sequence_alone(data, dtype):
+    """A left-padded batch (mask + positions from the mask), prefilled and then decoded through the
+    cache, gives each row's logits as if it ran alone.
+
+    Proof: pad keys are masked out of every attention row of real queries, and positions from
+    cumsum(mask) - 1 give row b's first real token position 0, as when it runs alone; rows never
+    interact (every op is row-wise or per (row, head)).
+    """
+    config = TINY
+    _, params = pair("tiny", dtype)
+    lengths = data.draw(st.lists(st.integers(1, 10), min_size=2, max_size=4))
+    n_new = data.draw(st.integers(1, 4))
+    B, P = len(lengths), max(lengths)
+    seed = data.draw(st.integers(0, 2**31))
+    rows = [rand_ids(config, n + n_new, seed=seed + b) for b, n in enumerate(lengths)]
+    ids = np.zeros((B, P), dtype=np.int64)
+    mask = np.zeros((B, P + n_new), dtype=bool)
+    for b, n in enumerate(lengths):
+        ids[b, P - n:] = rows[b][:n]
+        mask[b, P - n:] = True
+    cache = KVCache.allocate(config, B, dtype=dtype)
+    prefill = forward(params, config, ids, cache=cache, attention_mask=mask[:, :P])
+    steps = [forward(params, config, np.array([[r[n + i]] for r, n in zip(rows, lengths)]), cache=cache,
+                     attention_mask=mask[:, :P + i + 1]) for i in range(n_new)]
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    for b, n in enumerate(lengths):
+        alone = forward(params, config, rows[b][None])  # [1, n + n_new, V]
+        batched = np.concatenate([prefill[b, P - n:], *[s[b] for s in steps]])  # [n + n_new, V]
+        assert max_rel_diff(batched, alone[0]) <= tol
+
+
+def test_dtype_in_equals_dtype_out():
+    """float32 weights give float32 logits, float64 give float64 (nothing promotes silently)."""
+    for dtype in (np.float32, np.float64):
+        _, params = pair("tiny", dtype)
+        assert forward(params, TINY, rand_ids(TINY, (1, 5))).dtype == dtype
+
+
+def test_logits_differ_when_a_weight_changes():
+    """Sanity for the parity tests: perturbing one bias moves the logits (the oracle sees the weights)."""
+    hf, params = pair("tiny", np.float64)
+    ids = rand_ids(TINY, (1, 6))
+    before = forward(params, TINY, ids)
+    params.blocks[1].mlp_proj.b[3] += 0.5  # a private copy: the pair is rebuilt below
+    after = forward(params, TINY, ids)
+    _PAIRS.pop(("tiny", "float64"))
+    assert max_rel_diff(after, before) > 1e-3
+
+
+# ----------------------------------------------------------------------------- front door
+
+def test_front_door_logits_shapes():
+    """logits: ids [T] -> [T, V] and [B, T] -> [B, T, V], float32, equal to forward."""
+    _, params = pair("tiny")
+    model = gpt2.GPT2Model(TINY, params)
+    ids = rand_ids(TINY, (2, 7))
+    z2 = gpt2.logits(model, ids)
+    z1 = gpt2.logits(model, ids[1].tolist())
+    assert z2.shape == (2, 7, TINY.vocab_size) and z1.shape == (7, TINY.vocab_size)
+    assert z2.dtype == np.float32 and z1.dtype == np.float32
+    np.testing.assert_array_equal(z2, forward(params, TINY, ids))
+    assert max_rel_diff(z1, z2[1]) <= 1e-6
+
+
+def test_bad_ids_are_refused_with_the_id_named():
+    _, params = pair("tiny")
+    model = gpt2.GPT2Model(TINY, params)
+    with pytest.raises(ValueError, match=r"token id 97 .*vocab_size V=97"):
+        gpt2.logits(model, [1, 2, 97])
+    with pytest.raises(ValueError, match=r"token id -1"):
+        gpt2.logits(model, [[1, -1]])
+    with pytest.raises(TypeError, match="integer token ids"):
+        gpt2.logits(model, np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"shape \[T\] or \[B, T\]"):
+        gpt2.logits(model, np.zeros((1, 2, 3), dtype=np.int64))
+
+
+def test_context_limit_is_a_clear_error():
+    _, params = pair("tiny")
+    model = gpt2.GPT2Model(TINY, params)
+    with pytest.raises(ValueError, match=r"33 tokens, more than the model's context n_positions=32"):
+        gpt2.logits(model, np.zeros(33, dtype=np.int64))
+    cache = KVCache.allocate(TINY, 1)
+    forward(params, TINY, np.zeros((1, 30), dtype=np.int64), cache=cache)
+    with pytest.raises(ValueError, match=r"cache is full: it holds at most 32 tokens, has 30, cannot add T=3"):
+        forward(params, TINY, np.zeros((1, 3), dtype=np.int64), cache=cache)
+    assert cache.length == 30  # a refused call leaves the cache as it was
+
+
+def test_attention_mask_is_checked():
+    _, params = pair("tiny")
+    model = gpt2.GPT2Model(TINY, params)
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \[B, S\] = \[1, 4\]"):
+        gpt2.logits(model, [[1, 2, 3, 4]], attention_mask=[[1, 1, 1]])
+    with pytest.raises(ValueError, match="booleans or 0/1"):
+        gpt2.logits(model, [[1, 2]], attention_mask=[[2, 1]])
+
+
+def test_unknown_backend_lists_the_available_ones():
+    _, params = pair("tiny")
+    model = gpt2.GPT2Model(TINY, params)
+    with pytest.raises(ValueError, match=r"unknown backend 'tpu'; available backends: \[.*'numpy'.*\]"):
+        gpt2.logits(model, [1, 2], backend="tpu")
+
+
+def test_forward_goes_through_the_ops_object():
+    """Every hot operation is taken from the Ops passed in (the seam accel backends plug into)."""
+    calls: dict[str, int] = {}
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*a, **k)
+        return wrapper
+
+    ops = Ops(name="counted", **{f: counted(f, getattr(NUMPY_OPS, f))
+                                 for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")})
+    _, params = pair("tiny")
+    ids = rand_ids(TINY, (1, 5))
+    np.testing.assert_array_equal(forward(params, TINY, ids, ops=get_ops(ops)), forward(params, TINY, ids))
+    L = TINY.n_layer
+    assert calls == {"layer_norm": 2 * L + 1, "linear": 3 * L, "matmul": L, "gelu_bias": L, "attention": L}
+
+
+def test_importing_refimpl_gpt2_does_not_import_accel():
+    code = "import sys, refimpl.gpt2; print(any(m == 'accel' or m.startswith('accel.') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_load_without_path_says_no_default_model():
+    with pytest.raises(ValueError, match="no default GPT-2 model is shipped yet.*--model PATH"):
+        gpt2.load()
+
+
+def test_load_round_trip_with_and_without_tokenizer(tmp_path):
+    """load(dir) reads what io.save_weights wrote; the tokenizer is picked up when its files are there."""
+    from refimpl.gpt2.io import save_weights
+    from refimpl.gpt2.tokenizer import Tokenizer, save_vocab_merges
+
+    _, params = pair("tiny")
+    save_weights(TINY, params, tmp_path / "m")
+    model = gpt2.load(tmp_path / "m")
+    assert model.tokenizer is None and model.config == TINY
+    ids = rand_ids(TINY, (1, 6))
+    np.testing.assert_array_equal(gpt2.logits(model, ids), forward(params, TINY, ids))
+
+    tok = Tokenizer({bytes([b]): b for b in range(256)}, {}, {"<|endoftext|>": 256})
+    save_vocab_merges(tok, tmp_path / "m")
+    model = gpt2.load(tmp_path / "m")
+    assert model.tokenizer is not None and model.tokenizer.encode("hi") == [104, 105]
