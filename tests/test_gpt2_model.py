@@ -253,8 +253,9 @@ def test_importing_refimpl_gpt2_does_not_import_accel():
     assert out.stdout.strip() == "False"
 
 
-def test_load_without_path_says_no_default_model():
-    with pytest.raises(ValueError, match="no default GPT-2 model is shipped yet.*--model PATH"):
+def test_load_without_path_and_no_default_model_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpt2, "DEFAULT_MODEL_DIR", tmp_path / "missing")
+    with pytest.raises(ValueError, match="default GPT-2 model is missing.*train_default.py.*--model PATH"):
         gpt2.load()
 
 

@@ -36,8 +36,12 @@ __all__ = [
     "GPT2Model", "KVCache", "BACKENDS", "load", "logits", "forward",
     "generate", "generate_batch", "stream", "stream_text", "Generation",
     "top_k_filter", "top_p_filter", "apply_repetition_penalty", "apply_temperature",
-    "load_tokenizer",
+    "load_tokenizer", "DEFAULT_MODEL_DIR",
 ]
+
+
+#: Where the shipped default model lives: config.json, model.safetensors, vocab.json, merges.txt.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "data" / "default"
 
 
 def load_tokenizer(path):
@@ -54,12 +58,16 @@ def load(path=None, *, dtype=np.float32) -> GPT2Model:
     the directory (or, for a file, the directory that holds it) when tokenizer files are
     there (tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, *.tiktoken);
     otherwise `.tokenizer` is None and prompts must be token ids.
-    path=None is reserved for the default model shipped with the package; none is shipped yet.
+    path=None loads the default model shipped with the package (DEFAULT_MODEL_DIR: a small
+    GPT-2 trained on Shakespeare by scripts/train_default.py; see its MODEL_CARD.md).
     """
     if path is None:
-        raise ValueError("no default GPT-2 model is shipped yet: pass the path of a model "
-                         "(a Hugging Face GPT-2 directory, a .safetensors / .npz file or llm.c's "
-                         "gpt2_124M.bin), e.g. load('path/to/gpt2') or --model PATH on the command line")
+        if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
+            raise ValueError(f"the default GPT-2 model is missing from {DEFAULT_MODEL_DIR} (it is made by "
+                             "`python scripts/train_default.py`): pass the path of a model instead "
+                             "(a Hugging Face GPT-2 directory, a .safetensors / .npz file or llm.c's "
+                             "gpt2_124M.bin), e.g. load('path/to/gpt2') or --model PATH on the command line")
+        path = DEFAULT_MODEL_DIR
     from .io import load_weights
     from .tokenizer import has_tokenizer_files
 
