@@ -1,0 +1,14 @@
+"""accel.cupy: the CuPy GPU backend (device arrays, cuBLAS matmuls, RawKernels where they pay).
+
+  accel.cupy.device     CuPy arrays in and out: linear / matmul (cuBLAS), layer_norm, rms_norm,
+                        softmax (RawKernels), gelu_tanh_bias (ElementwiseKernel), masked and
+                        decode attention (the Numba-CUDA kernels launched on CuPy memory)
+  accel.cupy.wrappers   the same with the refimpl twins' signatures, NumPy in and out (registry)
+  accel.cupy.gpt2       `OPS`, an `Ops` for refimpl.gpt2 with the weights moved to the device
+                        once; its array-module-agnostic glue (`make_ops`) is tested on the CPU
+                        with NumPy arrays and the simulated Numba-CUDA kernels
+
+The submodules that need CuPy (device, wrappers, _kernels, gpt2.OPS) import it themselves,
+so importing this package alone needs nothing; the registry imports them only when
+`accel.registry.available_backends()["cupy"]` is empty.
+"""

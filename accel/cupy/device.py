@@ -1,0 +1,121 @@
+"""Device-array entry points of the CuPy backend: CuPy arrays in, CuPy arrays out.
+
+These are what GPT-2 on the `cuda` backend calls (accel.cupy.gpt2): weights live on the
+device, activations never come back to the host between layers.
+
+  linear, matmul     cuBLAS through cupy.matmul (x W + b: one GEMM, then the bias add)
+  layer_norm         RawKernel layer_norm_rows (accel/cupy/_kernels.py)
+  rms_norm           RawKernel rms_norm_rows
+  softmax            RawKernel softmax_rows (over the last axis)
+  gelu_tanh_bias     ElementwiseKernel: bias add fused into the activation
+  masked_attention   the Numba-CUDA fused kernel (accel.numba_cuda.attention) launched on
+  decode_attention   CuPy memory through __cuda_array_interface__ (no copy)
+
+All take arrays in one float dtype (float32 or float64) and return that dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from . import _kernels
+
+__all__ = [
+    "linear", "matmul", "layer_norm", "rms_norm", "softmax", "gelu_tanh_bias",
+    "masked_attention", "decode_attention",
+]
+
+
+def _rows(x: cp.ndarray) -> cp.ndarray:  # [..., C] -> [N, C] contiguous
+    return cp.ascontiguousarray(x).reshape(-1, x.shape[-1])
+
+
+def matmul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:  # [..., in], [in, out] -> [..., out]
+    """y = x W on the GPU (cuBLAS GEMM through cupy.matmul)."""
+    return cp.matmul(x, w)
+
+
+def linear(x: cp.ndarray, w: cp.ndarray, b: cp.ndarray | None) -> cp.ndarray:  # [..., in] -> [..., out]
+    """y = x W + b (cuBLAS GEMM, then one elementwise bias add in place)."""
+    y = cp.matmul(x, w)
+    if b is not None:
+        y += b
+    return y
+
+
+def layer_norm(x: cp.ndarray, gamma: cp.ndarray, beta: cp.ndarray, eps: float = 1e-5) -> cp.ndarray:  # [..., C] -> [..., C]
+    """LN over the last axis: one block per row (two-pass mean / variance in the dtype)."""
+    x2 = _rows(x)  # [N, C]
+    out = cp.empty_like(x2)
+    if x2.shape[0]:
+        kernel = _kernels.module(x2.dtype).get_function("layer_norm_rows")
+        kernel((x2.shape[0],), (_kernels.THREADS,),
+               (x2, cp.ascontiguousarray(gamma), cp.ascontiguousarray(beta), x2.dtype.type(eps), out,
+                np.int64(x2.shape[1])))
+    return out.reshape(x.shape)
+
+
+def rms_norm(x: cp.ndarray, gamma: cp.ndarray, eps: float = 1e-6) -> cp.ndarray:  # [..., C] -> [..., C]
+    """RMSNorm over the last axis: one block per row."""
+    x2 = _rows(x)  # [N, C]
+    out = cp.empty_like(x2)
+    if x2.shape[0]:
+        kernel = _kernels.module(x2.dtype).get_function("rms_norm_rows")
+        kernel((x2.shape[0],), (_kernels.THREADS,),
+               (x2, cp.ascontiguousarray(gamma), x2.dtype.type(eps), out, np.int64(x2.shape[1])))
+    return out.reshape(x.shape)
+
+
+def softmax(x: cp.ndarray) -> cp.ndarray:  # [..., C] -> [..., C]
+    """Softmax over the last axis: one block per row."""
+    x2 = _rows(x)  # [N, C]
+    out = cp.empty_like(x2)
+    if x2.size:
+        kernel = _kernels.module(x2.dtype).get_function("softmax_rows")
+        kernel((x2.shape[0],), (_kernels.THREADS,), (x2, out, np.int64(x2.shape[1])))
+    return out.reshape(x.shape)
+
+
+def gelu_tanh_bias(x: cp.ndarray, b: cp.ndarray) -> cp.ndarray:  # [..., F], [F] -> [..., F]
+    """gelu_tanh(x + b) in one elementwise kernel."""
+    x = cp.ascontiguousarray(x)
+    return _kernels.gelu_tanh_bias_kernel()(x, cp.ascontiguousarray(b), np.int64(x.shape[-1]))
+
+
+def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None,
+                     scale=None) -> cp.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """Fused masked attention (Numba-CUDA kernel) on CuPy arrays; k, v may be strided cache views.
+
+    key_mask: CuPy bool/uint8 [B, S] or None; alibi_slopes: CuPy [H] in q's dtype or None.
+    """
+    from accel.numba_cuda.attention import masked_attention_device
+
+    B, H, T, _ = q.shape
+    out = cp.empty((B, H, T, v.shape[3]), dtype=q.dtype)
+    if key_mask is not None:
+        key_mask = cp.ascontiguousarray(key_mask.astype(cp.uint8, copy=False))
+    masked_attention_device(q, k, v, out, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask,
+                            alibi_slopes=alibi_slopes, scale=scale)
+    return out
+
+
+def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """Split-S decode attention (Numba-CUDA kernels) on CuPy arrays; key_lengths CuPy int64 [B] or None."""
+    from accel.numba_cuda.attention import decode_attention_device
+
+    B, H, D = q.shape
+    S = k.shape[2]
+    if key_lengths is None:
+        key_lengths = cp.full(B, S, dtype=cp.int64)
+    out = cp.empty((B, H, v.shape[3]), dtype=q.dtype)
+    decode_attention_device(q, k, v, key_lengths.astype(cp.int64, copy=False), out,
+                            scale=None if scale is None else float(scale))
+    return out
+
+
+def default_scale(D: int) -> float:
+    """1 / sqrt(D), the attention scale of Vaswani et al. 2017, eq. 1."""
+    return 1.0 / math.sqrt(D)

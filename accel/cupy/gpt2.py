@@ -1,0 +1,213 @@
+"""GPT-2 on the GPU: an `Ops` (refimpl.gpt2.model) whose arrays live on the device.
+
+    from accel.cupy.gpt2 import OPS           # needs CuPy and a CUDA device
+    z = refimpl.gpt2.logits(model, ids, backend=OPS)
+    refimpl.gpt2.generate(model, "Hello", backend=OPS)   # or backend="cuda" once listed in BACKENDS
+
+The model code is refimpl's own (refimpl.gpt2.model.forward): this module only supplies
+the hot operations and the weights.
+  prepare   copies every weight to the device once per GPT2Params object (cached by identity
+            while that object lives) and returns a duck-typed copy of GPT2Params whose
+            `wte` is an embedding table on the device (gather for `embed`, `.T` for the tied LM
+            head) and whose `wpe` stays on the host (refimpl's learned_positional_embedding
+            reads it there; only the [B, T, C] rows it picks travel, then add on the device).
+  linear / matmul   cuBLAS;  layer_norm   RawKernel;  gelu_bias   fused ElementwiseKernel.
+  attention  reads the boolean mask refimpl builds ([T, S] causal, [B, 1, 1, S] padding, or
+            both as [B, 1, T, S]) back into (causal, key_mask) and runs the fused Numba-CUDA
+            kernel; one new token without padding takes the split-S decode kernel. Any other
+            mask falls back to dense scores + the softmax RawKernel, so every mask is honoured.
+  zeros     the KV cache on the device;  to_numpy  logits back to the host.
+
+`make_ops(name, xp, kernels)` builds such an Ops for any array module: `OPS` uses CuPy and
+accel.cupy.device; tests/test_accel_cuda.py builds one over NumPy arrays and the simulated
+Numba-CUDA kernels, and checks it against the NumPy backend on the CPU.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from refimpl.gpt2.model import Ops
+from refimpl.masks import causal_mask
+
+__all__ = ["make_ops", "DeviceParams", "OPS"]  # OPS: built on first access (module __getattr__ below)
+
+
+@dataclass(frozen=True)
+class _Linear:
+    w: object  # [in, out] on the device
+    b: object  # [out] on the device, or None
+
+
+@dataclass(frozen=True)
+class _LayerNorm:
+    g: object
+    b: object
+
+
+@dataclass(frozen=True)
+class _Block:
+    ln_1: _LayerNorm
+    attn_qkv: _Linear
+    attn_proj: _Linear
+    ln_2: _LayerNorm
+    mlp_fc: _Linear
+    mlp_proj: _Linear
+
+
+class _Rows:
+    """Rows gathered from a device table; `+` a host array moves that array to the device first."""
+
+    def __init__(self, x, xp):
+        self.x, self._xp = x, xp
+
+    def __add__(self, other):  # [B, T, C] + [B, T, C] (host or device) -> device
+        return self.x + self._xp.asarray(other)
+
+    __radd__ = __add__
+
+
+class _EmbeddingTable:
+    """wte [V, C] on the device, as refimpl's `embed` (wte[ids]) and `lm_head` (wte.T) use it."""
+
+    def __init__(self, w, xp):
+        self.w, self._xp = w, xp
+
+    def __getitem__(self, ids):  # [B, T] host ints -> rows on the device
+        return _Rows(self.w[self._xp.asarray(ids)], self._xp)
+
+    @property
+    def T(self):  # [C, V] (a view)
+        return self.w.T
+
+    @property
+    def shape(self):
+        return self.w.shape
+
+    @property
+    def dtype(self):
+        return self.w.dtype
+
+
+@dataclass(frozen=True)
+class DeviceParams:
+    """GPT2Params with its arrays on the device (wpe stays on the host; see the module header)."""
+
+    wte: _EmbeddingTable
+    wpe: np.ndarray
+    blocks: tuple
+    ln_f: _LayerNorm
+
+    @property
+    def dtype(self):
+        return self.wte.dtype
+
+
+def _split_mask(mask, B: int, T: int, S: int):
+    """(causal, key_mask [B, S] or None) when `mask` is one of refimpl's patterns, else None."""
+    if mask is None:
+        return False, None
+    m = np.asarray(mask)
+    if m.dtype != np.bool_:
+        return None
+    if m.shape == (T, S):
+        return (True, None) if np.array_equal(m, causal_mask(T, S)) else None
+    if m.shape == (B, 1, 1, S):
+        return False, m[:, 0, 0, :]
+    if m.shape == (B, 1, T, S):
+        key_mask = m[:, 0, -1, :]  # the last query (position S - 1) sees exactly the real keys
+        if np.array_equal(m[:, 0], causal_mask(T, S)[None] & key_mask[:, None, :]):
+            return True, key_mask
+        if np.array_equal(m[:, 0], np.broadcast_to(key_mask[:, None, :], (B, T, S))):
+            return False, key_mask
+    return None
+
+
+def make_ops(name: str, xp, kernels) -> Ops:
+    """An Ops over array module `xp` with `kernels` providing (on xp arrays):
+
+    layer_norm(x, g, b, eps), linear(x, w, b), matmul(x, w), gelu_tanh_bias(x, b), softmax(x),
+    masked_attention(q, k, v, *, causal, key_mask), decode_attention(q, k, v), to_numpy(x).
+    """
+    device_copies: dict[int, tuple] = {}
+
+    def put(a):
+        return None if a is None else xp.asarray(np.ascontiguousarray(a))
+
+    def prepare(params):
+        if isinstance(params, DeviceParams):
+            return params
+        hit = device_copies.get(id(params))
+        if hit is not None and hit[0]() is params:
+            return hit[1]
+        blocks = tuple(
+            _Block(_LayerNorm(put(b.ln_1.g), put(b.ln_1.b)), _Linear(put(b.attn_qkv.w), put(b.attn_qkv.b)),
+                   _Linear(put(b.attn_proj.w), put(b.attn_proj.b)), _LayerNorm(put(b.ln_2.g), put(b.ln_2.b)),
+                   _Linear(put(b.mlp_fc.w), put(b.mlp_fc.b)), _Linear(put(b.mlp_proj.w), put(b.mlp_proj.b)))
+            for b in params.blocks)
+        dev = DeviceParams(_EmbeddingTable(put(params.wte), xp), np.asarray(params.wpe), blocks,
+                           _LayerNorm(put(params.ln_f.g), put(params.ln_f.b)))
+        key = id(params)
+        device_copies[key] = (weakref.ref(params, lambda _ref, key=key: device_copies.pop(key, None)), dev)
+        return dev
+
+    def attention(q, k, v, mask):  # [B, H, T, D], [B, H, S, D], [B, H, S, D] -> [B, H, T, D]
+        B, H, T, D = q.shape
+        S = k.shape[2]
+        split = _split_mask(mask, B, T, S)
+        if split is None:  # a mask refimpl does not build: dense scores, -inf where masked, softmax
+            scores = xp.matmul(q, xp.swapaxes(k, -1, -2)) * q.dtype.type(1.0 / np.sqrt(D))  # [B, H, T, S]
+            keep = xp.asarray(np.broadcast_to(np.asarray(mask), (B, H, T, S)))
+            scores = xp.where(keep, scores, q.dtype.type(-np.inf))
+            return xp.matmul(kernels.softmax(scores), v)
+        causal, key_mask = split
+        if T == 1 and key_mask is None:  # one new token, no padding: it sees the whole cache
+            return kernels.decode_attention(q[:, :, 0], k, v)[:, :, None, :]
+        return kernels.masked_attention(q, k, v, causal=causal, key_mask=None if key_mask is None else xp.asarray(key_mask))
+
+    return Ops(
+        name=name,
+        layer_norm=kernels.layer_norm,
+        linear=lambda x, p: kernels.linear(x, p.w, p.b),
+        matmul=kernels.matmul,
+        gelu_bias=kernels.gelu_tanh_bias,
+        attention=attention,
+        prepare=prepare,
+        zeros=xp.zeros,
+        to_numpy=kernels.to_numpy,
+    )
+
+
+def _cupy_ops() -> Ops:
+    from accel.registry import available_backends
+
+    reason = available_backends()["cupy"]
+    if reason:  # get_ops turns this into "backend 'cuda' is not usable here: ..."
+        raise ImportError(reason)
+    import cupy as cp
+
+    from . import device
+
+    kernels = SimpleNamespace(
+        layer_norm=device.layer_norm, linear=device.linear, matmul=device.matmul,
+        gelu_tanh_bias=device.gelu_tanh_bias, softmax=device.softmax,
+        masked_attention=device.masked_attention, decode_attention=device.decode_attention,
+        to_numpy=cp.asnumpy,
+    )
+    return make_ops("cuda", cp, kernels)
+
+
+_OPS = None
+
+
+def __getattr__(name: str):  # OPS is built on first use, so importing this module needs no CuPy
+    global _OPS
+    if name == "OPS":
+        if _OPS is None:
+            _OPS = _cupy_ops()
+        return _OPS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,22 @@
+"""accel.numba_cpu: @njit(parallel=True) CPU kernels, each with the signature of its refimpl twin.
+
+Kernels (module: versions and how each deliberately differs from its twin in its header):
+  softmax.softmax               twin refimpl.attention.softmax          (rows in float64)
+  norms.layer_norm              twin refimpl.norms.layer_norm           (rows in float64)
+  norms.rms_norm                twin refimpl.norms.rms_norm             (rows in float64)
+  ffn.gelu_tanh_bias            twin refimpl.ffn.gelu_tanh_bias         (fused bias + GELU)
+  positional.apply_rope         twin refimpl.positional.apply_rope      (fused rotation, both pairings)
+  attention.masked_attention    twin refimpl.attention.masked_attention (FlashAttention online softmax)
+  attention.decode_attention    twin refimpl.attention.decode_attention (split-S, merged)
+
+Every kernel takes and returns NumPy arrays; threads follow numba.set_num_threads. Compiled
+code is cached next to the modules (cache=True), so only the first run in a checkout compiles.
+"""
+
+from .attention import decode_attention, masked_attention
+from .ffn import gelu_tanh_bias
+from .norms import layer_norm, rms_norm
+from .positional import apply_rope
+from .softmax import softmax
+
+__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "apply_rope", "masked_attention", "decode_attention"]

@@ -1,0 +1,103 @@
+"""LayerNorm and RMSNorm on the CPU with Numba: one row per task, reduced in float64.
+
+LN(x)      = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta   (twin: refimpl.norms.layer_norm)
+RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma                (twin: refimpl.norms.rms_norm)
+
+Versions:
+  v1 (this) rows of [N, C] in parallel (prange); per row two passes (mean, then the mean of
+     squared deviations) as the twin, but left-to-right sums in float64 for every input dtype
+     and the whole row formula in float64, rounded once to the output dtype.
+How it differs from the twin: the twin works in the promoted input dtype (float32 stays
+float32) with NumPy's pairwise sums; here float32 rows are reduced and normalised in float64,
+so the float32 result is the float64 value rounded once; float64 differs by summation order.
+Non-finite inputs follow the same IEEE path (a NaN or inf in a row makes mu or sigma^2 NaN or
+inf; the row becomes NaN), as in the twin. Argument checks are the twin's own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from refimpl._checks import as_float
+from refimpl.norms import _check_eps, _check_feature_vector, _check_width
+
+__all__ = ["layer_norm", "rms_norm"]
+
+
+@njit(parallel=True, cache=True)
+def _layer_norm_rows(x, gamma, beta, eps, out):  # [N, C], [C], [C] -> [N, C]
+    N, C = x.shape
+    for r in prange(N):
+        s = 0.0
+        for c in range(C):
+            s += np.float64(x[r, c])
+        mu = s / C
+        ss = 0.0
+        for c in range(C):
+            d = np.float64(x[r, c]) - mu
+            ss += d * d
+        var = ss / C
+        denom = math.sqrt(var + eps)
+        for c in range(C):
+            y = (np.float64(x[r, c]) - mu) / denom
+            out[r, c] = y * np.float64(gamma[c]) + np.float64(beta[c])
+
+
+@njit(parallel=True, cache=True)
+def _rms_norm_rows(x, gamma, eps, out):  # [N, C], [C] -> [N, C]
+    N, C = x.shape
+    for r in prange(N):
+        ss = 0.0
+        for c in range(C):
+            xc = np.float64(x[r, c])
+            ss += xc * xc
+        denom = math.sqrt(ss / C + eps)
+        for c in range(C):
+            out[r, c] = np.float64(x[r, c]) / denom * np.float64(gamma[c])
+
+
+def _work(dtype) -> np.dtype:
+    """Numba has no CPU float16: float16 arrays are widened to float32 (exactly) and rounded back."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
+def _rows(x: np.ndarray, C: int) -> np.ndarray:  # [..., C] -> [N, C]
+    return np.ascontiguousarray(x, dtype=_work(x.dtype)).reshape(math.prod(x.shape[:-1]), C)
+
+
+def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] -> [..., C]
+    """LN(x) = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta over the last axis (Numba CPU; twin refimpl.norms.layer_norm).
+
+    Shapes: x [..., C], gamma [C], beta [C] -> [..., C] in NumPy's promotion of their dtypes.
+    Notes: float64 accumulation, one rounding; see the module header.
+    """
+    x = as_float(x, "x")
+    C = _check_width(x)
+    gamma = _check_feature_vector(gamma, "gamma", C)
+    beta = _check_feature_vector(beta, "beta", C)
+    eps = _check_eps(eps)
+    out_dtype = np.result_type(x, gamma, beta)
+    out = np.empty((math.prod(x.shape[:-1]), C), dtype=_work(out_dtype))  # [N, C]
+    if out.size:
+        _layer_norm_rows(_rows(x, C), _rows(gamma, C)[0], _rows(beta, C)[0], eps, out)
+    return out.reshape(x.shape).astype(out_dtype, copy=False)
+
+
+def rms_norm(x, gamma, *, eps: float = 1e-6) -> np.ndarray:  # [..., C] -> [..., C]
+    """RMSNorm(x) = x / sqrt(mean_c x_c^2 + eps) * gamma over the last axis (Numba CPU; twin refimpl.norms.rms_norm).
+
+    Shapes: x [..., C], gamma [C] -> [..., C] in NumPy's promotion of their dtypes.
+    Notes: float64 accumulation, one rounding; see the module header.
+    """
+    x = as_float(x, "x")
+    C = _check_width(x)
+    gamma = _check_feature_vector(gamma, "gamma", C)
+    eps = _check_eps(eps)
+    out_dtype = np.result_type(x, gamma)
+    out = np.empty((math.prod(x.shape[:-1]), C), dtype=_work(out_dtype))  # [N, C]
+    if out.size:
+        _rms_norm_rows(_rows(x, C), _rows(gamma, C)[0], eps, out)
+    return out.reshape(x.shape).astype(out_dtype, copy=False)

@@ -1,0 +1,109 @@
+"""Rotary position embedding (RoPE) applied on the CPU with Numba, both pair conventions.
+
+(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)),  w_i = theta^(-2i/R)
+(Su et al. 2021, RoFormer, sec. 3.2.2; twin: refimpl.positional.apply_rope)
+
+Versions:
+  v1 (this) a cos / sin table [P, T, R/2] for the distinct position rows (P = rows of
+     `positions` after its own leading axes; usually P = 1, shared by every batch and head),
+     angles and cos / sin in float64 and then cast to x's dtype, exactly as the twin; then one
+     parallel pass over the rows of x [N, T, D] rotating the pairs in place of the output
+     (interleaved (2i, 2i+1) or half-split (i, i + R/2)) and copying dims [R, D).
+How it differs from the twin: the twin builds a, b, the two products, a stack or a concatenate
+and a final concatenate (several temporaries of x's size); here the rotation is fused into one
+pass and the table is not broadcast over heads. The arithmetic per element is the twin's
+(a*cos - b*sin, a*sin + b*cos in x's dtype with the same cast table), so float64 results are
+bit-identical and float32 differs only through the float64 reference's own rounding.
+Argument checks and messages are the twin's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from refimpl._checks import as_float, check_ndim, check_positive_int
+from refimpl.positional import rope_frequencies
+
+__all__ = ["apply_rope"]
+
+
+@njit(parallel=True, cache=True)
+def _rope_rows(x, cos, sin, row_of, R, interleaved, out):  # [N, T, D], [P, T, R/2] x2, [N] -> [N, T, D]
+    N, T, D = x.shape
+    half = R // 2
+    for nt in prange(N * T):
+        n = nt // T
+        t = nt - n * T
+        pr = row_of[n]
+        for i in range(half):
+            c = cos[pr, t, i]
+            s = sin[pr, t, i]
+            if interleaved:
+                a = x[n, t, 2 * i]
+                b = x[n, t, 2 * i + 1]
+                out[n, t, 2 * i] = a * c - b * s
+                out[n, t, 2 * i + 1] = a * s + b * c
+            else:
+                a = x[n, t, i]
+                b = x[n, t, i + half]
+                out[n, t, i] = a * c - b * s
+                out[n, t, i + half] = a * s + b * c
+        for d in range(R, D):
+            out[n, t, d] = x[n, t, d]
+
+
+def _check_positions(positions, x: np.ndarray, T: int) -> np.ndarray:
+    """The twin's checks on `positions` (same messages)."""
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iuf":
+        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
+    if pos.ndim < 1 or pos.shape[-1] != T:
+        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
+                         f"got shape {pos.shape}")
+    try:
+        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
+    except ValueError:
+        lead = None
+    if lead != x.shape[:-2]:
+        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
+                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
+    return pos
+
+
+def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
+    """Rotate each pair i of x at position p by p * theta^(-2i/R) (Numba CPU; twin refimpl.positional.apply_rope).
+
+    Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes
+    -> [..., T, D] in x's dtype.
+    Notes: interleaved=False pairs (i, i + R/2) (GPT-NeoX, HF LLaMA), True pairs (2i, 2i+1)
+    (RoFormer, GPT-J); rotary_dim R (default D) rotates dims [0, R) only. See the module header.
+    """
+    x = as_float(x, "x")
+    check_ndim(x, "x", 2, "[..., T, D]")
+    T, D = x.shape[-2], x.shape[-1]
+    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+    if rotary_dim is None and D % 2:
+        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
+    if R % 2 or R > D:
+        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
+    pos = _check_positions(positions, x, T)
+
+    # The table: one [T, R/2] block per distinct row of `positions`, angles in float64.
+    lead = x.shape[:-2]
+    pos_lead = pos.shape[:-1]
+    P = math.prod(pos_lead)
+    angles = pos.astype(np.float64).reshape(P, T)[..., None] * rope_frequencies(R, theta=theta)  # [P, T, R/2]
+    work = np.float32 if x.dtype == np.float16 else x.dtype  # Numba has no CPU float16: widen, round back
+    cos = np.ascontiguousarray(np.cos(angles).astype(x.dtype), dtype=work)  # [P, T, R/2], cast as the twin does
+    sin = np.ascontiguousarray(np.sin(angles).astype(x.dtype), dtype=work)  # [P, T, R/2]
+    # Row n of x (its leading index, flattened) reads table row row_of[n] (NumPy broadcasting).
+    pad = (1,) * (len(lead) - len(pos_lead)) + pos_lead
+    row_of = np.ascontiguousarray(np.broadcast_to(np.arange(P).reshape(pad), lead).reshape(-1))  # [N]
+    N = math.prod(lead)
+    out = np.empty((N, T, D), dtype=work)  # [N, T, D]
+    if out.size:
+        _rope_rows(np.ascontiguousarray(x, dtype=work).reshape(N, T, D), cos, sin, row_of, R, bool(interleaved), out)
+    return out.reshape(x.shape).astype(x.dtype, copy=False)

@@ -1,0 +1,159 @@
+"""Shared plumbing for the Numba-CUDA kernels: dtypes, launch sizes, host <-> device copies.
+
+Launch sizes are compile-time constants of each kernel (they size shared and local arrays),
+so every kernel is built by a factory cached on (dtype, sizes). The defaults suit a GPU;
+under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), where every thread is a Python thread and
+each `syncthreads` costs about a millisecond per thread, they are small. Tests shrink them
+further with `launch_config(...)`. Sizes change only the order of floating-point
+reductions, never which terms enter them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+
+import numpy as np
+from numba import cuda, from_dtype
+
+__all__ = [
+    "SIMULATOR",
+    "SUPPORTED_DTYPES",
+    "launch_config",
+    "threads",
+    "tiles",
+    "numba_float",
+    "pow2_at_least",
+    "kernel_dtype",
+    "check_eps",
+    "to_device",
+    "block_reducers",
+]
+
+from numba.core import config as _numba_config
+
+# True when kernels run on the CPU under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
+SIMULATOR: bool = bool(getattr(_numba_config, "ENABLE_CUDASIM", 0)) or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+# threads: threads per block for row kernels (softmax, norms) and decode attention;
+# q_tile: queries per block (one thread each) and k_tile: keys per shared-memory tile
+# in fused attention. All must be powers of two (tree reductions halve them).
+_GPU_DEFAULTS = {"threads": 128, "q_tile": 64, "k_tile": 32}
+_SIM_DEFAULTS = {"threads": 16, "q_tile": 8, "k_tile": 8}
+_config = dict(_SIM_DEFAULTS if SIMULATOR else _GPU_DEFAULTS)
+
+
+def _check_pow2(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name} must be a positive power of two; got {value!r}")
+    return int(value)
+
+
+@contextlib.contextmanager
+def launch_config(*, threads: int | None = None, q_tile: int | None = None, k_tile: int | None = None):
+    """Temporarily set launch sizes (powers of two), e.g. small blocks in simulator tests."""
+    saved = dict(_config)
+    for name, value in (("threads", threads), ("q_tile", q_tile), ("k_tile", k_tile)):
+        if value is not None:
+            _config[name] = _check_pow2(name, value)
+    try:
+        yield dict(_config)
+    finally:
+        _config.clear()
+        _config.update(saved)
+
+
+def threads() -> int:
+    """Threads per block for row-wise kernels."""
+    return _config["threads"]
+
+
+def tiles() -> tuple[int, int]:
+    """(q_tile, k_tile) for fused attention."""
+    return _config["q_tile"], _config["k_tile"]
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    """Smallest power of two >= max(n, floor): pads compile-time sizes so few variants compile."""
+    return 1 << max(0, math.ceil(math.log2(max(n, floor, 1))))
+
+
+def numba_float(dtype: np.dtype):
+    """The Numba scalar type of a NumPy float dtype (used to size and cast inside kernels)."""
+    return from_dtype(np.dtype(dtype))
+
+
+def kernel_dtype(*arrays: np.ndarray, names: tuple[str, ...]) -> tuple[np.dtype, np.dtype]:
+    """(work, out): the dtype the kernel runs in and the dtype it returns.
+
+    out is NumPy's promotion of the inputs (as the twins); the kernel runs in it when it is
+    float32 or float64, and in float32 when it is float16 (the result is cast back).
+    """
+    out = np.result_type(*[a.dtype for a in arrays])
+    if out == np.float16:
+        return np.dtype(np.float32), out
+    if out not in SUPPORTED_DTYPES:
+        got = ", ".join(f"{n}: {a.dtype}" for n, a in zip(names, arrays))
+        raise TypeError(f"Numba-CUDA kernels take float16, float32 or float64 inputs; got {got}")
+    return out, out
+
+
+def check_eps(eps) -> float:
+    """A finite eps >= 0 (as the twins), as a Python float."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
+        raise TypeError(f"eps must be a real number; got {type(eps).__name__} {eps!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0; got {eps!r}")
+    return float(eps)
+
+
+def to_device(x: np.ndarray, dtype: np.dtype):
+    """A C-contiguous device copy of `x` in `dtype`."""
+    return cuda.to_device(np.ascontiguousarray(x, dtype=dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def block_reducers(tpb: int):
+    """(block_sum, block_max) device functions for blocks of `tpb` threads (a power of two).
+
+    Each takes (shared scratch of length tpb, thread index, this thread's value) and returns
+    the block-wide result to every thread: a tree reduction, halving `tpb` each step. The
+    trailing barrier lets the caller reuse the scratch at once. Comparisons are written out
+    (no builtin max), so every kernel compiles to PTX without a driver present
+    (scripts/check_cuda_compiles.py).
+    """
+
+    @cuda.jit(device=True)
+    def block_sum(scratch, t, value):
+        scratch[t] = value
+        cuda.syncthreads()
+        stride = tpb // 2
+        while stride > 0:
+            if t < stride:
+                scratch[t] += scratch[t + stride]
+            cuda.syncthreads()
+            stride //= 2
+        total = scratch[0]
+        cuda.syncthreads()
+        return total
+
+    @cuda.jit(device=True)
+    def block_max(scratch, t, value):
+        scratch[t] = value
+        cuda.syncthreads()
+        stride = tpb // 2
+        while stride > 0:
+            if t < stride:
+                if scratch[t + stride] > scratch[t]:  # a NaN is dropped here; callers re-check NaN
+                    scratch[t] = scratch[t + stride]
+            cuda.syncthreads()
+            stride //= 2
+        best = scratch[0]
+        cuda.syncthreads()
+        return best
+
+    return block_sum, block_max

@@ -1,0 +1,540 @@
+"""Numba-CUDA softmax, fused masked attention (online softmax) and split-S decode attention.
+
+Twins: `refimpl.attention.softmax`, `refimpl.attention.masked_attention`,
+`refimpl.attention.decode_attention` (same signatures; NumPy in, NumPy out). Device entry
+points (`*_device`) take device arrays (Numba or CuPy) for GPT-2 on the `cuda` backend.
+
+Versions:
+  softmax v1          one block per row: block max, then sum of exp(x - max), then divide;
+                      shared-memory tree reductions.
+  masked_attention v1 FlashAttention-style (Dao et al. 2022, alg. 1; the online softmax of
+                      Milakov & Gimelshein 2018): one block per (query tile, head, batch), one
+                      thread per query row. The block streams key/value tiles of k_tile rows
+                      through shared memory; each thread keeps its running max m, running sum
+                      l and output accumulator acc[Dv] in registers / local memory and rescales
+                      them by exp(m_old - m_new) once per tile. The mask (causal, window, sinks,
+                      key padding) and the ALiBi bias are computed from (i, j) on the fly: the
+                      T x S matrix never exists. Key tiles that no query of the block may see
+                      are skipped (exactly: their weights are exp(-inf) = 0). Head dims are
+                      zero-padded to a compile-time power of two so the feature loops have
+                      constant trip counts; the key tile halves until K and V tiles fit in
+                      48 KiB of static shared memory (float64, large D).
+  decode_attention v1 flash-decoding: the S cache entries are cut into chunks, one block per
+                      (chunk, head, batch) computes a partial (m, l, acc[Dv]) with threads over
+                      keys for the scores and over Dv for the weighted sum; a second kernel
+                      merges the chunks: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+
+Deliberate differences from the twins:
+  - Reduction order: online softmax sums keys tile by tile with rescaling, dot products run
+    over D in index order; the twins form the full score row and call BLAS. In float32 the
+    outputs differ by a few ulps times the softmax's condition (see the registry tolerances).
+  - Accumulation is in the input dtype (float32 stays float32); float16 runs in float32.
+  - Masked keys are skipped rather than given weight exp(-inf) = 0, so a masked value row
+    holding inf or NaN does not leak in (the twin's 0 * inf = NaN would): for finite inputs
+    the two are the same sum.
+  - GQA: query head h reads key/value head h // (H/K) straight from k and v, as the twin's
+    broadcast view does; nothing is copied G times.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from refimpl._checks import as_float, check_positive_int
+
+from ._common import SIMULATOR, block_reducers, kernel_dtype, numba_float, pow2_at_least, threads, tiles, to_device
+
+__all__ = [
+    "softmax",
+    "masked_attention",
+    "decode_attention",
+    "softmax_device",
+    "masked_attention_device",
+    "decode_attention_device",
+]
+
+_NEG_INF = -math.inf
+# Head dims are padded to a power of two (at least this) so few kernel variants compile;
+# under the simulator a small floor keeps the Python loops short.
+_PAD_FLOOR = 4 if SIMULATOR else 16
+_SHARED_BYTES = 48 * 1024
+
+
+# ----------------------------------------------------------------------------- softmax
+
+@functools.lru_cache(maxsize=None)
+def _softmax_kernel(dtype: np.dtype, tpb: int):
+    F = numba_float(dtype)
+    block_sum, block_max = block_reducers(tpb)
+
+    @cuda.jit
+    def softmax_rows(x, out):  # x [N, C] -> out [N, C]
+        scratch = cuda.shared.array(tpb, dtype=F)
+        row = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        C = x.shape[1]
+        part = F(_NEG_INF)
+        for c in range(t, C, tpb):
+            if x[row, c] > part:  # a NaN is skipped here and turns the sum below into NaN
+                part = x[row, c]
+        m = block_max(scratch, t, part)
+        if m == F(_NEG_INF):  # an all -inf row: exp(-inf - 0) = 0 everywhere, not NaN (as the twin)
+            m = F(0)
+        part = F(0)
+        for c in range(t, C, tpb):
+            e = F(math.exp(x[row, c] - m))
+            out[row, c] = e
+            part += e
+        total = block_sum(scratch, t, part)
+        if total == F(0):  # only for all -inf rows: 0 / 1 = 0
+            total = F(1)
+        for c in range(t, C, tpb):
+            out[row, c] = out[row, c] / total
+
+    return softmax_rows
+
+
+def softmax_device(x, out) -> None:  # [N, C] -> out [N, C]
+    """Softmax of each row of a C-contiguous device array into `out` (one dtype)."""
+    if x.shape[0] and x.shape[1]:
+        _softmax_kernel(np.dtype(x.dtype), threads())[x.shape[0], threads()](x, out)
+
+
+def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
+    """softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m), m = max_j x_j  (Bridle 1990), on the GPU.
+
+    Shapes: x [...] -> same shape and dtype, normalised along `axis`.
+    Notes: as the twin, an all -inf row gives zeros and a +inf or NaN entry gives a NaN row;
+    one block per row (the axis is moved last and made contiguous first).
+    See also: refimpl.attention.softmax (the twin).
+    """
+    x = as_float(x, "x")
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
+    work, out_dtype = kernel_dtype(x, names=("x",))
+    xl = np.moveaxis(x, axis, -1)  # [..., C]
+    C = xl.shape[-1]
+    x2 = xl.reshape(-1, C)  # [N, C]
+    if x2.size == 0:
+        return np.empty(x.shape, dtype=out_dtype)
+    out = cuda.device_array(x2.shape, dtype=work)
+    softmax_device(to_device(x2, work), out)
+    y = out.copy_to_host().reshape(xl.shape).astype(out_dtype, copy=False)
+    return np.moveaxis(y, -1, axis)
+
+
+# ------------------------------------------------------------- fused masked attention
+
+@functools.lru_cache(maxsize=None)
+def _placeholder(dtype: np.dtype, ndim: int):
+    """A one-element device array standing in for an absent optional input (never read; made once)."""
+    return cuda.to_device(np.zeros((1,) * ndim, dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad: int):
+    F = numba_float(dtype)
+
+    @cuda.jit
+    def flash_attention(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
+        # q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv], key_mask [B, S] uint8 (read only if
+        # use_mask), slopes [H] (read only if use_alibi), window = 0: none.
+        # Grid (ceil(T / q_tile), H, B); block q_tile threads, one query each.
+        k_sh = cuda.shared.array((k_tile, d_pad), dtype=F)
+        v_sh = cuda.shared.array((k_tile, dv_pad), dtype=F)
+        q_loc = cuda.local.array(d_pad, dtype=F)
+        acc = cuda.local.array(dv_pad, dtype=F)
+        s_loc = cuda.local.array(k_tile, dtype=F)
+
+        t = cuda.threadIdx.x
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        T, D = q.shape[2], q.shape[3]
+        H, K, S, Dv = q.shape[1], k.shape[1], k.shape[2], v.shape[3]
+        g = h // (H // K)  # GQA: the key/value head of query head h
+        slope = F(0)
+        if use_alibi:
+            slope = slopes[h]
+
+        i0 = cuda.blockIdx.x * q_tile
+        i = i0 + t
+        active = i < T
+        p = S - T + i  # the absolute position of query i (queries end-aligned with keys)
+        # Positions of the first and last query of this block (block-uniform tile bounds).
+        p_first = S - T + i0
+        i_end = i0 + q_tile if i0 + q_tile < T else T
+        p_last = S - T + i_end - 1
+
+        # Feature loops run to the compile-time d_pad / dv_pad (so they can unroll and keep
+        # q_loc and acc in registers) over zero padding: 0 * 0 adds exactly 0 to a dot product.
+        for d in range(d_pad):
+            q_loc[d] = F(0)
+            if active and d < D:
+                q_loc[d] = q[b, h, i, d]
+        for d in range(dv_pad):
+            acc[d] = F(0)
+        m_run = F(_NEG_INF)
+        l_run = F(0)
+
+        for j0 in range(0, S, k_tile):
+            # Block-uniform skips (every thread computes the same answer, so the barriers
+            # below stay uniform): a tile no query of this block may see contributes exp(-inf) = 0.
+            j_last = j0 + k_tile - 1
+            if causal and j0 > p_last:
+                break
+            if window > 0 and not causal and j0 > p_last + window - 1:
+                break
+            if window > 0 and j_last < p_first - window + 1 and j0 >= n_sink:
+                continue
+            cuda.syncthreads()  # the previous tile is no longer being read
+            for idx in range(t, k_tile * d_pad, q_tile):
+                jj = idx // d_pad
+                d = idx - jj * d_pad
+                val = F(0)
+                if j0 + jj < S and d < D:
+                    val = k[b, g, j0 + jj, d]
+                k_sh[jj, d] = val
+            for idx in range(t, k_tile * dv_pad, q_tile):
+                jj = idx // dv_pad
+                d = idx - jj * dv_pad
+                val = F(0)
+                if j0 + jj < S and d < Dv:
+                    val = v[b, g, j0 + jj, d]
+                v_sh[jj, d] = val
+            cuda.syncthreads()
+            if not active:
+                continue
+
+            n_keys = k_tile if k_tile < S - j0 else S - j0
+            m_tile = F(_NEG_INF)
+            any_key = False
+            for jj in range(n_keys):
+                j = j0 + jj
+                ok = True
+                if causal and j > p:
+                    ok = False
+                if window > 0:
+                    if causal:
+                        if p - j >= window and j >= n_sink:
+                            ok = False
+                    elif p - j >= window or j - p >= window:
+                        ok = False
+                if use_mask and key_mask[b, j] == 0:
+                    ok = False
+                s = F(_NEG_INF)
+                if ok:
+                    dot = F(0)
+                    for d in range(d_pad):
+                        dot += q_loc[d] * k_sh[jj, d]
+                    s = dot * scale
+                    if use_alibi:
+                        s += -slope * F(p - j)
+                    any_key = True
+                    if not (s <= m_tile):  # also takes a NaN, which then poisons the row as in the twin
+                        m_tile = s
+                s_loc[jj] = s
+            if not any_key:
+                continue
+            m_new = m_tile if (m_tile > m_run or m_tile != m_tile) else m_run  # a NaN wins
+            if m_new == F(_NEG_INF):  # every visible score so far is -inf: nothing to add yet
+                continue
+            corr = F(math.exp(m_run - m_new))
+            l_run *= corr
+            for d in range(dv_pad):
+                acc[d] *= corr
+            for jj in range(n_keys):
+                s = s_loc[jj]
+                if s != F(_NEG_INF):
+                    w = F(math.exp(s - m_new))
+                    l_run += w
+                    for d in range(dv_pad):
+                        acc[d] += w * v_sh[jj, d]
+            m_run = m_new
+
+        if active:
+            for d in range(Dv):
+                if l_run == F(0):  # no visible key (or only -inf scores): a zero row, as the twin's softmax
+                    out[b, h, i, d] = F(0)
+                else:  # l_run > 0, or NaN when a score was NaN / +inf (then the row is NaN, as the twin)
+                    out[b, h, i, d] = acc[d] / l_run
+
+    return flash_attention
+
+
+def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0, key_mask=None,
+                            alibi_slopes=None, scale=None) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
+    """Fused masked attention on C-contiguous device arrays of one float dtype, into `out`.
+
+    key_mask: device uint8 [B, S] (nonzero = may attend) or None; alibi_slopes: device [H] or
+    None; scale: a float or None (1/sqrt(D)). No validation beyond what the wrapper does.
+    """
+    B, H, T, D = q.shape
+    Dv = v.shape[3]
+    if T == 0 or B == 0 or H == 0:
+        return
+    dtype = np.dtype(q.dtype)
+    use_mask, use_alibi = key_mask is not None, alibi_slopes is not None
+    if not use_mask:
+        key_mask = _placeholder(np.dtype(np.uint8), 2)
+    if not use_alibi:
+        alibi_slopes = _placeholder(dtype, 1)
+    q_tile, k_tile = tiles()
+    d_pad, dv_pad = pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR)
+    # Static shared memory is capped at 48 KiB per block: halve the key tile until K and V fit.
+    while k_tile > 1 and k_tile * (d_pad + dv_pad) * dtype.itemsize > _SHARED_BYTES:
+        k_tile //= 2
+    kernel = _flash_kernel(dtype, q_tile, k_tile, d_pad, dv_pad)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    grid = ((T + q_tile - 1) // q_tile, H, B)
+    kernel[grid, q_tile](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), bool(causal),
+                         0 if window is None else int(window), int(n_sink), out)
+
+
+def _check_qkv(q, k, v):  # -> q, k, v as float arrays, validated as the twin does
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
+        if a.ndim != 4:
+            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
+    B, H, T, D = q.shape
+    _, K, S, _ = k.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
+    if v.shape[:3] != (B, K, S):
+        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
+    if K == 0 or H % K != 0:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
+                         f"(q {q.shape}, k {k.shape})")
+    return q, k, v
+
+
+def _check_scale(scale):
+    if scale is None:
+        return None
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__} {scale!r}")
+    return float(scale)
+
+
+def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
+                     key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (FlashAttention tiling, Dao et al. 2022), on the GPU.
+
+    Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
+    bool; alibi_slopes [H]. Returns [B, H, T, Dv] in the promoted dtype of q, k, v.
+    Notes: the mask patterns are the twin's (causal, one- or two-sided window, sinks + causal
+    window, key padding); fully masked rows give zeros. The T x S scores never exist.
+    See also: refimpl.attention.masked_attention (the twin).
+    """
+    q, k, v = _check_qkv(q, k, v)
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
+    if window is not None:
+        window = check_positive_int(window, "window")
+    if n_sink > 0 and (window is None or not causal):
+        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
+                         f"sliding window); got window={window}, causal={causal}")
+    mask_d = None
+    if key_mask is not None:
+        km = np.asarray(key_mask)
+        if km.dtype != np.bool_:
+            raise TypeError(f"key_mask must be boolean of shape [B, S] (True = real token); got dtype {km.dtype}")
+        if km.shape != (B, S):
+            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {km.shape}")
+    scale = _check_scale(scale)
+    work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
+    slopes_d = None
+    if alibi_slopes is not None:
+        m = as_float(alibi_slopes, "alibi_slopes")
+        if m.shape != (H,):
+            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {m.shape}")
+        slopes_d = to_device(m.astype(out_dtype), work)  # rounded to the twin's dtype first
+    if key_mask is not None:
+        mask_d = cuda.to_device(np.ascontiguousarray(km, dtype=np.uint8))
+    out = cuda.device_array((B, H, T, v.shape[3]), dtype=work)
+    if out.size:
+        masked_attention_device(to_device(q, work), to_device(k, work), to_device(v, work), out,
+                                causal=causal, window=window, n_sink=n_sink, key_mask=mask_d,
+                                alibi_slopes=slopes_d, scale=scale)
+    return out.copy_to_host().astype(out_dtype, copy=False)
+
+
+# ------------------------------------------------------------- decode attention (split S)
+
+@functools.lru_cache(maxsize=None)
+def _decode_partial_kernel(dtype: np.dtype, tpb: int, d_pad: int, dv_pad: int):
+    F = numba_float(dtype)
+    block_sum, block_max = block_reducers(tpb)
+
+    @cuda.jit
+    def decode_partial(q, k, v, lengths, chunk, scale, part_m, part_l, part_acc):
+        # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv], lengths [B] int64, chunk: keys per split.
+        # Writes this split's running max part_m [B, H, N], sum part_l [B, H, N] and
+        # unnormalised output part_acc [B, H, N, Dv]. Grid (N, H, B); block tpb threads.
+        scratch = cuda.shared.array(tpb, dtype=F)
+        p_sh = cuda.shared.array(tpb, dtype=F)
+        q_sh = cuda.shared.array(d_pad, dtype=F)
+        acc = cuda.shared.array(dv_pad, dtype=F)
+        t = cuda.threadIdx.x
+        split, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        H, D = q.shape[1], q.shape[2]
+        K, Dv = k.shape[1], v.shape[3]
+        g = h // (H // K)
+        start = split * chunk
+        end = start + chunk
+        if lengths[b] < end:
+            end = lengths[b]
+        for d in range(t, D, tpb):
+            q_sh[d] = q[b, h, d]
+        for d in range(t, Dv, tpb):
+            acc[d] = F(0)
+        cuda.syncthreads()
+        m_run = F(_NEG_INF)
+        l_run = F(0)
+        for j0 in range(start, end, tpb):  # block-uniform bounds
+            j = j0 + t
+            s = F(_NEG_INF)
+            if j < end:
+                dot = F(0)
+                for d in range(D):
+                    dot += q_sh[d] * k[b, g, j, d]
+                s = dot * scale
+            m_tile = block_max(scratch, t, s)
+            if s != s:  # a NaN score: make the tile max NaN for everyone (max may drop it)
+                scratch[0] = s
+            cuda.syncthreads()
+            if scratch[0] != scratch[0]:
+                m_tile = scratch[0]
+            cuda.syncthreads()
+            m_new = m_tile if (m_tile > m_run or m_tile != m_tile) else m_run
+            if m_new == F(_NEG_INF):  # all -inf so far (block-uniform)
+                continue
+            corr = F(math.exp(m_run - m_new))
+            w = F(0)
+            if j < end:
+                w = F(math.exp(s - m_new))
+            p_sh[t] = w
+            l_tile = block_sum(scratch, t, w)  # its barriers also publish p_sh
+            l_run = l_run * corr + l_tile
+            n = tpb if tpb < end - j0 else end - j0
+            for d in range(t, Dv, tpb):  # each thread owns output features d = t, t + tpb, ...
+                a = acc[d] * corr
+                for tt in range(n):
+                    a += p_sh[tt] * v[b, g, j0 + tt, d]
+                acc[d] = a
+            m_run = m_new
+            cuda.syncthreads()  # p_sh is read above before the next tile overwrites it
+        if t == 0:
+            part_m[b, h, split] = m_run
+            part_l[b, h, split] = l_run
+        for d in range(t, Dv, tpb):
+            part_acc[b, h, split, d] = acc[d]
+
+    return decode_partial
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_merge_kernel(dtype: np.dtype, tpb: int):
+    F = numba_float(dtype)
+
+    @cuda.jit
+    def decode_merge(part_m, part_l, part_acc, lengths, chunk, out):
+        # out[b, h, :] = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c over the non-empty
+        # splits c (those with c * chunk < L_b); zeros when L_b = 0. Grid (H, B).
+        t = cuda.threadIdx.x
+        h, b = cuda.blockIdx.x, cuda.blockIdx.y
+        n_split = part_m.shape[2]
+        Dv = part_acc.shape[3]
+        n_used = (lengths[b] + chunk - 1) // chunk
+        if n_split < n_used:
+            n_used = n_split
+        big = F(_NEG_INF)
+        for c in range(n_used):
+            mc = part_m[b, h, c]
+            if mc > big or mc != mc:
+                big = mc
+        for d in range(t, Dv, tpb):
+            if n_used == 0:
+                out[b, h, d] = F(0)
+                continue
+            num = F(0)
+            den = F(0)
+            for c in range(n_used):
+                mc = part_m[b, h, c]
+                if mc != F(_NEG_INF) or big != big:
+                    e = F(math.exp(mc - big))
+                    num += e * part_acc[b, h, c, d]
+                    den += e * part_l[b, h, c]
+            if den == F(0) and big == F(_NEG_INF):  # every score -inf: weights 0/0 (see twin's softmax)
+                out[b, h, d] = F(0)
+            else:
+                out[b, h, d] = num / den
+
+    return decode_merge
+
+
+def _n_splits(B: int, H: int, S: int, tpb: int) -> int:
+    """Enough (chunk, head, batch) blocks to fill a GPU (~4 per SM on 132 SMs), each >= tpb keys."""
+    want = max(1, -(-528 // max(1, B * H)))
+    return max(1, min(want, -(-S // tpb)))
+
+
+def decode_attention_device(q, k, v, lengths, out, *, scale=None) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
+    """Split-S decode attention on C-contiguous device arrays, into `out`.
+
+    lengths: device int64 [B] with 0 <= L_b <= S (cache entries j >= L_b are ignored).
+    """
+    B, H, D = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    if B == 0 or H == 0 or Dv == 0:
+        return
+    dtype = np.dtype(q.dtype)
+    tpb = threads()
+    n_split = _n_splits(B, H, S, tpb)
+    chunk = max(1, -(-S // n_split))
+    chunk = -(-chunk // tpb) * tpb  # a whole number of tiles per split
+    n_split = max(1, -(-S // chunk))
+    part_m = cuda.device_array((B, H, n_split), dtype)
+    part_l = cuda.device_array((B, H, n_split), dtype)
+    part_acc = cuda.device_array((B, H, n_split, Dv), dtype)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    partial = _decode_partial_kernel(dtype, tpb, pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR))
+    partial[(n_split, H, B), tpb](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
+    _decode_merge_kernel(dtype, tpb)[(H, B), tpb](part_m, part_l, part_acc, lengths, chunk, out)
+
+
+def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}  (flash-decoding: split S, merge), on the GPU.
+
+    Shapes: q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (H % K == 0); key_lengths [B] ints
+    in 0 .. S or None (all S valid). Returns [B, H, Dv]; L_b = 0 gives a zero row.
+    See also: refimpl.attention.decode_attention (the twin), masked_attention.
+    """
+    q = as_float(q, "q")
+    if q.ndim != 3:
+        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
+    _, k, v = _check_qkv(q[:, :, None, :], k, v)
+    B, H, D = q.shape
+    S = k.shape[2]
+    if key_lengths is None:
+        lengths = np.full(B, S, dtype=np.int64)
+    else:
+        if np.shape(key_lengths) != (B,):
+            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
+        L = np.asarray(key_lengths)
+        if L.dtype.kind not in "iu" or L.dtype == np.bool_:
+            raise TypeError(f"key_lengths must be integers of shape [B]; got dtype {L.dtype}")
+        if L.size and (L.min() < 0 or L.max() > S):
+            raise ValueError(f"key_lengths must lie in 0 .. S={S}; got min {L.min()}, max {L.max()}")
+        lengths = L.astype(np.int64)
+    scale = _check_scale(scale)
+    work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
+    out = cuda.device_array((B, H, v.shape[3]), dtype=work)
+    if out.size:
+        decode_attention_device(to_device(q, work), to_device(k, work), to_device(v, work),
+                                cuda.to_device(lengths), out, scale=scale)
+    return out.copy_to_host().astype(out_dtype, copy=False)

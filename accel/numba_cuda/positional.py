@@ -1,0 +1,119 @@
+"""Numba-CUDA rotary position embedding (RoPE): one thread per rotated pair.
+
+Twin: `refimpl.positional.apply_rope` (same signature; NumPy in, NumPy out).
+
+Versions:
+  v1 (this file) grid-stride loop over (row, t, i) pairs; each thread forms the angle
+     p * w_i in float64, takes cos / sin in float64, casts them to the working dtype and
+     turns the pair (a, b) -> (a cos - b sin, a sin + b cos). Both pairing conventions
+     (half-split (i, i + R/2) and interleaved (2i, 2i + 1)) and partial rotary (R < D) are
+     index arithmetic; dims [R, D) are copied through.
+
+Deliberate differences from the twin:
+  - cos / sin come from the device's float64 libm rather than NumPy's: they may differ in
+    the last float64 ulp before the cast, which a float32 result never sees.
+  - The frequencies w_i are the twin's own `rope_frequencies(R, theta)` (float64, made on the
+    host once per call), so the angles p * w_i are bit-identical to the twin's.
+  - float16 runs in float32 (the twin multiplies in float16): see the registry tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from refimpl._checks import as_float, check_ndim, check_positive_int
+from refimpl.positional import rope_frequencies
+
+from ._common import kernel_dtype, numba_float, threads, to_device
+
+__all__ = ["apply_rope", "apply_rope_device"]
+
+_MAX_BLOCKS = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_kernel(dtype: np.dtype):
+    F = numba_float(dtype)
+
+    @cuda.jit
+    def rope_pairs(x, positions, freqs, interleaved, out):
+        # x, out [N, T, D]; positions [N, T] float64; freqs [R/2] float64. Rotates dims [0, R)
+        # of out (which holds a copy of x) in place.
+        N, T = x.shape[0], x.shape[1]
+        half = freqs.shape[0]
+        n_pairs = N * T * half
+        start, step = cuda.grid(1), cuda.gridsize(1)
+        for idx in range(start, n_pairs, step):
+            i = idx % half
+            row = idx // half
+            t = row % T
+            n = row // T
+            angle = positions[n, t] * freqs[i]
+            c = F(math.cos(angle))
+            s = F(math.sin(angle))
+            if interleaved:
+                ia, ib = 2 * i, 2 * i + 1
+            else:
+                ia, ib = i, i + half
+            a = x[n, t, ia]
+            b = x[n, t, ib]
+            out[n, t, ia] = a * c - b * s
+            out[n, t, ib] = a * s + b * c
+
+    return rope_pairs
+
+
+def apply_rope_device(x, positions, freqs, out, *, interleaved: bool = False) -> None:  # [N, T, D], [N, T], [R/2] -> out [N, T, D]
+    """RoPE on device arrays: out[..., :R] rotated, out[..., R:] = x[..., R:] (R = 2 * len(freqs))."""
+    out.copy_to_device(x)
+    n = x.shape[0] * x.shape[1] * freqs.shape[0]
+    if n == 0:
+        return
+    tpb = threads()
+    blocks = min(_MAX_BLOCKS, (n + tpb - 1) // tpb)
+    _rope_kernel(np.dtype(x.dtype))[blocks, tpb](x, positions, freqs, bool(interleaved), out)
+
+
+def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
+    """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p  (Su et al. 2021, RoFormer, sec. 3.2.2), on the GPU.
+
+    Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes
+    -> [..., T, D] in x's dtype. Pairing, rotary_dim and precision as the twin.
+    See also: refimpl.positional.apply_rope (the twin).
+    """
+    x = as_float(x, "x")
+    check_ndim(x, "x", 2, "[..., T, D]")
+    T, D = x.shape[-2], x.shape[-1]
+    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+    if rotary_dim is None and D % 2:
+        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
+    if R % 2 or R > D:
+        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iuf":
+        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
+    if pos.ndim < 1 or pos.shape[-1] != T:
+        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
+                         f"got shape {pos.shape}")
+    try:
+        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
+    except ValueError:
+        lead = None
+    if lead != x.shape[:-2]:
+        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
+                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
+    freqs = rope_frequencies(R, theta=theta)  # [R/2] float64, the twin's (validates theta)
+    work, out_dtype = kernel_dtype(x, names=("x",))
+    N = int(np.prod(x.shape[:-2], dtype=np.int64))
+    if x.size == 0:
+        return np.empty(x.shape, dtype=out_dtype)
+    x3 = x.reshape(N, T, D)  # [N, T, D]
+    pos2 = np.broadcast_to(pos.astype(np.float64), (*x.shape[:-2], T)).reshape(N, T)  # [N, T]
+    out = cuda.device_array((N, T, D), dtype=work)
+    apply_rope_device(to_device(x3, work), cuda.to_device(np.ascontiguousarray(pos2)), cuda.to_device(freqs), out,
+                      interleaved=interleaved)
+    return out.copy_to_host().reshape(x.shape).astype(out_dtype, copy=False)

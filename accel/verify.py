@@ -1,0 +1,304 @@
+"""Run every registered kernel against its refimpl twin and print the table.
+
+For each KernelSpec of an available backend, each registered dtype and each case below: fresh
+random inputs (from `seed`) in that dtype, the kernel on them, the twin on the same values in
+float64, and `accel._common.check_close` with the spec's tolerance. The cases cover what the
+kernels special-case: odd head dims, T = 1, T != S (T > S too), K < H (grouped-query heads),
+fully masked rows (a sequence whose keys are all padding, queries before key 0), every mask
+pattern, ALiBi, and NaN / inf inputs for the elementwise kernels.
+
+    python -m refimpl verify [--backend B]     (the lead's command line calls `main`)
+
+The case builders (`make_case`) are shared with tests/test_accel_differential.py, which draws
+the same dims from Hypothesis instead of the fixed lists here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._common import check_close
+from .registry import BACKENDS, KernelSpec, available_backends, kernels
+
+__all__ = ["Case", "make_case", "VERIFY_DIMS", "run", "format_table", "main"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """Inputs for one call: fn(*args, **kwargs); `shapes` describes them for the table."""
+
+    args: tuple
+    kwargs: dict
+    shapes: str
+
+
+def _f64(a):
+    """Float arrays (and float scalars) upcast to float64; masks, ints and None unchanged."""
+    if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+        return a.astype(np.float64)
+    return a
+
+
+def _normal(rng, shape, dtype, scale=1.0) -> np.ndarray:
+    return (scale * rng.standard_normal(shape)).astype(dtype)
+
+
+def _with_specials(rng, x: np.ndarray, frac: float = 0.1) -> np.ndarray:
+    """Put +inf, -inf and NaN at random positions (about `frac` of the entries)."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    n = max(1, int(frac * flat.size)) if flat.size else 0
+    idx = rng.choice(flat.size, size=n, replace=False) if n else []
+    flat[idx] = rng.choice(np.array([np.inf, -np.inf, np.nan], dtype=x.dtype), size=n)
+    return x
+
+
+# ---------------------------------------------------------------------------- case builders
+# Each takes (rng, dtype, dims) and returns a Case; `dims` is a plain dict of sizes and options.
+
+def _case_softmax(rng, dtype, d) -> Case:  # dims: shape, axis, special
+    x = _normal(rng, d["shape"], dtype, 3.0)
+    if d.get("special"):
+        x = _with_specials(rng, x)
+        row = (0,) * (x.ndim - 1)
+        x_rows = np.moveaxis(x, d["axis"], -1)
+        if x_rows.ndim:
+            x_rows[row] = -np.inf  # a fully masked row: zeros, not NaN
+    return Case((x,), {"axis": d["axis"]}, f"x{tuple(x.shape)} axis={d['axis']}" + (" +inf/nan" if d.get("special") else ""))
+
+
+def _case_layer_norm(rng, dtype, d) -> Case:  # dims: lead, C, special
+    shape = (*d["lead"], d["C"])
+    x = _normal(rng, shape, dtype, 2.0) + dtype(d.get("offset", 0.0))
+    if d.get("special"):
+        x = _with_specials(rng, x, 0.05)
+    g = _normal(rng, (d["C"],), dtype)
+    b = _normal(rng, (d["C"],), dtype)
+    return Case((x, g, b), {}, f"x{shape}" + (" +inf/nan" if d.get("special") else ""))
+
+
+def _case_rms_norm(rng, dtype, d) -> Case:  # dims: lead, C, special
+    shape = (*d["lead"], d["C"])
+    x = _normal(rng, shape, dtype, 2.0)
+    if d.get("special"):
+        x = _with_specials(rng, x, 0.05)
+    g = _normal(rng, (d["C"],), dtype)
+    return Case((x, g), {}, f"x{shape}" + (" +inf/nan" if d.get("special") else ""))
+
+
+def _case_gelu_tanh_bias(rng, dtype, d) -> Case:  # dims: lead, F, scale, special
+    shape = (*d["lead"], d["F"])
+    x = _normal(rng, shape, dtype, d.get("scale", 3.0))
+    if d.get("special"):
+        x = _with_specials(rng, x)
+    b = _normal(rng, (d["F"],), dtype)
+    return Case((x, b), {}, f"x{shape} |x|~{d.get('scale', 3.0):g}" + (" +inf/nan" if d.get("special") else ""))
+
+
+def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, interleaved, per_row, max_pos
+    shape = (*d["lead"], d["T"], d["D"])
+    x = _normal(rng, shape, dtype)
+    pos_shape = (*d["lead"][:1], *([1] * (len(d["lead"]) - 1)), d["T"]) if d.get("per_row") and d["lead"] else (d["T"],)
+    positions = rng.integers(0, d.get("max_pos", 2048), size=pos_shape)
+    kw = {"interleaved": d["interleaved"]}
+    if d.get("rotary_dim") is not None:
+        kw["rotary_dim"] = d["rotary_dim"]
+    return Case((x, positions), kw, f"x{shape} pos{tuple(pos_shape)} " + ", ".join(f"{k}={v}" for k, v in kw.items()))
+
+
+def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale
+    B, H, K, T, S, D, Dv = (d[c] for c in ("B", "H", "K", "T", "S", "D", "Dv"))
+    q = _normal(rng, (B, H, T, D), dtype)
+    k = _normal(rng, (B, K, S, D), dtype)
+    v = _normal(rng, (B, K, S, Dv), dtype)
+    kw: dict = {"causal": d.get("causal", False)}
+    if d.get("window"):
+        kw["window"] = d["window"]
+    if d.get("n_sink"):
+        kw["n_sink"] = d["n_sink"]
+    if d.get("padding"):
+        key_mask = rng.random((B, S)) < 0.7
+        key_mask[-1] = False  # one sequence with no real key: its rows are fully masked -> zeros
+        kw["key_mask"] = key_mask
+    if d.get("alibi"):
+        kw["alibi_slopes"] = (2.0 ** -np.arange(1, H + 1)).astype(dtype)
+    if d.get("scale") is not None:
+        kw["scale"] = d["scale"]
+    opts = ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("key_mask", "alibi_slopes") and v is not False)
+    opts += ", padding" if "key_mask" in kw else ""
+    opts += ", alibi" if "alibi_slopes" in kw else ""
+    return Case((q, k, v), kw, f"B={B} H={H} K={K} T={T} S={S} D={D} Dv={Dv}" + (f" {opts.lstrip(', ')}" if opts else ""))
+
+
+def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths
+    B, H, K, S, D, Dv = (d[c] for c in ("B", "H", "K", "S", "D", "Dv"))
+    q = _normal(rng, (B, H, D), dtype)
+    k = _normal(rng, (B, K, S, D), dtype)
+    v = _normal(rng, (B, K, S, Dv), dtype)
+    kw = {}
+    if d.get("lengths"):
+        lengths = rng.integers(0, S + 1, size=B)
+        lengths[0] = 0  # an empty cache row -> zeros
+        if B > 1:
+            lengths[-1] = S
+        kw["key_lengths"] = lengths
+    return Case((q, k, v), kw, f"B={B} H={H} K={K} S={S} D={D} Dv={Dv}" + (" ragged lengths" if kw else ""))
+
+
+_BUILDERS = {
+    "softmax": _case_softmax,
+    "layer_norm": _case_layer_norm,
+    "rms_norm": _case_rms_norm,
+    "gelu_tanh_bias": _case_gelu_tanh_bias,
+    "apply_rope": _case_apply_rope,
+    "masked_attention": _case_masked_attention,
+    "decode_attention": _case_decode_attention,
+}
+
+
+def make_case(name: str, rng: np.random.Generator, dtype, dims: dict) -> Case:
+    """Inputs for kernel `name` in `dtype`, sized by `dims`, drawn from `rng`."""
+    if name not in _BUILDERS:
+        raise ValueError(f"no case builder for kernel {name!r}; known: {sorted(_BUILDERS)}")
+    return _BUILDERS[name](rng, np.dtype(dtype).type, dims)
+
+
+_ATT = dict(B=2, H=4, K=2, D=7, Dv=5)
+# Fixed cases per kernel: "full" sizes, and "tiny" ones for the CUDA simulator.
+VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
+    "softmax": {
+        "full": [dict(shape=(4, 7, 33), axis=-1), dict(shape=(5, 6, 3), axis=1), dict(shape=(3, 50), axis=-1, special=True)],
+        "tiny": [dict(shape=(3, 5), axis=-1), dict(shape=(3, 6), axis=-1, special=True)],
+    },
+    "layer_norm": {
+        "full": [dict(lead=(3, 9), C=96), dict(lead=(4,), C=31, offset=100.0), dict(lead=(6,), C=17, special=True)],
+        "tiny": [dict(lead=(3,), C=7), dict(lead=(4,), C=6, special=True)],
+    },
+    "rms_norm": {
+        "full": [dict(lead=(3, 9), C=96), dict(lead=(6,), C=17, special=True)],
+        "tiny": [dict(lead=(3,), C=7), dict(lead=(4,), C=6, special=True)],
+    },
+    "gelu_tanh_bias": {
+        "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=12.0, special=True)],
+        "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
+    },
+    "apply_rope": {
+        "full": [dict(lead=(2, 3), T=17, D=16, interleaved=False), dict(lead=(2, 3), T=9, D=10, interleaved=True, per_row=True),
+                 dict(lead=(2,), T=5, D=12, interleaved=False, rotary_dim=8, max_pos=10000)],
+        "tiny": [dict(lead=(2,), T=3, D=6, interleaved=False), dict(lead=(2,), T=3, D=4, interleaved=True, per_row=True)],
+    },
+    "masked_attention": {
+        "full": [
+            dict(_ATT, T=37, S=37),
+            dict(_ATT, T=70, S=150, causal=True),
+            dict(_ATT, T=1, S=65, causal=True, padding=True),
+            dict(_ATT, T=40, S=25, causal=True),  # T > S: the first 15 queries see nothing
+            dict(_ATT, T=50, S=130, causal=True, window=20),
+            dict(_ATT, T=50, S=130, window=9, padding=True),
+            dict(_ATT, T=66, S=140, causal=True, window=16, n_sink=4, alibi=True),
+            dict(B=1, H=6, K=1, T=33, S=33, D=64, Dv=64, causal=True, alibi=True, scale=0.2),
+        ],
+        "tiny": [
+            dict(B=1, H=2, K=1, T=3, S=5, D=3, Dv=2, causal=True),
+            dict(B=2, H=2, K=2, T=5, S=3, D=4, Dv=3, causal=True, padding=True),
+            dict(B=1, H=2, K=1, T=4, S=7, D=3, Dv=3, causal=True, window=2, n_sink=1, alibi=True),
+        ],
+    },
+    "decode_attention": {
+        "full": [dict(B=3, H=4, K=2, S=300, D=9, Dv=6, lengths=True), dict(B=1, H=2, K=2, S=1, D=8, Dv=8),
+                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64)],
+        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True)],
+    },
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the verify table."""
+
+    kernel: str
+    backend: str
+    dtype: str
+    shapes: str
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    passed: bool
+    reason: str
+    seconds: float
+
+
+def run_case(spec: KernelSpec, dtype, case: Case) -> tuple:
+    """(CheckResult, rtol, atol, seconds): the kernel and its float64 twin on `case`."""
+    fn, twin = spec.load(), spec.load_twin()
+    t0 = time.perf_counter()
+    out = fn(*case.args, **case.kwargs)
+    seconds = time.perf_counter() - t0
+    with np.errstate(all="ignore"):  # the twin's own NaN / inf warnings on special inputs
+        ref = twin(*[_f64(a) for a in case.args], **{k: _f64(v) for k, v in case.kwargs.items()})
+    rtol, atol = spec.tolerance(dtype)
+    return check_close(out, ref, rtol=rtol, atol=atol, dtype=dtype), rtol, atol, seconds
+
+
+def run(backend: str | None = None, seed: int = 0) -> list[Row]:
+    """Check every registered kernel of the available backends (or of `backend`) against its twin."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None; got {backend!r}")
+    avail = available_backends()
+    rows: list[Row] = []
+    for spec in kernels(backend):
+        if avail[spec.backend]:
+            rows.append(Row(spec.name, spec.backend, "-", "-", math.nan, math.nan, math.nan, math.nan, False,
+                            f"backend unavailable: {avail[spec.backend]}", 0.0))
+            continue
+        for dtype in spec.dtypes:
+            for n, dims in enumerate(VERIFY_DIMS[spec.name][spec.sizes]):
+                rng = np.random.default_rng([seed, n, BACKENDS.index(spec.backend)])
+                case = make_case(spec.name, rng, dtype, dims)
+                try:
+                    res, rtol, atol, sec = run_case(spec, dtype, case)
+                except Exception as e:  # a crash is a failure with its reason, not an abort of the table
+                    rtol, atol = spec.tolerance(dtype)
+                    rows.append(Row(spec.name, spec.backend, dtype, case.shapes, math.nan, math.nan, atol, rtol, False,
+                                    f"raised {type(e).__name__}: {e}", 0.0))
+                    continue
+                rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, atol, rtol,
+                                res.passed, res.reason, sec))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    """The rows as an aligned text table, failures explained under it."""
+    head = ("kernel", "backend", "dtype", "shapes", "max abs err", "max rel err", "atol", "rtol", "pass")
+    body = []
+    for r in rows:
+        if r.dtype == "-":
+            body.append((r.kernel, r.backend, "-", "-", "-", "-", "-", "-", "skipped"))
+            continue
+        body.append((r.kernel, r.backend, r.dtype, r.shapes, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
+                     f"{r.atol:.0e}", f"{r.rtol:.0e}", "ok" if r.passed else "FAIL"))
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [f"{r.kernel}[{r.backend}] {r.dtype} {r.shapes}: {r.reason}" for r in rows if r.reason]
+    if notes:
+        lines += ["", *notes]
+    n_fail = sum(1 for r in rows if not r.passed and r.dtype != "-")
+    n_ok = sum(1 for r in rows if r.passed)
+    lines += ["", f"{n_ok} passed, {n_fail} failed, {sum(1 for r in rows if r.dtype == '-')} skipped "
+                  "(check: |out - ref| <= atol + rtol |ref| vs the float64 twin; non-finite values identical)"]
+    return "\n".join(lines)
+
+
+def main(backend: str | None = None, seed: int = 0) -> int:
+    """Print the table; return 0 if every available kernel passed, 1 otherwise (2 if nothing could run)."""
+    rows = run(backend, seed)
+    print(format_table(rows))
+    if not any(r.dtype != "-" for r in rows):
+        return 2
+    return 0 if all(r.passed for r in rows if r.dtype != "-") else 1

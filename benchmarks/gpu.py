@@ -1,0 +1,238 @@
+"""GPU benchmarks (needs CuPy, numba-cuda, torch with CUDA): validate, warm up, then time.
+
+    python -m benchmarks.gpu [--quick] [--out DIR]
+
+Cases (one process, one GPU; each peer measured in the same run):
+- ceilings: device-to-device copy (GB/s, read + write bytes) and float32 GEMM (cuBLAS
+  through CuPy, TF32 off: GFLOP/s), the roofs the kernels are set against.
+- attention: fused masked attention (accel.numba_cuda on CuPy memory), float32, B=1, H=12,
+  D=64, causal, T = S in (1024, 4096), against torch.nn.functional.scaled_dot_product_attention
+  (float32, is_causal=True) on the same tensors (DLPack, no copy). Validated first at
+  T = S = 512 against torch (max abs difference reported). FLOP = 4 B H D T(T+1)/2 (causal:
+  QK^T and PV over the visible half).
+- decode attention: one query against S = 8192 cached keys, B=1, H=12, D=64: bytes = K + V
+  read once; GB/s against the copy ceiling.
+- layer_norm / gelu_tanh_bias: [8192, 768] / [8192, 3072] float32 rows: bytes = read + write;
+  GB/s against the copy ceiling.
+- GPT-2 small decode: the same random weights (a GPT2LMHeadModel built from its config; no
+  download) in HF transformers on the GPU (eager, float32, greedy `generate`) and in refimpl
+  on accel.cupy.gpt2.OPS; prompt 16 tokens, 64 new tokens, EOS off. Parity first: prompt
+  logits max abs difference and the number of identical greedy tokens.
+
+Writes gpu.json (machine, versions, sizes, results) under --out (default benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _gpu_time(fn, *, warmup: int = 3, repeats: int = 10) -> dict:
+    """Median seconds per call, measured with CUDA events around each call after `warmup` calls."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+    samples.sort()
+    return {"median_s": samples[len(samples) // 2], "min_s": samples[0], "max_s": samples[-1]}
+
+
+def ceilings() -> dict:
+    import cupy as cp
+
+    n = 1 << 28  # 1 GiB of float32
+    src = cp.ones(n, cp.float32)
+    dst = cp.empty_like(src)
+    t_copy = _gpu_time(lambda: cp.copyto(dst, src), repeats=10)
+    copy_gbps = 2 * src.nbytes / t_copy["median_s"] / 1e9
+    m = 8192
+    x = cp.random.standard_normal((m, m), dtype=cp.float32)
+    y = cp.random.standard_normal((m, m), dtype=cp.float32)
+    t_mm = _gpu_time(lambda: cp.matmul(x, y), repeats=5)
+    return {"copy_gbps": copy_gbps, "sgemm_gflops": 2 * m**3 / t_mm["median_s"] / 1e9,
+            "copy": t_copy, "sgemm": t_mm, "sgemm_n": m}
+
+
+def attention_cases(sizes, ceil: dict) -> list[dict]:
+    import cupy as cp
+    import torch
+    import torch.nn.functional as F
+
+    from accel.numba_cuda.attention import masked_attention_device
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    B, H, D = 1, 12, 64
+    out = []
+
+    def make(T):
+        rng = cp.random.default_rng(0)
+        q, k, v = (rng.standard_normal((B, H, T, D), dtype=cp.float32) for _ in range(3))
+        return q, k, v
+
+    # Validate against torch SDPA first.
+    q, k, v = make(512)
+    o = cp.empty_like(q)
+    masked_attention_device(q, k, v, o, causal=True)
+    ref = F.scaled_dot_product_attention(torch.from_dlpack(q), torch.from_dlpack(k), torch.from_dlpack(v),
+                                         is_causal=True)
+    diff = float(cp.abs(o - cp.from_dlpack(ref)).max())
+    out.append({"case": "attention validate T=S=512 float32 causal", "max_abs_diff_vs_torch_sdpa": diff})
+    print(f"attention T=S=512: max abs diff vs torch SDPA {diff:.3e}", flush=True)
+    assert diff < 1e-4, f"fused attention disagrees with torch SDPA by {diff}"
+
+    for T in sizes:
+        q, k, v = make(T)
+        o = cp.empty_like(q)
+        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+        flop = 4 * B * H * D * T * (T + 1) / 2
+        ours = _gpu_time(lambda: masked_attention_device(q, k, v, o, causal=True), repeats=5)
+        theirs = _gpu_time(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True), repeats=5)
+        rec = {"case": f"attention causal float32 B={B} H={H} D={D} T=S={T}", "flop": flop,
+               "accel_numba_cuda": ours, "torch_sdpa": theirs,
+               "accel_gflops": flop / ours["median_s"] / 1e9, "torch_gflops": flop / theirs["median_s"] / 1e9,
+               "throughput_ratio_vs_torch": theirs["median_s"] / ours["median_s"],
+               "fraction_of_sgemm_ceiling": flop / ours["median_s"] / 1e9 / ceil["sgemm_gflops"]}
+        out.append(rec)
+        print(f"attention T={T}: ours {ours['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
+              f"torch SDPA {theirs['median_s']*1e3:.2f} ms ({rec['torch_gflops']:.0f} GFLOP/s), "
+              f"ratio {rec['throughput_ratio_vs_torch']:.2f}x", flush=True)
+    return out
+
+
+def bandwidth_cases(ceil: dict) -> list[dict]:
+    import cupy as cp
+
+    from accel.cupy import device
+    from accel.numba_cuda.attention import decode_attention_device
+
+    out = []
+    rng = cp.random.default_rng(1)
+    B, H, S, D = 1, 12, 8192, 64
+    q = rng.standard_normal((B, H, D), dtype=cp.float32)
+    k = rng.standard_normal((B, H, S, D), dtype=cp.float32)
+    v = rng.standard_normal((B, H, S, D), dtype=cp.float32)
+    lengths = cp.full(B, S, dtype=cp.int64)
+    o = cp.empty((B, H, D), cp.float32)
+    t = _gpu_time(lambda: decode_attention_device(q, k, v, lengths, o))
+    nbytes = k.nbytes + v.nbytes
+    out.append({"case": f"decode_attention float32 B={B} H={H} S={S} D={D}", "bytes": nbytes, "time": t,
+                "gbps": nbytes / t["median_s"] / 1e9, "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
+    x = rng.standard_normal((8192, 768), dtype=cp.float32)
+    g, b = cp.ones(768, cp.float32), cp.zeros(768, cp.float32)
+    t = _gpu_time(lambda: device.layer_norm(x, g, b, 1e-5))
+    nbytes = 2 * x.nbytes
+    out.append({"case": "layer_norm float32 [8192, 768]", "bytes": nbytes, "time": t,
+                "gbps": nbytes / t["median_s"] / 1e9, "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
+    h = rng.standard_normal((8192, 3072), dtype=cp.float32)
+    bias = rng.standard_normal(3072, dtype=cp.float32)
+    t = _gpu_time(lambda: device.gelu_tanh_bias(h, bias))
+    nbytes = 2 * h.nbytes
+    out.append({"case": "gelu_tanh_bias float32 [8192, 3072]", "bytes": nbytes, "time": t,
+                "gbps": nbytes / t["median_s"] / 1e9, "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
+    for r in out:
+        print(f"{r['case']}: {r['time']['median_s']*1e6:.1f} us, {r['gbps']:.0f} GB/s "
+              f"({100 * r['fraction_of_copy']:.0f}% of copy)", flush=True)
+    return out
+
+
+def gpt2_decode(n_new: int = 64, prompt_len: int = 16) -> list[dict]:
+    import torch
+
+    from accel.cupy.gpt2 import OPS
+    from benchmarks.gpt2 import build_models
+    from refimpl import gpt2
+
+    hf, model = build_models()
+    hf = hf.cuda().eval()
+    ids = np.random.default_rng(2).integers(0, model.config.vocab_size, size=(1, prompt_len))
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids).cuda()).logits.float().cpu().numpy()
+    ours = gpt2.logits(model, ids, backend=OPS)
+    logit_diff = float(np.abs(ours - ref).max())
+    print(f"GPT-2 small prompt logits: cuda backend vs HF (GPU) max abs diff {logit_diff:.3e}", flush=True)
+
+    def run_ours():
+        return gpt2.generate(model, ids[0], max_new_tokens=n_new, eos_token_id=None, backend=OPS).ids
+
+    def run_hf():
+        with torch.no_grad():
+            out = hf.generate(torch.from_numpy(ids).cuda(), max_new_tokens=n_new, min_new_tokens=n_new,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)
+        torch.cuda.synchronize()
+        return out[0, prompt_len:].tolist()
+
+    ours_ids, hf_ids = run_ours(), run_hf()  # warm-up (compiles) and parity
+    same = next((i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b), min(len(ours_ids), len(hf_ids)))
+    times = {}
+    for name, fn in (("accel_cuda", run_ours), ("hf_eager_generate", run_hf)):
+        samples = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        times[name] = sorted(samples)[1]
+    rec = {"case": f"GPT-2 small greedy decode, prompt {prompt_len}, {n_new} new tokens, float32, B=1",
+           "prompt_logits_max_abs_diff_vs_hf": logit_diff, "identical_greedy_prefix": same, "n_new": n_new,
+           "seconds": times, "tokens_per_s": {k: n_new / v for k, v in times.items()},
+           "speedup_vs_hf": times["hf_eager_generate"] / times["accel_cuda"]}
+    print(f"GPT-2 decode: ours {rec['tokens_per_s']['accel_cuda']:.0f} tok/s, HF eager "
+          f"{rec['tokens_per_s']['hf_eager_generate']:.0f} tok/s, speedup {rec['speedup_vs_hf']:.2f}x; "
+          f"identical greedy tokens {same}/{n_new}", flush=True)
+    return [rec]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="attention at T=1024 and 4096 only (default adds 2048)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    import cupy as cp
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    payload = {"machine": {"gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+                           "python": sys.version.split()[0], "numpy": np.__version__, "cupy": cp.__version__},
+               "results": []}
+    for mod in ("numba", "torch", "transformers"):
+        try:
+            payload["machine"][mod] = __import__(mod).__version__
+        except Exception as e:  # pragma: no cover
+            payload["machine"][mod] = f"unavailable: {e}"
+    ceil = ceilings()
+    payload["ceilings"] = ceil
+    print(f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, float32 GEMM {ceil['sgemm_gflops']:.0f} GFLOP/s", flush=True)
+    sections = (("attention", lambda: attention_cases((1024, 4096) if args.quick else (1024, 2048, 4096), ceil)),
+                ("bandwidth", lambda: bandwidth_cases(ceil)), ("gpt2", gpt2_decode))
+    failed = []
+    for name, fn in sections:
+        try:
+            payload["results"] += fn()
+        except Exception as e:  # record and go on: one broken case must not hide the others
+            failed.append(name)
+            payload["results"].append({"case": name, "error": f"{type(e).__name__}: {e}"})
+            print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    print(f"wrote {out / 'gpu.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
+    raise SystemExit(main())

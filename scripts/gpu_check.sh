@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU checks, for a session lent a CUDA GPU (issue 4). Runs in under 8 minutes:
+#   1. every GPU test on real CUDA (no simulator): tests/test_accel_cuda.py (Numba-CUDA kernels,
+#      CuPy RawKernels, cuBLAS linear, GPT-2 `cuda` Ops parity) and the differential suite's
+#      numba_cuda / cupy entries;
+#   2. `python -m refimpl verify` for the numba_cuda and cupy backends (the parity table);
+#   3. the GPU benchmarks (benchmarks/gpu.py --quick): ceilings, fused attention vs torch SDPA,
+#      bandwidth kernels, GPT-2 small decode vs HF generate (with its logits / token parity).
+# Usage: bash scripts/gpu_check.sh            (results under $OUT, default ./gpu_check_out)
+# Needs python3 with numpy, numba + numba-cuda, cupy, torch (CUDA), transformers, pytest,
+# hypothesis: the device image has them all. Every step runs even if an earlier one fails;
+# the exit status is non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+status=0
+step() {  # step NAME TIMEOUT_S CMD...: run with a time limit, log to $OUT/NAME.log, remember failures
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name exit $rc"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+{
+  nvidia-smi
+  "$PY" - <<'PY'
+import numba, numpy, sys
+from numba import cuda
+print("python", sys.version.split()[0], "numpy", numpy.__version__, "numba", numba.__version__,
+      "numba.cuda", getattr(cuda, "implementation", "?"), "available", cuda.is_available())
+try:
+    import cupy
+    print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())
+except Exception as e:
+    print("cupy unavailable:", e)
+PY
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+step tests 240 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
+  tests/test_accel_differential.py -k "not differential or numba_cuda or cupy" -rs
+step verify 60 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
+step bench 270 "$PY" -m benchmarks.gpu --quick --out "$OUT"
+echo "gpu_check: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED); results in $OUT"
+exit $status

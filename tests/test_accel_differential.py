@@ -1,0 +1,333 @@
+"""The differential suite: every registered accel kernel equals its refimpl twin.
+
+One test, parametrized over `accel.registry.KERNELS` and each kernel's dtypes: Hypothesis draws
+shapes and options (odd head dims, T = 1, T != S and T > S, K < H, fully masked rows, every
+mask pattern, ALiBi; NaN / inf entries for the elementwise kernels), `accel.verify.make_case`
+builds the inputs in the kernel's dtype, the twin runs in float64 on the same values, and
+`accel._common.check_close` applies the registry's tolerance:
+|out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values elsewhere.
+Proof obligation: none beyond the definition; the twin IS the specification.
+
+Entries of backends that cannot run here are skipped with the registry's reason (CuPy without
+a GPU). Numba-CUDA entries run under NUMBA_ENABLE_CUDASIM=1 (set below when there is no GPU)
+on their registered "tiny" sizes. Run with -s to read the max errors seen per kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+# No GPU driver here and no explicit choice: the Numba-CUDA entries run on the simulator
+# (the same rule as tests/test_accel_cuda.py). Must happen before numba.cuda is imported.
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and shutil.which("nvidia-smi") is None:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    if "numba.cuda" not in sys.modules:
+        try:
+            import numba.core.config
+
+            numba.core.config.reload_config()
+        except ImportError:
+            pass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accel import registry
+from accel._common import check_close
+from accel.verify import VERIFY_DIMS, make_case, run_case
+
+AVAILABLE = registry.available_backends()
+MAX_ERR: dict[str, tuple[float, float, float]] = {}  # id dtype -> (max abs, max rel, worst / tolerance)
+
+# Examples per (kernel, dtype): the CUDA simulator runs each GPU thread as a Python thread.
+EXAMPLES = {"full": 30, "tiny": 4}
+
+
+def teardown_module():
+    print("\naccel kernels vs float64 twins (differential suite): max errors seen")
+    for key in sorted(MAX_ERR):
+        a, r, w = MAX_ERR[key]
+        print(f"  {key:42s} max abs {a:.3e}  max rel {r:.3e}  {w:.3f}x tolerance")
+
+
+# ---------------------------------------------------------------------------- dims strategies
+
+def _lead(max_dims: int, max_side: int):
+    return st.lists(st.integers(1, max_side), min_size=0, max_size=max_dims).map(tuple)
+
+
+@st.composite
+def _softmax_dims(draw, tiny):
+    shape = (*draw(_lead(1 if tiny else 2, 3 if tiny else 4)), draw(st.integers(1, 6 if tiny else 40)))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return dict(shape=shape, axis=axis, special=draw(st.booleans()))
+
+
+@st.composite
+def _layer_norm_dims(draw, tiny):
+    return dict(lead=draw(_lead(1 if tiny else 2, 3)), C=draw(st.integers(1, 8 if tiny else 64)),
+                special=draw(st.booleans()), offset=draw(st.sampled_from([0.0, 50.0])))
+
+
+@st.composite
+def _rms_norm_dims(draw, tiny):
+    return dict(lead=draw(_lead(1 if tiny else 2, 3)), C=draw(st.integers(1, 8 if tiny else 64)),
+                special=draw(st.booleans()))
+
+
+@st.composite
+def _gelu_dims(draw, tiny):
+    return dict(lead=draw(_lead(1 if tiny else 2, 3)), F=draw(st.integers(1, 8 if tiny else 64)),
+                scale=draw(st.sampled_from([1.0, 5.0, 20.0])), special=draw(st.booleans()))
+
+
+@st.composite
+def _rope_dims(draw, tiny):
+    D = 2 * draw(st.integers(1, 3 if tiny else 8))
+    rotary = draw(st.one_of(st.none(), st.integers(1, D // 2).map(lambda r: 2 * r)))
+    return dict(lead=draw(_lead(1 if tiny else 2, 3)), T=draw(st.integers(1, 4 if tiny else 9)), D=D,
+                rotary_dim=rotary, interleaved=draw(st.booleans()), per_row=draw(st.booleans()),
+                max_pos=draw(st.sampled_from([16, 10000])))
+
+
+@st.composite
+def _attention_dims(draw, tiny):
+    K = draw(st.integers(1, 2 if tiny else 3))
+    G = draw(st.integers(1, 2 if tiny else 3))
+    causal = draw(st.booleans())
+    window = draw(st.one_of(st.none(), st.integers(1, 4 if tiny else 20)))
+    n_sink = draw(st.integers(0, 3)) if (window and causal) else 0
+    return dict(B=draw(st.integers(1, 2)), H=K * G, K=K, T=draw(st.integers(1, 6 if tiny else 40)),
+                S=draw(st.integers(1, 8 if tiny else 80)), D=draw(st.integers(1, 5 if tiny else 33)),
+                Dv=draw(st.integers(1, 4 if tiny else 17)), causal=causal, window=window, n_sink=n_sink,
+                padding=draw(st.booleans()), alibi=draw(st.booleans()),
+                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))))
+
+
+@st.composite
+def _decode_dims(draw, tiny):
+    K = draw(st.integers(1, 2 if tiny else 3))
+    G = draw(st.integers(1, 2 if tiny else 3))
+    return dict(B=draw(st.integers(1, 3)), H=K * G, K=K, S=draw(st.integers(1, 8 if tiny else 200)),
+                D=draw(st.integers(1, 5 if tiny else 33)), Dv=draw(st.integers(1, 4 if tiny else 17)),
+                lengths=draw(st.booleans()))
+
+
+DIMS = {
+    "softmax": _softmax_dims,
+    "layer_norm": _layer_norm_dims,
+    "rms_norm": _rms_norm_dims,
+    "gelu_tanh_bias": _gelu_dims,
+    "apply_rope": _rope_dims,
+    "masked_attention": _attention_dims,
+    "decode_attention": _decode_dims,
+}
+
+CASES = [pytest.param(spec, dtype, id=f"{spec.id}-{dtype}") for spec in registry.KERNELS for dtype in spec.dtypes]
+
+
+def _record(key: str, res) -> None:
+    a, r, w = MAX_ERR.get(key, (0.0, 0.0, 0.0))
+    MAX_ERR[key] = (max(a, res.max_abs), max(r, res.max_rel), max(w, res.worst))
+
+
+def _require(spec):
+    reason = AVAILABLE[spec.backend]
+    if reason:
+        pytest.skip(f"{spec.backend} unavailable here: {reason}")
+
+
+@pytest.mark.parametrize("spec, dtype", CASES)
+def test_kernel_equals_twin(spec, dtype):
+    """out == twin(float64 inputs) within the registry tolerance, for Hypothesis-drawn shapes and values."""
+    _require(spec)
+    tiny = spec.sizes == "tiny"
+
+    @settings(max_examples=EXAMPLES[spec.sizes])
+    @given(dims=DIMS[spec.name](tiny), seed=st.integers(0, 2**32 - 1))
+    def check(dims, seed):
+        case = make_case(spec.name, np.random.default_rng(seed), dtype, dims)
+        res, rtol, atol, _ = run_case(spec, dtype, case)
+        _record(f"{spec.id} {dtype}", res)
+        assert res.passed, f"{spec.id} {dtype} {case.shapes}: {res.reason} (rtol={rtol:g}, atol={atol:g})"
+
+    check()
+
+
+@pytest.mark.parametrize("spec, dtype", CASES)
+def test_kernel_equals_twin_on_verify_cases(spec, dtype):
+    """The fixed cases of `python -m refimpl verify` (fully masked rows, T > S, sinks, ALiBi, ragged caches)."""
+    _require(spec)
+    for n, dims in enumerate(VERIFY_DIMS[spec.name][spec.sizes]):
+        case = make_case(spec.name, np.random.default_rng(n), dtype, dims)
+        res, rtol, atol, _ = run_case(spec, dtype, case)
+        _record(f"{spec.id} {dtype}", res)
+        assert res.passed, f"{spec.id} {dtype} {case.shapes}: {res.reason} (rtol={rtol:g}, atol={atol:g})"
+
+
+# ------------------------------------------------------------------ the check itself can fail
+
+def test_check_close_rejects_what_it_must():
+    """Each failure mode of the rule is detected: error over tolerance, NaN vs number, inf sign, shape, dtype."""
+    ref = np.array([1.0, -2.0, np.inf, np.nan, 0.0])
+    assert check_close(ref.copy(), ref, rtol=0, atol=0).passed
+    off = ref.copy()
+    off[0] += 1e-6
+    assert check_close(off, ref, rtol=1e-7, atol=0).n_bad == 1
+    assert check_close(off, ref, rtol=1e-5, atol=0).passed
+    nan_for_num = ref.copy()
+    nan_for_num[1] = np.nan
+    assert not check_close(nan_for_num, ref, rtol=1, atol=1).passed
+    num_for_nan = ref.copy()
+    num_for_nan[3] = 0.0
+    assert not check_close(num_for_nan, ref, rtol=1, atol=1).passed
+    neg_inf = ref.copy()
+    neg_inf[2] = -np.inf
+    assert not check_close(neg_inf, ref, rtol=1, atol=1).passed
+    assert not check_close(ref[:4], ref, rtol=1, atol=1).passed
+    assert not check_close(ref.astype(np.float32), ref, rtol=1, atol=1, dtype=np.float64).passed
+
+
+def test_tolerance_check_is_tight_enough_to_catch_a_masking_bug():
+    """Attention with the causal flag dropped differs from the causal twin by far more than the tolerance."""
+    spec = registry.get("masked_attention", "numba")
+    _require(spec)
+    case = make_case(spec.name, np.random.default_rng(0), "float32", dict(B=1, H=2, K=1, T=9, S=9, D=8, Dv=4))
+    out = spec.load()(*case.args)
+    ref = spec.load_twin()(*[a.astype(np.float64) for a in case.args], causal=True)
+    rtol, atol = spec.tolerance("float32")
+    assert not check_close(out, ref, rtol=rtol, atol=atol).passed
+
+
+# ------------------------------------------------------------------------------- registry
+
+def test_registry_entries_name_their_twin_and_tolerance():
+    """Every spec: the twin resolves and has the kernel's name, each dtype has a tolerance, the note says why."""
+    seen = set()
+    for spec in registry.KERNELS:
+        assert (spec.name, spec.backend) not in seen, f"duplicate registry entry {spec.id}"
+        seen.add((spec.name, spec.backend))
+        twin = spec.load_twin()
+        assert twin.__name__ == spec.name and twin.__module__.startswith("refimpl.")
+        assert spec.dtypes and all(spec.tolerance(d)[0] >= 0 and spec.tolerance(d)[1] >= 0 for d in spec.dtypes)
+        assert len(spec.note) > 40, f"{spec.id}: the note must say why the tolerance is what it is"
+        package = {"numba": "accel.numba_cpu", "numba_cuda": "accel.numba_cuda", "cupy": "accel.cupy"}[spec.backend]
+        assert spec.fn.startswith(package + "."), f"{spec.id}: fn {spec.fn} is outside {package}"
+
+
+def test_registry_lookups_and_backend_reasons():
+    """get() finds entries and names what exists when it cannot; every unavailable backend gives a reason."""
+    assert registry.get("softmax", "numba").backend == "numba"
+    with pytest.raises(ValueError, match="registered"):
+        registry.get("no_such_kernel", "numba")
+    with pytest.raises(ValueError, match="backend"):
+        registry.kernels("fortran")
+    assert {s.name for s in registry.kernels("numba")} == {
+        "softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "apply_rope", "masked_attention", "decode_attention"}
+    avail = registry.available_backends()
+    assert set(avail) == set(registry.BACKENDS)
+    assert avail["numba"] == "", avail["numba"]
+    for backend, reason in avail.items():
+        assert isinstance(reason, str)
+        print(f"backend {backend}: {'available' if not reason else reason}")
+
+
+# ------------------------------------------------------------------ numba-specific properties
+
+def _numba(name):
+    spec = registry.get(name, "numba")
+    _require(spec)
+    return spec.load(), spec.load_twin()
+
+
+BAD_CALLS = [
+    ("softmax", lambda: (np.zeros((2, 3)),), {"axis": 2}),
+    ("layer_norm", lambda: (np.zeros((2, 3)), np.ones(4), np.zeros(3)), {}),
+    ("rms_norm", lambda: (np.zeros((2, 3)), np.ones(3)), {"eps": -1.0}),
+    ("gelu_tanh_bias", lambda: (np.zeros((2, 3)), np.zeros(2)), {}),
+    ("apply_rope", lambda: (np.zeros((2, 5)), np.arange(2)), {}),
+    ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(3)), {}),
+    ("masked_attention", lambda: (np.zeros((1, 3, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))), {}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"n_sink": 2, "causal": True}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"key_mask": np.ones((1, 2), dtype=np.int8)}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"alibi_slopes": np.ones(3)}),
+    ("decode_attention", lambda: (np.zeros((1, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))),
+     {"key_lengths": np.array([4])}),
+    ("decode_attention", lambda: (np.zeros((1, 2, 1, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))), {}),
+]
+
+
+@pytest.mark.parametrize("name, make_args, kwargs", BAD_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_CALLS)])
+def test_bad_input_raises_the_twins_error(name, make_args, kwargs):
+    """The kernel refuses bad input at the boundary with the twin's exception type and message."""
+    fn, twin = _numba(name)
+    with pytest.raises((ValueError, TypeError)) as expected:
+        twin(*make_args(), **kwargs)
+    with pytest.raises(expected.type) as got:
+        fn(*make_args(), **kwargs)
+    assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "gelu_tanh_bias", "masked_attention"])
+def test_float16_in_float16_out(name):
+    """Dtype in = dtype out also for float16 (computed wider inside, as the module headers say)."""
+    fn, _ = _numba(name)
+    case = make_case(name, np.random.default_rng(1), "float16", VERIFY_DIMS[name]["full"][0])
+    assert fn(*case.args, **case.kwargs).dtype == np.float16
+
+
+def test_decode_attention_is_the_last_row_of_causal_attention():
+    """decode(q_last) == masked_attention(causal)[..., -1, :]: the last query (p = S-1) sees every key j <= S-1."""
+    decode, _ = _numba("decode_attention")
+    attend, _ = _numba("masked_attention")
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 6, 5, 16))
+    k = rng.standard_normal((2, 3, 150, 16))
+    v = rng.standard_normal((2, 3, 150, 8))
+    full = attend(q, k, v, causal=True)[:, :, -1, :]
+    np.testing.assert_allclose(decode(q[:, :, -1, :], k, v), full, rtol=1e-12, atol=1e-12)
+
+
+def test_skipping_masked_tiles_is_exact():
+    """Changing keys/values that a causal mask hides (the future) leaves earlier outputs bit-identical.
+
+    Proof: a hidden key's score is set to -inf whatever k is, so its weight is exp(-inf) = 0 and
+    it adds 0 * v = 0 (v finite) to the accumulator, or its whole tile is skipped; the visible
+    keys are processed in the same tile order, so the same floating-point operations run.
+    """
+    attend, _ = _numba("masked_attention")
+    rng = np.random.default_rng(4)
+    T = S = 150
+    q = rng.standard_normal((1, 2, T, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, S, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 2, S, 8)).astype(np.float32)
+    out = attend(q, k, v, causal=True)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, :, 100:] = rng.standard_normal(k2[:, :, 100:].shape)
+    v2[:, :, 100:] = 1e30 * rng.standard_normal(v2[:, :, 100:].shape)
+    out2 = attend(q, k2, v2, causal=True)
+    assert np.array_equal(out[:, :, :100], out2[:, :, :100])
+
+
+def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
+    """verify.main returns 0 on correct kernels and 1 once an entry is wrong (a kernel registered against the wrong twin)."""
+    from accel import verify
+
+    _require(registry.get("softmax", "numba"))
+    monkeypatch.setattr(registry, "KERNELS", [s for s in registry.KERNELS if s.name in ("softmax", "rms_norm")])
+    assert verify.main("numba") == 0
+    table = capsys.readouterr().out
+    assert "softmax" in table and "FAIL" not in table
+    # rms_norm(x, gamma) posing as gelu_tanh_bias(x, b): same call shape, different math.
+    bad = registry.KernelSpec("gelu_tanh_bias", "numba", "accel.numba_cpu.norms:rms_norm", "refimpl.ffn:gelu_tanh_bias",
+                              ("float64",), {"float64": 1e-12}, {"float64": 1e-12}, "a deliberately wrong entry for this test")
+    monkeypatch.setattr(registry, "KERNELS", [bad])
+    assert verify.main("numba") == 1
+    assert "FAIL" in capsys.readouterr().out
