@@ -1,8 +1,8 @@
 """Command line: python -m refimpl {generate, tokenize, export, verify, demo} ...
 
-    python -m refimpl generate --model PATH --prompt TEXT [--max-new-tokens N]
+    python -m refimpl generate [--model PATH] [--prompt TEXT] [--max-new-tokens N]
                                [--greedy | --temperature T --top-k K --top-p P] [--beams N] [--seed S]
-    python -m refimpl tokenize --model PATH TEXT
+    python -m refimpl tokenize [--model PATH] TEXT
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
     python -m refimpl verify [--backend numba|numba_cuda|cupy]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
@@ -40,39 +40,48 @@ def _parse_ids(text: str) -> list[int]:
 def cmd_generate(args) -> int:
     from refimpl import gpt2
 
-    model = _load_model(args.model)
+    model = _load_model(args.model)  # None: the shipped default model
+    if args.ids is not None and args.prompt is not None:
+        raise UsageError("give either --prompt or --ids, not both")
     if args.ids is not None:
         prompt = _parse_ids(args.ids)
     elif args.prompt is not None:
         if model.tokenizer is None:
             raise UsageError("this model has no tokenizer files; give the prompt as token ids with --ids")
         prompt = args.prompt
-    else:
-        raise UsageError("give a prompt: --prompt TEXT (or --ids '1 2 3' for token ids)")
+    else:  # no prompt: start from the end-of-text token, as GPT-2's unconditional samples do
+        start = model.config.bos_token_id if model.config.bos_token_id is not None else model.config.eos_token_id
+        if start is None:
+            raise UsageError("give a prompt: --prompt TEXT (or --ids '1 2 3' for token ids)")
+        prompt = [start]
     sampling = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
     if args.greedy and sampling:
         raise UsageError("--greedy cannot be combined with --temperature / --top-k / --top-p")
     if args.beams > 1 and sampling:
         raise UsageError("--beams cannot be combined with sampling options")
-    kw = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling and not args.greedy,
+    kw = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling,
               repetition_penalty=args.repetition_penalty, num_beams=args.beams,
               length_penalty=args.length_penalty, seed=args.seed, stop=tuple(args.stop or ()),
               on_context_limit=args.on_context_limit, backend=args.backend)
+    if args.no_eos:
+        kw["eos_token_id"] = None
     if sampling:
         kw.update(temperature=1.0 if args.temperature is None else args.temperature,
                   top_k=args.top_k, top_p=args.top_p)
+    out = sys.stdout
     if model.tokenizer is not None and args.ids is None:
-        out = sys.stdout
-        out.write(args.prompt)
-        out.flush()
+        if isinstance(prompt, str):
+            out.write(prompt)
+            out.flush()
         for chunk in gpt2.stream_text(model, prompt, **kw):
             out.write(chunk)
             out.flush()
         out.write("\n")
     else:
         for tok in gpt2.stream(model, prompt, **kw):
-            print(tok, end=" ", flush=True)
-        print()
+            out.write(f"{tok} ")
+            out.flush()
+        out.write("\n")
     return 0
 
 
@@ -81,7 +90,9 @@ def cmd_generate(args) -> int:
 def cmd_tokenize(args) -> int:
     from refimpl.gpt2 import load_tokenizer
 
-    tok = load_tokenizer(args.model)
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+
+    tok = load_tokenizer(args.model if args.model is not None else DEFAULT_MODEL_DIR)
     ids = tok.encode(args.text, allowed_special="all" if args.allow_special else ())
     print(f"{len(ids)} tokens")
     print("ids:   ", " ".join(map(str, ids)))
@@ -123,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="continue a prompt with a GPT-2 model, streaming tokens as they come")
-    g.add_argument("--model", help="a GPT-2 directory or weights file (see refimpl.gpt2.io)")
-    g.add_argument("--prompt", help="the prompt text")
+    g.add_argument("--model", help="a GPT-2 directory or weights file (see refimpl.gpt2.io); "
+                   "default: the shipped model (a small GPT-2 trained on Shakespeare)")
+    g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
     g.add_argument("--ids", help="the prompt as token ids ('1 2 3'), for models without tokenizer files")
     g.add_argument("--max-new-tokens", type=int, default=50)
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the default without sampling options)")
@@ -136,12 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--length-penalty", type=float, default=1.0)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--seed", type=int, help="seed for reproducible sampling")
-    g.add_argument("--on-context-limit", choices=("error", "stop"), default="error")
+    g.add_argument("--on-context-limit", choices=("error", "stop"), default="error",
+                   help="at the model's context length: error (default) or stop generating")
+    g.add_argument("--no-eos", action="store_true", help="do not stop at the end-of-text token")
     g.add_argument("--backend", default="numpy", help="numpy (default), numba, cuda")
     g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("tokenize", help="print the token ids and pieces of a text")
-    t.add_argument("--model", required=True, help="a model directory or tokenizer file")
+    t.add_argument("--model", help="a model directory or tokenizer file (default: the shipped model's)")
     t.add_argument("text")
     t.add_argument("--allow-special", action="store_true", help="treat special-token text as special tokens")
     t.set_defaults(func=cmd_tokenize)

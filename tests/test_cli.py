@@ -1,0 +1,89 @@
+"""The command line (python -m refimpl ...): each subcommand end to end, in process.
+
+Bad input must give one line on stderr and exit status 2, never a traceback.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpt2_oracle import hf_gpt2
+from refimpl import gpt2
+from refimpl.__main__ import main
+
+REPO = Path(__file__).resolve().parent.parent
+RANKS = Path(os.environ.get("REFIMPL_DATA_DIR", REPO / ".cache")) / "gpt2.tiktoken"
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A tiny random Hugging Face GPT-2 directory (config.json + model.safetensors)."""
+    config = gpt2.GPT2Config(vocab_size=97, n_positions=32, n_embd=24, n_layer=2, n_head=3,
+                             bos_token_id=0, eos_token_id=0)
+    model = hf_gpt2(config, seed=3, weight_std=0.3)
+    d = tmp_path_factory.mktemp("hf")
+    model.save_pretrained(d)
+    return d
+
+
+def test_export_then_generate_streams_the_same_ids_as_the_library(hf_dir, tmp_path, capsys):
+    out = tmp_path / "ours"
+    assert main(["export", "--model", str(hf_dir), "--out", str(out)]) == 0
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--ids", "5 6 7", "--max-new-tokens", "8", "--no-eos"]) == 0
+    printed = [int(t) for t in capsys.readouterr().out.split()]
+    expected = list(gpt2.generate(gpt2.load(out), [5, 6, 7], max_new_tokens=8, eos_token_id=None).ids)
+    assert printed == expected and len(printed) == 8
+
+
+def test_generate_sampling_is_reproducible_with_a_seed(hf_dir, capsys):
+    args = ["generate", "--model", str(hf_dir), "--ids", "1 2", "--max-new-tokens", "10", "--no-eos",
+            "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7"]
+    assert main(args) == 0
+    a = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == a
+
+
+def test_generate_beam_search_matches_the_library(hf_dir, capsys):
+    assert main(["generate", "--model", str(hf_dir), "--ids", "3 4", "--max-new-tokens", "6", "--beams", "3",
+                 "--no-eos"]) == 0
+    printed = [int(t) for t in capsys.readouterr().out.split()]
+    expected = list(gpt2.generate(gpt2.load(hf_dir), [3, 4], max_new_tokens=6, num_beams=3, eos_token_id=None).ids)
+    assert printed == expected
+
+
+def test_tokenize_prints_ids_and_pieces(capsys):
+    assert main(["tokenize", "--model", str(RANKS), "Hello world"]) == 0
+    out = capsys.readouterr().out
+    assert "ids:    15496 995" in out and "'Hello'" in out and "' world'" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model", "/no/such/model", "--prompt", "x"], "no such file"),
+    (["generate", "--model", "{hf}", "--prompt", "x"], "no tokenizer files"),
+    (["generate", "--model", "{hf}", "--ids", "1 x"], "--ids must be integers"),
+    (["generate", "--model", "{hf}", "--ids", "1 500"], "token id 500"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--greedy", "--top-k", "3"], "--greedy cannot be combined"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--max-new-tokens", "100"], "n_positions=32"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--backend", "tpu"], "unknown backend 'tpu'"),
+    (["tokenize", "--model", "/no/such/file", "hi"], "/no/such/file"),
+    (["export", "--model", "/no/such/dir", "--out", "{tmp}"], "no such file"),
+])
+def test_bad_input_is_one_line_on_stderr_and_status_2(argv, message, hf_dir, tmp_path, capsys):
+    argv = [a.replace("{hf}", str(hf_dir)).replace("{tmp}", str(tmp_path / "x")) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_verify_numba_prints_a_passing_table(capsys):
+    assert main(["verify", "--backend", "numba"]) == 0
+    out = capsys.readouterr().out
+    for name in ("softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "apply_rope", "masked_attention",
+                 "decode_attention"):
+        assert name in out
+    assert " 0 failed" in out
