@@ -128,7 +128,8 @@ KERNELS: list[KernelSpec] = [
         "gelu_tanh_bias", "numba", "accel.numba_cpu.ffn:gelu_tanh_bias", "refimpl.ffn:gelu_tanh_bias", _F32_F64,
         rtol={"float32": 4e-7, "float64": 1e-13}, atol={"float32": 1e-14, "float64": 1e-14},
         note="fused z = x + b; gelu via the identity 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)), evaluated in "
-             "float64 and rounded once (float32: final rounding, 2^-24 relative). atol is the REFERENCE's "
+             "float64 (float32 inputs: a polynomial exp, < 1e-15 relative) and rounded once (float32: final "
+             "rounding, 2^-24 relative). atol is the REFERENCE's "
              "error: the twin's 1 + tanh(u) cancels for z < 0, an absolute error up to ~2^-53 |z| "
              "(|z| <= 20; beyond its clamp both give 0 to within 1e-80)",
     ),
@@ -144,8 +145,8 @@ KERNELS: list[KernelSpec] = [
         _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
         note="online softmax over key tiles (running max, FlashAttention) in the input dtype: q.k over D "
-             "in order (FMA-contracted), a <= 1-ulp polynomial exp for float32, sum_j p_j v_j in tile "
-             "order, running sum in float64, one divide. Each output carries ~(D + S/BK + log) roundings "
+             "and sum_j p_j v_j within a tile by BLAS (its order), a <= 1-ulp polynomial exp for float32, "
+             "tiles merged in order, running sum in float64, one divide. Each output carries ~(D + S/BK + log) roundings "
              "of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1) plus eps * |score| from the exp "
              "argument (scores and ALiBi terms <~ 50 here): ~1e-6 seen, 2e-5 allowed; float64 at 2^-53",
     ),
@@ -153,8 +154,9 @@ KERNELS: list[KernelSpec] = [
         "decode_attention", "numba", "accel.numba_cpu.attention:decode_attention", "refimpl.attention:decode_attention",
         _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
-        note="split-S online softmax for one query per (b, h) (sequential dot products and sums per "
-             "chunk, libm exp), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention",
+        note="split-S online softmax for one query per (b, h) (per chunk: vectorised dot products over D "
+             "and float64 sums in a compiler-chosen order, <= 1-ulp polynomial exp for float32, libm for "
+             "float64), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention",
     ),
     # ---------------------------------------------------------------- numba_cuda (GPU; CPU simulator in CI)
     # Accumulation is in the input dtype (float32 stays float32, unlike the numba CPU kernels'

@@ -3,46 +3,60 @@
 out_i = sum_j softmax_j(q_i . k_j * scale - m_h (p_i - j), masked) v_j,  p_i = S - T + i
 (twins: refimpl.attention.masked_attention and refimpl.attention.decode_attention)
 
-Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022, sec. 3.1): keys are
-visited in tiles; each query row keeps a running max m, a running sum l = sum_j exp(s_j - m)
-and an unnormalised output a = sum_j exp(s_j - m) v_j. A new tile with max m' >= m rescales
-both by exp(m - m') before adding its own terms; at the end out = a / l. The T x S score and
-weight matrices are never formed: memory is O(BQ * (BK + Dv)) per task plus a transposed, padded
-copy of K and a padded copy of V, so it grows linearly in T and S.
+Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022, sec. 3.1, Alg. 1):
+keys are visited in tiles; each query row keeps a running max m, a running sum l = sum_j
+exp(s_j - m) and an unnormalised output a = sum_j exp(s_j - m) v_j. A new tile with max m' >= m
+rescales both by exp(m - m') before adding its own terms; at the end out = a / l. The T x S
+score and weight matrices are never formed: each task holds one BQ x BK tile of scores, a
+BQ x Dv accumulator and a BQ x Dv product buffer, so memory is O(threads * BQ * (BK + Dv)) plus
+contiguous copies of q, k, v: linear in T and S.
 
 Versions:
-  v1 masked_attention: one task per (b, h, tile of BQ queries), tasks in parallel (prange); per
-     key tile: S_tile = Q_tile K_tile^T, the online-softmax update with libm exp, A += P V.
-     Correct, but scalar code: measured 11x the time of torch SDPA (float32, H=12, D=64,
-     causal, T=1024, 2 threads).
-  v2 (this) the same algorithm laid out for LLVM's vectoriser, about 4x faster than v1
-     (measured on a shared, loaded 2-core machine: 2.5x torch's CPU time on one thread at
-     T=1024, 2.9-3.5x its wall time on two threads at T=1024..4096; the issue's 1.0x target is
-     not reached: the P V and Q K^T axpys load and store their accumulator rows on every step,
-     about 20-35 GFLOP/s per core against MKL's register-blocked ~100):
-     - K is copied transposed and zero-padded to whole tiles ([B, K, D, Sp], Sp a multiple of
-       BK), so Q_tile K_tile^T is a sequence of axpys s[r, :] += q[r, d] * kT[d, j0:j0+BK] over
-       a constant BK contiguous keys (summed over d in order, no reassociation needed);
-     - A += P_tile V_tile loops j (key), r (query), c (contiguous Dv) so each V row is read once;
-     - float32 exp is a vectorisable polynomial (`_exp_f32_tile`, <= 1 ulp, as glibc's expf);
-       float64 uses libm exp;
-     - the row max and row sum of a tile run in 8 independent scalar lanes (lane u takes keys
-       u, u+8, ...), then the lanes are combined: a fixed, explicit summation order with 8
-       dependency chains instead of one;
-     - fastmath={"contract"} only: a*b + c may become one fused multiply-add (one rounding
-       instead of two); no reassociation, and NaN / inf keep their IEEE meaning.
-     Key tiles that the pattern or the padding mask exclude for every query of the tile are
-     skipped: excluded keys contribute exactly zero (weight exp(-inf) = 0), so skipping them is
-     exact, and a causal mask costs about half of the full product. Tiles that every query may
-     see entirely skip the per-key mask test.
-  decode_attention v1 (this): split-S ("flash-decoding"): tasks over (b, h, chunk of S); each
-     chunk produces (m, l, a) for its keys j < L_b with scalar dot products and libm exp, and
-     the chunks are merged by the same rescaling.
+  v1 one task per (b, h, tile of BQ queries), tasks in parallel (prange); per key tile:
+     S_tile = Q_tile K_tile^T, the online-softmax update with libm exp, A += P V, all as scalar
+     loops. Measured 11x the time of torch SDPA (float32, H=12, D=64, causal, T=1024, 2 threads).
+  v2 the same loops laid out for LLVM's vectoriser (K transposed and padded to whole tiles,
+     axpy forms, polynomial exp, 8-lane max / sum): about 4x faster than v1, still 2.8-3.5x
+     torch SDPA at T = 1024..4096: the hand-written Q K^T and P V reached ~20-35 GFLOP/s per core.
+  v3 (this) FlashAttention's tiling with the two products on BLAS: per (b, h, query tile) task
+     and per key tile, S_tile = Q_tile K_tile^T and PV = P_tile V_tile are `np.dot` calls on
+     contiguous 2-D blocks (Numba lowers them to sgemm / dgemm of the BLAS SciPy ships), and
+     only the softmax bookkeeping runs as Numba loops:
+     - per score row: multiply by scale, subtract the ALiBi term, apply the mask (only on tiles
+       that some query may not fully see), the row max (8 explicit lanes, exact), exp (float32:
+       the vectorised polynomial `_exp_f32`, <= 1 ulp; float64: libm), the row sum in float64;
+     - A <- alpha * A + PV per row, alpha = exp(m_old - m_new) (the rescaling, fused with the add);
+     - key tiles that no query of the tile may see are skipped (exact: their weights are 0), the
+       key range is cut to the union of the tile's rows' windows ([0, n_sink) and [lo, hi)), and
+       tiles whose keys every query may see skip the per-key mask test; a causal mask costs
+       about half of the full product;
+     - BLAS runs single-threaded inside the parallel tasks (threadpoolctl limits the BLAS
+       libraries to 1 thread for the call): OpenBLAS threads started from Numba's OpenMP workers
+       oversubscribe the cores (measured 7-50x slower). Numba threads x 1 BLAS thread was the
+       fastest split on 2 cores.
+     - a power-of-two scale (1/8 for D = 64) multiplies q once instead of every score: exact,
+       since scaling by 2^-e commutes with every rounding (unless q holds subnormals);
+     - prange hands tasks out 2 at a time (numba.parallel_chunksize): causal tasks differ in
+       size and the cores are shared, so dynamic scheduling measured ~10% faster than static.
+     Tile sizes: BQ x BK from 32..256 x 64..512 measured within the noise of a shared 2-core
+     machine at T = 1024..4096 (float32, H = 12, D = 64, causal); 64 x 128 keeps the causal
+     diagonal waste (BQ / T of the products) small.
+  decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
+     produces (m, l, a) for its keys j < L_b with scalar dot products and libm exp, and the
+     chunks are merged by the same rescaling. 3.6 ms per GPT-2 layer at S = 1024.
+  decode_attention v2 (this): the same split and merge; per chunk one pass over K (scores into a
+     chunk buffer, dot products over D vectorised by `_dot`), the row max, exp (float32 polynomial)
+     and float64 sum as in v3 above, then one pass over V (axpy over contiguous Dv). 9x faster
+     than v1 (0.40 ms per GPT-2 layer at S = 1024, including the copy of the cache view).
 How it differs from the twin: the twin builds the boolean [T, S] mask and the [B, H, T, S]
 scores, then NumPy's softmax (pairwise sums) and a BLAS matmul. Here the sums over keys run in
 tile order with the rescaling above, in the input dtype (float32 stays float32: that is what
-makes it fast, and what the registry's tolerance accounts for), with FMA contraction allowed;
-the running sum l is kept in float64. The scale multiplies each score, as in the twin.
+makes it fast, and what the registry's tolerance accounts for); q . k over D and sum_j p_j v_j
+within a tile are BLAS's sums (its order and FMA use); the row sum within a tile is a float64
+sum whose order the compiler picks (fastmath "reassoc" on that one helper: any order of n
+positive terms is within (n - 1) u of the exact sum), the running sum l is float64. The scale
+multiplies each score, as in the twin (or q, when that is exact: above). decode_attention's
+dot products over D are a float32 (float64) sum in a compiler-picked order (`_dot`, "reassoc").
 Non-finite inputs: a NaN score a query may see makes its row NaN, a +inf score too (inf - inf),
 as in the twin; masked scores are never looked at. One difference remains, by design: a NaN or
 inf in v at a *masked* key reaches the twin's output through its matmul (weight 0 * NaN) but
@@ -54,15 +68,21 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+import scipy.linalg.cython_blas  # noqa: F401  (the BLAS Numba's np.dot calls; loaded before threadpoolctl looks)
+from numba import get_num_threads, njit, parallel_chunksize, prange
+from threadpoolctl import ThreadpoolController
 
 from refimpl._checks import as_float, check_positive_int, float_result_type
 from refimpl.attention import _scale_for
 
+from .norms import threads_for
+
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK"]
 
-BQ = 32  # queries per task (rows of a query tile)
-BK = 64  # keys per tile
+BQ = 64  # queries per task (rows of a query tile)
+BK = 128  # keys per tile
+
+_BLAS = ThreadpoolController()
 
 
 @njit(inline="always")
@@ -86,42 +106,47 @@ def _row_bounds(p, S, causal, window, n_sink):  # -> (sink_end, lo, hi): keys [0
     return sk, lo, hi
 
 
-# exp on float32 tiles, vectorisable (Cephes' expf scheme): x = k ln2 + r with k = round(x / ln2)
-# and r in [-ln2/2, ln2/2] (Cody-Waite split of ln2 into C1 + C2, C1 exact in 9 bits), e^r by a
-# degree-7 polynomial, 2^k built from its exponent bits. Measured max error 0.98 ulp against
-# float64 exp (the same bound as glibc's expf); inputs below -87.34 (results under 2^-126, the
-# smallest normal float32) give 0 instead of a subnormal: an absolute difference < 1.2e-38.
+# exp on float32, vectorisable (Cephes' expf scheme): x = k ln2 + r with k = round(x / ln2) and
+# r in [-ln2/2, ln2/2] (Cody-Waite split of ln2 into C1 + C2, C1 exact in 9 bits), e^r by a
+# degree-7 polynomial, 2^k built from its exponent bits. k is rounded in float32 by adding and
+# subtracting 1.5 * 2^23 (its low mantissa bits then hold k), so the whole loop stays float32.
+# Measured max error 0.99 ulp against float64 exp (glibc's expf bound); inputs below -87.34
+# (results under 2^-126, the smallest normal float32) give 0 instead of a subnormal: an absolute
+# difference < 1.2e-38.
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_C1 = np.float32(0.693359375)
 _LN2_C2 = np.float32(-2.12194440e-4)
 _EXP_MIN = np.float32(-87.33654)
-_EXP_P = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
-          np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
+_ROUND = np.float32(12582912.0)  # 1.5 * 2^23
+_P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3),
+                                np.float32(8.3334519073e-3), np.float32(4.1665795894e-2),
+                                np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
 
 
 @njit(inline="always", fastmath={"contract"})
-def _exp_f32_tile(x, shift):  # x [BK] float32 -> x = exp(x - shift) in place (x - shift <= 0, or -inf)
-    """exp(x_j - shift) for a float32 tile, one vectorisable loop (2^k from its exponent bits)."""
-    for j in range(BK):
-        t = x[j] - shift
-        tv = max(t, _EXP_MIN)
-        k = math.floor(tv * _LOG2E + np.float32(0.5))
-        r = tv - k * _LN2_C1 - k * _LN2_C2
-        p = _EXP_P[0]
-        p = p * r + _EXP_P[1]
-        p = p * r + _EXP_P[2]
-        p = p * r + _EXP_P[3]
-        p = p * r + _EXP_P[4]
-        p = p * r + _EXP_P[5]
-        two_k = np.int32((np.int32(k) + np.int32(127)) << np.int32(23)).view(np.float32)
-        x[j] = np.float32(0.0) if t < _EXP_MIN else (p * r * r + r + np.float32(1.0)) * two_k
+def _exp_f32(t):  # float32 -> float32: exp(t) for t <= 0 (or -inf, or NaN)
+    """exp(t) in float32 arithmetic only (<= 1 ulp); 0 below -87.34."""
+    tv = max(t, _EXP_MIN)
+    kr = tv * _LOG2E + _ROUND  # k + 1.5 * 2^23, k = round(tv / ln2)
+    k = kr - _ROUND
+    r = tv - k * _LN2_C1 - k * _LN2_C2
+    p = _P0
+    p = p * r + _P1
+    p = p * r + _P2
+    p = p * r + _P3
+    p = p * r + _P4
+    p = p * r + _P5
+    two_k = np.int32((np.float32(kr).view(np.int32) - np.int32(0x4B400000 - 127)) << np.int32(23)).view(np.float32)
+    return np.float32(0.0) if t < _EXP_MIN else (p * r * r + r + np.float32(1.0)) * two_k
 
 
 @njit(inline="always")
-def _tile_max(x):  # x [BK] -> max over the entries that are not NaN (-inf if none)
-    """max_j x_j in 8 independent lanes (lane u takes j = u, u+8, ...), then across the lanes."""
+def _row_max(x):  # x [n] -> max over the entries that are not NaN (-inf if none)
+    """max_j x_j in 8 independent lanes (lane u takes j = u, u+8, ...), then across the lanes (exact in any order)."""
+    n = x.shape[0]
+    n8 = n - n % 8
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x.dtype.type(-np.inf)
-    for j in range(0, BK, 8):
+    for j in range(0, n8, 8):
         m0 = x[j] if x[j] > m0 else m0
         m1 = x[j + 1] if x[j + 1] > m1 else m1
         m2 = x[j + 2] if x[j + 2] > m2 else m2
@@ -130,36 +155,31 @@ def _tile_max(x):  # x [BK] -> max over the entries that are not NaN (-inf if no
         m5 = x[j + 5] if x[j + 5] > m5 else m5
         m6 = x[j + 6] if x[j + 6] > m6 else m6
         m7 = x[j + 7] if x[j + 7] > m7 else m7
+    for j in range(n8, n):
+        m0 = x[j] if x[j] > m0 else m0
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
-@njit(inline="always")
-def _tile_sum(x):  # x [BK] -> float64
-    """sum_j x_j in 8 lanes (lane u adds j = u, u+8, ... in order), then the lanes pairwise, in float64."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = x.dtype.type(0)
-    for j in range(0, BK, 8):
-        s0 += x[j]
-        s1 += x[j + 1]
-        s2 += x[j + 2]
-        s3 += x[j + 3]
-        s4 += x[j + 4]
-        s5 += x[j + 5]
-        s6 += x[j + 6]
-        s7 += x[j + 7]
-    return ((np.float64(s0) + s1) + (np.float64(s2) + s3)) + ((np.float64(s4) + s5) + (np.float64(s6) + s7))
+@njit(fastmath={"reassoc", "contract"})
+def _row_sum(x):  # x [n] -> float64
+    """sum_j x_j in float64, in an order the compiler picks (vectorised); n positive terms: error <= (n-1) u."""
+    s = 0.0
+    for j in range(x.shape[0]):
+        s += np.float64(x[j])
+    return s
 
 
 @njit(parallel=True, cache=True, fastmath={"contract"})
-def _flash_attention(q, kT, v, key_ok, key_count, slopes, scale, causal, window, n_sink, S, fast_exp, out):
-    # q [B, H, T, D], kT [B, K, D, Sp], v [B, K, Sp, Dv] (keys zero-padded to Sp, a multiple of BK),
-    # key_ok [B, Sp] bool (False on the padding), key_count [B, Sp + 1] (prefix counts of key_ok),
-    # slopes [H] (all zeros without ALiBi) -> out [B, H, T, Dv]. S: the real key count; fast_exp: float32 tiles.
+def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, fast_exp, bq, bk, out):
+    # q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] (C-contiguous), key_ok [B, S] bool,
+    # key_count [B, S + 1] (prefix counts of key_ok), slopes [H] (all zeros without ALiBi),
+    # bq x bk: the tile -> out [B, H, T, Dv]. fast_exp: float32 polynomial exp.
     B, H, T, D = q.shape
-    K = kT.shape[1]
-    Sp = kT.shape[3]
+    K = k.shape[1]
+    S = k.shape[2]
     Dv = v.shape[3]
     G = H // K
-    n_qt = (T + BQ - 1) // BQ
+    n_qt = (T + bq - 1) // bq
     zero = q.dtype.type(0)
     use_alibi = False
     for hh in range(H):
@@ -168,90 +188,83 @@ def _flash_attention(q, kT, v, key_ok, key_count, slopes, scale, causal, window,
     for task in prange(B * H * n_qt):
         b = task // (H * n_qt)
         h = (task // n_qt) % H
-        i0 = (task % n_qt) * BQ
+        i0 = (task % n_qt) * bq
         g = h // G
-        nq = min(BQ, T - i0)
+        nq = min(bq, T - i0)
         slope = slopes[h]
-        qbh = q[b, h]  # [T, D]
-        kTbg = kT[b, g]  # [D, Sp]
-        vbg = v[b, g]  # [Sp, Dv]
-        s = np.empty((BQ, BK), dtype=q.dtype)  # scores, then weights, of one tile
-        acc = np.zeros((BQ, Dv), dtype=q.dtype)  # a = sum_j exp(s_j - m) v_j
-        m = np.full(BQ, -np.inf, dtype=q.dtype)  # running max
-        l = np.zeros(BQ, dtype=np.float64)  # running sum of exp(s_j - m)
-        sk = np.empty(BQ, dtype=np.int64)
-        lo = np.empty(BQ, dtype=np.int64)
-        hi = np.empty(BQ, dtype=np.int64)
+        q_tile = q[b, h, i0:i0 + nq]  # [nq, D]
+        kbg = k[b, g]  # [S, D]
+        vbg = v[b, g]  # [S, Dv]
+        s_buf = np.empty(bq * bk, dtype=q.dtype)  # one tile of scores, then weights
+        pv_buf = np.empty(bq * Dv, dtype=q.dtype)  # P_tile V_tile
+        acc = np.zeros((nq, Dv), dtype=q.dtype)  # a = sum_j exp(s_j - m) v_j
+        m = np.full(nq, -np.inf, dtype=q.dtype)  # running max
+        alpha = np.ones(nq, dtype=q.dtype)  # exp(m_old - m_new) of the current tile
+        l = np.zeros(nq, dtype=np.float64)  # running sum of exp(s_j - m)
+        sk = np.empty(nq, dtype=np.int64)
+        lo = np.empty(nq, dtype=np.int64)
+        hi = np.empty(nq, dtype=np.int64)
         for r in range(nq):
             sk[r], lo[r], hi[r] = _row_bounds(S - T + i0 + r, S, causal, window, n_sink)
-        # Bounds are non-decreasing in r, so the union over the tile's rows is [0, sk_last) u [lo_0, hi_last).
-        sk_last = sk[nq - 1]
-        lo_first = lo[0]
-        hi_last = hi[nq - 1]
-        for j0 in range(0, Sp, BK):
-            j1 = j0 + BK
-            if not (j0 < sk_last or (j0 < hi_last and j1 > lo_first)):
-                continue  # no query of the tile may see these keys
-            n_ok = key_count[b, j1] - key_count[b, j0]
-            if n_ok == 0:
-                continue  # all padding
-            full = n_ok == BK and ((j0 >= lo[nq - 1] and j1 <= hi[0]) or j1 <= sk[0])
+        # Bounds are non-decreasing in r, so the tile's rows see at most [0, sk_last) u [lo_first, hi_last):
+        # two segments of keys (one when they touch).
+        seg_a0, seg_a1, seg_b0, seg_b1 = 0, sk[nq - 1], lo[0], hi[nq - 1]
+        if seg_a1 >= seg_b0:
+            seg_a1 = max(seg_a1, seg_b1)
+            seg_b0 = seg_b1
+        for seg in range(2):
+            s0 = seg_a0 if seg == 0 else seg_b0
+            s1 = seg_a1 if seg == 0 else seg_b1
+            for j0 in range(s0, s1, bk):
+                j1 = min(j0 + bk, s1)
+                nk = j1 - j0
+                n_ok = key_count[b, j1] - key_count[b, j0]
+                if n_ok == 0:
+                    continue  # all padding
+                full = n_ok == nk and ((j0 >= lo[nq - 1] and j1 <= hi[0]) or j1 <= sk[0])
 
-            # S_tile = Q_tile K_tile^T: axpy over BK contiguous keys, summed over d in order.
-            for r in range(nq):
-                srow = s[r]
-                for j in range(BK):
-                    srow[j] = zero
-            for d in range(D):
-                krow = kTbg[d, j0:j1]
+                s = s_buf[:nq * nk].reshape((nq, nk))
+                np.dot(q_tile, kbg[j0:j1].T, s)  # S_tile = Q_tile K_tile^T  (BLAS)
                 for r in range(nq):
-                    a = qbh[i0 + r, d]
                     srow = s[r]
-                    for j in range(BK):
-                        srow[j] += a * krow[j]
+                    if scale != 1:
+                        for j in range(nk):
+                            srow[j] = srow[j] * scale
+                    if use_alibi:
+                        p = S - T + i0 + r
+                        for j in range(nk):
+                            srow[j] -= slope * (p - j0 - j)
+                    if not full:
+                        for j in range(nk):
+                            jj = j0 + j
+                            if not (key_ok[b, jj] and (jj < sk[r] or (lo[r] <= jj and jj < hi[r]))):
+                                srow[j] = -np.inf
+                    # The new running max. NaN scores are passed over here; they reach the row through
+                    # exp(NaN - m) = NaN in the sum below (so the row becomes NaN, as in the twin).
+                    mx = max(m[r], _row_max(srow))
+                    if mx == -np.inf:  # nothing visible to this row yet (or only NaN scores)
+                        for j in range(nk):
+                            if srow[j] != srow[j]:
+                                l[r] = np.nan
+                            srow[j] = zero
+                        alpha[r] = 1
+                        continue
+                    alpha[r] = math.exp(m[r] - mx)
+                    m[r] = mx
+                    if fast_exp:
+                        for j in range(nk):
+                            srow[j] = _exp_f32(srow[j] - mx)
+                    else:
+                        for j in range(nk):
+                            srow[j] = math.exp(srow[j] - mx)
+                    l[r] = l[r] * alpha[r] + _row_sum(srow)
 
-            for r in range(nq):
-                srow = s[r]
-                p = S - T + i0 + r
-                for j in range(BK):
-                    srow[j] = srow[j] * scale
-                if use_alibi:
-                    for j in range(BK):
-                        srow[j] -= slope * (p - j0 - j)
-                if not full:
-                    for j in range(BK):
-                        jj = j0 + j
-                        if not (key_ok[b, jj] and (jj < sk[r] or (lo[r] <= jj and jj < hi[r]))):
-                            srow[j] = -np.inf
-                # The new running max. NaN scores are passed over here; they reach the row through
-                # exp(NaN - m) = NaN in the sum below (so the row becomes NaN, as in the twin).
-                mx = max(m[r], _tile_max(srow))
-                if mx == -np.inf:  # nothing visible to this row yet (or only NaN scores)
-                    for j in range(BK):
-                        if srow[j] != srow[j]:
-                            l[r] = np.nan
-                        srow[j] = zero
-                    continue
-                alpha = math.exp(m[r] - mx)
-                m[r] = mx
-                if fast_exp:
-                    _exp_f32_tile(srow, mx)
-                else:
-                    for j in range(BK):
-                        srow[j] = math.exp(srow[j] - mx)
-                l[r] = l[r] * alpha + _tile_sum(srow)
-                accrow = acc[r]
-                for c in range(Dv):
-                    accrow[c] *= alpha
-
-            # A += P_tile V_tile: axpy over contiguous Dv, each row of V read once per tile.
-            for j in range(BK):
-                vrow = vbg[j0 + j]
+                pv = pv_buf[:nq * Dv].reshape((nq, Dv))
+                np.dot(s, vbg[j0:j1], pv)  # P_tile V_tile  (BLAS)
                 for r in range(nq):
-                    pj = s[r, j]
-                    accrow = acc[r]
+                    ar = alpha[r]
                     for c in range(Dv):
-                        accrow[c] += pj * vrow[c]
+                        acc[r, c] = acc[r, c] * ar + pv[r, c]
 
         for r in range(nq):
             if l[r] == 0.0:  # no visible key: zeros (the twin's convention)
@@ -263,9 +276,18 @@ def _flash_attention(q, kT, v, key_ok, key_count, slopes, scale, causal, window,
                     out[b, h, i0 + r, c] = acc[r, c] * inv
 
 
-@njit(parallel=True, cache=True)
-def _decode_attention(q, k, v, lengths, scale, n_chunks, part_m, part_l, part_a, out):
-    # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv], lengths [B] -> out [B, H, Dv];
+@njit(fastmath={"reassoc", "contract"})
+def _dot(x, y):  # x [n], y [n] -> sum_i x_i y_i
+    """x . y in the input dtype, in an order the compiler picks (vectorised): n roundings of |x| |y| at most."""
+    s = x.dtype.type(0)
+    for i in range(x.shape[0]):
+        s += x[i] * y[i]
+    return s
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def _decode_attention(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
+    # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (C-contiguous), lengths [B] -> out [B, H, Dv];
     # part_m, part_l [B, H, n_chunks], part_a [B, H, n_chunks, Dv]: per-chunk (m, l, a).
     B, H, D = q.shape
     K = k.shape[1]
@@ -280,30 +302,35 @@ def _decode_attention(q, k, v, lengths, scale, n_chunks, part_m, part_l, part_a,
         g = h // G
         j0 = c * chunk
         j1 = min(j0 + chunk, lengths[b])
-        mx = -np.inf
-        for j in range(j0, j1):
-            sj = q.dtype.type(0)
-            for d in range(D):
-                sj += q[b, h, d] * k[b, g, j, d]
-            val = sj * scale
-            if val > mx or val != val:  # a NaN score makes the max NaN (as np.max)
-                mx = val
-        part_m[b, h, c] = mx
-        tot = 0.0
-        for dv in range(Dv):
-            part_a[b, h, c, dv] = 0.0
-        if mx == -np.inf:
-            part_l[b, h, c] = 0.0
+        acc = part_a[b, h, c]  # [Dv]
+        acc[:] = 0
+        part_l[b, h, c] = 0.0
+        part_m[b, h, c] = -np.inf
+        if j1 <= j0:
             continue
+        qbh = q[b, h]
+        p = np.empty(j1 - j0, dtype=q.dtype)  # scores, then weights, of the chunk: one pass over K
         for j in range(j0, j1):
-            sj = q.dtype.type(0)
-            for d in range(D):
-                sj += q[b, h, d] * k[b, g, j, d]
-            e = math.exp(sj * scale - mx)
-            tot += e
-            for dv in range(Dv):
-                part_a[b, h, c, dv] += e * v[b, g, j, dv]
-        part_l[b, h, c] = tot
+            p[j - j0] = _dot(qbh, k[b, g, j]) * scale
+        mx = _row_max(p)
+        for j in range(j1 - j0):  # a NaN score makes the max NaN (as np.max)
+            if p[j] != p[j]:
+                mx = p[j]
+        part_m[b, h, c] = mx
+        if mx == -np.inf:
+            continue
+        if fast_exp:
+            for j in range(j1 - j0):
+                p[j] = _exp_f32(p[j] - mx)
+        else:
+            for j in range(j1 - j0):
+                p[j] = math.exp(p[j] - mx)
+        part_l[b, h, c] = _row_sum(p)
+        for j in range(j0, j1):  # a += p_j v_j: axpy over contiguous Dv, one pass over V
+            pj = p[j - j0]
+            vj = v[b, g, j]
+            for d in range(Dv):
+                acc[d] += pj * vj[d]
     for bh in prange(B * H):
         b = bh // H
         h = bh % H
@@ -385,20 +412,23 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         slopes = np.zeros(H, dtype=work)
     sc = work.type(_scale_for(D, scale, dtype))
 
-    Sp = -(-S // BK) * BK  # keys padded to whole tiles (the padding is masked out)
-    key_ok = np.zeros((B, Sp), dtype=np.bool_)  # [B, Sp]
-    key_ok[:, :S] = True if key_mask is None else key_mask
-    key_count = np.zeros((B, Sp + 1), dtype=np.int64)  # [B, Sp + 1]
+    key_ok = np.ones((B, S), dtype=np.bool_) if key_mask is None else np.ascontiguousarray(key_mask)  # [B, S]
+    key_count = np.zeros((B, S + 1), dtype=np.int64)  # [B, S + 1]
     np.cumsum(key_ok, axis=1, out=key_count[:, 1:])
     qw = np.ascontiguousarray(q, dtype=work)  # [B, H, T, D]
-    kT = np.zeros((B, k.shape[1], D, Sp), dtype=work)  # [B, K, D, Sp]
-    kT[..., :S] = np.swapaxes(k, 2, 3)
-    vw = np.zeros((B, k.shape[1], Sp, v.shape[3]), dtype=work)  # [B, K, Sp, Dv]
-    vw[:, :, :S] = v
+    if 0 < sc <= 1 and math.frexp(sc)[0] == 0.5:
+        # scale = 2^-e: (q 2^-e) . k = (q . k) 2^-e exactly (every rounding scales with it), so
+        # scale q once instead of every score (exact unless q holds subnormals).
+        qw = qw * sc
+        sc = work.type(1)
+    kw = np.ascontiguousarray(k, dtype=work)  # [B, K, S, D]
+    vw = np.ascontiguousarray(v, dtype=work)  # [B, K, S, Dv]
     out = np.empty((B, H, T, v.shape[3]), dtype=work)  # [B, H, T, Dv]
     if out.size:
-        _flash_attention(qw, kT, vw, key_ok, key_count, slopes, sc, bool(causal),
-                         0 if window is None else window, n_sink, S, work == np.float32, out)
+        # One BLAS thread per Numba task; tasks handed out 2 at a time (dynamic: causal tasks differ in size).
+        with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
+            _flash_attention(qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
+                             0 if window is None else window, n_sink, work == np.float32, BQ, BK, out)
     return out.astype(dtype, copy=False)
 
 
@@ -440,6 +470,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     part_a = np.empty((B, H, n_chunks, Dv), dtype=work)
     out = np.empty((B, H, Dv), dtype=work)
     if out.size:
-        _decode_attention(np.ascontiguousarray(q, dtype=work), np.ascontiguousarray(k, dtype=work),
-                          np.ascontiguousarray(v, dtype=work), lengths, sc, n_chunks, part_m, part_l, part_a, out)
+        with threads_for(k.size + v.size):  # a short cache on one thread (accel.numba_cpu.norms)
+            _decode_attention(np.ascontiguousarray(q, dtype=work), np.ascontiguousarray(k, dtype=work),
+                              np.ascontiguousarray(v, dtype=work), lengths, sc, n_chunks, work == np.float32,
+                              part_m, part_l, part_a, out)
     return out.astype(dtype, copy=False)

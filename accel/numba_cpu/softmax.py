@@ -23,6 +23,8 @@ from numba import njit, prange
 
 from refimpl._checks import as_float
 
+from .norms import threads_for
+
 __all__ = ["softmax"]
 
 
@@ -63,5 +65,6 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     rows = np.ascontiguousarray(xt, dtype=work).reshape(math.prod(xt.shape[:-1]), xt.shape[-1])  # [N, n]
     out = np.empty(rows.shape, dtype=work)
     if rows.size:
-        _softmax_rows(rows, out)
+        with threads_for(rows.size):  # small calls on one thread (accel.numba_cpu.norms)
+            _softmax_rows(rows, out)
     return np.moveaxis(out.reshape(xt.shape), -1, axis).astype(x.dtype, copy=False)
