@@ -6,6 +6,7 @@
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
     python -m refimpl verify [--backend numba|numba_cuda|cupy]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
+    python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings} [--model PATH] [--out DIR]
     python -m refimpl demo
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
@@ -173,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("embed", help="sentence embeddings with all-MiniLM-L6-v2 (see: python -m refimpl embed --help)",
                    add_help=False)
 
+    sub.add_parser("inspect", help="look inside a GPT-2: lens, attention, sinks, streaming, steer, patch, "
+                   "encodings (see: python -m refimpl inspect --help)", add_help=False)
+
     d = sub.add_parser("demo", help="a short tour of what refimpl computes, checked as it goes")
     d.set_defaults(func=cmd_demo)
     return ap
@@ -182,6 +186,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "embed":  # its own parser: refimpl.bert.cli
         from refimpl.bert import cli
+
+        return cli.main(argv[1:])
+    if argv and argv[0] == "inspect":  # its own parser: refimpl.interp.cli
+        from refimpl.interp import cli
 
         return cli.main(argv[1:])
     args = build_parser().parse_args(argv)

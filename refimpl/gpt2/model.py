@@ -14,6 +14,20 @@ Conventions: heads are an array axis; masks are boolean (True = may attend); que
 are aligned to the end of the keys (refimpl.masks); float32 parameters give float32
 logits. With a cache, `forward` writes the new keys/values into it in place and advances
 `cache.length`; no array is reallocated per token.
+
+Hook points (refimpl.interp): `hidden_states` / `forward` take `hook=None`, a callable
+hook(name, x) -> x' called at each named intermediate; what it returns replaces x (return x
+itself to only look). Names, with i the block index (shapes for ids [B, T], S = keys seen):
+
+    blocks.i.resid_pre [B, T, C]   blocks.i.attn.q / .k / .v [B, H, T, D] (k, v before the cache)
+    blocks.i.attn.weights [B, H, T, S]   blocks.i.attn.out [B, T, C] (after W_O)
+    blocks.i.resid_mid [B, T, C]   blocks.i.mlp.hidden [B, T, F] (after GELU)
+    blocks.i.mlp.out [B, T, C]     blocks.i.resid_post [B, T, C]   ln_f.out [B, T, C]
+
+With hook=None the forward does only a few `is None` checks more. With a hook, attention
+runs refimpl's scaled_dot_product_attention(return_weights=True) and y = weights @ v
+(the same arithmetic as NUMPY_OPS.attention) so the weights exist; hooks see NumPy arrays
+and are meant for the NumPy backend (refimpl.interp uses it).
 """
 
 from __future__ import annotations
@@ -214,7 +228,7 @@ def embed(params: GPT2Params, ids: np.ndarray, positions: np.ndarray) -> np.ndar
 
 
 def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
-              cache: KVCache | None = None, layer: int = 0) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+              cache: KVCache | None = None, layer: int = 0, hook=None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """MultiHead(x) = Concat_h(softmax(q_h k_h^T / sqrt(D), masked) v_h) W_O  (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; q, k, v come from GPT-2's fused projection c_attn, x W + b
@@ -222,40 +236,67 @@ def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
     mask bool broadcastable to [B, 1, T, S] or None. Returns [B, T, C].
     Notes: with a cache, this token's k and v are written into cache.k/v[layer] at
     [length, length + T) and attention reads the filled prefix [0, length + T) as views.
-    The caller advances cache.length once all layers have run.
+    The caller advances cache.length once all layers have run. hook(name, x) -> x', if
+    given, sees "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out" (see the module
+    docstring); block() prefixes the names with "blocks.i.".
     """
     B, T, C = x.shape
     H, D = n_head, C // n_head
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
     q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
+    if hook is not None:
+        q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     if cache is not None:
         start = cache.length
         cache.k[layer, :, :, start:start + T] = k  # written in place
         cache.v[layer, :, :, start:start + T] = v
         k = cache.k[layer, :, :, :start + T]  # [B, H, S, D] view of the filled prefix
         v = cache.v[layer, :, :, :start + T]
-    y = ops.attention(q, k, v, mask)  # [B, H, T, D]
+    if hook is None:
+        y = ops.attention(q, k, v, mask)  # [B, H, T, D]
+    else:
+        _, w = scaled_dot_product_attention(q, k, v, mask, return_weights=True)  # w [B, H, T, S]
+        y = hook("attn.weights", w) @ v  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # merge heads: [B, T, H, D] -> [B, T, C]
-    return ops.linear(y, p.attn_proj)
+    out = ops.linear(y, p.attn_proj)
+    return out if hook is None else hook("attn.out", out)
 
 
-def mlp(x, p: BlockParams, ops: Ops) -> np.ndarray:  # [B, T, C] -> [B, T, C]
-    """MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj, GELU in its tanh form  (GPT-2; Hendrycks & Gimpel 2016)."""
+def mlp(x, p: BlockParams, ops: Ops, *, hook=None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+    """MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj, GELU in its tanh form  (GPT-2; Hendrycks & Gimpel 2016).
+
+    hook(name, x) -> x', if given, sees "mlp.hidden" [B, T, F] and "mlp.out" [B, T, C].
+    """
     h = ops.gelu_bias(ops.matmul(x, p.mlp_fc.w), p.mlp_fc.b)  # [B, T, F]
-    return ops.linear(h, p.mlp_proj)  # [B, T, C]
+    if hook is None:
+        return ops.linear(h, p.mlp_proj)  # [B, T, C]
+    return hook("mlp.out", ops.linear(hook("mlp.hidden", h), p.mlp_proj))
 
 
 def block(x, p: BlockParams, config: GPT2Config, mask, ops: Ops, *,
-          cache: KVCache | None = None, layer: int = 0) -> np.ndarray:  # [B, T, C] -> [B, T, C]
-    """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3)."""
+          cache: KVCache | None = None, layer: int = 0, hook=None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+    """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3).
+
+    hook(name, x) -> x', if given, sees "blocks.{layer}.resid_pre", ".resid_mid",
+    ".resid_post" and the attention / MLP names under the same prefix.
+    """
     eps = config.layer_norm_epsilon
-    x = x + attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask, ops,
-                      cache=cache, layer=layer)
-    return x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops)
+    if hook is None:
+        x = x + attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask, ops,
+                          cache=cache, layer=layer)
+        return x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops)
+
+    def local(name, value, _prefix=f"blocks.{layer}."):
+        return hook(_prefix + name, value)
+
+    x = local("resid_pre", x)
+    x = local("resid_mid", x + attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask,
+                                         ops, cache=cache, layer=layer, hook=local))
+    return local("resid_post", x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops, hook=local))
 
 
 def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS) -> np.ndarray:  # [B, T] -> [B, T, C]
+                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=None) -> np.ndarray:  # [B, T] -> [B, T, C]
     """h = LN_f(Block_L(... Block_1(W_te[ids] + W_pe[positions])))  (GPT-2's transformer; the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token,
@@ -268,6 +309,7 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     - Mask: query i sees key j iff j <= S - T + i (causal) and key j is real. A pad query sees
       no key and its row is zero (its outputs are meaningless and must be ignored).
     - Cache: new keys / values are written at [length, length + T) and length advances by T.
+    - hook: None, or hook(name, x) -> x' called at every named intermediate (module docstring).
     """
     ids = check_token_ids(ids, config)
     if ids.ndim != 2:
@@ -315,10 +357,11 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
 
     x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
     for layer, p in enumerate(params.blocks):
-        x = block(x, p, config, mask, ops, cache=cache, layer=layer)
+        x = block(x, p, config, mask, ops, cache=cache, layer=layer, hook=hook)
     if cache is not None:
         cache.length = S
-    return ops.layer_norm(x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)  # [B, T, C]
+    h = ops.layer_norm(x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)  # [B, T, C]
+    return h if hook is None else hook("ln_f.out", h)
 
 
 def lm_head(h, params: GPT2Params) -> np.ndarray:  # [..., C] -> [..., V]
@@ -327,13 +370,13 @@ def lm_head(h, params: GPT2Params) -> np.ndarray:  # [..., C] -> [..., V]
 
 
 def forward(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=None) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = LN_f(transformer(ids)) W_te^T  (GPT-2, Radford et al. 2019): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype (float32 weights give float32).
-    Notes: see hidden_states for the cache, attention_mask and positions. Decoding loops
+    Notes: see hidden_states for the cache, attention_mask, positions and hook. Decoding loops
     call hidden_states + lm_head on the last position only, which saves the [T, C] x [C, V]
     product for every earlier position.
     """
     return lm_head(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                 positions=positions, ops=ops), params)
+                                 positions=positions, ops=ops, hook=hook), params)

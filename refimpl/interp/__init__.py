@@ -1,0 +1,40 @@
+"""Looking inside GPT-2: activation capture, logit lens, attention maps and sinks, StreamingLLM, steering, patching.
+
+Modules, each a short read:
+    capture         run_with_cache / run_with_interventions over the model's hook points
+    logit_lens      every layer's residual through LN_f and the tied unembedding
+    attention_maps  attention weights per layer and head; attention-sink statistics
+    streaming       StreamingLLM cache (sinks + rolling window) and its perplexity comparison
+    steering        mean-difference directions added to the residual stream
+    patching        copy a hidden state from a source run into a target run, per layer and position
+    pictures        sinusoidal, RoPE and ALiBi pictures
+    cli             `python -m refimpl inspect SUBCOMMAND` (writes PNG + JSON)
+
+Everything runs the model's own forward (refimpl.gpt2.model) through its `hook` argument.
+"""
+
+from __future__ import annotations
+
+from .attention_maps import attention_weights, sink_share, sink_table, uniform_sink_share
+from .capture import Intervention, add, hook_names, replace, run_with_cache, run_with_interventions
+from .logit_lens import lens_top_tokens, logit_lens, residual_stream
+from .patching import logit_diff_metric, patch_points, patch_sweep
+from .steering import steered_generate, steered_logprobs, steering_effect, steering_vector
+from .streaming import (
+    SinkCache,
+    recompute_window_logits,
+    streaming_generate,
+    streaming_logits,
+    streaming_perplexity,
+    streaming_positions,
+)
+
+__all__ = [
+    "hook_names", "run_with_cache", "run_with_interventions", "Intervention", "replace", "add",
+    "residual_stream", "logit_lens", "lens_top_tokens",
+    "attention_weights", "sink_share", "uniform_sink_share", "sink_table",
+    "SinkCache", "streaming_positions", "streaming_logits", "streaming_generate", "recompute_window_logits",
+    "streaming_perplexity",
+    "steering_vector", "steered_generate", "steered_logprobs", "steering_effect",
+    "patch_points", "logit_diff_metric", "patch_sweep",
+]

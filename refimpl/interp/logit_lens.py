@@ -1,0 +1,78 @@
+"""The logit lens: what each layer's residual stream would predict if it were the last layer.
+
+    lens = logit_lens(model, ids)                  # [L + 1, T, V]: row 0 = embeddings, row L = the model
+    table = lens_top_tokens(lens, k=5)             # top-k token ids and probabilities per layer and position
+    plot_logit_lens(model, ids, lens, "lens.png")
+
+Row l puts the residual stream entering block l (row L: leaving the last block) through the
+final LayerNorm, with the mean and variance of that residual itself, and the tied
+unembedding W_te^T (nostalgebraist 2020, "interpreting GPT: the logit lens"). Row L is then
+exactly the model's logits: the same LN_f and lm_head on the same residual.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import softmax
+from ..gpt2.model import GPT2Model, lm_head
+from ..norms import layer_norm
+from .capture import run_with_cache
+
+__all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens"]
+
+
+def residual_stream(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L + 1, T, C]
+    """r_0 = embeddings, r_l = the residual after block l-1 (resid_pre of block l; r_L = resid_post of the last)."""
+    L = model.config.n_layer
+    names = [f"blocks.{i}.resid_pre" for i in range(L)] + [f"blocks.{L - 1}.resid_post"]
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
+    _, acts = run_with_cache(model, ids, names=names)
+    return np.stack([acts[n] for n in names])  # [L + 1, T, C]
+
+
+def logit_lens(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L + 1, T, V]
+    """lens[l] = LN_f(r_l) W_te^T, LN_f with r_l's own statistics  (nostalgebraist 2020, the logit lens).
+
+    Shapes: ids [T] -> [L + 1, T, V] in the parameters' dtype; row 0 reads the embeddings,
+    row l the residual entering block l, row L the model's output (equal to its logits).
+    """
+    r = residual_stream(model, ids)  # [L + 1, T, C]
+    p = model.params
+    return lm_head(layer_norm(r, p.ln_f.g, p.ln_f.b, eps=model.config.layer_norm_epsilon), p)
+
+
+def lens_top_tokens(lens: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:  # [L+1, T, V] -> [L+1, T, k] x 2
+    """The k most likely tokens of every lens row: (ids [L+1, T, k] int64, probabilities [L+1, T, k]), best first."""
+    lens = np.asarray(lens)
+    if lens.ndim != 3:
+        raise ValueError(f"lens must have shape [L + 1, T, V]; got shape {lens.shape}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= lens.shape[-1]:
+        raise ValueError(f"k must be an integer in [1, V={lens.shape[-1]}]; got {k!r}")
+    probs = softmax(lens, axis=-1)
+    top = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    return top.astype(np.int64), np.take_along_axis(probs, top, axis=-1)
+
+
+def plot_logit_lens(model: GPT2Model, ids, lens: np.ndarray, path, *, title: str | None = None):
+    """Heatmap (layers x positions) of each lens row's top-1 probability, annotated with its token; returns the path."""
+    from ._plot import pyplot, save, token_labels
+
+    plt = pyplot()
+    top, prob = lens_top_tokens(lens, 1)
+    n_rows, T = top.shape[:2]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.9 * T, 0.9 + 0.5 * n_rows))
+    im = ax.imshow(prob[..., 0], aspect="auto", cmap="Blues", vmin=0.0, vmax=1.0, origin="lower")
+    labels = token_labels(model, top[..., 0].reshape(-1))
+    for r in range(n_rows):
+        for t in range(T):
+            ax.text(t, r, labels[r * T + t][:10], ha="center", va="center", fontsize=7,
+                    color="white" if prob[r, t, 0] > 0.6 else "black")
+    ax.set_xticks(range(T), token_labels(model, ids), rotation=60, fontsize=7)
+    ax.set_yticks(range(n_rows), ["embed"] + [f"after block {i}" for i in range(n_rows - 1)], fontsize=7)
+    ax.set_xlabel("input token (the lens predicts the next one)")
+    ax.set_title(title or "logit lens: top-1 next-token guess per layer (colour = its probability)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    return save(fig, path)

@@ -1,0 +1,99 @@
+"""Pictures of positional encodings: the sinusoidal table, RoPE's rotation, ALiBi's biases.
+
+    plot_sinusoidal("sin.png", n_positions=128, d=64)
+    plot_rope("rope.png", d=16, n_positions=64)
+    plot_alibi("alibi.png", n_heads=8, T=16)
+
+Each function computes its numbers with refimpl.positional (the same code the models use),
+draws them, and returns (path, data) so the numbers can be saved next to the picture.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
+
+__all__ = ["plot_sinusoidal", "plot_rope", "plot_alibi"]
+
+
+def plot_sinusoidal(path, *, n_positions: int = 128, d: int = 64):
+    """Heatmap of PE[p, c] (Vaswani et al. 2017, sec. 3.5): positions down, features across; returns (path, PE)."""
+    from ._plot import pyplot, save
+
+    plt = pyplot()
+    pe = sinusoidal_encoding(n_positions, d)  # [P, d]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    im = axes[0].imshow(pe, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    axes[0].set_xlabel("feature c (even: sin, odd: cos; wavelength grows with c)")
+    axes[0].set_ylabel("position p")
+    axes[0].set_title("sinusoidal encoding PE[p, c]", fontsize=9)
+    fig.colorbar(im, ax=axes[0], fraction=0.04)
+    sim = pe @ pe.T  # [P, P]: depends only on p - p' (sum of cosines of k w_i)
+    im2 = axes[1].imshow(sim, cmap="viridis")
+    axes[1].set_title("PE[p] . PE[p'] (a function of p - p' only)", fontsize=9)
+    axes[1].set_xlabel("p'")
+    axes[1].set_ylabel("p")
+    fig.colorbar(im2, ax=axes[1], fraction=0.04)
+    return save(fig, path), pe
+
+
+def plot_rope(path, *, d: int = 16, n_positions: int = 64, theta: float = 10000.0):
+    """RoPE (Su et al. 2021, sec. 3.2): each pair of a vector turns by p * w_i; returns (path, rotated [P, d]).
+
+    Left: rope(x, p) for x = all ones, positions down (half-split pairing: pair i is features
+    i and i + d/2, turned by p * w_i; pair 0 by 1 radian per position). Right: <rope(q, m), rope(k, n)>
+    against m - n for two fixed random vectors, the same whatever m (only m - n matters).
+    """
+    from ._plot import pyplot, save
+
+    plt = pyplot()
+    x = np.ones(d)  # every pair starts at (1, 1)
+    pos = np.arange(n_positions)
+    rotated = apply_rope(np.broadcast_to(x, (n_positions, d)), pos, theta=theta)  # [P, d]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    im = axes[0].imshow(rotated, aspect="auto", cmap="RdBu_r", vmin=-1.5, vmax=1.5, interpolation="nearest")
+    axes[0].set_xlabel(f"feature c (pair i = (c, c + {d // 2}), i < {d // 2}; pair i turns by p * w_i, w_i = {theta:g}^(-2i/d))")
+    axes[0].set_ylabel("position p")
+    axes[0].set_title(f"rope(x = (1, ..., 1), p), d={d}: fast pairs on the left, slow on the right", fontsize=9)
+    fig.colorbar(im, ax=axes[0], fraction=0.04)
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal(d), rng.standard_normal(d)
+    offsets = np.arange(-n_positions + 1, n_positions)
+    for m in (0, n_positions // 2):
+        n = m - offsets
+        ok = (n >= 0) & (n < 2 * n_positions)
+        qm = apply_rope(q[None], np.array([m]), theta=theta)[0]
+        kn = apply_rope(np.broadcast_to(k, (int(ok.sum()), d)), n[ok], theta=theta)
+        axes[1].plot(offsets[ok], kn @ qm, lw=1.0 if m == 0 else 2.5, alpha=1.0 if m == 0 else 0.4,
+                     label=f"query at m={m}")
+    axes[1].set_xlabel("m - n")
+    axes[1].set_title("<rope(q, m), rope(k, n)> depends on m - n only", fontsize=9)
+    axes[1].legend(fontsize=7)
+    return save(fig, path), rotated
+
+
+def plot_alibi(path, *, n_heads: int = 8, T: int = 16):
+    """ALiBi (Press et al. 2022, sec. 3): bias[h, i, j] = -m_h (i - j) per head, causal part shown; returns (path, bias)."""
+    from ._plot import pyplot, save
+
+    plt = pyplot()
+    bias = alibi_bias(n_heads, T)  # [H, T, T]
+    slopes = alibi_slopes(n_heads)
+    cols = min(n_heads, 4)
+    rows = -(-n_heads // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), squeeze=False)
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    lo = float(bias[:, causal].min())
+    for h in range(rows * cols):
+        ax = axes[h // cols, h % cols]
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if h >= n_heads:
+            ax.axis("off")
+            continue
+        im = ax.imshow(np.where(causal, bias[h], np.nan), cmap="magma", vmin=lo, vmax=0)
+        ax.set_title(f"head {h}: m = {slopes[h]:.4g}", fontsize=8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.03)
+    fig.suptitle(f"ALiBi bias -m_h (i - j), query i down, key j across (T={T})", fontsize=9)
+    return save(fig, path), bias

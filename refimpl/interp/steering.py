@@ -1,0 +1,130 @@
+"""Activation steering: add a direction to the residual stream and watch the output move.
+
+    d = steering_vector(model, ["I love thee", ...], ["I hate thee", ...], layer=2)   # [C]
+    ids = steered_generate(model, "My lord,", d, layer=2, alpha=4.0, max_new_tokens=20)
+    rows = steering_effect(model, "My lord,", d, layer=2, alphas=[0, 2, 4], target=" love")
+
+The direction is a difference of means (activation addition; Turner et al. 2023, "Steering
+language models with activation engineering"; the mean-difference form as in Rimsky et al.
+2024, contrastive activation addition):
+
+    d = mean_{p in A} r_layer(p) - mean_{p in B} r_layer(p),
+
+r_layer(p) = the residual stream entering block `layer` (blocks.{layer}.resid_pre) at the
+last token of prompt p (position="last") or averaged over its tokens (position="mean").
+Steering adds alpha * d to that residual at every position of every forward during
+generation. With alpha = 0 the run is plain generation (x + 0 = x exactly).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..gpt2.generate import log_softmax
+from ..gpt2.model import GPT2Model, KVCache, check_token_ids, hidden_states, lm_head
+from .capture import add, make_hook, run_with_cache
+
+__all__ = ["steering_vector", "steered_generate", "steered_logprobs", "steering_effect"]
+
+
+def _to_ids(model: GPT2Model, prompt, name: str = "prompt") -> np.ndarray:  # -> [T]
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise ValueError(f"a text {name} needs a tokenizer, and this model has none; pass token ids")
+        prompt = model.tokenizer.encode(prompt)
+    ids = check_token_ids(prompt, model.config, name=name)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(f"{name} must be text or token ids [T] with T >= 1; got shape {ids.shape}")
+    return ids
+
+
+def _check_layer(model: GPT2Model, layer) -> int:
+    L = model.config.n_layer
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < L:
+        raise ValueError(f"layer must be a block index in [0, {L}); got {layer!r}")
+    return int(layer)
+
+
+def steering_vector(model: GPT2Model, prompts_a: Sequence, prompts_b: Sequence, *, layer: int,
+                    position: str = "last") -> np.ndarray:  # -> [C]
+    """d = mean_A r_layer - mean_B r_layer, r_layer = blocks.{layer}.resid_pre at the last token (or token mean)."""
+    layer = _check_layer(model, layer)
+    if position not in ("last", "mean"):
+        raise ValueError(f"position must be 'last' or 'mean'; got {position!r}")
+    name = f"blocks.{layer}.resid_pre"
+
+    def mean_of(prompts, which):
+        if isinstance(prompts, str) or len(prompts) == 0:
+            raise ValueError(f"prompts_{which} must be a non-empty list of prompts (texts or id lists)")
+        acts = []
+        for p in prompts:
+            r = run_with_cache(model, _to_ids(model, p, f"a prompt of prompts_{which}"), names=[name])[1][name]  # [T, C]
+            acts.append(r[-1] if position == "last" else r.mean(axis=0))
+        return np.mean(acts, axis=0)
+
+    return (mean_of(prompts_a, "a") - mean_of(prompts_b, "b")).astype(model.params.wte.dtype)
+
+
+def _steer_hook(model: GPT2Model, direction, layer: int, alpha: float):
+    d = np.asarray(direction)
+    C = model.config.n_embd
+    if d.shape != (C,) or d.dtype.kind != "f":
+        raise ValueError(f"direction must be a float vector of shape [C] = [{C}]; got {d.dtype} {d.shape}")
+    delta = (model.params.wte.dtype.type(alpha) * d.astype(model.params.wte.dtype))
+    return make_hook(model.config, interventions={f"blocks.{layer}.resid_pre": add(delta)})
+
+
+def steered_generate(model: GPT2Model, prompt, direction, *, layer: int, alpha: float,
+                     max_new_tokens: int = 20) -> list[int]:  # -> generated ids
+    """Greedy continuation with alpha * direction added to blocks.{layer}.resid_pre at every position.
+
+    Uses a KV cache (the prompt once, then one token per step); the steering is applied to
+    the prompt and to every generated token. Stops at max_new_tokens or the context end.
+    """
+    layer = _check_layer(model, layer)
+    ids = _to_ids(model, prompt)
+    hook = _steer_hook(model, direction, layer, alpha)
+    n = min(int(max_new_tokens), model.config.n_positions - len(ids))
+    if n <= 0:
+        return []
+    cache = KVCache.allocate(model.config, 1, max_len=len(ids) + n - 1 if n > 1 else len(ids),
+                             dtype=model.params.wte.dtype)
+    h = hidden_states(model.params, model.config, ids[None], cache=cache, hook=hook)[:, -1]  # [1, C]
+    out: list[int] = []
+    for i in range(n):
+        nxt = int(np.argmax(lm_head(h, model.params)[0]))
+        out.append(nxt)
+        if i + 1 < n:
+            h = hidden_states(model.params, model.config, np.array([[nxt]]), cache=cache, hook=hook)[:, -1]
+    return out
+
+
+def steered_logprobs(model: GPT2Model, prompt, direction, *, layer: int, alpha: float) -> np.ndarray:  # -> [V]
+    """log p(next token | prompt) at the last position, with alpha * direction added at blocks.{layer}.resid_pre."""
+    layer = _check_layer(model, layer)
+    ids = _to_ids(model, prompt)
+    hook = _steer_hook(model, direction, layer, alpha)
+    h = hidden_states(model.params, model.config, ids[None], hook=hook)[0, -1]  # [C]
+    return log_softmax(lm_head(h, model.params).astype(np.float64))
+
+
+def steering_effect(model: GPT2Model, prompt, direction, *, layer: int, alphas: Sequence[float],
+                    target) -> list[dict]:
+    """For each alpha: log p(target) at the prompt's end and its change from alpha = 0 (target: id or text of one token)."""
+    if isinstance(target, str):
+        if model.tokenizer is None:
+            raise ValueError("a text target needs a tokenizer; pass the token id")
+        t = model.tokenizer.encode(target)
+        if len(t) != 1:
+            raise ValueError(f"target {target!r} must be one token; it is {len(t)} tokens {t}")
+        target = t[0]
+    target = int(check_token_ids(np.array([target]), model.config, name="target")[0])
+    base = steered_logprobs(model, prompt, direction, layer=layer, alpha=0.0)[target]
+    rows = []
+    for a in alphas:
+        lp = steered_logprobs(model, prompt, direction, layer=layer, alpha=float(a))
+        rows.append({"alpha": float(a), "target": target, "logprob": float(lp[target]),
+                     "delta_logprob": float(lp[target] - base), "top1": int(np.argmax(lp))})
+    return rows
