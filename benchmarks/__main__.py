@@ -12,6 +12,11 @@ PNG plots beside them, and `python -m benchmarks.report` prints the README table
 
 from __future__ import annotations
 
+try:  # before torch loads: accel.numba_cpu picks Numba's threading layer at import (see its docstring)
+    import accel.numba_cpu  # noqa: F401
+except ImportError:
+    pass
+
 import argparse
 import sys
 import time

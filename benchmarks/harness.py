@@ -193,16 +193,26 @@ def write_results(name: str, payload: dict, out_dir: Path = RESULTS_DIR) -> Path
     return path
 
 
+def _vm_hwm_kib_code() -> str:
+    # VmHWM (peak resident set of this process image) from /proc: unlike ru_maxrss, which
+    # Linux carries over from the parent across fork + exec, it starts afresh in the child.
+    return ("def _hwm():\n"
+            "    for line in open('/proc/self/status'):\n"
+            "        if line.startswith('VmHWM:'):\n"
+            "            return int(line.split()[1])\n"
+            "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n")
+
+
 def peak_rss_of(code: str, *, env: dict | None = None, timeout: float = 600.0) -> dict:
     """Run `code` in a fresh Python process and return its peak resident memory (MiB).
 
-    The child prints a JSON line {"baseline_kib": ..., ...}: the code must set a variable
-    `baseline` (ru_maxrss in KiB, read after imports and input allocation and a warm-up
-    call) so the reported figure is what the measured call added on top of that.
+    The code must set a variable `baseline = _hwm()` (peak KiB so far, read after imports,
+    input allocation and a warm-up call on a SMALL input, since a peak can only grow) so the
+    reported `added_mib` is what the measured call added on top of that.
     """
     wrapper = (
-        "import resource, json\n" + code +
-        "\npeak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "import resource, json\n" + _vm_hwm_kib_code() + code +
+        "\npeak = _hwm()\n"
         "print(json.dumps({'baseline_kib': baseline, 'peak_kib': peak}))\n"
     )
     out = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True,

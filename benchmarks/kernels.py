@@ -9,7 +9,7 @@ FLOP (QK^T and AV), halved under a causal mask.
 Attention scaling: time and peak resident memory of naive attention (refimpl, which
 materializes the [T, S] weights), the fused numba kernel (online softmax, never
 materializes it) and torch SDPA, over T. Peak memory is measured in a fresh process per
-point (ru_maxrss after the call minus before it).
+point (VmHWM after the call minus before it).
 """
 
 from __future__ import annotations
@@ -142,13 +142,13 @@ q, k, v = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3
 {setup}
 small = [a[:, :, :64].copy() for a in (q, k, v)]
 call(*small)   # compile / warm up on a small input, so the peak below is the big call's
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+baseline = _hwm()
 call(q, k, v)
 """
 
 _IMPL_SETUP = {
     "refimpl (naive)": "from refimpl.attention import masked_attention\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
-    "accel[numba] (fused)": "import numba; numba.set_num_threads(2)\nfrom accel.numba_cpu.attention import masked_attention\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
+    "accel[numba] (fused)": "from accel.numba_cpu.attention import masked_attention\nimport numba; numba.set_num_threads(2)\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
     "torch.sdpa": "import torch; torch.set_num_threads(2)\nimport torch.nn.functional as F\ncall = lambda q, k, v: F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=True)",
 }
 
