@@ -37,6 +37,84 @@ from numba.core import config as _numba_config
 # True when kernels run on the CPU under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
 SIMULATOR: bool = bool(getattr(_numba_config, "ENABLE_CUDASIM", 0)) or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
+
+def _serialize_simulator_shared_arrays() -> None:
+    """Work around two races in Numba's CUDA simulator (not in our kernels).
+
+    1. The simulator gives the threads of a block one shared array per source line by looking it
+    up in a dict and, when absent, creating and storing it: get-then-set with no lock. Two
+    threads that both miss get two different arrays, so a block-wide reduction silently reads
+    a half-filled scratch (seen as a wrong LayerNorm row, about once per few hundred launches,
+    more often with a short sys.setswitchinterval). This does the same lookup under a lock,
+    keyed the same way (the calling kernel's file and line).
+    2. Each simulated thread that calls a device function swaps the fake `cuda` module into
+    that function's module globals and restores the real one on return; the first thread to
+    return restores it while others still run, which then fail with "module 'numba.cuda' has
+    no attribute 'syncthreads'". The swap is made reference-counted: the first entrant swaps,
+    the last to leave restores.
+    """
+    import contextlib
+    import sys
+    import threading
+    import traceback
+
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    shared_cls = kernelapi.FakeCUDAShared
+    if getattr(shared_cls, "_refimpl_locked", False):
+        return
+    original = shared_cls.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype):
+        if shape == 0:  # dynamic shared memory: one buffer, no lookup
+            return original(self, shape, dtype)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = np.empty(shape, dtype)
+                self._allocations[caller] = res
+        return res
+
+    shared_cls.array = array
+    shared_cls._refimpl_locked = True
+
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    swaps: dict[int, list] = {}  # id(module globals) -> [threads inside, original entries]
+    swap_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def swapped_cuda_module(fn, fake_cuda_module):
+        real_cuda = sys.modules["numba.cuda"]
+        globs = fn.__globals__
+        with swap_lock:
+            entry = swaps.get(id(globs))
+            if entry is None:
+                original = {k: v for k, v in globs.items() if v is real_cuda}
+                globs.update({k: fake_cuda_module for k in original})
+                entry = swaps[id(globs)] = [0, original]
+            entry[0] += 1
+        try:
+            yield
+        finally:
+            with swap_lock:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    globs.update(entry[1])
+                    del swaps[id(globs)]
+
+    sim_kernel.swapped_cuda_module = swapped_cuda_module
+
+
+if SIMULATOR:
+    _serialize_simulator_shared_arrays()
+
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # threads: threads per block for row kernels (softmax, norms) and decode attention;
