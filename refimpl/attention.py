@@ -34,6 +34,7 @@ from .masks import (
 __all__ = [
     "softmax",
     "scaled_dot_product_attention",
+    "check_gqa_inputs",
     "grouped_query_attention",
     "multi_query_attention",
     "split_heads",
@@ -157,16 +158,11 @@ def _group_heads(m: np.ndarray, H: int, K: int) -> np.ndarray:  # [.., H|1, T|1,
     return m.reshape(b, K, H // K, t, s)  # [b, K, G, t, s]: head h -> group h // G, member h % G
 
 
-def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """head_h = Attention(Q_h, K_{g(h)}, V_{g(h)}), g(h) = floor(h / (H/K))  (GQA, Ainslie et al. 2023, sec. 2.2).
+def check_gqa_inputs(q, k, v):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> the same, as float arrays
+    """Check grouped-query attention inputs at the boundary: 4-D, B and D agree, H a multiple of K >= 1.
 
-    Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; mask bool and bias
-    float broadcastable to [B, H, T, S]. Returns [B, H, T, Dv] (and weights [B, H, T, S]).
-    Notes: query heads form K consecutive groups of G = H/K; group g reads key/value head g
-    (the layout of Hugging Face's repeat_kv and torch's enable_gqa). The group is an array
-    axis: q becomes [B, K, G, T, D] and k, v become [B, K, 1, S, D] views that broadcast over
-    G, so K/V are never copied G times. K = H is multi-head attention, K = 1 multi-query.
-    See also: multi_query_attention, masked_attention, decode_attention.
+    Returns q, k, v as floating arrays. The accel kernels call this too, so a bad shape gets the
+    same message from every backend.
     """
     q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
     for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
@@ -183,6 +179,23 @@ def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return
                          f"(q {q.shape}, k {k.shape})")
     if H == 0:
         raise ValueError(f"q must have shape [B, H, T, D] with H >= 1 query heads; got shape {q.shape}")
+    return q, k, v
+
+
+def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """head_h = Attention(Q_h, K_{g(h)}, V_{g(h)}), g(h) = floor(h / (H/K))  (GQA, Ainslie et al. 2023, sec. 2.2).
+
+    Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; mask bool and bias
+    float broadcastable to [B, H, T, S]. Returns [B, H, T, Dv] (and weights [B, H, T, S]).
+    Notes: query heads form K consecutive groups of G = H/K; group g reads key/value head g
+    (the layout of Hugging Face's repeat_kv and torch's enable_gqa). The group is an array
+    axis: q becomes [B, K, G, T, D] and k, v become [B, K, 1, S, D] views that broadcast over
+    G, so K/V are never copied G times. K = H is multi-head attention, K = 1 multi-query.
+    See also: multi_query_attention, masked_attention, decode_attention.
+    """
+    q, k, v = check_gqa_inputs(q, k, v)
+    B, H, T, D = q.shape
+    _, K, S, _ = k.shape
     G = H // K
     dtype = float_result_type(q, k, v)
     if mask is not None:

@@ -73,7 +73,7 @@ from numba import get_num_threads, njit, parallel_chunksize, prange
 from threadpoolctl import ThreadpoolController
 
 from refimpl._checks import as_float, check_positive_int, float_result_type
-from refimpl.attention import _scale_for
+from refimpl.attention import _scale_for, check_gqa_inputs
 
 from .norms import threads_for
 
@@ -355,21 +355,8 @@ def _decode_attention(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_
             out[b, h, dv] = a / L
 
 
-def _check_qkv(q, k, v):  # the twin's checks (refimpl.attention.grouped_query_attention), same messages
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
-        if a.ndim != 4:
-            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
-    B, H, T, D = q.shape
-    _, K, S, _ = k.shape
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
-    if v.shape[:3] != (B, K, S):
-        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
-    if K == 0 or H % K != 0:
-        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
-                         f"(q {q.shape}, k {k.shape})")
-    return q, k, v
+def _check_qkv(q, k, v):  # the twin's checks and messages (refimpl.attention.check_gqa_inputs)
+    return check_gqa_inputs(q, k, v)
 
 
 def _compute_dtype(dtype: np.dtype) -> np.dtype:

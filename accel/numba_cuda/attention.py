@@ -45,6 +45,7 @@ import numpy as np
 from numba import cuda
 
 from refimpl._checks import as_float, check_positive_int
+from refimpl.attention import check_gqa_inputs
 
 from ._common import SIMULATOR, block_reducers, kernel_dtype, numba_float, pow2_at_least, threads, tiles, to_device
 
@@ -294,21 +295,8 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
                          0 if window is None else int(window), int(n_sink), out)
 
 
-def _check_qkv(q, k, v):  # -> q, k, v as float arrays, validated as the twin does
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
-        if a.ndim != 4:
-            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
-    B, H, T, D = q.shape
-    _, K, S, _ = k.shape
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
-    if v.shape[:3] != (B, K, S):
-        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
-    if K == 0 or H % K != 0:
-        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
-                         f"(q {q.shape}, k {k.shape})")
-    return q, k, v
+def _check_qkv(q, k, v):  # the twin's checks and messages (refimpl.attention.check_gqa_inputs)
+    return check_gqa_inputs(q, k, v)
 
 
 def _check_scale(scale):
