@@ -15,10 +15,11 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from accel._common import check_masked_attention_args
 from accel.numba_cuda._common import check_eps, kernel_dtype
 from accel.numba_cuda.attention import _check_qkv, _check_scale
 from accel.numba_cuda.norms import _check_param, _check_width
-from refimpl._checks import as_float, check_ndim, check_positive_int
+from refimpl._checks import as_float, check_ndim
 from refimpl.linear import LinearParams
 
 from . import device
@@ -93,28 +94,12 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
                      key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel on CuPy memory). Twin: refimpl.attention.masked_attention."""
-    q, k, v = _check_qkv(q, k, v)
-    B, H, T, D = q.shape
-    S = k.shape[2]
-    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
-    if window is not None:
-        window = check_positive_int(window, "window")
-    if n_sink > 0 and (window is None or not causal):
-        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True; got window={window}, causal={causal}")
-    km = None
-    if key_mask is not None:
-        km = np.asarray(key_mask)
-        if km.dtype != np.bool_:
-            raise TypeError(f"key_mask must be boolean of shape [B, S] (True = real token); got dtype {km.dtype}")
-        if km.shape != (B, S):
-            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {km.shape}")
+    q, k, v, window, n_sink, km, m = check_masked_attention_args(
+        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     scale = _check_scale(scale)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
     slopes = None
-    if alibi_slopes is not None:
-        m = as_float(alibi_slopes, "alibi_slopes")
-        if m.shape != (H,):
-            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {m.shape}")
+    if m is not None:
         slopes = _dev(m.astype(out_dtype), work)
     out = device.masked_attention(_dev(q, work), _dev(k, work), _dev(v, work), causal=causal, window=window,
                                   n_sink=n_sink, key_mask=None if km is None else cp.asarray(km),

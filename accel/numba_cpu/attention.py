@@ -72,9 +72,10 @@ import scipy.linalg.cython_blas  # noqa: F401  (the BLAS Numba's np.dot calls; l
 from numba import get_num_threads, njit, parallel_chunksize, prange
 from threadpoolctl import ThreadpoolController
 
-from refimpl._checks import as_float, check_positive_int, float_result_type
+from refimpl._checks import as_float, float_result_type
 from refimpl.attention import _scale_for, check_gqa_inputs
 
+from .._common import check_masked_attention_args
 from .norms import threads_for
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK"]
@@ -373,27 +374,13 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     Notes: the masks, GQA grouping, position alignment (p_i = S - T + i) and zero rows are the
     twin's; the arithmetic is FlashAttention's tiled online softmax (module header).
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v, window, n_sink, key_mask, slopes = check_masked_attention_args(
+        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     B, H, T, D = q.shape
     S = k.shape[2]
-    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
-    if window is not None:
-        window = check_positive_int(window, "window")
-    if n_sink > 0 and (window is None or not causal):
-        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
-                         f"sliding window); got window={window}, causal={causal}")
-    if key_mask is not None:
-        key_mask = np.asarray(key_mask)
-        if key_mask.dtype != np.bool_:
-            raise TypeError(f"key_mask must be boolean of shape [B, S] (True = real token); got dtype {key_mask.dtype}")
-        if key_mask.shape != (B, S):
-            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {key_mask.shape}")
     dtype = float_result_type(q, k, v)
     work = _compute_dtype(dtype)
-    if alibi_slopes is not None:
-        slopes = as_float(alibi_slopes, "alibi_slopes")
-        if slopes.shape != (H,):
-            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {slopes.shape}")
+    if slopes is not None:
         slopes = slopes.astype(dtype).astype(work)  # the twin casts the slopes to its dtype
     else:
         slopes = np.zeros(H, dtype=work)

@@ -44,9 +44,10 @@ import math
 import numpy as np
 from numba import cuda
 
-from refimpl._checks import as_float, check_positive_int
+from refimpl._checks import as_float
 from refimpl.attention import check_gqa_inputs
 
+from .._common import check_masked_attention_args
 from ._common import SIMULATOR, block_reducers, kernel_dtype, numba_float, pow2_at_least, threads, tiles, to_device
 
 __all__ = [
@@ -317,31 +318,16 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     window, key padding); fully masked rows give zeros. The T x S scores never exist.
     See also: refimpl.attention.masked_attention (the twin).
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v, window, n_sink, km, m = check_masked_attention_args(
+        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     B, H, T, D = q.shape
-    S = k.shape[2]
-    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
-    if window is not None:
-        window = check_positive_int(window, "window")
-    if n_sink > 0 and (window is None or not causal):
-        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
-                         f"sliding window); got window={window}, causal={causal}")
     mask_d = None
-    if key_mask is not None:
-        km = np.asarray(key_mask)
-        if km.dtype != np.bool_:
-            raise TypeError(f"key_mask must be boolean of shape [B, S] (True = real token); got dtype {km.dtype}")
-        if km.shape != (B, S):
-            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {km.shape}")
     scale = _check_scale(scale)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
     slopes_d = None
-    if alibi_slopes is not None:
-        m = as_float(alibi_slopes, "alibi_slopes")
-        if m.shape != (H,):
-            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {m.shape}")
+    if m is not None:
         slopes_d = to_device(m.astype(out_dtype), work)  # rounded to the twin's dtype first
-    if key_mask is not None:
+    if km is not None:
         mask_d = cuda.to_device(np.ascontiguousarray(km, dtype=np.uint8))
     out = cuda.device_array((B, H, T, v.shape[3]), dtype=work)
     if out.size:
