@@ -7,8 +7,8 @@ Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022, sec.
 keys are visited in tiles; each query row keeps a running max m, a running sum l = sum_j
 exp(s_j - m) and an unnormalised output a = sum_j exp(s_j - m) v_j. A new tile with max m' >= m
 rescales both by exp(m - m') before adding its own terms; at the end out = a / l. The T x S
-score and weight matrices are never formed: each task holds one BQ x BK tile of scores, a
-BQ x Dv accumulator and a BQ x Dv product buffer, so memory is O(threads * BQ * (BK + Dv)) plus
+score and weight matrices are never formed: each task holds one BQ x BK tile of scores and a
+BQ x Dv accumulator, so memory is O(threads * BQ * (BK + Dv)) plus
 contiguous copies of q, k, v: linear in T and S.
 
 Versions:
@@ -18,7 +18,7 @@ Versions:
   v2 the same loops laid out for LLVM's vectoriser (K transposed and padded to whole tiles,
      axpy forms, polynomial exp, 8-lane max / sum): about 4x faster than v1, still 2.8-3.5x
      torch SDPA at T = 1024..4096: the hand-written Q K^T and P V reached ~20-35 GFLOP/s per core.
-  v3 (this) FlashAttention's tiling with the two products on BLAS: per (b, h, query tile) task
+  v3 FlashAttention's tiling with the two products on BLAS: per (b, h, query tile) task
      and per key tile, S_tile = Q_tile K_tile^T and PV = P_tile V_tile are `np.dot` calls on
      contiguous 2-D blocks (Numba lowers them to sgemm / dgemm of the BLAS SciPy ships), and
      only the softmax bookkeeping runs as Numba loops:
@@ -38,9 +38,22 @@ Versions:
        since scaling by 2^-e commutes with every rounding (unless q holds subnormals);
      - prange hands tasks out 2 at a time (numba.parallel_chunksize): causal tasks differ in
        size and the cores are shared, so dynamic scheduling measured ~10% faster than static.
-     Tile sizes: BQ x BK from 32..256 x 64..512 measured within the noise of a shared 2-core
-     machine at T = 1024..4096 (float32, H = 12, D = 64, causal); 64 x 128 keeps the causal
-     diagonal waste (BQ / T of the products) small.
+     Tiles 64 x 128. Measured 1.1-1.6x torch SDPA (T = 1024..4096): OpenBLAS's sgemm through
+     Numba's np.dot reached ~80-130 GF/s on these blocks, and every P V needed its own pass to be
+     added into the accumulator.
+  v4 (this) the same algorithm, the products through `accel.numba_cpu.blas.gemm` (BLAS ?gemm
+     called directly): S_tile = Q_tile K_tile^T straight from the K rows (no transposed copy), and
+     A += P_tile V_tile with beta = 1, so the accumulator is only touched to rescale a row whose
+     running max moved (alpha != 1, rare after the first tiles). The BLAS is MKL's when the `mkl`
+     wheel is installed (the numba extra installs it on x86-64 Linux; its small sgemm measured
+     265-278 GF/s on 2 threads against OpenBLAS's ~210 at 128 x 256 x 64), SciPy's OpenBLAS
+     otherwise. The masked part of a diagonal tile is two contiguous -inf fills per row (the
+     row's window [lo, hi) and sink [0, sk) in tile coordinates), a per-key test only in tiles
+     that hold padding keys. Each score row is a contiguous 1-D slice, so max / exp / sum
+     vectorise. Tiles 128 x 512 (the best of 64..256 x 128..1024 at T = 1024..4096); the causal
+     diagonal costs BQ / T extra products. Measured (min of 7, interleaved with torch, 2 threads):
+     0.96x / 1.04x / 1.10x torch SDPA at T = 1024 / 2048 / 4096; about 70% of the time is the
+     two products, the rest the row max, exp and sum (~0.65 ns per score on one core).
   decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
      produces (m, l, a) for its keys j < L_b with scalar dot products and libm exp, and the
      chunks are merged by the same rescaling. 3.6 ms per GPT-2 layer at S = 1024.
@@ -50,7 +63,8 @@ Versions:
      than v1 (0.40 ms per GPT-2 layer at S = 1024, including the copy of the cache view).
 How it differs from the twin: the twin builds the boolean [T, S] mask and the [B, H, T, S]
 scores, then NumPy's softmax (pairwise sums) and a BLAS matmul. Here the sums over keys run in
-tile order with the rescaling above, in the input dtype (float32 stays float32: that is what
+tile order with the rescaling above (a row's accumulator is scaled by alpha before the tile's
+P V is added), in the input dtype (float32 stays float32: that is what
 makes it fast, and what the registry's tolerance accounts for); q . k over D and sum_j p_j v_j
 within a tile are BLAS's sums (its order and FMA use); the row sum within a tile is a float64
 sum whose order the compiler picks (fastmath "reassoc" on that one helper: any order of n
@@ -76,12 +90,13 @@ from refimpl._checks import as_float, float_result_type
 from refimpl.attention import _scale_for, check_gqa_inputs
 
 from .._common import check_masked_attention_args
+from .blas import gemm
 from .norms import threads_for
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK"]
 
-BQ = 64  # queries per task (rows of a query tile)
-BK = 128  # keys per tile
+BQ = 128  # queries per task (rows of a query tile)
+BK = 512  # keys per tile
 
 _BLAS = ThreadpoolController()
 
@@ -196,11 +211,9 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
         q_tile = q[b, h, i0:i0 + nq]  # [nq, D]
         kbg = k[b, g]  # [S, D]
         vbg = v[b, g]  # [S, Dv]
-        s_buf = np.empty(bq * bk, dtype=q.dtype)  # one tile of scores, then weights
-        pv_buf = np.empty(bq * Dv, dtype=q.dtype)  # P_tile V_tile
+        s_buf = np.empty(bq * bk, dtype=q.dtype)  # one tile of scores, then weights (rows of nk, contiguous)
         acc = np.zeros((nq, Dv), dtype=q.dtype)  # a = sum_j exp(s_j - m) v_j
         m = np.full(nq, -np.inf, dtype=q.dtype)  # running max
-        alpha = np.ones(nq, dtype=q.dtype)  # exp(m_old - m_new) of the current tile
         l = np.zeros(nq, dtype=np.float64)  # running sum of exp(s_j - m)
         sk = np.empty(nq, dtype=np.int64)
         lo = np.empty(nq, dtype=np.int64)
@@ -225,9 +238,9 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
                 full = n_ok == nk and ((j0 >= lo[nq - 1] and j1 <= hi[0]) or j1 <= sk[0])
 
                 s = s_buf[:nq * nk].reshape((nq, nk))
-                np.dot(q_tile, kbg[j0:j1].T, s)  # S_tile = Q_tile K_tile^T  (BLAS)
+                gemm(s, q_tile, kbg[j0:j1], True, False)  # S_tile = Q_tile K_tile^T  (BLAS)
                 for r in range(nq):
-                    srow = s[r]
+                    srow = s_buf[r * nk:(r + 1) * nk]  # (a 1-D slice: contiguous to the compiler, so its loops vectorise)
                     if scale != 1:
                         for j in range(nk):
                             srow[j] = srow[j] * scale
@@ -236,10 +249,19 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
                         for j in range(nk):
                             srow[j] -= slope * (p - j0 - j)
                     if not full:
-                        for j in range(nk):
-                            jj = j0 + j
-                            if not (key_ok[b, jj] and (jj < sk[r] or (lo[r] <= jj and jj < hi[r]))):
-                                srow[j] = -np.inf
+                        # This row sees the tile's keys [0, e_a) (sinks) and [b_lo, b_hi) (window), in
+                        # tile-local indices; the rest is masked by two contiguous fills.
+                        e_a = min(max(sk[r] - j0, 0), nk)
+                        b_lo = min(max(lo[r] - j0, 0), nk)
+                        b_hi = min(max(hi[r] - j0, b_lo), nk)
+                        for j in range(e_a, max(e_a, b_lo)):
+                            srow[j] = -np.inf
+                        for j in range(max(e_a, b_hi), nk):
+                            srow[j] = -np.inf
+                        if n_ok < nk:  # padding keys inside the tile
+                            for j in range(nk):
+                                if not key_ok[b, j0 + j]:
+                                    srow[j] = -np.inf
                     # The new running max. NaN scores are passed over here; they reach the row through
                     # exp(NaN - m) = NaN in the sum below (so the row becomes NaN, as in the twin).
                     mx = max(m[r], _row_max(srow))
@@ -248,24 +270,20 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
                             if srow[j] != srow[j]:
                                 l[r] = np.nan
                             srow[j] = zero
-                        alpha[r] = 1
                         continue
-                    alpha[r] = math.exp(m[r] - mx)
+                    alpha = math.exp(m[r] - mx)
                     m[r] = mx
+                    if alpha != 1:  # a new max: rescale what the row holds so far
+                        for c in range(Dv):
+                            acc[r, c] *= alpha
                     if fast_exp:
                         for j in range(nk):
                             srow[j] = _exp_f32(srow[j] - mx)
                     else:
                         for j in range(nk):
                             srow[j] = math.exp(srow[j] - mx)
-                    l[r] = l[r] * alpha[r] + _row_sum(srow)
-
-                pv = pv_buf[:nq * Dv].reshape((nq, Dv))
-                np.dot(s, vbg[j0:j1], pv)  # P_tile V_tile  (BLAS)
-                for r in range(nq):
-                    ar = alpha[r]
-                    for c in range(Dv):
-                        acc[r, c] = acc[r, c] * ar + pv[r, c]
+                    l[r] = l[r] * alpha + _row_sum(srow)
+                gemm(acc, s, vbg[j0:j1], False, True)  # A += P_tile V_tile  (BLAS, beta = 1)
 
         for r in range(nq):
             if l[r] == 0.0:  # no visible key: zeros (the twin's convention)
