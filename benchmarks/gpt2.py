@@ -5,8 +5,14 @@ float32, same thread count. Validated first: our logits must equal HF's (max rel
 difference reported) before anything is timed.
 
 Cases
-- prefill T: one forward over T prompt tokens, logits at every position (what HF's forward
-  returns). FLOP ~ 2 * N_params_nonembedding * T + 2 * T * V * C + attention 2 * 2 * L * T^2/2 * C.
+- prefill T (logits at every position): one forward over T prompt tokens returning [T, V]
+  logits, what HF's forward returns by default. FLOP ~ 2 * N_params_nonembedding * T +
+  2 * T * V * C + attention 2 * 2 * L * T^2/2 * C.
+- prefill T (KV cache + last position's logits): what generation does with a prompt (fill the
+  cache, score the next token), on both sides: refimpl's hidden_states into a KVCache and the
+  LM head on the last position, against HF's forward with use_cache=True, logits_to_keep=1
+  (what HF generate itself calls). The LM head over the other T - 1 positions is skipped on
+  both sides. Its times are also compared with HF's default forward above.
 - decode B: greedy generation of N new tokens after a short prompt, through each library's
   public generate (refimpl.gpt2.generate / generate_batch vs HF generate). Reported as
   generated tokens per second (B * N / time).
@@ -17,14 +23,19 @@ Bandwidth bound for decoding at batch 1: each step must read every parameter onc
 (wte twice: the embedding row is negligible, the LM head reads all of it), so
 tokens/s <= bandwidth / parameter_bytes. The bandwidth is measured here over an array of the
 parameters' size (498 MB for GPT-2 small), because the achievable read rate depends on the
-working set (this machine's last-level cache is 300 MiB); the fraction of that bound is reported.
+working set (this machine's last-level cache is 300 MiB), by a BLAS gemv (the fastest read
+measured here), and sampled in the same interleaved rounds as the decoders (row "bound: ..."),
+so that the fraction of the bound is not skewed by a slow or fast spell of the shared machine.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .harness import Result, measure_read_bandwidth, time_fn
+from .harness import Result, measure_read_bandwidth, time_fn, time_interleaved
+
+
+BOUND = "bound: parameter-sized reads (gemv)"
 
 
 def build_models(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
@@ -83,22 +94,38 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     for b in backends:
         out["validation"][b] = validate(hf, model, backend=b)
     out["bandwidth_at_param_bytes"] = measure_read_bandwidth(param_bytes)
+    probe_w = np.ones((param_bytes // (4 * 16384), 16384), np.float32)  # as measure_read_bandwidth
+    probe_x = np.ones(16384, np.float32)
     rng = np.random.default_rng(0)
     results: list[Result] = []
 
-    # ---- prefill
+    # ---- prefill: all implementations and both forms timed interleaved (one sample of each per round)
+    from refimpl.gpt2.model import KVCache, hidden_states, lm_head
+
     for T in ((128,) if quick else (128, 1024)):
         ids = rng.integers(0, cfg.vocab_size, size=(1, T))
         tid = torch.from_numpy(ids)
-        with torch.no_grad():
-            t = time_fn(lambda: hf(tid), repeats=5 if quick else 9, warmup=1)
-        flop = prefill_flop(cfg, T)
-        results.append(Result(f"prefill T={T}", "hf.torch", t.median, t.spread, flop=flop, params={"T": T}))
+        full, last = f"prefill T={T} (logits at every position)", f"prefill T={T} (KV cache + last position's logits)"
+        impls = {(full, "hf.torch"): lambda: hf(tid),
+                 (last, "hf.torch"): lambda: hf(tid, use_cache=True, logits_to_keep=1)}
         for b in backends:
             ops = get_ops(b)
             params = ops.prepare(model.params)
-            t = time_fn(lambda: forward(params, cfg, ids, ops=ops), repeats=5 if quick else 9, warmup=1)
-            results.append(Result(f"prefill T={T}", f"refimpl[{b}]", t.median, t.spread, flop=flop, params={"T": T}))
+
+            def generation_prefill(ops=ops, params=params):
+                cache = KVCache.allocate(cfg, 1, max_len=T + 32, dtype=params.wte.dtype, zeros=ops.zeros)
+                h = hidden_states(params, cfg, ids, cache=cache, ops=ops)  # [1, T, C]
+                return ops.to_numpy(lm_head(h[:, -1], params))  # [1, V]
+
+            impls[(full, f"refimpl[{b}]")] = lambda ops=ops, params=params: forward(params, cfg, ids, ops=ops)
+            impls[(last, f"refimpl[{b}]")] = generation_prefill
+        with torch.no_grad():
+            timings = time_interleaved(impls, repeats=7 if quick else 11, warmup=1)
+        flop_full = prefill_flop(cfg, T)
+        flop_last = flop_full - 2 * (T - 1) * cfg.n_embd * cfg.vocab_size
+        for (case, impl), t in timings.items():
+            results.append(Result(case, impl, t.median, t.spread, flop=flop_full if case == full else flop_last,
+                                  params={"T": T}))
 
     # ---- decode
     n_new = 32 if quick else 64
@@ -106,20 +133,21 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     for B in ((1, 8)):
         prompts = rng.integers(0, cfg.vocab_size, size=(B, prompt_len))
         tp = torch.from_numpy(prompts)
-        with torch.no_grad():
-            t = time_fn(lambda: hf.generate(tp, attention_mask=torch.ones_like(tp), max_new_tokens=n_new,
-                                            min_new_tokens=n_new, do_sample=False, pad_token_id=0),
-                        repeats=3 if quick else 5, warmup=1)
-        results.append(Result(f"decode B={B}", "hf.generate", t.median, t.spread,
-                              bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new},
-                              extra={"tokens_per_s": B * n_new / t.median}))
+        impls = {"hf.generate": lambda: hf.generate(tp, attention_mask=torch.ones_like(tp), max_new_tokens=n_new,
+                                                    min_new_tokens=n_new, do_sample=False, pad_token_id=0)}
+        if B == 1:  # the bound, sampled in the same rounds: n_new reads of the parameters' size (BLAS gemv)
+            impls[BOUND] = lambda: [probe_w @ probe_x for _ in range(n_new)]
         for b in backends:
             if B == 1:
-                fn = lambda: generate(model, prompts[0], max_new_tokens=n_new, eos_token_id=None, backend=b)
+                impls[f"refimpl[{b}]"] = lambda b=b: generate(model, prompts[0], max_new_tokens=n_new,
+                                                              eos_token_id=None, backend=b)
             else:
-                fn = lambda: generate_batch(model, list(prompts), max_new_tokens=n_new, eos_token_id=None, backend=b)
-            t = time_fn(fn, repeats=3 if quick else 5, warmup=1)
-            results.append(Result(f"decode B={B}", f"refimpl[{b}]", t.median, t.spread,
+                impls[f"refimpl[{b}]"] = lambda b=b: generate_batch(model, list(prompts), max_new_tokens=n_new,
+                                                                    eos_token_id=None, backend=b)
+        with torch.no_grad():
+            timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
+        for impl, t in timings.items():
+            results.append(Result(f"decode B={B}", impl, t.median, t.spread,
                                   bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new},
                                   extra={"tokens_per_s": B * n_new / t.median}))
 

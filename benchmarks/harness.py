@@ -2,7 +2,9 @@
 
 Method (DESIGN.md, llm.c's dev/cuda): validate a case against refimpl first, warm up
 (JIT compilation is not a timing), then time several runs and report the median and
-the spread (interquartile range). Every case states its FLOP and byte counts so its
+the spread (interquartile range). Peers compared in a ratio are timed interleaved
+(`time_interleaved`: one sample of each in turn, round after round), so a slow spell of a
+shared machine lands on every side of the ratio instead of on whichever ran then. Every case states its FLOP and byte counts so its
 achieved GFLOP/s or GB/s can be set against the machine's ceilings measured in the
 same run.
 """
@@ -65,6 +67,40 @@ def time_fn(fn, *, repeats: int = 7, warmup: int = 2, min_time: float = 0.0, max
             break
     qs = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
     return Timing(statistics.median(samples), qs[0], qs[2], samples)
+
+
+def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: float = 0.0,
+                     max_time: float = 120.0) -> dict:
+    """{name: Timing} for several callables timed in turn: round r takes one sample of each.
+
+    Each callable is warmed up `warmup` times first. A very short call is repeated inside its
+    sample until it lasts `min_time` seconds (the sample is the mean per call). Rounds stop
+    early once the total exceeds `max_time` (after at least 3 rounds).
+    """
+    inner = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        inner[name] = 1
+        if min_time > 0:
+            t0 = time.perf_counter()
+            fn()
+            inner[name] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
+    samples: dict = {name: [] for name in fns}
+    start_all = time.perf_counter()
+    for r in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner[name]):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / inner[name])
+        if r >= 2 and time.perf_counter() - start_all > max_time:
+            break
+    out = {}
+    for name, xs in samples.items():
+        qs = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+        out[name] = Timing(statistics.median(xs), qs[0], qs[2], xs)
+    return out
 
 
 # ---- ceilings --------------------------------------------------------------------
@@ -146,6 +182,11 @@ def machine_info() -> dict:
     try:
         import torch
         info["torch_threads"] = torch.get_num_threads()
+    except Exception:
+        pass
+    try:
+        from accel.numba_cpu.blas import BLAS_NAME
+        info["accel_numba_blas"] = BLAS_NAME
     except Exception:
         pass
     try:

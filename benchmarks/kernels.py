@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Result, peak_rss_of, time_fn
+from .harness import Result, peak_rss_of, time_interleaved
 
 
 def _torch_peers():
@@ -96,9 +96,10 @@ def run(quick: bool = True, backend: str = "numba", threads: int = 2) -> dict:
         fn = spec.load()
         twin = spec.load_twin()
         case = f"{name} {'x'.join(map(str, args[0].shape))}"
-        for impl, f in ((f"accel[{backend}]", lambda: fn(*args, **kwargs)), ("refimpl", lambda: twin(*args, **kwargs))) + (
-                (("torch", lambda: peers[name](*args)),) if name in peers else ()):
-            t = time_fn(f, repeats=7, warmup=2, min_time=0.05)
+        impls = {f"accel[{backend}]": lambda: fn(*args, **kwargs), "refimpl": lambda: twin(*args, **kwargs)}
+        if name in peers:
+            impls["torch"] = lambda: peers[name](*args)
+        for impl, t in time_interleaved(impls, repeats=7, warmup=2, min_time=0.05).items():
             results.append(Result(case, impl, t.median, t.spread, bytes=nbytes, flop=flop))
 
     # ---- attention (B=1, H=12, D=64), causal and not, and decode attention
@@ -113,9 +114,9 @@ def run(quick: bool = True, backend: str = "numba", threads: int = 2) -> dict:
         flop = 4 * 12 * T * T * 64 * (0.5 if causal else 1.0)
         case = f"attention {'causal' if causal else 'full'} T={T}"
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-        for impl, f in ((f"accel[{backend}]", lambda: attn(q, k, v, causal=causal)),
-                        ("torch.sdpa", lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal))):
-            t = time_fn(f, repeats=5, warmup=1)
+        impls = {f"accel[{backend}]": lambda: attn(q, k, v, causal=causal),
+                 "torch.sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)}
+        for impl, t in time_interleaved(impls, repeats=7, warmup=1).items():
             results.append(Result(case, impl, t.median, t.spread, flop=flop, params={"T": T, "causal": causal}))
 
     dspec = registry.get("decode_attention", backend)
@@ -126,9 +127,9 @@ def run(quick: bool = True, backend: str = "numba", threads: int = 2) -> dict:
     _, dk, dv = _attention_inputs(1, 12, S, 64)
     validation[f"{dspec.id} S={S}"] = _validated(dspec, (dq, dk, dv), {}).max_abs
     tq, tk, tv = torch.from_numpy(dq[:, :, None]), torch.from_numpy(dk), torch.from_numpy(dv)
-    for impl, f in ((f"accel[{backend}]", lambda: dec(dq, dk, dv)),
-                    ("torch.sdpa", lambda: F.scaled_dot_product_attention(tq, tk, tv))):
-        t = time_fn(f, repeats=7, warmup=2, min_time=0.05)
+    impls = {f"accel[{backend}]": lambda: dec(dq, dk, dv),
+             "torch.sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv)}
+    for impl, t in time_interleaved(impls, repeats=7, warmup=2, min_time=0.05).items():
         results.append(Result(f"decode attention S={S}", impl, t.median, t.spread,
                               bytes=dk.nbytes + dv.nbytes, flop=4 * 12 * S * 64, params={"S": S}))
     return {"validation": validation, "results": results}
@@ -171,8 +172,8 @@ def scaling(quick: bool = True, threads: int = 2) -> dict:
                  "torch.sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)}
         if T <= (2048 if quick else 4096):
             impls["refimpl (naive)"] = lambda: naive(q, k, v, causal=True)
-        for impl, f in impls.items():
-            t = time_fn(f, repeats=3, warmup=1, max_time=30)
+        timings = time_interleaved(impls, repeats=5 if T <= 4096 else 3, warmup=1, max_time=60)
+        for impl, t in timings.items():
             mem = peak_rss_of(_MEMORY_PROBE.format(T=T, setup=_IMPL_SETUP[impl]))
             rows.append({"T": T, "impl": impl, "seconds": t.median, "spread": t.spread,
                          "added_mib": mem["added_mib"], "flop": 4 * 12 * T * T * 64 * 0.5})

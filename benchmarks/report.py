@@ -42,7 +42,7 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
         m, c = ceil["machine"], ceil["ceilings"]
         lines.append(f"Measured {m['date']} on {m['cpu']} ({m['cores']} cores), numpy {m['numpy']}, "
                      f"numba {m['numba']}, torch {m['torch']}, OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}, "
-                     f"{m.get('mode', '?')} mode. Ceilings measured in the same run: matmul "
+                     f"{m.get('mode', '?')} mode, accel numba kernels' BLAS: {m.get('accel_numba_blas', '?')}. Ceilings measured in the same run: matmul "
                      f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}), read bandwidth "
                      f"{c['bandwidth']['gbps']:.1f} GB/s.")
         lines.append("")
@@ -79,6 +79,9 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                   "|---|---|---|---|---|---|"]
         bw = g.get("bandwidth_at_param_bytes") or (g.get("ceilings") or {}).get("bandwidth")
         bound_tps = bw["gbps"] * 1e9 / g["param_bytes"] if bw else None
+        probe = next((r for r in g["results"] if r["case"] == "decode B=1" and r["impl"].startswith("bound")), None)
+        if probe:  # the bound sampled in the decoders' own rounds
+            bound_tps = probe["extra"]["tokens_per_s"]
         for case, impls in _rows_by_case(g["results"]).items():
             peer = impls.get("hf.torch") or impls.get("hf.generate")
             for impl, r in impls.items():
@@ -88,14 +91,25 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                     frac = "-"
                 else:
                     vs = (f"{tps / peer['extra']['tokens_per_s']:.2f}x tokens/s"
-                          if peer and r is not peer and tps else "-")
+                          if peer and r is not peer and tps and not impl.startswith("bound") else "-")
                     frac = f"{tps / bound_tps:.0%}" if (bound_tps and tps and case == "decode B=1") else "-"
                 lines.append(f"| {case} | {impl} | {_fmt_time(r['seconds'])} | "
                              f"{f'{tps:.1f}' if tps else '-'} | {vs} | {frac} |")
+        by = _rows_by_case(g["results"])
+        for case, impls in by.items():
+            if case.startswith("prefill") and "last position" in case:
+                default = by.get(case.split(" (")[0] + " (logits at every position)", {}).get("hf.torch")
+                if default:
+                    lines.append("")
+                    lines.append(f"{case.split(' (')[0]}, generation's prefill (KV cache + last logits) against HF's "
+                                 f"default forward (all logits, {_fmt_time(default['seconds'])}): " + ", ".join(
+                                     f"{impl} {r['seconds'] / default['seconds']:.2f}x"
+                                     for impl, r in impls.items() if impl != "hf.torch") + ".")
         if bound_tps:
             lines.append("")
-            lines.append(f"Decode bound at batch 1: {bw['gbps']:.1f} GB/s (read bandwidth over "
-                         f"{bw['bytes'] / 1e6:.0f} MB, the parameters' size) / "
+            lines.append(f"Decode bound at batch 1: {bound_tps * g['param_bytes'] / 1e9:.1f} GB/s (BLAS gemv reads of "
+                         f"{g['param_bytes'] / 1e6:.0f} MB, the parameters' size, timed in the decoders' rounds; "
+                         f"{bw['gbps']:.1f} GB/s measured alone before) / "
                          f"{g['param_bytes'] / 1e6:.0f} MB of parameters = {bound_tps:.1f} tokens/s. "
                          f"Validation (max relative logit difference vs HF): "
                          + ", ".join(f"{k}: {v:.1e}" for k, v in g["validation"].items()) + ".")
@@ -103,9 +117,13 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
 
     s = _load(out_dir, "scaling")
     if s:
-        lines += ["| causal attention, B=1 H=12 D=64 | T | time | peak memory added |", "|---|---|---|---|"]
+        lines += ["| causal attention, B=1 H=12 D=64 | T | time | vs torch.sdpa | GFLOP/s | peak memory added |",
+                  "|---|---|---|---|---|---|"]
+        sdpa = {r["T"]: r["seconds"] for r in s["rows"] if r["impl"] == "torch.sdpa"}
         for r in s["rows"]:
-            lines.append(f"| {r['impl']} | {r['T']} | {_fmt_time(r['seconds'])} | {r['added_mib']:.0f} MiB |")
+            vs = f"{r['seconds'] / sdpa[r['T']]:.2f}x" if r["T"] in sdpa and r["impl"] != "torch.sdpa" else "-"
+            lines.append(f"| {r['impl']} | {r['T']} | {_fmt_time(r['seconds'])} | {vs} | "
+                         f"{r['flop'] / r['seconds'] / 1e9:.0f} | {r['added_mib']:.0f} MiB |")
         lines.append("")
     return "\n".join(lines)
 

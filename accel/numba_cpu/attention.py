@@ -57,10 +57,14 @@ Versions:
   decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
      produces (m, l, a) for its keys j < L_b with scalar dot products and libm exp, and the
      chunks are merged by the same rescaling. 3.6 ms per GPT-2 layer at S = 1024.
-  decode_attention v2 (this): the same split and merge; per chunk one pass over K (scores into a
+  decode_attention v2: the same split and merge; per chunk one pass over K (scores into a
      chunk buffer, dot products over D vectorised by `_dot`), the row max, exp (float32 polynomial)
      and float64 sum as in v3 above, then one pass over V (axpy over contiguous Dv). 9x faster
      than v1 (0.40 ms per GPT-2 layer at S = 1024, including the copy of the cache view).
+  decode_attention v3 (this): v2's chunk task and merge as two functions, run by a parallel driver
+     or, for a cache of fewer than DECODE_PARALLEL_WORK k + v elements, by a serial one with one
+     chunk per (b, h) (GPT-2 small at S = 100: 195 -> 58 us per call, the parallel launches were
+     most of it).
 How it differs from the twin: the twin builds the boolean [T, S] mask and the [B, H, T, S]
 scores, then NumPy's softmax (pairwise sums) and a BLAS matmul. Here the sums over keys run in
 tile order with the rescaling above (a row's accumulator is scaled by alpha before the tile's
@@ -91,12 +95,12 @@ from refimpl.attention import _scale_for, check_gqa_inputs
 
 from .._common import check_masked_attention_args
 from .blas import gemm
-from .norms import threads_for
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK"]
 
 BQ = 128  # queries per task (rows of a query tile)
 BK = 512  # keys per tile
+DECODE_PARALLEL_WORK = 1 << 19  # k + v elements (2 MiB of float32) from which decode_attention runs in parallel
 
 _BLAS = ThreadpoolController()
 
@@ -304,74 +308,99 @@ def _dot(x, y):  # x [n], y [n] -> sum_i x_i y_i
     return s
 
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
+@njit(cache=True, fastmath={"contract"})
+def _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a):
+    # One (b, h, chunk of S) task: its (m, l, a) into part_m / part_l / part_a [b, h, chunk].
+    H = q.shape[1]
+    S = k.shape[2]
+    Dv = v.shape[3]
+    G = H // k.shape[1]
+    chunk = (S + n_chunks - 1) // n_chunks
+    b = task // (H * n_chunks)
+    h = (task // n_chunks) % H
+    c = task % n_chunks
+    g = h // G
+    j0 = c * chunk
+    j1 = min(j0 + chunk, lengths[b])
+    acc = part_a[b, h, c]  # [Dv]
+    acc[:] = 0
+    part_l[b, h, c] = 0.0
+    part_m[b, h, c] = -np.inf
+    if j1 <= j0:
+        return
+    qbh = q[b, h]
+    p = np.empty(j1 - j0, dtype=q.dtype)  # scores, then weights, of the chunk: one pass over K
+    for j in range(j0, j1):
+        p[j - j0] = _dot(qbh, k[b, g, j]) * scale
+    mx = _row_max(p)
+    for j in range(j1 - j0):  # a NaN score makes the max NaN (as np.max)
+        if p[j] != p[j]:
+            mx = p[j]
+    part_m[b, h, c] = mx
+    if mx == -np.inf:
+        return
+    if fast_exp:
+        for j in range(j1 - j0):
+            p[j] = _exp_f32(p[j] - mx)
+    else:
+        for j in range(j1 - j0):
+            p[j] = math.exp(p[j] - mx)
+    part_l[b, h, c] = _row_sum(p)
+    for j in range(j0, j1):  # a += p_j v_j: axpy over contiguous Dv, one pass over V
+        pj = p[j - j0]
+        vj = v[b, g, j]
+        for d in range(Dv):
+            acc[d] += pj * vj[d]
+
+
+@njit(cache=True)
+def _decode_merge(bh, part_m, part_l, part_a, out):
+    # out[b, h] from the chunks' (m, l, a): rescaled to the common max and summed, one divide.
+    H = out.shape[1]
+    n_chunks = part_m.shape[2]
+    Dv = out.shape[2]
+    b = bh // H
+    h = bh % H
+    M = -np.inf
+    for c in range(n_chunks):
+        mc = part_m[b, h, c]
+        if mc > M or mc != mc:
+            M = mc
+    if M == -np.inf:  # no valid cache entry: zeros (the twin's convention)
+        for dv in range(Dv):
+            out[b, h, dv] = 0.0
+        return
+    L = 0.0
+    for c in range(n_chunks):
+        if part_m[b, h, c] != -np.inf:  # empty chunks hold nothing (and exp(-inf - -inf) is NaN)
+            L += part_l[b, h, c] * math.exp(part_m[b, h, c] - M)
+    for dv in range(Dv):
+        a = 0.0
+        for c in range(n_chunks):
+            if part_m[b, h, c] != -np.inf:
+                a += part_a[b, h, c, dv] * math.exp(part_m[b, h, c] - M)
+        out[b, h, dv] = a / L
+
+
+@njit(parallel=True, cache=True)
 def _decode_attention(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
     # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (C-contiguous), lengths [B] -> out [B, H, Dv];
     # part_m, part_l [B, H, n_chunks], part_a [B, H, n_chunks, Dv]: per-chunk (m, l, a).
-    B, H, D = q.shape
-    K = k.shape[1]
-    S = k.shape[2]
-    Dv = v.shape[3]
-    G = H // K
-    chunk = (S + n_chunks - 1) // n_chunks
+    B, H = q.shape[0], q.shape[1]
     for task in prange(B * H * n_chunks):
-        b = task // (H * n_chunks)
-        h = (task // n_chunks) % H
-        c = task % n_chunks
-        g = h // G
-        j0 = c * chunk
-        j1 = min(j0 + chunk, lengths[b])
-        acc = part_a[b, h, c]  # [Dv]
-        acc[:] = 0
-        part_l[b, h, c] = 0.0
-        part_m[b, h, c] = -np.inf
-        if j1 <= j0:
-            continue
-        qbh = q[b, h]
-        p = np.empty(j1 - j0, dtype=q.dtype)  # scores, then weights, of the chunk: one pass over K
-        for j in range(j0, j1):
-            p[j - j0] = _dot(qbh, k[b, g, j]) * scale
-        mx = _row_max(p)
-        for j in range(j1 - j0):  # a NaN score makes the max NaN (as np.max)
-            if p[j] != p[j]:
-                mx = p[j]
-        part_m[b, h, c] = mx
-        if mx == -np.inf:
-            continue
-        if fast_exp:
-            for j in range(j1 - j0):
-                p[j] = _exp_f32(p[j] - mx)
-        else:
-            for j in range(j1 - j0):
-                p[j] = math.exp(p[j] - mx)
-        part_l[b, h, c] = _row_sum(p)
-        for j in range(j0, j1):  # a += p_j v_j: axpy over contiguous Dv, one pass over V
-            pj = p[j - j0]
-            vj = v[b, g, j]
-            for d in range(Dv):
-                acc[d] += pj * vj[d]
+        _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a)
     for bh in prange(B * H):
-        b = bh // H
-        h = bh % H
-        M = -np.inf
-        for c in range(n_chunks):
-            mc = part_m[b, h, c]
-            if mc > M or mc != mc:
-                M = mc
-        if M == -np.inf:  # no valid cache entry: zeros (the twin's convention)
-            for dv in range(Dv):
-                out[b, h, dv] = 0.0
-            continue
-        L = 0.0
-        for c in range(n_chunks):
-            if part_m[b, h, c] != -np.inf:  # empty chunks hold nothing (and exp(-inf - -inf) is NaN)
-                L += part_l[b, h, c] * math.exp(part_m[b, h, c] - M)
-        for dv in range(Dv):
-            a = 0.0
-            for c in range(n_chunks):
-                if part_m[b, h, c] != -np.inf:
-                    a += part_a[b, h, c, dv] * math.exp(part_m[b, h, c] - M)
-            out[b, h, dv] = a / L
+        _decode_merge(bh, part_m, part_l, part_a, out)
+
+
+@njit(cache=True)
+def _decode_attention_serial(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
+    # The same tasks in order on the calling thread (no parallel launch: a short cache).
+    B, H = q.shape[0], q.shape[1]
+    for task in range(B * H * n_chunks):
+        _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a)
+    for bh in range(B * H):
+        _decode_merge(bh, part_m, part_l, part_a, out)
 
 
 def _check_qkv(q, k, v):  # the twin's checks and messages (refimpl.attention.check_gqa_inputs)
@@ -455,15 +484,17 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     work = _compute_dtype(dtype)
     sc = work.type(_scale_for(D, scale, dtype))
     Dv = v.shape[3]
-    # Enough chunks to keep every thread busy when B*H is small, none shorter than 64 keys.
-    n_chunks = max(1, min(-(-S // 64), -(-2 * get_num_threads() // max(B * H, 1))))
+    # Enough chunks to keep every thread busy when B*H is small, none shorter than 64 keys; a short
+    # cache runs on the calling thread (a parallel launch costs ~30-60 us, more than its work).
+    serial = k.size + v.size < DECODE_PARALLEL_WORK or get_num_threads() == 1
+    n_chunks = 1 if serial else max(1, min(-(-S // 64), -(-2 * get_num_threads() // max(B * H, 1))))
     part_m = np.empty((B, H, n_chunks), dtype=work)
     part_l = np.empty((B, H, n_chunks), dtype=np.float64)
     part_a = np.empty((B, H, n_chunks, Dv), dtype=work)
     out = np.empty((B, H, Dv), dtype=work)
     if out.size:
-        with threads_for(k.size + v.size):  # a short cache on one thread (accel.numba_cpu.norms)
-            _decode_attention(np.ascontiguousarray(q, dtype=work), np.ascontiguousarray(k, dtype=work),
-                              np.ascontiguousarray(v, dtype=work), lengths, sc, n_chunks, work == np.float32,
-                              part_m, part_l, part_a, out)
+        kernel = _decode_attention_serial if serial else _decode_attention
+        kernel(np.ascontiguousarray(q, dtype=work), np.ascontiguousarray(k, dtype=work),
+               np.ascontiguousarray(v, dtype=work), lengths, sc, n_chunks, work == np.float32,
+               part_m, part_l, part_a, out)
     return out.astype(dtype, copy=False)

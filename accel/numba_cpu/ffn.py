@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from refimpl._checks import as_float, check_ndim
 
-from .norms import threads_for
+from .norms import parallel_or_serial
 
 __all__ = ["gelu_tanh_bias"]
 
@@ -81,24 +81,44 @@ def _exp_f64(t):  # float64 -> float64
     return t if t != t else e
 
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
+@njit(cache=True, fastmath={"contract"})
+def _gelu_row_f32(x, b, out):  # [F] float32, [F] -> [F]
+    for c in range(x.shape[0]):
+        z = np.float64(x[c]) + np.float64(b[c])
+        u = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
+        out[c] = z / (1.0 + _exp_f64(-2.0 * u))
+
+
+@njit(cache=True)
+def _gelu_row(x, b, out):  # [F], [F] -> [F]
+    for c in range(x.shape[0]):
+        z = np.float64(x[c]) + np.float64(b[c])
+        u = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
+        out[c] = z / (1.0 + math.exp(-2.0 * u))
+
+
+@njit(parallel=True, cache=True)
 def _gelu_tanh_bias_rows_f32(x, b, out):  # [N, F] float32, [F] -> [N, F]
-    N, F = x.shape
-    for r in prange(N):
-        for c in range(F):
-            z = np.float64(x[r, c]) + np.float64(b[c])
-            u = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
-            out[r, c] = z / (1.0 + _exp_f64(-2.0 * u))
+    for r in prange(x.shape[0]):
+        _gelu_row_f32(x[r], b, out[r])
+
+
+@njit(cache=True)
+def _gelu_tanh_bias_rows_f32_serial(x, b, out):  # the same, on the calling thread
+    for r in range(x.shape[0]):
+        _gelu_row_f32(x[r], b, out[r])
 
 
 @njit(parallel=True, cache=True)
 def _gelu_tanh_bias_rows(x, b, out):  # [N, F], [F] -> [N, F]
-    N, F = x.shape
-    for r in prange(N):
-        for c in range(F):
-            z = np.float64(x[r, c]) + np.float64(b[c])
-            u = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
-            out[r, c] = z / (1.0 + math.exp(-2.0 * u))
+    for r in prange(x.shape[0]):
+        _gelu_row(x[r], b, out[r])
+
+
+@njit(cache=True)
+def _gelu_tanh_bias_rows_serial(x, b, out):  # the same, on the calling thread
+    for r in range(x.shape[0]):
+        _gelu_row(x[r], b, out[r])
 
 
 def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
@@ -117,7 +137,8 @@ def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
     work = np.float32 if out_dtype == np.float16 else out_dtype  # Numba has no CPU float16: widen, round back
     out = np.empty((math.prod(x.shape[:-1]), F), dtype=work)  # [N, F]
     if out.size:
-        kernel = _gelu_tanh_bias_rows_f32 if work == np.float32 else _gelu_tanh_bias_rows
-        with threads_for(out.size):  # small calls on one thread (accel.numba_cpu.norms)
-            kernel(np.ascontiguousarray(x, dtype=work).reshape(out.shape), np.ascontiguousarray(b, dtype=work), out)
+        kernel = (parallel_or_serial(out.size, _gelu_tanh_bias_rows_f32, _gelu_tanh_bias_rows_f32_serial)
+                  if work == np.float32 else
+                  parallel_or_serial(out.size, _gelu_tanh_bias_rows, _gelu_tanh_bias_rows_serial))
+        kernel(np.ascontiguousarray(x, dtype=work).reshape(out.shape), np.ascontiguousarray(b, dtype=work), out)
     return out.reshape(x.shape).astype(out_dtype, copy=False)

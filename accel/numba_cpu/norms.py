@@ -10,8 +10,9 @@ Versions:
 How it differs from the twin: the twin works in the promoted input dtype (float32 stays
 float32) with NumPy's pairwise sums; here float32 rows are reduced and normalised in float64,
 so the float32 result is the float64 value rounded once; float64 differs by summation order.
-Threads: arrays of fewer than SMALL_WORK elements run on the calling thread only
-(`threads_for`): a parallel launch costs more than such a call's work, and on a shared machine a
+Threads: arrays of fewer than SMALL_WORK elements run on the calling thread only, through a
+serial driver of the same row function (`parallel_or_serial`): a parallel launch costs more than
+such a call's work, and on a shared machine a
 descheduled worker stalls every launch (measured: GPT-2 decoding with 2 Numba threads on a loaded
 2-core machine ran at 1 token/s). Rows are independent, so the result is the same either way.
 Non-finite inputs follow the same IEEE path (a NaN or inf in a row makes mu or sigma^2 NaN or
@@ -30,9 +31,19 @@ from numba import get_num_threads, njit, prange, set_num_threads
 from refimpl._checks import as_float
 from refimpl.norms import _check_eps, _check_feature_vector, _check_width
 
-__all__ = ["layer_norm", "rms_norm", "threads_for", "SMALL_WORK"]
+__all__ = ["layer_norm", "rms_norm", "threads_for", "parallel_or_serial", "SMALL_WORK"]
 
 SMALL_WORK = 1 << 15  # elements: below this a kernel call runs on one thread
+
+
+def parallel_or_serial(n_elements: int, parallel, serial):
+    """The kernel to call: `serial` (a plain loop on the calling thread) below SMALL_WORK elements or with one thread.
+
+    A prange kernel pays for its launch even on one thread (measured: layer_norm of one
+    768-wide row, 31 us through the parallel kernel with 1 thread, 2 us through the serial
+    loop), which is most of a decoding step's non-matmul time.
+    """
+    return serial if (n_elements < SMALL_WORK or get_num_threads() == 1) else parallel
 
 
 @contextmanager
@@ -49,36 +60,58 @@ def threads_for(n_elements: int):
         set_num_threads(before)
 
 
+@njit(cache=True)
+def _layer_norm_row(x, gamma, beta, eps, out):  # [C], [C], [C] -> [C]
+    C = x.shape[0]
+    s = 0.0
+    for c in range(C):
+        s += np.float64(x[c])
+    mu = s / C
+    ss = 0.0
+    for c in range(C):
+        d = np.float64(x[c]) - mu
+        ss += d * d
+    var = ss / C
+    denom = math.sqrt(var + eps)
+    for c in range(C):
+        y = (np.float64(x[c]) - mu) / denom
+        out[c] = y * np.float64(gamma[c]) + np.float64(beta[c])
+
+
 @njit(parallel=True, cache=True)
 def _layer_norm_rows(x, gamma, beta, eps, out):  # [N, C], [C], [C] -> [N, C]
-    N, C = x.shape
-    for r in prange(N):
-        s = 0.0
-        for c in range(C):
-            s += np.float64(x[r, c])
-        mu = s / C
-        ss = 0.0
-        for c in range(C):
-            d = np.float64(x[r, c]) - mu
-            ss += d * d
-        var = ss / C
-        denom = math.sqrt(var + eps)
-        for c in range(C):
-            y = (np.float64(x[r, c]) - mu) / denom
-            out[r, c] = y * np.float64(gamma[c]) + np.float64(beta[c])
+    for r in prange(x.shape[0]):
+        _layer_norm_row(x[r], gamma, beta, eps, out[r])
+
+
+@njit(cache=True)
+def _layer_norm_rows_serial(x, gamma, beta, eps, out):  # the same, on the calling thread
+    for r in range(x.shape[0]):
+        _layer_norm_row(x[r], gamma, beta, eps, out[r])
+
+
+@njit(cache=True)
+def _rms_norm_row(x, gamma, eps, out):  # [C], [C] -> [C]
+    C = x.shape[0]
+    ss = 0.0
+    for c in range(C):
+        xc = np.float64(x[c])
+        ss += xc * xc
+    denom = math.sqrt(ss / C + eps)
+    for c in range(C):
+        out[c] = np.float64(x[c]) / denom * np.float64(gamma[c])
 
 
 @njit(parallel=True, cache=True)
 def _rms_norm_rows(x, gamma, eps, out):  # [N, C], [C] -> [N, C]
-    N, C = x.shape
-    for r in prange(N):
-        ss = 0.0
-        for c in range(C):
-            xc = np.float64(x[r, c])
-            ss += xc * xc
-        denom = math.sqrt(ss / C + eps)
-        for c in range(C):
-            out[r, c] = np.float64(x[r, c]) / denom * np.float64(gamma[c])
+    for r in prange(x.shape[0]):
+        _rms_norm_row(x[r], gamma, eps, out[r])
+
+
+@njit(cache=True)
+def _rms_norm_rows_serial(x, gamma, eps, out):  # the same, on the calling thread
+    for r in range(x.shape[0]):
+        _rms_norm_row(x[r], gamma, eps, out[r])
 
 
 def _work(dtype) -> np.dtype:
@@ -104,8 +137,8 @@ def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] 
     out_dtype = np.result_type(x, gamma, beta)
     out = np.empty((math.prod(x.shape[:-1]), C), dtype=_work(out_dtype))  # [N, C]
     if out.size:
-        with threads_for(out.size):
-            _layer_norm_rows(_rows(x, C), _rows(gamma, C)[0], _rows(beta, C)[0], eps, out)
+        kernel = parallel_or_serial(out.size, _layer_norm_rows, _layer_norm_rows_serial)
+        kernel(_rows(x, C), _rows(gamma, C)[0], _rows(beta, C)[0], eps, out)
     return out.reshape(x.shape).astype(out_dtype, copy=False)
 
 
@@ -122,6 +155,6 @@ def rms_norm(x, gamma, *, eps: float = 1e-6) -> np.ndarray:  # [..., C] -> [...,
     out_dtype = np.result_type(x, gamma)
     out = np.empty((math.prod(x.shape[:-1]), C), dtype=_work(out_dtype))  # [N, C]
     if out.size:
-        with threads_for(out.size):
-            _rms_norm_rows(_rows(x, C), _rows(gamma, C)[0], eps, out)
+        kernel = parallel_or_serial(out.size, _rms_norm_rows, _rms_norm_rows_serial)
+        kernel(_rows(x, C), _rows(gamma, C)[0], eps, out)
     return out.reshape(x.shape).astype(out_dtype, copy=False)
