@@ -4,9 +4,15 @@ LN(x)      = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta   (twin: refimpl.norm
 RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma                (twin: refimpl.norms.rms_norm)
 
 Versions:
-  v1 (this) rows of [N, C] in parallel (prange); per row two passes (mean, then the mean of
+  v1 rows of [N, C] in parallel (prange); per row two passes (mean, then the mean of
      squared deviations) as the twin, but left-to-right sums in float64 for every input dtype
-     and the whole row formula in float64, rounded once to the output dtype.
+     and the whole row formula in float64, rounded once to the output dtype. Scalar loops:
+     4.7x torch's layer_norm time on [2048, 768] float32.
+  v2 (this) the same two passes, the float64 sums in an order the compiler picks (vectorised;
+     any order of C float64 terms is within (C - 1) eps64 of the sum, far under the float32
+     output's rounding and the float64 tolerance), the row functions under error_model="numpy"
+     (no ZeroDivisionError guard on x / denom, denom >= sqrt(eps) > 0) so the normalising loop
+     vectorises too; a serial driver for small calls (below).
 How it differs from the twin: the twin works in the promoted input dtype (float32 stays
 float32) with NumPy's pairwise sums; here float32 rows are reduced and normalised in float64,
 so the float32 result is the float64 value rounded once; float64 differs by summation order.
@@ -60,18 +66,30 @@ def threads_for(n_elements: int):
         set_num_threads(before)
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath={"reassoc"})
+def _sum64(x):  # [C] -> float64
+    """sum_c x_c in float64, in an order the compiler picks (vectorised): <= (C - 1) eps64 sum |x_c|."""
+    s = 0.0
+    for c in range(x.shape[0]):
+        s += np.float64(x[c])
+    return s
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _sum_sq64(x, mu):  # [C], float64 -> float64
+    """sum_c (x_c - mu)^2 in float64 (each term as written, the adds in a compiler-picked order)."""
+    s = 0.0
+    for c in range(x.shape[0]):
+        d = np.float64(x[c]) - mu
+        s += d * d
+    return s
+
+
+@njit(cache=True, error_model="numpy")
 def _layer_norm_row(x, gamma, beta, eps, out):  # [C], [C], [C] -> [C]
     C = x.shape[0]
-    s = 0.0
-    for c in range(C):
-        s += np.float64(x[c])
-    mu = s / C
-    ss = 0.0
-    for c in range(C):
-        d = np.float64(x[c]) - mu
-        ss += d * d
-    var = ss / C
+    mu = _sum64(x) / C
+    var = _sum_sq64(x, mu) / C
     denom = math.sqrt(var + eps)
     for c in range(C):
         y = (np.float64(x[c]) - mu) / denom
@@ -90,14 +108,10 @@ def _layer_norm_rows_serial(x, gamma, beta, eps, out):  # the same, on the calli
         _layer_norm_row(x[r], gamma, beta, eps, out[r])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rms_norm_row(x, gamma, eps, out):  # [C], [C] -> [C]
     C = x.shape[0]
-    ss = 0.0
-    for c in range(C):
-        xc = np.float64(x[c])
-        ss += xc * xc
-    denom = math.sqrt(ss / C + eps)
+    denom = math.sqrt(_sum_sq64(x, 0.0) / C + eps)
     for c in range(C):
         out[c] = np.float64(x[c]) / denom * np.float64(gamma[c])
 
