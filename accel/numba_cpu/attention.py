@@ -50,8 +50,8 @@ Versions:
      otherwise. The masked part of a diagonal tile is two contiguous -inf fills per row (the
      row's window [lo, hi) and sink [0, sk) in tile coordinates), a per-key test only in tiles
      that hold padding keys. Each score row is a contiguous 1-D slice, so max / exp / sum
-     vectorise. Tiles 128 x 512 (the best of 64..256 x 128..1024 at T = 1024..4096); the causal
-     diagonal costs BQ / T extra products. Measured (min of 7, interleaved with torch, 2 threads):
+     vectorise. Tiles 128 x 512 from T * S = 2^20 on (the best of 64..256 x 128..1024 at
+     T = 1024..4096), 64 x 128 below; the causal diagonal costs BQ / T extra products. Measured (min of 7, interleaved with torch, 2 threads):
      0.96x / 1.04x / 1.10x torch SDPA at T = 1024 / 2048 / 4096; about 70% of the time is the
      two products, the rest the row max, exp and sum (~0.65 ns per score on one core).
   decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
@@ -96,10 +96,13 @@ from refimpl.attention import _scale_for, check_gqa_inputs
 from .._common import check_masked_attention_args
 from .blas import gemm
 
-__all__ = ["masked_attention", "decode_attention", "BQ", "BK"]
+__all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT"]
 
-BQ = 128  # queries per task (rows of a query tile)
-BK = 512  # keys per tile
+BQ = 128  # queries per task (rows of a query tile) when T * S >= LONG
+BK = 512  # keys per tile when T * S >= LONG
+BQ_SHORT = 64  # tiles for shorter problems: less causal-diagonal waste and more tasks than threads
+BK_SHORT = 128  # (GPT-2 prefill at T = 128: 12 heads in ~0.5 ms instead of ~1.2 ms with 128 x 512)
+LONG = 1 << 20
 DECODE_PARALLEL_WORK = 1 << 19  # k + v elements (2 MiB of float32) from which decode_attention runs in parallel
 
 _BLAS = ThreadpoolController()
@@ -403,6 +406,11 @@ def _decode_attention_serial(q, k, v, lengths, scale, n_chunks, fast_exp, part_m
         _decode_merge(bh, part_m, part_l, part_a, out)
 
 
+def _tiles(T: int, S: int) -> tuple[int, int]:
+    """(BQ, BK) for a T x S problem: the large tiles from T * S = LONG on, the short ones below."""
+    return (BQ, BK) if T * S >= LONG else (BQ_SHORT, BK_SHORT)
+
+
 def _check_qkv(q, k, v):  # the twin's checks and messages (refimpl.attention.check_gqa_inputs)
     return check_gqa_inputs(q, k, v)
 
@@ -449,7 +457,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # One BLAS thread per Numba task; tasks handed out 2 at a time (dynamic: causal tasks differ in size).
         with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
             _flash_attention(qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
-                             0 if window is None else window, n_sink, work == np.float32, BQ, BK, out)
+                             0 if window is None else window, n_sink, work == np.float32, *_tiles(T, S), out)
     return out.astype(dtype, copy=False)
 
 
