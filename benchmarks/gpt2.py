@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Result, measure_read_bandwidth, time_fn, time_interleaved
+from .harness import Result, measure_read_bandwidth, paired_ratio, time_fn, time_interleaved
 
 
 BOUND = "bound: parameter-sized reads (gemv)"
@@ -113,7 +113,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             params = ops.prepare(model.params)
 
             def generation_prefill(ops=ops, params=params):
-                cache = KVCache.allocate(cfg, 1, max_len=T + 32, dtype=params.wte.dtype, zeros=ops.zeros)
+                cache = KVCache.allocate(cfg, 1, max_len=min(T + 32, cfg.n_positions), dtype=params.wte.dtype,
+                                         zeros=ops.zeros)
                 h = hidden_states(params, cfg, ids, cache=cache, ops=ops)  # [1, T, C]
                 return ops.to_numpy(lm_head(h[:, -1], params))  # [1, V]
 
@@ -124,8 +125,12 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
         flop_full = prefill_flop(cfg, T)
         flop_last = flop_full - 2 * (T - 1) * cfg.n_embd * cfg.vocab_size
         for (case, impl), t in timings.items():
+            extra = {}
+            if impl != "hf.torch":  # per-round time ratios (see harness.paired_ratio)
+                extra["paired_vs_peer"] = paired_ratio(t, timings[(case, "hf.torch")])
+                extra["paired_vs_hf_default_forward"] = paired_ratio(t, timings[(full, "hf.torch")])
             results.append(Result(case, impl, t.median, t.spread, flop=flop_full if case == full else flop_last,
-                                  params={"T": T}))
+                                  params={"T": T}, extra=extra))
 
     # ---- decode
     n_new = 32 if quick else 64
@@ -147,9 +152,13 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
         with torch.no_grad():
             timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
         for impl, t in timings.items():
+            extra = {"tokens_per_s": B * n_new / t.median}
+            if impl.startswith("refimpl"):  # per-round ratios (see harness.paired_ratio)
+                extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.generate"])
+                if BOUND in timings:
+                    extra["paired_fraction_of_bound"] = 1 / paired_ratio(t, timings[BOUND])
             results.append(Result(f"decode B={B}", impl, t.median, t.spread,
-                                  bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new},
-                                  extra={"tokens_per_s": B * n_new / t.median}))
+                                  bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new}, extra=extra))
 
     # ---- textbook baseline: full recomputation per token, no cache
     n_tb = 8 if quick else 32

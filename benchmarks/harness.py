@@ -103,6 +103,16 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: 
     return out
 
 
+def paired_ratio(ours: Timing, peer: Timing) -> float:
+    """Median over rounds of ours_r / peer_r for two Timings from one `time_interleaved` call.
+
+    Each round times both back to back, so a slow spell of a shared machine that spans a round
+    scales both samples; the per-round ratio cancels it where the ratio of the two medians
+    (taken over different rounds) need not.
+    """
+    return statistics.median(a / b for a, b in zip(ours.samples, peer.samples))
+
+
 # ---- ceilings --------------------------------------------------------------------
 
 

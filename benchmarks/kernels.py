@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Result, peak_rss_of, time_interleaved
+from .harness import Result, paired_ratio, peak_rss_of, time_interleaved
 
 
 def _torch_peers():
@@ -116,8 +116,11 @@ def run(quick: bool = True, backend: str = "numba", threads: int = 2) -> dict:
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
         impls = {f"accel[{backend}]": lambda: attn(q, k, v, causal=causal),
                  "torch.sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)}
-        for impl, t in time_interleaved(impls, repeats=7, warmup=1).items():
-            results.append(Result(case, impl, t.median, t.spread, flop=flop, params={"T": T, "causal": causal}))
+        timings = time_interleaved(impls, repeats=9, warmup=1)
+        for impl, t in timings.items():
+            extra = {} if impl == "torch.sdpa" else {"paired_vs_peer": paired_ratio(t, timings["torch.sdpa"])}
+            results.append(Result(case, impl, t.median, t.spread, flop=flop, params={"T": T, "causal": causal},
+                                  extra=extra))
 
     dspec = registry.get("decode_attention", backend)
     dec = dspec.load()
@@ -170,11 +173,15 @@ def scaling(quick: bool = True, threads: int = 2) -> dict:
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
         impls = {"accel[numba] (fused)": lambda: fused(q, k, v, causal=True),
                  "torch.sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)}
-        if T <= (2048 if quick else 4096):
-            impls["refimpl (naive)"] = lambda: naive(q, k, v, causal=True)
-        timings = time_interleaved(impls, repeats=5 if T <= 4096 else 3, warmup=1, max_time=60)
+        timings = time_interleaved(impls, repeats=9 if T <= 4096 else 5, warmup=1, max_time=90)
+        if T <= (2048 if quick else 4096):  # the naive one only for scale (slow; not in the paired rounds)
+            timings["refimpl (naive)"] = time_interleaved(
+                {"naive": lambda: naive(q, k, v, causal=True)}, repeats=3, warmup=1, max_time=30)["naive"]
         for impl, t in timings.items():
             mem = peak_rss_of(_MEMORY_PROBE.format(T=T, setup=_IMPL_SETUP[impl]))
-            rows.append({"T": T, "impl": impl, "seconds": t.median, "spread": t.spread,
-                         "added_mib": mem["added_mib"], "flop": 4 * 12 * T * T * 64 * 0.5})
+            row = {"T": T, "impl": impl, "seconds": t.median, "spread": t.spread,
+                   "added_mib": mem["added_mib"], "flop": 4 * 12 * T * T * 64 * 0.5}
+            if impl == "accel[numba] (fused)":
+                row["paired_vs_sdpa"] = paired_ratio(t, timings["torch.sdpa"])
+            rows.append(row)
     return {"rows": rows}

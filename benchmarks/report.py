@@ -5,6 +5,8 @@
 
 Ratios are time(ours) / time(peer) measured in the same run (lower is better for us),
 except decoding, which is reported as tokens/s and the ratio ours / peer (higher is better).
+"paired" is the median over interleaved rounds of the per-round ratio (benchmarks.harness.
+paired_ratio): the figure least moved by a slow spell of a shared machine.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
             if ours is None:
                 continue
             ratio = f"{ours['seconds'] / peer['seconds']:.2f}x" if peer else "-"
+            if "paired_vs_peer" in ours.get("extra", {}):
+                ratio += f" (paired {ours['extra']['paired_vs_peer']:.2f}x)"
             if ours.get("flop"):
                 ach = ours["flop"] / ours["seconds"] / 1e9
                 achieved, frac = f"{ach:.1f} GFLOP/s", (f"{ach / gflops_ceiling:.0%}" if gflops_ceiling else "-")
@@ -86,13 +90,20 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
             peer = impls.get("hf.torch") or impls.get("hf.generate")
             for impl, r in impls.items():
                 tps = r.get("extra", {}).get("tokens_per_s")
+                ex = r.get("extra", {})
                 if case.startswith("prefill"):
                     vs = f"{r['seconds'] / peer['seconds']:.2f}x time" if peer and r is not peer else "-"
+                    if "paired_vs_peer" in ex:
+                        vs += f" (paired {ex['paired_vs_peer']:.2f}x)"
                     frac = "-"
                 else:
                     vs = (f"{tps / peer['extra']['tokens_per_s']:.2f}x tokens/s"
                           if peer and r is not peer and tps and not impl.startswith("bound") else "-")
+                    if "paired_tokens_per_s_vs_peer" in ex:
+                        vs += f" (paired {ex['paired_tokens_per_s_vs_peer']:.2f}x)"
                     frac = f"{tps / bound_tps:.0%}" if (bound_tps and tps and case == "decode B=1") else "-"
+                    if "paired_fraction_of_bound" in ex:
+                        frac += f" (paired {ex['paired_fraction_of_bound']:.0%})"
                 lines.append(f"| {case} | {impl} | {_fmt_time(r['seconds'])} | "
                              f"{f'{tps:.1f}' if tps else '-'} | {vs} | {frac} |")
         by = _rows_by_case(g["results"])
@@ -103,7 +114,8 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                     lines.append("")
                     lines.append(f"{case.split(' (')[0]}, generation's prefill (KV cache + last logits) against HF's "
                                  f"default forward (all logits, {_fmt_time(default['seconds'])}): " + ", ".join(
-                                     f"{impl} {r['seconds'] / default['seconds']:.2f}x"
+                                     f"{impl} {r['seconds'] / default['seconds']:.2f}x (paired "
+                                     f"{r.get('extra', {}).get('paired_vs_hf_default_forward', float('nan')):.2f}x)"
                                      for impl, r in impls.items() if impl != "hf.torch") + ".")
         if bound_tps:
             lines.append("")
@@ -122,6 +134,8 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
         sdpa = {r["T"]: r["seconds"] for r in s["rows"] if r["impl"] == "torch.sdpa"}
         for r in s["rows"]:
             vs = f"{r['seconds'] / sdpa[r['T']]:.2f}x" if r["T"] in sdpa and r["impl"] != "torch.sdpa" else "-"
+            if "paired_vs_sdpa" in r:
+                vs += f" (paired {r['paired_vs_sdpa']:.2f}x)"
             lines.append(f"| {r['impl']} | {r['T']} | {_fmt_time(r['seconds'])} | {vs} | "
                          f"{r['flop'] / r['seconds'] / 1e9:.0f} | {r['added_mib']:.0f} MiB |")
         lines.append("")

@@ -87,7 +87,9 @@ import math
 
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (the BLAS Numba's np.dot calls; loaded before threadpoolctl looks)
-from numba import get_num_threads, njit, parallel_chunksize, prange
+from llvmlite import ir as llvm_ir
+from numba import get_num_threads, njit, parallel_chunksize, prange, types
+from numba.extending import intrinsic
 from threadpoolctl import ThreadpoolController
 
 from refimpl._checks import as_float, float_result_type
@@ -163,24 +165,46 @@ def _exp_f32(t):  # float32 -> float32: exp(t) for t <= 0 (or -inf, or NaN)
     return np.float32(0.0) if t < _EXP_MIN else (p * r * r + r + np.float32(1.0)) * two_k
 
 
-@njit(inline="always")
+@intrinsic
+def _maxnum(typingctx, a, b):  # (float, float) -> float: LLVM's maxnum, the larger of the two, NaN ignored
+    """maxnum(a, b) (IEEE 754 maxNum): the larger operand; a NaN operand yields the other one.
+
+    As an LLVM intrinsic the compiler vectorises a reduction over it (vmaxps with a NaN fix-up)
+    with no fast-math flag, unlike `a if a > b else b`, whose reduction it keeps scalar.
+    """
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, signature, args):
+        lty = context.get_value_type(a)
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [lty], llvm_ir.FunctionType(lty, [lty, lty]))
+        return builder.call(fn, args)
+
+    return a(a, b), codegen
+
+
+@njit
 def _row_max(x):  # x [n] -> max over the entries that are not NaN (-inf if none)
-    """max_j x_j in 8 independent lanes (lane u takes j = u, u+8, ...), then across the lanes (exact in any order)."""
-    n = x.shape[0]
-    n8 = n - n % 8
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x.dtype.type(-np.inf)
-    for j in range(0, n8, 8):
-        m0 = x[j] if x[j] > m0 else m0
-        m1 = x[j + 1] if x[j + 1] > m1 else m1
-        m2 = x[j + 2] if x[j + 2] > m2 else m2
-        m3 = x[j + 3] if x[j + 3] > m3 else m3
-        m4 = x[j + 4] if x[j + 4] > m4 else m4
-        m5 = x[j + 5] if x[j + 5] > m5 else m5
-        m6 = x[j + 6] if x[j + 6] > m6 else m6
-        m7 = x[j + 7] if x[j + 7] > m7 else m7
-    for j in range(n8, n):
-        m0 = x[j] if x[j] > m0 else m0
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    """max_j x_j over the non-NaN entries (maxnum reduction, vectorised; exact in any order)."""
+    m = x.dtype.type(-np.inf)
+    for j in range(x.shape[0]):
+        m = _maxnum(m, x[j])
+    return m
+
+
+@njit(fastmath={"contract"})
+def _exp_row(x, mx, fast_exp):  # x [n] <- exp(x - mx), in place (x <= mx, or -inf, or NaN)
+    """x_j <- exp(x_j - mx): the float32 polynomial when fast_exp, libm's exp otherwise.
+
+    A function of its own: compiled alone, the loop vectorises (8 lanes); written inline in the
+    parallel kernel's body it did not (scalar code, measured ~2x slower per score).
+    """
+    if fast_exp:
+        for j in range(x.shape[0]):
+            x[j] = _exp_f32(x[j] - mx)
+    else:
+        for j in range(x.shape[0]):
+            x[j] = math.exp(x[j] - mx)
 
 
 @njit(fastmath={"reassoc", "contract"})
@@ -190,6 +214,56 @@ def _row_sum(x):  # x [n] -> float64
     for j in range(x.shape[0]):
         s += np.float64(x[j])
     return s
+
+
+@njit(fastmath={"contract"})
+def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, key_ok, sk, lo, hi, fast_exp, m, l, acc):
+    # One tile's online-softmax update: rows r < nq of s_buf (each nk scores, contiguous) become
+    # weights exp(s - m_new); m, l and the rows of acc are brought to the new running max.
+    # p0: the position of the tile's first query; key_ok [S] bool (this sequence's keys).
+    # A function of its own (not written in the parallel kernel's body), so that its loops are
+    # compiled and vectorised as such.
+    zero = s_buf.dtype.type(0)
+    Dv = acc.shape[1]
+    for r in range(nq):
+        srow = s_buf[r * nk:(r + 1) * nk]  # (a 1-D slice: contiguous to the compiler, so its loops vectorise)
+        if scale != 1:
+            for j in range(nk):
+                srow[j] = srow[j] * scale
+        if use_alibi:
+            p = p0 + r
+            for j in range(nk):
+                srow[j] -= slope * (p - j0 - j)
+        if not full:
+            # This row sees the tile's keys [0, e_a) (sinks) and [b_lo, b_hi) (window), in
+            # tile-local indices; the rest is masked by two contiguous fills.
+            e_a = min(max(sk[r] - j0, 0), nk)
+            b_lo = min(max(lo[r] - j0, 0), nk)
+            b_hi = min(max(hi[r] - j0, b_lo), nk)
+            for j in range(e_a, max(e_a, b_lo)):
+                srow[j] = -np.inf
+            for j in range(max(e_a, b_hi), nk):
+                srow[j] = -np.inf
+            if n_ok < nk:  # padding keys inside the tile
+                for j in range(nk):
+                    if not key_ok[j0 + j]:
+                        srow[j] = -np.inf
+        # The new running max. NaN scores are passed over here; they reach the row through
+        # exp(NaN - m) = NaN in the sum below (so the row becomes NaN, as in the twin).
+        mx = max(m[r], _row_max(srow))
+        if mx == -np.inf:  # nothing visible to this row yet (or only NaN scores)
+            for j in range(nk):
+                if srow[j] != srow[j]:
+                    l[r] = np.nan
+                srow[j] = zero
+            continue
+        alpha = math.exp(m[r] - mx)
+        m[r] = mx
+        if alpha != 1:  # a new max: rescale what the row holds so far
+            for c in range(Dv):
+                acc[r, c] *= alpha
+        _exp_row(srow, mx, fast_exp)
+        l[r] = l[r] * alpha + _row_sum(srow)
 
 
 @njit(parallel=True, cache=True, fastmath={"contract"})
@@ -246,50 +320,8 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
 
                 s = s_buf[:nq * nk].reshape((nq, nk))
                 gemm(s, q_tile, kbg[j0:j1], True, False)  # S_tile = Q_tile K_tile^T  (BLAS)
-                for r in range(nq):
-                    srow = s_buf[r * nk:(r + 1) * nk]  # (a 1-D slice: contiguous to the compiler, so its loops vectorise)
-                    if scale != 1:
-                        for j in range(nk):
-                            srow[j] = srow[j] * scale
-                    if use_alibi:
-                        p = S - T + i0 + r
-                        for j in range(nk):
-                            srow[j] -= slope * (p - j0 - j)
-                    if not full:
-                        # This row sees the tile's keys [0, e_a) (sinks) and [b_lo, b_hi) (window), in
-                        # tile-local indices; the rest is masked by two contiguous fills.
-                        e_a = min(max(sk[r] - j0, 0), nk)
-                        b_lo = min(max(lo[r] - j0, 0), nk)
-                        b_hi = min(max(hi[r] - j0, b_lo), nk)
-                        for j in range(e_a, max(e_a, b_lo)):
-                            srow[j] = -np.inf
-                        for j in range(max(e_a, b_hi), nk):
-                            srow[j] = -np.inf
-                        if n_ok < nk:  # padding keys inside the tile
-                            for j in range(nk):
-                                if not key_ok[b, j0 + j]:
-                                    srow[j] = -np.inf
-                    # The new running max. NaN scores are passed over here; they reach the row through
-                    # exp(NaN - m) = NaN in the sum below (so the row becomes NaN, as in the twin).
-                    mx = max(m[r], _row_max(srow))
-                    if mx == -np.inf:  # nothing visible to this row yet (or only NaN scores)
-                        for j in range(nk):
-                            if srow[j] != srow[j]:
-                                l[r] = np.nan
-                            srow[j] = zero
-                        continue
-                    alpha = math.exp(m[r] - mx)
-                    m[r] = mx
-                    if alpha != 1:  # a new max: rescale what the row holds so far
-                        for c in range(Dv):
-                            acc[r, c] *= alpha
-                    if fast_exp:
-                        for j in range(nk):
-                            srow[j] = _exp_f32(srow[j] - mx)
-                    else:
-                        for j in range(nk):
-                            srow[j] = math.exp(srow[j] - mx)
-                    l[r] = l[r] * alpha + _row_sum(srow)
+                _softmax_tile(s_buf, nq, nk, j0, S - T + i0, scale, use_alibi, slope, full, n_ok,
+                              key_ok[b], sk, lo, hi, fast_exp, m, l, acc)
                 gemm(acc, s, vbg[j0:j1], False, True)  # A += P_tile V_tile  (BLAS, beta = 1)
 
         for r in range(nq):

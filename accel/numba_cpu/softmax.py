@@ -6,8 +6,8 @@ Versions:
   v1 rows of the last axis in parallel (prange); per row: max, exp, sum, divide, each a
      sequential loop in float64 whatever the input dtype, then one rounding to the input dtype.
      libm exp in scalar loops: 18x torch's softmax time on [2048, 3072] float32.
-  v2 (this) the same float64 row, vectorised: the max in 8 exact lanes (NaN passed over, then
-     caught by the sum), exp by `accel.numba_cpu.ffn._exp_f64` (a polynomial, < 1e-15 relative,
+  v2 (this) the same float64 row, vectorised: the max as a maxnum reduction (NaN passed over,
+     then caught by the sum), exp by `accel.numba_cpu.ffn._exp_f64` (a polynomial, < 1e-15 relative,
      so still far under one float32 rounding and inside the float64 tolerance), the sum of the
      exps in a compiler-picked order (<= (n - 1) eps64), error_model="numpy" so the divide loop
      vectorises; small calls through a serial driver.
@@ -39,7 +39,7 @@ __all__ = ["softmax"]
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def _softmax_row(x, out):  # [n] -> [n]
     n = x.shape[0]
-    m = np.float64(_row_max(x))  # the max over the non-NaN entries (8 lanes; exact)
+    m = np.float64(_row_max(x))  # the max over the non-NaN entries (maxnum, vectorised; exact)
     if m == -np.inf:  # every entry -inf or NaN (or n = 0): zeros, or NaN if a NaN is there
         fill = 0.0
         for j in range(n):
