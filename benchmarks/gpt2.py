@@ -26,6 +26,8 @@ parameters' size (498 MB for GPT-2 small), because the achievable read rate depe
 working set (this machine's last-level cache is 300 MiB), by a BLAS gemv (the fastest read
 measured here), and sampled in the same interleaved rounds as the decoders (row "bound: ..."),
 so that the fraction of the bound is not skewed by a slow or fast spell of the shared machine.
+The row "the decode's matrix-vector products alone" times just the 49 BLAS products of a step
+(every weight matrix once, GPT-2's shapes, no other work): what a BLAS-based decoder can reach.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .harness import Result, measure_read_bandwidth, paired_ratio, time_fn, time
 
 
 BOUND = "bound: parameter-sized reads (gemv)"
+GEMVS = "the decode's matrix-vector products alone"
 
 
 def build_models(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
@@ -96,6 +99,13 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     out["bandwidth_at_param_bytes"] = measure_read_bandwidth(param_bytes)
     probe_w = np.ones((param_bytes // (4 * 16384), 16384), np.float32)  # as measure_read_bandwidth
     probe_x = np.ones(16384, np.float32)
+    x_c = np.ones((1, cfg.n_embd), np.float32) / cfg.n_embd
+    x_f = np.ones((1, 4 * cfg.n_embd), np.float32) / cfg.n_embd
+
+    def decode_gemvs():  # one token's matrix-vector products and nothing else: GPT-2's shapes, NumPy's BLAS
+        for p in model.params.blocks:
+            x_c @ p.attn_qkv.w, x_c @ p.attn_proj.w, x_c @ p.mlp_fc.w, x_f @ p.mlp_proj.w
+        return x_c @ model.params.wte.T
     rng = np.random.default_rng(0)
     results: list[Result] = []
 
@@ -142,6 +152,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
                                                     min_new_tokens=n_new, do_sample=False, pad_token_id=0)}
         if B == 1:  # the bound, sampled in the same rounds: n_new reads of the parameters' size (BLAS gemv)
             impls[BOUND] = lambda: [probe_w @ probe_x for _ in range(n_new)]
+            impls[GEMVS] = lambda: [decode_gemvs() for _ in range(n_new)]
         for b in backends:
             if B == 1:
                 impls[f"refimpl[{b}]"] = lambda b=b: generate(model, prompts[0], max_new_tokens=n_new,
@@ -153,7 +164,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
         for impl, t in timings.items():
             extra = {"tokens_per_s": B * n_new / t.median}
-            if impl.startswith("refimpl"):  # per-round ratios (see harness.paired_ratio)
+            if impl.startswith("refimpl") or impl == GEMVS:  # per-round ratios (see harness.paired_ratio)
                 extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.generate"])
                 if BOUND in timings:
                     extra["paired_fraction_of_bound"] = 1 / paired_ratio(t, timings[BOUND])

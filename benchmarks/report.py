@@ -98,7 +98,7 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                     frac = "-"
                 else:
                     vs = (f"{tps / peer['extra']['tokens_per_s']:.2f}x tokens/s"
-                          if peer and r is not peer and tps and not impl.startswith("bound") else "-")
+                          if peer and r is not peer and tps and impl.startswith(("refimpl", "textbook")) else "-")
                     if "paired_tokens_per_s_vs_peer" in ex:
                         vs += f" (paired {ex['paired_tokens_per_s_vs_peer']:.2f}x)"
                     frac = f"{tps / bound_tps:.0%}" if (bound_tps and tps and case == "decode B=1") else "-"
