@@ -89,7 +89,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.linalg.cython_blas  # noqa: F401  (the BLAS Numba's np.dot calls; loaded before threadpoolctl looks)
 from llvmlite import ir as llvm_ir
 from numba import get_num_threads, njit, parallel_chunksize, prange, types
 from numba.extending import intrinsic
@@ -99,7 +98,7 @@ from refimpl._checks import as_float, float_result_type
 from refimpl.attention import _scale_for, check_gqa_inputs
 
 from .._common import check_masked_attention_args
-from .blas import gemm
+from .blas import gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT"]
 
@@ -489,7 +488,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     vw = np.ascontiguousarray(v, dtype=work)  # [B, K, S, Dv]
     out = np.empty((B, H, T, v.shape[3]), dtype=work)  # [B, H, T, Dv]
     if out.size:
-        # One BLAS thread per Numba task; tasks handed out 2 at a time (dynamic: causal tasks differ in size).
+        # One BLAS thread per Numba task (MKL is bound sequential; OpenBLAS, the fallback, is limited
+        # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size).
         with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
             _flash_attention(qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
                              0 if window is None else window, n_sink, work == np.float32, *_tiles(T, S), out)

@@ -11,10 +11,14 @@ attention kernel's loop (float32, 2 threads, BQ x BK blocks, D = 64): Q K^T and 
 `np.dot` 154-184 GF/s, the same products through this call with beta = 1 215-229 GF/s at
 128 x 256 and 256 x 512 blocks (this machine's sgemm at n = 1024: ~226 GF/s).
 
-The functions are the BLAS that SciPy ships (scipy.linalg.cython_blas, the library Numba's own
-np.dot calls), reached through their C addresses; row-major C = A B is column-major
-C^T = B^T A^T, so the arguments are passed swapped. The caller keeps BLAS single-threaded
-inside parallel regions (threadpoolctl; accel.numba_cpu.attention).
+Which BLAS: MKL's sgemm / dgemm when the `mkl` wheel is installed (libmkl_rt under
+sys.prefix/lib, bound to its sequential layer: one thread per call, the kernels supply the
+parallelism), else the BLAS that SciPy ships (scipy.linalg.cython_blas, the library Numba's own
+np.dot calls); ACCEL_BLAS=scipy forces the latter. BLAS_NAME says which. MKL measured 265-278
+GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are tested
+(tests/test_accel_blas.py). Row-major C = A B is column-major C^T = B^T A^T, so the operands are
+passed swapped. The caller keeps OpenBLAS single-threaded inside parallel regions (threadpoolctl;
+accel.numba_cpu.attention).
 """
 
 from __future__ import annotations
