@@ -3,8 +3,9 @@
 Method (DESIGN.md, llm.c's dev/cuda): validate a case against refimpl first, warm up
 (JIT compilation is not a timing), then time several runs and report the median and
 the spread (interquartile range). Peers compared in a ratio are timed interleaved
-(`time_interleaved`: one sample of each in turn, round after round), so a slow spell of a
-shared machine lands on every side of the ratio instead of on whichever ran then. Every case states its FLOP and byte counts so its
+(`time_interleaved`: one sample of each in turn, round after round, the order rotating), so a
+slow spell of a shared machine lands on every side of the ratio instead of on whichever ran
+then. Every case states its FLOP and byte counts so its
 achieved GFLOP/s or GB/s can be set against the machine's ceilings measured in the
 same run.
 """
@@ -70,26 +71,34 @@ def time_fn(fn, *, repeats: int = 7, warmup: int = 2, min_time: float = 0.0, max
 
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: float = 0.0,
-                     max_time: float = 120.0) -> dict:
+                     max_time: float = 120.0, gap: float = 0.01) -> dict:
     """{name: Timing} for several callables timed in turn: round r takes one sample of each.
 
-    Each callable is warmed up `warmup` times first. A very short call is repeated inside its
+    Each callable is warmed up `warmup` times first. The order rotates by one place each round,
+    so no implementation always runs right after the same other one (a library whose worker
+    threads spin for a while after a call would otherwise slow whatever follows it), and each
+    sample starts after `gap` seconds of idle time. A very short call is repeated inside its
     sample until it lasts `min_time` seconds (the sample is the mean per call). Rounds stop
     early once the total exceeds `max_time` (after at least 3 rounds).
     """
+    names = list(fns)
     inner = {}
-    for name, fn in fns.items():
+    for name in names:
         for _ in range(warmup):
-            fn()
+            fns[name]()
         inner[name] = 1
         if min_time > 0:
             t0 = time.perf_counter()
-            fn()
+            fns[name]()
             inner[name] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
-    samples: dict = {name: [] for name in fns}
+    samples: dict = {name: [] for name in names}
     start_all = time.perf_counter()
     for r in range(repeats):
-        for name, fn in fns.items():
+        for i in range(len(names)):
+            name = names[(i + r) % len(names)]
+            fn = fns[name]
+            if gap > 0:
+                time.sleep(gap)
             t0 = time.perf_counter()
             for _ in range(inner[name]):
                 fn()
