@@ -41,6 +41,7 @@ __all__ = ["gemm", "BLAS_NAME"]
 # Numba can cache them on disk (a ctypes function object would be a "dynamic global").
 _GEMM_SIG = types.void(*([types.voidptr] * 13))
 _MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's code for its sequential (one-thread) layer
+_MKL_LP64 = 0  # MKL_Set_Interface_Layer's code for 32-bit integers (the int32 arguments below)
 
 
 def _find_mkl():  # -> ctypes.CDLL of libmkl_rt (one thread per call) or None
@@ -51,6 +52,7 @@ def _find_mkl():  # -> ctypes.CDLL of libmkl_rt (one thread per call) or None
         for path in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True):
             try:
                 lib = ctypes.CDLL(path)
+                lib.MKL_Set_Interface_Layer(_MKL_LP64)  # 32-bit dimensions, whatever MKL_INTERFACE_LAYER says
                 lib.MKL_Set_Threading_Layer(_MKL_SEQUENTIAL)  # before MKL's first call: no thread pool of its own
                 return lib
             except OSError:
