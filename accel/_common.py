@@ -124,3 +124,32 @@ def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, al
         if slopes.shape != (H,):
             raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {slopes.shape}")
     return q, k, v, window, n_sink, key_mask, slopes
+
+
+def check_decode_attention_args(q, k, v, key_lengths):
+    """The boundary checks every decode_attention kernel makes, in its twin's order and words.
+
+    Returns (q, k, v, lengths): q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] as float arrays
+    (refimpl.attention.check_gqa_inputs on q[:, :, None]), lengths an int64 [B] array with
+    0 <= L_b <= S (all S when key_lengths is None; refimpl.masks.padding_mask's checks).
+    """
+    from refimpl._checks import as_float
+    from refimpl.attention import check_gqa_inputs
+    from refimpl.masks import padding_mask
+
+    q = as_float(q, "q")
+    if q.ndim != 3:
+        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
+    k = as_float(k, "k")
+    if k.ndim != 4:
+        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
+    B, S = q.shape[0], k.shape[2]
+    if key_lengths is None:
+        lengths = np.full(B, S, dtype=np.int64)
+    else:
+        if np.shape(key_lengths) != (B,):
+            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
+        padding_mask(key_lengths, S)  # the twin's dtype and range checks (and messages)
+        lengths = np.asarray(key_lengths).astype(np.int64)
+    _, k, v = check_gqa_inputs(q[:, :, None, :], k, v)
+    return q, k, v, lengths

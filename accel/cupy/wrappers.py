@@ -15,9 +15,9 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from accel._common import check_masked_attention_args
+from accel._common import check_decode_attention_args, check_masked_attention_args
 from accel.numba_cuda._common import check_eps, kernel_dtype
-from accel.numba_cuda.attention import _check_qkv, _check_scale
+from accel.numba_cuda.attention import _check_scale
 from accel.numba_cuda.norms import _check_param, _check_width
 from refimpl._checks import as_float, check_ndim
 from refimpl.linear import LinearParams
@@ -109,21 +109,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """Split-S decode attention (Numba-CUDA kernels on CuPy memory). Twin: refimpl.attention.decode_attention."""
-    q = as_float(q, "q")
-    if q.ndim != 3:
-        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    _, k, v = _check_qkv(q[:, :, None, :], k, v)
-    B, S = q.shape[0], k.shape[2]
-    lengths = None
-    if key_lengths is not None:
-        if np.shape(key_lengths) != (B,):
-            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
-        L = np.asarray(key_lengths)
-        if L.dtype.kind not in "iu" or L.dtype == np.bool_:
-            raise TypeError(f"key_lengths must be integers of shape [B]; got dtype {L.dtype}")
-        if L.size and (L.min() < 0 or L.max() > S):
-            raise ValueError(f"key_lengths must lie in 0 .. S={S}; got min {L.min()}, max {L.max()}")
-        lengths = cp.asarray(L.astype(np.int64))
+    q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
+    lengths = cp.asarray(lengths)
     scale = _check_scale(scale)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
     out = device.decode_attention(_dev(q, work), _dev(k, work), _dev(v, work), key_lengths=lengths, scale=scale)

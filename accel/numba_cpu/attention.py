@@ -94,10 +94,10 @@ from numba import get_num_threads, njit, parallel_chunksize, prange, types
 from numba.extending import intrinsic
 from threadpoolctl import ThreadpoolController
 
-from refimpl._checks import as_float, float_result_type
-from refimpl.attention import _scale_for, check_gqa_inputs
+from refimpl._checks import float_result_type
+from refimpl.attention import _scale_for
 
-from .._common import check_masked_attention_args
+from .._common import check_decode_attention_args, check_masked_attention_args
 from .blas import gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT"]
@@ -445,10 +445,6 @@ def _tiles(T: int, S: int) -> tuple[int, int]:
     return (BQ, BK) if T * S >= LONG else (BQ_SHORT, BK_SHORT)
 
 
-def _check_qkv(q, k, v):  # the twin's checks and messages (refimpl.attention.check_gqa_inputs)
-    return check_gqa_inputs(q, k, v)
-
-
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
     """float32 and float64 run as they are; float16 runs in float32 (and is cast back)."""
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
@@ -503,26 +499,9 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     -> [B, H, Dv] in the promoted dtype of q, k, v.
     Notes: chunks of the cache run in parallel and are merged by rescaling; see the module header.
     """
-    q = as_float(q, "q")
-    if q.ndim != 3:
-        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    k = as_float(k, "k")
-    if k.ndim != 4:
-        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
-    _, k, v = _check_qkv(q[:, :, None, :], k, v)
+    q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     B, H, D = q.shape
     S = k.shape[2]
-    if key_lengths is None:
-        lengths = np.full(B, S, dtype=np.int64)
-    else:
-        if np.shape(key_lengths) != (B,):
-            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
-        lengths = np.asarray(key_lengths)
-        if lengths.dtype.kind not in "iu" or lengths.dtype == np.bool_:
-            raise TypeError(f"lengths must be integers of shape [B]; got dtype {lengths.dtype}")
-        if lengths.size and (lengths.min() < 0 or lengths.max() > S):
-            raise ValueError(f"lengths must lie in 0 .. S={S}; got min {lengths.min()}, max {lengths.max()}")
-        lengths = lengths.astype(np.int64)
     dtype = float_result_type(q, k, v)
     work = _compute_dtype(dtype)
     sc = work.type(_scale_for(D, scale, dtype))

@@ -45,9 +45,8 @@ import numpy as np
 from numba import cuda
 
 from refimpl._checks import as_float
-from refimpl.attention import check_gqa_inputs
 
-from .._common import check_masked_attention_args
+from .._common import check_decode_attention_args, check_masked_attention_args
 from ._common import SIMULATOR, block_reducers, kernel_dtype, numba_float, pow2_at_least, threads, tiles, to_device
 
 __all__ = [
@@ -296,10 +295,6 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
                          0 if window is None else int(window), int(n_sink), out)
 
 
-def _check_qkv(q, k, v):  # the twin's checks and messages (refimpl.attention.check_gqa_inputs)
-    return check_gqa_inputs(q, k, v)
-
-
 def _check_scale(scale):
     if scale is None:
         return None
@@ -488,23 +483,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     in 0 .. S or None (all S valid). Returns [B, H, Dv]; L_b = 0 gives a zero row.
     See also: refimpl.attention.decode_attention (the twin), masked_attention.
     """
-    q = as_float(q, "q")
-    if q.ndim != 3:
-        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    _, k, v = _check_qkv(q[:, :, None, :], k, v)
+    q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     B, H, D = q.shape
-    S = k.shape[2]
-    if key_lengths is None:
-        lengths = np.full(B, S, dtype=np.int64)
-    else:
-        if np.shape(key_lengths) != (B,):
-            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
-        L = np.asarray(key_lengths)
-        if L.dtype.kind not in "iu" or L.dtype == np.bool_:
-            raise TypeError(f"key_lengths must be integers of shape [B]; got dtype {L.dtype}")
-        if L.size and (L.min() < 0 or L.max() > S):
-            raise ValueError(f"key_lengths must lie in 0 .. S={S}; got min {L.min()}, max {L.max()}")
-        lengths = L.astype(np.int64)
     scale = _check_scale(scale)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
     out = cuda.device_array((B, H, v.shape[3]), dtype=work)
