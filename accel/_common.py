@@ -130,26 +130,13 @@ def check_decode_attention_args(q, k, v, key_lengths):
     """The boundary checks every decode_attention kernel makes, in its twin's order and words.
 
     Returns (q, k, v, lengths): q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] as float arrays
-    (refimpl.attention.check_gqa_inputs on q[:, :, None]), lengths an int64 [B] array with
-    0 <= L_b <= S (all S when key_lengths is None; refimpl.masks.padding_mask's checks).
+    (refimpl.attention.check_decode_inputs, then check_gqa_inputs on q[:, :, None]), lengths an
+    int64 [B] array with 0 <= L_b <= S (all S when key_lengths is None).
     """
-    from refimpl._checks import as_float
-    from refimpl.attention import check_gqa_inputs
-    from refimpl.masks import padding_mask
+    from refimpl.attention import check_decode_inputs, check_gqa_inputs
 
-    q = as_float(q, "q")
-    if q.ndim != 3:
-        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    k = as_float(k, "k")
-    if k.ndim != 4:
-        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
+    q, k, key_mask = check_decode_inputs(q, k, key_lengths)
     B, S = q.shape[0], k.shape[2]
-    if key_lengths is None:
-        lengths = np.full(B, S, dtype=np.int64)
-    else:
-        if np.shape(key_lengths) != (B,):
-            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
-        padding_mask(key_lengths, S)  # the twin's dtype and range checks (and messages)
-        lengths = np.asarray(key_lengths).astype(np.int64)
+    lengths = np.full(B, S, dtype=np.int64) if key_mask is None else np.asarray(key_lengths).astype(np.int64)
     _, k, v = check_gqa_inputs(q[:, :, None, :], k, v)
     return q, k, v, lengths

@@ -35,6 +35,7 @@ __all__ = [
     "softmax",
     "scaled_dot_product_attention",
     "check_gqa_inputs",
+    "check_decode_inputs",
     "grouped_query_attention",
     "multi_query_attention",
     "split_heads",
@@ -416,6 +417,26 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     return grouped_query_attention(q, k, v, mask, bias, scale=scale)
 
 
+def check_decode_inputs(q, k, key_lengths):  # [B, H, D], [B, K, S, D], [B] -> (q, k, key mask [B, S] or None)
+    """decode_attention's checks of q, k and key_lengths, in order (shared with the accel kernels).
+
+    Returns q and k as float arrays and the key mask j < L_b (refimpl.masks.padding_mask), or
+    None when key_lengths is None. The GQA shape checks follow in grouped_query_attention.
+    """
+    q = as_float(q, "q")
+    if q.ndim != 3:
+        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
+    k = as_float(k, "k")
+    if k.ndim != 4:
+        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
+    B, S = q.shape[0], k.shape[2]
+    if key_lengths is None:
+        return q, k, None
+    if np.shape(key_lengths) != (B,):
+        raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
+    return q, k, padding_mask(key_lengths, S)  # [B, S]
+
+
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}: one new token against a KV cache.
 
@@ -426,17 +447,7 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     the last query, so it sees every valid entry: no causal mask is needed. L_b = 0 gives a zero
     row. The twin of accel's decode-attention kernel.
     """
-    q = as_float(q, "q")
-    if q.ndim != 3:
-        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    k = as_float(k, "k")
-    if k.ndim != 4:
-        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
-    B, S = q.shape[0], k.shape[2]
-    mask = None
-    if key_lengths is not None:
-        if np.shape(key_lengths) != (B,):
-            raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
-        mask = key_mask_to_attention_mask(padding_mask(key_lengths, S))  # [B, 1, 1, S]
+    q, k, key_mask = check_decode_inputs(q, k, key_lengths)
+    mask = None if key_mask is None else key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
     out = grouped_query_attention(q[:, :, None, :], k, v, mask, scale=scale)  # [B, H, 1, Dv]
     return out[:, :, 0, :]
