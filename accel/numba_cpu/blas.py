@@ -55,7 +55,7 @@ def _find_mkl():  # -> ctypes.CDLL of libmkl_rt (one thread per call) or None
                 lib.MKL_Set_Interface_Layer(_MKL_LP64)  # 32-bit dimensions, whatever MKL_INTERFACE_LAYER says
                 lib.MKL_Set_Threading_Layer(_MKL_SEQUENTIAL)  # before MKL's first call: no thread pool of its own
                 return lib
-            except OSError:
+            except (OSError, AttributeError):  # not loadable here, or not the MKL this code expects
                 continue
     return None
 
