@@ -74,10 +74,11 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: 
                      max_time: float = 120.0, gap: float = 0.01) -> dict:
     """{name: Timing} for several callables timed in turn: round r takes one sample of each.
 
-    Each callable is warmed up `warmup` times first. The order rotates by one place each round,
-    so no implementation always runs right after the same other one (a library whose worker
-    threads spin for a while after a call would otherwise slow whatever follows it), and each
-    sample starts after `gap` seconds of idle time. A very short call is repeated inside its
+    Each callable is warmed up `warmup` times first. The order rotates by one place each round
+    and runs backwards every other cycle of rounds, so each implementation runs in each position
+    equally often and none always right after the same other one (a library whose worker threads
+    spin for a while after a call would otherwise slow whatever follows it); each sample starts
+    after `gap` seconds of idle time. A very short call is repeated inside its
     sample until it lasts `min_time` seconds (the sample is the mean per call). Rounds stop
     early once the total exceeds `max_time` (after at least 3 rounds).
     """
@@ -94,8 +95,11 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: 
     samples: dict = {name: [] for name in names}
     start_all = time.perf_counter()
     for r in range(repeats):
-        for i in range(len(names)):
-            name = names[(i + r) % len(names)]
+        shift = r % len(names)
+        order = names[shift:] + names[:shift]
+        if (r // len(names)) % 2:  # every other cycle backwards: no fixed "X runs right after Y"
+            order.reverse()
+        for name in order:
             fn = fns[name]
             if gap > 0:
                 time.sleep(gap)
