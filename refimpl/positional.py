@@ -32,6 +32,7 @@ __all__ = [
     "rope_frequencies",
     "rope_pair_permutation",
     "apply_rope",
+    "check_rope_inputs",
     "alibi_slopes",
     "alibi_bias",
     "relative_position_bucket",
@@ -225,6 +226,37 @@ def rope_pair_permutation(d) -> np.ndarray:  # -> [d] int64
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
 
 
+def check_rope_inputs(x, positions, *, interleaved, rotary_dim):  # [..., T, D], [..., T] -> (x, positions, bool, R)
+    """apply_rope's argument checks, in order (shared with the accel kernels, so they raise the same errors).
+
+    Returns x as a float array, positions as an array (integers or floats, [T] or [..., T]
+    broadcasting to x's leading axes), interleaved as a bool and the rotary width R (even, <= D).
+    """
+    x = as_float(x, "x")
+    check_ndim(x, "x", 2, "[..., T, D]")
+    T, D = x.shape[-2], x.shape[-1]
+    interleaved = check_bool(interleaved, "interleaved")
+    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+    if rotary_dim is None and D % 2:
+        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
+    if R % 2 or R > D:
+        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iuf":
+        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
+    if pos.ndim < 1 or pos.shape[-1] != T:
+        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
+                         f"got shape {pos.shape}")
+    try:
+        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
+    except ValueError:
+        lead = None
+    if lead != x.shape[:-2]:
+        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
+                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
+    return x, pos, interleaved, R
+
+
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
     """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p  (Su et al. 2021, RoFormer, sec. 3.2.2 and 3.4.2).
 
@@ -250,29 +282,7 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
       before the multiply (as Hugging Face casts cos / sin to the activations' dtype).
     See also: rope_frequencies, rope_pair_permutation.
     """
-    x = as_float(x, "x")
-    check_ndim(x, "x", 2, "[..., T, D]")
-    T, D = x.shape[-2], x.shape[-1]
-    interleaved = check_bool(interleaved, "interleaved")
-    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
-    if rotary_dim is None and D % 2:
-        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
-    if R % 2 or R > D:
-        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
-    pos = np.asarray(positions)
-    if pos.dtype.kind not in "iuf":
-        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
-    if pos.ndim < 1 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
-                         f"got shape {pos.shape}")
-    try:
-        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
-    except ValueError:
-        lead = None
-    if lead != x.shape[:-2]:
-        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
-                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
-
+    x, pos, interleaved, R = check_rope_inputs(x, positions, interleaved=interleaved, rotary_dim=rotary_dim)
     angles = pos.astype(np.float64)[..., None] * rope_frequencies(R, theta=theta)  # [..., T, R/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)  # [..., T, R/2]
     x_rot, x_pass = x[..., :R], x[..., R:]  # [..., T, R], [..., T, D-R]

@@ -24,8 +24,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from refimpl._checks import as_float, check_ndim, check_positive_int
-from refimpl.positional import rope_frequencies
+from refimpl.positional import check_rope_inputs, rope_frequencies
 
 __all__ = ["apply_rope"]
 
@@ -55,24 +54,6 @@ def _rope_rows(x, cos, sin, row_of, R, interleaved, out):  # [N, T, D], [P, T, R
             out[n, t, d] = x[n, t, d]
 
 
-def _check_positions(positions, x: np.ndarray, T: int) -> np.ndarray:
-    """The twin's checks on `positions` (same messages)."""
-    pos = np.asarray(positions)
-    if pos.dtype.kind not in "iuf":
-        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
-    if pos.ndim < 1 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
-                         f"got shape {pos.shape}")
-    try:
-        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
-    except ValueError:
-        lead = None
-    if lead != x.shape[:-2]:
-        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
-                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
-    return pos
-
-
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
     """Rotate each pair i of x at position p by p * theta^(-2i/R) (Numba CPU; twin refimpl.positional.apply_rope).
 
@@ -81,15 +62,8 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     Notes: interleaved=False pairs (i, i + R/2) (GPT-NeoX, HF LLaMA), True pairs (2i, 2i+1)
     (RoFormer, GPT-J); rotary_dim R (default D) rotates dims [0, R) only. See the module header.
     """
-    x = as_float(x, "x")
-    check_ndim(x, "x", 2, "[..., T, D]")
+    x, pos, interleaved, R = check_rope_inputs(x, positions, interleaved=interleaved, rotary_dim=rotary_dim)
     T, D = x.shape[-2], x.shape[-1]
-    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
-    if rotary_dim is None and D % 2:
-        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
-    if R % 2 or R > D:
-        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
-    pos = _check_positions(positions, x, T)
 
     # The table: one [T, R/2] block per distinct row of `positions`, angles in float64.
     lead = x.shape[:-2]

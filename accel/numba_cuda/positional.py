@@ -25,8 +25,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from refimpl._checks import as_float, check_ndim, check_positive_int
-from refimpl.positional import rope_frequencies
+from refimpl.positional import check_rope_inputs, rope_frequencies
 
 from ._common import kernel_dtype, numba_float, threads, to_device
 
@@ -85,27 +84,8 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     -> [..., T, D] in x's dtype. Pairing, rotary_dim and precision as the twin.
     See also: refimpl.positional.apply_rope (the twin).
     """
-    x = as_float(x, "x")
-    check_ndim(x, "x", 2, "[..., T, D]")
+    x, pos, interleaved, R = check_rope_inputs(x, positions, interleaved=interleaved, rotary_dim=rotary_dim)
     T, D = x.shape[-2], x.shape[-1]
-    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
-    if rotary_dim is None and D % 2:
-        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
-    if R % 2 or R > D:
-        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
-    pos = np.asarray(positions)
-    if pos.dtype.kind not in "iuf":
-        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
-    if pos.ndim < 1 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
-                         f"got shape {pos.shape}")
-    try:
-        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
-    except ValueError:
-        lead = None
-    if lead != x.shape[:-2]:
-        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
-                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
     freqs = rope_frequencies(R, theta=theta)  # [R/2] float64, the twin's (validates theta)
     work, out_dtype = kernel_dtype(x, names=("x",))
     N = int(np.prod(x.shape[:-2], dtype=np.int64))
