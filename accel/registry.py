@@ -154,9 +154,9 @@ KERNELS: list[KernelSpec] = [
         "decode_attention", "numba", "accel.numba_cpu.attention:decode_attention", "refimpl.attention:decode_attention",
         _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
-        note="split-S online softmax for one query per (b, h) (per chunk: vectorised dot products over D "
-             "and float64 sums in a compiler-chosen order, <= 1-ulp polynomial exp for float32, libm for "
-             "float64), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention",
+        note="split-S online softmax for one query per (b, h) (per chunk: q.k over D and sum_j p_j v_j "
+             "by BLAS, float64 row sums in a compiler-chosen order, <= 1-ulp polynomial exp for float32, "
+             "libm for float64), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention",
     ),
     # ---------------------------------------------------------------- numba_cuda (GPU; CPU simulator in CI)
     # Accumulation is in the input dtype (float32 stays float32, unlike the numba CPU kernels'

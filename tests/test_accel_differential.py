@@ -357,3 +357,58 @@ def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype,
         fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT = tiles
     _record(f"masked_attention[numba] tiles {dtype}", res)
     assert res.passed, f"BQ={bq} BK={bk}: {res}"
+
+
+@settings(max_examples=30, deadline=None)
+@given(dims=_decode_dims(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
+       dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))
+def test_decode_attention_reads_cache_views_in_place(dims, parallel, cache_len, dtype, seed):
+    """decode_attention on k, v that are the filled prefix of a larger KV cache (strided [B, K, S, D]
+    views, read in place by BLAS) equals the float64 twin within the registry tolerance, on the serial
+    driver and on the parallel one (chunks of S merged by rescaling), with K < H groups.
+
+    Proof: the kernel reads k[b, g, j, :] and v[b, g, j, :] only for j < L_b <= S through each view's
+    own strides (BLAS's leading dimension), so the entries past S in the cache never enter; the chunk
+    merge is the online-softmax identity (see test_fused_attention_equals_its_twin_at_every_tile_size).
+    """
+    from accel.numba_cpu import attention as fused
+
+    spec = registry.get("decode_attention", "numba")
+    _require(spec)
+    case = make_case("decode_attention", np.random.default_rng(seed), dtype, dims)
+    q, k, v = case.args
+    B, K, S, D = k.shape
+    big_k = np.full((B, K, S + cache_len, D), np.nan, dtype=k.dtype)  # unfilled cache slots hold NaN
+    big_v = np.full((B, K, S + cache_len, v.shape[3]), np.nan, dtype=v.dtype)
+    big_k[:, :, :S], big_v[:, :, :S] = k, v
+    k_view, v_view = big_k[:, :, :S], big_v[:, :, :S]
+    assert fused._blas_rows(k_view, k.dtype) is k_view  # read in place, not copied
+    work = fused.DECODE_PARALLEL_WORK
+    fused.DECODE_PARALLEL_WORK = 0 if parallel else 1 << 62
+    try:
+        out = spec.load()(q, k_view, v_view, **case.kwargs)
+    finally:
+        fused.DECODE_PARALLEL_WORK = work
+    ref = spec.load_twin()(*[a.astype(np.float64) for a in case.args], **case.kwargs)
+    rtol, atol = spec.tolerance(dtype)
+    res = check_close(out, ref, rtol=rtol, atol=atol)
+    _record(f"decode_attention[numba] cache views {dtype}", res)
+    assert res.passed, f"{case.shapes} parallel={parallel}: {res}"
+
+
+def test_decode_attention_copies_only_what_blas_cannot_read():
+    """Views BLAS cannot address row by row (reversed keys, strided or transposed rows, another dtype)
+    are copied first, and give the same result as their contiguous copies."""
+    from accel.numba_cpu import attention as fused
+    from accel.numba_cpu.attention import decode_attention
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 4, 6))
+    k = rng.standard_normal((1, 2, 9, 6))
+    v = rng.standard_normal((1, 2, 9, 3))
+    reversed_keys, strided_rows = k[:, :, ::-1], np.repeat(k, 2, axis=3)[..., ::2]
+    transposed = np.ascontiguousarray(k.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    for view in (reversed_keys, strided_rows, transposed):
+        assert fused._blas_rows(view, np.dtype(np.float64)) is not view
+        np.testing.assert_array_equal(decode_attention(q, view, v), decode_attention(q, np.ascontiguousarray(view), v))
+    assert fused._blas_rows(k, np.dtype(np.float32)).dtype == np.float32

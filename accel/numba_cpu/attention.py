@@ -64,10 +64,16 @@ Versions:
      chunk buffer, dot products over D vectorised by `_dot`), the row max, exp (float32 polynomial)
      and float64 sum as in v3 above, then one pass over V (axpy over contiguous Dv). 9x faster
      than v1 (0.40 ms per GPT-2 layer at S = 1024, including the copy of the cache view).
-  decode_attention v3 (this): v2's chunk task and merge as two functions, run by a parallel driver
+  decode_attention v3: v2's chunk task and merge as two functions, run by a parallel driver
      or, for a cache of fewer than DECODE_PARALLEL_WORK k + v elements, by a serial one with one
      chunk per (b, h) (GPT-2 small at S = 100: 195 -> 58 us per call, the parallel launches were
      most of it).
+  decode_attention v4 (this): a task is (b, key/value head g, chunk of S) and takes the G query
+     heads of group g together: scores P = Q_g K_chunk^T and A = P V_chunk are two `gemm` calls
+     (G rows each), the max / exp / sum between them as in v3. BLAS reads K and V through their
+     leading dimension, so the KV cache's filled prefix (a strided view) is read in place: v3
+     copied it into contiguous arrays on every call, which at S = 1000 (GPT-2 small, one layer)
+     cost more than the attention itself (1.1 ms -> 0.3 ms per call).
 How it differs from the twin: the twin builds the boolean [T, S] mask and the [B, H, T, S]
 scores, then NumPy's softmax (pairwise sums) and a BLAS matmul. Here the sums over keys run in
 tile order with the rescaling above (a row's accumulator is scaled by alpha before the tile's
@@ -77,7 +83,7 @@ within a tile are BLAS's sums (its order and FMA use); the row sum within a tile
 sum whose order the compiler picks (fastmath "reassoc" on that one helper: any order of n
 positive terms is within (n - 1) u of the exact sum), the running sum l is float64. The scale
 multiplies each score, as in the twin (or q, when that is exact: above). decode_attention's
-dot products over D are a float32 (float64) sum in a compiler-picked order (`_dot`, "reassoc").
+sums over D and over a chunk's keys are BLAS's, like the fused kernel's.
 Non-finite inputs: a NaN score a query may see makes its row NaN, a +inf score too (inf - inf),
 as in the twin; masked scores are never looked at. One difference remains, by design: a NaN or
 inf in v at a *masked* key reaches the twin's output through its matmul (weight 0 * NaN) but
@@ -98,7 +104,7 @@ from refimpl._checks import float_result_type
 from refimpl.attention import _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args
-from .blas import gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
+from .blas import BLAS_NAME, gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT"]
 
@@ -336,58 +342,52 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
                     out[b, h, i0 + r, c] = acc[r, c] * inv
 
 
-@njit(fastmath={"reassoc", "contract"})
-def _dot(x, y):  # x [n], y [n] -> sum_i x_i y_i
-    """x . y in the input dtype, in an order the compiler picks (vectorised): n roundings of |x| |y| at most."""
-    s = x.dtype.type(0)
-    for i in range(x.shape[0]):
-        s += x[i] * y[i]
-    return s
-
-
 @njit(cache=True, fastmath={"contract"})
 def _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a):
-    # One (b, h, chunk of S) task: its (m, l, a) into part_m / part_l / part_a [b, h, chunk].
-    H = q.shape[1]
+    # One (b, key/value head g, chunk c of S) task: the G query heads that read head g, together.
+    # q [B, H, D] (C-contiguous); k [B, K, S, D], v [B, K, S, Dv]: views whose rows (the D or Dv
+    # entries of one key) are contiguous, other strides free (the KV cache's prefix, uncopied).
+    # Writes (m, l, a) of each of the G heads for this chunk into part_m / part_l / part_a [b, h, c].
+    K = k.shape[1]
     S = k.shape[2]
+    G = q.shape[1] // K
     Dv = v.shape[3]
-    G = H // k.shape[1]
     chunk = (S + n_chunks - 1) // n_chunks
-    b = task // (H * n_chunks)
-    h = (task // n_chunks) % H
+    b = task // (K * n_chunks)
+    g = (task // n_chunks) % K
     c = task % n_chunks
-    g = h // G
+    h0 = g * G  # query heads h0 .. h0 + G - 1
     j0 = c * chunk
     j1 = min(j0 + chunk, lengths[b])
-    acc = part_a[b, h, c]  # [Dv]
-    acc[:] = 0
-    part_l[b, h, c] = 0.0
-    part_m[b, h, c] = -np.inf
+    for r in range(G):
+        part_m[b, h0 + r, c] = -np.inf
+        part_l[b, h0 + r, c] = 0.0
+        part_a[b, h0 + r, c, :] = 0
     if j1 <= j0:
         return
-    qbh = q[b, h]
-    p = np.empty(j1 - j0, dtype=q.dtype)  # scores, then weights, of the chunk: one pass over K
-    for j in range(j0, j1):
-        p[j - j0] = _dot(qbh, k[b, g, j]) * scale
-    mx = _row_max(p)
-    for j in range(j1 - j0):  # a NaN score makes the max NaN (as np.max)
-        if p[j] != p[j]:
-            mx = p[j]
-    part_m[b, h, c] = mx
-    if mx == -np.inf:
-        return
-    if fast_exp:
-        for j in range(j1 - j0):
-            p[j] = _exp_f32(p[j] - mx)
-    else:
-        for j in range(j1 - j0):
-            p[j] = math.exp(p[j] - mx)
-    part_l[b, h, c] = _row_sum(p)
-    for j in range(j0, j1):  # a += p_j v_j: axpy over contiguous Dv, one pass over V
-        pj = p[j - j0]
-        vj = v[b, g, j]
-        for d in range(Dv):
-            acc[d] += pj * vj[d]
+    n = j1 - j0
+    p = np.empty((G, n), dtype=q.dtype)  # scores, then weights
+    gemm(p, q[b, h0:h0 + G], k[b, g, j0:j1], True, False)  # P = Q_g K_chunk^T  (BLAS)
+    for r in range(G):
+        row = p[r]
+        if scale != 1:
+            for j in range(n):
+                row[j] *= scale
+        mx = _row_max(row)
+        for j in range(n):  # a NaN score makes the max NaN (as np.max), so the head's output is NaN
+            if row[j] != row[j]:
+                mx = row[j]
+        part_m[b, h0 + r, c] = mx
+        if mx == -np.inf:  # every score -inf: no weight (the merge skips this chunk)
+            row[:] = 0
+            continue
+        _exp_row(row, mx, fast_exp)
+        part_l[b, h0 + r, c] = _row_sum(row)
+    a = np.empty((G, Dv), dtype=q.dtype)
+    gemm(a, p, v[b, g, j0:j1], False, False)  # A = P V_chunk  (BLAS)
+    for r in range(G):
+        if part_m[b, h0 + r, c] != -np.inf:
+            part_a[b, h0 + r, c, :] = a[r]
 
 
 @njit(cache=True)
@@ -421,10 +421,10 @@ def _decode_merge(bh, part_m, part_l, part_a, out):
 
 @njit(parallel=True, cache=True)
 def _decode_attention(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
-    # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (C-contiguous), lengths [B] -> out [B, H, Dv];
-    # part_m, part_l [B, H, n_chunks], part_a [B, H, n_chunks, Dv]: per-chunk (m, l, a).
+    # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (rows contiguous, see _decode_chunk), lengths [B]
+    # -> out [B, H, Dv]; part_m, part_l [B, H, n_chunks], part_a [B, H, n_chunks, Dv]: per-chunk (m, l, a).
     B, H = q.shape[0], q.shape[1]
-    for task in prange(B * H * n_chunks):
+    for task in prange(B * k.shape[1] * n_chunks):
         _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a)
     for bh in prange(B * H):
         _decode_merge(bh, part_m, part_l, part_a, out)
@@ -434,7 +434,7 @@ def _decode_attention(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_
 def _decode_attention_serial(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
     # The same tasks in order on the calling thread (no parallel launch: a short cache).
     B, H = q.shape[0], q.shape[1]
-    for task in range(B * H * n_chunks):
+    for task in range(B * k.shape[1] * n_chunks):
         _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a)
     for bh in range(B * H):
         _decode_merge(bh, part_m, part_l, part_a, out)
@@ -492,6 +492,16 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     return out.astype(dtype, copy=False)
 
 
+def _blas_rows(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [B, K, S, D] -> the same, maybe copied
+    """x itself when BLAS can read its [S, D] blocks in place (work dtype, each row's D entries
+    adjacent, rows in increasing memory order: the KV cache's filled prefix is such a view), else a
+    C-contiguous copy in the work dtype."""
+    item = x.dtype.itemsize
+    in_place = (x.dtype == work and x.flags.aligned and (x.shape[3] <= 1 or x.strides[3] == item)
+                and (x.shape[2] <= 1 or (x.strides[2] >= item * max(x.shape[3], 1) and x.strides[2] % item == 0)))
+    return x if in_place else np.ascontiguousarray(x, dtype=work)
+
+
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j} by split-S online softmax (Numba CPU; twin refimpl.attention.decode_attention).
 
@@ -501,22 +511,27 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     """
     q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     B, H, D = q.shape
-    S = k.shape[2]
+    K, S = k.shape[1], k.shape[2]
     dtype = float_result_type(q, k, v)
     work = _compute_dtype(dtype)
     sc = work.type(_scale_for(D, scale, dtype))
     Dv = v.shape[3]
-    # Enough chunks to keep every thread busy when B*H is small, none shorter than 64 keys; a short
+    # Enough chunks to keep every thread busy when B*K is small, none shorter than 64 keys; a short
     # cache runs on the calling thread (a parallel launch costs ~30-60 us, more than its work).
     serial = k.size + v.size < DECODE_PARALLEL_WORK or get_num_threads() == 1
-    n_chunks = 1 if serial else max(1, min(-(-S // 64), -(-2 * get_num_threads() // max(B * H, 1))))
+    n_chunks = 1 if serial else max(1, min(-(-S // 64), -(-2 * get_num_threads() // max(B * K, 1))))
     part_m = np.empty((B, H, n_chunks), dtype=work)
     part_l = np.empty((B, H, n_chunks), dtype=np.float64)
     part_a = np.empty((B, H, n_chunks, Dv), dtype=work)
     out = np.empty((B, H, Dv), dtype=work)
     if out.size:
-        kernel = _decode_attention_serial if serial else _decode_attention
-        kernel(np.ascontiguousarray(q, dtype=work), np.ascontiguousarray(k, dtype=work),
-               np.ascontiguousarray(v, dtype=work), lengths, sc, n_chunks, work == np.float32,
-               part_m, part_l, part_a, out)
+        args = (np.ascontiguousarray(q, dtype=work), _blas_rows(k, work), _blas_rows(v, work), lengths, sc,
+                n_chunks, work == np.float32, part_m, part_l, part_a, out)
+        if serial:
+            _decode_attention_serial(*args)
+        elif BLAS_NAME.startswith("MKL"):  # MKL is bound to one thread per call already
+            _decode_attention(*args)
+        else:  # OpenBLAS inside Numba's threads: one BLAS thread each (see masked_attention)
+            with _BLAS.limit(limits=1, user_api="blas"):
+                _decode_attention(*args)
     return out.astype(dtype, copy=False)
