@@ -16,6 +16,12 @@ Cases
 - decode B: greedy generation of N new tokens after a short prompt, through each library's
   public generate (refimpl.gpt2.generate / generate_batch vs HF generate). Reported as
   generated tokens per second (B * N / time).
+- decode B=1 at a long context (step loop): greedy steps after a prompt of n_positions - 64
+  tokens already in the KV cache (prefilled once, outside the timing; each sample crops the
+  cache back to the prompt), through each library's step: refimpl's hidden_states + lm_head on
+  the cache against HF's forward with its DynamicCache (cache=..., use_cache=True): no
+  generate machinery on either side. A step now also reads the cache's keys and values
+  (2 L C S floats: ~72 MB at S = 960 for GPT-2 small), which its bound includes.
 - textbook: the simplest NumPy GPT-2 decoding: recompute the whole sequence for every new
   token (no KV cache), through the same refimpl forward.
 
@@ -31,6 +37,8 @@ The row "the decode's matrix-vector products alone" times just the 49 BLAS produ
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 
@@ -170,6 +178,55 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
                     extra["paired_fraction_of_bound"] = 1 / paired_ratio(t, timings[BOUND])
             results.append(Result(f"decode B={B}", impl, t.median, t.spread,
                                   bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new}, extra=extra))
+
+    # ---- decode at a long context: the step loop over a KV cache prefilled with `long_prompt` tokens
+    long_prompt, n_long = cfg.n_positions - 64, 32 if quick else 48
+    ids = rng.integers(0, cfg.vocab_size, size=(1, long_prompt))
+    kv_bytes = 2 * cfg.n_layer * cfg.n_embd * (long_prompt + n_long / 2) * np.dtype(np.float32).itemsize
+    start_tok = int(rng.integers(0, cfg.vocab_size))
+    with torch.no_grad():
+        first = hf(torch.from_numpy(ids), use_cache=True)
+    hf_cache = first["cache"] if "cache" in first else first["past_key_values"]  # filled once, cropped back per sample
+    cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"  # transformers >= 5.2 / older
+
+    def hf_steps():
+        extra = hf_cache.get_seq_length() - long_prompt
+        if extra:
+            hf_cache.crop(-extra)  # drop the previous sample's tokens
+        tok = torch.tensor([[start_tok]])
+        for _ in range(n_long):
+            logits = hf(tok, use_cache=True, **{cache_kw: hf_cache}).logits  # [1, 1, V]
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+
+    long_case = f"decode B=1 at context {long_prompt}..{long_prompt + n_long} (step loop)"
+    impls = {"hf.torch": hf_steps}
+    for b in backends:
+        ops = get_ops(b)
+        params = ops.prepare(model.params)
+        cache = KVCache.allocate(cfg, 1, max_len=long_prompt + n_long, dtype=params.wte.dtype, zeros=ops.zeros)
+        hidden_states(params, cfg, ids, cache=cache, ops=ops)
+
+        def our_steps(ops=ops, params=params, cache=cache):
+            cache.length = long_prompt  # the prompt's entries stay; later ones are overwritten
+            tok = start_tok
+            for _ in range(n_long):
+                h = hidden_states(params, cfg, np.array([[tok]]), cache=cache, ops=ops)
+                tok = int(ops.to_numpy(lm_head(h[:, -1], params)).argmax())
+        impls[f"refimpl[{b}]"] = our_steps
+    impls[BOUND] = lambda: [probe_w @ probe_x for _ in range(n_long)]
+    with torch.no_grad():
+        timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
+    # What a step must read: every parameter and the cache's keys and values (about the mean length).
+    read_scale = (param_bytes + kv_bytes) / param_bytes
+    for impl, t in timings.items():
+        if impl == BOUND:
+            continue
+        extra = {"tokens_per_s": n_long / t.median, "kv_bytes_per_token": kv_bytes}
+        if impl != "hf.torch":
+            extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.torch"])
+            extra["paired_fraction_of_bound"] = read_scale / paired_ratio(t, timings[BOUND])
+        results.append(Result(long_case, impl, t.median, t.spread, bytes=(param_bytes + kv_bytes) * n_long,
+                              params={"B": 1, "context": long_prompt, "new_tokens": n_long}, extra=extra))
 
     # ---- textbook baseline: full recomputation per token, no cache
     n_tb = 8 if quick else 32

@@ -102,8 +102,10 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                     if "paired_tokens_per_s_vs_peer" in ex:
                         vs += f" (paired {ex['paired_tokens_per_s_vs_peer']:.2f}x)"
                     frac = f"{tps / bound_tps:.0%}" if (bound_tps and tps and case == "decode B=1") else "-"
+                    if frac == "-" and "paired_fraction_of_bound" in ex:  # a bound of its own (the long context)
+                        frac = ""
                     if "paired_fraction_of_bound" in ex:
-                        frac += f" (paired {ex['paired_fraction_of_bound']:.0%})"
+                        frac += f" (paired {ex['paired_fraction_of_bound']:.0%})" if frac else f"paired {ex['paired_fraction_of_bound']:.0%}"
                 lines.append(f"| {case} | {impl} | {_fmt_time(r['seconds'])} | "
                              f"{f'{tps:.1f}' if tps else '-'} | {vs} | {frac} |")
         by = _rows_by_case(g["results"])

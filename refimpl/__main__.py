@@ -16,7 +16,9 @@ input: a missing file, a malformed model, an out-of-range argument.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -52,7 +54,8 @@ def cmd_generate(args) -> int:
         prompt = args.prompt
     else:  # no prompt: start from the end-of-text token, as GPT-2's unconditional samples do
         start = model.config.bos_token_id if model.config.bos_token_id is not None else model.config.eos_token_id
-        if start is None:
+        start = start[0] if isinstance(start, (list, tuple)) and start else start
+        if start is None or start == []:
             raise UsageError("give a prompt: --prompt TEXT (or --ids '1 2 3' for token ids)")
         prompt = [start]
     sampling = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
@@ -71,10 +74,11 @@ def cmd_generate(args) -> int:
                   top_k=args.top_k, top_p=args.top_p)
     out = sys.stdout
     if model.tokenizer is not None and args.ids is None:
+        chunks = gpt2.stream_text(model, prompt, **kw)  # every setting and the context limit checked here
         if isinstance(prompt, str):
             out.write(prompt)
             out.flush()
-        for chunk in gpt2.stream_text(model, prompt, **kw):
+        for chunk in chunks:
             out.write(chunk)
             out.flush()
         out.write("\n")
@@ -93,7 +97,10 @@ def cmd_tokenize(args) -> int:
 
     from refimpl.gpt2 import DEFAULT_MODEL_DIR
 
-    tok = load_tokenizer(args.model if args.model is not None else DEFAULT_MODEL_DIR)
+    path = Path(args.model) if args.model is not None else DEFAULT_MODEL_DIR
+    if path.is_file() and path.suffix in (".safetensors", ".npz", ".bin"):  # a weights file: its directory's tokenizer
+        path = path.parent                                                       # (as `generate --model FILE` finds it)
+    tok = load_tokenizer(path)
     ids = tok.encode(args.text, allowed_special="all" if args.allow_special else ())
     print(f"{len(ids)} tokens")
     print("ids:   ", " ".join(map(str, ids)))
@@ -147,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--beams", type=int, default=1, help="beam search with N beams")
     g.add_argument("--length-penalty", type=float, default=1.0)
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--stop", action="append", help="stop string (repeatable); taken literally, so pass a "
+                   "newline as $'\\n' in bash")
     g.add_argument("--seed", type=int, help="seed for reproducible sampling")
     g.add_argument("--on-context-limit", choices=("error", "stop"), default="error",
                    help="at the model's context length: error (default) or stop generating")
@@ -156,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("tokenize", help="print the token ids and pieces of a text")
-    t.add_argument("--model", help="a model directory or tokenizer file (default: the shipped model's)")
+    t.add_argument("--model", help="a model directory, weights file or tokenizer file (default: the shipped model's)")
     t.add_argument("text")
     t.add_argument("--allow-special", action="store_true", help="treat special-token text as special tokens")
     t.set_defaults(func=cmd_tokenize)
@@ -195,7 +203,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 0
+    except (UsageError, ValueError, TypeError, OSError) as e:  # OSError: FileNotFoundError, NotADirectoryError, ...
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

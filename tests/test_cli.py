@@ -56,6 +56,32 @@ def test_generate_beam_search_matches_the_library(hf_dir, capsys):
     assert printed == expected
 
 
+def test_context_error_comes_before_the_prompt_is_echoed(capsys):
+    """The settings and the context limit are checked before anything is printed."""
+    assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "100000"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "exceeds the model's context" in captured.err
+
+
+def test_tokenize_takes_a_weights_file_as_generate_does(capsys):
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+
+    assert main(["tokenize", "--model", str(DEFAULT_MODEL_DIR / "model.safetensors"), "ROMEO:"]) == 0
+    by_file = capsys.readouterr().out
+    assert main(["tokenize", "--model", str(DEFAULT_MODEL_DIR), "ROMEO:"]) == 0
+    assert capsys.readouterr().out == by_file and "tokens" in by_file
+
+
+def test_a_closed_pipe_ends_generate_quietly():
+    """`generate ... | head -c 5`: the reader leaves early; no traceback, status 0."""
+    import subprocess
+    import sys
+
+    cmd = (f"{sys.executable} -m refimpl generate --max-new-tokens 200 --seed 1 --temperature 0.8 | head -c 5")
+    res = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr and len(res.stdout) == 5
+
+
 def test_tokenize_prints_ids_and_pieces(capsys):
     assert main(["tokenize", "--model", str(RANKS), "Hello world"]) == 0
     out = capsys.readouterr().out
@@ -72,9 +98,13 @@ def test_tokenize_prints_ids_and_pieces(capsys):
     (["generate", "--model", "{hf}", "--ids", "1", "--backend", "tpu"], "unknown backend 'tpu'"),
     (["tokenize", "--model", "/no/such/file", "hi"], "/no/such/file"),
     (["export", "--model", "/no/such/dir", "--out", "{tmp}"], "no such file"),
+    (["export", "--model", "{hf}", "--out", "{file}/sub"], "Not a directory"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0.5", "--seed", "-1"], "seed must be None or a non-negative"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_status_2(argv, message, hf_dir, tmp_path, capsys):
-    argv = [a.replace("{hf}", str(hf_dir)).replace("{tmp}", str(tmp_path / "x")) for a in argv]
+    (tmp_path / "f").write_text("a file")
+    argv = [a.replace("{hf}", str(hf_dir)).replace("{tmp}", str(tmp_path / "x")).replace("{file}", str(tmp_path / "f"))
+            for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err

@@ -315,16 +315,124 @@ def test_text_prompt_streaming_and_eos_text():
 # ----------------------------------------------------------------------------- limits and errors
 
 def test_context_limit_policy():
-    _, model = model_pair("tiny")  # n_positions = 32
+    """N new tokens after P prompt tokens feed P + N - 1 tokens (the last is never fed back): at most
+    n_positions, as in Hugging Face, whose generate gives the same tokens right up to that limit."""
+    hf, model = model_pair("tiny")  # n_positions = 32
     prompt = prompt_of(model.config, 30)
-    with pytest.raises(ValueError, match=r"prompt \(30 tokens\) \+ max_new_tokens \(5\) = 35 exceeds .*n_positions=32"):
+    with pytest.raises(ValueError, match=r"prompt \(30 tokens\) \+ max_new_tokens \(5\) - 1 = 34 tokens to feed "
+                                         r"exceeds .*n_positions=32: lower max_new_tokens to at most 3"):
         gpt2.generate(model, prompt, max_new_tokens=5)
+    at_limit = gpt2.generate(model, prompt, max_new_tokens=3, eos_token_id=None)
+    pad = next(t for t in range(model.config.vocab_size) if t not in prompt)  # (HF masks prompt tokens equal to pad)
+    assert at_limit.ids == hf_generate(hf, prompt, max_new_tokens=3, do_sample=False, eos_token_id=None,
+                                       pad_token_id=pad) and at_limit.finish_reason == "length"
     out = gpt2.generate(model, prompt, max_new_tokens=5, eos_token_id=None, on_context_limit="stop")
-    assert len(out.ids) == 2 and out.finish_reason == "context"
+    assert out.ids == at_limit.ids and out.finish_reason == "context"
     beam = gpt2.generate(model, prompt, max_new_tokens=5, eos_token_id=None, num_beams=2, on_context_limit="stop")
-    assert len(beam.ids) == 2 and beam.finish_reason == "context"
+    assert len(beam.ids) == 3 and beam.finish_reason == "context"
+    full = prompt_of(model.config, 32)  # a full context still scores one next token
+    assert len(gpt2.generate(model, full, max_new_tokens=1, eos_token_id=None).ids) == 1
+    batch = gpt2.generate_batch(model, [prompt, prompt[:20]], max_new_tokens=5, eos_token_id=None,
+                                on_context_limit="stop")
+    assert [len(g.ids) for g in batch] == [3, 3] and batch[0].ids == at_limit.ids
     with pytest.raises(ValueError, match=r"prompt has 33 tokens, more than the model's context n_positions=32"):
         gpt2.generate(model, prompt_of(model.config, 33), max_new_tokens=1, on_context_limit="stop")
+
+
+def test_stream_checks_everything_at_the_call():
+    """stream / stream_text raise at the call (before the first token), as generate does."""
+    _, model = model_pair("tiny")
+    _, byte_model = model_pair("bytes")
+    long_prompt = prompt_of(model.config, 30)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        gpt2.stream(model, long_prompt, max_new_tokens=10)
+    with pytest.raises(ValueError, match="seed must be None or a non-negative integer"):
+        gpt2.stream(model, [1, 2], do_sample=True, seed=-1)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        gpt2.stream_text(byte_model, "x" * 60, max_new_tokens=10)
+
+
+@pytest.mark.parametrize("seed", [-1, "a", 1.5, True])
+def test_bad_seeds_are_refused_by_name(seed):
+    _, model = model_pair("tiny")
+    with pytest.raises(ValueError, match="seed must be None or a non-negative integer"):
+        gpt2.generate(model, [1, 2], do_sample=True, seed=seed)
+    with pytest.raises(ValueError, match="seed must be None or a non-negative integer"):
+        gpt2.generate_batch(model, [[1, 2]], do_sample=True, seed=seed)
+
+
+def test_a_list_of_eos_ids_in_the_config_stops_on_any_of_them():
+    """config.eos_token_id may be a list (as in Hugging Face configs): the default run stops at any of them."""
+    _, model = model_pair("tiny")
+    free = gpt2.generate(model, [1, 2, 3], max_new_tokens=12, eos_token_id=None).ids
+    eos = [free[4], 96]
+    listed = gpt2.GPT2Model(dataclasses.replace(model.config, eos_token_id=eos), model.params)
+    out = gpt2.generate(listed, [1, 2, 3], max_new_tokens=12)
+    assert out.ids == free[:free.index(free[4]) + 1] and out.finish_reason == "eos"
+    assert gpt2.generate_batch(listed, [[1, 2, 3]], max_new_tokens=12)[0].ids == out.ids
+    beams = gpt2.generate(listed, [1, 2, 3], max_new_tokens=4, num_beams=2)
+    assert beams.finish_reason in ("eos", "length")
+    bad = gpt2.GPT2Model(dataclasses.replace(model.config, eos_token_id=[5, 500]), model.params)
+    with pytest.raises(ValueError, match=r"the config's eos_token_id=\[5, 500\] lies outside the vocabulary"):
+        gpt2.generate(bad, [1, 2])
+
+
+def test_beam_search_with_many_eos_ids():
+    """More candidates than the vocabulary (K = (1 + n_eos) N > V) is fine; too few non-eos tokens is refused."""
+    _, model = model_pair("tiny")  # V = 97
+    out = gpt2.generate(model, [1, 2], num_beams=4, eos_token_id=list(range(30)), max_new_tokens=3)
+    assert 1 <= len(out.ids) <= 3
+    with pytest.raises(ValueError, match="needs at least num_beams tokens that are not eos"):
+        gpt2.generate(model, [1, 2], num_beams=4, eos_token_id=list(range(95)), max_new_tokens=3)
+
+
+def test_degenerate_sampling_inputs_are_errors_not_token_0():
+    """NaN logits, or a temperature that overflows float32 logits to inf, raise instead of picking id 0."""
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="logits row 1 gives no probability distribution"):
+        sample_from_logits(np.array([[0.0, 1.0], [np.nan, 1.0]], np.float32), rng)
+    with pytest.raises(ValueError, match="every logit is -inf"):
+        sample_from_logits(np.full((1, 3), -np.inf, np.float32), rng)
+    _, model = model_pair("tiny")
+    with pytest.raises(ValueError, match=r"temperature=1e-50 is 0.0 in the logits' dtype float32"):
+        gpt2.generate(model, [1, 2], do_sample=True, temperature=1e-50, seed=0)
+    with pytest.raises(ValueError, match="no probability distribution"):  # finite tau, logits / tau overflow
+        gpt2.generate(model, [1, 2], do_sample=True, temperature=1e-40, seed=0)
+
+
+def test_early_stopping_values_and_top_p_zero():
+    _, model = model_pair("tiny")
+    p = [1, 2, 3]
+    as_bool = gpt2.generate(model, p, num_beams=3, max_new_tokens=6, early_stopping=True, eos_token_id=None)
+    assert gpt2.generate(model, p, num_beams=3, max_new_tokens=6, early_stopping=np.True_, eos_token_id=None) == as_bool
+    with pytest.raises(ValueError, match="early_stopping must be True, False or 'never'"):
+        gpt2.generate(model, p, num_beams=3, early_stopping=1)
+    greedy = gpt2.generate(model, p, max_new_tokens=8, eos_token_id=None).ids
+    # top_p = 0 keeps only the most likely token (min_tokens_to_keep = 1), as Hugging Face's TopP
+    assert gpt2.generate(model, p, max_new_tokens=8, eos_token_id=None, do_sample=True, top_p=0.0, seed=3).ids == greedy
+
+
+def test_ids_past_the_tokenizer_are_never_generated():
+    """A model with more rows than its tokenizer has ids (a padded vocabulary) only generates tokens."""
+    config = dataclasses.replace(BYTES, vocab_size=300)
+    hf = hf_gpt2(config, seed=1, wte_std=0.3, weight_std=0.3)
+    params = hf_to_params(hf, config)
+    without = gpt2.generate(gpt2.GPT2Model(config, params), [104, 105], max_new_tokens=40, do_sample=True, seed=0,
+                            eos_token_id=None).ids
+    assert max(without) >= 257  # the padded rows do get chosen when nothing says they are not tokens
+    with_tok = gpt2.GPT2Model(config, params, BYTE_TOKENIZER)
+    out = gpt2.generate(with_tok, "hi", max_new_tokens=40, do_sample=True, seed=0, eos_token_id=None)
+    assert max(out.ids) < 257 and len(out.ids) == 40 and isinstance(out.text, str)
+    assert max(gpt2.generate(with_tok, "hi", max_new_tokens=10, num_beams=2, eos_token_id=None).ids) < 257
+
+
+def test_ragged_ids_and_id_matrices():
+    _, model = model_pair("tiny")
+    with pytest.raises(ValueError, match="rectangular array of token ids"):
+        gpt2.logits(model, [[1, 2], [3]])
+    rows = np.array([[1, 2, 3], [4, 5, 6]])
+    assert [g.ids for g in gpt2.generate_batch(model, rows, max_new_tokens=3)] == \
+        [g.ids for g in gpt2.generate_batch(model, [list(r) for r in rows], max_new_tokens=3)]
 
 
 def test_bad_settings_and_prompts_are_refused():

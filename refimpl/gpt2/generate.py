@@ -15,10 +15,19 @@ Entry points: `generate` (all ids, and text when the model has a tokenizer), `st
 stop strings honoured), `generate_batch` (several prompts, left-padded, one forward per step).
 
 Policies, stated once:
-- Context limit: GPT-2 has n_positions learned positions. A run whose prompt plus
-  max_new_tokens exceeds n_positions raises a ValueError naming the numbers before any work
-  (on_context_limit="error", the default); on_context_limit="stop" generates as many tokens
-  as fit and ends with finish_reason "context". A prompt longer than n_positions is an error.
+- Context limit: GPT-2 has n_positions learned positions. Generating N tokens after P prompt
+  tokens feeds P + N - 1 tokens through the model (the last one is never fed back), so that
+  must be at most n_positions (as in Hugging Face). A run that needs more raises a ValueError
+  naming the numbers before any work (on_context_limit="error", the default), also from
+  `stream` / `stream_text` at the call; on_context_limit="stop" generates as many tokens as fit
+  and ends with finish_reason "context". A prompt longer than n_positions is an error.
+- Vocabulary: when the model's tokenizer has fewer ids than the model's V (a vocabulary
+  padded for speed, e.g. nanoGPT's 50304 rows for GPT-2's 50257 tokens), the rows past the
+  tokenizer's ids are not tokens: they are never chosen (their logits are set to -inf before
+  any processor, as llm.c's sampler does). Models without a tokenizer choose among all V.
+- Sampling defaults: top_k=None and top_p=None mean no filter: do_sample=True samples from the
+  whole softmax. Hugging Face's GenerationConfig instead applies top_k=50 unless told
+  otherwise; pass top_k=50 for the same distribution as its generate(do_sample=True).
 - End of text: generation ends after eos_token_id (default config.eos_token_id; None
   disables). The eos id is in `Generation.ids`, never in `Generation.text`.
 - Stop strings are matched on the decoded text of the generated tokens (not the prompt).
@@ -29,7 +38,7 @@ Policies, stated once:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -101,7 +110,11 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> 
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
             or not temperature > 0 or not np.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
-    return x / x.dtype.type(temperature)
+    tau = x.dtype.type(temperature)
+    if not 0 < tau < np.inf:
+        raise ValueError(f"temperature={temperature!r} is {tau} in the logits' dtype {x.dtype}: use a larger one "
+                         "(or do_sample=False for greedy)")
+    return x / tau
 
 
 def top_k_filter(logits, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
@@ -156,12 +169,19 @@ def sample_from_logits(logits, rng: np.random.Generator) -> np.ndarray:  # [B, V
     Shapes: logits [B, V] -> token ids [B] int64.
     Notes: one uniform draw per row from `rng`, so a seeded Generator reproduces the run.
     Tokens with logit -inf have probability 0 and are never drawn. The cumulative sum is
-    taken in float64.
+    taken in float64. A row with NaN or +inf logits, or only -inf ones, is a ValueError.
     """
     x = _check_logits(logits)
     if x.ndim != 2:
         raise ValueError(f"logits must have shape [B, V]; got shape {x.shape}")
     cdf = np.cumsum(softmax(x, axis=-1), axis=-1, dtype=np.float64)  # [B, V]
+    total = cdf[:, -1]  # [B]: 1 up to rounding, unless a row has no distribution
+    bad = ~(total > 0.5)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"logits row {b} gives no probability distribution to sample from "
+                         f"({'NaN or +inf logits' if np.isnan(total[b]) else 'every logit is -inf'}); "
+                         "a temperature too small for the logits' dtype overflows them to inf")
     u = rng.random(x.shape[0])[:, None] * cdf[:, -1:]  # [B, 1]
     return np.minimum(np.sum(cdf <= u, axis=-1), x.shape[-1] - 1).astype(np.int64)
 
@@ -182,6 +202,7 @@ class _Settings:
     eos_ids: tuple[int, ...]
     stop: tuple[str, ...]
     on_context_limit: str
+    n_tokens: int | None = None  # the tokenizer's number of ids when below V (see the module docstring)
 
 
 _DEFAULT = object()
@@ -205,8 +226,8 @@ def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, r
         top_k = None  # 0 = off, as in Hugging Face
     if top_k is not None and (not is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None; got {top_k!r}")
-    if top_p is not None and (not is_num(top_p) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be a number in (0, 1] or None; got {top_p!r}")
+    if top_p is not None and (not is_num(top_p) or not 0 <= top_p <= 1):
+        raise ValueError(f"top_p must be a number in [0, 1] or None; got {top_p!r}")
     if not do_sample and (temperature != 1.0 or top_k is not None or top_p is not None):
         raise ValueError("temperature, top_k and top_p shape sampling: pass do_sample=True with them "
                          f"(got do_sample=False, temperature={temperature}, top_k={top_k}, top_p={top_p})")
@@ -221,19 +242,32 @@ def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, r
                          f"V={config.vocab_size}")
     if not is_num(length_penalty):
         raise ValueError(f"length_penalty must be a finite number; got {length_penalty!r}")
-    if early_stopping not in (True, False, "never"):
+    if isinstance(early_stopping, (bool, np.bool_)):
+        early_stopping = bool(early_stopping)
+    elif early_stopping != "never":
         raise ValueError(f"early_stopping must be True, False or 'never'; got {early_stopping!r}")
-    if eos_token_id is _DEFAULT:
+    from_config = eos_token_id is _DEFAULT
+    if from_config:
         eos_token_id = config.eos_token_id
-        if eos_token_id is not None and not 0 <= eos_token_id < config.vocab_size:
-            raise ValueError(f"the config's eos_token_id={eos_token_id} lies outside the vocabulary "
-                             f"[0, V={config.vocab_size}): pass eos_token_id=... (or None) explicitly")
-    eos_ids = () if eos_token_id is None else (
-        (eos_token_id,) if is_int(eos_token_id) else tuple(eos_token_id))
+    if eos_token_id is None:
+        eos_ids = ()
+    elif is_int(eos_token_id):
+        eos_ids = (eos_token_id,)
+    elif isinstance(eos_token_id, (list, tuple, np.ndarray)):
+        eos_ids = tuple(np.asarray(eos_token_id).reshape(-1).tolist()) if isinstance(eos_token_id, np.ndarray) \
+            else tuple(eos_token_id)
+    else:
+        eos_ids = (eos_token_id,)  # refused just below, naming the value
     for e in eos_ids:
         if not is_int(e) or not 0 <= e < config.vocab_size:
+            if from_config:
+                raise ValueError(f"the config's eos_token_id={eos_token_id!r} lies outside the vocabulary "
+                                 f"[0, V={config.vocab_size}): pass eos_token_id=... (or None) explicitly")
             raise ValueError(f"eos_token_id must be a token id in [0, V={config.vocab_size}) "
                              f"(or a list of them, or None); got {eos_token_id!r}")
+    if num_beams > 1 and config.vocab_size - len(set(eos_ids)) < num_beams:
+        raise ValueError(f"num_beams={num_beams} needs at least num_beams tokens that are not eos; "
+                         f"V={config.vocab_size} with {len(set(eos_ids))} eos ids")
     stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError(f"stop must be a non-empty string or a list of them; got {stop!r}")
@@ -258,8 +292,10 @@ def _prompt_ids(model: GPT2Model, prompt) -> np.ndarray:  # str | ids [P] -> [P]
         raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}")
     if ids.size == 0:
         bos = model.config.bos_token_id
+        bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos
         raise ValueError("prompt is empty: GPT-2 needs at least one token to condition on"
-                         + (f" (start with bos_token_id={bos}, '<|endoftext|>')" if bos is not None and 0 <= bos < model.config.vocab_size else ""))
+                         + (f" (start with bos_token_id={bos}, '<|endoftext|>')"
+                            if isinstance(bos, int) and 0 <= bos < model.config.vocab_size else ""))
     return ids
 
 
@@ -269,14 +305,15 @@ def _n_steps(config, prompt_len: int, s: _Settings) -> int:
     if prompt_len > n:
         raise ValueError(f"the prompt has {prompt_len} tokens, more than the model's context "
                          f"n_positions={n}; shorten it")
-    if prompt_len + s.max_new_tokens > n:
+    # N new tokens feed P + N - 1 tokens through the model: the last one is never fed back.
+    if s.max_new_tokens and prompt_len + s.max_new_tokens - 1 > n:
         if s.on_context_limit == "error":
             raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({s.max_new_tokens}) = "
-                f"{prompt_len + s.max_new_tokens} exceeds the model's context n_positions={n}: "
-                f"lower max_new_tokens to at most {n - prompt_len}, or pass on_context_limit='stop' "
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({s.max_new_tokens}) - 1 = "
+                f"{prompt_len + s.max_new_tokens - 1} tokens to feed exceeds the model's context n_positions={n}: "
+                f"lower max_new_tokens to at most {n - prompt_len + 1}, or pass on_context_limit='stop' "
                 "to stop when the context is full")
-        return n - prompt_len
+        return n - prompt_len + 1
     return s.max_new_tokens
 
 
@@ -284,6 +321,7 @@ def _n_steps(config, prompt_len: int, s: _Settings) -> int:
 
 def _choose(logits, seen, s: _Settings, rng) -> np.ndarray:  # [B, V], [B, V] bool -> [B]
     """One decoding step's choice, in Hugging Face's processor order."""
+    logits = _only_tokens(logits, s)
     if s.repetition_penalty != 1.0:
         logits = _penalize_seen(logits, seen, s.repetition_penalty)
     if not s.do_sample:
@@ -333,6 +371,15 @@ def _sample_steps(model: GPT2Model, ops, rows: list[np.ndarray], n_steps: int, s
                           attention_mask=mask[:, :S] if ragged else None, ops=ops)[:, -1]
 
 
+def _only_tokens(logits, s: _Settings) -> np.ndarray:  # [B, V] -> [B, V]
+    """Logits of the ids past the tokenizer's (s.n_tokens < V) set to -inf: they are not tokens."""
+    if s.n_tokens is None or s.n_tokens >= logits.shape[-1]:
+        return logits
+    logits = logits.copy()
+    logits[:, s.n_tokens:] = -np.inf
+    return logits
+
+
 class _StopMatcher:
     """Decoded text of the generated tokens, and where the first stop string starts in it."""
 
@@ -370,14 +417,13 @@ class _StopMatcher:
         return len(self.text) - hold
 
 
-def _run_one(model: GPT2Model, prompt: np.ndarray, s: _Settings, ops, seed,
+def _run_one(model: GPT2Model, prompt: np.ndarray, s: _Settings, ops, rng, n_steps: int,
              matcher: _StopMatcher | None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
     """One prompt, greedy or sampled: yields (token id, None) and, with the last token, its finish reason."""
-    n_steps = _n_steps(model.config, len(prompt), s)
     truncated = n_steps < s.max_new_tokens
     if n_steps == 0:
         return
-    steps = _sample_steps(model, ops, [prompt], n_steps, s, np.random.default_rng(seed))
+    steps = _sample_steps(model, ops, [prompt], n_steps, s, rng)
     try:
         for i, nxt in enumerate(steps):
             tok = int(nxt[0])
@@ -430,12 +476,13 @@ def _beam_search(model: GPT2Model, ops, prompt: np.ndarray, n_steps: int,
     seen[0, prompt] = True
     finished: list[tuple[float, list[int]]] = []  # (penalized score, tokens), best first, at most N
     for g in range(n_steps):
-        z = ops.to_numpy(lm_head(h, params))  # [n_running, V]
+        z = _only_tokens(ops.to_numpy(lm_head(h, params)), s)  # [n_running, V]
         logp = log_softmax(z)
         if s.repetition_penalty != 1.0:
             logp = _penalize_seen(logp, seen, s.repetition_penalty)
         cand = (scores[:, None] + logp).reshape(-1)  # [n_running * V]
-        top = np.argpartition(-cand, K - 1)[:K]
+        Kg = min(K, cand.size)  # (step 0: one beam's V candidates)
+        top = np.argpartition(-cand, Kg - 1)[:Kg]
         top = top[np.argsort(-cand[top], kind="stable")]  # K best, best first
         beam, tok, cand_score = top // V, top % V, cand[top]
         at_limit = g + 1 == n_steps
@@ -491,14 +538,32 @@ def _check_model(model) -> None:
         raise TypeError(f"model must be a GPT2Model (from refimpl.gpt2.load); got {type(model).__name__}")
 
 
-def _make(model, prompt, kw):
-    _check_model(model)
-    backend = kw.pop("backend", "numpy")
-    seed = kw.pop("seed", None)
+def _rng(seed) -> np.random.Generator:
+    """np.random.default_rng(seed) for seed None or a non-negative integer; anything else is refused."""
+    if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
+    return np.random.default_rng(seed)
+
+
+def _model_settings(model, kw) -> _Settings:
     s = _settings(model.config, **kw)
     if s.stop and model.tokenizer is None:
         raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
-    return _prompt_ids(model, prompt), s, get_ops(backend), seed
+    n_tok = getattr(model.tokenizer, "vocab_size", None)
+    if isinstance(n_tok, int) and 0 < n_tok < model.config.vocab_size:
+        s = replace(s, n_tokens=n_tok)
+    return s
+
+
+def _make(model, prompt, kw):  # -> (prompt ids [P], settings, ops, rng, n_steps), every check done here
+    _check_model(model)
+    backend = kw.pop("backend", "numpy")
+    rng = _rng(kw.pop("seed", None))
+    s = _model_settings(model, kw)
+    ops = get_ops(backend)
+    prompt_ids = _prompt_ids(model, prompt)
+    n_steps = _n_steps(model.config, len(prompt_ids), s)
+    return prompt_ids, s, ops, rng, n_steps
 
 
 def _text_of(model, ids, s: _Settings) -> str | None:
@@ -526,9 +591,8 @@ def generate(model: GPT2Model, prompt, *, max_new_tokens: int = 20, do_sample: b
               top_p=top_p, repetition_penalty=repetition_penalty, num_beams=num_beams,
               length_penalty=length_penalty, early_stopping=early_stopping, eos_token_id=eos_token_id,
               stop=stop, on_context_limit=on_context_limit, backend=backend, seed=seed)
-    prompt_ids, s, ops, seed = _make(model, prompt, kw)
+    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, kw)
     if s.num_beams > 1:
-        n_steps = _n_steps(model.config, len(prompt_ids), s)
         if n_steps == 0:
             return Generation(prompt_ids.tolist(), [], _text_of(model, [], s),
                               "context" if s.max_new_tokens else "length", None)
@@ -537,7 +601,7 @@ def generate(model: GPT2Model, prompt, *, max_new_tokens: int = 20, do_sample: b
         return Generation(prompt_ids.tolist(), ids, _text_of(model, ids, s), reason, score)
     matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
     ids, reason = [], ("context" if s.max_new_tokens else "length")
-    for tok, why in _run_one(model, prompt_ids, s, ops, seed, matcher):
+    for tok, why in _run_one(model, prompt_ids, s, ops, rng, n_steps, matcher):
         ids.append(tok)
         reason = why or reason
     if matcher is not None and reason != "stop":
@@ -559,11 +623,11 @@ def stream(model: GPT2Model, prompt, **kw) -> Iterator[int]:
     stop string (use stream_text for text that stops before it). Beam search cannot know its
     best beam before the end: with num_beams > 1 the ids come all at once when the search ends.
     """
-    prompt_ids, s, ops, seed = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
+    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
     if s.num_beams > 1:
         return iter(generate(model, prompt_ids, **kw).ids)
     matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
-    return (tok for tok, _ in _run_one(model, prompt_ids, s, ops, seed, matcher))
+    return (tok for tok, _ in _run_one(model, prompt_ids, s, ops, rng, n_steps, matcher))
 
 
 def stream_text(model: GPT2Model, prompt, **kw) -> Iterator[str]:
@@ -577,17 +641,17 @@ def stream_text(model: GPT2Model, prompt, **kw) -> Iterator[str]:
     _check_model(model)
     if model.tokenizer is None:
         raise ValueError("stream_text needs a tokenizer, and this model has none; use stream() for ids")
-    prompt_ids, s, ops, seed = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
+    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
     if s.num_beams > 1:
         text = generate(model, prompt_ids, **kw).text
         return iter([text] if text else [])
-    return _text_chunks(model, prompt_ids, s, ops, seed)
+    return _text_chunks(model, prompt_ids, s, ops, rng, n_steps)
 
 
-def _text_chunks(model, prompt_ids, s: _Settings, ops, seed) -> Iterator[str]:
+def _text_chunks(model, prompt_ids, s: _Settings, ops, rng, n_steps: int) -> Iterator[str]:
     matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids)
     shown = 0
-    for _tok, _ in _run_one(model, prompt_ids, s, ops, seed, matcher):
+    for _tok, _ in _run_one(model, prompt_ids, s, ops, rng, n_steps, matcher):
         end = matcher.safe_end()
         if end > shown:
             yield matcher.text[shown:end]
@@ -612,14 +676,16 @@ def generate_batch(model: GPT2Model, prompts: Sequence, *, max_new_tokens: int =
     with the same seed. Beam search is single-prompt (use generate).
     """
     _check_model(model)
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
+        prompts = list(prompts)  # rows of an id matrix [B, P]
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise ValueError("prompts must be a non-empty list of prompts (texts or token-id lists)")
+        raise ValueError("prompts must be a non-empty list of prompts (texts or token-id lists), "
+                         "or a 2-D array of token ids [B, P]")
     kw = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
               top_p=top_p, repetition_penalty=repetition_penalty, num_beams=1, length_penalty=1.0,
               early_stopping=False, eos_token_id=eos_token_id, stop=stop, on_context_limit=on_context_limit)
-    s = _settings(model.config, **kw)
-    if s.stop and model.tokenizer is None:
-        raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
+    rng = _rng(seed)
+    s = _model_settings(model, kw)
     ops = get_ops(backend)
     rows = [_prompt_ids(model, p) for p in prompts]
     B = len(rows)
@@ -628,7 +694,7 @@ def generate_batch(model: GPT2Model, prompts: Sequence, *, max_new_tokens: int =
     out: list[list[int]] = [[] for _ in rows]
     reasons: list[str | None] = [None] * B
     if n_steps:
-        steps = _sample_steps(model, ops, rows, n_steps, s, np.random.default_rng(seed))
+        steps = _sample_steps(model, ops, rows, n_steps, s, rng)
         for nxt in steps:
             for b in range(B):
                 if reasons[b] is not None:

@@ -200,7 +200,11 @@ class KVCache:
 
 def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray:  # [B, T] -> [B, T] int64
     """Return ids as an int64 array after checking the dtype (integer) and the range 0 <= id < V."""
-    a = np.asarray(ids)
+    try:
+        a = np.asarray(ids)
+    except ValueError:  # rows of different lengths
+        raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
+                         "left-pad shorter prompts, or use generate_batch); got rows of different lengths") from None
     if a.dtype.kind not in "iu":
         if a.size == 0 and a.dtype.kind == "f":
             a = a.astype(np.int64)
