@@ -19,7 +19,9 @@ OpenBLAS threads that run the matmuls between kernels (GPT-2 small prefill measu
 with the OpenMP layer vs ~270 ms with the workqueue layer, on 2 cores; OMP_WAIT_POLICY only
 helps when set before any OpenMP runtime loads, e.g. torch's). Unless the user chose a layer
 (NUMBA_THREADING_LAYER), the workqueue layer is selected here, before Numba's first parallel
-launch starts its thread pool.
+launch starts its thread pool. That layer aborts the process if two Python threads launch
+parallel kernels at once, so every parallel launch here holds one lock (`_launch.LAUNCH_LOCK`):
+the kernels may be called from several Python threads, which then take turns.
 """
 
 import os

@@ -104,6 +104,7 @@ from refimpl._checks import float_result_type
 from refimpl.attention import _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args
+from ._launch import run_parallel
 from .blas import BLAS_NAME, gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT"]
@@ -487,7 +488,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # One BLAS thread per Numba task (MKL is bound sequential; OpenBLAS, the fallback, is limited
         # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size).
         with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
-            _flash_attention(qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
+            run_parallel(_flash_attention, qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
                              0 if window is None else window, n_sink, work == np.float32, *_tiles(T, S), out)
     return out.astype(dtype, copy=False)
 
@@ -530,8 +531,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
         if serial:
             _decode_attention_serial(*args)
         elif BLAS_NAME.startswith("MKL"):  # MKL is bound to one thread per call already
-            _decode_attention(*args)
+            run_parallel(_decode_attention, *args)
         else:  # OpenBLAS inside Numba's threads: one BLAS thread each (see masked_attention)
             with _BLAS.limit(limits=1, user_api="blas"):
-                _decode_attention(*args)
+                run_parallel(_decode_attention, *args)
     return out.astype(dtype, copy=False)

@@ -31,11 +31,14 @@ import math
 
 import numpy as np
 from contextlib import contextmanager
+from functools import partial
 
 from numba import get_num_threads, njit, prange, set_num_threads
 
 from refimpl._checks import as_float
 from refimpl.norms import _check_eps, _check_feature_vector, _check_width
+
+from ._launch import run_parallel
 
 __all__ = ["layer_norm", "rms_norm", "threads_for", "parallel_or_serial", "SMALL_WORK"]
 
@@ -49,7 +52,9 @@ def parallel_or_serial(n_elements: int, parallel, serial):
     768-wide row, 31 us through the parallel kernel with 1 thread, 2 us through the serial
     loop), which is most of a decoding step's non-matmul time.
     """
-    return serial if (n_elements < SMALL_WORK or get_num_threads() == 1) else parallel
+    if n_elements < SMALL_WORK or get_num_threads() == 1:
+        return serial
+    return partial(run_parallel, parallel)  # one parallel launch at a time (see _launch)
 
 
 @contextmanager

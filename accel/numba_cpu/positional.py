@@ -26,6 +26,8 @@ from numba import njit, prange
 
 from refimpl.positional import check_rope_inputs, rope_frequencies
 
+from ._launch import run_parallel
+
 __all__ = ["apply_rope"]
 
 
@@ -79,5 +81,6 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     N = math.prod(lead)
     out = np.empty((N, T, D), dtype=work)  # [N, T, D]
     if out.size:
-        _rope_rows(np.ascontiguousarray(x, dtype=work).reshape(N, T, D), cos, sin, row_of, R, bool(interleaved), out)
+        run_parallel(_rope_rows, np.ascontiguousarray(x, dtype=work).reshape(N, T, D), cos, sin, row_of, R,
+                     bool(interleaved), out)
     return out.reshape(x.shape).astype(x.dtype, copy=False)
