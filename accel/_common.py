@@ -95,18 +95,19 @@ def check_close(out, ref, *, rtol: float, atol: float, dtype=None) -> CheckResul
 def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, alibi_slopes):
     """The boundary checks every masked_attention kernel makes, with its twin's messages.
 
-    Returns (q, k, v, window, n_sink, key_mask, slopes): q, k, v as float arrays of shapes
-    [B, H, T, D], [B, K, S, D], [B, K, S, Dv] (refimpl.attention.check_gqa_inputs); window and
-    n_sink as ints (window may be None); key_mask a bool [B, S] array or None; slopes a float
+    Returns (q, k, v, causal, window, n_sink, key_mask, slopes): q, k, v as float arrays of shapes
+    [B, H, T, D], [B, K, S, D], [B, K, S, Dv] (refimpl.attention.check_gqa_inputs); causal a
+    bool (True / False only, as the twin); window and n_sink as ints (window may be None); key_mask a bool [B, S] array or None; slopes a float
     [H] array or None (each backend casts it to its own dtype).
     """
-    from refimpl._checks import as_float, check_positive_int
+    from refimpl._checks import as_float, check_bool, check_positive_int
     from refimpl.attention import check_gqa_inputs
 
     q, k, v = check_gqa_inputs(q, k, v)
     B, H = q.shape[:2]
     S = k.shape[2]
     n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
+    causal = check_bool(causal, "causal")
     if window is not None:
         window = check_positive_int(window, "window")
     if n_sink > 0 and (window is None or not causal):
@@ -123,7 +124,7 @@ def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, al
         slopes = as_float(alibi_slopes, "alibi_slopes")
         if slopes.shape != (H,):
             raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {slopes.shape}")
-    return q, k, v, window, n_sink, key_mask, slopes
+    return q, k, v, causal, window, n_sink, key_mask, slopes
 
 
 def check_decode_attention_args(q, k, v, key_lengths):

@@ -136,9 +136,10 @@ KERNELS: list[KernelSpec] = [
     KernelSpec(
         "apply_rope", "numba", "accel.numba_cpu.positional:apply_rope", "refimpl.positional:apply_rope", _F32_F64,
         rtol={"float32": 1e-6, "float64": 1e-11}, atol={"float32": 1e-6, "float64": 1e-11},
-        note="angles p * theta^(-2i/D) and cos/sin in float64 (as the twin in float64), the 2x2 rotation "
-             "in the input dtype: float32 error ~3 roundings of |x|; float64 angle formula may differ from "
-             "the twin's by a few eps * p (p <= 1e4 here), i.e. ~1e-12 |x|",
+        note="angles and cos/sin tables are the twin's own (refimpl.positional.rope_frequencies in float64, "
+             "then the twin's cast), the 2x2 rotation in the input dtype: float64 output equals the twin's "
+             "bit for bit (tests/test_accel_differential.py); float32 differs from the float64 twin by the "
+             "rotation's ~3 roundings of |x| and the tables' rounding to float32 (2^-24 relative each)",
     ),
     KernelSpec(
         "masked_attention", "numba", "accel.numba_cpu.attention:masked_attention", "refimpl.attention:masked_attention",

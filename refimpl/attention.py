@@ -208,8 +208,8 @@ def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return
     res = scaled_dot_product_attention(qg, kg, vg, mask, bias, scale=scale, return_weights=return_weights)
     if return_weights:
         out, weights = res
-        return out.reshape(B, H, T, -1), weights.reshape(B, H, T, S)
-    return res.reshape(B, H, T, -1)  # [B, H, T, Dv]
+        return out.reshape(B, H, T, v.shape[3]), weights.reshape(B, H, T, S)
+    return res.reshape(B, H, T, v.shape[3])  # [B, H, T, Dv]
 
 
 def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]
@@ -377,7 +377,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     n_sink > 0 without a window (or without causal) is refused: under a plain causal mask the
     sinks are visible anyway, and StreamingLLM's pattern is causal.
     Notes: the ALiBi bias is added as written, -m_h (p_i - j), also for keys after the query
-    when causal=False (positive there). Fully masked rows give zeros. This is the twin that
+    when causal=False (positive there). Fully masked rows give zeros (so does S = 0; T = 0 or
+    B = 0 give an empty result). This is the twin that
     accel's fused (never materialising T x S) attention kernels are proved against; here the
     boolean [.., T, S] mask is built with refimpl.masks and handed to grouped_query_attention.
     """
@@ -392,7 +393,9 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     if n_sink > 0 and (window is None or not causal):
         raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
                          f"sliding window); got window={window}, causal={causal}")
-    if window is None:
+    if T == 0 or S == 0:  # no query, or no key to see: no pattern (the output is all zeros or empty)
+        pattern = None
+    elif window is None:
         pattern = causal_mask(T, S) if causal else None  # [T, S] or None
     elif n_sink > 0:
         pattern = sink_window_mask(T, S, n_sink=n_sink, window=window)
@@ -411,6 +414,9 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         m = as_float(alibi_slopes, "alibi_slopes").astype(dtype, copy=False)
         if m.shape != (H,):
             raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {m.shape}")
+    if T == 0 or S == 0 or B == 0:  # every row sees no key (zeros, the convention above), or there is no row
+        return np.zeros((B, H, T, v.shape[3]), dtype=float_result_type(q, k, v))
+    if alibi_slopes is not None:
         p_i = query_positions(T, S).astype(dtype)[:, None]  # [T, 1]
         j = np.arange(S, dtype=dtype)[None, :]  # [1, S]
         bias = -m[:, None, None] * (p_i - j)  # [H, T, S]: -m_h (p_i - j)

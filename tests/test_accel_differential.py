@@ -261,18 +261,43 @@ BAD_CALLS = [
     ("decode_attention", lambda: (np.zeros((1, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))),
      {"key_lengths": np.array([4])}),
     ("decode_attention", lambda: (np.zeros((1, 2, 1, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))), {}),
+    ("softmax", lambda: (np.zeros((2, 3)),), {"axis": True}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"causal": "no"}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"causal": 1}),
+    ("masked_attention", lambda: (np.zeros((1, 1, 2, 0)), np.zeros((1, 1, 3, 0)), np.zeros((1, 1, 3, 2))), {}),
+    ("decode_attention", lambda: (np.zeros((1, 1, 0)), np.zeros((1, 1, 3, 0)), np.zeros((1, 1, 3, 2))), {}),
 ]
+CPU_AND_SIMULATED = [b for b in ("numba", "numba_cuda")]
 
 
+def _kernel(name, backend):
+    spec = registry.get(name, backend)
+    _require(spec)
+    return spec.load(), spec.load_twin()
+
+
+@pytest.mark.parametrize("backend", CPU_AND_SIMULATED)
 @pytest.mark.parametrize("name, make_args, kwargs", BAD_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_CALLS)])
-def test_bad_input_raises_the_twins_error(name, make_args, kwargs):
+def test_bad_input_raises_the_twins_error(name, make_args, kwargs, backend):
     """The kernel refuses bad input at the boundary with the twin's exception type and message."""
-    fn, twin = _numba(name)
+    fn, twin = _kernel(name, backend)
     with pytest.raises((ValueError, TypeError)) as expected:
         twin(*make_args(), **kwargs)
     with pytest.raises(expected.type) as got:
         fn(*make_args(), **kwargs)
     assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("backend", CPU_AND_SIMULATED)
+@pytest.mark.parametrize("shape, axis", [((3, 0), -1), ((0, 3), -1), ((0, 3), 0), ((2, 0, 4), 1)])
+def test_softmax_over_empty_shapes(shape, axis, backend):
+    """Empty inputs give empty outputs of the same shape and dtype, as the twin (an empty axis included)."""
+    fn, twin = _kernel("softmax", backend)
+    x = np.zeros(shape, np.float32)
+    out = fn(x, axis=axis)
+    assert out.shape == twin(x, axis=axis).shape == shape and out.dtype == np.float32
 
 
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "gelu_tanh_bias", "masked_attention"])
@@ -412,3 +437,30 @@ def test_decode_attention_copies_only_what_blas_cannot_read():
         assert fused._blas_rows(view, np.dtype(np.float64)) is not view
         np.testing.assert_array_equal(decode_attention(q, view, v), decode_attention(q, np.ascontiguousarray(view), v))
     assert fused._blas_rows(k, np.dtype(np.float32)).dtype == np.float32
+
+
+@settings(max_examples=30, deadline=None)
+@given(T=st.integers(1, 12), half=st.integers(1, 8), extra=st.integers(0, 3), interleaved=st.booleans(),
+       max_pos=st.sampled_from([10, 1000, 10000]), seed=st.integers(0, 2**32 - 1))
+def test_apply_rope_float64_is_the_twin_bit_for_bit(T, half, extra, interleaved, max_pos, seed):
+    """In float64 the numba RoPE uses the twin's own angle tables, so the outputs are identical (the
+    registry note's claim); rotary_dim < D leaves the tail untouched in both."""
+    fn, twin = _numba("apply_rope")
+    rng = np.random.default_rng(seed)
+    D = 2 * half + 2 * extra
+    x = rng.standard_normal((2, 3, T, D))
+    pos = rng.integers(0, max_pos, size=(2, 1, T))
+    kw = dict(interleaved=interleaved, rotary_dim=2 * half)
+    np.testing.assert_array_equal(fn(x, pos, **kw), twin(x, pos, **kw))
+
+
+@pytest.mark.parametrize("backend", CPU_AND_SIMULATED)
+@pytest.mark.parametrize("B, T, S", [(1, 0, 3), (0, 2, 3), (1, 2, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_attention_with_no_query_key_or_batch(B, T, S, causal, backend):
+    """T = 0 or B = 0: an empty result; S = 0: every row sees no key, so zeros (the twin's convention)."""
+    fn, twin = _kernel("masked_attention", backend)
+    q, k, v = np.ones((B, 2, T, 4)), np.ones((B, 1, S, 4)), np.ones((B, 1, S, 3))
+    ref = twin(q, k, v, causal=causal, alibi_slopes=np.ones(2))
+    out = fn(q, k, v, causal=causal, alibi_slopes=np.ones(2))
+    assert ref.shape == out.shape == (B, 2, T, 3) and not ref.any() and not out.any()

@@ -30,7 +30,7 @@ __all__ = [
 
 
 def _rows(x: cp.ndarray) -> cp.ndarray:  # [..., C] -> [N, C] contiguous
-    return cp.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    return cp.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (N or C may be 0)
 
 
 def matmul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:  # [..., in], [in, out] -> [..., out]

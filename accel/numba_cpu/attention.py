@@ -460,7 +460,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     Notes: the masks, GQA grouping, position alignment (p_i = S - T + i) and zero rows are the
     twin's; the arithmetic is FlashAttention's tiled online softmax (module header).
     """
-    q, k, v, window, n_sink, key_mask, slopes = check_masked_attention_args(
+    q, k, v, causal, window, n_sink, key_mask, slopes = check_masked_attention_args(
         q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     B, H, T, D = q.shape
     S = k.shape[2]

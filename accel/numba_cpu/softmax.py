@@ -83,7 +83,7 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     Notes: rows in parallel, each in float64, rounded once; see the module header.
     """
     x = as_float(x, "x")
-    if not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
     xt = np.moveaxis(x, axis, -1)
     work = np.float32 if x.dtype == np.float16 else x.dtype  # Numba has no CPU float16: widen, round back

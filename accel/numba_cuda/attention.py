@@ -45,6 +45,7 @@ import numpy as np
 from numba import cuda
 
 from refimpl._checks import as_float
+from refimpl.attention import _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args
 from ._common import SIMULATOR, block_reducers, kernel_dtype, numba_float, pow2_at_least, threads, tiles, to_device
@@ -119,7 +120,7 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     work, out_dtype = kernel_dtype(x, names=("x",))
     xl = np.moveaxis(x, axis, -1)  # [..., C]
     C = xl.shape[-1]
-    x2 = xl.reshape(-1, C)  # [N, C]
+    x2 = xl.reshape(math.prod(xl.shape[:-1]), C)  # [N, C] (N, C may be 0)
     if x2.size == 0:
         return np.empty(x.shape, dtype=out_dtype)
     out = cuda.device_array(x2.shape, dtype=work)
@@ -289,7 +290,7 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
     while k_tile > 1 and k_tile * (d_pad + dv_pad) * dtype.itemsize > _SHARED_BYTES:
         k_tile //= 2
     kernel = _flash_kernel(dtype, q_tile, k_tile, d_pad, dv_pad)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     grid = ((T + q_tile - 1) // q_tile, H, B)
     kernel[grid, q_tile](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), bool(causal),
                          0 if window is None else int(window), int(n_sink), out)
@@ -313,7 +314,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     window, key padding); fully masked rows give zeros. The T x S scores never exist.
     See also: refimpl.attention.masked_attention (the twin).
     """
-    q, k, v, window, n_sink, km, m = check_masked_attention_args(
+    q, k, v, causal, window, n_sink, km, m = check_masked_attention_args(
         q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     B, H, T, D = q.shape
     mask_d = None
@@ -470,7 +471,7 @@ def decode_attention_device(q, k, v, lengths, out, *, scale=None) -> None:  # [B
     part_m = cuda.device_array((B, H, n_split), dtype)
     part_l = cuda.device_array((B, H, n_split), dtype)
     part_acc = cuda.device_array((B, H, n_split, Dv), dtype)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     partial = _decode_partial_kernel(dtype, tpb, pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR))
     partial[(n_split, H, B), tpb](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
     _decode_merge_kernel(dtype, tpb)[(H, B), tpb](part_m, part_l, part_acc, lengths, chunk, out)

@@ -82,7 +82,7 @@ def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
     x, b = as_float(x, "x"), as_float(b, "b")
     check_ndim(x, "x", 1, "[..., F]")
     if b.shape != (x.shape[-1],):
-        raise ValueError(f"b must have shape [F] with F={x.shape[-1]} (the last axis of x); got shape {b.shape}")
+        raise ValueError(f"b must have shape [F] with F={x.shape[-1]} (x's last axis); got shape {b.shape}")
     work, out_dtype = kernel_dtype(x, b, names=("x", "b"))
     out = cuda.device_array(x.size, dtype=work)
     _launch(to_device(x.reshape(-1), work), to_device(b, work), out)
