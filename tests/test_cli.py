@@ -6,7 +6,6 @@ Bad input must give one line on stderr and exit status 2, never a traceback.
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from gpt2_oracle import hf_gpt2

@@ -171,7 +171,7 @@ def plot_attention(tokens, A, path, *, layers=None) -> None:
     if A.ndim != 4 or A.shape[-1] != A.shape[-2] or A.shape[-1] != len(tokens):
         raise ValueError(f"A must have shape [L, H, T, T] with T={len(tokens)}; got {A.shape}")
     layers = list(range(A.shape[0])) if layers is None else list(layers)
-    H, T = A.shape[1], A.shape[-1]
+    H = A.shape[1]
     fig, axes = plt.subplots(len(layers), H, figsize=(1.6 * H, 1.6 * len(layers)), squeeze=False)
     for r, l in enumerate(layers):
         for h in range(H):

@@ -9,7 +9,7 @@ Loading, saving and exporting live in `refimpl.gpt2.io`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
