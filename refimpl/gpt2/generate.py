@@ -253,9 +253,10 @@ def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, r
         eos_ids = ()
     elif is_int(eos_token_id):
         eos_ids = (eos_token_id,)
-    elif isinstance(eos_token_id, (list, tuple, np.ndarray)):
-        eos_ids = tuple(np.asarray(eos_token_id).reshape(-1).tolist()) if isinstance(eos_token_id, np.ndarray) \
-            else tuple(eos_token_id)
+    elif isinstance(eos_token_id, (list, tuple)):
+        eos_ids = tuple(eos_token_id)
+    elif isinstance(eos_token_id, np.ndarray):
+        eos_ids = tuple(eos_token_id.reshape(-1).tolist())
     else:
         eos_ids = (eos_token_id,)  # refused just below, naming the value
     for e in eos_ids:
