@@ -370,6 +370,7 @@ def test_a_list_of_eos_ids_in_the_config_stops_on_any_of_them():
     out = gpt2.generate(listed, [1, 2, 3], max_new_tokens=12)
     assert out.ids == free[:free.index(free[4]) + 1] and out.finish_reason == "eos"
     assert gpt2.generate_batch(listed, [[1, 2, 3]], max_new_tokens=12)[0].ids == out.ids
+    assert gpt2.generate(model, [1, 2, 3], max_new_tokens=12, eos_token_id=np.array(eos)).ids == out.ids
     beams = gpt2.generate(listed, [1, 2, 3], max_new_tokens=4, num_beams=2)
     assert beams.finish_reason in ("eos", "length")
     bad = gpt2.GPT2Model(dataclasses.replace(model.config, eos_token_id=[5, 500]), model.params)
