@@ -104,6 +104,8 @@ def _scale_for(D: int, scale, dtype) -> np.floating:
         return dtype.type(1.0 / math.sqrt(D))
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TypeError(f"scale must be a real number or None; got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite (every weight would be NaN); got {scale!r}")
     return dtype.type(scale)
 
 
@@ -353,14 +355,6 @@ def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: 
 
 # ------------------------------------------------------------- structured attention (accel twins)
 
-def _check_qkv_BHTD(q, k, v):
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
-        if a.ndim != 4:
-            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
-    return q, k, v
-
-
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
                      key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (structured GQA attention).
@@ -382,7 +376,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     accel's fused (never materialising T x S) attention kernels are proved against; here the
     boolean [.., T, S] mask is built with refimpl.masks and handed to grouped_query_attention.
     """
-    q, k, v = _check_qkv_BHTD(q, k, v)
+    q, k, v = check_gqa_inputs(q, k, v)  # 4-D, B and D agree, H a multiple of K
     B, H, T, _ = q.shape
     S = k.shape[2]
     n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
@@ -417,9 +411,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     if T == 0 or S == 0 or B == 0:  # every row sees no key (zeros, the convention above), or there is no row
         return np.zeros((B, H, T, v.shape[3]), dtype=float_result_type(q, k, v))
     if alibi_slopes is not None:
-        p_i = query_positions(T, S).astype(dtype)[:, None]  # [T, 1]
-        j = np.arange(S, dtype=dtype)[None, :]  # [1, S]
-        bias = -m[:, None, None] * (p_i - j)  # [H, T, S]: -m_h (p_i - j)
+        distance = (query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(dtype)  # [T, S]: p_i - j, exact ints first
+        bias = -m[:, None, None] * distance  # [H, T, S]: -m_h (p_i - j)
     return grouped_query_attention(q, k, v, mask, bias, scale=scale)
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float, check_ndim
-from .attention import softmax
+from ._checks import as_float, check_ndim, check_positive_int
+from .attention import _scale_for, softmax
+from .norms import _check_eps
 
 __all__ = [
     "embedding_backward",
@@ -66,6 +67,7 @@ def embedding_backward(dy, ids, V: int) -> np.ndarray:  # [..., C], [...] -> [V,
     """
     dy = as_float(dy, "dy")
     check_ndim(dy, "dy", 1, "[..., C]")
+    V = check_positive_int(V, "V")
     ids = _check_ids(ids, V)
     if ids.shape != dy.shape[:-1]:
         raise ValueError(f"ids must have shape dy.shape[:-1] = {list(dy.shape[:-1])}; got {list(ids.shape)}")
@@ -121,7 +123,7 @@ def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5) -> tuple[np.ndarray,
     dtype = np.result_type(dy, x, gamma)
     mu = x.mean(axis=-1, keepdims=True)  # [..., 1]
     d = x - mu
-    r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + dtype.type(eps))  # [..., 1]
+    r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + dtype.type(_check_eps(eps)))  # [..., 1]
     xhat = (d * r).astype(dtype, copy=False)  # [..., C]
     g = dy * gamma  # [..., C]
     dx = r * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
@@ -143,13 +145,14 @@ def gelu_tanh_backward(dy, x) -> np.ndarray:  # [...], [...] -> [...]
     """
     dy, x = as_float(dy, "dy"), as_float(x, "x")
     _same_shape(dy, "dy", x.shape, "x")
-    dtype = np.result_type(dy, x)
+    out_dtype = np.result_type(dy, x)
+    dtype = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype  # float16 in float32, as the forward
     one, half = dtype.type(1.0), dtype.type(0.5)
     c, a = dtype.type(np.sqrt(2.0 / np.pi)), dtype.type(0.044715)
-    xc = np.clip(x, dtype.type(-20.0), dtype.type(20.0))
+    xc = np.clip(x.astype(dtype, copy=False), dtype.type(-20.0), dtype.type(20.0))
     t = np.tanh(c * (xc + a * (xc * xc * xc)))
     du = c * (one + dtype.type(3.0) * a * (xc * xc))
-    return (dy * (half * (one + t) + half * xc * (one - t * t) * du)).astype(dtype, copy=False)
+    return (dy.astype(dtype, copy=False) * (half * (one + t) + half * xc * (one - t * t) * du)).astype(out_dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -190,7 +193,7 @@ def attention_backward(dout, q, k, v, weights, *, scale=None) -> tuple[np.ndarra
         raise ValueError(f"q [..., T, D], k [..., S, D], v [..., S, Dv] must share their leading axes; "
                          f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     dtype = np.result_type(dout, q, k, v, P)
-    scale = dtype.type(1.0 / np.sqrt(D) if scale is None else scale)
+    scale = _scale_for(D, scale, dtype)  # the forward's rule and checks
     dv = np.swapaxes(P, -1, -2) @ dout  # [..., S, Dv]
     dP = dout @ np.swapaxes(v, -1, -2)  # [..., T, S]
     dZ = softmax_backward(dP, P) * scale  # [..., T, S]

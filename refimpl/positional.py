@@ -123,10 +123,9 @@ def sinusoidal_shift_matrix(k, d, *, base=10000.0, dtype=np.float64) -> np.ndarr
         raise ValueError(f"d must be even for the block rotation (pairs of sin/cos dims); got d={d}")
     base = _positive_float(base, "base")
     dt = _float_dtype(dtype, "dtype")
-    try:
-        k = float(k)
-    except (TypeError, ValueError):
-        raise TypeError(f"k must be a real number (the position offset); got {k!r}") from None
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, float, np.integer, np.floating)):
+        raise TypeError(f"k must be a real number (the position offset); got {type(k).__name__} {k!r}")
+    k = float(k)
     w = base ** (-(2 * np.arange(d // 2)) / d)  # [d/2]
     c, s = np.cos(k * w), np.sin(k * w)  # [d/2]
     m = np.zeros((d, d))

@@ -613,3 +613,37 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
     """Each bad argument is refused at the boundary with a message naming it and the expected shape."""
     with pytest.raises(error, match=match):
         call()
+
+
+def test_masked_attention_alibi_distances_are_exact_in_float16():
+    """ALiBi's p_i - j is formed in integers, then cast: in float16, positions above 2048 are not all
+    representable, but the distances to the nearest keys are (they came out [4, 2, 0, 0] for [3, 2, 1, 0])."""
+    from refimpl.attention import masked_attention
+    from refimpl.positional import alibi_bias, alibi_slopes
+
+    rng = np.random.default_rng(0)
+    T, S, H = 2, 3001, 4
+    q, k, v = (rng.standard_normal(s).astype(np.float16) for s in ((1, H, T, 8), (1, H, S, 8), (1, H, S, 8)))
+    slopes = alibi_slopes(H)
+    out = masked_attention(q, k, v, causal=True, alibi_slopes=slopes)
+    ref = scaled_dot_product_attention(q, k, v, causal_mask(T, S), alibi_bias(slopes.astype(np.float16), T, S))
+    exact = masked_attention(*(a.astype(np.float64) for a in (q, k, v)), causal=True, alibi_slopes=slopes)
+    assert np.abs(out.astype(np.float64) - exact).max() < 2e-3  # was 0.148
+    np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), atol=2e-3)
+
+
+def test_masked_attention_checks_shapes_even_with_nothing_to_attend():
+    """T = 0 or S = 0 still requires matching B, D and H % K == 0 (the result would be meaningless otherwise)."""
+    from refimpl.attention import masked_attention
+
+    with pytest.raises(ValueError, match="k must have shape"):
+        masked_attention(np.zeros((2, 3, 4, 8)), np.zeros((5, 2, 0, 7)), np.zeros((1, 1, 0, 9)), causal=True)
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        masked_attention(np.zeros((1, 3, 0, 8)), np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 4, 8)))
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_scale_is_refused(scale):
+    q = np.ones((1, 2, 4))
+    with pytest.raises(ValueError, match="scale must be finite"):
+        scaled_dot_product_attention(q, q, q, scale=scale)

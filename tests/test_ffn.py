@@ -404,3 +404,21 @@ def test_ffn_and_glu_param_errors():
         ffn(np.zeros((2, 4)), GLUParams(lp(4, 6), lp(4, 6), lp(6, 4)))
     with pytest.raises(TypeError, match="p must be GLUParams"):
         swiglu(np.zeros((2, 4)), p)
+
+
+def test_gelu_tanh_float16_is_the_float32_value_rounded_once():
+    """float16 GELU is computed in float32 and rounded once (PyTorch's rule), so the negative tail survives:
+    in float16 arithmetic 1 + tanh(u) cancels (-3.5 gave -8.5e-4 for -6.16e-4, and -0 below -3.8)."""
+    from refimpl.ffn import gelu_tanh
+
+    x16 = np.arange(-8, 8, 1 / 256).astype(np.float16)
+    ours = gelu_tanh(x16)
+    ref = gelu_tanh(x16.astype(np.float32)).astype(np.float16)
+    assert ours.dtype == np.float16
+    np.testing.assert_array_equal(ours, ref)
+    exact = gelu_tanh(x16.astype(np.float64))
+    # Within float16's rounding of the exact value wherever float32's own cancellation in 1 + tanh(u)
+    # (eps32 / (1 + tanh u), ~1e-3 relative at |gelu| ~ 1e-4) is below it: |gelu| > 1e-3.
+    big = np.abs(exact) > 1e-3
+    assert (np.abs(ours[big] - exact[big]) / np.abs(exact[big])).max() <= 2.0 ** -11 * 1.01
+    assert ours[x16 == np.float16(-3.883)][0] < 0  # not -0

@@ -290,3 +290,29 @@ def test_zz_report_max_relative_errors():
     for name, r in sorted(MAX_REL.items()):
         print(f"max rel error vs central differences, {name}: {r:.2e}")
     assert all(r < TOL64 for r in MAX_REL.values())
+
+
+def test_gelu_tanh_backward_float16_keeps_the_negative_tail():
+    """float16 is differentiated in float32 and rounded once, as the forward: no cancellation to 0."""
+    x = np.array([-3.586, -1.0, 0.0, 2.0], np.float16)
+    dx = gelu_tanh_backward(np.ones(4, np.float16), x)
+    ref = gelu_tanh_backward(np.ones(4), x.astype(np.float64))
+    assert dx.dtype == np.float16 and dx[0] < 0
+    np.testing.assert_allclose(dx.astype(np.float64), ref, rtol=2.0 ** -10, atol=1e-7)
+
+
+def test_backward_functions_check_their_arguments_as_the_forwards_do():
+    from refimpl.grad import embedding_backward
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 8))
+    g = np.ones(8)
+    for eps, err in ((float("nan"), ValueError), (-1.0, ValueError), (True, TypeError)):
+        with pytest.raises(err, match="eps"):
+            layer_norm_backward(np.ones_like(x), x, g, eps=eps)
+    q = np.ones((1, 2, 4))
+    P = np.full((1, 2, 2), 0.5)
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        attention_backward(np.ones((1, 2, 4)), q, q, q, P, scale=True)
+    for V in (3.0, True):
+        with pytest.raises(TypeError, match="V must be an integer"):
+            embedding_backward(np.ones((2, 4)), np.array([0, 1]), V)

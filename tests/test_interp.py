@@ -271,6 +271,14 @@ def test_sink_statistics_of_a_constructed_pattern():
     assert [r["ratio"] for r in rows] == pytest.approx([1.0, 48 / 25, 0.5 * 48 / 25], rel=1e-14)
     # Queries aligned to the end of S = 4 keys (positions 2, 3): (1/3 + 1/4) / 2 = 7/24.
     assert uniform_sink_share(2, 4, 1) == pytest.approx(7 / 24, rel=1e-15)
+    # More queries than keys (T = 5 > S = 3): positions -2, -1 see no key (share 0), then 1, 1/2, 1/3;
+    # the same as sink_share of the uniform causal weights, whose first two rows are zeros.
+    assert uniform_sink_share(5, 3, 1) == pytest.approx((1 + 1 / 2 + 1 / 3) / 5, rel=1e-15)
+    from refimpl.masks import causal_mask
+
+    m = causal_mask(5, 3).astype(np.float64)
+    w_uniform = m / np.maximum(m.sum(-1, keepdims=True), 1)  # [5, 3]
+    assert sink_share(w_uniform[None, None], 1)[0, 0] == pytest.approx(uniform_sink_share(5, 3, 1), rel=1e-15)
 
 
 def test_attention_weights_of_the_model_are_causal_distributions(m32):
@@ -361,8 +369,14 @@ def test_streaming_perplexity_table(m64):
     lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
     nll = lse[:-1] - z[np.arange(11), ids[1:]]
     assert rows[2]["ppl"] == pytest.approx(np.exp(nll.mean()), rel=1e-12)
-    long_rows = streaming_perplexity(m64, ids_of(50), n_sink=2, window=6)
+    long_rows, nlls = streaming_perplexity(m64, ids_of(50), n_sink=2, window=6, return_nll=True)
     assert all(np.isfinite(r["ppl_after_M"]) and r["seconds_per_token"] > 0 for r in long_rows)
+    # z_t for t < M = 8 sees at most M tokens: identical context for every method; ppl_after_M is over t >= M.
+    M = 8
+    first = list(nlls.values())[0]
+    for r, nll in zip(long_rows, nlls.values()):
+        np.testing.assert_allclose(nll[:M], first[:M], rtol=1e-9)
+        assert r["ppl_after_M"] == pytest.approx(np.exp(nll[M:].mean()), rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- steering

@@ -698,3 +698,11 @@ def test_t5_bias_vs_huggingface_compute_bias(is_decoder, T, S):
     diff = np.abs(ours - hf).max()
     print(f"T5 bias (decoder={is_decoder}, T={T}, S={S}): max abs diff vs HF compute_bias {diff:.3e}")
     assert diff == 0
+
+
+def test_sinusoidal_shift_matrix_refuses_a_bool_offset():
+    from refimpl.positional import sinusoidal_shift_matrix
+
+    with pytest.raises(TypeError, match="k must be a real number"):
+        sinusoidal_shift_matrix(True, 8)
+    assert sinusoidal_shift_matrix(np.int64(2), 8).shape == (8, 8)

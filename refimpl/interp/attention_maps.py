@@ -59,11 +59,16 @@ def sink_share(weights, k: int = 1) -> np.ndarray:  # [..., T, S] -> [...]
 
 
 def uniform_sink_share(T: int, S: int | None = None, k: int = 1) -> float:
-    """uniform = (1/T) sum_i min(k, p_i + 1) / (p_i + 1), p_i = S - T + i: sink_share of a uniform causal head."""
+    """uniform = (1/T) sum_i min(k, p_i + 1) / (p_i + 1), p_i = S - T + i: sink_share of a uniform causal head.
+
+    A query with p_i < 0 (T > S: it comes before key 0) sees no key; its weights are zeros (the
+    masks' convention) and its share 0, counted in the mean as sink_share counts its zero row.
+    """
     S = T if S is None else S
     p = query_positions(T, S).astype(np.float64)  # [T]
     k = _check_k(k, S)
-    return float(np.mean(np.minimum(k, p + 1) / (p + 1)))
+    seen = np.maximum(p + 1, 0)  # keys visible to query i
+    return float(np.mean(np.minimum(k, seen) / np.maximum(seen, 1)))
 
 
 def sink_table(weights, k: int = 1) -> list[dict]:  # [L, H, T, S] -> L*H rows

@@ -201,8 +201,8 @@ def streaming_perplexity(model: GPT2Model, ids, *, n_sink: int = 4, window: int 
     """Perplexity exp(mean nll) and seconds per token of (a) window without sinks, (b) sinks + window, (c) recompute.
 
     All three keep M = n_sink + window tokens of context (window defaults to n_positions - n_sink).
-    Each row: method, n_sink, window, tokens, ppl (all predictions), ppl_after_M (predictions
-    of tokens beyond the first M, where the methods differ), seconds_per_token (wall time of
+    Each row: method, n_sink, window, tokens, ppl (all predictions), ppl_after_M (the predictions
+    made from more than M tokens of context, z_t for t >= M: where the methods differ), seconds_per_token (wall time of
     the whole run / N, the one-forward prefill of the first M tokens included).
     return_nll=True also returns {method: nll [N - 1]} (per-token losses, for plots).
     """
@@ -220,7 +220,7 @@ def streaming_perplexity(model: GPT2Model, ids, *, n_sink: int = 4, window: int 
         dt = time.perf_counter() - t0
         nll = negative_log_likelihood(z, ids)
         nlls[name] = nll
-        late = nll[M - 1:]  # predictions of tokens M, M+1, ...
+        late = nll[M:]  # predictions from contexts of more than M tokens (nll[t] is z_t's, context t + 1)
         rows.append({"method": name, "n_sink": s, "window": w, "tokens": int(len(ids)),
                      "ppl": float(np.exp(nll.mean())),
                      "ppl_after_M": float(np.exp(late.mean())) if late.size else float("nan"),
