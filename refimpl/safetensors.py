@@ -57,6 +57,8 @@ __all__ = [
 
 # Same cap as the reference Rust implementation: a header larger than this is refused.
 MAX_HEADER_BYTES = 100_000_000
+MAX_NDIM = 64  # dimensions per tensor (NumPy's limit)
+MAX_DIM = 1 << 63  # one dimension (an int64 shape entry)
 
 # safetensors dtype name -> NumPy storage dtype (little-endian). BF16 is stored as uint16 bits.
 DTYPES: dict[str, np.dtype] = {
@@ -138,9 +140,12 @@ def _parse_entry(name: str, entry) -> TensorInfo:
                                    f"(supported: {', '.join(DTYPES)})")
         raise SafetensorsError(f"safetensors tensor {name!r}: unknown dtype {dtype!r:.40}")
     shape = entry["shape"]
-    if not (isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape)):
+    if not (isinstance(shape, list) and all(_is_int(s) and 0 <= s < MAX_DIM for s in shape)):
         raise SafetensorsError(
-            f"safetensors tensor {name!r}: shape must be a list of non-negative integers; got {shape!r:.80}")
+            f"safetensors tensor {name!r}: shape must be a list of integers in [0, 2^63); got {shape!r:.80}")
+    if len(shape) > MAX_NDIM:
+        raise SafetensorsError(
+            f"safetensors tensor {name!r}: {len(shape)} dimensions; at most {MAX_NDIM} are supported (as NumPy)")
     offsets = entry["data_offsets"]
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
@@ -186,6 +191,8 @@ def parse_header(prefix: bytes, file_size: int) -> Header:
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
+        raise SafetensorsError(f"safetensors header is not valid JSON: {e}") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
         raise SafetensorsError(f"safetensors header is not valid JSON: {e}") from None
     except RecursionError:
         raise SafetensorsError("safetensors header is not valid JSON: nested too deeply") from None

@@ -361,3 +361,64 @@ def test_sink_statistics_and_plots(model, tmp_path):
     teach.plot_attention(tokens, A, tmp_path / "a.png", layers=[0, 5])
     teach.plot_sinks(rows, tmp_path / "s.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "s.png").stat().st_size > 1000
+
+
+def _model_dir_copy(tmp_path, model, tensors=None):
+    """A copy of the installed model's files in tmp_path (weights from `tensors` if given)."""
+    d = rb.default_model_dir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((d / name).read_bytes())
+    t = model.params.named_tensors() if tensors is None else tensors
+    save_file({k: np.ascontiguousarray(v) for k, v in t.items()}, tmp_path / "model.safetensors")
+    return tmp_path
+
+
+def test_non_finite_weights_are_refused_by_name(tmp_path, model):
+    t = dict(model.params.named_tensors())
+    name = "encoder.layer.0.attention.self.query.weight"
+    bad = np.array(t[name], copy=True)
+    bad[0, 0] = np.nan
+    t[name] = bad
+    with pytest.raises(ValueError, match=f"{name}' holds NaN or inf"):
+        rb.load(_model_dir_copy(tmp_path, model, t))
+
+
+@pytest.mark.parametrize("fname, content, message", [
+    ("config.json", b"[1, 2]", "must hold a JSON object"),
+    ("config.json", b"\xff\xfe{}", "is not valid JSON"),
+    ("tokenizer_config.json", b"[]", "must hold a JSON object"),
+    ("vocab.txt", b"[PAD]\n\xff\xfe\n", "is not UTF-8 text"),
+])
+def test_broken_model_files_give_errors_naming_the_file(tmp_path, model, fname, content, message):
+    d = _model_dir_copy(tmp_path, model)
+    (d / fname).write_bytes(content)
+    with pytest.raises(ValueError, match=message) as e:
+        rb.load(d)
+    assert fname in str(e.value)
+
+
+def test_truncated_vocab_and_odd_configs(tmp_path, model):
+    d = _model_dir_copy(tmp_path, model)
+    lines = (d / "vocab.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (d / "vocab.txt").write_text("".join(lines[:20000]), encoding="utf-8")
+    with pytest.raises(ValueError, match="has 20000 tokens but the model's vocab_size is 30522"):
+        rb.load(d)
+    (d / "vocab.txt").write_text("".join(lines), encoding="utf-8")
+    import json
+
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["mask_token"] = {"__type": "AddedToken", "content": "[MASK]", "lstrip": True}  # older transformers' form
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert rb.load(d).tokenizer.mask_token == "[MASK]"
+    conf = json.loads((d / "config.json").read_text())
+    conf["max_position_embeddings"] = "512"
+    (d / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(ValueError, match="max_position_embeddings must be an integer"):
+        rb.load(d)
+
+
+def test_a_stray_layer_tensor_name_is_named(model):
+    t = dict(model.params.named_tensors())
+    t["encoder.layer.x.foo"] = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="'encoder.layer.x.foo' is not encoder.layer.<index>.<name>"):
+        BertParams.from_named_tensors(t, model.config)

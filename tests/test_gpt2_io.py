@@ -571,3 +571,42 @@ def test_llmc_header_products_do_not_overflow(tmp_path):
     (tmp_path / "m.bin").write_bytes(header.tobytes())
     with pytest.raises(WeightFileError, match=r"truncated.*implies 1024 \+ \d{25,} x 4"):
         load_weights(tmp_path / "m.bin")
+
+
+def test_safetensors_whose_header_length_starts_with_0x80_is_not_a_pickle(hf, tmp_path):
+    """The first byte of a safetensors file is the low byte of its header length: 0x80, pickle's
+    PROTO opcode, for one length in 256. Such a file must still load as safetensors."""
+    model, d, ref = hf
+    named = ref.named_tensors()
+    for pad in range(0, 600):  # find metadata padding that makes the header length = 128 mod 256
+        f = tmp_path / "w.safetensors"
+        save_file(named, f, metadata={"note": "x" * pad})
+        if f.read_bytes()[:1] == b"\x80":
+            break
+    else:
+        pytest.fail("no padding gave a header length of 128 mod 256")
+    _copy_config(d, tmp_path)
+    assert detect_format(f) == "safetensors"
+    _assert_equal_params(load_weights(f)[1], ref, "safetensors with 0x80 first byte")
+
+
+def test_weights_that_overflow_the_requested_dtype_are_an_error(hf, tmp_path):
+    """Finite float64 weights beyond float32's range would silently become inf when cast: refused, named."""
+    model, d, ref = hf
+    named = {k: v.astype(np.float64) for k, v in ref.named_tensors().items()}
+    named["wte.weight"][0, 0] = 1e300
+    out = tmp_path / "big"
+    out.mkdir()
+    save_file(named, out / "model.safetensors")
+    _copy_config(d, out)
+    with pytest.raises(ValueError, match=r"'wte.weight' overflows float32 .* dtype=None"):
+        load_weights(out)
+    assert load_weights(out, dtype=None)[1].wte[0, 0] == 1e300
+
+
+def test_a_config_with_an_absurdly_long_integer_is_a_clear_error(hf, tmp_path):
+    model, d, ref = hf
+    save_weights(CFG, ref, tmp_path)
+    (tmp_path / "config.json").write_text('{"n_embd": 1' + "0" * 5000 + "}")
+    with pytest.raises(WeightFileError, match="config.json is not valid JSON"):
+        load_weights(tmp_path)

@@ -266,3 +266,30 @@ def test_writer_refuses_what_it_cannot_store():
         ours.save({"__metadata__": np.zeros(2)})
     with pytest.raises(SafetensorsError, match="metadata"):
         ours.save({"a": np.zeros(2)}, {"k": 3})
+
+
+def _file_with_header(header: dict, data: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+@pytest.mark.parametrize("shape", [[2**40] * 100_000, [2] * 65, [2**63, 0], [2**64]])
+def test_lying_shapes_are_refused_quickly(tmp_path, shape):
+    """Huge rank or dimensions are refused from the header alone, before any product (which took
+    minutes for 10^5 dimensions) or allocation."""
+    import time
+
+    f = tmp_path / "x.safetensors"
+    f.write_bytes(_file_with_header({"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}))
+    t0 = time.perf_counter()
+    with pytest.raises(SafetensorsError, match="'t'"):
+        ours.load_file(f)
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_an_integer_of_thousands_of_digits_in_the_header_is_a_safetensors_error(tmp_path):
+    f = tmp_path / "x.safetensors"
+    raw = b'{"t": {"dtype": "F32", "shape": [1' + b"0" * 5000 + b'], "data_offsets": [0, 0]}}'
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with pytest.raises(SafetensorsError, match="not valid JSON"):
+        ours.load_file(f)

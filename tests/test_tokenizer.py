@@ -620,3 +620,18 @@ def test_specific_file_errors(tmp_path, name, content, message):
     with pytest.raises(TokenizerFileError, match=message) as info:
         _load_one(tmp_path, name, content)
     assert name in str(info.value)
+
+
+def test_truncated_merges_are_an_error_not_new_special_tokens(tok, tmp_path):
+    """vocab.json entries that no merge builds are special tokens only when spelled as such
+    (<|endoftext|>); a merges.txt missing its last lines would otherwise turn words such as
+    'Commission' into control tokens. Cutting them must fail, naming the problem."""
+    from refimpl.gpt2.tokenizer import TokenizerFileError, load_vocab_merges, save_vocab_merges
+
+    vocab, merges = save_vocab_merges(tok, tmp_path)
+    whole = load_vocab_merges(vocab, merges)
+    assert list(whole.special_tokens) == ["<|endoftext|>"]
+    lines = merges.read_text(encoding="utf-8").splitlines(keepends=True)
+    merges.write_text("".join(lines[:-10]), encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match="is built by no merge .* are the merges truncated"):
+        load_vocab_merges(vocab, merges)

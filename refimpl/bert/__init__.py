@@ -16,7 +16,6 @@ cli (python -m refimpl embed).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from ..safetensors import load_file
 from .config import BertConfig
 from .model import BertModel, check_ids, forward, l2_normalize, mean_pool
 from .params import BertParams, EmbeddingParams, LayerNormParams, LayerParams, tensor_table
-from .tokenizer import Encoding, WordPieceTokenizer, check_sentences, load_tokenizer
+from .tokenizer import Encoding, WordPieceTokenizer, check_sentences, load_tokenizer, read_json_object
 
 __all__ = [
     "BertConfig", "BertParams", "EmbeddingParams", "LayerParams", "LayerNormParams", "BertModel",
@@ -53,11 +52,7 @@ def default_model_dir() -> Path:
     return d
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+_read_json = read_json_object
 
 
 def load(path=None, *, dtype=np.float32, flavor: str = "tokenizers") -> BertModel:
@@ -87,14 +82,16 @@ def load(path=None, *, dtype=np.float32, flavor: str = "tokenizers") -> BertMode
     if (d / "tokenizer_config.json").is_file():
         tok_max = _read_json(d / "tokenizer_config.json").get("model_max_length")
     P = raw.get("max_position_embeddings", 512)
-    if max_seq is None and isinstance(tok_max, int):
+    if isinstance(P, bool) or not isinstance(P, int):
+        raise ValueError(f"{d / 'config.json'}: max_position_embeddings must be an integer; got {P!r}")
+    if max_seq is None and isinstance(tok_max, int) and not isinstance(tok_max, bool):
         max_seq = min(tok_max, P)
     config = BertConfig.from_dict(raw, max_seq_length=max_seq)
     params = BertParams.from_named_tensors(load_file(d / "model.safetensors"), config, dtype=dtype)
     tokenizer = load_tokenizer(d, max_length=config.max_seq_length, flavor=flavor)
-    if len(tokenizer.id_to_token) > config.vocab_size:
+    if len(tokenizer.id_to_token) != config.vocab_size:
         raise ValueError(f"{d / 'vocab.txt'} has {len(tokenizer.id_to_token)} tokens but the model's "
-                         f"vocab_size is {config.vocab_size}")
+                         f"vocab_size is {config.vocab_size} (a truncated or foreign vocab.txt?)")
     return BertModel(config, params, tokenizer)
 
 

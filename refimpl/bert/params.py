@@ -102,8 +102,11 @@ class BertParams:
         if missing:
             more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
             raise ValueError(f"BERT weights are missing tensor(s) {missing[:5]}{more}")
-        extra_layers = sorted({int(n.split(".")[2]) for n in tensors
-                               if n.startswith("encoder.layer.") and n not in table}, key=int)
+        strays = [n for n in tensors if n.startswith("encoder.layer.") and n not in table]
+        bad = [n for n in strays if not n.split(".")[2].isdigit()]
+        if bad:
+            raise ValueError(f"BERT tensor {bad[0]!r} is not encoder.layer.<index>.<name>")
+        extra_layers = sorted({int(n.split(".")[2]) for n in strays})
         if extra_layers:
             raise ValueError(f"BERT weights have layers encoder.layer.{extra_layers} beyond "
                              f"config.num_hidden_layers={config.num_hidden_layers}")
@@ -117,7 +120,11 @@ class BertParams:
             if a.dtype.kind != "f":
                 raise ValueError(f"BERT tensor {name!r} must be floating point; got dtype {a.dtype}")
             a = a.T if is_linear_weight else a  # [out, in] -> [in, out]
-            arrays[name] = np.ascontiguousarray(a, dtype=dtype)
+            with np.errstate(over="ignore"):  # checked just below
+                arrays[name] = np.ascontiguousarray(a, dtype=dtype)
+            if not np.isfinite(arrays[name]).all():
+                what = "holds NaN or inf" if not np.isfinite(a).all() else f"overflows {arrays[name].dtype}"
+                raise ValueError(f"BERT tensor {name!r} {what}")
 
         def lin(p):
             return LinearParams(arrays[p + ".weight"], arrays[p + ".bias"])

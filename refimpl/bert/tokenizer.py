@@ -355,18 +355,35 @@ def check_sentences(texts) -> list[str]:
 
 # ----------------------------------------------------------------------------- files
 
+def read_json_object(path: Path) -> dict:
+    """A JSON object from `path`; anything else (bad UTF-8 or JSON, a list) is a ValueError naming the file."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} must hold a JSON object; got a {type(obj).__name__}")
+    return obj
+
+
 def load_vocab(path) -> dict[str, int]:
     """vocab.txt: one token per line, id = line number (from 0); a repeated token is an error."""
     path = Path(os.fspath(path))
     if not path.is_file():
         raise FileNotFoundError(f"no vocabulary file {path}")
     vocab: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            tok = line.rstrip("\n")
-            if tok in vocab:
-                raise ValueError(f"{path}: token {tok!r} appears twice (lines {vocab[tok] + 1} and {i + 1})")
-            vocab[tok] = i
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    for i, tok in enumerate(lines):
+        if tok in vocab:
+            raise ValueError(f"{path}: token {tok!r} appears twice (lines {vocab[tok] + 1} and {i + 1})")
+        vocab[tok] = i
     if not vocab:
         raise ValueError(f"{path} is empty")
     return vocab
@@ -378,12 +395,17 @@ def load_tokenizer(path, *, max_length: int | None = None, flavor: str = "tokeni
     path = Path(os.fspath(path))
     cfg = {}
     if (path / "tokenizer_config.json").is_file():
-        cfg = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        cfg = read_json_object(path / "tokenizer_config.json")
     kw = {}
     for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
                 "unk_token", "cls_token", "sep_token", "pad_token", "mask_token"):
-        if cfg.get(key) is not None:
-            kw[key] = cfg[key]
+        value = cfg.get(key)
+        if isinstance(value, dict) and key.endswith("_token"):  # an AddedToken written as {"content": ...}
+            value = value.get("content")
+        if key.endswith("_token") and value is not None and not isinstance(value, str):
+            raise ValueError(f"{path / 'tokenizer_config.json'}: {key} must be a string; got {value!r}")
+        if value is not None:
+            kw[key] = value
     if cfg.get("do_basic_tokenize", True) is False:
         raise ValueError(f"{path / 'tokenizer_config.json'}: do_basic_tokenize=false is not supported")
     if max_length is None:

@@ -133,6 +133,10 @@ def detect_format(path) -> str:
         if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
             return "torch-zip"
         return "npz"
+    # safetensors before pickle: its first byte is the low byte of the header length N, which is
+    # 0x80 (pickle's PROTO opcode) for one N in 256. Byte 8 opens the JSON header, and N fits the file.
+    if head[8:9] == b"{" and 0 < struct.unpack("<Q", head[:8])[0] <= path.stat().st_size - 8:
+        return "safetensors"
     if head[:1] == b"\x80":  # pickle PROTO opcode: torch.save's legacy format, or any pickle
         return "pickle"
     if head[:6] == b"\x93NUMPY":
@@ -229,7 +233,9 @@ def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[st
 def _config_from_json_text(text, where: str) -> dict:
     try:
         d = json.loads(text, parse_constant=lambda c: _raise(f"{where} is not valid JSON (contains {c})"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except WeightFileError:
+        raise
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise WeightFileError(f"{where} is not valid JSON: {e}") from None
     except RecursionError:
         raise WeightFileError(f"{where} is not valid JSON: nested too deeply") from None

@@ -108,7 +108,12 @@ class GPT2Params:
                 raise ValueError(f"GPT-2 tensor {name!r} must have shape {list(shape)}; got {list(a.shape)}")
             if a.dtype.kind != "f":
                 raise ValueError(f"GPT-2 tensor {name!r} must be floating point; got dtype {a.dtype}")
-            arrays[name] = np.ascontiguousarray(a, dtype=dtype) if dtype is not None else a
+            with np.errstate(over="ignore"):  # an overflow is checked for just below, naming the tensor
+                cast = np.ascontiguousarray(a, dtype=dtype) if dtype is not None else a
+            if cast.dtype.itemsize < a.dtype.itemsize and np.isfinite(a).all() and not np.isfinite(cast).all():
+                raise ValueError(f"GPT-2 tensor {name!r} overflows {cast.dtype} (its largest |value| is "
+                                 f"{float(np.abs(a).max()):.3g}); load it as {a.dtype}, e.g. dtype=None")
+            arrays[name] = cast
 
         def lin(p):
             return LinearParams(arrays[p + ".weight"], arrays[p + ".bias"])

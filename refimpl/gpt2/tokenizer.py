@@ -435,19 +435,32 @@ def _merge_table(merges, where: str, encoder: dict[bytes, int]) -> dict[bytes, i
     return ranks
 
 
+# How special (control) tokens are spelled: <|endoftext|>, <s>, </s>, <pad>, [CLS], [MASK], ...
+_SPECIAL_SPELLING = re.compile(r"<\|[^\s]*\|>|<[^\s<>]+>|\[[A-Z][A-Z0-9_]*\]")
+
+
 def _split_specials(encoder: dict[bytes, int], merge_ranks: dict[bytes, int], where: str):
     """Vocabulary entries that neither are a single byte nor come from a merge are special tokens
-    (GPT-2's vocab.json has one: <|endoftext|> = 50256); their text is their UTF-8 bytes."""
+    (GPT-2's vocab.json has one: <|endoftext|> = 50256); their text is their UTF-8 bytes.
+
+    Only entries spelled like control tokens (<|...|>, <...>, [...]) are taken as such: any other
+    unreachable entry means the merges are incomplete (a truncated merges.txt), which would
+    otherwise tokenize ordinary words as control tokens, so it is an error.
+    """
     ordinary, special = {}, {}
     for token, i in encoder.items():
         if len(token) == 1 or token in merge_ranks:
             ordinary[token] = i
-        else:
-            try:
-                special[token.decode("utf-8")] = i
-            except UnicodeDecodeError:
-                raise TokenizerFileError(f"{where}: token {token!r:.60} (id {i}) is built by no merge "
-                                         f"and is not UTF-8 text, so it cannot be a special token") from None
+            continue
+        try:
+            text = token.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or not _SPECIAL_SPELLING.fullmatch(text):
+            raise TokenizerFileError(f"{where}: token {token!r:.60} (id {i}) is built by no merge and is not "
+                                     "spelled like a special token (<|...|>, <...>, [...]): are the merges "
+                                     "truncated? (a tokenizer.json lists its special tokens in added_tokens)")
+        special[text] = i
     return ordinary, special
 
 
