@@ -63,6 +63,10 @@ def cmd_generate(args) -> int:
         raise UsageError("--greedy cannot be combined with --temperature / --top-k / --top-p")
     if args.beams > 1 and sampling:
         raise UsageError("--beams cannot be combined with sampling options")
+    if args.seed is not None and not sampling:
+        raise UsageError("--seed only matters when sampling: add --temperature / --top-k / --top-p")
+    if args.length_penalty != 1.0 and args.beams == 1:
+        raise UsageError("--length-penalty only applies to beam search: add --beams N (N >= 2)")
     kw = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling,
               repetition_penalty=args.repetition_penalty, num_beams=args.beams,
               length_penalty=args.length_penalty, seed=args.seed, stop=tuple(args.stop or ()),
@@ -102,7 +106,7 @@ def cmd_tokenize(args) -> int:
         path = path.parent                                                       # (as `generate --model FILE` finds it)
     tok = load_tokenizer(path)
     ids = tok.encode(args.text, allowed_special="all" if args.allow_special else ())
-    print(f"{len(ids)} tokens")
+    print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
     print("pieces:", " ".join(repr(p) for p in tok.pieces(ids)))
     return 0
@@ -146,14 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: the shipped model (a small GPT-2 trained on Shakespeare)")
     g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
     g.add_argument("--ids", help="the prompt as token ids ('1 2 3'), for models without tokenizer files")
-    g.add_argument("--max-new-tokens", type=int, default=50)
+    g.add_argument("--max-new-tokens", type=int, default=50, help="at most this many new tokens (default 50)")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the default without sampling options)")
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
+    g.add_argument("--temperature", type=float, help="sample, with logits divided by T (default 1 when sampling)")
+    g.add_argument("--top-k", type=int, help="sample from the K most likely tokens (0 = no filter; "
+                   "Hugging Face's generate uses 50 unless told otherwise)")
+    g.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with mass >= P")
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--beams", type=int, default=1, help="beam search with N beams")
-    g.add_argument("--length-penalty", type=float, default=1.0)
+    g.add_argument("--length-penalty", type=float, default=1.0, help="beam search: score / length^L (default 1)")
     g.add_argument("--stop", action="append", help="stop string (repeatable); taken literally, so pass a "
                    "newline as $'\\n' in bash")
     g.add_argument("--seed", type=int, help="seed for reproducible sampling")
@@ -192,26 +197,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "embed":  # its own parser: refimpl.bert.cli
-        from refimpl.bert import cli
-
-        return cli.main(argv[1:])
-    if argv and argv[0] == "inspect":  # its own parser: refimpl.interp.cli
-        from refimpl.interp import cli
-
-        return cli.main(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        if argv and argv[0] == "embed":  # its own parser: refimpl.bert.cli
+            from refimpl.bert import cli
+
+            return cli.main(argv[1:])
+        if argv and argv[0] == "inspect":  # its own parser: refimpl.interp.cli
+            from refimpl.interp import cli
+
+            return cli.main(argv[1:])
+        args = build_parser().parse_args(argv)
+        try:
+            return args.func(args)
+        except (UsageError, ValueError, TypeError, OSError) as e:  # OSError: FileNotFoundError, NotADirectoryError, ...
+            if isinstance(e, BrokenPipeError):
+                raise
+            print(f"error: {_cli_words(e, args.command)}", file=sys.stderr)
+            return 2
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
         return 0
-    except (UsageError, ValueError, TypeError, OSError) as e:  # OSError: FileNotFoundError, NotADirectoryError, ...
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+
+
+# The library's messages name its keyword arguments; on the command line, name the flags instead.
+_FLAG_NAMES = {
+    "generate": (("(use do_sample=False for greedy)", "(use --greedy for greedy decoding)"),
+                 ("pass on_context_limit='stop'", "pass --on-context-limit stop"),
+                 ("pass eos_token_id=... (or None) explicitly", "pass --no-eos"),
+                 ("pass do_sample=True with them", "give them without --greedy"),
+                 ("max_new_tokens", "--max-new-tokens"), ("num_beams", "--beams"),
+                 ("repetition_penalty", "--repetition-penalty"), ("length_penalty", "--length-penalty"),
+                 ("top_k", "--top-k"), ("top_p", "--top-p")),
+}
+
+
+def _cli_words(err: Exception, command: str) -> str:
+    msg = str(err)
+    for old, new in _FLAG_NAMES.get(command, ()):
+        msg = msg.replace(old, new)
+    return msg
 
 
 if __name__ == "__main__":

@@ -71,14 +71,19 @@ def test_tokenize_takes_a_weights_file_as_generate_does(capsys):
     assert capsys.readouterr().out == by_file and "tokens" in by_file
 
 
-def test_a_closed_pipe_ends_generate_quietly():
-    """`generate ... | head -c 5`: the reader leaves early; no traceback, status 0."""
+@pytest.mark.parametrize("command", [
+    "generate --max-new-tokens 200 --seed 1 --temperature 0.8",
+    "inspect lens",
+])
+def test_a_closed_pipe_ends_every_command_quietly(command, tmp_path):
+    """`python -m refimpl ... | head -c 5`: the reader leaves early; no traceback, status 0."""
     import subprocess
     import sys
 
-    cmd = (f"{sys.executable} -m refimpl generate --max-new-tokens 200 --seed 1 --temperature 0.8 | head -c 5")
+    cmd = f"{sys.executable} -m refimpl {command} --out {tmp_path} | head -c 5" if command.startswith(
+        "inspect") else f"{sys.executable} -m refimpl {command} | head -c 5"
     res = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "Traceback" not in res.stderr and len(res.stdout) == 5
+    assert res.returncode == 0 and "Traceback" not in res.stderr and len(res.stdout) == 5, res.stderr[-500:]
 
 
 def test_tokenize_prints_ids_and_pieces(capsys):
@@ -99,6 +104,14 @@ def test_tokenize_prints_ids_and_pieces(capsys):
     (["export", "--model", "/no/such/dir", "--out", "{tmp}"], "no such file"),
     (["export", "--model", "{hf}", "--out", "{file}/sub"], "Not a directory"),
     (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0.5", "--seed", "-1"], "seed must be None or a non-negative"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--seed", "3"], "--seed only matters when sampling"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--length-penalty", "2"], "--length-penalty only applies to beam"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0"], "(use --greedy for greedy decoding)"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--max-new-tokens", "100"], "--on-context-limit stop"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--max-new-tokens", "-1"], "--max-new-tokens must be an integer"),
+    (["inspect", "lens", "--out", "{file}"], "exists"),
+    (["inspect", "steer", "--alpha", "nan"], "--alpha must be finite"),
+    (["embed", "--model", "/no/such/dir", "hi"], "does not exist"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_status_2(argv, message, hf_dir, tmp_path, capsys):
     (tmp_path / "f").write_text("a file")

@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
             raise ValueError("no text to embed (stdin was empty)")
         model = load(args.model)
         e = embed(model, texts, batch_size=args.batch_size, normalize=not args.raw)  # [N, C]
-    except (ValueError, TypeError, FileNotFoundError) as err:
-        print(f"embed: error: {err}", file=sys.stderr)
+    except (ValueError, TypeError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     d = args.digits
     if args.similarity:

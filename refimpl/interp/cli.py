@@ -31,6 +31,7 @@ Files written:
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import sys
 from pathlib import Path
@@ -246,6 +247,10 @@ def cmd_steer(args) -> int:
     from ._plot import pyplot, save
     from .steering import steered_generate, steering_effect, steering_vector
 
+    if any(not math.isfinite(a) for a in args.alpha or ()):
+        raise _Usage(f"--alpha must be finite; got {args.alpha}")
+    if args.max_new_tokens < 0:
+        raise _Usage(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
     model = _load(args.model)
 
     def prompts(texts):
@@ -418,7 +423,9 @@ def main(argv: list[str]) -> int:
         if args.sub == "encodings" and (args.positions < 2 or args.dim < 4 or args.dim % 2 or args.heads < 1):
             raise _Usage("--positions must be >= 2, --dim even and >= 4, --heads >= 1")
         return args.func(args)
-    except (_Usage, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
+    except (_Usage, ValueError, TypeError, OSError) as e:  # OSError: FileExistsError for --out, ...
+        if isinstance(e, BrokenPipeError):
+            raise  # refimpl.__main__ ends quietly
         print(f"error: {e}", file=sys.stderr)
         return 2
 
