@@ -1,8 +1,10 @@
-"""Command line: python -m refimpl {generate, tokenize, export, verify, demo} ...
+"""Command line: python -m refimpl {generate, tokenize, export, verify, embed, inspect, demo} ...
 
-    python -m refimpl generate [--model PATH] [--prompt TEXT] [--max-new-tokens N]
-                               [--greedy | --temperature T --top-k K --top-p P] [--beams N] [--seed S]
-    python -m refimpl tokenize [--model PATH] TEXT
+    python -m refimpl generate [--model PATH] [--prompt TEXT | --ids '1 2 3'] [--max-new-tokens N]
+                               [--greedy | --temperature T --top-k K --top-p P --seed S]
+                               [--beams N --length-penalty L] [--repetition-penalty R] [--stop STR]
+                               [--no-eos] [--on-context-limit error|stop] [--backend numpy|numba|cuda]
+    python -m refimpl tokenize [--model PATH] [--allow-special] TEXT
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
     python -m refimpl verify [--backend numba|numba_cuda|cupy]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
@@ -10,7 +12,8 @@
     python -m refimpl demo
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
-input: a missing file, a malformed model, an out-of-range argument.
+input: a missing file, a malformed model, an out-of-range argument. A closed output pipe
+(`... | head`) ends it quietly with status 0.
 """
 
 from __future__ import annotations
