@@ -273,6 +273,13 @@ def test_export_from_unreachable_hub_says_so(tmp_path, monkeypatch):
         export("no-such-org-xyz/gpt2-missing", tmp_path / "o")
     with pytest.raises(WeightFileError, match="no such file or directory"):
         export("./does/not/exist", tmp_path / "o")
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)  # "models/gpt2" with a local models/: a mistyped path, not a hub name
+    with pytest.raises(WeightFileError, match="models/gpt2: no such file or directory"):
+        export("models/gpt2", tmp_path / "o")
+    with pytest.raises(WeightFileError) as e:
+        export("no-such-org-xyz/gpt2-missing", tmp_path / "o")
+    assert "\n" not in str(e.value)  # one line, whatever the hub library said
 
 
 # ---- refusals and messages ------------------------------------------------------------------------

@@ -703,9 +703,11 @@ def _load_pickled_checkpoint(file: Path, config_json: Path) -> tuple[GPT2Config,
 
 
 def _looks_like_path(source: str) -> bool:
-    """Hub names are `name` or `org/name`; anything else that does not exist is a missing path."""
+    """Hub names are `name` or `org/name`; anything else that does not exist is a missing path, and so
+    is `dir/name` when `dir` is a local directory (a mistyped path, not a hub organisation)."""
     return (source.startswith(("/", ".", "~", "\\")) or source.count("/") > 1 or "\\" in source
-            or source.endswith((".safetensors", ".npz", ".bin", ".pt", ".pth", ".json")))
+            or source.endswith((".safetensors", ".npz", ".bin", ".pt", ".pth", ".json"))
+            or (source.count("/") == 1 and Path(source.split("/")[0]).is_dir()))
 
 
 def _from_hub(name: str, tmp: Path) -> tuple[GPT2Config, GPT2Params, Path | None]:
@@ -721,7 +723,8 @@ def _from_hub(name: str, tmp: Path) -> tuple[GPT2Config, GPT2Params, Path | None
     except Exception as e:  # network, auth, missing repo, offline mode: many exception types
         raise WeightFileError(
             f"could not load {name!r} from the Hugging Face hub: the network or the hub is not reachable, "
-            f"or there is no such GPT-2 model ({type(e).__name__}: {str(e)[:300]}). {hint}") from None
+            f"or there is no such GPT-2 model ({type(e).__name__}: {' '.join(str(e).split())[:300]}). "
+            f"{hint}") from None
     hf_config = model.config.to_dict()
     tensors = _canonical_names(_torch_state_dict_to_numpy(model.state_dict(), name))
     config = _config_from_dict(hf_config, f"config of {name}")
