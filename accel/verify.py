@@ -231,6 +231,7 @@ class Row:
     passed: bool
     reason: str
     seconds: float
+    worst: float = math.nan  # max |out - ref| / (atol + rtol |ref|): <= 1 passes
 
 
 def run_case(spec: KernelSpec, dtype, case: Case) -> tuple:
@@ -268,20 +269,20 @@ def run(backend: str | None = None, seed: int = 0) -> list[Row]:
                                     f"raised {type(e).__name__}: {e}", 0.0))
                     continue
                 rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, atol, rtol,
-                                res.passed, res.reason, sec))
+                                res.passed, res.reason, sec, res.worst))
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
     """The rows as an aligned text table, failures explained under it."""
-    head = ("kernel", "backend", "dtype", "shapes", "max abs err", "max rel err", "atol", "rtol", "pass")
+    head = ("kernel", "backend", "dtype", "shapes", "max abs err", "max rel err", "atol", "rtol", "err/tol", "pass")
     body = []
     for r in rows:
         if r.dtype == "-":
-            body.append((r.kernel, r.backend, "-", "-", "-", "-", "-", "-", "skipped"))
+            body.append((r.kernel, r.backend, "-", "-", "-", "-", "-", "-", "-", "skipped"))
             continue
         body.append((r.kernel, r.backend, r.dtype, r.shapes, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
-                     f"{r.atol:.0e}", f"{r.rtol:.0e}", "ok" if r.passed else "FAIL"))
+                     f"{r.atol:.0e}", f"{r.rtol:.0e}", f"{r.worst:.2f}", "ok" if r.passed else "FAIL"))
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -291,7 +292,9 @@ def format_table(rows: list[Row]) -> str:
     n_fail = sum(1 for r in rows if not r.passed and r.dtype != "-")
     n_ok = sum(1 for r in rows if r.passed)
     lines += ["", f"{n_ok} passed, {n_fail} failed, {sum(1 for r in rows if r.dtype == '-')} skipped "
-                  "(check: |out - ref| <= atol + rtol |ref| vs the float64 twin; non-finite values identical)"]
+                  "(check: |out - ref| <= atol + rtol |ref| vs the float64 twin, i.e. err/tol <= 1, the largest "
+                  "ratio over the output; max rel err is over entries with ref != 0, where tiny |ref| make it large "
+                  "and atol is what applies; non-finite values identical)"]
     return "\n".join(lines)
 
 
