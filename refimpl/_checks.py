@@ -8,6 +8,8 @@ what actually came, so nothing fails deep inside NumPy with a broadcasting messa
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "check_positive_int",
     "float_result_type",
     "check_bool",
+    "json_object",
 ]
 
 
@@ -71,3 +74,33 @@ def check_bool(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
     return bool(value)
+
+
+class _JsonConstant(Exception):
+    """NaN / Infinity met while parsing (json_object turns it into the caller's error type)."""
+
+
+def _no_json_constants(c):
+    raise _JsonConstant(c)
+
+
+def json_object(text, where: str, error: type[Exception] = ValueError) -> dict:
+    """Parse `text` (str, or bytes decoded strictly as UTF-8) as a JSON object; any problem is one
+    `error` naming `where`.
+
+    Refused: invalid UTF-8 or JSON, NaN / Infinity constants, integers of more digits than Python
+    converts, nesting deeper than the parser's recursion limit, and a top level that is not an object.
+    """
+    try:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")  # (json.loads would guess UTF-16 / 32 from bytes)
+        obj = json.loads(text, parse_constant=_no_json_constants)
+    except _JsonConstant as c:
+        raise error(f"{where} is not valid JSON (contains {c})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise error(f"{where} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise error(f"{where} is not valid JSON: nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise error(f"{where} must hold a JSON object; got a {type(obj).__name__}")
+    return obj

@@ -43,7 +43,6 @@ pins each case):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import unicodedata
@@ -51,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .._checks import json_object
 
 __all__ = [
     "FLAVORS",
@@ -357,15 +358,7 @@ def check_sentences(texts) -> list[str]:
 
 def read_json_object(path: Path) -> dict:
     """A JSON object from `path`; anything else (bad UTF-8 or JSON, a list) is a ValueError naming the file."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path} must hold a JSON object; got a {type(obj).__name__}")
-    return obj
+    return json_object(Path(path).read_bytes(), str(path))
 
 
 def load_vocab(path) -> dict[str, int]:

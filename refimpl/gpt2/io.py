@@ -58,6 +58,7 @@ from typing import Callable
 
 import numpy as np
 
+from .._checks import json_object
 from ..safetensors import DTYPES, SafetensorsError, bfloat16_to_float32, safe_open, save_file
 from .config import GPT2Config
 from .params import GPT2Params
@@ -231,21 +232,7 @@ def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[st
 
 
 def _config_from_json_text(text, where: str) -> dict:
-    try:
-        d = json.loads(text, parse_constant=lambda c: _raise(f"{where} is not valid JSON (contains {c})"))
-    except WeightFileError:
-        raise
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
-        raise WeightFileError(f"{where} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise WeightFileError(f"{where} is not valid JSON: nested too deeply") from None
-    if not isinstance(d, dict):
-        raise WeightFileError(f"{where} must be a JSON object; got {type(d).__name__}")
-    return d
-
-
-def _raise(msg: str):
-    raise WeightFileError(msg)
+    return json_object(text, where, WeightFileError)
 
 
 def _config_from_dict(d: dict, where: str) -> GPT2Config:
