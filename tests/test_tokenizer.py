@@ -635,3 +635,29 @@ def test_truncated_merges_are_an_error_not_new_special_tokens(tok, tmp_path):
     merges.write_text("".join(lines[:-10]), encoding="utf-8")
     with pytest.raises(TokenizerFileError, match="is built by no merge .* are the merges truncated"):
         load_vocab_merges(vocab, merges)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda j: j["model"].update(dropout=0.1), "model.dropout"),
+    (lambda j: j["model"].update(continuing_subword_prefix="##"), "model.continuing_subword_prefix"),
+    (lambda j: j["model"].update(end_of_word_suffix="</w>"), "model.end_of_word_suffix"),
+    (lambda j: j.update(post_processor={"type": "TemplateProcessing", "special_tokens": {},
+                                        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                                   {"Sequence": {"id": "A", "type_id": 0}}]}), "adds tokens"),
+    (lambda j: j.update(post_processor={"type": "BertProcessing"}), "adds tokens"),
+])
+def test_tokenizer_json_options_that_change_tokens_are_refused(tok, tmp_path, change, message):
+    """BPE dropout, subword prefixes / suffixes and a post-processor that adds a BOS would make encode
+    differ from GPT-2's: refused rather than ignored. transformers' own GPT-2 template (the sequence
+    alone) is accepted."""
+    path = tmp_path / "tokenizer.json"
+    _write_tokenizer_json(tok, path, pairs=False)
+    j = json.loads(path.read_text(encoding="utf-8"))
+    j["post_processor"] = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [], "special_tokens": {}}
+    path.write_text(json.dumps(j), encoding="utf-8")
+    assert load_tokenizer(path).encode("Hello world") == tok.encode("Hello world")
+    change(j)
+    path.write_text(json.dumps(j), encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match=message):
+        load_tokenizer(path)

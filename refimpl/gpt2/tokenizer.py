@@ -507,6 +507,14 @@ def load_tokenizer_json(path) -> Tokenizer:
                                  f"use_regex={pre.get('use_regex')} is not GPT-2's")
     if data.get("normalizer") is not None:
         raise TokenizerFileError(f"{where}: a normalizer is set ({data['normalizer']!r:.60}); GPT-2 has none")
+    # BPE model options that change the tokens, which GPT-2 does not use: refused, not ignored.
+    for key, off in (("dropout", (None, 0, 0.0)), ("continuing_subword_prefix", (None, "")),
+                     ("end_of_word_suffix", (None, "")), ("unk_token", (None,))):
+        if model.get(key) not in off:
+            raise TokenizerFileError(f"{where}: model.{key} = {model.get(key)!r:.40}; GPT-2's BPE has none")
+    if not _adds_no_tokens(data.get("post_processor")):
+        raise TokenizerFileError(f"{where}: post_processor {data['post_processor']!r:.120} adds tokens (such as a "
+                                 "BOS) to every encoding; GPT-2's adds none")
     encoder = _vocab_table(model.get("vocab"), f"{where}: model.vocab")
     merge_ranks = _merge_table(model.get("merges"), f"{where}: model.merges", encoder)
     added = data.get("added_tokens", [])
@@ -526,6 +534,26 @@ def load_tokenizer_json(path) -> Tokenizer:
     for text, i in unreachable.items():
         special.setdefault(text, i)
     return _build(path, ordinary, merge_ranks, special)
+
+
+def _adds_no_tokens(post) -> bool:
+    """True for a tokenizer.json post_processor that leaves a single sequence's ids as they are:
+    none, ByteLevel (offsets only), a TemplateProcessing whose single template is just the sequence
+    (what transformers writes for GPT-2), or a Sequence of those."""
+    if post is None:
+        return True
+    if not isinstance(post, dict):
+        return False
+    kind = post.get("type")
+    if kind == "ByteLevel":
+        return True
+    if kind == "TemplateProcessing":
+        single = post.get("single")
+        return isinstance(single, list) and all(isinstance(p, dict) and set(p) == {"Sequence"} for p in single)
+    if kind == "Sequence":
+        procs = post.get("processors")
+        return isinstance(procs, list) and all(_adds_no_tokens(p) for p in procs)
+    return False
 
 
 _PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
