@@ -111,6 +111,7 @@ def test_tokenize_prints_ids_and_pieces(capsys):
     (["generate", "--model", "{hf}", "--ids", "1", "--max-new-tokens", "-1"], "--max-new-tokens must be an integer"),
     (["inspect", "lens", "--out", "{file}"], "exists"),
     (["inspect", "steer", "--alpha", "nan"], "--alpha must be finite"),
+    (["inspect", "streaming", "--n-sink", "300"], "--n-sink must lie in 0 .. n_positions - 1 = 255"),
     (["embed", "--model", "/no/such/dir", "hi"], "does not exist"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_status_2(argv, message, hf_dir, tmp_path, capsys):

@@ -216,8 +216,14 @@ def cmd_streaming(args) -> int:
 
     model = _load(args.model)
     P = model.config.n_positions
+    if args.window is None and not 0 <= args.n_sink < P:
+        raise _Usage(f"--n-sink must lie in 0 .. n_positions - 1 = {P - 1} (the window gets the rest of the "
+                     f"context); got {args.n_sink}")
     window = P - args.n_sink if args.window is None else args.window
     ids = _ids(model, args, default=None, limit=args.tokens or 4 * P)
+    if len(ids) <= args.n_sink + window:
+        print(f"note: {len(ids)} tokens fit in the cache of {args.n_sink + window}: nothing is evicted, so the three "
+              "methods agree and 'ppl after M' is empty (nan); give more tokens to compare them", file=sys.stderr)
     rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True)
     M = args.n_sink + window
     out = Path(args.out)
