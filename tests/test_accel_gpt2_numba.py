@@ -95,3 +95,75 @@ def test_backend_name_resolves_to_these_ops():
     from refimpl.gpt2.model import get_ops
 
     assert get_ops("numba") is OPS
+
+
+def _counting(ops):
+    """ops with decode_blocks wrapped to count the calls it handled (returned non-None)."""
+    import dataclasses
+
+    calls = {"handled": 0, "declined": 0}
+
+    def decode_blocks(*args):
+        out = ops.decode_blocks(*args)
+        calls["handled" if out is not None else "declined"] += 1
+        return out
+    return dataclasses.replace(ops, decode_blocks=decode_blocks), calls
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 2e-6), (np.float64, 1e-13)])
+@pytest.mark.parametrize("B", [1, 3])
+def test_fused_decode_step_equals_the_per_operation_step(dtype, tol, B):
+    """One new token over the KV cache: decode_blocks (a compiled call per block) gives the hidden
+    states, and writes the cache, as the same kernels called one operation at a time, and as NumPy."""
+    import dataclasses
+
+    from refimpl.gpt2.model import NUMPY_OPS, KVCache, hidden_states
+
+    model = _model(seed=3, dtype=dtype)
+    ids = np.random.default_rng(4).integers(0, CONFIG.vocab_size, (B, 9))
+    per_op = dataclasses.replace(OPS, decode_blocks=None)
+    fused, calls = _counting(OPS)
+    results = {}
+    for name, ops in (("fused", fused), ("per_op", per_op), ("numpy", NUMPY_OPS)):
+        cache = KVCache.allocate(CONFIG, B, max_len=16, dtype=dtype)
+        hidden_states(model.params, CONFIG, ids[:, :7], cache=cache, ops=ops)  # prefill: T > 1, never fused
+        steps = [hidden_states(model.params, CONFIG, ids[:, t:t + 1], cache=cache, ops=ops) for t in (7, 8)]
+        results[name] = (np.concatenate(steps, axis=1), cache)
+    assert calls == {"handled": 2, "declined": 0}
+    h, cache = results["fused"]
+    scale = float(np.abs(results["numpy"][0]).max())
+    for other in ("per_op", "numpy"):
+        h2, cache2 = results[other]
+        assert h.dtype == h2.dtype == dtype and cache.length == cache2.length == 9
+        d_h = float(np.abs(h - h2).max())
+        d_kv = max(float(np.abs(cache.k - cache2.k).max()), float(np.abs(cache.v - cache2.v).max()))
+        print(f"B={B} {np.dtype(dtype).name}: fused decode step vs {other}: hidden max abs diff {d_h:.2e}, "
+              f"cache {d_kv:.2e} (|h| <= {scale:.1f})")
+        assert d_h <= tol * scale and d_kv <= tol * scale
+
+
+def test_fused_decode_step_runs_in_generation_and_declines_what_it_does_not_cover(monkeypatch):
+    """generate's one-token steps take the fused path (so the token-identity tests above exercise it);
+    a left-padded batch (a mask), a hook, and a cache long enough for parallel attention decline it,
+    and the per-operation path then gives the same tokens."""
+    import accel.numba_cpu.gpt2 as numba_gpt2
+    from numba import get_num_threads
+
+    model = _model(seed=5)
+    prompt = [4, 8, 15, 16, 23, 42]
+    ref = generate(model, prompt, max_new_tokens=12)
+    ops, calls = _counting(OPS)
+    assert generate(model, prompt, max_new_tokens=12, backend=ops).ids == ref.ids
+    assert calls["handled"] == 11 and calls["declined"] == 0  # every token after the prefill's first
+
+    ops, calls = _counting(OPS)
+    ref_b = generate_batch(model, [[1, 2, 3], [4, 5]], max_new_tokens=5)
+    out_b = generate_batch(model, [[1, 2, 3], [4, 5]], max_new_tokens=5, backend=ops)
+    assert [g.ids for g in out_b] == [g.ids for g in ref_b]
+    assert calls["handled"] == 0  # the padded row's mask is on every step: the per-operation path ran
+
+    if get_num_threads() > 1:
+        monkeypatch.setattr(numba_gpt2, "DECODE_PARALLEL_WORK", 1)  # every cache "long": parallel attention
+        ops, calls = _counting(OPS)
+        assert generate(model, prompt, max_new_tokens=12, backend=ops).ids == ref.ids
+        assert calls["handled"] == 0 and calls["declined"] == 11

@@ -19,6 +19,17 @@ GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are test
 (tests/test_accel_blas.py). Row-major C = A B is column-major C^T = B^T A^T, so the operands are
 passed swapped. The caller keeps OpenBLAS single-threaded inside parallel regions (threadpoolctl;
 accel.numba_cpu.attention).
+
+    matmul_threaded(y, x, w):  Y <- X W  (?gemv when X has one row, else ?gemm)
+    x [m, k], w [k, n], y [m, n], all C-contiguous, for code running outside parallel regions
+    (the numba backend's one-token GPT-2 step, accel.numba_cpu.gpt2).
+
+Its BLAS is the one NumPy's own matmul calls (found by threadpoolctl among the loaded
+libraries: on the PyPI wheels an OpenBLAS under numpy.libs with ILP64 symbols such as
+scipy_sgemv_64_), with that library's own threads, so a step that mixes these products with
+NumPy's uses one thread pool, runs the weight reads on all cores as NumPy's matmul does, and
+is as fast; SciPy's OpenBLAS (threaded too) when NumPy's cannot be found or ACCEL_BLAS=scipy.
+THREADED_BLAS_NAME says which.
 """
 
 from __future__ import annotations
@@ -33,8 +44,9 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (loads the library whose functions are called)
 from numba import njit, types
 from numba.extending import get_cython_function_address
+from threadpoolctl import ThreadpoolController
 
-__all__ = ["gemm", "BLAS_NAME"]
+__all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME"]
 
 # ?gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), every argument a pointer.
 # The addresses are registered as named symbols, so compiled kernels refer to them by name and
@@ -114,3 +126,93 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
         _dgemm(chars[0:].ctypes, chars[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                scalars[0:].ctypes, b.ctypes, ints[3:].ctypes, a.ctypes, ints[4:].ctypes,
                scalars[1:].ctypes, c.ctypes, ints[5:].ctypes)
+
+
+# ----------------------------------------------------------------------------- threaded products
+
+_GEMV_SIG = types.void(*([types.voidptr] * 11))  # ?gemv(trans, m, n, alpha, a, lda, x, incx, beta, y, incy)
+
+
+def _find_numpy_blas():  # -> (path, {name: address}, integer dtype) of NumPy's own BLAS, or None
+    """The OpenBLAS that NumPy's matmul calls, with its Fortran ?gemv / ?gemm symbols (LP64 or ILP64)."""
+    if os.environ.get("ACCEL_BLAS", "").lower() in ("scipy", "openblas"):
+        return None
+    np_dir = os.path.dirname(os.path.dirname(np.__file__))  # site-packages: numpy/ and numpy.libs/
+    for info in ThreadpoolController().info():
+        path = info.get("filepath") or ""
+        if info.get("internal_api") != "openblas" or not os.path.basename(os.path.dirname(path)).startswith("numpy"):
+            continue
+        if not os.path.realpath(path).startswith(os.path.realpath(np_dir)):
+            continue
+        try:
+            lib = ctypes.CDLL(path)  # already loaded by NumPy: the same handle
+        except OSError:
+            continue
+        for prefix, suffix, int_dtype in (("scipy_", "_64_", np.int64), ("", "_64_", np.int64),
+                                          ("scipy_", "_", np.int32), ("", "_", np.int32)):
+            names = {n: f"{prefix}{n}{suffix}" for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
+            try:
+                return path, {n: ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value for n, sym in names.items()}, int_dtype
+            except AttributeError:
+                continue
+    return None
+
+
+_numpy_blas = _find_numpy_blas()
+if _numpy_blas is not None:
+    THREADED_BLAS_NAME = f"NumPy's OpenBLAS ({os.path.basename(_numpy_blas[0])})"
+    _threaded_addresses, _INT = _numpy_blas[1], _numpy_blas[2]
+else:
+    THREADED_BLAS_NAME = "SciPy's OpenBLAS (scipy.linalg.cython_blas)"
+    _threaded_addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n)
+                           for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
+    _INT = np.int32
+for _name, _addr in _threaded_addresses.items():
+    llvm.add_symbol(f"accel_numba_cpu_threaded_{_name}", _addr)
+_t_sgemv = types.ExternalFunction("accel_numba_cpu_threaded_sgemv", _GEMV_SIG)
+_t_dgemv = types.ExternalFunction("accel_numba_cpu_threaded_dgemv", _GEMV_SIG)
+_t_sgemm = types.ExternalFunction("accel_numba_cpu_threaded_sgemm", _GEMM_SIG)
+_t_dgemm = types.ExternalFunction("accel_numba_cpu_threaded_dgemm", _GEMM_SIG)
+
+
+@njit
+def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n], C-contiguous, same float dtype
+    """Y <- X W by the BLAS NumPy uses, on its threads (?gemv for one row, ?gemm otherwise); k = 0 gives zeros.
+
+    Row-major Y = X W is column-major Y^T = W^T X^T: W's memory is the column-major [n, k]
+    matrix W^T (leading dimension n), so no operand is transposed or copied.
+    """
+    m, n = y.shape
+    k = x.shape[1]
+    if x.shape[0] != m or w.shape[0] != k or w.shape[1] != n:
+        raise ValueError("matmul_threaded: shapes do not match")
+    if not (y.flags.c_contiguous and x.flags.c_contiguous and w.flags.c_contiguous):
+        raise ValueError("matmul_threaded: operands must be C-contiguous")
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        y[:, :] = 0
+        return
+    ints = np.empty(4, dtype=_INT)
+    ints[0] = n
+    ints[1] = m
+    ints[2] = k
+    ints[3] = 1
+    scalars = np.empty(2, dtype=y.dtype)
+    scalars[0] = 1
+    scalars[1] = 0
+    chars = np.empty(1, dtype=np.uint8)
+    chars[0] = 78  # 'N'
+    if m == 1:  # y^T [n] = W^T [n, k] x^T [k]
+        if y.itemsize == 4:
+            _t_sgemv(chars.ctypes, ints[0:].ctypes, ints[2:].ctypes, scalars[0:].ctypes, w.ctypes, ints[0:].ctypes,
+                     x.ctypes, ints[3:].ctypes, scalars[1:].ctypes, y.ctypes, ints[3:].ctypes)
+        else:
+            _t_dgemv(chars.ctypes, ints[0:].ctypes, ints[2:].ctypes, scalars[0:].ctypes, w.ctypes, ints[0:].ctypes,
+                     x.ctypes, ints[3:].ctypes, scalars[1:].ctypes, y.ctypes, ints[3:].ctypes)
+    elif y.itemsize == 4:  # Y^T [n, m] = W^T [n, k] X^T [k, m]
+        _t_sgemm(chars.ctypes, chars.ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, scalars[0:].ctypes,
+                 w.ctypes, ints[0:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes, y.ctypes, ints[0:].ctypes)
+    else:
+        _t_dgemm(chars.ctypes, chars.ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, scalars[0:].ctypes,
+                 w.ctypes, ints[0:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes, y.ctypes, ints[0:].ctypes)

@@ -99,6 +99,10 @@ class Ops:
         `logits` or `generate` call; identity for NumPy).
     zeros(shape, dtype): allocate cache storage on the backend's device.
     to_numpy(x) -> np.ndarray: bring logits back to the host.
+    decode_blocks(x [B, 1, C], params, config, cache) -> [B, 1, C] or None: optional; every
+        block at once for a step of one new token per sequence that sees every cached key (no
+        mask), writing the cache as `attention` does; None means "not here", and the blocks
+        then run one operation at a time (accel's numba backend compiles a block into one call).
     """
 
     name: str
@@ -111,6 +115,7 @@ class Ops:
     prepare: Callable = lambda params: params
     zeros: Callable = np.zeros
     to_numpy: Callable = np.asarray
+    decode_blocks: Callable | None = None
 
 
 def _np_layer_norm(x, g, b, eps):  # [..., C] -> [..., C]
@@ -360,8 +365,14 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     mask = combine_masks(pattern, padding)  # [T, S], [B, 1, 1, S], [B, 1, T, S] or None
 
     x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
-    for layer, p in enumerate(params.blocks):
-        x = block(x, p, config, mask, ops, cache=cache, layer=layer, hook=hook)
+    fused = None
+    if ops.decode_blocks is not None and cache is not None and mask is None and hook is None:
+        fused = ops.decode_blocks(x, params, config, cache)  # T = 1: the same blocks, compiled whole
+    if fused is not None:
+        x = fused
+    else:
+        for layer, p in enumerate(params.blocks):
+            x = block(x, p, config, mask, ops, cache=cache, layer=layer, hook=hook)
     if cache is not None:
         cache.length = S
     h = ops.layer_norm(x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)  # [B, T, C]
