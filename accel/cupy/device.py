@@ -11,6 +11,14 @@ device, activations never come back to the host between layers.
   masked_attention   the Numba-CUDA fused kernel (accel.numba_cuda.attention) launched on
   decode_attention   CuPy memory through __cuda_array_interface__ (no copy)
 
+Streams: every kernel here runs on CuPy's current stream (cupy.cuda.get_current_stream()), in
+order with the CuPy work around it. CuPy's own kernels and cuBLAS do that by themselves; the
+Numba-CUDA kernels are launched on that stream explicitly (`_numba_stream`), and the CuPy
+arrays are handed to Numba without its per-array stream synchronisation (as_cuda_array(...,
+sync=False)): by default Numba would block the host until each array's stream drained, at every
+launch, and then launch on the legacy default stream, which a non-blocking CuPy stream does not
+wait for.
+
 All take arrays in one float dtype (float32 or float64) and return that dtype.
 """
 
@@ -85,6 +93,20 @@ def gelu_tanh_bias(x: cp.ndarray, b: cp.ndarray) -> cp.ndarray:  # [..., F], [F]
     return _kernels.gelu_tanh_bias_kernel()(x, cp.ascontiguousarray(b), np.int64(x.shape[-1]))
 
 
+def _numba_stream():
+    """The Numba stream object for CuPy's current stream (0, Numba's default stream, for the null stream)."""
+    from numba import cuda
+
+    ptr = cp.cuda.get_current_stream().ptr
+    return cuda.external_stream(ptr) if ptr else 0
+
+
+def _numba(x):  # a CuPy array (or None) -> a Numba device array on the same memory, no stream sync
+    from numba import cuda
+
+    return None if x is None else cuda.as_cuda_array(x, sync=False)
+
+
 def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None,
                      scale=None) -> cp.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel) on CuPy arrays; k, v may be strided cache views.
@@ -97,8 +119,9 @@ def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=N
     out = cp.empty((B, H, T, v.shape[3]), dtype=q.dtype)
     if key_mask is not None:
         key_mask = cp.ascontiguousarray(key_mask.astype(cp.uint8, copy=False))
-    masked_attention_device(q, k, v, out, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask,
-                            alibi_slopes=alibi_slopes, scale=scale)
+    masked_attention_device(_numba(q), _numba(k), _numba(v), _numba(out), causal=causal, window=window,
+                            n_sink=n_sink, key_mask=_numba(key_mask), alibi_slopes=_numba(alibi_slopes),
+                            scale=scale, stream=_numba_stream())
     return out
 
 
@@ -111,8 +134,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> cp.ndarray:  #
     if key_lengths is None:
         key_lengths = cp.full(B, S, dtype=cp.int64)
     out = cp.empty((B, H, v.shape[3]), dtype=q.dtype)
-    decode_attention_device(q, k, v, key_lengths.astype(cp.int64, copy=False), out,
-                            scale=None if scale is None else float(scale))
+    decode_attention_device(_numba(q), _numba(k), _numba(v), _numba(key_lengths.astype(cp.int64, copy=False)),
+                            _numba(out), scale=None if scale is None else float(scale), stream=_numba_stream())
     return out
 
 

@@ -268,11 +268,12 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
 
 
 def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0, key_mask=None,
-                            alibi_slopes=None, scale=None) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
+                            alibi_slopes=None, scale=None, stream=0) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
     """Fused masked attention on C-contiguous device arrays of one float dtype, into `out`.
 
     key_mask: device uint8 [B, S] (nonzero = may attend) or None; alibi_slopes: device [H] or
-    None; scale: a float or None (1/sqrt(D)). No validation beyond what the wrapper does.
+    None; scale: a float or None (1/sqrt(D)); stream: the Numba stream to launch on (0: the
+    default stream). No validation beyond what the wrapper does.
     """
     B, H, T, D = q.shape
     Dv = v.shape[3]
@@ -292,7 +293,7 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
     kernel = _flash_kernel(dtype, q_tile, k_tile, d_pad, dv_pad)
     scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     grid = ((T + q_tile - 1) // q_tile, H, B)
-    kernel[grid, q_tile](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), bool(causal),
+    kernel[grid, q_tile, stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), bool(causal),
                          0 if window is None else int(window), int(n_sink), out)
 
 
@@ -453,10 +454,11 @@ def _n_splits(B: int, H: int, S: int, tpb: int) -> int:
     return max(1, min(want, -(-S // tpb)))
 
 
-def decode_attention_device(q, k, v, lengths, out, *, scale=None) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
+def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
     """Split-S decode attention on C-contiguous device arrays, into `out`.
 
-    lengths: device int64 [B] with 0 <= L_b <= S (cache entries j >= L_b are ignored).
+    lengths: device int64 [B] with 0 <= L_b <= S (cache entries j >= L_b are ignored);
+    stream: the Numba stream to launch on (0: the default stream).
     """
     B, H, D = q.shape
     S, Dv = k.shape[2], v.shape[3]
@@ -468,13 +470,13 @@ def decode_attention_device(q, k, v, lengths, out, *, scale=None) -> None:  # [B
     chunk = max(1, -(-S // n_split))
     chunk = -(-chunk // tpb) * tpb  # a whole number of tiles per split
     n_split = max(1, -(-S // chunk))
-    part_m = cuda.device_array((B, H, n_split), dtype)
-    part_l = cuda.device_array((B, H, n_split), dtype)
-    part_acc = cuda.device_array((B, H, n_split, Dv), dtype)
+    part_m = cuda.device_array((B, H, n_split), dtype, stream=stream)
+    part_l = cuda.device_array((B, H, n_split), dtype, stream=stream)
+    part_acc = cuda.device_array((B, H, n_split, Dv), dtype, stream=stream)
     scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     partial = _decode_partial_kernel(dtype, tpb, pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR))
-    partial[(n_split, H, B), tpb](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
-    _decode_merge_kernel(dtype, tpb)[(H, B), tpb](part_m, part_l, part_acc, lengths, chunk, out)
+    partial[(n_split, H, B), tpb, stream](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
+    _decode_merge_kernel(dtype, tpb)[(H, B), tpb, stream](part_m, part_l, part_acc, lengths, chunk, out)
 
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
