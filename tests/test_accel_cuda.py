@@ -672,3 +672,33 @@ def test_cupy_gpt2_ops_match_numpy_backend():
     # Beam search reorders the device KV cache with host row indices (KVCache.reorder).
     assert gpt2.generate(model, ids[0], max_new_tokens=5, num_beams=3, backend=OPS).ids == \
         gpt2.generate(model, ids[0], max_new_tokens=5, num_beams=3).ids
+
+
+@needs_cupy
+def test_cupy_attention_is_ordered_on_a_non_blocking_stream():
+    """Inside a non-blocking CuPy stream (which the legacy default stream does not wait for), the
+    Numba-CUDA attention kernels run on that stream: inputs written just before on the stream are
+    read, and CuPy work just after on the stream sees the output (accel.cupy.device._numba_stream)."""
+    import cupy as cp
+
+    from accel.cupy import device
+    from refimpl.attention import decode_attention, masked_attention
+
+    rng = np.random.default_rng(23)
+    B, H, T, S, D = 2, 4, 64, 512, 64
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((B, H, T, D), (B, H, S, D), (B, H, S, D)))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        big = cp.ones((4096, 4096), cp.float32)  # keep the stream busy before the inputs are written
+        for _ in range(4):
+            big = big @ big / 4096
+        qd, kd, vd = (cp.asarray(a) * 1 for a in (q, k, v))  # written on the stream, after the GEMMs
+        out = device.masked_attention(qd, kd, vd, causal=True) * 2  # read right after, on the stream
+        dec = device.decode_attention(qd[:, :, -1], kd, vd) * 2
+    stream.synchronize()
+    ref = masked_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal=True)
+    ref_dec = decode_attention(q[:, :, -1].astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    d = float(np.abs(cp.asnumpy(out) / 2 - ref).max())
+    d_dec = float(np.abs(cp.asnumpy(dec) / 2 - ref_dec).max())
+    print(f"attention on a non-blocking stream: max abs diff {d:.2e} (fused), {d_dec:.2e} (decode)")
+    assert d < 1e-4 and d_dec < 1e-4
