@@ -694,7 +694,7 @@ def test_cupy_attention_is_ordered_on_a_non_blocking_stream():
             big = big @ big / 4096
         qd, kd, vd = (cp.asarray(a) * 1 for a in (q, k, v))  # written on the stream, after the GEMMs
         out = device.masked_attention(qd, kd, vd, causal=True) * 2  # read right after, on the stream
-        dec = device.decode_attention(qd[:, :, -1], kd, vd) * 2
+        dec = device.decode_attention(cp.ascontiguousarray(qd[:, :, -1]), kd, vd) * 2
     stream.synchronize()
     ref = masked_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal=True)
     ref_dec = decode_attention(q[:, :, -1].astype(np.float64), k.astype(np.float64), v.astype(np.float64))
