@@ -133,8 +133,8 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
 _GEMV_SIG = types.void(*([types.voidptr] * 11))  # ?gemv(trans, m, n, alpha, a, lda, x, incx, beta, y, incy)
 
 
-def _find_numpy_blas():  # -> (path, {name: address}, integer dtype) of NumPy's own BLAS, or None
-    """The OpenBLAS that NumPy's matmul calls, with its Fortran ?gemv / ?gemm symbols (LP64 or ILP64)."""
+def _find_numpy_blas():  # -> (path, {name: address}) of NumPy's own BLAS (ILP64 symbols), or None
+    """The OpenBLAS that NumPy's matmul calls, with its 64-bit-integer Fortran ?gemv / ?gemm symbols."""
     if os.environ.get("ACCEL_BLAS", "").lower() in ("scipy", "openblas"):
         return None
     np_dir = os.path.dirname(os.path.dirname(np.__file__))  # site-packages: numpy/ and numpy.libs/
@@ -148,11 +148,10 @@ def _find_numpy_blas():  # -> (path, {name: address}, integer dtype) of NumPy's 
             lib = ctypes.CDLL(path)  # already loaded by NumPy: the same handle
         except OSError:
             continue
-        for prefix, suffix, int_dtype in (("scipy_", "_64_", np.int64), ("", "_64_", np.int64),
-                                          ("scipy_", "_", np.int32), ("", "_", np.int32)):
-            names = {n: f"{prefix}{n}{suffix}" for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
+        for prefix in ("scipy_", ""):
+            names = {n: f"{prefix}{n}_64_" for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
             try:
-                return path, {n: ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value for n, sym in names.items()}, int_dtype
+                return path, {n: ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value for n, sym in names.items()}
             except AttributeError:
                 continue
     return None
@@ -161,12 +160,17 @@ def _find_numpy_blas():  # -> (path, {name: address}, integer dtype) of NumPy's 
 _numpy_blas = _find_numpy_blas()
 if _numpy_blas is not None:
     THREADED_BLAS_NAME = f"NumPy's OpenBLAS ({os.path.basename(_numpy_blas[0])})"
-    _threaded_addresses, _INT = _numpy_blas[1], _numpy_blas[2]
+    _threaded_addresses = _numpy_blas[1]
 else:
     THREADED_BLAS_NAME = "SciPy's OpenBLAS (scipy.linalg.cython_blas)"
     _threaded_addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n)
                            for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
-    _INT = np.int32
+# Integer arguments sit in int64 slots for either library: an ILP64 BLAS (NumPy's) reads all 8
+# bytes, an LP64 one (SciPy's) the first 4, which on a little-endian machine (every platform
+# Numba supports) are the value. So one compiled kernel, cached on disk, serves both libraries
+# (the symbols are looked up by name when it loads), whichever this process found.
+assert sys.byteorder == "little", "accel.numba_cpu.blas passes LP64 integers in int64 slots (little-endian only)"
+_INT = np.int64
 for _name, _addr in _threaded_addresses.items():
     llvm.add_symbol(f"accel_numba_cpu_threaded_{_name}", _addr)
 _t_sgemv = types.ExternalFunction("accel_numba_cpu_threaded_sgemv", _GEMV_SIG)
