@@ -114,6 +114,10 @@ def test_matmul_threaded_refuses_mismatched_shapes_and_views():
         _call_threaded(np.zeros((2, 5)), x, w)
     with pytest.raises(ValueError, match="C-contiguous"):
         _call_threaded(np.zeros((2, 4)), x, np.ones((3, 8))[:, ::2])
+    with pytest.raises(ValueError, match="one dtype"):
+        _call_threaded(np.zeros((2, 4), np.float32), x, w.astype(np.float32))  # x float64
+    with pytest.raises(ValueError, match="one dtype"):
+        _call_threaded(np.zeros((2, 4), np.int64), x.astype(np.int64), w.astype(np.int64))
 
 
 def test_matmul_threaded_on_either_library():

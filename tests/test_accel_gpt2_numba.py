@@ -167,3 +167,50 @@ def test_fused_decode_step_runs_in_generation_and_declines_what_it_does_not_cove
         ops, calls = _counting(OPS)
         assert generate(model, prompt, max_new_tokens=12, backend=ops).ids == ref.ids
         assert calls["handled"] == 0 and calls["declined"] == 11
+
+
+def test_fused_decode_step_declines_inputs_it_would_misread():
+    """decode_blocks returns None, so the per-operation path runs (and answers or raises as it does),
+    for: an Ops with one of its operations replaced, a bias-free projection, a misshaped parameter,
+    and a cache laid out for another head split."""
+    import dataclasses
+
+    from accel.numba_cpu.gpt2 import decode_blocks
+    from refimpl.gpt2.model import KVCache, embed, hidden_states
+    from refimpl.linear import LinearParams, linear
+
+    model = _model(seed=6)
+    params = model.params
+
+    def step_input(params, cache):
+        hidden_states(params, CONFIG, np.array([[1, 2, 3]]), cache=cache, ops=OPS)
+        return embed(params, np.array([[4]]), np.array([[3]]))  # [1, 1, C]
+
+    cache = KVCache.allocate(CONFIG, 1, max_len=8)
+    x1 = step_input(params, cache)
+    assert decode_blocks(x1, params, CONFIG, cache, OPS) is not None  # the baseline applies
+    calls = []
+    replaced = dataclasses.replace(OPS, linear=lambda x, p: calls.append(1) or linear(x, p))
+    assert decode_blocks(x1, params, CONFIG, cache, replaced) is None
+    out = generate(model, [1, 2, 3], max_new_tokens=4, backend=replaced)
+    assert len(calls) == 4 * 3 * CONFIG.n_layer  # prefill and 3 steps, 3 linear layers per block: none skipped
+    assert out.ids == generate(model, [1, 2, 3], max_new_tokens=4).ids
+
+    blocks = list(params.blocks)
+    blocks[1] = dataclasses.replace(blocks[1], mlp_proj=LinearParams(blocks[1].mlp_proj.w, None))
+    no_bias = dataclasses.replace(params, blocks=tuple(blocks))
+    cache = KVCache.allocate(CONFIG, 1, max_len=8)
+    assert decode_blocks(step_input(no_bias, cache), no_bias, CONFIG, cache, OPS) is None
+
+    blocks = list(params.blocks)
+    blocks[0] = dataclasses.replace(blocks[0], ln_2=dataclasses.replace(blocks[0].ln_2, g=blocks[0].ln_2.g[:8]))
+    short = dataclasses.replace(params, blocks=tuple(blocks))
+    assert decode_blocks(x1, short, CONFIG, cache, OPS) is None
+    cache = KVCache.allocate(CONFIG, 1, max_len=8)
+    hidden_states(params, CONFIG, np.array([[1, 2, 3]]), cache=cache, ops=OPS)
+    with pytest.raises(ValueError, match="gamma"):  # the per-operation path names the misshaped tensor
+        hidden_states(short, CONFIG, np.array([[4]]), cache=cache, ops=OPS)
+
+    other = dataclasses.replace(CONFIG, n_head=2)
+    cache = KVCache.allocate(other, 1, max_len=8)
+    assert decode_blocks(x1, params, CONFIG, cache, OPS) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 SCRIPT = textwrap.dedent("""
     import threading
@@ -57,3 +58,26 @@ def test_kernels_called_from_three_python_threads_at_once():
     res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr[-2000:]}"
     assert "mismatches: []" in res.stdout
+
+
+def test_stale_kernel_caches_are_dropped_when_the_sources_change(tmp_path, monkeypatch):
+    """Numba checks a cached kernel against its own file only; accel.numba_cpu deletes its cached kernels
+    when any of its sources changed (a kernel may inline code from another module of the package)."""
+    import shutil
+
+    import accel.numba_cpu as pkg
+
+    src = tmp_path / "numba_cpu"
+    src.mkdir()
+    for f in ("__init__.py", "blas.py", "gpt2.py"):
+        shutil.copy(Path(pkg.__file__).parent / f, src / f)
+    cache = src / "__pycache__"
+    monkeypatch.setattr(pkg, "__file__", str(src / "__init__.py"))
+    pkg._drop_stale_caches()  # first import: no stamp yet, so nothing cached can be trusted
+    (cache / "gpt2._decode_block-1.py311.nbi").write_bytes(b"index")
+    pkg._drop_stale_caches()  # sources unchanged: the cache stays
+    assert (cache / "gpt2._decode_block-1.py311.nbi").exists()
+    (src / "blas.py").write_text((src / "blas.py").read_text() + "\n# edited\n")
+    pkg._drop_stale_caches()  # blas.py changed, gpt2.py did not: gpt2's cached kernel goes anyway
+    assert not (cache / "gpt2._decode_block-1.py311.nbi").exists()
+    assert (cache / "accel_numba_sources.sha256").read_text()

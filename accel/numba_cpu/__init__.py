@@ -15,6 +15,12 @@ decoding step, which runs each GPT-2 block as one compiled call: gpt2.decode_blo
 
 Every kernel takes and returns NumPy arrays; threads follow numba.set_num_threads. Compiled
 code is cached next to the modules (cache=True), so only the first run in a checkout compiles.
+Numba revalidates a cached function against the file that defines it only, not against the
+modules whose code it compiles in (gpt2._decode_block inlines blas, norms, ffn and attention), so
+an edit to one of those would leave stale machine code in use (a crash, if an argument layout
+changed). Importing this package therefore hashes its sources and, when they differ from the
+hash stored in __pycache__, deletes the cached kernels there first (`_drop_stale_caches`);
+with NUMBA_CACHE_DIR set, that directory is the user's to manage.
 
 Threads: Numba's OpenMP workers spin after each parallel region by default, which starves the
 OpenBLAS threads that run the matmuls between kernels (GPT-2 small prefill measured 658 ms
@@ -26,9 +32,34 @@ parallel kernels at once, so every parallel launch here holds one lock (`_launch
 the kernels may be called from several Python threads, which then take turns.
 """
 
+import hashlib
 import os
+from pathlib import Path
 
 import numba
+
+
+def _drop_stale_caches() -> None:
+    """Delete this package's cached kernels (__pycache__/*.nbi, *.nbc) when any of its sources changed."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
+    cache = here / "__pycache__"
+    stamp = cache / "accel_numba_sources.sha256"
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:
+        pass
+    try:
+        cache.mkdir(exist_ok=True)
+        for f in [*cache.glob("*.nbi"), *cache.glob("*.nbc")]:
+            f.unlink(missing_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # a read-only install: Numba cannot cache there either
+        pass
+
+
+_drop_stale_caches()
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"

@@ -43,7 +43,7 @@ import llvmlite.binding as llvm
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (loads the library whose functions are called)
 from numba import njit, types
-from numba.extending import get_cython_function_address
+from numba.extending import get_cython_function_address, overload
 from threadpoolctl import ThreadpoolController
 
 __all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME"]
@@ -179,6 +179,16 @@ _t_sgemm = types.ExternalFunction("accel_numba_cpu_threaded_sgemm", _GEMM_SIG)
 _t_dgemm = types.ExternalFunction("accel_numba_cpu_threaded_dgemm", _GEMM_SIG)
 
 
+def _same_float_dtype(y, x, w):  # -> bool (decided when compiled)
+    raise NotImplementedError  # only its Numba overload below is called
+
+
+@overload(_same_float_dtype)
+def _same_float_dtype_impl(y, x, w):
+    ok = y.dtype == x.dtype == w.dtype and y.dtype in (types.float32, types.float64)
+    return (lambda y, x, w: True) if ok else (lambda y, x, w: False)
+
+
 @njit
 def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n], C-contiguous, same float dtype
     """Y <- X W by the BLAS NumPy uses, on its threads (?gemv for one row, ?gemm otherwise); k = 0 gives zeros.
@@ -192,6 +202,8 @@ def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n], C-contiguous, sa
         raise ValueError("matmul_threaded: shapes do not match")
     if not (y.flags.c_contiguous and x.flags.c_contiguous and w.flags.c_contiguous):
         raise ValueError("matmul_threaded: operands must be C-contiguous")
+    if not _same_float_dtype(y, x, w):
+        raise ValueError("matmul_threaded: operands must share one dtype, float32 or float64")
     if m == 0 or n == 0:
         return
     if k == 0:

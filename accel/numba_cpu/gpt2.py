@@ -147,34 +147,53 @@ def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_
     x += _linear_rows(f, w_p, b_p)
 
 
-def decode_blocks(x, params, config, cache):  # [B, 1, C] -> [B, 1, C] or None
+def _block_shapes(config) -> tuple:  # the shapes _decode_block reads, in its argument order
+    C, F = config.n_embd, config.n_inner
+    return ((C,), (C,), (C, 3 * C), (3 * C,), (C, C), (C,), (C,), (C,), (C, F), (F,), (F, C), (C,))
+
+
+def _block_arrays(p) -> tuple:
+    return (p.ln_1.g, p.ln_1.b, p.attn_qkv.w, p.attn_qkv.b, p.attn_proj.w, p.attn_proj.b,
+            p.ln_2.g, p.ln_2.b, p.mlp_fc.w, p.mlp_fc.b, p.mlp_proj.w, p.mlp_proj.b)
+
+
+def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or None
     """Every block for one new token per sequence over the KV cache (no padding), one compiled call each.
 
     Shapes: x [B, 1, C] the embedded tokens; cache.k / cache.v [L, B, H, S_max, D] NumPy arrays
     with cache.length tokens filled (the new ones go at that index; the caller advances it).
     Returns the residual stream after the last block [B, 1, C], or None when this path does not
-    apply (see the module docstring) and the caller must run the blocks one operation at a time.
+    apply and the caller must run the blocks one operation at a time: when `ops` is not this
+    module's OPS in its hot operations (someone replaced one, e.g. dataclasses.replace(OPS,
+    linear=f): the compiled block would ignore f), when a dtype, layout or shape is not the one
+    the compiled block reads (float16, a missing bias, Fortran-ordered or misshaped weights, a cache
+    of another head split: the per-operation path then runs, and raises its own errors), or when
+    the cache is long enough that decode_attention would run in parallel (module docstring).
     """
+    if any(getattr(ops, f) is not getattr(OPS, f) for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
+        return None
     B, T, C = x.shape
     k, v = cache.k, cache.v
     dtype = x.dtype
     S = cache.length + 1
-    if (T != 1 or dtype not in (np.float32, np.float64) or not isinstance(k, np.ndarray)
-            or not isinstance(v, np.ndarray) or k.dtype != dtype or v.dtype != dtype
-            or not (k.flags.c_contiguous and v.flags.c_contiguous)
-            or (2 * B * config.n_head * S * config.head_dim >= DECODE_PARALLEL_WORK and get_num_threads() > 1)):
+    H, D = config.n_head, config.head_dim
+    if (T != 1 or C != config.n_embd or dtype not in (np.float32, np.float64)
+            or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
+            or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
+            or k.shape != v.shape or k.shape[:3] != (config.n_layer, B, H) or k.shape[4] != D or S > k.shape[3]
+            or (2 * B * H * S * D >= DECODE_PARALLEL_WORK and get_num_threads() > 1)):
         return None
-    if any(a.dtype != dtype or not a.flags.c_contiguous for p in params.blocks for a in (
-            p.ln_1.g, p.ln_1.b, p.attn_qkv.w, p.attn_qkv.b, p.attn_proj.w, p.attn_proj.b,
-            p.ln_2.g, p.ln_2.b, p.mlp_fc.w, p.mlp_fc.b, p.mlp_proj.w, p.mlp_proj.b)):
+    shapes = _block_shapes(config)
+    blocks = [_block_arrays(p) for p in params.blocks]
+    if len(blocks) != config.n_layer or any(
+            not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous
+            for arrays in blocks for a, shape in zip(arrays, shapes)):
         return None
     eps = float(config.layer_norm_epsilon)
-    scale = _scale_for(config.head_dim, None, dtype)
+    scale = _scale_for(D, None, dtype)
     x = np.array(x[:, 0, :], dtype=dtype, order="C")  # [B, C], updated in place block by block
-    for layer, p in enumerate(params.blocks):
-        _decode_block(x, p.ln_1.g, p.ln_1.b, p.attn_qkv.w, p.attn_qkv.b, p.attn_proj.w, p.attn_proj.b,
-                      p.ln_2.g, p.ln_2.b, p.mlp_fc.w, p.mlp_fc.b, p.mlp_proj.w, p.mlp_proj.b,
-                      k[layer], v[layer], cache.length, eps, scale)
+    for layer, arrays in enumerate(blocks):
+        _decode_block(x, *arrays, k[layer], v[layer], cache.length, eps, scale)
     return x[:, None, :]
 
 

@@ -99,10 +99,11 @@ class Ops:
         `logits` or `generate` call; identity for NumPy).
     zeros(shape, dtype): allocate cache storage on the backend's device.
     to_numpy(x) -> np.ndarray: bring logits back to the host.
-    decode_blocks(x [B, 1, C], params, config, cache) -> [B, 1, C] or None: optional; every
+    decode_blocks(x [B, 1, C], params, config, cache, ops) -> [B, 1, C] or None: optional; every
         block at once for a step of one new token per sequence that sees every cached key (no
         mask), writing the cache as `attention` does; None means "not here", and the blocks
-        then run one operation at a time (accel's numba backend compiles a block into one call).
+        then run one operation at a time (accel's numba backend compiles a block into one call,
+        and declines when `ops`, the Ops in use, has other operations than its own).
     """
 
     name: str
@@ -367,7 +368,7 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
     fused = None
     if ops.decode_blocks is not None and cache is not None and mask is None and hook is None:
-        fused = ops.decode_blocks(x, params, config, cache)  # T = 1: the same blocks, compiled whole
+        fused = ops.decode_blocks(x, params, config, cache, ops)  # T = 1: the same blocks, compiled whole
     if fused is not None:
         x = fused
     else:
