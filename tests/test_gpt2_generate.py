@@ -427,6 +427,26 @@ def test_ids_past_the_tokenizer_are_never_generated():
     assert max(gpt2.generate(with_tok, "hi", max_new_tokens=10, num_beams=2, eos_token_id=None).ids) < 257
 
 
+def test_ids_a_vocabulary_skips_are_never_generated():
+    """A tokenizer whose vocabulary skips ids below V (here the letters 'a'..'z' have ids 300..325, so
+    ids 97..122 and 256..299 name no token) never makes the model generate one; without it they come."""
+    config = dataclasses.replace(BYTES, vocab_size=327, bos_token_id=326, eos_token_id=326)
+    hf = hf_gpt2(config, seed=1, wte_std=0.3, weight_std=0.3)
+    params = hf_to_params(hf, config)
+    letters = set(range(97, 123))
+    gappy = Tokenizer({bytes([b]): (b + 203 if b in letters else b) for b in range(256)}, {}, {"<|endoftext|>": 326})
+    holes = letters | set(range(256, 300))
+    assert gappy.vocab_size == 327 and set(gappy.token_ids()) == set(range(327)) - holes
+    prompt = gappy.encode("hi")  # [307, 308]
+    free = gpt2.generate(gpt2.GPT2Model(config, params), prompt, max_new_tokens=60, do_sample=True, seed=0,
+                         eos_token_id=None).ids
+    assert holes & set(free)  # a random model does choose them when nothing says they are not tokens
+    model = gpt2.GPT2Model(config, params, gappy)
+    for kw in ({"do_sample": True, "seed": 0}, {}, {"num_beams": 2}):
+        out = gpt2.generate(model, prompt, max_new_tokens=30, eos_token_id=None, **kw)
+        assert not holes & set(out.ids) and isinstance(out.text, str)
+
+
 def test_ragged_ids_and_id_matrices():
     _, model = model_pair("tiny")
     with pytest.raises(ValueError, match="rectangular array of token ids"):

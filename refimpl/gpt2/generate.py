@@ -21,10 +21,11 @@ Policies, stated once:
   naming the numbers before any work (on_context_limit="error", the default), also from
   `stream` / `stream_text` at the call; on_context_limit="stop" generates as many tokens as fit
   and ends with finish_reason "context". A prompt longer than n_positions is an error.
-- Vocabulary: when the model's tokenizer has fewer ids than the model's V (a vocabulary
-  padded for speed, e.g. nanoGPT's 50304 rows for GPT-2's 50257 tokens), the rows past the
-  tokenizer's ids are not tokens: they are never chosen (their logits are set to -inf before
-  any processor, as llm.c's sampler does). Models without a tokenizer choose among all V.
+- Vocabulary: ids below the model's V that the model's tokenizer assigns to no token are never
+  chosen (their logits are set to -inf before any processor, as llm.c's sampler does for a
+  padded vocabulary): the rows past the tokenizer's ids when V is padded for speed (e.g.
+  nanoGPT's 50304 rows for GPT-2's 50257 tokens), and any id a vocabulary file skips. Models
+  without a tokenizer choose among all V.
 - Sampling defaults: top_k=None and top_p=None mean no filter: do_sample=True samples from the
   whole softmax. Hugging Face's GenerationConfig instead applies top_k=50 unless told
   otherwise; pass top_k=50 for the same distribution as its generate(do_sample=True).
@@ -202,7 +203,7 @@ class _Settings:
     eos_ids: tuple[int, ...]
     stop: tuple[str, ...]
     on_context_limit: str
-    n_tokens: int | None = None  # the tokenizer's number of ids when below V (see the module docstring)
+    not_tokens: np.ndarray | None = None  # ids in [0, V) the tokenizer leaves unassigned (module docstring)
 
 
 _DEFAULT = object()
@@ -373,12 +374,25 @@ def _sample_steps(model: GPT2Model, ops, rows: list[np.ndarray], n_steps: int, s
 
 
 def _only_tokens(logits, s: _Settings) -> np.ndarray:  # [B, V] -> [B, V]
-    """Logits of the ids past the tokenizer's (s.n_tokens < V) set to -inf: they are not tokens."""
-    if s.n_tokens is None or s.n_tokens >= logits.shape[-1]:
+    """Logits of the ids the tokenizer assigns to no token (s.not_tokens) set to -inf."""
+    if s.not_tokens is None:
         return logits
     logits = logits.copy()
-    logits[:, s.n_tokens:] = -np.inf
+    logits[:, s.not_tokens] = -np.inf
     return logits
+
+
+def _unassigned_ids(tokenizer, V: int) -> np.ndarray | None:  # -> [n] ids in [0, V), or None
+    """The ids below V that `tokenizer` names no token with; None when there are none (or no tokenizer)."""
+    token_ids = getattr(tokenizer, "token_ids", None)
+    if token_ids is None:
+        return None
+    ids = np.asarray(token_ids(), dtype=np.int64)
+    assigned = np.zeros(V, dtype=bool)
+    assigned[ids[(ids >= 0) & (ids < V)]] = True
+    if assigned.all() or not assigned.any():  # every id is a token; or the tokenizer is not this model's
+        return None
+    return np.flatnonzero(~assigned)
 
 
 class _StopMatcher:
@@ -550,9 +564,9 @@ def _model_settings(model, kw) -> _Settings:
     s = _settings(model.config, **kw)
     if s.stop and model.tokenizer is None:
         raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
-    n_tok = getattr(model.tokenizer, "vocab_size", None)
-    if isinstance(n_tok, int) and 0 < n_tok < model.config.vocab_size:
-        s = replace(s, n_tokens=n_tok)
+    not_tokens = _unassigned_ids(model.tokenizer, model.config.vocab_size)
+    if not_tokens is not None:
+        s = replace(s, not_tokens=not_tokens)
     return s
 
 

@@ -188,6 +188,10 @@ class Tokenizer:
             raise ValueError(f"token id {i} is out of range; valid ids are 0 .. {self.vocab_size - 1}")
         return i
 
+    def token_ids(self) -> np.ndarray:  # -> [n] int64, sorted
+        """Every id that names a token (ordinary or special); ids below vocab_size may be missing."""
+        return np.array(sorted(self._decoder), dtype=np.int64)
+
     def token_bytes(self, i: int) -> bytes:
         """The bytes of token `i` (a special token's UTF-8 text)."""
         return self._decoder[self._check_id(i)]
