@@ -24,11 +24,12 @@ the fused bias + GELU row, decode attention's serial driver) and BLAS for the fo
 keys and values into the cache in place. The arithmetic is the generic path's, operation for
 operation (products, then + bias, then the residual add); what goes is the Python between the
 kernels: ~10 Python-level calls per block, each checking its arguments, cost ~2.5 ms of a
-~22 ms GPT-2 small step (measured), which is now ~0.2 ms. It applies when the step has
-no padding mask (mask None: one new token that sees every cached key), a NumPy float32 /
-float64 cache and a cache short enough that decode_attention would run it serially
-(DECODE_PARALLEL_WORK: all of GPT-2 small's context at B = 1); otherwise `decode_blocks`
-returns None and the generic per-operation path runs.
+~22 ms GPT-2 small step (measured), which is now ~0.3 ms. It applies when the step has
+no padding mask (mask None: one new token that sees every cached key), float32 / float64 NumPy
+arrays of the shapes and layout the compiled block reads, this module's own operations in the
+Ops, and a cache short enough that decode_attention would run it serially (DECODE_PARALLEL_WORK:
+all of GPT-2 small's context at B = 1); otherwise `decode_blocks` returns None and the generic
+per-operation path runs (see its docstring).
 
 Use: refimpl.gpt2.generate(model, prompt, backend=OPS) or, once the model's BACKENDS table has
 the line "numba": "accel.numba_cpu.gpt2:OPS", backend="numba".
@@ -37,14 +38,12 @@ the line "numba": "accel.numba_cpu.gpt2:OPS", backend="numba".
 from __future__ import annotations
 
 import numpy as np
-
-from refimpl.gpt2.model import Ops
-from refimpl.linear import linear
-from refimpl.masks import causal_mask
-
 from numba import get_num_threads, njit
 
 from refimpl.attention import _scale_for
+from refimpl.gpt2.model import Ops
+from refimpl.linear import linear
+from refimpl.masks import causal_mask
 
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
 from .blas import matmul_threaded
