@@ -137,13 +137,11 @@ def _find_numpy_blas():  # -> (path, {name: address}) of NumPy's own BLAS (ILP64
     """The OpenBLAS that NumPy's matmul calls, with its 64-bit-integer Fortran ?gemv / ?gemm symbols."""
     if os.environ.get("ACCEL_BLAS", "").lower() in ("scipy", "openblas"):
         return None
-    np_dir = os.path.dirname(os.path.dirname(np.__file__))  # site-packages: numpy/ and numpy.libs/
+    site = os.path.realpath(os.path.dirname(os.path.dirname(np.__file__)))  # holds numpy/ and numpy.libs/
     for info in ThreadpoolController().info():
-        path = info.get("filepath") or ""
-        if info.get("internal_api") != "openblas" or not os.path.basename(os.path.dirname(path)).startswith("numpy"):
-            continue
-        if not os.path.realpath(path).startswith(os.path.realpath(np_dir)):
-            continue
+        path = os.path.realpath(info.get("filepath") or "")
+        if info.get("internal_api") != "openblas" or not path.startswith(os.path.join(site, "numpy")):
+            continue  # not an OpenBLAS shipped inside NumPy's own folders
         try:
             lib = ctypes.CDLL(path)  # already loaded by NumPy: the same handle
         except OSError:
