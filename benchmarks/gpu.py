@@ -151,6 +151,48 @@ def bandwidth_cases(ceil: dict) -> list[dict]:
     return out
 
 
+def launch_costs() -> list[dict]:
+    """Host time per call of each op GPT-2 decoding launches (B=1, one token), in a loop of 200
+    calls with no synchronisation between them: what bounds a launch-bound decode step."""
+    import cupy as cp
+
+    from accel.cupy import device
+
+    rng = cp.random.default_rng(3)
+    C, F, H, D, S_max, S = 768, 3072, 12, 64, 1024, 80
+    x = rng.standard_normal((1, 1, C), dtype=cp.float32)
+    g, b = cp.ones(C, cp.float32), cp.zeros(C, cp.float32)
+    w, wb = rng.standard_normal((C, 3 * C), dtype=cp.float32), cp.zeros(3 * C, cp.float32)
+    h, fb = rng.standard_normal((1, 1, F), dtype=cp.float32), cp.zeros(F, cp.float32)
+    q = rng.standard_normal((1, H, D), dtype=cp.float32)
+    cache = rng.standard_normal((1, H, S_max, D), dtype=cp.float32)
+    k = v = cache[:, :, :S]
+    ops = {
+        "cupy add (baseline launch)": lambda: x + x,
+        "layer_norm RawKernel": lambda: device.layer_norm(x, g, b, 1e-5),
+        "linear 768->2304 (cuBLAS + bias)": lambda: device.linear(x, w, wb),
+        "gelu_tanh_bias ElementwiseKernel": lambda: device.gelu_tanh_bias(h, fb),
+        "decode_attention Numba-CUDA (2 kernels)": lambda: device.decode_attention(q, k, v),
+        "cache write (slice assignment)": lambda: cache.__setitem__((slice(None), slice(None), slice(S, S + 1)),
+                                                                     q[:, :, None, :]),
+    }
+    out = []
+    for name, fn in ops.items():
+        for _ in range(20):
+            fn()
+        cp.cuda.Device().synchronize()
+        n = 200
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t_host = (time.perf_counter() - t0) / n
+        cp.cuda.Device().synchronize()
+        t_all = (time.perf_counter() - t0) / n
+        out.append({"case": f"launch cost: {name}", "host_s_per_call": t_host, "synced_s_per_call": t_all})
+        print(f"launch cost {name}: {t_host * 1e6:.1f} us host / call ({t_all * 1e6:.1f} us incl. sync)", flush=True)
+    return out
+
+
 def gpt2_decode(n_new: int = 64, prompt_len: int = 16) -> list[dict]:
     import torch
 
@@ -179,6 +221,9 @@ def gpt2_decode(n_new: int = 64, prompt_len: int = 16) -> list[dict]:
 
     ours_ids, hf_ids = run_ours(), run_hf()  # warm-up (compiles) and parity
     same = next((i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b), min(len(ours_ids), len(hf_ids)))
+    numpy_ids = gpt2.generate(model, ids[0], max_new_tokens=n_new, eos_token_id=None).ids
+    same_numpy = next((i for i, (a, b) in enumerate(zip(ours_ids, numpy_ids)) if a != b),
+                      min(len(ours_ids), len(numpy_ids)))
     times = {}
     for name, fn in (("accel_cuda", run_ours), ("hf_eager_generate", run_hf)):
         samples = []
@@ -188,12 +233,13 @@ def gpt2_decode(n_new: int = 64, prompt_len: int = 16) -> list[dict]:
             samples.append(time.perf_counter() - t0)
         times[name] = sorted(samples)[1]
     rec = {"case": f"GPT-2 small greedy decode, prompt {prompt_len}, {n_new} new tokens, float32, B=1",
-           "prompt_logits_max_abs_diff_vs_hf": logit_diff, "identical_greedy_prefix": same, "n_new": n_new,
+           "prompt_logits_max_abs_diff_vs_hf": logit_diff, "identical_greedy_prefix": same,
+           "identical_greedy_prefix_vs_numpy_backend": same_numpy, "n_new": n_new,
            "seconds": times, "tokens_per_s": {k: n_new / v for k, v in times.items()},
            "speedup_vs_hf": times["hf_eager_generate"] / times["accel_cuda"]}
     print(f"GPT-2 decode: ours {rec['tokens_per_s']['accel_cuda']:.0f} tok/s, HF eager "
           f"{rec['tokens_per_s']['hf_eager_generate']:.0f} tok/s, speedup {rec['speedup_vs_hf']:.2f}x; "
-          f"identical greedy tokens {same}/{n_new}", flush=True)
+          f"identical greedy tokens {same}/{n_new} vs HF, {same_numpy}/{n_new} vs the numpy backend", flush=True)
     return [rec]
 
 
@@ -217,7 +263,7 @@ def main(argv=None) -> int:
     payload["ceilings"] = ceil
     print(f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, float32 GEMM {ceil['sgemm_gflops']:.0f} GFLOP/s", flush=True)
     sections = (("attention", lambda: attention_cases((1024, 4096) if args.quick else (1024, 2048, 4096), ceil)),
-                ("bandwidth", lambda: bandwidth_cases(ceil)), ("gpt2", gpt2_decode))
+                ("bandwidth", lambda: bandwidth_cases(ceil)), ("launch", launch_costs), ("gpt2", gpt2_decode))
     failed = []
     for name, fn in sections:
         try:

@@ -4,9 +4,12 @@
 #      CuPy RawKernels, cuBLAS linear, GPT-2 `cuda` Ops parity) and the differential suite's
 #      numba_cuda / cupy entries;
 #   2. `python -m refimpl verify` for the numba_cuda and cupy backends (the parity table);
-#   3. the GPU benchmarks (benchmarks/gpu.py --quick): ceilings, fused attention vs torch SDPA,
-#      bandwidth kernels, GPT-2 small decode vs HF generate (with its logits / token parity).
-# Usage: bash scripts/gpu_check.sh            (results under $OUT, default ./gpu_check_out)
+#   3. the command line: `python -m refimpl generate --backend cuda` on the shipped model, greedy,
+#      token-identical to `--backend numpy` (needs .cache/gpt2.tiktoken: scripts/fetch_data.py);
+#   4. the GPU benchmarks (benchmarks/gpu.py --quick): ceilings, fused attention vs torch SDPA,
+#      bandwidth kernels, launch costs, GPT-2 small decode vs HF generate (logits / token parity).
+# Usage: bash scripts/gpu_check.sh [STEP...]   (STEP: bench tests verify cli; default all four;
+#        results under $OUT, default ./gpu_check_out)
 # Needs python3 with numpy, numba + numba-cuda, cupy, torch (CUDA), transformers, pytest,
 # hypothesis: the device image has them all. Every step runs even if an earlier one fails;
 # the exit status is non-zero if any failed.
@@ -18,8 +21,10 @@ PY=${PYTHON:-python3}
 export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 status=0
+steps=" ${*:-bench tests verify cli} "
 step() {  # step NAME TIMEOUT_S CMD...: run with a time limit, log to $OUT/NAME.log, remember failures
   local name=$1 limit=$2; shift 2
+  case "$steps" in *" $name "*) ;; *) return 0 ;; esac
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
@@ -43,9 +48,13 @@ PY
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-step tests 240 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
+step bench 240 "$PY" -m benchmarks.gpu --quick --out "$OUT"
+step tests 200 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
   tests/test_accel_differential.py -k "not differential or numba_cuda or cupy" -rs
 step verify 60 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
-step bench 270 "$PY" -m benchmarks.gpu --quick --out "$OUT"
+step cli 90 bash -c "set -e; for b in numpy cuda; do
+    '$PY' -m refimpl generate --prompt 'ROMEO:' --max-new-tokens 40 --greedy --no-eos --backend \$b > /tmp/cli_\$b.txt
+    echo \"--- --backend \$b:\"; cat /tmp/cli_\$b.txt; done
+  cmp /tmp/cli_numpy.txt /tmp/cli_cuda.txt && echo 'cuda output identical to numpy output'"
 echo "gpu_check: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED); results in $OUT"
 exit $status
