@@ -25,6 +25,7 @@ Writes gpu.json (machine, versions, sizes, results) under --out (default benchma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -196,7 +197,7 @@ def launch_costs() -> list[dict]:
 def gpt2_decode(n_new: int = 64, prompt_len: int = 16) -> list[dict]:
     import torch
 
-    from accel.cupy.gpt2 import OPS
+    from accel.cupy.gpt2 import CAPTURES, OPS
     from benchmarks.gpt2 import build_models
     from refimpl import gpt2
 
@@ -224,22 +225,39 @@ def gpt2_decode(n_new: int = 64, prompt_len: int = 16) -> list[dict]:
     numpy_ids = gpt2.generate(model, ids[0], max_new_tokens=n_new, eos_token_id=None).ids
     same_numpy = next((i for i, (a, b) in enumerate(zip(ours_ids, numpy_ids)) if a != b),
                       min(len(ours_ids), len(numpy_ids)))
-    times = {}
-    for name, fn in (("accel_cuda", run_ours), ("hf_eager_generate", run_hf)):
-        samples = []
-        for _ in range(3):
+    no_step = dataclasses.replace(OPS, decode_blocks=None)
+
+    def run_eager_step():
+        os.environ["ACCEL_CUDA_GRAPHS"] = "0"
+        try:
+            return run_ours()
+        finally:
+            del os.environ["ACCEL_CUDA_GRAPHS"]
+
+    def run_per_op():
+        return gpt2.generate(model, ids[0], max_new_tokens=n_new, eos_token_id=None, backend=no_step).ids
+
+    variants = {"accel_cuda": run_ours, "hf_eager_generate": run_hf,
+                "accel_cuda_step_without_graph": run_eager_step, "accel_cuda_op_by_op": run_per_op}
+    same_variants = {name: fn() == ours_ids for name, fn in variants.items() if name.startswith("accel_cuda_")}
+    samples = {name: [] for name in variants}
+    for _ in range(3):  # interleaved: each round times every variant once
+        for name, fn in variants.items():
             t0 = time.perf_counter()
             fn()
-            samples.append(time.perf_counter() - t0)
-        times[name] = sorted(samples)[1]
+            samples[name].append(time.perf_counter() - t0)
+    times = {name: sorted(v)[1] for name, v in samples.items()}
     rec = {"case": f"GPT-2 small greedy decode, prompt {prompt_len}, {n_new} new tokens, float32, B=1",
            "prompt_logits_max_abs_diff_vs_hf": logit_diff, "identical_greedy_prefix": same,
            "identical_greedy_prefix_vs_numpy_backend": same_numpy, "n_new": n_new,
            "seconds": times, "tokens_per_s": {k: n_new / v for k, v in times.items()},
-           "speedup_vs_hf": times["hf_eager_generate"] / times["accel_cuda"]}
+           "speedup_vs_hf": times["hf_eager_generate"] / times["accel_cuda"],
+           "variants_give_same_tokens": same_variants, "graph_captures": dict(CAPTURES)}
     print(f"GPT-2 decode: ours {rec['tokens_per_s']['accel_cuda']:.0f} tok/s, HF eager "
           f"{rec['tokens_per_s']['hf_eager_generate']:.0f} tok/s, speedup {rec['speedup_vs_hf']:.2f}x; "
           f"identical greedy tokens {same}/{n_new} vs HF, {same_numpy}/{n_new} vs the numpy backend", flush=True)
+    print("GPT-2 decode variants (tok/s): " + ", ".join(f"{k} {v:.0f}" for k, v in rec["tokens_per_s"].items())
+          + f"; same tokens {same_variants}; graph captures {CAPTURES}", flush=True)
     return [rec]
 
 

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export NUMBA_ENABLE_CUDASIM=0 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 status=0
 steps=" ${*:-bench tests verify cli} "
@@ -42,17 +42,19 @@ print("python", sys.version.split()[0], "numpy", numpy.__version__, "numba", num
 try:
     import cupy
     print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())
+    from importlib.metadata import version
+    print("numba-cuda", version("numba-cuda"), "torch", version("torch"), "transformers", version("transformers"))
 except Exception as e:
     print("cupy unavailable:", e)
 PY
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-step bench 240 "$PY" -m benchmarks.gpu --quick --out "$OUT"
-step tests 200 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
+step bench 150 "$PY" -m benchmarks.gpu --quick --out "$OUT"
+step tests 160 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
   tests/test_accel_differential.py -k "not differential or numba_cuda or cupy" -rs
-step verify 60 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
-step cli 90 bash -c "set -e; for b in numpy cuda; do
+step verify 45 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
+step cli 60 bash -c "set -e; for b in numpy cuda; do
     '$PY' -m refimpl generate --prompt 'ROMEO:' --max-new-tokens 40 --greedy --no-eos --backend \$b > /tmp/cli_\$b.txt
     echo \"--- --backend \$b:\"; cat /tmp/cli_\$b.txt; done
   cmp /tmp/cli_numpy.txt /tmp/cli_cuda.txt && echo 'cuda output identical to numpy output'"

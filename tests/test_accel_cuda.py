@@ -534,15 +534,9 @@ def _tiny_gpt2(seed: int = 0):
 
 def _simulated_gpu_ops():
     """accel.cupy.gpt2's glue over NumPy arrays with the (simulated) Numba-CUDA kernels."""
-    from types import SimpleNamespace
-
     from accel.cupy.gpt2 import make_ops
 
-    kernels = SimpleNamespace(
-        layer_norm=lambda x, g, b, eps: nc.layer_norm(x, g, b, eps=eps), linear=lambda x, w, b: x @ w + b,
-        matmul=np.matmul, gelu_tanh_bias=nc.gelu_tanh_bias, softmax=nc.softmax,
-        masked_attention=nc.masked_attention, decode_attention=nc.decode_attention, to_numpy=np.asarray)
-    return make_ops("numba_cuda-sim", np, kernels)
+    return make_ops("numba_cuda-sim", np, base_kernels())
 
 
 def test_gpt2_gpu_ops_glue_matches_numpy_backend():
@@ -570,6 +564,66 @@ def test_gpt2_gpu_ops_glue_matches_numpy_backend():
     assert d < 1e-4 and dp < 1e-4
     assert gen.ids == gpt2.generate(model, ids[0], max_new_tokens=3).ids
     assert ops.prepare(model.params) is ops.prepare(model.params)  # weights copied once per params object
+
+
+def _kv_append_host(qkv, k_cache, v_cache, lengths):  # the twin of accel.cupy.device.kv_append on NumPy arrays
+    B, H, S, D = k_cache.shape
+    C = H * D
+    for b in range(B):
+        k_cache[b, :, lengths[b] - 1] = qkv[b, C:2 * C].reshape(H, D)
+        v_cache[b, :, lengths[b] - 1] = qkv[b, 2 * C:].reshape(H, D)
+
+
+def test_gpt2_decode_step_matches_numpy_backend():
+    """accel.cupy.gpt2.decode_step (the launches the cuda backend captures into a CUDA graph), run
+    over NumPy arrays with the simulated kernels as the Ops' decode_blocks: greedy and beam
+    decoding give the NumPy backend's tokens and the cache it writes equals refimpl's."""
+    from types import SimpleNamespace
+
+    from accel.cupy.gpt2 import decode_step, make_ops
+    from refimpl import gpt2
+    from refimpl.gpt2.model import KVCache, hidden_states
+
+    model = _tiny_gpt2()
+    steps = []
+    kernels = SimpleNamespace(
+        layer_norm=lambda x, g, b, eps: nc.layer_norm(x, g, b, eps=eps), linear=lambda x, w, b: x @ w + b,
+        matmul=np.matmul, gelu_tanh_bias=nc.gelu_tanh_bias, kv_append=_kv_append_host,
+        decode_attention=lambda q, k, v, lengths: nc.decode_attention(q, k, v, key_lengths=lengths))
+
+    def decode_blocks(x, params, config, cache, ops):
+        steps.append(cache.length)
+        B = x.shape[0]
+        lengths = np.full(B, cache.length + 1, np.int64)
+        return decode_step(x[:, 0], params, config, cache.k, cache.v, lengths, kernels, np)[:, None]
+
+    ops = make_ops("decode-step-sim", np, base_kernels(), decode_blocks=decode_blocks)
+    ids = np.random.default_rng(5).integers(0, 50, 5)
+    with nc.launch_config(threads=8):
+        greedy = gpt2.generate(model, ids, max_new_tokens=4, backend=ops).ids
+        beams = gpt2.generate(model, ids, max_new_tokens=3, num_beams=2, backend=ops).ids
+        cache = KVCache.allocate(model.config, 1, max_len=8, dtype=np.float32)
+        ref_cache = KVCache.allocate(model.config, 1, max_len=8, dtype=np.float32)
+        for t in range(3):  # the prompt one token at a time: every step takes the decode path
+            h = hidden_states(model.params, model.config, ids[None, t:t + 1], cache=cache, ops=ops)
+            h0 = hidden_states(model.params, model.config, ids[None, t:t + 1], cache=ref_cache)
+    assert steps and steps[-3:] == [0, 1, 2]  # the hook ran, at every cache length
+    assert greedy == gpt2.generate(model, ids, max_new_tokens=4).ids
+    assert beams == gpt2.generate(model, ids, max_new_tokens=3, num_beams=2).ids
+    d_cache = float(np.abs(cache.k - ref_cache.k).max() + np.abs(cache.v - ref_cache.v).max())
+    d_h = float(np.abs(h - h0).max())
+    print(f"GPT-2 decode_step (simulated kernels) vs numpy backend: cache max diff {d_cache:.2e}, hidden {d_h:.2e}")
+    assert cache.length == 3 and d_cache < 1e-5 and d_h < 1e-4
+
+
+def base_kernels():
+    """The kernels namespace _simulated_gpu_ops builds its Ops from."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        layer_norm=lambda x, g, b, eps: nc.layer_norm(x, g, b, eps=eps), linear=lambda x, w, b: x @ w + b,
+        matmul=np.matmul, gelu_tanh_bias=nc.gelu_tanh_bias, softmax=nc.softmax,
+        masked_attention=nc.masked_attention, decode_attention=nc.decode_attention, to_numpy=np.asarray)
 
 
 def test_gpt2_gpu_attention_reads_masks_back_into_patterns():
@@ -654,8 +708,11 @@ def test_cupy_linear_matches_twin():
 
 @needs_cupy
 def test_cupy_gpt2_ops_match_numpy_backend():
-    """GPT-2 on the `cuda` Ops (CuPy + kernels): logits equal the NumPy backend's, greedy tokens identical."""
-    from accel.cupy.gpt2 import OPS
+    """GPT-2 on the `cuda` Ops (CuPy + kernels): logits equal the NumPy backend's, greedy tokens identical
+    with the decode step captured in a CUDA graph, run eagerly, and not used at all."""
+    import dataclasses
+
+    from accel.cupy.gpt2 import CAPTURES, OPS
     from refimpl import gpt2
 
     model = _tiny_gpt2(3)
@@ -667,8 +724,17 @@ def test_cupy_gpt2_ops_match_numpy_backend():
                       - gpt2.logits(model, ids, attention_mask=pad)).max())
     print(f"GPT-2 (tiny, float32) cuda Ops vs numpy backend: max abs logit diff {d:.3e}, padded {dp:.3e}")
     assert d < 1e-4 and dp < 1e-4
-    assert gpt2.generate(model, ids[0], max_new_tokens=8, backend=OPS).ids == \
-        gpt2.generate(model, ids[0], max_new_tokens=8).ids
+    captured = CAPTURES["captured"]
+    greedy = gpt2.generate(model, ids[0], max_new_tokens=20, backend=OPS).ids
+    assert greedy == gpt2.generate(model, ids[0], max_new_tokens=20).ids
+    assert CAPTURES["captured"] == captured + 1 and not CAPTURES["failures"], CAPTURES  # replayed 18 times
+    os.environ["ACCEL_CUDA_GRAPHS"] = "0"  # the same step run eagerly, launch by launch
+    try:
+        assert gpt2.generate(model, ids[0], max_new_tokens=20, backend=OPS).ids == greedy
+    finally:
+        del os.environ["ACCEL_CUDA_GRAPHS"]
+    no_step = dataclasses.replace(OPS, decode_blocks=None)  # refimpl's blocks, one operation at a time
+    assert gpt2.generate(model, ids[0], max_new_tokens=20, backend=no_step).ids == greedy
     # Beam search reorders the device KV cache with host row indices (KVCache.reorder).
     assert gpt2.generate(model, ids[0], max_new_tokens=5, num_beams=3, backend=OPS).ids == \
         gpt2.generate(model, ids[0], max_new_tokens=5, num_beams=3).ids

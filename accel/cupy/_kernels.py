@@ -6,7 +6,8 @@ Kernels (one block per row of C features, 128 threads, warp-shuffle + shared-mem
   layer_norm_rows   two passes: mu = sum x / C, var = sum (x - mu)^2 / C, then
                     (x - mu) * (1 / sqrt(var + eps)) * gamma + beta.
   rms_norm_rows     ms = sum x^2 / C, x / sqrt(ms + eps) * gamma.
-and one ElementwiseKernel, gelu_tanh_bias: y = 0.5 z (1 + tanh(sqrt(2/pi)(zc + 0.044715 zc^3))),
+and two ElementwiseKernels: kv_append (a decode step's k and v, columns C..3C of GPT-2's fused
+projection, written at cache position lengths[b] - 1) and gelu_tanh_bias: y = 0.5 z (1 + tanh(sqrt(2/pi)(zc + 0.044715 zc^3))),
 z = x + b, zc = z clamped to [-20, 20] (the twin's clamp).
 
 Reduction order: per-thread strided partial sums, then butterfly shuffles within each
@@ -138,4 +139,24 @@ def gelu_tanh_bias_kernel() -> cp.ElementwiseKernel:
         y = (T)0.5 * z * ((T)1 + tanh(u));
         """,
         "accel_gelu_tanh_bias",
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def kv_append_kernel() -> cp.ElementwiseKernel:
+    """k_cache[b, h, L_b - 1, d] = qkv[b, C + h D + d], v_cache[...] = qkv[b, 2C + h D + d], one
+    thread per (b, h, d) (launched with size = B H D); qkv [B, 3C] and the caches [B, H, S, D]
+    C-contiguous, L = lengths (int64 [B], 1 <= L_b <= S, read on the device)."""
+    return cp.ElementwiseKernel(
+        "raw T qkv, raw int64 lengths, int64 H, int64 S, int64 D",
+        "raw T k_cache, raw T v_cache",
+        """
+        const long long C = H * D;
+        const long long b = i / C, r = i % C;  // r = h D + d
+        const long long h = r / D, d = r % D;
+        const long long dst = ((b * H + h) * S + (lengths[b] - 1)) * D + d;
+        k_cache[dst] = qkv[b * 3 * C + C + r];
+        v_cache[dst] = qkv[b * 3 * C + 2 * C + r];
+        """,
+        "accel_kv_append",
     )

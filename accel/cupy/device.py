@@ -10,6 +10,8 @@ device, activations never come back to the host between layers.
   gelu_tanh_bias     ElementwiseKernel: bias add fused into the activation
   masked_attention   the Numba-CUDA fused kernel (accel.numba_cuda.attention) launched on
   decode_attention   CuPy memory through __cuda_array_interface__ (no copy)
+  kv_append          ElementwiseKernel: a decode step's k, v into the cache at a position
+                     read on the device
 
 Streams: every kernel here runs on CuPy's current stream (cupy.cuda.get_current_stream()), in
 order with the CuPy work around it. CuPy's own kernels and cuBLAS do that by themselves; the
@@ -33,7 +35,7 @@ from . import _kernels
 
 __all__ = [
     "linear", "matmul", "layer_norm", "rms_norm", "softmax", "gelu_tanh_bias",
-    "masked_attention", "decode_attention",
+    "masked_attention", "decode_attention", "decode_partials", "kv_append",
 ]
 
 
@@ -125,8 +127,12 @@ def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=N
     return out
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """Split-S decode attention (Numba-CUDA kernels) on CuPy arrays; key_lengths CuPy int64 [B] or None."""
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, partials=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """Split-S decode attention (Numba-CUDA kernels) on CuPy arrays; key_lengths CuPy int64 [B] or None.
+
+    partials: None, or decode_partials(B, H, S, Dv, dtype) (CuPy arrays the split results go
+    through; given, the call allocates nothing but its output, as a CUDA-graph capture needs).
+    """
     from accel.numba_cuda.attention import decode_attention_device
 
     B, H, D = q.shape
@@ -135,8 +141,26 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> cp.ndarray:  #
         key_lengths = cp.full(B, S, dtype=cp.int64)
     out = cp.empty((B, H, v.shape[3]), dtype=q.dtype)
     decode_attention_device(_numba(q), _numba(k), _numba(v), _numba(key_lengths.astype(cp.int64, copy=False)),
-                            _numba(out), scale=None if scale is None else float(scale), stream=_numba_stream())
+                            _numba(out), scale=None if scale is None else float(scale), stream=_numba_stream(),
+                            partials=None if partials is None else tuple(_numba(a) for a in partials))
     return out
+
+
+def decode_partials(B: int, H: int, S: int, Dv: int, dtype) -> tuple:
+    """CuPy scratch arrays for decode_attention(..., partials=): see accel.numba_cuda.attention.decode_partials."""
+    from accel.numba_cuda.attention import decode_partials as numba_partials
+
+    return numba_partials(B, H, S, Dv, dtype, empty=cp.empty)
+
+
+def kv_append(qkv: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths: cp.ndarray) -> None:  # [B, 3C], [B, H, S, D] x 2, [B]
+    """k_cache[b, :, L_b - 1] = k_b and v_cache[b, :, L_b - 1] = v_b, with q | k | v = qkv[b]
+    (GPT-2's fused projection, head h owning D consecutive columns of each) and L = lengths
+    read on the device: one kernel whose launch does not depend on the position (a CUDA graph
+    replays it at every step)."""
+    B, H, S, D = k_cache.shape
+    _kernels.kv_append_kernel()(qkv, lengths, np.int64(H), np.int64(S), np.int64(D), k_cache, v_cache,
+                                size=B * H * D)
 
 
 def default_scale(D: int) -> float:

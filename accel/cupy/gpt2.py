@@ -17,6 +17,13 @@ the hot operations and the weights.
             kernel; one new token without padding takes the split-S decode kernel. Any other
             mask falls back to dense scores + the softmax RawKernel, so every mask is honoured.
   zeros     the KV cache on the device;  to_numpy  logits back to the host.
+  decode_blocks  a step of one new token per sequence with no mask (greedy / sampled / beam
+            decoding after the prompt) runs `decode_step`: every block as explicit kernel
+            calls whose launches do not depend on the position (the new k, v are written at
+            position lengths - 1 read on the device, attention reads keys [0, lengths)). On
+            CuPy that step is captured once per KV cache into a CUDA graph and replayed at
+            every later token: one launch instead of ~15 per layer, which is what bounds a
+            GPT-2-small decode step from Python (ACCEL_CUDA_GRAPHS=0: run it eagerly).
 
 `make_ops(name, xp, kernels)` builds such an Ops for any array module: `OPS` uses CuPy and
 accel.cupy.device; tests/test_accel_cuda.py builds one over NumPy arrays and the simulated
@@ -25,6 +32,7 @@ Numba-CUDA kernels, and checks it against the NumPy backend on the CPU.
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -34,7 +42,7 @@ import numpy as np
 from refimpl.gpt2.model import Ops
 from refimpl.masks import causal_mask
 
-__all__ = ["make_ops", "DeviceParams", "OPS"]  # OPS: built on first access (module __getattr__ below)
+__all__ = ["make_ops", "decode_step", "DeviceParams", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
 
 
 @dataclass(frozen=True)
@@ -127,11 +135,38 @@ def _split_mask(mask, B: int, T: int, S: int):
     return None
 
 
-def make_ops(name: str, xp, kernels) -> Ops:
+def decode_step(x, params: DeviceParams, config, cache_k, cache_v, lengths, kernels, xp):  # [B, C] -> [B, C]
+    """x <- Block_L(... Block_1(x)) for one new token per sequence: refimpl's `block` at T = 1
+    with no mask, as kernel calls whose launches do not depend on the position.
+
+    Shapes: x [B, C]; cache_k, cache_v [L, B, H, S_max, D]; lengths int [B] on the device,
+    L_b = the tokens sequence b holds with this one (its position is L_b - 1). Each layer writes
+    this token's k, v at L_b - 1 (kernels.kv_append) and attends to keys [0, L_b). kernels:
+    layer_norm(x, g, b, eps), linear(x, w, b), matmul(x, w), gelu_tanh_bias(x, b),
+    kv_append(qkv [B, 3C], k_cache, v_cache, lengths), decode_attention(q [B, H, D], k, v, lengths).
+    """
+    B, C = x.shape
+    H = config.n_head
+    D = C // H
+    eps = config.layer_norm_epsilon
+    for layer, p in enumerate(params.blocks):
+        kc, vc = cache_k[layer], cache_v[layer]  # [B, H, S_max, D]
+        qkv = kernels.linear(kernels.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p.attn_qkv.w, p.attn_qkv.b)  # [B, 3C]
+        kernels.kv_append(qkv, kc, vc, lengths)
+        q = xp.ascontiguousarray(qkv[:, :C]).reshape(B, H, D)
+        y = kernels.decode_attention(q, kc, vc, lengths)  # [B, H, D]
+        x = x + kernels.linear(y.reshape(B, C), p.attn_proj.w, p.attn_proj.b)
+        h = kernels.matmul(kernels.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p.mlp_fc.w)  # [B, F]
+        x = x + kernels.linear(kernels.gelu_tanh_bias(h, p.mlp_fc.b), p.mlp_proj.w, p.mlp_proj.b)
+    return x
+
+
+def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
     """An Ops over array module `xp` with `kernels` providing (on xp arrays):
 
     layer_norm(x, g, b, eps), linear(x, w, b), matmul(x, w), gelu_tanh_bias(x, b), softmax(x),
     masked_attention(q, k, v, *, causal, key_mask), decode_attention(q, k, v), to_numpy(x).
+    decode_blocks: the Ops hook (refimpl.gpt2.model.Ops), or None.
     """
     device_copies: dict[int, tuple] = {}
 
@@ -179,7 +214,87 @@ def make_ops(name: str, xp, kernels) -> Ops:
         prepare=prepare,
         zeros=xp.zeros,
         to_numpy=kernels.to_numpy,
+        decode_blocks=decode_blocks,
     )
+
+
+class _DecodeGraph:
+    """decode_step for one (device params, KV cache) pair, captured into a CUDA graph (CuPy).
+
+    The first call runs the step eagerly (its result is returned) and then captures the same
+    launches on a private stream, allocating from a private memory pool that nothing else
+    uses, so every address the graph holds (weights, cache, inputs, temporaries, output)
+    stays valid and unshared; later calls copy the new token's embedding and lengths into the
+    graph's input buffers and replay it. If the capture fails, every step runs eagerly and
+    `failure` says why. Work is ordered with the caller's current stream by events both ways.
+    """
+
+    def __init__(self, params: DeviceParams, config, cache, device):
+        import cupy as cp
+
+        self.params, self.k, self.v, self.config = params, cache.k, cache.v, config
+        _, B, H, S, D = cache.k.shape
+        self.x_in = cp.empty((B, config.n_embd), cache.k.dtype)
+        self.lengths = cp.empty(B, cp.int64)
+        partials = device.decode_partials(B, H, S, D, cache.k.dtype)
+        self.kernels = SimpleNamespace(
+            layer_norm=device.layer_norm, linear=device.linear, matmul=device.matmul,
+            gelu_tanh_bias=device.gelu_tanh_bias, kv_append=device.kv_append,
+            decode_attention=lambda q, k, v, lengths: device.decode_attention(q, k, v, key_lengths=lengths,
+                                                                               partials=partials))
+        self.pool = cp.cuda.MemoryPool()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graph, self.x_out, self.failure = None, None, None
+
+    def _run(self):
+        import cupy as cp
+
+        return decode_step(self.x_in, self.params, self.config, self.k, self.v, self.lengths, self.kernels, cp)
+
+    def __call__(self, x, length: int):  # x [B, 1, C] (device), length = cached tokens before this one -> [B, 1, C]
+        import cupy as cp
+
+        caller = cp.cuda.get_current_stream()
+        B, _, C = x.shape
+        self.x_in[...] = x.reshape(B, C)  # on the caller's stream, then ours waits for it
+        self.lengths.fill(length + 1)
+        self.stream.wait_event(caller.record())
+        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
+            if self.graph is None:
+                out = self._run()  # this step's result; its freed temporaries seed the pool for the capture
+                if _use_graphs():
+                    self._capture()
+            elif self.graph is False:
+                out = self._run()
+            else:
+                self.graph.launch(self.stream)
+                out = self.x_out
+        caller.wait_event(self.stream.record())
+        return out.reshape(B, 1, C).copy()  # on the caller's stream, in the caller's memory
+
+    def _capture(self) -> None:
+        try:
+            self.stream.begin_capture()
+            try:
+                x_out = self._run()
+            except BaseException:
+                try:
+                    self.stream.end_capture()
+                except Exception:  # pragma: no cover - the capture is already broken
+                    pass
+                raise
+            self.graph, self.x_out = self.stream.end_capture(), x_out
+            CAPTURES["captured"] += 1
+        except Exception as e:  # noqa: BLE001 - any failure: fall back to eager steps, say why
+            self.graph, self.failure = False, f"{type(e).__name__}: {e}"
+            CAPTURES["failures"].append(self.failure)
+
+
+CAPTURES = {"captured": 0, "failures": []}  # decode-step graphs captured in this process, and why any failed
+
+
+def _use_graphs() -> bool:
+    return os.environ.get("ACCEL_CUDA_GRAPHS", "1") != "0"
 
 
 def _cupy_ops() -> Ops:
@@ -198,7 +313,28 @@ def _cupy_ops() -> Ops:
         masked_attention=device.masked_attention, decode_attention=device.decode_attention,
         to_numpy=cp.asnumpy,
     )
-    return make_ops("cuda", cp, kernels)
+    graphs: dict[int, tuple] = {}  # id(KVCache) -> (weakref to it, _DecodeGraph)
+    own: list = []  # this Ops' operations, filled in below
+
+    def decode_blocks(x, params, config, cache, ops):
+        if not isinstance(params, DeviceParams) or not isinstance(cache.k, cp.ndarray) or x.shape[1] != 1 \
+                or any(a is not b for a, b in zip(_operations(ops), own)):
+            return None  # not our weights or cache, or an operation replaced: the blocks run one by one
+        hit = graphs.get(id(cache))
+        g = hit[1] if hit is not None and hit[0]() is cache else None
+        if g is None or g.params is not params or g.k is not cache.k or g.v is not cache.v:
+            g = _DecodeGraph(params, config, cache, device)
+            key = id(cache)
+            graphs[key] = (weakref.ref(cache, lambda _ref, key=key: graphs.pop(key, None)), g)
+        return g(x, cache.length)
+
+    ops = make_ops("cuda", cp, kernels, decode_blocks=decode_blocks)
+    own.extend(_operations(ops))
+    return ops
+
+
+def _operations(ops: Ops) -> tuple:
+    return ops.layer_norm, ops.linear, ops.matmul, ops.gelu_bias, ops.attention, ops.embed
 
 
 _OPS = None

@@ -454,11 +454,33 @@ def _n_splits(B: int, H: int, S: int, tpb: int) -> int:
     return max(1, min(want, -(-S // tpb)))
 
 
-def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
+def decode_split(B: int, H: int, S: int) -> tuple[int, int]:
+    """(n_split, chunk): how decode attention cuts S cache entries (chunk keys per split, a whole
+    number of thread tiles) for the current launch sizes."""
+    tpb = threads()
+    chunk = max(1, -(-S // _n_splits(B, H, S, tpb)))
+    chunk = -(-chunk // tpb) * tpb
+    return max(1, -(-S // chunk)), chunk
+
+
+def decode_partials(B: int, H: int, S: int, Dv: int, dtype, *, empty=None, stream=0) -> tuple:
+    """The scratch arrays decode attention merges: (part_m [B, H, N], part_l [B, H, N],
+    part_acc [B, H, N, Dv]), N = decode_split(B, H, S)[0]. `empty(shape, dtype)` allocates
+    them (default: Numba device arrays on `stream`); pass them back to decode_attention_device
+    to launch without allocating, e.g. inside a CUDA-graph capture."""
+    n_split, _ = decode_split(B, H, S)
+    if empty is None:
+        def empty(shape, dtype):
+            return cuda.device_array(shape, dtype, stream=stream)
+    return empty((B, H, n_split), dtype), empty((B, H, n_split), dtype), empty((B, H, n_split, Dv), dtype)
+
+
+def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0, partials=None) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
     """Split-S decode attention on C-contiguous device arrays, into `out`.
 
     lengths: device int64 [B] with 0 <= L_b <= S (cache entries j >= L_b are ignored);
-    stream: the Numba stream to launch on (0: the default stream).
+    stream: the Numba stream to launch on (0: the default stream); partials: the arrays of
+    decode_partials(B, H, S, Dv, dtype) (allocated here when None).
     """
     B, H, D = q.shape
     S, Dv = k.shape[2], v.shape[3]
@@ -466,13 +488,13 @@ def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0) -> N
         return
     dtype = np.dtype(q.dtype)
     tpb = threads()
-    n_split = _n_splits(B, H, S, tpb)
-    chunk = max(1, -(-S // n_split))
-    chunk = -(-chunk // tpb) * tpb  # a whole number of tiles per split
-    n_split = max(1, -(-S // chunk))
-    part_m = cuda.device_array((B, H, n_split), dtype, stream=stream)
-    part_l = cuda.device_array((B, H, n_split), dtype, stream=stream)
-    part_acc = cuda.device_array((B, H, n_split, Dv), dtype, stream=stream)
+    n_split, chunk = decode_split(B, H, S)
+    if partials is None:
+        partials = decode_partials(B, H, S, Dv, dtype, stream=stream)
+    part_m, part_l, part_acc = partials
+    if part_acc.shape != (B, H, n_split, Dv) or np.dtype(part_acc.dtype) != dtype:
+        raise ValueError(f"partials must be decode_partials(B={B}, H={H}, S={S}, Dv={Dv}, {dtype}) for the current "
+                         f"launch sizes; got part_acc of shape {part_acc.shape}, dtype {part_acc.dtype}")
     scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     partial = _decode_partial_kernel(dtype, tpb, pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR))
     partial[(n_split, H, B), tpb, stream](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
