@@ -140,9 +140,11 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, partials=None) ->
     if key_lengths is None:
         key_lengths = cp.full(B, S, dtype=cp.int64)
     out = cp.empty((B, H, v.shape[3]), dtype=q.dtype)
+    if partials is None:  # from CuPy's pool: Numba's own allocator would cuMemAlloc at every call
+        partials = decode_partials(B, H, S, v.shape[3], q.dtype)
     decode_attention_device(_numba(q), _numba(k), _numba(v), _numba(key_lengths.astype(cp.int64, copy=False)),
                             _numba(out), scale=None if scale is None else float(scale), stream=_numba_stream(),
-                            partials=None if partials is None else tuple(_numba(a) for a in partials))
+                            partials=tuple(_numba(a) for a in partials))
     return out
 
 

@@ -237,14 +237,27 @@ class _DecodeGraph:
         self.x_in = cp.empty((B, config.n_embd), cache.k.dtype)
         self.lengths = cp.empty(B, cp.int64)
         partials = device.decode_partials(B, H, S, D, cache.k.dtype)
-        self.kernels = SimpleNamespace(
-            layer_norm=device.layer_norm, linear=device.linear, matmul=device.matmul,
-            gelu_tanh_bias=device.gelu_tanh_bias, kv_append=device.kv_append,
-            decode_attention=lambda q, k, v, lengths: device.decode_attention(q, k, v, key_lengths=lengths,
-                                                                               partials=partials))
         self.pool = cp.cuda.MemoryPool()
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graph, self.x_out, self.failure = None, None, None
+        try:  # cuBLAS called directly: CuPy's matmul refuses to run inside a stream capture
+            from ._cublas import Gemm
+
+            matmul = Gemm(self.stream)
+        except Exception as e:  # noqa: BLE001 - no direct cuBLAS: eager steps through cupy.matmul
+            matmul, self.graph, self.failure = device.matmul, False, f"direct cuBLAS unavailable: {type(e).__name__}: {e}"
+            CAPTURES["failures"].append(self.failure)
+
+        def linear(x, w, b):  # x W + b
+            y = matmul(x, w)
+            y += b
+            return y
+
+        self.kernels = SimpleNamespace(
+            layer_norm=device.layer_norm, linear=linear, matmul=matmul,
+            gelu_tanh_bias=device.gelu_tanh_bias, kv_append=device.kv_append,
+            decode_attention=lambda q, k, v, lengths: device.decode_attention(q, k, v, key_lengths=lengths,
+                                                                               partials=partials))
 
     def _run(self):
         import cupy as cp
