@@ -38,6 +38,11 @@ def main(argv=None) -> int:
     sections = args.only or SECTIONS
     from pathlib import Path
     out_dir = Path(args.out)
+    try:  # the peers' thread count, set before machine_info records it (each section sets it again)
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        pass
     info = harness.machine_info()
     info["mode"] = "quick" if quick else "full"
     print(f"machine: {info['cpu']}, {info['cores']} cores; numpy {info['numpy']}, torch {info['torch']}; "

@@ -616,6 +616,57 @@ def test_gpt2_decode_step_matches_numpy_backend():
     assert cache.length == 3 and d_cache < 1e-5 and d_h < 1e-4
 
 
+def test_gpt2_decode_step_declines_what_it_does_not_cover():
+    """accel.cupy.gpt2._step_applies (the cuda backend's test before its graph step), over NumPy
+    arrays: our device weights with every bias and a [L, B, H, S, D] float cache take the step;
+    a missing bias, float16, a misshaped or non-contiguous cache, or T > 1 do not."""
+    import dataclasses
+
+    from accel.cupy.gpt2 import _step_applies
+    from refimpl.gpt2.model import KVCache
+
+    model = _tiny_gpt2()
+    cfg = model.config
+    dev = _simulated_gpu_ops().prepare(model.params)
+    cache = KVCache.allocate(cfg, 2, max_len=8, dtype=np.float32)
+    x = np.zeros((2, 1, cfg.n_embd), np.float32)
+    assert _step_applies(x, dev, cfg, cache, np)
+    assert not _step_applies(x, model.params, cfg, cache, np)  # host GPT2Params: not prepared for the device
+    assert not _step_applies(np.zeros((2, 2, cfg.n_embd), np.float32), dev, cfg, cache, np)  # T = 2
+    assert not _step_applies(x.astype(np.float16), dev, cfg, cache, np)
+    half = KVCache(cache.k.astype(np.float16), cache.v.astype(np.float16))
+    assert not _step_applies(x.astype(np.float16), dev, cfg, half, np)
+    other_heads = KVCache(cache.k.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd), cache.v.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd))
+    assert not _step_applies(x, dev, cfg, other_heads, np)
+    strided = KVCache(np.zeros(cache.k.shape[:-1] + (2 * cache.k.shape[-1],), np.float32)[..., ::2], cache.v)
+    assert not _step_applies(x, dev, cfg, strided, np)
+    block = dev.blocks[0]
+    no_bias = dataclasses.replace(dev, blocks=(dataclasses.replace(block, mlp_proj=dataclasses.replace(block.mlp_proj, b=None)),)
+                                  + dev.blocks[1:])
+    assert not _step_applies(x, no_bias, cfg, cache, np)
+
+
+def test_decode_attention_refuses_partials_of_other_launch_sizes():
+    """decode_attention_device with scratch made for other sizes raises, naming decode_partials."""
+    from accel.numba_cuda.attention import decode_attention_device, decode_partials
+
+    rng = np.random.default_rng(9)
+    q, k, v = rand(rng, (1, 2, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32)
+    out = cuda.device_array((1, 2, 4), np.float32)
+    lengths = cuda.to_device(np.array([40]))
+    with nc.launch_config(threads=8):
+        right = decode_partials(1, 2, 40, 4, np.float32)
+        wrong = decode_partials(1, 2, 40, 4, np.float64)
+        decode_attention_device(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), lengths, out, partials=right)
+        ref = ref_attention.decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+        assert np.abs(out.copy_to_host() - ref).max() < 1e-5
+        with pytest.raises(ValueError, match="decode_partials"):
+            decode_attention_device(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), lengths, out,
+                                    partials=wrong)
+    with nc.launch_config(threads=4), pytest.raises(ValueError, match="decode_partials"):  # more splits now
+        decode_attention_device(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), lengths, out, partials=right)
+
+
 def base_kernels():
     """The kernels namespace _simulated_gpu_ops builds its Ops from."""
     from types import SimpleNamespace

@@ -5,8 +5,8 @@ Why not cupy.matmul: CuPy refuses every cuBLAS call made while a stream is being
 is currently unsupported"), while cuBLAS itself supports capture (cuBLAS documentation,
 "CUDA Graphs support"), given a workspace of the caller's so that it allocates nothing
 while capturing. `Gemm` owns one cuBLAS handle bound to one stream and one workspace, and
-calls cublas{S,D}gemm_v2 on the library CuPy has already loaded into this process (found in
-/proc/self/maps, so the two never disagree on the version). Math mode: cuBLAS's default
+calls cublas{S,D}gemm_v2 on a libcublas already loaded into this process (the first one
+/proc/self/maps lists; CuPy loads one on its first GEMM), so no second copy is loaded. Math mode: cuBLAS's default
 (full float32 / float64; no TF32), host pointer mode (alpha = 1, beta = 0 are read at the call,
 so a captured GEMM keeps them).
 
@@ -32,10 +32,10 @@ def loaded_libcublas() -> str:
     """The path of the libcublas CuPy loaded into this process (it is loaded on CuPy's first GEMM)."""
     cp.cuda.device.get_cublas_handle()  # makes CuPy load cuBLAS if it has not yet
     with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1] if len(line.split()) >= 6 else ""
-            name = os.path.basename(path)
-            if name.startswith("libcublas.so"):
+        for line in f:  # address perms offset dev inode [path]; the path may hold spaces
+            fields = line.rstrip("\n").split(maxsplit=5)
+            path = fields[5].strip().removesuffix(" (deleted)") if len(fields) == 6 else ""
+            if os.path.basename(path).startswith("libcublas.so"):
                 return path
     raise OSError("libcublas is not among this process's mapped libraries (/proc/self/maps)")
 

@@ -23,7 +23,9 @@ the hot operations and the weights.
             position lengths - 1 read on the device, attention reads keys [0, lengths)). On
             CuPy that step is captured once per KV cache into a CUDA graph and replayed at
             every later token: one launch instead of ~15 per layer, which is what bounds a
-            GPT-2-small decode step from Python (ACCEL_CUDA_GRAPHS=0: run it eagerly).
+            GPT-2-small decode step from Python (ACCEL_CUDA_GRAPHS=0: run the same step eagerly).
+            Declined (the blocks then run one operation at a time) when an operation was
+            replaced, a bias is missing, or the cache is not float32 / float64 [L, B, H, S, D].
 
 `make_ops(name, xp, kernels)` builds such an Ops for any array module: `OPS` uses CuPy and
 accel.cupy.device; tests/test_accel_cuda.py builds one over NumPy arrays and the simulated
@@ -32,6 +34,7 @@ Numba-CUDA kernels, and checks it against the NumPy backend on the CPU.
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 from dataclasses import dataclass
@@ -219,34 +222,39 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
 
 
 class _DecodeGraph:
-    """decode_step for one (device params, KV cache) pair, captured into a CUDA graph (CuPy).
+    """decode_step for one (device params, config, KV cache), replayed as a CUDA graph (CuPy).
 
-    The first call runs the step eagerly (its result is returned) and then captures the same
-    launches on a private stream, allocating from a private memory pool that nothing else
-    uses, so every address the graph holds (weights, cache, inputs, temporaries, output)
-    stays valid and unshared; later calls copy the new token's embedding and lengths into the
-    graph's input buffers and replay it. If the capture fails, every step runs eagerly and
-    `failure` says why. Work is ordered with the caller's current stream by events both ways.
+    Call 1 runs the step eagerly; its temporaries, freed into this object's private memory
+    pool, seed the pool. Call 2 captures the same launches on the shared decode stream (every
+    temporary and the output then come from that pool, which nothing else allocates from, so
+    the graph's addresses are never handed to anyone else) and launches the graph; later calls
+    only launch it. The weights, the cache, the input buffers and the attention scratch stay
+    valid because this object holds them. A cache used for one step only (a beam search's
+    first step) is never captured. Each call copies the new token's embedding and the lengths
+    into the input buffers on the decode stream, after it waited for the caller's stream; the
+    caller's stream waits for the step before the result is copied out into the caller's memory.
+    With ACCEL_CUDA_GRAPHS=0 at its second call, or if the capture fails (`failure` says why),
+    every step runs eagerly, the same launches one by one.
     """
 
     def __init__(self, params: DeviceParams, config, cache, device):
         import cupy as cp
 
+        from accel.numba_cuda.attention import decode_split
+
         self.params, self.k, self.v, self.config = params, cache.k, cache.v, config
         _, B, H, S, D = cache.k.shape
-        self.x_in = cp.empty((B, config.n_embd), cache.k.dtype)
-        self.lengths = cp.empty(B, cp.int64)
-        partials = device.decode_partials(B, H, S, D, cache.k.dtype)
+        self.split = decode_split(B, H, S)
+        self.stream, matmul, self.failure = _decode_resources()
+        if matmul is None:
+            matmul = device.matmul
         self.pool = cp.cuda.MemoryPool()
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graph, self.x_out, self.failure = None, None, None
-        try:  # cuBLAS called directly: CuPy's matmul refuses to run inside a stream capture
-            from ._cublas import Gemm
-
-            matmul = Gemm(self.stream)
-        except Exception as e:  # noqa: BLE001 - no direct cuBLAS: eager steps through cupy.matmul
-            matmul, self.graph, self.failure = device.matmul, False, f"direct cuBLAS unavailable: {type(e).__name__}: {e}"
-            CAPTURES["failures"].append(self.failure)
+        with self.stream:  # freed, these go back to the decode stream's free list: ordered after its work
+            self.x_in = cp.empty((B, config.n_embd), cache.k.dtype)
+            self.lengths = cp.empty(B, cp.int64)
+            partials = device.decode_partials(B, H, S, D, cache.k.dtype)
+        self.events = (cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
+        self.graph, self.x_out, self.calls = None, None, 0
 
         def linear(x, w, b):  # x W + b
             y = matmul(x, w)
@@ -269,23 +277,24 @@ class _DecodeGraph:
 
         caller = cp.cuda.get_current_stream()
         B, _, C = x.shape
-        self.x_in[...] = x.reshape(B, C)  # on the caller's stream, then ours waits for it
-        self.lengths.fill(length + 1)
-        self.stream.wait_event(caller.record())
+        self.stream.wait_event(caller.record(self.events[0]))
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            if self.graph is None:
-                out = self._run()  # this step's result; its freed temporaries seed the pool for the capture
-                if _use_graphs():
-                    self._capture()
-            elif self.graph is False:
-                out = self._run()
-            else:
+            self.x_in[...] = x.reshape(B, C)
+            self.lengths.fill(length + 1)
+            self.calls += 1
+            if self.graph is None and self.calls == 2 and self.failure is None and _use_graphs():
+                self._capture()
+            if self.graph is not None:
                 self.graph.launch(self.stream)
                 out = self.x_out
-        caller.wait_event(self.stream.record())
+            else:
+                out = self._run()
+        caller.wait_event(self.stream.record(self.events[1]))
         return out.reshape(B, 1, C).copy()  # on the caller's stream, in the caller's memory
 
     def _capture(self) -> None:
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a finalizer freeing device memory mid-capture would break it
         try:
             self.stream.begin_capture()
             try:
@@ -298,16 +307,40 @@ class _DecodeGraph:
                 raise
             self.graph, self.x_out = self.stream.end_capture(), x_out
             CAPTURES["captured"] += 1
-        except Exception as e:  # noqa: BLE001 - any failure: fall back to eager steps, say why
-            self.graph, self.failure = False, f"{type(e).__name__}: {e}"
-            CAPTURES["failures"].append(self.failure)
+        except Exception as e:  # noqa: BLE001 - any failure: eager steps from now on, and say why
+            self.failure = f"{type(e).__name__}: {e}"
+            CAPTURES["failures"] = (CAPTURES["failures"] + [self.failure])[-10:]
+        finally:
+            if gc_was_enabled:
+                gc.enable()
 
 
-CAPTURES = {"captured": 0, "failures": []}  # decode-step graphs captured in this process, and why any failed
+CAPTURES = {"captured": 0, "failures": []}  # decode-step graphs captured in this process; the last 10 failures
 
 
 def _use_graphs() -> bool:
     return os.environ.get("ACCEL_CUDA_GRAPHS", "1") != "0"
+
+
+_RESOURCES: list = []
+
+
+def _decode_resources():
+    """(stream, gemm or None, failure or None), made once per process: the non-blocking stream every
+    decode step runs on (replays on one stream never overlap, so they can share one cuBLAS handle
+    and workspace) and the direct cuBLAS GEMM (accel/cupy/_cublas.py; None, with the reason, where
+    it cannot be loaded: then steps run eagerly through cupy.matmul)."""
+    if not _RESOURCES:
+        import cupy as cp
+
+        stream = cp.cuda.Stream(non_blocking=True)
+        try:  # cuBLAS called directly: CuPy's matmul refuses to run inside a stream capture
+            from ._cublas import Gemm
+
+            _RESOURCES.extend((stream, Gemm(stream), None))
+        except Exception as e:  # noqa: BLE001
+            _RESOURCES.extend((stream, None, f"direct cuBLAS unavailable: {type(e).__name__}: {e}"))
+    return tuple(_RESOURCES)
 
 
 def _cupy_ops() -> Ops:
@@ -330,12 +363,15 @@ def _cupy_ops() -> Ops:
     own: list = []  # this Ops' operations, filled in below
 
     def decode_blocks(x, params, config, cache, ops):
-        if not isinstance(params, DeviceParams) or not isinstance(cache.k, cp.ndarray) or x.shape[1] != 1 \
-                or any(a is not b for a, b in zip(_operations(ops), own)):
-            return None  # not our weights or cache, or an operation replaced: the blocks run one by one
+        if not _step_applies(x, params, config, cache, cp) or any(a is not b for a, b in zip(_operations(ops), own)):
+            return None  # not a case the step covers, or an operation replaced: the blocks run one by one
+        from accel.numba_cuda.attention import decode_split
+
+        _, B, H, S, _ = cache.k.shape
         hit = graphs.get(id(cache))
         g = hit[1] if hit is not None and hit[0]() is cache else None
-        if g is None or g.params is not params or g.k is not cache.k or g.v is not cache.v:
+        if g is None or g.params is not params or g.config is not config or g.k is not cache.k \
+                or g.v is not cache.v or g.split != decode_split(B, H, S):
             g = _DecodeGraph(params, config, cache, device)
             key = id(cache)
             graphs[key] = (weakref.ref(cache, lambda _ref, key=key: graphs.pop(key, None)), g)
@@ -344,6 +380,24 @@ def _cupy_ops() -> Ops:
     ops = make_ops("cuda", cp, kernels, decode_blocks=decode_blocks)
     own.extend(_operations(ops))
     return ops
+
+
+def _step_applies(x, params, config, cache, cp) -> bool:
+    """True when decode_step covers this call: our device weights with every bias, one new token
+    per sequence, a float32 / float64 device cache [L, B, H, S, D] laid out as the config says."""
+    if not isinstance(params, DeviceParams) or not isinstance(cache.k, cp.ndarray) or not isinstance(cache.v, cp.ndarray):
+        return False
+    dtype = cache.k.dtype
+    if dtype not in (np.float32, np.float64) or x.dtype != dtype or cache.v.dtype != dtype or params.dtype != dtype:
+        return False
+    L, H, C = config.n_layer, config.n_head, config.n_embd
+    B = x.shape[0]
+    shape = (L, B, H, cache.k.shape[3], C // H)
+    if x.shape != (B, 1, C) or cache.k.shape != shape or cache.v.shape != shape or len(params.blocks) != L:
+        return False
+    if not (cache.k.flags.c_contiguous and cache.v.flags.c_contiguous):
+        return False
+    return all(lin.b is not None for p in params.blocks for lin in (p.attn_qkv, p.attn_proj, p.mlp_fc, p.mlp_proj))
 
 
 def _operations(ops: Ops) -> tuple:

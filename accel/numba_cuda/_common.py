@@ -20,7 +20,8 @@ import numpy as np
 # numba-cuda registers an overload of np.row_stack when it first compiles a kernel; NumPy 2.5
 # removed that alias of np.vstack (deprecated since 2.0), and the compile then fails with
 # "module 'numpy' has no attribute 'row_stack'" (seen: numba-cuda with numba 0.68 and NumPy
-# 2.5.2). Put NumPy's own alias back, only where it is missing, before numba.cuda loads.
+# 2.5.2). Put NumPy's own alias back (process-wide), only where it is missing; it must be there
+# before the first kernel compiles, which this module's import precedes.
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 

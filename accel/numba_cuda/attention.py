@@ -492,9 +492,11 @@ def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0, part
     if partials is None:
         partials = decode_partials(B, H, S, Dv, dtype, stream=stream)
     part_m, part_l, part_acc = partials
-    if part_acc.shape != (B, H, n_split, Dv) or np.dtype(part_acc.dtype) != dtype:
-        raise ValueError(f"partials must be decode_partials(B={B}, H={H}, S={S}, Dv={Dv}, {dtype}) for the current "
-                         f"launch sizes; got part_acc of shape {part_acc.shape}, dtype {part_acc.dtype}")
+    for a, shape in ((part_m, (B, H, n_split)), (part_l, (B, H, n_split)), (part_acc, (B, H, n_split, Dv))):
+        if tuple(a.shape) != shape or np.dtype(a.dtype) != dtype:
+            raise ValueError(f"partials must be decode_partials(B={B}, H={H}, S={S}, Dv={Dv}, {dtype}) for the "
+                             f"current launch sizes; got shapes {[tuple(p.shape) for p in partials]}, "
+                             f"dtypes {[str(p.dtype) for p in partials]}")
     scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     partial = _decode_partial_kernel(dtype, tpb, pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR))
     partial[(n_split, H, B), tpb, stream](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
