@@ -5,7 +5,8 @@
 Cases (one process, one GPU; each peer measured in the same run):
 - ceilings: device-to-device copy (GB/s, read + write bytes) and float32 GEMM (cuBLAS
   through CuPy, TF32 off: GFLOP/s), the roofs the kernels are set against.
-- attention: fused masked attention (accel.numba_cuda on CuPy memory), float32, B=1, H=12,
+- attention: fused masked attention (accel.numba_cuda on CuPy memory; both kernels, v1 "rows"
+  and v2 "tiled"), float32, B=1, H=12,
   D=64, causal, T = S in (1024, 4096), against torch.nn.functional.scaled_dot_product_attention
   (float32, is_causal=True) on the same tensors (DLPack, no copy). Validated first at
   T = S = 512 against torch (max abs difference reported). FLOP = 4 B H D T(T+1)/2 (causal:
@@ -54,6 +55,9 @@ def _gpu_time(fn, *, warmup: int = 3, repeats: int = 10) -> dict:
     return {"median_s": samples[len(samples) // 2], "min_s": samples[0], "max_s": samples[-1]}
 
 
+VARIANTS = ("rows", "tiled")  # the fused-attention kernels (accel/numba_cuda/attention.py: v1, v2)
+
+
 def ceilings() -> dict:
     import cupy as cp
 
@@ -75,6 +79,7 @@ def attention_cases(sizes, ceil: dict) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
+    from accel.numba_cuda import launch_config
     from accel.numba_cuda.attention import masked_attention_device
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -86,33 +91,41 @@ def attention_cases(sizes, ceil: dict) -> list[dict]:
         q, k, v = (rng.standard_normal((B, H, T, D), dtype=cp.float32) for _ in range(3))
         return q, k, v
 
-    # Validate against torch SDPA first.
+    # Validate both kernels against torch SDPA first (v1 "rows", the default; v2 "tiled").
     q, k, v = make(512)
-    o = cp.empty_like(q)
-    masked_attention_device(q, k, v, o, causal=True)
     ref = F.scaled_dot_product_attention(torch.from_dlpack(q), torch.from_dlpack(k), torch.from_dlpack(v),
                                          is_causal=True)
-    diff = float(cp.abs(o - cp.from_dlpack(ref)).max())
-    out.append({"case": "attention validate T=S=512 float32 causal", "max_abs_diff_vs_torch_sdpa": diff})
-    print(f"attention T=S=512: max abs diff vs torch SDPA {diff:.3e}", flush=True)
-    assert diff < 1e-4, f"fused attention disagrees with torch SDPA by {diff}"
+    for variant in VARIANTS:
+        o = cp.full(q.shape, cp.nan, cp.float32)  # poisoned: every element must be written
+        with launch_config(attention=variant):
+            masked_attention_device(q, k, v, o, causal=True)
+        diff = float(cp.abs(o - cp.from_dlpack(ref)).max())
+        out.append({"case": f"attention validate T=S=512 float32 causal ({variant})", "max_abs_diff_vs_torch_sdpa": diff})
+        print(f"attention T=S=512 ({variant}): max abs diff vs torch SDPA {diff:.3e}", flush=True)
+        assert diff < 1e-4, f"fused attention ({variant}) disagrees with torch SDPA by {diff}"
 
     for T in sizes:
         q, k, v = make(T)
         o = cp.empty_like(q)
         tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
         flop = 4 * B * H * D * T * (T + 1) / 2
-        ours = _gpu_time(lambda: masked_attention_device(q, k, v, o, causal=True), repeats=5)
+
+        def ours(variant):
+            with launch_config(attention=variant):
+                masked_attention_device(q, k, v, o, causal=True)
+
         theirs = _gpu_time(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True), repeats=5)
-        rec = {"case": f"attention causal float32 B={B} H={H} D={D} T=S={T}", "flop": flop,
-               "accel_numba_cuda": ours, "torch_sdpa": theirs,
-               "accel_gflops": flop / ours["median_s"] / 1e9, "torch_gflops": flop / theirs["median_s"] / 1e9,
-               "throughput_ratio_vs_torch": theirs["median_s"] / ours["median_s"],
-               "fraction_of_sgemm_ceiling": flop / ours["median_s"] / 1e9 / ceil["sgemm_gflops"]}
-        out.append(rec)
-        print(f"attention T={T}: ours {ours['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
-              f"torch SDPA {theirs['median_s']*1e3:.2f} ms ({rec['torch_gflops']:.0f} GFLOP/s), "
-              f"ratio {rec['throughput_ratio_vs_torch']:.2f}x", flush=True)
+        for variant in VARIANTS:
+            mine = _gpu_time(lambda: ours(variant), repeats=5)
+            rec = {"case": f"attention causal float32 B={B} H={H} D={D} T=S={T} ({variant})", "flop": flop,
+                   "accel_numba_cuda": mine, "torch_sdpa": theirs,
+                   "accel_gflops": flop / mine["median_s"] / 1e9, "torch_gflops": flop / theirs["median_s"] / 1e9,
+                   "throughput_ratio_vs_torch": theirs["median_s"] / mine["median_s"],
+                   "fraction_of_sgemm_ceiling": flop / mine["median_s"] / 1e9 / ceil["sgemm_gflops"]}
+            out.append(rec)
+            print(f"attention T={T} ({variant}): ours {mine['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
+                  f"torch SDPA {theirs['median_s']*1e3:.2f} ms ({rec['torch_gflops']:.0f} GFLOP/s), "
+                  f"ratio {rec['throughput_ratio_vs_torch']:.2f}x", flush=True)
     return out
 
 

@@ -51,6 +51,8 @@ def numba_kernels():
              (F[:, :, ::1], float64[:, ::1], float64[::1], boolean, F[:, :, ::1]), name),
             ("flash_attention (strided q/k/v)", attention._flash_kernel(np.dtype(dt), 64, 32, 64, 64),
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, boolean, int64, int64, c4), name),
+            ("flash_attention_tiled (strided q/k/v)", attention._flash_kernel_tiled(np.dtype(dt), 64, 32, 4, 4, 64, 64),
+             (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, boolean, int64, int64, c4), name),
             ("decode_partial", attention._decode_partial_kernel(np.dtype(dt), 128, 64, 64),
              (a3, a4, a4, int64[::1], int64, F, F[:, :, ::1], F[:, :, ::1], c4), name),
             ("decode_merge", attention._decode_merge_kernel(np.dtype(dt), 128),

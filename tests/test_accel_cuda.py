@@ -365,6 +365,85 @@ def test_masked_attention_matches_twin_hypothesis(problem):
         assert_matches_twin("masked_attention", (q, k, v), kw)
 
 
+# ------------------------------------------------------------- fused attention v2 ("tiled")
+
+TILED = dict(attention="tiled", tiled=(4, 4, 2, 2))  # 4 threads: 2 x 2 micro-tiles of a 4 x 4 tile
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("label, dims, opts", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_tiled_attention_matches_twin(label, dims, opts, dtype):
+    """The tiled kernel (register micro-tiles, full tiles without per-key tests) equals the twin for every mask."""
+    rng = np.random.default_rng(zlib.crc32(label.encode()))
+    B, H, K, T, S, D, Dv = dims
+    q, k, v = _qkv(rng, B, H, K, T, S, D, Dv, dtype)
+    kw = _attention_kwargs(rng, B, H, S, opts)
+    with nc.launch_config(**TILED):
+        assert_matches_twin("masked_attention", (q, k, v), kw)
+
+
+@FEW
+@given(attention_problems())
+def test_tiled_attention_matches_twin_hypothesis(problem):
+    """Drawn shapes and masks: the tiled kernel equals its twin."""
+    q, k, v, kw = problem
+    with nc.launch_config(**TILED):
+        assert_matches_twin("masked_attention", (q, k, v), kw)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_tiled_attention_nonfinite_rows_match_the_row_kernel():
+    """Zero rows for queries that see no key, a NaN row for a NaN query or a +inf score, and an inf
+    value behind the causal mask does not leak: the tiled kernel gives v1's non-finite pattern exactly."""
+    rng = np.random.default_rng(12)
+    q, k, v = _qkv(rng, 2, 2, 2, 9, 7, 3, 3, np.float64)  # T > S: the first rows see no key
+    q[0, 1, 6, 0] = np.nan
+    v[1, 0, 6, 1] = np.inf  # key 6: only the last query of sequence 1 sees it
+    km = np.ones((2, 7), bool)
+    km[0, 4] = False
+    k[0, 1, 4, 0] = np.inf  # a padded key holding inf: never read
+    outs = {}
+    for name, cfg in (("rows", SMALL), ("tiled", TILED)):
+        with nc.launch_config(**cfg):
+            outs[name] = nc.masked_attention(q, k, v, causal=True, key_mask=km)
+    a, b = outs["rows"], outs["tiled"]
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    np.testing.assert_array_equal(np.isinf(a), np.isinf(b))
+    fin = np.isfinite(a)
+    np.testing.assert_allclose(b[fin], a[fin], rtol=1e-13, atol=1e-14)
+    assert (b[:, :, :2] == 0).all() and np.isnan(b[0, 1, 6]).all() and np.isfinite(b[1, 0, :8]).all()
+    qi = np.array([[[[1.0, 0.0], [-1.0, 0.0]]]])
+    ki = np.array([[[[-np.inf, 0.0], [-np.inf, 0.0], [-np.inf, 0.0]]]])
+    vi = np.arange(6.0).reshape(1, 1, 3, 2)
+    with nc.launch_config(**TILED):
+        out = nc.masked_attention(qi, ki, vi)
+    assert (out[0, 0, 0] == 0).all() and np.isnan(out[0, 0, 1]).all()
+
+
+def test_tiled_attention_does_not_depend_on_its_sizes():
+    """Block tile and micro-tile sizes change only the order of sums: all equal v1 to float64 rounding."""
+    rng = np.random.default_rng(13)
+    q, k, v = _qkv(rng, 1, 2, 1, 16, 16, 5, 3, np.float64)
+    for kw in ({"causal": True, "window": 6, "n_sink": 2}, {}):  # {}: every tile of whole blocks is full
+        with nc.launch_config(**SMALL):
+            ref = nc.masked_attention(q, k, v, **kw)
+        for tiled in ((4, 4, 2, 2), (8, 4, 4, 1), (4, 8, 1, 4), (2, 2, 1, 1), (8, 8, 2, 2)):
+            with nc.launch_config(attention="tiled", tiled=tiled):
+                np.testing.assert_allclose(nc.masked_attention(q, k, v, **kw), ref, rtol=1e-13, atol=1e-14)
+
+
+def test_launch_config_checks_the_attention_choice():
+    with pytest.raises(ValueError, match="'rows' or 'tiled'"):
+        with nc.launch_config(attention="fast"):
+            pass
+    with pytest.raises(ValueError, match="power of two"):
+        with nc.launch_config(tiled=(8, 8, 3, 2)):
+            pass
+    with pytest.raises(ValueError, match="RM <= BR"):
+        with nc.launch_config(tiled=(2, 8, 4, 2)):
+            pass
+
+
 # ----------------------------------------------------------------------------- decode attention
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -33,6 +33,7 @@ __all__ = [
     "launch_config",
     "threads",
     "tiles",
+    "attention_variant",
     "numba_float",
     "pow2_at_least",
     "kernel_dtype",
@@ -129,8 +130,11 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # threads: threads per block for row kernels (softmax, norms) and decode attention;
 # q_tile: queries per block (one thread each) and k_tile: keys per shared-memory tile
 # in fused attention. All must be powers of two (tree reductions halve them).
-_GPU_DEFAULTS = {"threads": 128, "q_tile": 64, "k_tile": 32}
-_SIM_DEFAULTS = {"threads": 16, "q_tile": 8, "k_tile": 8}
+# attention: which fused-attention kernel runs ("rows": v1, one thread per query row; "tiled": v2,
+# register micro-tiles, float32 with D, Dv <= 64 only; see accel/numba_cuda/attention.py);
+# tiled: its (queries, keys) per block tile and (rows, columns) per thread micro-tile.
+_GPU_DEFAULTS = {"threads": 128, "q_tile": 64, "k_tile": 32, "attention": "rows", "tiled": (64, 32, 4, 4)}
+_SIM_DEFAULTS = {"threads": 16, "q_tile": 8, "k_tile": 8, "attention": "rows", "tiled": (8, 8, 2, 2)}
 _config = dict(_SIM_DEFAULTS if SIMULATOR else _GPU_DEFAULTS)
 
 
@@ -141,12 +145,23 @@ def _check_pow2(name: str, value: int) -> int:
 
 
 @contextlib.contextmanager
-def launch_config(*, threads: int | None = None, q_tile: int | None = None, k_tile: int | None = None):
-    """Temporarily set launch sizes (powers of two), e.g. small blocks in simulator tests."""
+def launch_config(*, threads: int | None = None, q_tile: int | None = None, k_tile: int | None = None,
+                  attention: str | None = None, tiled: tuple | None = None):
+    """Temporarily set launch sizes (powers of two), e.g. small blocks in simulator tests, and the
+    fused-attention kernel ("rows" or "tiled") with the tiled kernel's (BR, BC, RM, RN) sizes."""
     saved = dict(_config)
     for name, value in (("threads", threads), ("q_tile", q_tile), ("k_tile", k_tile)):
         if value is not None:
             _config[name] = _check_pow2(name, value)
+    if attention is not None:
+        if attention not in ("rows", "tiled"):
+            raise ValueError(f"attention must be 'rows' or 'tiled'; got {attention!r}")
+        _config["attention"] = attention
+    if tiled is not None:
+        br, bc, rm, rn = (_check_pow2(n, x) for n, x in zip(("BR", "BC", "RM", "RN"), tiled))
+        if rm > br or rn > bc or (br // rm) * (bc // rn) > 1024:
+            raise ValueError(f"tiled = (BR, BC, RM, RN) needs RM <= BR, RN <= BC and at most 1024 threads; got {tiled}")
+        _config["tiled"] = (br, bc, rm, rn)
     try:
         yield dict(_config)
     finally:
@@ -162,6 +177,11 @@ def threads() -> int:
 def tiles() -> tuple[int, int]:
     """(q_tile, k_tile) for fused attention."""
     return _config["q_tile"], _config["k_tile"]
+
+
+def attention_variant() -> tuple[str, tuple]:
+    """("rows" or "tiled", (BR, BC, RM, RN)): the fused-attention kernel and the tiled kernel's sizes."""
+    return _config["attention"], _config["tiled"]
 
 
 def pow2_at_least(n: int, floor: int = 1) -> int:

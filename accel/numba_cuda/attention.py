@@ -19,6 +19,19 @@ Versions:
                       zero-padded to a compile-time power of two so the feature loops have
                       constant trip counts; the key tile halves until K and V tiles fit in
                       48 KiB of static shared memory (float64, large D).
+  masked_attention v2 ("tiled", opt-in: launch_config(attention="tiled"); float32 with D, Dv <= 64
+                      at the GPU sizes, v1 otherwise): FlashAttention-2-style register tiling. A
+                      block of (BR / RM) x (BC / RN) threads (128 at 64 x 32 tiles, 4 x 4 micro-tiles)
+                      takes BR queries; per BC-key tile each thread computes an RM x RN block of
+                      scores (RM + RN shared loads per RM * RN FMAs, v1: one per FMA) and owns an
+                      RM x (Dv / (BC / RN)) block of the output in registers. Row max and sum are
+                      combined across the BC / RN threads of a row through shared memory; the
+                      weights go through shared memory to the P V product. Tiles that every row
+                      of the block sees fully skip the per-key mask tests. The scores are v1's dot
+                      products in v1's order. ptxas (sm_90): 128 registers, no stack frame, no
+                      spills, 43.6 KiB shared; v1: 212 registers, a 384-byte stack frame (its local
+                      arrays), 16 KiB. Measured on an H200 for v1 only (3.9 TFLOP/s at T = 4096,
+                      0.17x torch SDPA); v2 awaits a GPU (benchmarks/gpu.py times both).
   decode_attention v1 flash-decoding: the S cache entries are cut into chunks, one block per
                       (chunk, head, batch) computes a partial (m, l, acc[Dv]) with threads over
                       keys for the scores and over Dv for the weighted sum; a second kernel
@@ -48,7 +61,17 @@ from refimpl._checks import as_float
 from refimpl.attention import _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args
-from ._common import SIMULATOR, block_reducers, kernel_dtype, numba_float, pow2_at_least, threads, tiles, to_device
+from ._common import (
+    SIMULATOR,
+    attention_variant,
+    block_reducers,
+    kernel_dtype,
+    numba_float,
+    pow2_at_least,
+    threads,
+    tiles,
+    to_device,
+)
 
 __all__ = [
     "softmax",
@@ -267,6 +290,200 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
     return flash_attention
 
 
+@functools.lru_cache(maxsize=None)
+def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int):
+    F = numba_float(dtype)
+    TC = bc // rn  # threads along a tile's keys; the TC consecutive threads with t // TC == tr share rows
+    NT = (br // rm) * TC  # threads per block
+    NE = dv_pad // TC if dv_pad >= TC else 1  # output columns per thread: oc = e * TC + tc
+    RM, RN = rm, rn
+    DP1, BC1, N_S, N_O = d_pad + 1, bc + 1, rm * rn, rm * NE  # array sizes must be compile-time constants
+
+    @cuda.jit
+    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
+        # Same arguments and result as flash_attention (v1). Grid (ceil(T / br), H, B); block NT
+        # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
+        # columns c = bb * TC + tc (bb < RN) of each br x bc key tile and output columns
+        # oc = e * TC + tc (e < NE); the TC threads of a row group combine the row max and sum
+        # through shared memory. A masked key's weight is -0.0 (a computed weight, even an
+        # underflowed one, is +0.0 or more): tiles with masked keys skip those in P V, as v1 does.
+        q_sh = cuda.shared.array((br, DP1), dtype=F)  # d_pad + 1: rows in different banks
+        k_sh = cuda.shared.array((bc, DP1), dtype=F)
+        v_sh = cuda.shared.array((bc, dv_pad), dtype=F)
+        p_sh = cuda.shared.array((br, BC1), dtype=F)
+        red = cuda.shared.array((br, TC), dtype=F)
+        s_loc = cuda.local.array(N_S, dtype=F)
+        o_loc = cuda.local.array(N_O, dtype=F)
+        m_run = cuda.local.array(RM, dtype=F)
+        l_run = cuda.local.array(RM, dtype=F)
+        corr = cuda.local.array(RM, dtype=F)
+        m_new = cuda.local.array(RM, dtype=F)
+
+        t = cuda.threadIdx.x
+        tr = t // TC
+        tc = t - tr * TC
+        b = cuda.blockIdx.z
+        h = cuda.blockIdx.y
+        T, D = q.shape[2], q.shape[3]
+        H, K, S, Dv = q.shape[1], k.shape[1], k.shape[2], v.shape[3]
+        g = h // (H // K)  # GQA: the key/value head of query head h
+        slope = F(0)
+        if use_alibi:
+            slope = slopes[h]
+        i0 = cuda.blockIdx.x * br
+        p_first = S - T + i0
+        i_end = i0 + br if i0 + br < T else T
+        p_last = S - T + i_end - 1
+
+        for idx in range(t, br * d_pad, NT):
+            rr = idx // d_pad
+            d = idx - rr * d_pad
+            val = F(0)
+            if i0 + rr < T and d < D:
+                val = q[b, h, i0 + rr, d]
+            q_sh[rr, d] = val
+        for a in range(RM):
+            m_run[a] = F(_NEG_INF)
+            l_run[a] = F(0)
+            for e in range(NE):
+                o_loc[a * NE + e] = F(0)
+
+        for j0 in range(0, S, bc):
+            # Block-uniform skips, as v1.
+            j_last = j0 + bc - 1
+            if causal and j0 > p_last:
+                break
+            if window > 0 and not causal and j0 > p_last + window - 1:
+                break
+            if window > 0 and j_last < p_first - window + 1 and j0 >= n_sink:
+                continue
+            # A full tile: every row of the block sees every key of it (no per-key test, no skips in P V).
+            full = j_last < S and not use_mask and i_end - i0 == br
+            if causal and j_last > p_first:
+                full = False
+            if window > 0 and j_last >= n_sink:
+                if causal and p_last - j0 >= window:
+                    full = False
+                if not causal and (p_last - j0 >= window or j_last - p_first >= window):
+                    full = False
+            cuda.syncthreads()  # the previous tile's k_sh, v_sh and p_sh are no longer read
+            for idx in range(t, bc * d_pad, NT):
+                jj = idx // d_pad
+                d = idx - jj * d_pad
+                val = F(0)
+                if j0 + jj < S and d < D:
+                    val = k[b, g, j0 + jj, d]
+                k_sh[jj, d] = val
+            for idx in range(t, bc * dv_pad, NT):
+                jj = idx // dv_pad
+                d = idx - jj * dv_pad
+                val = F(0)
+                if j0 + jj < S and d < Dv:
+                    val = v[b, g, j0 + jj, d]
+                v_sh[jj, d] = val
+            cuda.syncthreads()
+
+            # Scores: the same dot products, summed over d in the same order, as v1's.
+            for x in range(N_S):
+                s_loc[x] = F(0)
+            for d in range(d_pad):
+                for a in range(RM):
+                    qa = q_sh[tr * RM + a, d]
+                    for bb in range(RN):
+                        s_loc[a * RN + bb] += qa * k_sh[bb * TC + tc, d]
+            for a in range(RM):
+                i = i0 + tr * RM + a
+                p = S - T + i  # the absolute position of query i
+                mx = F(_NEG_INF)
+                for bb in range(RN):
+                    j = j0 + bb * TC + tc
+                    ok = full
+                    if not full:
+                        ok = i < T and j < S
+                        if causal and j > p:
+                            ok = False
+                        if window > 0:
+                            if causal:
+                                if p - j >= window and j >= n_sink:
+                                    ok = False
+                            elif p - j >= window or j - p >= window:
+                                ok = False
+                        if ok and use_mask and key_mask[b, j] == 0:
+                            ok = False
+                    sc = F(_NEG_INF)
+                    if ok:
+                        sc = s_loc[a * RN + bb] * scale
+                        if use_alibi:
+                            sc += -slope * F(p - j)
+                        if not (sc <= mx):  # also takes a NaN, which then poisons the row as in the twin
+                            mx = sc
+                    s_loc[a * RN + bb] = sc
+                red[tr * RM + a, tc] = mx
+            cuda.syncthreads()
+            for a in range(RM):
+                mt = F(_NEG_INF)
+                for x in range(TC):
+                    val = red[tr * RM + a, x]
+                    if not (val <= mt):
+                        mt = val
+                mn = mt if (mt > m_run[a] or mt != mt) else m_run[a]  # a NaN wins
+                m_new[a] = mn
+                corr[a] = F(1)
+                if mn != F(_NEG_INF):
+                    corr[a] = F(math.exp(m_run[a] - mn))
+            cuda.syncthreads()  # every thread has read the maxima: red takes the row sums next
+            for a in range(RM):
+                rsum = F(0)
+                for bb in range(RN):
+                    sc = s_loc[a * RN + bb]
+                    w = F(-0.0)
+                    if sc != F(_NEG_INF) and m_new[a] != F(_NEG_INF):
+                        w = F(math.exp(sc - m_new[a]))
+                        rsum += w
+                    p_sh[tr * RM + a, bb * TC + tc] = w
+                red[tr * RM + a, tc] = rsum
+            cuda.syncthreads()  # p_sh and the partial sums are complete
+            for a in range(RM):
+                if m_new[a] != F(_NEG_INF):  # else every visible score so far is -inf: nothing to add yet
+                    lt = F(0)
+                    for x in range(TC):
+                        lt += red[tr * RM + a, x]
+                    l_run[a] = l_run[a] * corr[a] + lt
+                    m_run[a] = m_new[a]
+                    for e in range(NE):
+                        o_loc[a * NE + e] *= corr[a]
+            if full:
+                for jj in range(bc):
+                    for a in range(RM):
+                        w = p_sh[tr * RM + a, jj]
+                        for e in range(NE):
+                            oc = e * TC + tc
+                            if oc < dv_pad:
+                                o_loc[a * NE + e] += w * v_sh[jj, oc]
+            else:
+                for jj in range(bc):
+                    for a in range(RM):
+                        w = p_sh[tr * RM + a, jj]
+                        if w != F(0) or math.copysign(F(1), w) > F(0):  # a masked key (-0.0) adds nothing, as in v1
+                            for e in range(NE):
+                                oc = e * TC + tc
+                                if oc < dv_pad:
+                                    o_loc[a * NE + e] += w * v_sh[jj, oc]
+
+        for a in range(RM):
+            i = i0 + tr * RM + a
+            if i < T:
+                for e in range(NE):
+                    oc = e * TC + tc
+                    if oc < Dv:
+                        if l_run[a] == F(0):  # no visible key (or only -inf scores): a zero row, as v1
+                            out[b, h, i, oc] = F(0)
+                        else:  # l_run > 0, or NaN when a score was NaN / +inf (then the row is NaN)
+                            out[b, h, i, oc] = o_loc[a * NE + e] / l_run[a]
+
+    return flash_attention_tiled
+
+
 def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0, key_mask=None,
                             alibi_slopes=None, scale=None, stream=0) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
     """Fused masked attention on C-contiguous device arrays of one float dtype, into `out`.
@@ -287,14 +504,29 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
         alibi_slopes = _placeholder(dtype, 1)
     q_tile, k_tile = tiles()
     d_pad, dv_pad = pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR)
+    scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
+    variant, (br, bc, rm, rn) = attention_variant()
+    if variant == "tiled" and _tiled_fits(dtype, br, bc, rm, rn, d_pad, dv_pad):
+        kernel = _flash_kernel_tiled(dtype, br, bc, rm, rn, d_pad, dv_pad)
+        grid = ((T + br - 1) // br, H, B)
+        kernel[grid, (br // rm) * (bc // rn), stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi,
+                                                      dtype.type(scale), bool(causal),
+                                                      0 if window is None else int(window), int(n_sink), out)
+        return
     # Static shared memory is capped at 48 KiB per block: halve the key tile until K and V fit.
     while k_tile > 1 and k_tile * (d_pad + dv_pad) * dtype.itemsize > _SHARED_BYTES:
         k_tile //= 2
     kernel = _flash_kernel(dtype, q_tile, k_tile, d_pad, dv_pad)
-    scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     grid = ((T + q_tile - 1) // q_tile, H, B)
     kernel[grid, q_tile, stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), bool(causal),
                          0 if window is None else int(window), int(n_sink), out)
+
+
+def _tiled_fits(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int) -> bool:
+    """Whether the tiled kernel takes this problem: its shared arrays fit in 48 KiB (float32 with
+    D, Dv <= 64 at the GPU sizes; float64 and larger heads run v1)."""
+    words = br * (d_pad + 1) + bc * (d_pad + 1) + bc * dv_pad + br * (bc + 1) + br * (bc // rn)
+    return words * np.dtype(dtype).itemsize <= _SHARED_BYTES
 
 
 def _check_scale(scale):
