@@ -297,7 +297,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     NT = (br // rm) * TC  # threads per block
     NE = dv_pad // TC if dv_pad >= TC else 1  # output columns per thread: oc = e * TC + tc
     RM, RN = rm, rn
-    DP1, BC1, N_S, N_O = d_pad + 1, bc + 1, rm * rn, rm * NE  # array sizes must be compile-time constants
+    DP1, BC1, TC1, N_S, N_O = d_pad + 1, bc + 1, TC + 1, rm * rn, rm * NE  # array sizes: compile-time constants
+    PARTIAL_COLS = dv_pad < TC  # some threads own no output column (tiny Dv): test oc < dv_pad
 
     @cuda.jit
     def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
@@ -311,7 +312,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
         k_sh = cuda.shared.array((bc, DP1), dtype=F)
         v_sh = cuda.shared.array((bc, dv_pad), dtype=F)
         p_sh = cuda.shared.array((br, BC1), dtype=F)
-        red = cuda.shared.array((br, TC), dtype=F)
+        red = cuda.shared.array((br, TC1), dtype=F)  # TC + 1: the row groups of a warp in different banks
         s_loc = cuda.local.array(N_S, dtype=F)
         o_loc = cuda.local.array(N_O, dtype=F)
         m_run = cuda.local.array(RM, dtype=F)
@@ -458,7 +459,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                         w = p_sh[tr * RM + a, jj]
                         for e in range(NE):
                             oc = e * TC + tc
-                            if oc < dv_pad:
+                            if not PARTIAL_COLS or oc < dv_pad:
                                 o_loc[a * NE + e] += w * v_sh[jj, oc]
             else:
                 for jj in range(bc):
@@ -467,7 +468,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                         if w != F(0) or math.copysign(F(1), w) > F(0):  # a masked key (-0.0) adds nothing, as in v1
                             for e in range(NE):
                                 oc = e * TC + tc
-                                if oc < dv_pad:
+                                if not PARTIAL_COLS or oc < dv_pad:
                                     o_loc[a * NE + e] += w * v_sh[jj, oc]
 
         for a in range(RM):
@@ -525,7 +526,7 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
 def _tiled_fits(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int) -> bool:
     """Whether the tiled kernel takes this problem: its shared arrays fit in 48 KiB (float32 with
     D, Dv <= 64 at the GPU sizes; float64 and larger heads run v1)."""
-    words = br * (d_pad + 1) + bc * (d_pad + 1) + bc * dv_pad + br * (bc + 1) + br * (bc // rn)
+    words = br * (d_pad + 1) + bc * (d_pad + 1) + bc * dv_pad + br * (bc + 1) + br * (bc // rn + 1)
     return words * np.dtype(dtype).itemsize <= _SHARED_BYTES
 
 
