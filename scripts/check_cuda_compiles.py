@@ -13,6 +13,8 @@ Getting the compilers without a CUDA toolkit (pip wheels, CPU machine):
     pip install --target /tmp/nv nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12
     CUDA_HOME=/tmp/nv/nvidia/cuda_nvcc python scripts/check_cuda_compiles.py \
         --nvrtc /tmp/nv/nvidia/cuda_nvrtc/lib/libnvrtc.so.12
+With --ptxas PATH, each Numba kernel's PTX also goes through ptxas -v for its resource report
+(registers, stack frame, spills, shared memory): e.g. --ptxas $CUDA_HOME/bin/ptxas.
 Exit status 0 when everything compiled.
 """
 
@@ -51,7 +53,8 @@ def numba_kernels():
              (F[:, :, ::1], float64[:, ::1], float64[::1], boolean, F[:, :, ::1]), name),
             ("flash_attention (strided q/k/v)", attention._flash_kernel(np.dtype(dt), 64, 32, 64, 64),
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, boolean, int64, int64, c4), name),
-            ("flash_attention_tiled (strided q/k/v)", attention._flash_kernel_tiled(np.dtype(dt), 64, 32, 4, 4, 64, 64),
+            ("flash_attention_tiled (strided q/k/v)",  # at the largest heads its 48 KiB of shared memory takes
+             attention._flash_kernel_tiled(np.dtype(dt), 64, 32, 4, 4, *((64, 64) if dt == np.float32 else (16, 16))),
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, boolean, int64, int64, c4), name),
             ("decode_partial", attention._decode_partial_kernel(np.dtype(dt), 128, 64, 64),
              (a3, a4, a4, int64[::1], int64, F, F[:, :, ::1], F[:, :, ::1], c4), name),
@@ -71,7 +74,7 @@ def _no_driver_device(cc: tuple[int, int]) -> None:
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
 
 
-def check_numba(cc: tuple[int, int]) -> int:
+def check_numba(cc: tuple[int, int], ptxas: str | None = None) -> int:
     from numba import cuda, void
 
     _no_driver_device(cc)
@@ -87,7 +90,30 @@ def check_numba(cc: tuple[int, int]) -> int:
         f64 = len(re.findall(r"\.f64\b", ptx))
         note = f", {f64} float64 instructions" if dtype == "float32" and f64 else ""
         print(f"ok    {label} [{dtype}]: {len(ptx)} bytes of PTX{note}")
+        if ptxas:
+            print(f"      {resources(ptxas, ptx, cc)}")
     return failures
+
+
+def resources(ptxas: str, ptx: str, cc: tuple[int, int]) -> str:
+    """ptxas -v's resource line for one kernel: registers, stack frame, spills, shared memory."""
+    import subprocess
+    import tempfile
+
+    # NVVM may stamp a newer PTX ISA than an older ptxas reads; the kernels use nothing newer.
+    ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.0", ptx, count=1, flags=re.M)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", f.name, "-o", os.devnull],
+                             capture_output=True, text=True)
+    text = res.stdout + res.stderr
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    used = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", text)
+    if res.returncode or not frame or not used:
+        return "ptxas: " + " ".join(text.split())[:300]
+    return (f"{used.group(1)} registers, {frame.group(1)} B stack frame, {frame.group(2)}/{frame.group(3)} B "
+            f"spilled (stores/loads), {used.group(2)} B shared")
 
 
 def check_nvrtc(lib_path: str, cc: tuple[int, int]) -> int:
@@ -132,9 +158,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cc", default="9.0", help="compute capability to compile for (default 9.0, Hopper)")
     ap.add_argument("--nvrtc", help="path to libnvrtc.so (skips the CuPy sources when absent)")
+    ap.add_argument("--ptxas", help="path to ptxas: also print each kernel's registers, stack frame, spills "
+                                    "and shared memory (the nvcc wheel has one in CUDA_HOME/bin)")
     args = ap.parse_args(argv)
     cc = tuple(int(x) for x in args.cc.split("."))
-    failures = check_numba(cc)
+    failures = check_numba(cc, args.ptxas)
     if args.nvrtc:
         failures += check_nvrtc(args.nvrtc, cc)
     else:

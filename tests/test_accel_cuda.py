@@ -443,6 +443,28 @@ def test_launch_config_checks_the_attention_choice():
     with pytest.raises(ValueError, match="RM <= BR"):
         with nc.launch_config(tiled=(2, 8, 4, 2)):
             pass
+    with pytest.raises(ValueError, match="a tuple"):
+        with nc.launch_config(tiled=(8, 8, 2, 2, 99)):
+            pass
+    with pytest.raises(ValueError, match="512 threads"):
+        with nc.launch_config(tiled=(64, 64, 2, 2)):
+            pass
+
+
+def test_tiled_attention_skips_keys_scored_minus_inf_in_full_tiles():
+    """A visible key scored -inf (k holds -inf) gets weight 0 and is skipped, so an inf in its value does not
+    turn the row into NaN: in full tiles (no mask) as in partial ones, as v1 does."""
+    q = np.abs(np.random.default_rng(14).standard_normal((1, 1, 4, 2))) + 0.5  # q[..., 0] > 0
+    k = np.random.default_rng(15).standard_normal((1, 1, 4, 2))
+    v = np.random.default_rng(16).standard_normal((1, 1, 4, 2))
+    k[0, 0, 1, 0], v[0, 0, 1, 0] = -np.inf, np.inf
+    for kw in ({}, {"causal": True}, {"window": 3}, {"causal": True, "window": 2, "n_sink": 1}):
+        with nc.launch_config(**SMALL):
+            ref = nc.masked_attention(q, k, v, **kw)
+        with nc.launch_config(**TILED):
+            out = nc.masked_attention(q, k, v, **kw)
+        assert np.isfinite(ref).all(), kw
+        np.testing.assert_allclose(out, ref, rtol=1e-13, atol=1e-14)
 
 
 # ----------------------------------------------------------------------------- decode attention
@@ -590,6 +612,9 @@ def test_every_kernel_compiles_for_a_real_gpu():
     libs = [p for p in libs if "builtins" not in p and ".alt." not in p]
     if libs:
         cmd += ["--nvrtc", libs[0]]
+    ptxas = os.path.join(_nvvm_home(), "bin", "ptxas")
+    if os.access(ptxas, os.X_OK):  # each kernel's registers, stack frame, spills, shared memory (printed)
+        cmd += ["--ptxas", ptxas]
     env = {**os.environ, "CUDA_HOME": _nvvm_home(), "NUMBA_ENABLE_CUDASIM": "0"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)

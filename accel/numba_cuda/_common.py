@@ -158,9 +158,12 @@ def launch_config(*, threads: int | None = None, q_tile: int | None = None, k_ti
             raise ValueError(f"attention must be 'rows' or 'tiled'; got {attention!r}")
         _config["attention"] = attention
     if tiled is not None:
+        if not isinstance(tiled, tuple) or len(tiled) != 4:
+            raise ValueError(f"tiled must be a tuple (BR, BC, RM, RN); got {tiled!r}")
         br, bc, rm, rn = (_check_pow2(n, x) for n, x in zip(("BR", "BC", "RM", "RN"), tiled))
-        if rm > br or rn > bc or (br // rm) * (bc // rn) > 1024:
-            raise ValueError(f"tiled = (BR, BC, RM, RN) needs RM <= BR, RN <= BC and at most 1024 threads; got {tiled}")
+        if rm > br or rn > bc or (br // rm) * (bc // rn) > 512:  # ~128 registers a thread: 512 threads a block
+            raise ValueError(f"tiled = (BR, BC, RM, RN) needs RM <= BR, RN <= BC and at most 512 threads "
+                             f"(BR / RM) * (BC / RN); got {tiled}")
         _config["tiled"] = (br, bc, rm, rn)
     try:
         yield dict(_config)

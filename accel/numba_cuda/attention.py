@@ -19,8 +19,9 @@ Versions:
                       zero-padded to a compile-time power of two so the feature loops have
                       constant trip counts; the key tile halves until K and V tiles fit in
                       48 KiB of static shared memory (float64, large D).
-  masked_attention v2 ("tiled", opt-in: launch_config(attention="tiled"); float32 with D, Dv <= 64
-                      at the GPU sizes, v1 otherwise): FlashAttention-2-style register tiling. A
+  masked_attention v2 ("tiled", opt-in: launch_config(attention="tiled"), for problems whose tiles
+                      fit 48 KiB of shared memory: float32 with D, Dv <= 64 at the GPU sizes,
+                      float64 up to 16; v1 otherwise): FlashAttention-2-style register tiling. A
                       block of (BR / RM) x (BC / RN) threads (128 at 64 x 32 tiles, 4 x 4 micro-tiles)
                       takes BR queries; per BC-key tile each thread computes an RM x RN block of
                       scores (RM + RN shared loads per RM * RN FMAs, v1: one per FMA) and owns an
@@ -28,8 +29,8 @@ Versions:
                       combined across the BC / RN threads of a row through shared memory; the
                       weights go through shared memory to the P V product. Tiles that every row
                       of the block sees fully skip the per-key mask tests. The scores are v1's dot
-                      products in v1's order. ptxas (sm_90): 128 registers, no stack frame, no
-                      spills, 43.6 KiB shared; v1: 212 registers, a 384-byte stack frame (its local
+                      products in v1's order. ptxas (sm_90): 123 registers, no stack frame, no
+                      spills, 43.9 KiB shared; v1: 212 registers, a 384-byte stack frame (its local
                       arrays), 16 KiB. Measured on an H200 for v1 only (3.9 TFLOP/s at T = 4096,
                       0.17x torch SDPA); v2 awaits a GPU (benchmarks/gpu.py times both).
   decode_attention v1 flash-decoding: the S cache entries are cut into chunks, one block per
@@ -306,8 +307,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
         # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
         # columns c = bb * TC + tc (bb < RN) of each br x bc key tile and output columns
         # oc = e * TC + tc (e < NE); the TC threads of a row group combine the row max and sum
-        # through shared memory. A masked key's weight is -0.0 (a computed weight, even an
-        # underflowed one, is +0.0 or more): tiles with masked keys skip those in P V, as v1 does.
+        # through shared memory. A masked key's weight, or that of a visible key scored -inf, is
+        # -0.0 (a computed weight, even an underflowed one, is +0.0 or more): P V skips those, as v1.
         q_sh = cuda.shared.array((br, DP1), dtype=F)  # d_pad + 1: rows in different banks
         k_sh = cuda.shared.array((bc, DP1), dtype=F)
         v_sh = cuda.shared.array((bc, dv_pad), dtype=F)
@@ -358,11 +359,11 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                 break
             if window > 0 and j_last < p_first - window + 1 and j0 >= n_sink:
                 continue
-            # A full tile: every row of the block sees every key of it (no per-key test, no skips in P V).
+            # A full tile: every row of the block sees every key of it (no per-key mask test).
             full = j_last < S and not use_mask and i_end - i0 == br
             if causal and j_last > p_first:
                 full = False
-            if window > 0 and j_last >= n_sink:
+            if window > 0 and (j_last >= n_sink or not causal):  # sinks are exempt from a causal window only
                 if causal and p_last - j0 >= window:
                     full = False
                 if not causal and (p_last - j0 >= window or j_last - p_first >= window):
@@ -453,23 +454,16 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                     m_run[a] = m_new[a]
                     for e in range(NE):
                         o_loc[a * NE + e] *= corr[a]
-            if full:
-                for jj in range(bc):
-                    for a in range(RM):
-                        w = p_sh[tr * RM + a, jj]
+            for jj in range(bc):
+                for a in range(RM):
+                    w = p_sh[tr * RM + a, jj]
+                    # -0.0: a masked key, or a visible one scored -inf: adds nothing (v1 skips both),
+                    # so an inf or NaN value behind it never enters the sum.
+                    if w != F(0) or math.copysign(F(1), w) > F(0):
                         for e in range(NE):
                             oc = e * TC + tc
                             if not PARTIAL_COLS or oc < dv_pad:
                                 o_loc[a * NE + e] += w * v_sh[jj, oc]
-            else:
-                for jj in range(bc):
-                    for a in range(RM):
-                        w = p_sh[tr * RM + a, jj]
-                        if w != F(0) or math.copysign(F(1), w) > F(0):  # a masked key (-0.0) adds nothing, as in v1
-                            for e in range(NE):
-                                oc = e * TC + tc
-                                if not PARTIAL_COLS or oc < dv_pad:
-                                    o_loc[a * NE + e] += w * v_sh[jj, oc]
 
         for a in range(RM):
             i = i0 + tr * RM + a
@@ -524,8 +518,8 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
 
 
 def _tiled_fits(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int) -> bool:
-    """Whether the tiled kernel takes this problem: its shared arrays fit in 48 KiB (float32 with
-    D, Dv <= 64 at the GPU sizes; float64 and larger heads run v1)."""
+    """Whether the tiled kernel takes this problem: its shared arrays fit in 48 KiB (at the GPU
+    sizes float32 with D, Dv <= 64, float64 with D, Dv <= 16; the rest runs v1)."""
     words = br * (d_pad + 1) + bc * (d_pad + 1) + bc * dv_pad + br * (bc + 1) + br * (bc // rn + 1)
     return words * np.dtype(dtype).itemsize <= _SHARED_BYTES
 
