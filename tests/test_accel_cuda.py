@@ -246,15 +246,20 @@ def _attention_kwargs(rng, B, H, S, opts):
     return kw
 
 
+TILED = dict(attention="tiled", tiled=(4, 4, 2, 2))  # v2: 4 threads, 2 x 2 micro-tiles of a 4 x 4 tile
+KERNELS = {"rows": SMALL, "tiled": TILED}  # the two fused-attention kernels (accel/numba_cuda/attention.py)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("label, dims, opts", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
-def test_masked_attention_matches_twin(label, dims, opts, dtype):
-    """Fused attention equals the twin for every mask pattern (zeros for rows with no visible key)."""
+def test_masked_attention_matches_twin(label, dims, opts, dtype, kernel):
+    """Fused attention (both kernels) equals the twin for every mask pattern (zeros for rows with no visible key)."""
     rng = np.random.default_rng(zlib.crc32(label.encode()))
     B, H, K, T, S, D, Dv = dims
     q, k, v = _qkv(rng, B, H, K, T, S, D, Dv, dtype)
     kw = _attention_kwargs(rng, B, H, S, opts)
-    with nc.launch_config(**SMALL):
+    with nc.launch_config(**KERNELS[kernel]):
         assert_matches_twin("masked_attention", (q, k, v), kw)
 
 
@@ -356,40 +361,17 @@ def attention_problems(draw):
     return q, k, v, kw
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @FEW
 @given(attention_problems())
-def test_masked_attention_matches_twin_hypothesis(problem):
-    """Drawn shapes (odd D, T = 1, T != S, K < H) and masks: the fused kernel equals its twin."""
+def test_masked_attention_matches_twin_hypothesis(kernel, problem):
+    """Drawn shapes (odd D, T = 1, T != S, K < H) and masks: both fused kernels equal their twin."""
     q, k, v, kw = problem
-    with nc.launch_config(**SMALL):
+    with nc.launch_config(**KERNELS[kernel]):
         assert_matches_twin("masked_attention", (q, k, v), kw)
 
 
 # ------------------------------------------------------------- fused attention v2 ("tiled")
-
-TILED = dict(attention="tiled", tiled=(4, 4, 2, 2))  # 4 threads: 2 x 2 micro-tiles of a 4 x 4 tile
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("label, dims, opts", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
-def test_tiled_attention_matches_twin(label, dims, opts, dtype):
-    """The tiled kernel (register micro-tiles, full tiles without per-key tests) equals the twin for every mask."""
-    rng = np.random.default_rng(zlib.crc32(label.encode()))
-    B, H, K, T, S, D, Dv = dims
-    q, k, v = _qkv(rng, B, H, K, T, S, D, Dv, dtype)
-    kw = _attention_kwargs(rng, B, H, S, opts)
-    with nc.launch_config(**TILED):
-        assert_matches_twin("masked_attention", (q, k, v), kw)
-
-
-@FEW
-@given(attention_problems())
-def test_tiled_attention_matches_twin_hypothesis(problem):
-    """Drawn shapes and masks: the tiled kernel equals its twin."""
-    q, k, v, kw = problem
-    with nc.launch_config(**TILED):
-        assert_matches_twin("masked_attention", (q, k, v), kw)
-
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def test_tiled_attention_nonfinite_rows_match_the_row_kernel():

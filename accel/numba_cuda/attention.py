@@ -29,8 +29,8 @@ Versions:
                       combined across the BC / RN threads of a row through shared memory; the
                       weights go through shared memory to the P V product. Tiles that every row
                       of the block sees fully skip the per-key mask tests. The scores are v1's dot
-                      products in v1's order. ptxas (sm_90): 123 registers, no stack frame, no
-                      spills, 43.9 KiB shared; v1: 212 registers, a 384-byte stack frame (its local
+                      products in v1's order. ptxas (sm_90): 125 registers, no stack frame, no
+                      spills, 43.9 KiB shared; v1: 168 registers, a 384-byte stack frame (its local
                       arrays), 16 KiB. Measured on an H200 for v1 only (3.9 TFLOP/s at T = 4096,
                       0.17x torch SDPA); v2 awaits a GPU (benchmarks/gpu.py times both).
   decode_attention v1 flash-decoding: the S cache entries are cut into chunks, one block per
@@ -161,6 +161,48 @@ def _placeholder(dtype: np.dtype, ndim: int):
     return cuda.to_device(np.zeros((1,) * ndim, dtype))
 
 
+@cuda.jit(device=True)
+def _tile_action(j0, j_last, p_first, p_last, causal, window, n_sink):  # -> 0: use the tile, 1: skip it, 2: stop
+    """What a block whose queries sit at positions [p_first, p_last] does with keys [j0, j_last]:
+    block-uniform (every thread gets the same answer, so barriers stay uniform); a tile no query
+    of the block may see contributes exp(-inf) = 0."""
+    if causal and j0 > p_last:
+        return 2
+    if window > 0 and not causal and j0 > p_last + window - 1:
+        return 2
+    if window > 0 and j_last < p_first - window + 1 and j0 >= n_sink:
+        return 1
+    return 0
+
+
+@cuda.jit(device=True)
+def _key_visible(p, j, causal, window, n_sink):
+    """Whether the query at position p may see key j under the causal / window / sink pattern
+    (padding is tested apart): the twin's mask, refimpl.masks."""
+    if causal and j > p:
+        return False
+    if window > 0:
+        if causal:
+            if p - j >= window and j >= n_sink:
+                return False
+        elif p - j >= window or j - p >= window:
+            return False
+    return True
+
+
+@cuda.jit(device=True)
+def _load_tile(src, b, g, j0, S, width, dst, t, n_threads):
+    """dst[jj, d] = src[b, g, j0 + jj, d], zero past S or past `width` features (rows and columns of dst)."""
+    n_rows, n_cols = dst.shape[0], dst.shape[1]
+    for idx in range(t, n_rows * n_cols, n_threads):
+        jj = idx // n_cols
+        d = idx - jj * n_cols
+        if j0 + jj < S and d < width:
+            dst[jj, d] = src[b, g, j0 + jj, d]
+        else:
+            dst[jj, d] = 0
+
+
 @functools.lru_cache(maxsize=None)
 def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad: int):
     F = numba_float(dtype)
@@ -207,30 +249,15 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
         l_run = F(0)
 
         for j0 in range(0, S, k_tile):
-            # Block-uniform skips (every thread computes the same answer, so the barriers
-            # below stay uniform): a tile no query of this block may see contributes exp(-inf) = 0.
             j_last = j0 + k_tile - 1
-            if causal and j0 > p_last:
+            action = _tile_action(j0, j_last, p_first, p_last, causal, window, n_sink)
+            if action == 2:
                 break
-            if window > 0 and not causal and j0 > p_last + window - 1:
-                break
-            if window > 0 and j_last < p_first - window + 1 and j0 >= n_sink:
+            if action == 1:
                 continue
             cuda.syncthreads()  # the previous tile is no longer being read
-            for idx in range(t, k_tile * d_pad, q_tile):
-                jj = idx // d_pad
-                d = idx - jj * d_pad
-                val = F(0)
-                if j0 + jj < S and d < D:
-                    val = k[b, g, j0 + jj, d]
-                k_sh[jj, d] = val
-            for idx in range(t, k_tile * dv_pad, q_tile):
-                jj = idx // dv_pad
-                d = idx - jj * dv_pad
-                val = F(0)
-                if j0 + jj < S and d < Dv:
-                    val = v[b, g, j0 + jj, d]
-                v_sh[jj, d] = val
+            _load_tile(k, b, g, j0, S, D, k_sh, t, q_tile)
+            _load_tile(v, b, g, j0, S, Dv, v_sh, t, q_tile)
             cuda.syncthreads()
             if not active:
                 continue
@@ -240,15 +267,7 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
             any_key = False
             for jj in range(n_keys):
                 j = j0 + jj
-                ok = True
-                if causal and j > p:
-                    ok = False
-                if window > 0:
-                    if causal:
-                        if p - j >= window and j >= n_sink:
-                            ok = False
-                    elif p - j >= window or j - p >= window:
-                        ok = False
+                ok = _key_visible(p, j, causal, window, n_sink)
                 if use_mask and key_mask[b, j] == 0:
                     ok = False
                 s = F(_NEG_INF)
@@ -351,13 +370,11 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                 o_loc[a * NE + e] = F(0)
 
         for j0 in range(0, S, bc):
-            # Block-uniform skips, as v1.
             j_last = j0 + bc - 1
-            if causal and j0 > p_last:
+            action = _tile_action(j0, j_last, p_first, p_last, causal, window, n_sink)
+            if action == 2:
                 break
-            if window > 0 and not causal and j0 > p_last + window - 1:
-                break
-            if window > 0 and j_last < p_first - window + 1 and j0 >= n_sink:
+            if action == 1:
                 continue
             # A full tile: every row of the block sees every key of it (no per-key mask test).
             full = j_last < S and not use_mask and i_end - i0 == br
@@ -369,20 +386,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                 if not causal and (p_last - j0 >= window or j_last - p_first >= window):
                     full = False
             cuda.syncthreads()  # the previous tile's k_sh, v_sh and p_sh are no longer read
-            for idx in range(t, bc * d_pad, NT):
-                jj = idx // d_pad
-                d = idx - jj * d_pad
-                val = F(0)
-                if j0 + jj < S and d < D:
-                    val = k[b, g, j0 + jj, d]
-                k_sh[jj, d] = val
-            for idx in range(t, bc * dv_pad, NT):
-                jj = idx // dv_pad
-                d = idx - jj * dv_pad
-                val = F(0)
-                if j0 + jj < S and d < Dv:
-                    val = v[b, g, j0 + jj, d]
-                v_sh[jj, d] = val
+            _load_tile(k, b, g, j0, S, D, k_sh, t, NT)  # (k_sh's last column, the bank padding, is zeroed too)
+            _load_tile(v, b, g, j0, S, Dv, v_sh, t, NT)
             cuda.syncthreads()
 
             # Scores: the same dot products, summed over d in the same order, as v1's.
@@ -401,15 +406,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                     j = j0 + bb * TC + tc
                     ok = full
                     if not full:
-                        ok = i < T and j < S
-                        if causal and j > p:
-                            ok = False
-                        if window > 0:
-                            if causal:
-                                if p - j >= window and j >= n_sink:
-                                    ok = False
-                            elif p - j >= window or j - p >= window:
-                                ok = False
+                        ok = i < T and j < S and _key_visible(p, j, causal, window, n_sink)
                         if ok and use_mask and key_mask[b, j] == 0:
                             ok = False
                     sc = F(_NEG_INF)
