@@ -51,7 +51,7 @@ PY
 cat "$OUT/env.txt"
 
 step bench 180 "$PY" -m benchmarks.gpu --quick --out "$OUT"
-step tests 200 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
+step tests 180 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
   tests/test_accel_differential.py -k "not differential or numba_cuda or cupy" -rs
 step verify 45 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
 step cli 60 bash -c "set -e; for b in numpy cuda; do
