@@ -131,7 +131,7 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # q_tile: queries per block (one thread each) and k_tile: keys per shared-memory tile
 # in fused attention. All must be powers of two (tree reductions halve them).
 # attention: which fused-attention kernel runs ("rows": v1, one thread per query row; "tiled": v2,
-# register micro-tiles, float32 with D, Dv <= 64 only; see accel/numba_cuda/attention.py);
+# register micro-tiles, where its tiles fit 48 KiB of shared memory, else v1; see accel/numba_cuda/attention.py);
 # tiled: its (queries, keys) per block tile and (rows, columns) per thread micro-tile.
 _GPU_DEFAULTS = {"threads": 128, "q_tile": 64, "k_tile": 32, "attention": "rows", "tiled": (64, 32, 4, 4)}
 _SIM_DEFAULTS = {"threads": 16, "q_tile": 8, "k_tile": 8, "attention": "rows", "tiled": (8, 8, 2, 2)}
