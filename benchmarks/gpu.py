@@ -10,7 +10,8 @@ Cases (one process, one GPU; each peer measured in the same run):
   D=64, causal, T = S in (1024, 4096), against torch.nn.functional.scaled_dot_product_attention
   (float32, is_causal=True) on the same tensors (DLPack, no copy). Validated first at
   T = S = 512 against torch (max abs difference reported). FLOP = 4 B H D T(T+1)/2 (causal:
-  QK^T and PV over the visible half).
+  QK^T and PV over the visible half). Then a sweep of the tiled kernel's tile sizes at T = 4096
+  (TILE_SWEEP; each validated against SDPA at T = 512 first).
 - decode attention: one query against S = 8192 cached keys, B=1, H=12, D=64: bytes = K + V
   read once; GB/s against the copy ceiling, launched from Python (host launch cost included) and
   replayed from a CUDA graph (the kernels alone).
@@ -127,6 +128,57 @@ def attention_cases(sizes, ceil: dict) -> list[dict]:
             print(f"attention T={T} ({variant}): ours {mine['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
                   f"torch SDPA {theirs['median_s']*1e3:.2f} ms ({rec['torch_gflops']:.0f} GFLOP/s), "
                   f"ratio {rec['throughput_ratio_vs_torch']:.2f}x", flush=True)
+    out += tile_sweep(make, ceil)
+    return out
+
+
+# The tiled kernel's (BR, BC, RM, RN) sizes timed at T = 4096, D = 64, float32: each fits the
+# 48 KiB of static shared memory (accel.numba_cuda.attention._tiled_fits) with at most 512
+# threads; the first is the default. One run shows which to make the default.
+TILE_SWEEP = ((64, 32, 4, 4), (64, 32, 2, 4), (64, 32, 4, 2), (32, 32, 2, 2), (32, 32, 2, 4), (32, 32, 4, 4))
+
+
+def tile_sweep(make, ceil: dict, T: int = 4096) -> list[dict]:
+    """The tiled kernel at each TILE_SWEEP size: validated against torch SDPA at T = 512, then timed
+    at T against SDPA. A size that fails validation is reported and not timed."""
+    import cupy as cp
+    import torch
+    import torch.nn.functional as F
+
+    from accel.numba_cuda import launch_config
+    from accel.numba_cuda.attention import _tiled_fits, masked_attention_device
+
+    out = []
+    small, big = make(512), make(T)
+    ref = F.scaled_dot_product_attention(*(torch.from_dlpack(a) for a in small), is_causal=True)
+    theirs = _gpu_time(lambda: F.scaled_dot_product_attention(*(torch.from_dlpack(a) for a in big), is_causal=True),
+                       repeats=5)
+    B, H, _, D = big[0].shape
+    flop = 4 * B * H * D * T * (T + 1) / 2
+    o_small, o_big = cp.empty_like(small[0]), cp.empty_like(big[0])
+    for sizes in TILE_SWEEP:
+        rec = {"case": f"attention tile sweep (tiled) T=S={T} float32 tiled={sizes}", "tiled": sizes,
+               "threads_per_block": (sizes[0] // sizes[2]) * (sizes[1] // sizes[3])}
+        if not _tiled_fits(np.dtype(np.float32), *sizes, D, D):
+            rec["error"] = "does not fit 48 KiB of shared memory"
+            out.append(rec)
+            continue
+        with launch_config(attention="tiled", tiled=sizes):
+            o_small.fill(cp.nan)
+            masked_attention_device(*small, o_small, causal=True)
+            diff = float(cp.abs(o_small - cp.from_dlpack(ref)).max())
+            rec["max_abs_diff_vs_torch_sdpa_T512"] = diff
+            if not diff < 1e-4:
+                rec["error"] = f"disagrees with torch SDPA by {diff}"
+            else:
+                mine = _gpu_time(lambda: masked_attention_device(*big, o_big, causal=True), repeats=5)
+                rec.update({"accel_numba_cuda": mine, "torch_sdpa": theirs, "accel_gflops": flop / mine["median_s"] / 1e9,
+                            "throughput_ratio_vs_torch": theirs["median_s"] / mine["median_s"],
+                            "fraction_of_sgemm_ceiling": flop / mine["median_s"] / 1e9 / ceil["sgemm_gflops"]})
+        out.append(rec)
+        msg = rec.get("error") or (f"{rec['accel_numba_cuda']['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
+                                   f"{rec['throughput_ratio_vs_torch']:.2f}x torch SDPA; max abs diff {diff:.1e} at T=512")
+        print(f"attention tile sweep T={T} tiled={sizes} ({rec['threads_per_block']} threads): {msg}", flush=True)
     return out
 
 
