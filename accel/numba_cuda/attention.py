@@ -29,10 +29,15 @@ Versions:
                       combined across the BC / RN threads of a row through shared memory; the
                       weights go through shared memory to the P V product. Tiles that every row
                       of the block sees fully skip the per-key mask tests. The scores are v1's dot
-                      products in v1's order. ptxas (sm_90): 125 registers, no stack frame, no
-                      spills, 43.9 KiB shared; v1: 168 registers, a 384-byte stack frame (its local
-                      arrays), 16 KiB. Measured on an H200 for v1 only (3.9 TFLOP/s at T = 4096,
-                      0.17x torch SDPA); v2 awaits a GPU (benchmarks/gpu.py times both).
+                      products in v1's order. Each thread reads its RN keys (RM + RN shared loads
+                      per dimension) and its values of a key (RM + Dv / (BC / RN) loads) once into
+                      registers, and both inner loops run four steps per pass with unsigned indices:
+                      in the sm_90 code the scores take 123 instructions per 64 FMAs and P V 240 per
+                      128 (before: 57 per 16, and 265 per 32 with every value re-read for each row).
+                      ptxas (sm_90): 128 registers, no stack frame, no spills, 43.9 KiB shared; v1:
+                      168 registers, a 384-byte stack frame (its local arrays), 16 KiB. Measured on
+                      an H200 for v1 only (3.9 TFLOP/s at T = 4096, 0.17x torch SDPA); v2 awaits a
+                      GPU (benchmarks/gpu.py times both and sweeps v2's tile sizes).
   decode_attention v1 flash-decoding: the S cache entries are cut into chunks, one block per
                       (chunk, head, batch) computes a partial (m, l, acc[Dv]) with threads over
                       keys for the scores and over Dv for the weighted sum; a second kernel
@@ -56,7 +61,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint32
 
 from refimpl._checks import as_float
 from refimpl.attention import _scale_for
@@ -319,6 +324,33 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     RM, RN = rm, rn
     DP1, BC1, TC1, N_S, N_O = d_pad + 1, bc + 1, TC + 1, rm * rn, rm * NE  # array sizes: compile-time constants
     PARTIAL_COLS = dv_pad < TC  # some threads own no output column (tiny Dv): test oc < dv_pad
+    UJ = 4 if bc % 4 == 0 else 1  # keys per pass of P V (bc is a power of two; d_pad one >= 4)
+
+    # The two inner products, per thread, as inlined device functions called with unsigned indices
+    # (no negative-index fix-ups) and written out four at a time in the kernel: ptxas then keeps
+    # them to about 31 instructions per 16 fused multiply-adds (scores) and 71 per 32 (P V).
+    @cuda.jit(device=True, inline=True)
+    def scores_at(q_sh, k_sh, d, tr, tc, k_reg, s_loc):  # s_loc[a, bb] += q[row a, d] k[key bb, d]
+        for bb in range(RN):  # this thread's keys at dimension d: read once, used by all RM rows
+            k_reg[bb] = k_sh[bb * TC + tc, d]
+        for a in range(RM):
+            qa = q_sh[tr * RM + a, d]
+            for bb in range(RN):
+                s_loc[a * RN + bb] += qa * k_reg[bb]
+
+    @cuda.jit(device=True, inline=True)
+    def weighted_values_at(p_sh, v_sh, jj, tr, tc, v_reg, o_loc):  # o_loc[a, e] += p[row a, jj] v[jj, column e]
+        for e in range(NE):  # this thread's entries of value row jj: read once, used by all RM rows
+            oc = e * TC + tc
+            v_reg[e] = v_sh[jj, oc] if (not PARTIAL_COLS or oc < dv_pad) else F(0)
+        for a in range(RM):
+            w = p_sh[tr * RM + a, jj]
+            # -0.0: a masked key, or a visible one scored -inf: adds nothing (v1 skips both), so an
+            # inf or NaN value behind it never enters the sum.
+            if w != F(0) or math.copysign(F(1), w) > F(0):
+                for e in range(NE):
+                    if not PARTIAL_COLS or e * TC + tc < dv_pad:
+                        o_loc[a * NE + e] += w * v_reg[e]
 
     @cuda.jit
     def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
@@ -335,6 +367,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
         red = cuda.shared.array((br, TC1), dtype=F)  # TC + 1: the row groups of a warp in different banks
         s_loc = cuda.local.array(N_S, dtype=F)
         o_loc = cuda.local.array(N_O, dtype=F)
+        v_reg = cuda.local.array(NE, dtype=F)
+        k_reg = cuda.local.array(RN, dtype=F)
         m_run = cuda.local.array(RM, dtype=F)
         l_run = cuda.local.array(RM, dtype=F)
         corr = cuda.local.array(RM, dtype=F)
@@ -393,11 +427,11 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
             # Scores: the same dot products, summed over d in the same order, as v1's.
             for x in range(N_S):
                 s_loc[x] = F(0)
-            for d in range(d_pad):
-                for a in range(RM):
-                    qa = q_sh[tr * RM + a, d]
-                    for bb in range(RN):
-                        s_loc[a * RN + bb] += qa * k_sh[bb * TC + tc, d]
+            for d0 in range(0, d_pad, 4):  # d_pad is a power of two >= 4: four dimensions per pass, written out
+                scores_at(q_sh, k_sh, uint32(d0), tr, tc, k_reg, s_loc)
+                scores_at(q_sh, k_sh, uint32(d0 + 1), tr, tc, k_reg, s_loc)
+                scores_at(q_sh, k_sh, uint32(d0 + 2), tr, tc, k_reg, s_loc)
+                scores_at(q_sh, k_sh, uint32(d0 + 3), tr, tc, k_reg, s_loc)
             for a in range(RM):
                 i = i0 + tr * RM + a
                 p = S - T + i  # the absolute position of query i
@@ -451,16 +485,12 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                     m_run[a] = m_new[a]
                     for e in range(NE):
                         o_loc[a * NE + e] *= corr[a]
-            for jj in range(bc):
-                for a in range(RM):
-                    w = p_sh[tr * RM + a, jj]
-                    # -0.0: a masked key, or a visible one scored -inf: adds nothing (v1 skips both),
-                    # so an inf or NaN value behind it never enters the sum.
-                    if w != F(0) or math.copysign(F(1), w) > F(0):
-                        for e in range(NE):
-                            oc = e * TC + tc
-                            if not PARTIAL_COLS or oc < dv_pad:
-                                o_loc[a * NE + e] += w * v_sh[jj, oc]
+            for j4 in range(0, bc, UJ):  # keys in order; UJ = 4 of them per pass (written out) when bc allows
+                weighted_values_at(p_sh, v_sh, uint32(j4), tr, tc, v_reg, o_loc)
+                if UJ == 4:
+                    weighted_values_at(p_sh, v_sh, uint32(j4 + 1), tr, tc, v_reg, o_loc)
+                    weighted_values_at(p_sh, v_sh, uint32(j4 + 2), tr, tc, v_reg, o_loc)
+                    weighted_values_at(p_sh, v_sh, uint32(j4 + 3), tr, tc, v_reg, o_loc)
 
         for a in range(RM):
             i = i0 + tr * RM + a
