@@ -32,8 +32,9 @@ Versions:
                       products in v1's order. Each thread reads its RN keys (RM + RN shared loads
                       per dimension) and its values of a key (RM + Dv / (BC / RN) loads) once into
                       registers, and both inner loops run four steps per pass with unsigned indices:
-                      in the sm_90 code the scores take 123 instructions per 64 FMAs and P V 240 per
-                      128 (before: 57 per 16, and 265 per 32 with every value re-read for each row).
+                      in the sm_90 code the scores take 123 instructions per 64 FMAs and P V 207 per
+                      128 (before: 57 per 16, and 265 per 32 with every value re-read for each row;
+                      a weight of -0.0 is now found by one integer test of its bits).
                       ptxas (sm_90): 128 registers, no stack frame, no spills, 43.9 KiB shared; v1:
                       168 registers, a 384-byte stack frame (its local arrays), 16 KiB. Measured on
                       an H200 for v1 only (3.9 TFLOP/s at T = 4096, 0.17x torch SDPA); v2 awaits a
@@ -325,10 +326,12 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     DP1, BC1, TC1, N_S, N_O = d_pad + 1, bc + 1, TC + 1, rm * rn, rm * NE  # array sizes: compile-time constants
     PARTIAL_COLS = dv_pad < TC  # some threads own no output column (tiny Dv): test oc < dv_pad
     UJ = 4 if bc % 4 == 0 else 1  # keys per pass of P V (bc is a power of two; d_pad one >= 4)
+    # A float's bits as an integer, and those of -0.0 (one integer test for "weight -0.0").
+    BITS, SIGN_BIT = (np.int32, -(1 << 31)) if dtype == np.float32 else (np.int64, -(1 << 63))
 
     # The two inner products, per thread, as inlined device functions called with unsigned indices
     # (no negative-index fix-ups) and written out four at a time in the kernel: ptxas then keeps
-    # them to about 31 instructions per 16 fused multiply-adds (scores) and 71 per 32 (P V).
+    # them to about 31 instructions per 16 fused multiply-adds (scores) and 52 per 32 (P V).
     @cuda.jit(device=True, inline=True)
     def scores_at(q_sh, k_sh, d, tr, tc, k_reg, s_loc):  # s_loc[a, bb] += q[row a, d] k[key bb, d]
         for bb in range(RN):  # this thread's keys at dimension d: read once, used by all RM rows
@@ -345,9 +348,9 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
             v_reg[e] = v_sh[jj, oc] if (not PARTIAL_COLS or oc < dv_pad) else F(0)
         for a in range(RM):
             w = p_sh[tr * RM + a, jj]
-            # -0.0: a masked key, or a visible one scored -inf: adds nothing (v1 skips both), so an
-            # inf or NaN value behind it never enters the sum.
-            if w != F(0) or math.copysign(F(1), w) > F(0):
+            # -0.0 (its bits are the sign bit alone): a masked key, or a visible one scored -inf: adds
+            # nothing (v1 skips both), so an inf or NaN value behind it never enters the sum.
+            if w.view(BITS) != SIGN_BIT:
                 for e in range(NE):
                     if not PARTIAL_COLS or e * TC + tc < dv_pad:
                         o_loc[a * NE + e] += w * v_reg[e]
