@@ -90,13 +90,14 @@ def check_numba(cc: tuple[int, int], ptxas: str | None = None) -> int:
         f64 = len(re.findall(r"\.f64\b", ptx))
         note = f", {f64} float64 instructions" if dtype == "float32" and f64 else ""
         print(f"ok    {label} [{dtype}]: {len(ptx)} bytes of PTX{note}")
-        if ptxas:
-            print(f"      {resources(ptxas, ptx, cc)}")
+        if ptxas:  # with the register cap the kernel asks for at load time (cuda.jit(max_registers=...)), if any
+            print(f"      {resources(ptxas, ptx, cc, dispatcher.targetoptions.get('max_registers'))}")
     return failures
 
 
-def resources(ptxas: str, ptx: str, cc: tuple[int, int]) -> str:
-    """ptxas -v's resource line for one kernel: registers, stack frame, spills, shared memory."""
+def resources(ptxas: str, ptx: str, cc: tuple[int, int], max_registers: int | None = None) -> str:
+    """ptxas -v's resource line for one kernel: registers, stack frame, spills, shared memory
+    (under -maxrregcount=max_registers when given, as the driver applies the kernel's cap)."""
     import subprocess
     import tempfile
 
@@ -105,14 +106,16 @@ def resources(ptxas: str, ptx: str, cc: tuple[int, int]) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
-        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", f.name, "-o", os.devnull],
+        cap = [f"-maxrregcount={max_registers}"] if max_registers else []
+        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", *cap, f.name, "-o", os.devnull],
                              capture_output=True, text=True)
     text = res.stdout + res.stderr
     frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
     used = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", text)
     if res.returncode or not frame or not used:
         return "ptxas: " + " ".join(text.split())[:300]
-    return (f"{used.group(1)} registers, {frame.group(1)} B stack frame, {frame.group(2)}/{frame.group(3)} B "
+    capped = f" (capped at {max_registers})" if max_registers else ""
+    return (f"{used.group(1)} registers{capped}, {frame.group(1)} B stack frame, {frame.group(2)}/{frame.group(3)} B "
             f"spilled (stores/loads), {used.group(2)} B shared")
 
 

@@ -34,8 +34,10 @@ Versions:
                       registers, and both inner loops run four steps per pass with unsigned indices:
                       in the sm_90 code the scores take 123 instructions per 64 FMAs and P V 207 per
                       128 (before: 57 per 16, and 265 per 32 with every value re-read for each row;
-                      a weight of -0.0 is now found by one integer test of its bits).
-                      ptxas (sm_90): 128 registers, no stack frame, no spills, 43.9 KiB shared; v1:
+                      a weight of -0.0 is now found by one integer test of its bits). Its K and V
+                      tiles load column by column (_load_tile_by_columns: ~28 instructions an entry,
+                      from 67-92 with v1's flat index). ptxas (sm_90): 128 registers under the
+                      kernel's cap (168 without; no spills either way), no stack frame, 43.9 KiB shared; v1:
                       168 registers, a 384-byte stack frame (its local arrays), 16 KiB. Measured on
                       an H200 for v1 only (3.9 TFLOP/s at T = 4096, 0.17x torch SDPA); v2 awaits a
                       GPU (benchmarks/gpu.py times both and sweeps v2's tile sizes).
@@ -93,6 +95,7 @@ _NEG_INF = -math.inf
 # Head dims are padded to a power of two (at least this) so few kernel variants compile;
 # under the simulator a small floor keeps the Python loops short.
 _PAD_FLOOR = 4 if SIMULATOR else 16
+TILED_MAX_REGISTERS = 128  # the float32 tiled kernel's register cap (see _flash_kernel_tiled)
 _SHARED_BYTES = 48 * 1024
 
 
@@ -198,7 +201,12 @@ def _key_visible(p, j, causal, window, n_sink):
 
 @cuda.jit(device=True)
 def _load_tile(src, b, g, j0, S, width, dst, t, n_threads):
-    """dst[jj, d] = src[b, g, j0 + jj, d], zero past S or past `width` features (rows and columns of dst)."""
+    """dst[jj, d] = src[b, g, j0 + jj, d], zero past S or past `width` features (rows and columns of dst).
+
+    v1's loader: one flat index over the tile (a division per entry). v2 reads its tiles through
+    _load_tile_by_columns, which has no division per entry; v1 keeps this one, since the other
+    raises v1's registers from 168 to 216 (ptxas, sm_90, float32).
+    """
     n_rows, n_cols = dst.shape[0], dst.shape[1]
     for idx in range(t, n_rows * n_cols, n_threads):
         jj = idx // n_cols
@@ -207,6 +215,34 @@ def _load_tile(src, b, g, j0, S, width, dst, t, n_threads):
             dst[jj, d] = src[b, g, j0 + jj, d]
         else:
             dst[jj, d] = 0
+
+
+@cuda.jit(device=True)
+def _load_tile_by_columns(src, b, g, j0, S, width, dst, cols, t, n_threads):
+    """dst[jj, d] = src[b, g, j0 + jj, d] for d < cols, zero past S or past `width` features.
+
+    cols and n_threads are powers of two (compile-time constants in the kernels), so the columns
+    split evenly: thread t fills column t % cols of every (n_threads / cols)-th row when
+    n_threads >= cols, else columns t, t + n_threads, ... of every row; no division per element.
+    Columns of dst from `cols` on (a bank padding that nothing reads) are left as they are.
+    """
+    if n_threads >= cols:
+        d = t % cols
+        for jj in range(t // cols, dst.shape[0], n_threads // cols):
+            _load_entry(src, b, g, j0, S, width, dst, jj, d)
+    else:
+        for jj in range(dst.shape[0]):
+            for d in range(t, cols, n_threads):
+                _load_entry(src, b, g, j0, S, width, dst, jj, d)
+
+
+@cuda.jit(device=True)
+def _load_entry(src, b, g, j0, S, width, dst, jj, d):  # dst[jj, d] = src[b, g, j0 + jj, d], or 0 outside
+    j = j0 + jj
+    if j < S and d < width:
+        dst[uint32(jj), uint32(d)] = src[b, g, uint32(j), uint32(d)]
+    else:
+        dst[uint32(jj), uint32(d)] = 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -329,10 +365,11 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     # A float's bits as an integer, and those of -0.0 (one integer test for "weight -0.0").
     BITS, SIGN_BIT = (np.int32, -(1 << 31)) if dtype == np.float32 else (np.int64, -(1 << 63))
 
-    # The two inner products, per thread, as inlined device functions called with unsigned indices
-    # (no negative-index fix-ups) and written out four at a time in the kernel: ptxas then keeps
-    # them to about 31 instructions per 16 fused multiply-adds (scores) and 52 per 32 (P V).
-    @cuda.jit(device=True, inline=True)
+    # The two inner products, per thread, as device functions (NVVM inlines them) called with
+    # unsigned indices (no negative-index fix-ups) and written out four at a time in the kernel:
+    # ptxas then keeps them to about 31 instructions per 16 fused multiply-adds (scores) and 52
+    # per 32 (P V).
+    @cuda.jit(device=True)
     def scores_at(q_sh, k_sh, d, tr, tc, k_reg, s_loc):  # s_loc[a, bb] += q[row a, d] k[key bb, d]
         for bb in range(RN):  # this thread's keys at dimension d: read once, used by all RM rows
             k_reg[bb] = k_sh[bb * TC + tc, d]
@@ -341,7 +378,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
             for bb in range(RN):
                 s_loc[a * RN + bb] += qa * k_reg[bb]
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True)
     def weighted_values_at(p_sh, v_sh, jj, tr, tc, v_reg, o_loc):  # o_loc[a, e] += p[row a, jj] v[jj, column e]
         for e in range(NE):  # this thread's entries of value row jj: read once, used by all RM rows
             oc = e * TC + tc
@@ -355,7 +392,9 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                     if not PARTIAL_COLS or e * TC + tc < dv_pad:
                         o_loc[a * NE + e] += w * v_reg[e]
 
-    @cuda.jit
+    # float32 at most 128 registers a thread (ptxas, sm_90: no spills at the default tiles, where it
+    # would otherwise take 168): four 128-thread blocks fit an SM's 64K registers instead of three.
+    @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if dtype == np.float32 and not SIMULATOR else {}))
     def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
         # Same arguments and result as flash_attention (v1). Grid (ceil(T / br), H, B); block NT
         # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
@@ -423,8 +462,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                 if not causal and (p_last - j0 >= window or j_last - p_first >= window):
                     full = False
             cuda.syncthreads()  # the previous tile's k_sh, v_sh and p_sh are no longer read
-            _load_tile(k, b, g, j0, S, D, k_sh, t, NT)  # (k_sh's last column, the bank padding, is zeroed too)
-            _load_tile(v, b, g, j0, S, Dv, v_sh, t, NT)
+            _load_tile_by_columns(k, b, g, j0, S, D, k_sh, d_pad, t, NT)  # (not k_sh's last column: a bank padding)
+            _load_tile_by_columns(v, b, g, j0, S, Dv, v_sh, dv_pad, t, NT)
             cuda.syncthreads()
 
             # Scores: the same dot products, summed over d in the same order, as v1's.
