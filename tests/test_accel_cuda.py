@@ -605,7 +605,8 @@ def test_every_kernel_compiles_for_a_real_gpu():
     assert "all kernels compiled" in res.stdout
     if "--ptxas" in cmd:  # the tiled attention kernel (float32) keeps its accumulators in registers under its cap
         lines = res.stdout.splitlines()
-        at = next(i for i, line in enumerate(lines) if "flash_attention_tiled" in line and "[float32]" in line)
+        at = next((i for i, line in enumerate(lines) if "flash_attention_tiled" in line and "[float32]" in line), None)
+        assert at is not None and at + 1 < len(lines), "no ptxas report for flash_attention_tiled [float32]"
         report = lines[at + 1]
         assert "(capped at 128)" in report and "0 B stack frame, 0/0 B spilled" in report, report
 

@@ -361,7 +361,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     RM, RN = rm, rn
     DP1, BC1, TC1, N_S, N_O = d_pad + 1, bc + 1, TC + 1, rm * rn, rm * NE  # array sizes: compile-time constants
     PARTIAL_COLS = dv_pad < TC  # some threads own no output column (tiny Dv): test oc < dv_pad
-    UJ = 4 if bc % 4 == 0 else 1  # keys per pass of P V (bc is a power of two; d_pad one >= 4)
+    UJ = 4 if bc % 4 == 0 else 1  # keys per pass of P V (bc is a power of two)
+    UD = 4 if d_pad % 4 == 0 else 1  # dimensions per pass of the scores (d_pad: a power of two, >= 4 as padded)
     # A float's bits as an integer, and those of -0.0 (one integer test for "weight -0.0").
     BITS, SIGN_BIT = (np.int32, -(1 << 31)) if dtype == np.float32 else (np.int64, -(1 << 63))
 
@@ -392,9 +393,11 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                     if not PARTIAL_COLS or e * TC + tc < dv_pad:
                         o_loc[a * NE + e] += w * v_reg[e]
 
-    # float32 at most 128 registers a thread (ptxas, sm_90: no spills at the default tiles, where it
-    # would otherwise take 168): four 128-thread blocks fit an SM's 64K registers instead of three.
-    @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if dtype == np.float32 and not SIMULATOR else {}))
+    # float32 with micro-tiles up to 4 x 4 (and up to 32 output entries a thread): at most 128 registers
+    # a thread (ptxas, sm_90: no spills at the default tiles, where it would otherwise take 168), so
+    # four 128-thread blocks fit an SM's 64K registers instead of three. Larger micro-tiles: no cap.
+    capped = dtype == np.float32 and RM * RN <= 16 and N_O <= 32 and not SIMULATOR
+    @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if capped else {}))
     def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
         # Same arguments and result as flash_attention (v1). Grid (ceil(T / br), H, B); block NT
         # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
@@ -469,11 +472,12 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
             # Scores: the same dot products, summed over d in the same order, as v1's.
             for x in range(N_S):
                 s_loc[x] = F(0)
-            for d0 in range(0, d_pad, 4):  # d_pad is a power of two >= 4: four dimensions per pass, written out
+            for d0 in range(0, d_pad, UD):  # dimensions in order; UD = 4 of them per pass (written out)
                 scores_at(q_sh, k_sh, uint32(d0), tr, tc, k_reg, s_loc)
-                scores_at(q_sh, k_sh, uint32(d0 + 1), tr, tc, k_reg, s_loc)
-                scores_at(q_sh, k_sh, uint32(d0 + 2), tr, tc, k_reg, s_loc)
-                scores_at(q_sh, k_sh, uint32(d0 + 3), tr, tc, k_reg, s_loc)
+                if UD == 4:
+                    scores_at(q_sh, k_sh, uint32(d0 + 1), tr, tc, k_reg, s_loc)
+                    scores_at(q_sh, k_sh, uint32(d0 + 2), tr, tc, k_reg, s_loc)
+                    scores_at(q_sh, k_sh, uint32(d0 + 3), tr, tc, k_reg, s_loc)
             for a in range(RM):
                 i = i0 + tr * RM + a
                 p = S - T + i  # the absolute position of query i
