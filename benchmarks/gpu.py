@@ -179,6 +179,12 @@ def tile_sweep(make, ceil: dict, T: int = 4096) -> list[dict]:
         msg = rec.get("error") or (f"{rec['accel_numba_cuda']['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
                                    f"{rec['throughput_ratio_vs_torch']:.2f}x torch SDPA; max abs diff {diff:.1e} at T=512")
         print(f"attention tile sweep T={T} tiled={sizes} ({rec['threads_per_block']} threads): {msg}", flush=True)
+    timed = [r for r in out if "accel_numba_cuda" in r]
+    if timed:  # the fastest size, for accel/numba_cuda/_common.py's _GPU_DEFAULTS (v1's time is printed above)
+        best = min(timed, key=lambda r: r["accel_numba_cuda"]["median_s"])
+        print(f"attention tile sweep T={T}: fastest tiled={best['tiled']} at "
+              f"{best['accel_numba_cuda']['median_s']*1e3:.2f} ms, {best['throughput_ratio_vs_torch']:.2f}x torch SDPA",
+              flush=True)
     return out
 
 
