@@ -154,3 +154,33 @@ def test_matmul_threaded_on_either_library():
         assert float(err) < 1e-3  # |entries| ~ 30-100: float32 sums of 768 terms
         names.append(name)
     assert names[0].startswith("SciPy") and names[2].startswith("SciPy")
+
+
+def test_pytorch_imported_after_accel_keeps_its_own_mkl():
+    """PyTorch links its own MKL and exports its symbols; once libmkl_rt (accel's MKL) sits in the
+    process's global scope, a libtorch loaded afterwards binds to that one instead (its products then
+    ran on accel's one-thread layer: GPT-2's HF forward 2x slower, every torch figure in the benchmarks
+    wrong). blas.py binds libtorch first (`_protect_torch`). Checked without timing: in a fresh process
+    that imports accel.numba_cpu, runs the fused attention (an MKL sgemm) and then imports torch, torch
+    reports the MKL version and thread counts it reports alone (before the fix: accel's MKL version and
+    one thread)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    if not BLAS_NAME.startswith("MKL"):
+        pytest.skip(f"accel's gemm does not use MKL here ({BLAS_NAME}): nothing to interfere with torch")
+    report = ("import torch\n"
+              "print('|'.join(l.strip() for l in torch.__config__.parallel_info().splitlines()\n"
+              "               if 'Math Kernel' in l or 'max_threads' in l))\n")
+    accel_first = ("import numpy as np\n"
+                   "import accel.numba_cpu\n"
+                   "from accel.numba_cpu.attention import masked_attention\n"
+                   "q = np.ones((1, 2, 300, 16), np.float32)\n"
+                   "masked_attention(q, q, q, causal=True)\n") + report
+    alone, after = (subprocess.run([sys.executable, "-c", s], capture_output=True, text=True, timeout=600)
+                    for s in (report, accel_first))
+    assert alone.returncode == 0 and after.returncode == 0, (alone.stderr + after.stderr)[-2000:]
+    print(f"torch alone: {alone.stdout.strip()}\ntorch after accel: {after.stdout.strip()}")
+    assert "Math Kernel" in alone.stdout
+    assert after.stdout == alone.stdout

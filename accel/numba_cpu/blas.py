@@ -16,7 +16,21 @@ sys.prefix/lib, bound to its sequential layer: one thread per call, the kernels 
 parallelism), else the BLAS that SciPy ships (scipy.linalg.cython_blas, the library Numba's own
 np.dot calls); ACCEL_BLAS=scipy forces the latter. BLAS_NAME says which. MKL measured 265-278
 GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are tested
-(tests/test_accel_blas.py). Row-major C = A B is column-major C^T = B^T A^T, so the operands are
+(tests/test_accel_blas.py).
+
+MKL and PyTorch in one process: loading libmkl_rt puts MKL's libraries in the process's global
+symbol scope (libmkl_rt opens its layers that way). PyTorch's libtorch_cpu carries a statically
+linked MKL whose ~24,000 symbols it exports and looks up through that scope, so a PyTorch loaded
+*after* it ran its own matrix products on this MKL's sequential layer: one thread (GPT-2 small's
+Hugging Face forward measured 160 ms alone, ~300-420 ms after `import accel.numba_cpu`; a 2-thread
+128 x 768 x 3072 sgemm 250 -> 120 GF/s). So before loading MKL, `_protect_torch` loads
+libtorch_cpu (when PyTorch is installed and not loaded yet) with every symbol bound at once
+(RTLD_NOW) and private (RTLD_LOCAL): its references then point into its own MKL for good, and a
+later `import torch` finds it loaded (~0.3 s here). A PyTorch imported before this module is
+already bound the same way (Python opens extensions with RTLD_NOW).
+tests/test_accel_blas.py checks torch's MKL thread count after this module and a kernel ran.
+
+Row-major C = A B is column-major C^T = B^T A^T, so the operands are
 passed swapped. The caller keeps OpenBLAS single-threaded inside parallel regions (threadpoolctl;
 accel.numba_cpu.attention).
 
@@ -56,19 +70,44 @@ _MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's code for its sequential (one-th
 _MKL_LP64 = 0  # MKL_Set_Interface_Layer's code for 32-bit integers (the int32 arguments below)
 
 
+def _protect_torch() -> None:
+    """Load PyTorch's libtorch_cpu with its symbols bound now and kept private, if PyTorch is installed (module docstring)."""
+    if "torch" in sys.modules:
+        return  # loaded already, bound at load
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for d in spec.submodule_search_locations:
+        path = os.path.join(d, "lib", "libtorch_cpu.so")
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            except OSError:  # not loadable here: torch itself will say why when imported
+                pass
+            return
+
+
 def _find_mkl():  # -> ctypes.CDLL of libmkl_rt (one thread per call) or None
     """MKL's single dynamic library from the `mkl` wheel (installed under sys.prefix/lib), unless ACCEL_BLAS=scipy."""
     if os.environ.get("ACCEL_BLAS", "").lower() in ("scipy", "openblas"):
         return None
-    for d in dict.fromkeys([os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")]):
-        for path in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True):
-            try:
-                lib = ctypes.CDLL(path)
-                lib.MKL_Set_Interface_Layer(_MKL_LP64)  # 32-bit dimensions, whatever MKL_INTERFACE_LAYER says
-                lib.MKL_Set_Threading_Layer(_MKL_SEQUENTIAL)  # before MKL's first call: no thread pool of its own
-                return lib
-            except (OSError, AttributeError):  # not loadable here, or not the MKL this code expects
-                continue
+    paths = [path for d in dict.fromkeys([os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")])
+             for path in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True)]
+    if paths:
+        _protect_torch()
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.MKL_Set_Interface_Layer(_MKL_LP64)  # 32-bit dimensions, whatever MKL_INTERFACE_LAYER says
+            lib.MKL_Set_Threading_Layer(_MKL_SEQUENTIAL)  # before MKL's first call: no thread pool of its own
+            return lib
+        except (OSError, AttributeError):  # not loadable here, or not the MKL this code expects
+            continue
     return None
 
 
