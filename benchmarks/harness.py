@@ -207,6 +207,10 @@ def machine_info() -> dict:
     try:
         import torch
         info["torch_threads"] = torch.get_num_threads()
+        # The MKL torch's products run on, as torch reports it: its own (statically linked) build,
+        # unless another MKL took over its symbols (accel.numba_cpu.blas's docstring).
+        info["torch_mkl"] = next((ln.strip() for ln in torch.__config__.parallel_info().splitlines()
+                                  if "Math Kernel Library" in ln), None)
     except Exception:
         pass
     try:

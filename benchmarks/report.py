@@ -37,6 +37,15 @@ def _rows_by_case(results):
     return by
 
 
+def _short_mkl(line) -> str:  # torch's "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product ..." -> "MKL 2024.2"
+    if not line:
+        return "not recorded"
+    import re
+
+    m = re.search(r"Version (\S+?)-", line)
+    return f"MKL {m.group(1)}" if m else line
+
+
 def markdown(out_dir: Path = RESULTS_DIR) -> str:
     ceil = _load(out_dir, "ceilings")
     lines = []
@@ -44,7 +53,8 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
         m, c = ceil["machine"], ceil["ceilings"]
         lines.append(f"Measured {m['date']} on {m['cpu']} ({m['cores']} cores), numpy {m['numpy']}, "
                      f"numba {m['numba']}, torch {m['torch']}, OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}, "
-                     f"{m.get('mode', '?')} mode, accel numba kernels' BLAS: {m.get('accel_numba_blas', '?')}. Ceilings measured in the same run: matmul "
+                     f"{m.get('mode', '?')} mode, accel numba kernels' BLAS: {m.get('accel_numba_blas', '?')}, torch's: "
+                     f"{_short_mkl(m.get('torch_mkl'))}. Ceilings measured in the same run: matmul "
                      f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}), read bandwidth "
                      f"{c['bandwidth']['gbps']:.1f} GB/s.")
         lines.append("")
