@@ -71,14 +71,17 @@ def time_fn(fn, *, repeats: int = 7, warmup: int = 2, min_time: float = 0.0, max
 
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: float = 0.0,
-                     max_time: float = 120.0, gap: float = 0.01) -> dict:
+                     max_time: float = 120.0, gap: float = 0.2) -> dict:
     """{name: Timing} for several callables timed in turn: round r takes one sample of each.
 
     Each callable is warmed up `warmup` times first. The order rotates by one place each round
     and runs backwards every other cycle of rounds, so each implementation runs in each position
     equally often and none always right after the same other one (a library whose worker threads
     spin for a while after a call would otherwise slow whatever follows it); each sample starts
-    after `gap` seconds of idle time. A very short call is repeated inside its
+    after `gap` seconds of idle time, long enough for such threads to have parked: NumPy's
+    OpenBLAS workers spin for ~0.05-0.1 s after a call, and Hugging Face's 128-token GPT-2
+    forward measured 245-277 ms right after one of ours (0.01-0.05 s gap), 175-210 ms after
+    0.1-0.8 s (2026-11-30; the 0.01 s default before then favoured us). A very short call is repeated inside its
     sample until it lasts `min_time` seconds (the sample is the mean per call). Rounds stop
     early once the total exceeds `max_time` (after at least 3 rounds).
     """
