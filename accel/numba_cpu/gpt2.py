@@ -138,12 +138,13 @@ def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_
     for r in range(B):
         _layer_norm_row(x[r], g2, b2, eps, h[r])
     f = _linear_rows(h, w_fc, b_fc[:0])  # [B, F]; the bias goes into the GELU, as the generic path
-    for r in range(B):
+    a = np.empty_like(f)  # GELU(f + b) into its own rows: written in place, the row loop's overlap check
+    for r in range(B):    # sends it to its scalar version (GPT-2 small: 38 vs 5 us per 3072-wide row)
         if x.itemsize == 4:
-            _gelu_row_f32(f[r], b_fc, f[r])
+            _gelu_row_f32(f[r], b_fc, a[r])
         else:
-            _gelu_row(f[r], b_fc, f[r])
-    x += _linear_rows(f, w_p, b_p)
+            _gelu_row(f[r], b_fc, a[r])
+    x += _linear_rows(a, w_p, b_p)
 
 
 def _block_shapes(config) -> tuple:  # the shapes _decode_block reads, in its argument order
