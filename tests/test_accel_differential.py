@@ -374,12 +374,12 @@ def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype,
 
     spec = registry.get("masked_attention", "numba")
     _require(spec)
-    tiles = fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT
-    fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT = bq, bk, bq, bk
+    tiles = fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT, fused.BQ_HUGE, fused.BK_HUGE
+    fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT, fused.BQ_HUGE, fused.BK_HUGE = bq, bk, bq, bk, bq, bk
     try:
         res, _, _, _ = run_case(spec, dtype, make_case("masked_attention", np.random.default_rng(seed), dtype, dims))
     finally:
-        fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT = tiles
+        fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT, fused.BQ_HUGE, fused.BK_HUGE = tiles
     _record(f"masked_attention[numba] tiles {dtype}", res)
     assert res.passed, f"BQ={bq} BK={bk}: {res}"
 

@@ -51,7 +51,9 @@ Versions:
      row's window [lo, hi) and sink [0, sk) in tile coordinates), a per-key test only in tiles
      that hold padding keys. Each score row is a contiguous 1-D slice, so max / exp / sum
      vectorise. Tiles 128 x 512 from T * S = 2^20 on (the best of 64..256 x 128..1024 at
-     T = 1024..4096), 64 x 128 below; the causal diagonal costs BQ / T extra products. The
+     T = 1024..4096), 64 x 128 below, 256 x 1024 from T * S = 2^26 on (T = S = 8192: 0.99-1.00x
+     torch SDPA's time, paired, 11-15 rounds, against 1.04-1.07x with 128 x 512; the same at
+     T = 4096); the causal diagonal costs BQ / T extra products. The
      per-tile softmax update is one function (`_softmax_tile`) with the row max as a vectorised
      maxnum reduction. Measured (benchmarks --full, 2 threads, per-round ratio to torch SDPA,
      causal, H = 12, D = 64): 1.16x / 1.12x / 1.07x / 1.05x at T = 1024 / 2048 / 4096 / 8192;
@@ -107,13 +109,16 @@ from .._common import check_decode_attention_args, check_masked_attention_args
 from ._launch import run_parallel
 from .blas import BLAS_NAME, gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
 
-__all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT"]
+__all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT", "BQ_HUGE", "BK_HUGE"]
 
 BQ = 128  # queries per task (rows of a query tile) when T * S >= LONG
 BK = 512  # keys per tile when T * S >= LONG
 BQ_SHORT = 64  # tiles for shorter problems: less causal-diagonal waste and more tasks than threads
 BK_SHORT = 128  # (GPT-2 prefill at T = 128: 12 heads in ~0.5 ms instead of ~1.2 ms with 128 x 512)
 LONG = 1 << 20
+BQ_HUGE = 256  # tiles from T * S >= HUGE (T = S = 8192): fewer passes over K and V, which no longer
+BK_HUGE = 1024  # stay in a core's 2 MiB L2 (4 MiB per head at S = 8192); s_buf is then 1 MiB per task
+HUGE = 1 << 26
 DECODE_PARALLEL_WORK = 1 << 21  # k + v elements (8 MiB of float32) from which decode_attention runs in parallel:
 # GPT-2 small's whole 1024-token cache at B = 1 (1.6M) measured the same serial or parallel (~0.33 ms), B = 8 1.4 vs 2.1 ms
 
@@ -443,7 +448,9 @@ def _decode_attention_serial(q, k, v, lengths, scale, n_chunks, fast_exp, part_m
 
 
 def _tiles(T: int, S: int) -> tuple[int, int]:
-    """(BQ, BK) for a T x S problem: the large tiles from T * S = LONG on, the short ones below."""
+    """(BQ, BK) for a T x S problem: the huge tiles from T * S = HUGE on, the large ones from LONG, the short ones below."""
+    if T * S >= HUGE:
+        return BQ_HUGE, BK_HUGE
     return (BQ, BK) if T * S >= LONG else (BQ_SHORT, BK_SHORT)
 
 
