@@ -182,5 +182,6 @@ def test_pytorch_imported_after_accel_keeps_its_own_mkl():
                     for s in (report, accel_first))
     assert alone.returncode == 0 and after.returncode == 0, (alone.stderr + after.stderr)[-2000:]
     print(f"torch alone: {alone.stdout.strip()}\ntorch after accel: {after.stdout.strip()}")
-    assert "Math Kernel" in alone.stdout
+    if "Math Kernel" not in alone.stdout:
+        pytest.skip("this torch is built without MKL: nothing for accel's MKL to take over")
     assert after.stdout == alone.stdout

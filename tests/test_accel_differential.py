@@ -384,6 +384,17 @@ def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype,
     assert res.passed, f"BQ={bq} BK={bk}: {res}"
 
 
+def test_fused_attention_picks_its_tiles_by_problem_size():
+    """64 x 128 below T * S = 2^20, 128 x 512 from there, 256 x 1024 from 2^26 (attention.py's header)."""
+    from accel.numba_cpu import attention as fused
+
+    assert fused._tiles(128, 128) == (fused.BQ_SHORT, fused.BK_SHORT) == (64, 128)
+    assert fused._tiles(1024, 1024) == (fused.BQ, fused.BK) == (128, 512)
+    assert fused._tiles(4096, 4096) == (128, 512)
+    assert fused._tiles(8192, 8192) == (fused.BQ_HUGE, fused.BK_HUGE) == (256, 1024)
+    assert fused._tiles(1, 1 << 26) == (256, 1024)
+
+
 @settings(max_examples=30, deadline=None)
 @given(dims=_decode_dims(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
        dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))

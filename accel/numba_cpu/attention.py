@@ -51,12 +51,14 @@ Versions:
      row's window [lo, hi) and sink [0, sk) in tile coordinates), a per-key test only in tiles
      that hold padding keys. Each score row is a contiguous 1-D slice, so max / exp / sum
      vectorise. Tiles 128 x 512 from T * S = 2^20 on (the best of 64..256 x 128..1024 at
-     T = 1024..4096), 64 x 128 below, 256 x 1024 from T * S = 2^26 on (T = S = 8192: 0.99-1.00x
-     torch SDPA's time, paired, 11-15 rounds, against 1.04-1.07x with 128 x 512; the same at
-     T = 4096); the causal diagonal costs BQ / T extra products. The
-     per-tile softmax update is one function (`_softmax_tile`) with the row max as a vectorised
-     maxnum reduction. Measured (benchmarks --full, 2 threads, per-round ratio to torch SDPA,
-     causal, H = 12, D = 64): 1.16x / 1.12x / 1.07x / 1.05x at T = 1024 / 2048 / 4096 / 8192;
+     T = 1024..4096), 64 x 128 below, 256 x 1024 from T * S = 2^26 on (causal, T = S = 8192,
+     targeted runs of 11-15 rounds: 0.99-1.00x torch SDPA's time paired, against 1.04-1.07x with
+     128 x 512; at T = 4096, which keeps 128 x 512, the two sizes measured the same; sliding
+     windows and T << S at that size were not measured); the causal diagonal costs BQ / T extra
+     products. The per-tile softmax update is one function (`_softmax_tile`) with the row max as a
+     vectorised maxnum reduction. Measured (benchmarks --full of 2026-11-30 01:44, 2 threads,
+     per-round ratio to torch SDPA, causal, H = 12, D = 64): 0.90x / 0.95x / 0.98x / 1.07x at
+     T = 1024 / 2048 / 4096 / 8192;
      about two thirds of the time is the two products, the rest the row max, exp and sum
      (~0.6 ns per score on one core).
   decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
@@ -117,7 +119,7 @@ BQ_SHORT = 64  # tiles for shorter problems: less causal-diagonal waste and more
 BK_SHORT = 128  # (GPT-2 prefill at T = 128: 12 heads in ~0.5 ms instead of ~1.2 ms with 128 x 512)
 LONG = 1 << 20
 BQ_HUGE = 256  # tiles from T * S >= HUGE (T = S = 8192): fewer passes over K and V, which no longer
-BK_HUGE = 1024  # stay in a core's 2 MiB L2 (4 MiB per head at S = 8192); s_buf is then 1 MiB per task
+BK_HUGE = 1024  # stay in a core's 2 MiB L2 (4 MiB per head at S = 8192); s_buf is then 1 MiB per float32 task
 HUGE = 1 << 26
 DECODE_PARALLEL_WORK = 1 << 21  # k + v elements (8 MiB of float32) from which decode_attention runs in parallel:
 # GPT-2 small's whole 1024-token cache at B = 1 (1.6M) measured the same serial or parallel (~0.33 ms), B = 8 1.4 vs 2.1 ms

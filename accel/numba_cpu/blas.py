@@ -18,8 +18,9 @@ np.dot calls); ACCEL_BLAS=scipy forces the latter. BLAS_NAME says which. MKL mea
 GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are tested
 (tests/test_accel_blas.py).
 
-MKL and PyTorch in one process: loading libmkl_rt puts MKL's libraries in the process's global
-symbol scope (libmkl_rt opens its layers that way). PyTorch's libtorch_cpu carries a statically
+MKL and PyTorch in one process: the first MKL function libmkl_rt dispatches (here threadpoolctl's
+query of its thread count at import, or the first gemm; choosing its layers does not yet) opens
+MKL's layer libraries into the process's global symbol scope. PyTorch's libtorch_cpu carries a statically
 linked MKL whose ~24,000 symbols it exports and looks up through that scope, so a PyTorch loaded
 *after* it ran its own matrix products on this MKL's sequential layer: one thread (GPT-2 small's
 Hugging Face forward measured 160 ms alone, ~300-420 ms after `import accel.numba_cpu`; a 2-thread
@@ -80,7 +81,7 @@ def _protect_torch() -> None:
         import importlib.util
 
         spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
+    except Exception:  # a broken finder or package: nothing to protect, and no reason to fail this import
         return
     if spec is None or not spec.submodule_search_locations:
         return
