@@ -12,6 +12,7 @@ paired_ratio): the figure least moved by a slow spell of a shared machine.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -40,8 +41,6 @@ def _rows_by_case(results):
 def _short_mkl(line) -> str:  # torch's "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product ..." -> "MKL 2024.2"
     if not line:
         return "not recorded"
-    import re
-
     m = re.search(r"Version (\S+?)-", line)
     return f"MKL {m.group(1)}" if m else line
 

@@ -20,8 +20,8 @@ GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are test
 
 MKL and PyTorch in one process: the first MKL function libmkl_rt dispatches (here threadpoolctl's
 query of its thread count at import, or the first gemm; choosing its layers does not yet) opens
-MKL's layer libraries into the process's global symbol scope. PyTorch's libtorch_cpu carries a statically
-linked MKL whose ~24,000 symbols it exports and looks up through that scope, so a PyTorch loaded
+MKL's layer libraries into the process's global symbol scope. PyTorch's libtorch_cpu carries a
+statically linked MKL whose ~24,000 symbols it exports and looks up through that scope, so a PyTorch loaded
 *after* it ran its own matrix products on this MKL's sequential layer: one thread (GPT-2 small's
 Hugging Face forward measured 160 ms alone, ~300-420 ms after `import accel.numba_cpu`; a 2-thread
 128 x 768 x 3072 sgemm 250 -> 120 GF/s). So before loading MKL, `_protect_torch` loads
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import importlib.util
 import os
 import sys
 
@@ -78,8 +79,6 @@ def _protect_torch() -> None:
     if "torch" in sys.modules:
         return  # loaded already, bound at load
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("torch")
     except Exception:  # a broken finder or package: nothing to protect, and no reason to fail this import
         return
