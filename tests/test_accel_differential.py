@@ -395,6 +395,67 @@ def test_fused_attention_picks_its_tiles_by_problem_size():
     assert fused._tiles(1, 1 << 26) == (256, 1024)
 
 
+def _exp_poly_ulps(poly, lo: float, to_ref) -> tuple[float, np.ndarray]:
+    """(max error in float32 ulps over [lo, 0], the outputs for [NaN, -inf, lo - 1, 0]) of a float32 exp polynomial."""
+    from numba import njit
+
+    @njit(cache=False)
+    def apply(t):
+        out = np.empty_like(t)
+        for i in range(t.shape[0]):
+            out[i] = poly(t[i])
+        return out
+
+    rng = np.random.default_rng(7)
+    t = np.concatenate([np.linspace(lo, 0, 2_000_001, dtype=np.float32),
+                        (lo * rng.random(500_000)).astype(np.float32),
+                        -rng.random(500_000).astype(np.float32)])  # dense near 0, where results are largest
+    ref = to_ref(t.astype(np.float64))
+    ulps = np.abs(apply(t) - ref) / np.spacing(ref.astype(np.float32)).astype(np.float64)
+    return float(ulps.max()), apply(np.array([np.nan, -np.inf, lo - 1, 0], dtype=np.float32))
+
+
+def test_float32_exp_polynomials_meet_their_stated_error():
+    """attention.py's _exp_f32 (e^t, <= 1 ulp) and _exp2_f32 (2^t, <= 1.2 ulp) for t <= 0, and their edges.
+
+    Claims from the module: the error bounds over the normal range; 0 below it (-87.34 / -126,
+    where the exact result is under 2^-126 = 1.2e-38), 0 for -inf, NaN for NaN, exactly 1 at 0.
+    """
+    _numba("masked_attention")
+    from accel.numba_cpu import attention as fused
+
+    e_ulps, e_edges = _exp_poly_ulps(fused._exp_f32, float(fused._EXP_MIN), np.exp)
+    two_ulps, two_edges = _exp_poly_ulps(fused._exp2_f32, float(fused._EXP2_MIN), np.exp2)
+    print(f"\n_exp_f32: max {e_ulps:.3f} ulp on [-87.34, 0]; _exp2_f32: max {two_ulps:.3f} ulp on [-126, 0]")
+    assert e_ulps <= 1.0 and two_ulps <= 1.21
+    for edges in (e_edges, two_edges):
+        assert np.isnan(edges[0]) and edges[1] == 0 and edges[2] == 0 and edges[3] == 1
+
+
+def test_wide_vectors_reaches_the_compiled_code():
+    """accel.numba_cpu._simd.wide_vectors puts "prefer-vector-width"="512" on the calling function,
+    and on an AVX-512 CPU its loop is then vectorised with 512-bit (zmm) registers."""
+    _numba("softmax")
+    import llvmlite.binding as llvm
+    from numba import njit
+
+    from accel.numba_cpu._simd import PREFER_512, wide_vectors
+
+    @njit(cache=False)
+    def scale_row(x, a):
+        wide_vectors()
+        for j in range(x.shape[0]):
+            x[j] *= a
+
+    x = np.arange(37, dtype=np.float32)
+    scale_row(x, np.float32(2))
+    assert np.array_equal(x, 2 * np.arange(37, dtype=np.float32))
+    sig = scale_row.signatures[0]
+    assert PREFER_512 in scale_row.inspect_llvm(sig)
+    if "+avx512f" in llvm.get_host_cpu_features().flatten().split(","):
+        assert "zmm" in scale_row.inspect_asm(sig)
+
+
 @settings(max_examples=30, deadline=None)
 @given(dims=_decode_dims(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
        dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))

@@ -11,7 +11,8 @@ Kernels (module: versions and how each deliberately differs from its twin in its
 Helpers: blas.gemm, BLAS ?gemm on strided row-major blocks from inside kernels (MKL's when the
 `mkl` wheel is installed, else SciPy's OpenBLAS; ACCEL_BLAS=scipy forces the latter), and
 blas.matmul_threaded, X W through the BLAS NumPy itself uses, on its threads (gpt2's one-token
-decoding step, which runs each GPT-2 block as one compiled call: gpt2.decode_blocks).
+decoding step, which runs each GPT-2 block as one compiled call: gpt2.decode_blocks), and
+_simd.wide_vectors, which lets a row function's loops use 512-bit vectors on AVX-512 CPUs.
 
 Every kernel takes and returns NumPy arrays; threads follow numba.set_num_threads. Compiled
 code is cached next to the modules (cache=True), so only the first run in a checkout compiles.

@@ -38,6 +38,7 @@ from numba import njit, prange
 
 from refimpl._checks import as_float, check_ndim
 
+from ._simd import wide_vectors
 from .norms import parallel_or_serial
 
 __all__ = ["gelu_tanh_bias"]
@@ -92,6 +93,7 @@ def _exp_f64_call(t):  # float64 -> float64: `_exp_f64` as a function of its own
 
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def _gelu_row_f32(x, b, out):  # [F] float32, [F] -> [F]
+    wide_vectors()
     for c in range(x.shape[0]):
         z = np.float64(x[c]) + np.float64(b[c])
         u = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
@@ -100,6 +102,7 @@ def _gelu_row_f32(x, b, out):  # [F] float32, [F] -> [F]
 
 @njit(cache=True, error_model="numpy")
 def _gelu_row(x, b, out):  # [F], [F] -> [F]
+    wide_vectors()
     for c in range(x.shape[0]):
         z = np.float64(x[c]) + np.float64(b[c])
         u = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))

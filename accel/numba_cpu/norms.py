@@ -39,6 +39,7 @@ from refimpl._checks import as_float
 from refimpl.norms import _check_eps, _check_feature_vector, _check_width
 
 from ._launch import run_parallel
+from ._simd import wide_vectors
 
 __all__ = ["layer_norm", "rms_norm", "threads_for", "parallel_or_serial", "SMALL_WORK"]
 
@@ -74,6 +75,7 @@ def threads_for(n_elements: int):
 @njit(cache=True, fastmath={"reassoc"})
 def _sum64(x):  # [C] -> float64
     """sum_c x_c in float64, in an order the compiler picks (vectorised): <= (C - 1) eps64 sum |x_c|."""
+    wide_vectors()
     s = 0.0
     for c in range(x.shape[0]):
         s += np.float64(x[c])
@@ -83,6 +85,7 @@ def _sum64(x):  # [C] -> float64
 @njit(cache=True, fastmath={"reassoc"})
 def _sum_sq64(x, mu):  # [C], float64 -> float64
     """sum_c (x_c - mu)^2 in float64 (each term as written, the adds in a compiler-picked order)."""
+    wide_vectors()
     s = 0.0
     for c in range(x.shape[0]):
         d = np.float64(x[c]) - mu
@@ -92,6 +95,7 @@ def _sum_sq64(x, mu):  # [C], float64 -> float64
 
 @njit(cache=True, error_model="numpy")
 def _layer_norm_row(x, gamma, beta, eps, out):  # [C], [C], [C] -> [C]
+    wide_vectors()
     C = x.shape[0]
     mu = _sum64(x) / C
     var = _sum_sq64(x, mu) / C
@@ -115,6 +119,7 @@ def _layer_norm_rows_serial(x, gamma, beta, eps, out):  # the same, on the calli
 
 @njit(cache=True, error_model="numpy")
 def _rms_norm_row(x, gamma, eps, out):  # [C], [C] -> [C]
+    wide_vectors()
     C = x.shape[0]
     denom = math.sqrt(_sum_sq64(x, 0.0) / C + eps)
     for c in range(C):

@@ -29,6 +29,7 @@ from numba import njit, prange
 
 from refimpl._checks import as_float
 
+from ._simd import wide_vectors
 from .attention import _row_max
 from .ffn import _exp_f64, _exp_f64_call
 from .norms import parallel_or_serial
@@ -38,6 +39,7 @@ __all__ = ["softmax"]
 
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def _softmax_row(x, out):  # [n] -> [n]
+    wide_vectors()
     n = x.shape[0]
     m = np.float64(_row_max(x))  # the max over the non-NaN entries (maxnum, vectorised; exact)
     if m == -np.inf:  # every entry -inf or NaN (or n = 0): zeros, or NaN if a NaN is there
@@ -58,6 +60,7 @@ def _softmax_row(x, out):  # [n] -> [n]
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def _sum_exp64(x, m):  # [n], float64 -> float64
     """sum_j exp(x_j - m) in float64 (the adds in a compiler-picked order: <= (n - 1) eps64 relative)."""
+    wide_vectors()
     s = 0.0
     for j in range(x.shape[0]):
         s += _exp_f64_call(np.float64(x[j]) - m)
