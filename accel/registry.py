@@ -147,7 +147,7 @@ KERNELS: list[KernelSpec] = [
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
         note="online softmax over key tiles (running max, FlashAttention) in the input dtype: q.k over D "
              "and sum_j p_j v_j within a tile by BLAS (its order); float32 scores in base 2 (q carries scale * log2 e: "
-             "one more rounding of q) and a <= 1.21-ulp polynomial 2^x, "
+             "one more rounding of q; the ALiBi slopes log2 e, in float64) and a <= 0.81-ulp polynomial 2^x, "
              "tiles merged in order, running sum in float64, one divide. Each output carries ~(D + S/BK + log) roundings "
              "of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1) plus eps * |score| from the exp "
              "argument (scores and ALiBi terms <~ 50 here): ~1e-6 seen, 2e-5 allowed; float64 at 2^-53",
@@ -157,7 +157,7 @@ KERNELS: list[KernelSpec] = [
         _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
         note="split-S online softmax for one query per (b, h) (per chunk: q.k over D and sum_j p_j v_j "
-             "by BLAS, float64 row sums in a compiler-chosen order, <= 1-ulp polynomial exp for float32, "
+             "by BLAS, float64 row sums in a compiler-chosen order, <= 1.02-ulp polynomial exp for float32, "
              "libm for float64), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention",
     ),
     # ---------------------------------------------------------------- numba_cuda (GPU; CPU simulator in CI)

@@ -395,65 +395,118 @@ def test_fused_attention_picks_its_tiles_by_problem_size():
     assert fused._tiles(1, 1 << 26) == (256, 1024)
 
 
-def _exp_poly_ulps(poly, lo: float, to_ref) -> tuple[float, np.ndarray]:
-    """(max error in float32 ulps over [lo, 0], the outputs for [NaN, -inf, lo - 1, 0]) of a float32 exp polynomial."""
-    from numba import njit
-
-    @njit(cache=False)
-    def apply(t):
-        out = np.empty_like(t)
-        for i in range(t.shape[0]):
-            out[i] = poly(t[i])
-        return out
-
+def _exp_row_ulps(row_fn, lo: float, to_ref) -> tuple[float, np.ndarray, np.ndarray]:
+    """A float32 exp row function as the kernels compile it, t -> f(t) in place over [lo, 0]:
+    (max error in float32 ulps, its outputs for the edge inputs in a 64-entry row (vector path),
+    and in a 4-entry row (scalar path)). Edges: NaN, -inf, lo - 1 (below the range), -0.0."""
     rng = np.random.default_rng(7)
     t = np.concatenate([np.linspace(lo, 0, 2_000_001, dtype=np.float32),
                         (lo * rng.random(500_000)).astype(np.float32),
                         -rng.random(500_000).astype(np.float32)])  # dense near 0, where results are largest
+    y = t.copy()
+    row_fn(y)
     ref = to_ref(t.astype(np.float64))
-    ulps = np.abs(apply(t) - ref) / np.spacing(ref.astype(np.float32)).astype(np.float64)
-    return float(ulps.max()), apply(np.array([np.nan, -np.inf, lo - 1, 0], dtype=np.float32))
+    ulps = np.abs(y - ref) / np.spacing(ref.astype(np.float32)).astype(np.float64)
+    edges = np.array([np.nan, -np.inf, lo - 1, -0.0], dtype=np.float32)
+    long_row = np.concatenate([edges, np.full(60, -1, dtype=np.float32)])
+    short_row = edges.copy()
+    row_fn(long_row)
+    row_fn(short_row)
+    return float(ulps.max()), long_row[:4], short_row
 
 
 def test_float32_exp_polynomials_meet_their_stated_error():
-    """attention.py's _exp_f32 (e^t, <= 1 ulp) and _exp2_f32 (2^t, <= 1.2 ulp) for t <= 0, and their edges.
+    """attention.py's float32 exp rows as the kernels compile them (polynomials inlined with FMAs):
+    e^t (_exp_row, <= 1.02 ulp) and 2^t (_exp2_row, <= 0.81 ulp) for t <= 0, and their edges.
 
-    Claims from the module: the error bounds over the normal range; 0 below it (-87.34 / -126,
-    where the exact result is under 2^-126 = 1.2e-38), 0 for -inf, NaN for NaN, exactly 1 at 0.
+    Claims from the module: those bounds over the normal range (checked there exhaustively once:
+    1.016 and 0.807 ulp; here on 3M points); 0 below it (-87.34 / -126, where the exact result
+    is under 2^-126 = 1.2e-38), 0 for -inf, NaN for NaN, exactly 1 at -0, in the vectorised loop
+    and in its scalar remainder.
     """
     _numba("masked_attention")
     from accel.numba_cpu import attention as fused
 
-    e_ulps, e_edges = _exp_poly_ulps(fused._exp_f32, float(fused._EXP_MIN), np.exp)
-    two_ulps, two_edges = _exp_poly_ulps(fused._exp2_f32, float(fused._EXP2_MIN), np.exp2)
-    print(f"\n_exp_f32: max {e_ulps:.3f} ulp on [-87.34, 0]; _exp2_f32: max {two_ulps:.3f} ulp on [-126, 0]")
-    assert e_ulps <= 1.0 and two_ulps <= 1.21
-    for edges in (e_edges, two_edges):
+    zero = np.float32(0)
+    e_ulps, e_long, e_short = _exp_row_ulps(lambda x: fused._exp_row(x, zero, True), float(fused._EXP_MIN), np.exp)
+    two_ulps, two_long, two_short = _exp_row_ulps(lambda x: fused._exp2_row(x, zero), float(fused._EXP2_MIN), np.exp2)
+    print(f"\n_exp_f32 rows: max {e_ulps:.3f} ulp on [-87.34, 0]; _exp2_f32 rows: max {two_ulps:.3f} ulp on [-126, 0]")
+    assert e_ulps <= 1.02 and two_ulps <= 0.81
+    for edges in (e_long, e_short, two_long, two_short):
         assert np.isnan(edges[0]) and edges[1] == 0 and edges[2] == 0 and edges[3] == 1
+
+
+def test_base2_scores_never_overflow_where_the_twin_is_finite():
+    """float32 attention keeps its scores in base 2 only where folding log2 e cannot overflow.
+
+    Proof (attention._base2_cannot_overflow): with |scale| log2 e <= 1 each folded q entry is no
+    larger than q's own, so no partial sum of q' . k exceeds the unfolded one; the slopes stay in
+    float64. Cases that overflowed when both were folded in float32 (found by review): a slope
+    of 3e38, and q = 3e38 with scale = 1 (which now runs in base e).
+    """
+    attend, twin = _numba("masked_attention")
+    v = np.array([1, 2], dtype=np.float32).reshape(1, 1, 2, 1)
+    q0, k0 = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 2, 1), np.float32)
+    big_q = np.full((1, 1, 1, 1), 3e38, np.float32)
+    tiny_k = np.array([1e-10, 2e-10], np.float32).reshape(1, 1, 2, 1)
+    for q, k, kwargs in [(q0, k0, dict(causal=True, alibi_slopes=np.array([3e38], np.float32))),
+                         (big_q, tiny_k, dict(scale=1.0))]:
+        out, ref = attend(q, k, v, **kwargs), twin(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kwargs)
+        assert np.isfinite(out).all() and np.allclose(out, ref), (out, ref)
+
+
+def _numba_targets_avx512_host() -> bool:
+    """Numba compiles for this machine's CPU (no NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) and it has AVX-512."""
+    import llvmlite.binding as llvm
+    from numba.core import config
+
+    return (config.CPU_NAME is None and config.CPU_FEATURES is None
+            and "+avx512f" in llvm.get_host_cpu_features().flatten().split(","))
 
 
 def test_wide_vectors_reaches_the_compiled_code():
     """accel.numba_cpu._simd.wide_vectors puts "prefer-vector-width"="512" on the calling function,
-    and on an AVX-512 CPU its loop is then vectorised with 512-bit (zmm) registers."""
+    each row function the kernels rely on for speed carries it, and on an AVX-512 target a loop is
+    then vectorised with 512-bit (zmm) registers (and without the call, not)."""
     _numba("softmax")
-    import llvmlite.binding as llvm
     from numba import njit
 
+    import importlib
+
+    from accel.numba_cpu import attention, ffn, norms
     from accel.numba_cpu._simd import PREFER_512, wide_vectors
 
-    @njit(cache=False)
+    softmax = importlib.import_module("accel.numba_cpu.softmax")  # (the package exports the function under that name)
+
     def scale_row(x, a):
+        for j in range(x.shape[0]):
+            x[j] *= a
+
+    def scale_row_wide(x, a):
         wide_vectors()
         for j in range(x.shape[0]):
             x[j] *= a
 
+    plain, wide = njit(cache=False)(scale_row), njit(cache=False)(scale_row_wide)
     x = np.arange(37, dtype=np.float32)
-    scale_row(x, np.float32(2))
-    assert np.array_equal(x, 2 * np.arange(37, dtype=np.float32))
-    sig = scale_row.signatures[0]
-    assert PREFER_512 in scale_row.inspect_llvm(sig)
-    if "+avx512f" in llvm.get_host_cpu_features().flatten().split(","):
-        assert "zmm" in scale_row.inspect_asm(sig)
+    wide(x, np.float32(2))
+    plain(x, np.float32(0.5))
+    assert np.array_equal(x, np.arange(37, dtype=np.float32))
+    assert PREFER_512 in wide.inspect_llvm(wide.signatures[0])
+    assert PREFER_512 not in plain.inspect_llvm(plain.signatures[0])
+    if _numba_targets_avx512_host():
+        assert "zmm" in wide.inspect_asm(wide.signatures[0])
+        assert "zmm" not in plain.inspect_asm(plain.signatures[0])
+
+    f32, f64 = np.ones(40, np.float32), np.ones(40)
+    calls = [(attention._row_max, (f32,)), (attention._row_sum, (f32,)), (attention._exp_row, (f32.copy(), np.float32(1), True)),
+             (attention._exp2_row, (f32.copy(), np.float32(1))), (norms._sum64, (f32,)), (norms._sum_sq64, (f32, 0.0)),
+             (norms._layer_norm_row, (f32, f64, f64, 1e-5, f32.copy())), (norms._rms_norm_row, (f32, f64, 1e-5, f32.copy())),
+             (softmax._softmax_row, (f32, f32.copy())), (ffn._gelu_row_f32, (f32, f32, f32.copy())), (ffn._gelu_row, (f64, f64, f64.copy()))]
+    for fn, args in calls:  # recompiled uncached from their Python source (cached code cannot be inspected)
+        fresh = njit(cache=False)(fn.py_func)
+        fresh(*args)
+        assert PREFER_512 in fresh.inspect_llvm(fresh.signatures[0]), fn.py_func.__name__
 
 
 @settings(max_examples=30, deadline=None)

@@ -24,7 +24,7 @@ Versions:
      only the softmax bookkeeping runs as Numba loops:
      - per score row: multiply by scale, subtract the ALiBi term, apply the mask (only on tiles
        that some query may not fully see), the row max (8 explicit lanes, exact), exp (float32:
-       the vectorised polynomial `_exp_f32`, <= 1 ulp; float64: libm), the row sum in float64;
+       the vectorised polynomial `_exp_f32`, <= 1.02 ulp; float64: libm), the row sum in float64;
      - A <- alpha * A + PV per row, alpha = exp(m_old - m_new) (the rescaling, fused with the add);
      - key tiles that no query of the tile may see are skipped (exact: their weights are 0), the
        key range is cut to the union of the tile's rows' windows ([0, n_sink) and [lo, hi)), and
@@ -35,8 +35,8 @@ Versions:
        oversubscribe the cores (measured 7-50x slower). Numba threads x 1 BLAS thread was the
        fastest split on 2 cores.
      - a power-of-two scale (1/8 for D = 64) multiplies q once instead of every score: exact,
-       since scaling by 2^-e commutes with every rounding (unless q holds subnormals) (v5: float64
-       only; float32 folds scale * log2(e) into q, see v5);
+       since scaling by 2^-e commutes with every rounding (unless q holds subnormals); in v5 only
+       where the scores stay in base e (float64, and float32 where base 2 could overflow);
      - prange hands tasks out 2 at a time (numba.parallel_chunksize): causal tasks differ in
        size and the cores are shared, so dynamic scheduling measured ~10% faster than static.
      Tiles 64 x 128. Measured 1.1-1.6x torch SDPA (T = 1024..4096): OpenBLAS's sgemm through
@@ -63,14 +63,19 @@ Versions:
      about two thirds of the time is the two products, the rest the row max, exp and sum
      (~0.6 ns per score on one core).
   v5 (this) v4 with a cheaper softmax pass (float32): the scores are kept in base 2, as in
-     FlashAttention-2 (Dao 2023): q carries scale * log2(e) (and ALiBi slopes log2(e)), so a
-     weight is 2^(s' - m') = e^(s - m), computed by `_exp2_f32` (no ln 2 range reduction, a
-     degree-6 polynomial: 17 instead of 20 instructions per vector of weights), and the row max,
-     2^x and row sum loops are compiled for 512-bit vectors (accel.numba_cpu._simd). The per-tile
-     softmax went from 0.51 to 0.37 ns per score (one core, 256 x 1024 tile); causal T = 8192
-     (H = 12, D = 64) 0.94x v4's time, paired. Cost: one more rounding of q and of the slopes,
-     and 1.2 ulp for 2^x instead of 1 ulp: max error against the float64 twin 9.7e-7 against
-     6.9e-7 (T = 2048, causal, N(0, 1) inputs). float64 keeps v4's base e and libm exp.
+     FlashAttention-2 (Dao 2023): q carries scale * log2(e) (and the ALiBi slopes log2(e)), so a
+     weight is 2^(s' - m') = e^(s - m), computed by `_exp2_f32` (no ln 2 range reduction, one
+     polynomial term fewer: 18 instead of 21 instructions per vector of weights, and 0.81 ulp
+     instead of 1.02); the row max, exp and row sum loops are compiled for 512-bit vectors on
+     AVX-512 CPUs (accel.numba_cpu._simd: the larger part of the gain). Base 2 only where the fold
+     cannot overflow (`_base2_cannot_overflow`: |scale| log2 e <= 1, i.e. D >= 3 at the default
+     scale, and moderate slopes); otherwise, and for float64, v4's base e. Measured: the per-tile
+     softmax 0.51 -> 0.37 ns per score (one core, 256 x 1024 tile, min of 9); causal T = 8192
+     (H = 12, D = 64) 0.94x, 0.96x and 1.01x v4's time in three paired runs (the machine's noise
+     is of that size). Accuracy against the float64 twin (B = 1, H = 4, T = 256, S = 512, D = 64,
+     q ~ N(0, sigma^2), sigma = 1 / 2 / 3, causal / ALiBi / full, 6 seeds): max error 4.7e-6 (v4
+     5.8e-6), median 2.1e-6 (v4 1.9e-6); where v4's scores were exact (q = 1, integer k) the
+     error grows from 8.2e-7 to 1.7e-6: the exact power-of-two scaling of q is given up.
   decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
      produces (m, l, a) for its keys j < L_b with scalar dot products and libm exp, and the
      chunks are merged by the same rescaling. 3.6 ms per GPT-2 layer at S = 1024.
@@ -96,8 +101,8 @@ makes it fast, and what the registry's tolerance accounts for); q . k over D and
 within a tile are BLAS's sums (its order and FMA use); the row sum within a tile is a float64
 sum whose order the compiler picks (fastmath "reassoc" on that one helper: any order of n
 positive terms is within (n - 1) u of the exact sum), the running sum l is float64. The scale
-multiplies each score, as in the twin (or q, when that is exact: above; float32 folds scale * log2 e
-into q, one rounding per entry: v5). decode_attention's
+multiplies each score, as in the twin (or q, when that is exact: above; float32 in base 2 folds
+scale * log2 e into q: one rounding per entry, v5). decode_attention's
 sums over D and over a chunk's keys are BLAS's, like the fused kernel's.
 Non-finite inputs: a NaN score a query may see makes its row NaN, a +inf score too (inf - inf),
 as in the twin; masked scores are never looked at. One difference remains, by design: a NaN or
@@ -164,7 +169,8 @@ def _row_bounds(p, S, causal, window, n_sink):  # -> (sink_end, lo, hi): keys [0
 # r in [-ln2/2, ln2/2] (Cody-Waite split of ln2 into C1 + C2, C1 exact in 9 bits), e^r by a
 # degree-7 polynomial, 2^k built from its exponent bits. k is rounded in float32 by adding and
 # subtracting 1.5 * 2^23 (its low mantissa bits then hold k), so the whole loop stays float32.
-# Measured max error 0.99 ulp against float64 exp (glibc's expf bound); inputs below -87.34
+# Max error against float64 exp, over every float32 in [-87.34, 0]: 1.02 ulp as the kernels compile
+# it (inlined under fastmath "contract": FMAs), 0.99 ulp without FMAs; inputs below -87.34
 # (results under 2^-126, the smallest normal float32) give 0 instead of a subnormal: an absolute
 # difference < 1.2e-38.
 _LOG2E = np.float32(1.4426950408889634)
@@ -179,7 +185,7 @@ _P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(1.9875691500e-4), np.float32(1.398199
 
 @njit(inline="always", fastmath={"contract"})
 def _exp_f32(t):  # float32 -> float32: exp(t) for t <= 0 (or -inf, or NaN)
-    """exp(t) in float32 arithmetic only (<= 1 ulp); 0 below -87.34."""
+    """exp(t) in float32 arithmetic only (<= 1.02 ulp); 0 below -87.34."""
     tv = max(t, _EXP_MIN)
     kr = tv * _LOG2E + _ROUND  # k + 1.5 * 2^23, k = round(tv / ln2)
     k = kr - _ROUND
@@ -197,22 +203,24 @@ def _exp_f32(t):  # float32 -> float32: exp(t) for t <= 0 (or -inf, or NaN)
 # 2^t on float32, vectorisable, for the fused kernel's base-2 scores: t = k + r with k = round(t)
 # (the same 1.5 * 2^23 trick; r = t - k is exact in float32, |r| <= 1/2), 2^r = 1 + r q(r) with q of
 # degree 5, and 2^k from its exponent bits. No ln 2 range reduction (the Cody-Waite steps of
-# _exp_f32) and a shorter polynomial: ~30% fewer vector instructions per weight. The coefficients
-# are a minimax fit of (2^r - 1) / r on [-1/2, 1/2] (Lawson-reweighted least squares, relative
-# error 2.0e-9 in exact arithmetic) rounded to float32; measured on 3M points of [-126, 0] against
-# float64 exp2: max error 1.19-1.20 ulp (tests/test_accel_differential.py holds it to 1.21). Inputs below -126
-# give 0 instead of a subnormal (an absolute difference < 1.2e-38); -inf gives 0, NaN gives NaN.
+# _exp_f32) and one polynomial term fewer: 18 instead of 21 instructions per vector. Coefficients:
+# Q0 = ln 2 rounded to float32, Q1..Q5 a minimax fit (Lawson-reweighted least squares) of the
+# relative error of 1 + Q0 r + r^2 (Q1 + ... + Q5 r^4) against 2^r on [-1/2, 1/2] with Q0 fixed,
+# then rounded to float32: relative error 3.6e-9 in exact arithmetic. Max error against float64
+# exp2 over every float32 in [-126, 0], as the kernel compiles it (FMAs): 0.81 ulp (the test
+# checks 3M of those points). Inputs below -126 give 0 instead of a subnormal (an absolute
+# difference < 1.2e-38); -inf gives 0, NaN gives NaN.
 _EXP2_MIN = np.float32(-126.0)
 _Q0, _Q1, _Q2, _Q3, _Q4, _Q5 = (np.float32(0.6931471824645996), np.float32(0.24022647738456726),
-                                np.float32(0.055503323674201965), np.float32(0.00961843691766262),
-                                np.float32(0.0013398875016719103), np.float32(0.00015353361959569156))
+                                np.float32(0.05550359562039375), np.float32(0.009618517942726612),
+                                np.float32(0.0013390958774834871), np.float32(0.00015324314881581813))
 _LOG2E_F64 = 1.4426950408889634  # log2(e)
 _LN2_F64 = 0.6931471805599453  # ln(2)
 
 
 @njit(inline="always", fastmath={"contract"})
 def _exp2_f32(t):  # float32 -> float32: 2^t for t <= 0 (or -inf, or NaN)
-    """2^t in float32 arithmetic only (<= 1.21 ulp); 0 below -126."""
+    """2^t in float32 arithmetic only (<= 0.81 ulp); 0 below -126."""
     tv = max(t, _EXP2_MIN)
     kr = tv + _ROUND  # k + 1.5 * 2^23, k = round(tv)
     r = tv - (kr - _ROUND)
@@ -258,9 +266,10 @@ def _row_max(x):  # x [n] -> max over the entries that are not NaN (-inf if none
 def _exp_row(x, mx, fast_exp):  # x [n] <- exp(x - mx), in place (x <= mx, or -inf, or NaN)
     """x_j <- exp(x_j - mx): the float32 polynomial when fast_exp, libm's exp otherwise.
 
-    A function of its own, compiled (and vectorised: 8 float32 lanes in its assembly) as such,
-    not as part of the parallel kernel's body.
+    A function of its own, compiled (and vectorised: 16 float32 lanes on AVX-512, 8 on AVX2) as
+    such, not as part of the parallel kernel's body.
     """
+    wide_vectors()
     if fast_exp:
         for j in range(x.shape[0]):
             x[j] = _exp_f32(x[j] - mx)
@@ -270,16 +279,11 @@ def _exp_row(x, mx, fast_exp):  # x [n] <- exp(x - mx), in place (x <= mx, or -i
 
 
 @njit(fastmath={"contract"})
-def _pow_row(x, mx, base2):  # x [n] <- 2^(x - mx) or e^(x - mx), in place (x <= mx, or -inf, or NaN)
-    """x_j <- 2^(x_j - mx) when base2 (float32 scores in base 2: the polynomial `_exp2_f32`), else
-    e^(x_j - mx) with libm's exp. A function of its own, compiled and vectorised as such."""
+def _exp2_row(x, mx):  # x [n] float32 <- 2^(x - mx), in place (x <= mx, or -inf, or NaN)
+    """x_j <- 2^(x_j - mx) by the polynomial `_exp2_f32` (float32 scores kept in base 2); vectorised as `_exp_row`."""
     wide_vectors()
-    if base2:
-        for j in range(x.shape[0]):
-            x[j] = _exp2_f32(x[j] - mx)
-    else:
-        for j in range(x.shape[0]):
-            x[j] = math.exp(x[j] - mx)
+    for j in range(x.shape[0]):
+        x[j] = _exp2_f32(x[j] - mx)
 
 
 @njit(fastmath={"reassoc", "contract"})
@@ -293,7 +297,8 @@ def _row_sum(x):  # x [n] -> float64
 
 
 @njit(fastmath={"contract"})
-def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, key_ok, sk, lo, hi, base2, m, l, acc):
+def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, key_ok, sk, lo, hi, base2, fast_exp,
+                  m, l, acc):
     # One tile's online-softmax update: rows r < nq of s_buf (each nk scores, contiguous) become
     # weights exp(s - m_new) (2^(s - m_new) when base2: the scores are then in base 2, s log2 e);
     # m, l and the rows of acc are brought to the new running max.
@@ -339,16 +344,20 @@ def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, ke
         if alpha != 1:  # a new max: rescale what the row holds so far
             for c in range(Dv):
                 acc[r, c] *= alpha
-        _pow_row(srow, mx, base2)
+        if base2:
+            _exp2_row(srow, mx)
+        else:
+            _exp_row(srow, mx, fast_exp)
         l[r] = l[r] * alpha + _row_sum(srow)
 
 
 @njit(parallel=True, cache=True, fastmath={"contract"})
-def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, base2, bq, bk, out):
+def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, base2, fast_exp, bq, bk, out):
     # q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] (C-contiguous), key_ok [B, S] bool,
-    # key_count [B, S + 1] (prefix counts of key_ok), slopes [H] (all zeros without ALiBi),
-    # bq x bk: the tile -> out [B, H, T, Dv]. base2: q, scale and slopes carry log2(e), so the
-    # weights are 2^(s - m) (float32: the polynomial _exp2_f32); otherwise e^(s - m) (libm).
+    # key_count [B, S + 1] (prefix counts of key_ok), slopes [H] float64 (all zeros without ALiBi),
+    # bq x bk: the tile -> out [B, H, T, Dv]. base2 (float32): q, scale and slopes carry log2(e),
+    # the weights are 2^(s - m) by _exp2_f32; otherwise e^(s - m), by _exp_f32 when fast_exp
+    # (float32), by libm's exp for float64.
     B, H, T, D = q.shape
     K = k.shape[1]
     S = k.shape[2]
@@ -399,7 +408,7 @@ def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, 
                 s = s_buf[:nq * nk].reshape((nq, nk))
                 gemm(s, q_tile, kbg[j0:j1], True, False)  # S_tile = Q_tile K_tile^T  (BLAS)
                 _softmax_tile(s_buf, nq, nk, j0, S - T + i0, scale, use_alibi, slope, full, n_ok,
-                              key_ok[b], sk, lo, hi, base2, m, l, acc)
+                              key_ok[b], sk, lo, hi, base2, fast_exp, m, l, acc)
                 gemm(acc, s, vbg[j0:j1], False, True)  # A += P_tile V_tile  (BLAS, beta = 1)
 
         for r in range(nq):
@@ -517,6 +526,18 @@ def _tiles(T: int, S: int) -> tuple[int, int]:
     return (BQ, BK) if T * S >= LONG else (BQ_SHORT, BK_SHORT)
 
 
+def _base2_cannot_overflow(scale: float, slopes: np.ndarray, span: int) -> bool:
+    """Whether folding log2(e) into q and the slopes keeps every float32 score as finite as the twin's.
+
+    |scale| log2(e) <= 1 makes each folded q entry, so each partial sum of q' . k, no larger in
+    magnitude than the unfolded one (scale = 1 / sqrt(D) passes from D = 3 on); the ALiBi terms
+    slope log2(e) (p - j), |p - j| < span, must stay far below the float32 maximum. Otherwise (or
+    with NaN slopes) the kernel runs in base e, as v4 did.
+    """
+    max_slope = float(np.max(np.abs(slopes), initial=0.0))
+    return abs(scale) * _LOG2E_F64 <= 1.0 and max_slope * span * _LOG2E_F64 < 1e37
+
+
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
     """float32 and float64 run as they are; float16 runs in float32 (and is cast back)."""
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
@@ -537,23 +558,24 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     S = k.shape[2]
     dtype = float_result_type(q, k, v)
     work = _compute_dtype(dtype)
-    if slopes is not None:
-        slopes = slopes.astype(dtype).astype(work)  # the twin casts the slopes to its dtype
+    if slopes is not None:  # the twin casts the slopes to its dtype; the kernel forms slope * (p - j) in float64
+        slopes = slopes.astype(dtype).astype(np.float64)
     else:
-        slopes = np.zeros(H, dtype=work)
+        slopes = np.zeros(H, dtype=np.float64)
     sc = work.type(_scale_for(D, scale, dtype))
 
     key_ok = np.ones((B, S), dtype=np.bool_) if key_mask is None else np.ascontiguousarray(key_mask)  # [B, S]
     key_count = np.zeros((B, S + 1), dtype=np.int64)  # [B, S + 1]
     np.cumsum(key_ok, axis=1, out=key_count[:, 1:])
     qw = np.ascontiguousarray(q, dtype=work)  # [B, H, T, D]
-    base2 = work == np.float32
+    base2 = work == np.float32 and _base2_cannot_overflow(float(sc), slopes, T + S)
     if base2:
-        # float32 scores in base 2: q carries scale * log2(e) and the slopes log2(e), so a weight is
-        # 2^(s' - m') = e^(s - m) with the cheaper polynomial (_exp2_f32). Costs one rounding of q
-        # and of the slopes (2^-24 relative each, under the products' own error).
+        # float32 scores in base 2: q carries c = scale * log2(e) and the slopes log2(e), so a weight
+        # is 2^(s' - m') = e^(s - m), by the cheaper polynomial (_exp2_f32). Costs the rounding of c
+        # to float32 (a common factor of every score) and one rounding of each q entry (2^-24
+        # relative, under the products' own error); the slopes stay float64 (rounding 2^-53).
         qw = qw * np.float32(float(sc) * _LOG2E_F64)
-        slopes = (slopes * np.float32(_LOG2E_F64)).astype(np.float32)
+        slopes = slopes * _LOG2E_F64
         sc = work.type(1)
     elif 0 < sc <= 1 and math.frexp(sc)[0] == 0.5:
         # scale = 2^-e: (q 2^-e) . k = (q . k) 2^-e exactly (every rounding scales with it), so
@@ -568,7 +590,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size).
         with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
             run_parallel(_flash_attention, qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
-                             0 if window is None else window, n_sink, base2, *_tiles(T, S), out)
+                             0 if window is None else window, n_sink, base2, work == np.float32, *_tiles(T, S), out)
     return out.astype(dtype, copy=False)
 
 
