@@ -183,6 +183,16 @@ _P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(1.9875691500e-4), np.float32(1.398199
                                 np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
 
 
+@njit(inline="always")
+def _horner(r, c5, c4, c3, c2, c1, c0):  # -> c5 r^5 + c4 r^4 + ... + c0, by Horner's rule (FMAs where the caller allows)
+    return ((((c5 * r + c4) * r + c3) * r + c2) * r + c1) * r + c0
+
+
+@njit(inline="always")
+def _two_to(kr):  # float32 kr = k + 1.5 * 2^23 (k an integer in [-126, 127]) -> 2^k, built from its exponent bits
+    return np.int32((np.float32(kr).view(np.int32) - np.int32(0x4B400000 - 127)) << np.int32(23)).view(np.float32)
+
+
 @njit(inline="always", fastmath={"contract"})
 def _exp_f32(t):  # float32 -> float32: exp(t) for t <= 0 (or -inf, or NaN)
     """exp(t) in float32 arithmetic only (<= 1.02 ulp); 0 below -87.34."""
@@ -190,14 +200,8 @@ def _exp_f32(t):  # float32 -> float32: exp(t) for t <= 0 (or -inf, or NaN)
     kr = tv * _LOG2E + _ROUND  # k + 1.5 * 2^23, k = round(tv / ln2)
     k = kr - _ROUND
     r = tv - k * _LN2_C1 - k * _LN2_C2
-    p = _P0
-    p = p * r + _P1
-    p = p * r + _P2
-    p = p * r + _P3
-    p = p * r + _P4
-    p = p * r + _P5
-    two_k = np.int32((np.float32(kr).view(np.int32) - np.int32(0x4B400000 - 127)) << np.int32(23)).view(np.float32)
-    return np.float32(0.0) if t < _EXP_MIN else (p * r * r + r + np.float32(1.0)) * two_k
+    p = _horner(r, _P0, _P1, _P2, _P3, _P4, _P5)
+    return np.float32(0.0) if t < _EXP_MIN else (p * r * r + r + np.float32(1.0)) * _two_to(kr)
 
 
 # 2^t on float32, vectorisable, for the fused kernel's base-2 scores: t = k + r with k = round(t)
@@ -224,14 +228,8 @@ def _exp2_f32(t):  # float32 -> float32: 2^t for t <= 0 (or -inf, or NaN)
     tv = max(t, _EXP2_MIN)
     kr = tv + _ROUND  # k + 1.5 * 2^23, k = round(tv)
     r = tv - (kr - _ROUND)
-    p = _Q5
-    p = p * r + _Q4
-    p = p * r + _Q3
-    p = p * r + _Q2
-    p = p * r + _Q1
-    p = p * r + _Q0
-    two_k = np.int32((np.float32(kr).view(np.int32) - np.int32(0x4B400000 - 127)) << np.int32(23)).view(np.float32)
-    return np.float32(0.0) if t < _EXP2_MIN else (p * r + np.float32(1.0)) * two_k
+    p = _horner(r, _Q5, _Q4, _Q3, _Q2, _Q1, _Q0)
+    return np.float32(0.0) if t < _EXP2_MIN else (p * r + np.float32(1.0)) * _two_to(kr)
 
 
 @intrinsic
