@@ -174,7 +174,9 @@ def _row_bounds(p, S, causal, window, n_sink):  # -> (sink_end, lo, hi): keys [0
 # it (inlined under fastmath "contract": FMAs), 0.99 ulp without FMAs; inputs below -87.34
 # (results under 2^-126, the smallest normal float32) give 0 instead of a subnormal: an absolute
 # difference < 1.2e-38.
-_LOG2E = np.float32(1.4426950408889634)
+_LOG2E_F64 = 1.4426950408889634  # log2(e)
+_LN2_F64 = 0.6931471805599453  # ln(2)
+_LOG2E = np.float32(_LOG2E_F64)
 _LN2_C1 = np.float32(0.693359375)
 _LN2_C2 = np.float32(-2.12194440e-4)
 _EXP_MIN = np.float32(-87.33654)
@@ -219,8 +221,6 @@ _EXP2_MIN = np.float32(-126.0)
 _Q0, _Q1, _Q2, _Q3, _Q4, _Q5 = (np.float32(0.6931471824645996), np.float32(0.24022647738456726),
                                 np.float32(0.05550359562039375), np.float32(0.009618517942726612),
                                 np.float32(0.0013390958774834871), np.float32(0.00015324314881581813))
-_LOG2E_F64 = 1.4426950408889634  # log2(e)
-_LN2_F64 = 0.6931471805599453  # ln(2)
 
 
 @njit(inline="always", fastmath={"contract"})

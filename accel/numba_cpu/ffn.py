@@ -86,11 +86,6 @@ def _exp_f64(t):  # float64 -> float64
     return t if t != t else e
 
 
-@njit(cache=True, fastmath={"contract"})
-def _exp_f64_call(t):  # float64 -> float64: `_exp_f64` as a function of its own (its flags stay its own
-    return _exp_f64(t)  # when a caller with other fast-math flags, e.g. "reassoc", inlines it)
-
-
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def _gelu_row_f32(x, b, out):  # [F] float32, [F] -> [F]
     wide_vectors()
