@@ -217,8 +217,9 @@ def machine_info() -> dict:
     except Exception:
         pass
     try:
-        from accel.numba_cpu.blas import BLAS_NAME
+        from accel.numba_cpu.blas import BLAS_NAME, THREADED_BLAS_NAME
         info["accel_numba_blas"] = BLAS_NAME
+        info["accel_numba_threaded_blas"] = THREADED_BLAS_NAME
     except Exception:
         pass
     try:

@@ -16,6 +16,7 @@ pytest.importorskip("numba")
 
 from numba import njit  # noqa: E402
 
+from accel.numba_cpu import blas  # noqa: E402
 from accel.numba_cpu.blas import BLAS_NAME, THREADED_BLAS_NAME, gemm, matmul_threaded  # noqa: E402
 
 
@@ -92,14 +93,15 @@ def _call_threaded(y, x, w):
     matmul_threaded(y, x, w)
 
 
-@settings(max_examples=40, deadline=None)
-@given(m=st.integers(0, 5), n=st.integers(0, 9), k=st.integers(0, 9),
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(0, 5), n=st.integers(0, 9), k=st.integers(0, 9), w_transposed=st.booleans(),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
-def test_matmul_threaded_equals_matmul(m, n, k, dtype, seed):
-    """Y <- X W by NumPy's BLAS from Numba code (?gemv for m = 1, ?gemm otherwise; k = 0 gives zeros)."""
+def test_matmul_threaded_equals_matmul(m, n, k, w_transposed, dtype, seed):
+    """Y <- X W by the threaded BLAS from Numba code (?gemv for m = 1, ?gemm otherwise; k = 0 gives zeros),
+    W C-contiguous or F-contiguous (the transpose of a C-contiguous [n, k] array, read in place)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)).astype(dtype)
-    w = rng.standard_normal((k, n)).astype(dtype)
+    w = rng.standard_normal((n, k)).astype(dtype).T if w_transposed else rng.standard_normal((k, n)).astype(dtype)
     y = np.full((m, n), np.nan, dtype=dtype)
     _call_threaded(y, x, w)
     ref = x.astype(np.float64) @ w.astype(np.float64)
@@ -114,18 +116,21 @@ def test_matmul_threaded_refuses_mismatched_shapes_and_views():
         _call_threaded(np.zeros((2, 5)), x, w)
     with pytest.raises(ValueError, match="C-contiguous"):
         _call_threaded(np.zeros((2, 4)), x, np.ones((3, 8))[:, ::2])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _call_threaded(np.zeros((2, 4)), np.ones((3, 2)).T, w)
     with pytest.raises(ValueError, match="one dtype"):
         _call_threaded(np.zeros((2, 4), np.float32), x, w.astype(np.float32))  # x float64
     with pytest.raises(ValueError, match="one dtype"):
         _call_threaded(np.zeros((2, 4), np.int64), x.astype(np.int64), w.astype(np.int64))
 
 
-def test_matmul_threaded_on_either_library():
-    """NumPy's own OpenBLAS when it can be found (the PyPI wheels), SciPy's with ACCEL_BLAS=scipy: in a
-    fresh process each, a GEMV and a GEMM of GPT-2 small's shapes equal NumPy's matmul. They go through
+def test_matmul_threaded_on_each_library():
+    """MKL on GNU OpenMP threads where it loads (the default), NumPy's own OpenBLAS with
+    ACCEL_BLAS=mkl-sequential (or without MKL), SciPy's with ACCEL_BLAS=scipy: in a fresh process each,
+    a GEMV and a GEMM of GPT-2 small's shapes equal NumPy's matmul. They go through
     accel.numba_cpu.gpt2._linear_rows, which is cached on disk: the later processes load the code the
-    first one compiled, whichever library that was (the integer arguments are passed so that both read
-    them right: see blas.py)."""
+    first one compiled, whichever library that was (the integer arguments are passed so that every
+    library reads them right: see blas.py)."""
     import os
     import subprocess
     import sys
@@ -145,7 +150,7 @@ def test_matmul_threaded_on_either_library():
         "print(THREADED_BLAS_NAME + '|' + str(err))\n"
     )
     names = []
-    for choice in ("scipy", "", "scipy"):
+    for choice in ("scipy", "", "mkl-sequential", "scipy"):
         env = dict(os.environ, ACCEL_BLAS=choice)
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -153,7 +158,35 @@ def test_matmul_threaded_on_either_library():
         print(f"ACCEL_BLAS={choice!r}: {name}, max abs diff vs float64 {float(err):.2e}")
         assert float(err) < 1e-3  # |entries| ~ 30-100: float32 sums of 768 terms
         names.append(name)
-    assert names[0].startswith("SciPy") and names[2].startswith("SciPy")
+    assert names[0].startswith("SciPy") and names[3].startswith("SciPy")
+    assert not names[2].startswith("MKL")  # mkl-sequential keeps MKL off the threaded products
+    if BLAS_NAME.startswith("MKL") and blas._gnu_openmp_loads(os.path.dirname(blas._mkl._name)):
+        assert names[1] == "MKL (GNU OpenMP threads, libmkl_rt)"
+
+
+def test_gemm_runs_on_one_thread_and_leaves_mkls_thread_count_alone():
+    """gemm sets MKL's thread-local thread count to 1 for its call and restores it: a parallel kernel's
+    products must not start MKL threads of their own, and the calling thread's later threaded products
+    must keep MKL's count (here after gemm on the main thread, and inside a parallel kernel)."""
+    if blas._mkl is None:
+        pytest.skip(f"no MKL here ({BLAS_NAME}): gemm's BLAS has no thread count to manage")
+    from numba import prange
+
+    @njit(parallel=True)
+    def in_parallel(c, a, b):
+        for i in prange(4):
+            gemm(c[i], a[i], b[i], False, False)
+
+    before = blas._mkl.MKL_Get_Max_Threads()
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((4, 8, 5)), rng.standard_normal((4, 5, 6))
+    c = np.zeros((4, 8, 6))
+    _call(c[0], a[0], b[0], False, False)
+    in_parallel(c, a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-13)
+    after = blas._mkl.MKL_Get_Max_Threads()
+    print(f"MKL max threads before {before}, after gemm {after} ({blas.THREADED_BLAS_NAME})")
+    assert after == before
 
 
 def test_pytorch_imported_after_accel_keeps_its_own_mkl():

@@ -214,3 +214,35 @@ def test_fused_decode_step_declines_inputs_it_would_misread():
     other = dataclasses.replace(CONFIG, n_head=2)
     cache = KVCache.allocate(other, 1, max_len=8)
     assert decode_blocks(x1, params, CONFIG, cache, OPS) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_on_the_threaded_blas_equal_numpys(dtype):
+    """The backend's linear, matmul and lm_head (x W + b, x W, h W_te^T on accel's threaded BLAS: MKL
+    where it loads) equal refimpl's NumPy versions on GPT-2's layouts, for one row (?gemv) and several
+    (?gemm), a batch axis, and W_te^T, which is read transposed in place; inputs they do not take
+    (mixed dtypes, a strided W) go to refimpl's versions, which give NumPy's promotion and errors."""
+    from accel.numba_cpu.blas import THREADED_BLAS_NAME
+    from refimpl.gpt2.model import lm_head
+    from refimpl.linear import LinearParams, linear
+
+    rng = np.random.default_rng(3)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    p = LinearParams(rng.standard_normal((48, 80)).astype(dtype), rng.standard_normal(80).astype(dtype))
+    params = _model(dtype=dtype).params
+    worst = 0.0
+    for shape in ((1, 48), (5, 48), (2, 7, 48), (48,)):
+        x = rng.standard_normal(shape).astype(dtype)
+        for out, ref in ((OPS.linear(x, p), linear(x, p)), (OPS.matmul(x, p.w), np.matmul(x, p.w)),
+                         (OPS.lm_head(x, params), lm_head(x, params))):
+            assert out.shape == ref.shape and out.dtype == ref.dtype
+            err = float(np.abs(out - ref).max() / np.abs(ref).max())
+            worst = max(worst, err)
+            assert err <= tol
+    print(f"numba backend's products via {THREADED_BLAS_NAME}: max relative diff vs NumPy {worst:.2e}")
+    x32 = rng.standard_normal((3, 48)).astype(np.float32)
+    p64 = LinearParams(p.w.astype(np.float64), p.b.astype(np.float64))
+    assert OPS.linear(x32, p64).dtype == np.float64  # promoted, as refimpl.linear
+    np.testing.assert_array_equal(OPS.matmul(x32, p64.w[:, ::2]), x32 @ p64.w[:, ::2])  # strided W: NumPy's
+    with pytest.raises(ValueError, match="in=48"):
+        OPS.linear(rng.standard_normal((3, 47)).astype(dtype), p)

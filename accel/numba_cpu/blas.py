@@ -12,11 +12,13 @@ attention kernel's loop (float32, 2 threads, BQ x BK blocks, D = 64): Q K^T and 
 128 x 256 and 256 x 512 blocks (this machine's sgemm at n = 1024: ~226 GF/s).
 
 Which BLAS: MKL's sgemm / dgemm when the `mkl` wheel is installed (libmkl_rt under
-sys.prefix/lib, bound to its sequential layer: one thread per call, the kernels supply the
-parallelism), else the BLAS that SciPy ships (scipy.linalg.cython_blas, the library Numba's own
+sys.prefix/lib), else the BLAS that SciPy ships (scipy.linalg.cython_blas, the library Numba's own
 np.dot calls); ACCEL_BLAS=scipy forces the latter. BLAS_NAME says which. MKL measured 265-278
 GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are tested
-(tests/test_accel_blas.py).
+(tests/test_accel_blas.py). `gemm` runs on the calling thread whatever MKL's threading layer:
+each call sets MKL's thread-local thread count to 1 and restores it afterwards
+(MKL_Set_Num_Threads_Local; without MKL the symbol is libc's `abs`, a pure int -> int function
+whose result is ignored), since the kernels supply the parallelism.
 
 MKL and PyTorch in one process: the first MKL function libmkl_rt dispatches (here threadpoolctl's
 query of its thread count at import, or the first gemm; choosing its layers does not yet) opens
@@ -38,20 +40,27 @@ passed swapped. The caller keeps OpenBLAS single-threaded inside parallel region
 accel.numba_cpu.attention).
 
     matmul_threaded(y, x, w):  Y <- X W  (?gemv when X has one row, else ?gemm)
-    x [m, k], w [k, n], y [m, n], all C-contiguous, for code running outside parallel regions
-    (the numba backend's one-token GPT-2 step, accel.numba_cpu.gpt2).
+    x [m, k], w [k, n] (C- or F-contiguous), y [m, n], for code running outside parallel regions
+    (the numba backend's products in GPT-2, accel.numba_cpu.gpt2).
 
-Its BLAS is the one NumPy's own matmul calls (found by threadpoolctl among the loaded
-libraries: on the PyPI wheels an OpenBLAS under numpy.libs with ILP64 symbols such as
-scipy_sgemv_64_), with that library's own threads, so a step that mixes these products with
-NumPy's uses one thread pool, runs the weight reads on all cores as NumPy's matmul does, and
-is as fast; SciPy's OpenBLAS (threaded too) when NumPy's cannot be found or ACCEL_BLAS=scipy.
-THREADED_BLAS_NAME says which.
+Its BLAS, in order of preference (THREADED_BLAS_NAME says which):
+  - MKL on GNU OpenMP threads (libmkl_rt's GNU threading layer, the system's libgomp), when
+    the `mkl` wheel carries libmkl_gnu_thread and libgomp.so.1 loads. On GPT-2 small's prefill
+    shapes (T = 128 and 1024 rows against 768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) it
+    measured 175-255 GF/s on 2 threads where NumPy's OpenBLAS gave 125-215: the products are
+    most of a prefill (`accel.numba_cpu.gpt2`). The thread count is MKL's default (the physical
+    cores, or MKL_NUM_THREADS / OMP_NUM_THREADS).
+  - otherwise (or ACCEL_BLAS=mkl-sequential, which keeps MKL one thread per call) the BLAS
+    NumPy's own matmul calls (found by threadpoolctl among the loaded libraries: on the PyPI
+    wheels an OpenBLAS under numpy.libs with ILP64 symbols such as scipy_sgemv_64_), with that
+    library's own threads;
+  - SciPy's OpenBLAS (threaded too) when NumPy's cannot be found, or with ACCEL_BLAS=scipy.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import glob
 import importlib.util
 import os
@@ -70,7 +79,8 @@ __all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME"]
 # The addresses are registered as named symbols, so compiled kernels refer to them by name and
 # Numba can cache them on disk (a ctypes function object would be a "dynamic global").
 _GEMM_SIG = types.void(*([types.voidptr] * 13))
-_MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's code for its sequential (one-thread) layer
+_MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's codes: its sequential (one-thread) layer,
+_MKL_GNU_OPENMP = 3  # and its layer on GNU OpenMP (libgomp)
 _MKL_LP64 = 0  # MKL_Set_Interface_Layer's code for 32-bit integers (the int32 arguments below)
 
 
@@ -94,10 +104,26 @@ def _protect_torch() -> None:
             return
 
 
-def _find_mkl():  # -> ctypes.CDLL of libmkl_rt (one thread per call) or None
-    """MKL's single dynamic library from the `mkl` wheel (installed under sys.prefix/lib), unless ACCEL_BLAS=scipy."""
-    if os.environ.get("ACCEL_BLAS", "").lower() in ("scipy", "openblas"):
-        return None
+def _gnu_openmp_loads(mkl_dir: str) -> bool:
+    """True when MKL's GNU OpenMP layer can load: libmkl_gnu_thread beside libmkl_rt, and the system's libgomp."""
+    if not glob.glob(os.path.join(mkl_dir, "libmkl_gnu_thread.so*")):
+        return False
+    try:
+        ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _find_mkl():  # -> (ctypes.CDLL of libmkl_rt, threaded: bool) or (None, False)
+    """MKL's single dynamic library from the `mkl` wheel (installed under sys.prefix/lib), unless ACCEL_BLAS=scipy.
+
+    Its threading layer is GNU OpenMP where that loads (and ACCEL_BLAS is not mkl-sequential), else
+    sequential; it must be chosen before MKL's first call.
+    """
+    choice = os.environ.get("ACCEL_BLAS", "").lower()
+    if choice in ("scipy", "openblas"):
+        return None, False
     paths = [path for d in dict.fromkeys([os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")])
              for path in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True)]
     if paths:
@@ -106,24 +132,33 @@ def _find_mkl():  # -> ctypes.CDLL of libmkl_rt (one thread per call) or None
         try:
             lib = ctypes.CDLL(path)
             lib.MKL_Set_Interface_Layer(_MKL_LP64)  # 32-bit dimensions, whatever MKL_INTERFACE_LAYER says
-            lib.MKL_Set_Threading_Layer(_MKL_SEQUENTIAL)  # before MKL's first call: no thread pool of its own
-            return lib
+            threaded = choice != "mkl-sequential" and _gnu_openmp_loads(os.path.dirname(path))
+            lib.MKL_Set_Threading_Layer(_MKL_GNU_OPENMP if threaded else _MKL_SEQUENTIAL)
+            lib.MKL_Set_Num_Threads_Local  # noqa: B018 (present in every MKL this code expects)
+            return lib, threaded
         except (OSError, AttributeError):  # not loadable here, or not the MKL this code expects
             continue
-    return None
+    return None, False
 
 
-_mkl = _find_mkl()
+def _address(lib, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+_mkl, _mkl_threaded = _find_mkl()
 if _mkl is not None:
-    BLAS_NAME = "MKL (sequential, libmkl_rt)"
-    _addresses = {n: ctypes.cast(getattr(_mkl, n + "_"), ctypes.c_void_p).value for n in ("sgemm", "dgemm")}
+    BLAS_NAME = "MKL (one thread per call, libmkl_rt)"
+    _addresses = {n: _address(_mkl, n + "_") for n in ("sgemm", "dgemm")}
+    _addresses["local_threads"] = _address(_mkl, "MKL_Set_Num_Threads_Local")
 else:
     BLAS_NAME = "SciPy's OpenBLAS (scipy.linalg.cython_blas)"
     _addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n) for n in ("sgemm", "dgemm")}
+    _addresses["local_threads"] = _address(ctypes.CDLL(None), "abs")  # int -> int, no effect (module docstring)
 for _name, _addr in _addresses.items():
     llvm.add_symbol(f"accel_numba_cpu_{_name}", _addr)
 _sgemm = types.ExternalFunction("accel_numba_cpu_sgemm", _GEMM_SIG)
 _dgemm = types.ExternalFunction("accel_numba_cpu_dgemm", _GEMM_SIG)
+_local_threads = types.ExternalFunction("accel_numba_cpu_local_threads", types.intc(types.intc))
 
 
 @njit
@@ -159,6 +194,7 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
     chars = np.empty(2, dtype=np.uint8)
     chars[0] = 84 if trans_b else 78  # 'T' / 'N' for B (first operand of the swapped product)
     chars[1] = 78  # 'N' for A
+    previous = _local_threads(1)  # this call on this thread only (module docstring)
     if c.itemsize == 4:  # float32 (the kernels call it on float32 or float64 only)
         _sgemm(chars[0:].ctypes, chars[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                scalars[0:].ctypes, b.ctypes, ints[3:].ctypes, a.ctypes, ints[4:].ctypes,
@@ -167,6 +203,7 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
         _dgemm(chars[0:].ctypes, chars[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                scalars[0:].ctypes, b.ctypes, ints[3:].ctypes, a.ctypes, ints[4:].ctypes,
                scalars[1:].ctypes, c.ctypes, ints[5:].ctypes)
+    _local_threads(previous)
 
 
 # ----------------------------------------------------------------------------- threaded products
@@ -196,8 +233,11 @@ def _find_numpy_blas():  # -> (path, {name: address}) of NumPy's own BLAS (ILP64
     return None
 
 
-_numpy_blas = _find_numpy_blas()
-if _numpy_blas is not None:
+_numpy_blas = None if _mkl_threaded else _find_numpy_blas()
+if _mkl_threaded:
+    THREADED_BLAS_NAME = "MKL (GNU OpenMP threads, libmkl_rt)"
+    _threaded_addresses = {n: _address(_mkl, n + "_") for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
+elif _numpy_blas is not None:
     THREADED_BLAS_NAME = f"NumPy's OpenBLAS ({os.path.basename(_numpy_blas[0])})"
     _threaded_addresses = _numpy_blas[1]
 else:
@@ -205,7 +245,7 @@ else:
     _threaded_addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n)
                            for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
 # Integer arguments sit in int64 slots for either library: an ILP64 BLAS (NumPy's) reads all 8
-# bytes, an LP64 one (SciPy's) the first 4, which on a little-endian machine (every platform
+# bytes, an LP64 one (SciPy's, MKL's) the first 4, which on a little-endian machine (every platform
 # Numba supports) are the value. So one compiled kernel, cached on disk, serves both libraries
 # (the symbols are looked up by name when it loads), whichever this process found.
 assert sys.byteorder == "little", "accel.numba_cpu.blas passes LP64 integers in int64 slots (little-endian only)"
@@ -229,18 +269,21 @@ def _same_float_dtype_impl(y, x, w):
 
 
 @njit
-def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n], C-contiguous, same float dtype
-    """Y <- X W by the BLAS NumPy uses, on its threads (?gemv for one row, ?gemm otherwise); k = 0 gives zeros.
+def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguous, w C- or F-contiguous
+    """Y <- X W by the threaded BLAS (THREADED_BLAS_NAME), on its threads (?gemv for one row, ?gemm otherwise); k = 0 gives zeros.
 
-    Row-major Y = X W is column-major Y^T = W^T X^T: W's memory is the column-major [n, k]
-    matrix W^T (leading dimension n), so no operand is transposed or copied.
+    Row-major Y = X W is column-major Y^T = W^T X^T. A C-contiguous W's memory is the
+    column-major [n, k] matrix W^T (leading dimension n); an F-contiguous W (a transposed
+    C-contiguous array, e.g. GPT-2's tied output layer W_te^T) is the column-major [k, n]
+    matrix W, passed transposed ('T', leading dimension k). No operand is copied.
     """
     m, n = y.shape
     k = x.shape[1]
     if x.shape[0] != m or w.shape[0] != k or w.shape[1] != n:
         raise ValueError("matmul_threaded: shapes do not match")
-    if not (y.flags.c_contiguous and x.flags.c_contiguous and w.flags.c_contiguous):
-        raise ValueError("matmul_threaded: operands must be C-contiguous")
+    w_c = w.flags.c_contiguous
+    if not (y.flags.c_contiguous and x.flags.c_contiguous and (w_c or w.flags.f_contiguous)):
+        raise ValueError("matmul_threaded: y and x must be C-contiguous, w C- or F-contiguous")
     if not _same_float_dtype(y, x, w):
         raise ValueError("matmul_threaded: operands must share one dtype, float32 or float64")
     if m == 0 or n == 0:
@@ -248,26 +291,31 @@ def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n], C-contiguous, sa
     if k == 0:
         y[:, :] = 0
         return
-    ints = np.empty(4, dtype=_INT)
+    ints = np.empty(5, dtype=_INT)
     ints[0] = n
     ints[1] = m
     ints[2] = k
     ints[3] = 1
+    ints[4] = n if w_c else k  # W's leading dimension
     scalars = np.empty(2, dtype=y.dtype)
     scalars[0] = 1
     scalars[1] = 0
-    chars = np.empty(1, dtype=np.uint8)
-    chars[0] = 78  # 'N'
-    if m == 1:  # y^T [n] = W^T [n, k] x^T [k]
+    chars = np.empty(2, dtype=np.uint8)
+    chars[0] = 78  # 'N' (X^T)
+    chars[1] = 78 if w_c else 84  # W^T as stored ('N') or W stored column-major, transposed ('T')
+    if m == 1:  # y^T [n] = W^T [n, k] x^T [k]; gemv's dimensions are those of the stored matrix
+        rows, cols = (ints[0:], ints[2:]) if w_c else (ints[2:], ints[0:])
         if y.itemsize == 4:
-            _t_sgemv(chars.ctypes, ints[0:].ctypes, ints[2:].ctypes, scalars[0:].ctypes, w.ctypes, ints[0:].ctypes,
+            _t_sgemv(chars[1:].ctypes, rows.ctypes, cols.ctypes, scalars[0:].ctypes, w.ctypes, ints[4:].ctypes,
                      x.ctypes, ints[3:].ctypes, scalars[1:].ctypes, y.ctypes, ints[3:].ctypes)
         else:
-            _t_dgemv(chars.ctypes, ints[0:].ctypes, ints[2:].ctypes, scalars[0:].ctypes, w.ctypes, ints[0:].ctypes,
+            _t_dgemv(chars[1:].ctypes, rows.ctypes, cols.ctypes, scalars[0:].ctypes, w.ctypes, ints[4:].ctypes,
                      x.ctypes, ints[3:].ctypes, scalars[1:].ctypes, y.ctypes, ints[3:].ctypes)
     elif y.itemsize == 4:  # Y^T [n, m] = W^T [n, k] X^T [k, m]
-        _t_sgemm(chars.ctypes, chars.ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, scalars[0:].ctypes,
-                 w.ctypes, ints[0:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes, y.ctypes, ints[0:].ctypes)
+        _t_sgemm(chars[1:].ctypes, chars[0:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
+                 scalars[0:].ctypes, w.ctypes, ints[4:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes,
+                 y.ctypes, ints[0:].ctypes)
     else:
-        _t_dgemm(chars.ctypes, chars.ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, scalars[0:].ctypes,
-                 w.ctypes, ints[0:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes, y.ctypes, ints[0:].ctypes)
+        _t_dgemm(chars[1:].ctypes, chars[0:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
+                 scalars[0:].ctypes, w.ctypes, ints[4:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes,
+                 y.ctypes, ints[0:].ctypes)

@@ -362,7 +362,7 @@ def _sample_steps(model: GPT2Model, ops, rows: list[np.ndarray], n_steps: int, s
     h = hidden_states(params, config, ids, cache=cache, attention_mask=mask[:, :P] if ragged else None,
                       ops=ops)[:, -1]  # [B, C]: the last position only
     for step in range(n_steps):
-        logits = ops.to_numpy(lm_head(h, params))  # [B, V]
+        logits = ops.to_numpy((ops.lm_head or lm_head)(h, params))  # [B, V]
         nxt = _choose(logits, seen, s, rng)  # [B]
         yield nxt
         if step + 1 == n_steps:
@@ -491,7 +491,7 @@ def _beam_search(model: GPT2Model, ops, prompt: np.ndarray, n_steps: int,
     seen[0, prompt] = True
     finished: list[tuple[float, list[int]]] = []  # (penalized score, tokens), best first, at most N
     for g in range(n_steps):
-        z = _only_tokens(ops.to_numpy(lm_head(h, params)), s)  # [n_running, V]
+        z = _only_tokens(ops.to_numpy((ops.lm_head or lm_head)(h, params)), s)  # [n_running, V]
         logp = log_softmax(z)
         if s.repetition_penalty != 1.0:
             logp = _penalize_seen(logp, seen, s.repetition_penalty)

@@ -95,6 +95,7 @@ class Ops:
         (all keys). k and v are views into the KV cache (strided, not copied).
     embed(params, ids [B, T], positions [B|1, T]) -> [B, T, C]: token + position embedding
         (ids and positions are NumPy int arrays; a device backend gathers on its device).
+    lm_head(h [..., C], params) -> [..., V]: the tied output layer h W_te^T (None: refimpl's).
     prepare(params) -> params: move / lay out the weights for the backend (called once per
         `logits` or `generate` call; identity for NumPy).
     zeros(shape, dtype): allocate cache storage on the backend's device.
@@ -113,6 +114,7 @@ class Ops:
     gelu_bias: Callable
     attention: Callable
     embed: Callable = None  # None: refimpl's `embed` (defined below)
+    lm_head: Callable = None  # None: refimpl's `lm_head` (defined below)
     prepare: Callable = lambda params: params
     zeros: Callable = np.zeros
     to_numpy: Callable = np.asarray
@@ -394,5 +396,5 @@ def forward(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | Non
     call hidden_states + lm_head on the last position only, which saves the [T, C] x [C, V]
     product for every earlier position.
     """
-    return lm_head(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                 positions=positions, ops=ops, hook=hook), params)
+    return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
+                                                  positions=positions, ops=ops, hook=hook), params)
