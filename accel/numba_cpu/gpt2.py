@@ -9,9 +9,10 @@ The model code is refimpl.gpt2.model's, unchanged; this module only supplies its
               or decode_attention (split-S) for one new token with no padding
   linear / matmul / lm_head  x W + b, x W and h W_te^T on the threaded BLAS (blas.matmul_threaded:
               MKL on OpenMP threads where it loads, else NumPy's own BLAS), the arithmetic of
-              refimpl.linear (product, then + b); matmuls are not hand-written. GPT-2 small's
-              128-token prefill went from 0.95x to 0.71x Hugging Face's forward time (paired, quick
-              run of 2026-11-30), decoding at batch 1 from 72-75% to ~90% of the read bound.
+              refimpl.linear (product, then + b); matmuls are not hand-written. Against NumPy's
+              OpenBLAS, which they used before (benchmarks of 2026-11-30, paired against Hugging
+              Face): GPT-2 small's 128-token generation prefill went from 0.95x to 0.85x (0.71x in
+              a quick run) of HF's forward time, batch-1 decoding from 1.30x to 1.47x HF's tokens/s.
   decode_blocks the blocks for one new token per sequence over the KV cache (no padding),
               one compiled call per block (`_decode_block`, below)
 
