@@ -90,7 +90,7 @@ def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
 
 @njit
 def _call_threaded(y, x, w):
-    matmul_threaded(y, x, w)
+    matmul_threaded(y, x, w, 2)
 
 
 @settings(max_examples=60, deadline=None)
@@ -145,7 +145,7 @@ def test_matmul_threaded_on_each_library():
         "err = 0.0\n"
         "for m in (1, 4):\n"
         "    x = rng.standard_normal((m, 768)).astype(np.float32)\n"
-        "    y = _linear_rows(x, w, b)\n"
+        "    y = _linear_rows(x, w, b, 2)\n"
         "    err = max(err, float(np.abs(y - (x.astype(np.float64) @ w.astype(np.float64) + b)).max()))\n"
         "print(THREADED_BLAS_NAME + '|' + str(err))\n"
     )
@@ -218,3 +218,39 @@ def test_pytorch_imported_after_accel_keeps_its_own_mkl():
     if "Math Kernel" not in alone.stdout:
         pytest.skip("this torch is built without MKL: nothing for accel's MKL to take over")
     assert after.stdout == alone.stdout
+
+
+def test_threaded_products_in_a_forked_child_finish():
+    """GNU OpenMP hangs in a child forked after its threads ran (multiprocessing's default start method on
+    Linux forks): blas.py sets MKL and Numba to one thread in a forked child. In a fresh process, a threaded product
+    and a parallel kernel run, the process forks, and the child's product and kernel must finish and
+    give the same results (the parent waits 60 s)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, numba, numpy as np\n"
+        "from accel.numba_cpu.blas import THREADED_BLAS_NAME\n"
+        "from accel.numba_cpu.gpt2 import _linear_rows\n"
+        "rng = np.random.default_rng(0)\n"
+        "x, w = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)\n"
+        "b = np.zeros(512, np.float32)\n"
+        "_linear_rows(x, w, b, 2)\n"
+        "from accel.numba_cpu.attention import masked_attention\n"
+        "q = rng.standard_normal((1, 4, 300, 16)).astype(np.float32)\n"
+        "att = masked_attention(q, q, q, causal=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = np.allclose(_linear_rows(x, w, b, numba.get_num_threads()), x @ w, rtol=1e-4, atol=1e-3)\n"
+        "    ok = ok and np.array_equal(masked_attention(q, q, q, causal=True), att)  # a parallel kernel too\n"
+        "    os._exit(0 if ok else 3)\n"
+        "signal.signal(signal.SIGALRM, lambda *a: os.kill(pid, signal.SIGKILL))\n"
+        "signal.alarm(60)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(THREADED_BLAS_NAME + '|' + str(status))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    name, status = res.stdout.strip().rsplit("|", 1)
+    print(f"{name}: forked child's wait status {status} (0 = finished and right; 9 = killed after 60 s)")
+    assert int(status) == 0

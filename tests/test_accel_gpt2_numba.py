@@ -246,3 +246,5 @@ def test_products_on_the_threaded_blas_equal_numpys(dtype):
     np.testing.assert_array_equal(OPS.matmul(x32, p64.w[:, ::2]), x32 @ p64.w[:, ::2])  # strided W: NumPy's
     with pytest.raises(ValueError, match="in=48"):
         OPS.linear(rng.standard_normal((3, 47)).astype(dtype), p)
+    empty = OPS.matmul(np.ones((2, 3, 0), dtype), np.ones((0, 4), dtype))  # a zero-width product: zeros
+    np.testing.assert_array_equal(empty, np.zeros((2, 3, 4), dtype))

@@ -24,8 +24,8 @@ changed). Importing this package therefore hashes its sources and, when they dif
 hash stored in __pycache__, deletes the cached kernels there first (`_drop_stale_caches`);
 with NUMBA_CACHE_DIR set, that directory is the user's to manage.
 
-Threads: Numba's OpenMP workers spin after each parallel region by default, which starves the
-OpenBLAS threads that run the matmuls between kernels (GPT-2 small prefill measured 658 ms
+Threads: Numba's OpenMP workers spin after each parallel region by default, which starved the
+OpenBLAS threads that ran the matmuls between kernels (now MKL's; GPT-2 small prefill measured 658 ms
 with the OpenMP layer vs ~270 ms with the workqueue layer, on 2 cores; OMP_WAIT_POLICY only
 helps when set before any OpenMP runtime loads, e.g. torch's). Unless the user chose a layer
 (NUMBA_THREADING_LAYER), the workqueue layer is selected here, before Numba's first parallel

@@ -585,7 +585,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     vw = np.ascontiguousarray(v, dtype=work)  # [B, K, S, Dv]
     out = np.empty((B, H, T, v.shape[3]), dtype=work)  # [B, H, T, Dv]
     if out.size:
-        # One BLAS thread per Numba task (MKL is bound sequential; OpenBLAS, the fallback, is limited
+        # One BLAS thread per Numba task (gemm pins MKL to one thread per call; OpenBLAS, the fallback, is limited
         # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size).
         with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
             run_parallel(_flash_attention, qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),

@@ -1,4 +1,4 @@
-"""Matrix products on row-major blocks from inside Numba kernels: BLAS ?gemm, called directly.
+"""Matrix products from Numba code: BLAS ?gemm on row-major blocks inside kernels, and threaded X W outside them.
 
     gemm(c, a, b, trans_b, accumulate):  C <- A op(B) (+ C),  op(B) = B^T if trans_b else B
     a [m, k], b [n, k] (trans_b) or [k, n], c [m, n]: 2-D views whose rows may be strided
@@ -17,14 +17,14 @@ np.dot calls); ACCEL_BLAS=scipy forces the latter. BLAS_NAME says which. MKL mea
 GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are tested
 (tests/test_accel_blas.py). `gemm` runs on the calling thread whatever MKL's threading layer:
 each call sets MKL's thread-local thread count to 1 and restores it afterwards
-(MKL_Set_Num_Threads_Local; without MKL the symbol is libc's `abs`, a pure int -> int function
-whose result is ignored), since the kernels supply the parallelism.
+(MKL_Set_Num_Threads_Local; without MKL the symbol is `_no_thread_count`, a compiled identity
+function whose result is ignored), since the kernels supply the parallelism.
 
 MKL and PyTorch in one process: the first MKL function libmkl_rt dispatches (here threadpoolctl's
 query of its thread count at import, or the first gemm; choosing its layers does not yet) opens
 MKL's layer libraries into the process's global symbol scope. PyTorch's libtorch_cpu carries a
 statically linked MKL whose ~24,000 symbols it exports and looks up through that scope, so a PyTorch loaded
-*after* it ran its own matrix products on this MKL's sequential layer: one thread (GPT-2 small's
+*after* it ran its own matrix products on this MKL's layers (then its sequential one: one thread; GPT-2 small's
 Hugging Face forward measured 160 ms alone, ~300-420 ms after `import accel.numba_cpu`; a 2-thread
 128 x 768 x 3072 sgemm 250 -> 120 GF/s). So before loading MKL, `_protect_torch` loads
 libtorch_cpu (when PyTorch is installed and not loaded yet) with every symbol bound at once
@@ -39,17 +39,25 @@ Row-major C = A B is column-major C^T = B^T A^T, so the operands are
 passed swapped. The caller keeps OpenBLAS single-threaded inside parallel regions (threadpoolctl;
 accel.numba_cpu.attention).
 
-    matmul_threaded(y, x, w):  Y <- X W  (?gemv when X has one row, else ?gemm)
-    x [m, k], w [k, n] (C- or F-contiguous), y [m, n], for code running outside parallel regions
+    matmul_threaded(y, x, w, threads):  Y <- X W  (?gemv when X has one row, else ?gemm)
+    x [m, k], w [k, n] (C- or F-contiguous), y [m, n], threads (MKL's for this call: the caller
+    passes numba.get_num_threads()), for code running outside parallel regions
     (the numba backend's products in GPT-2, accel.numba_cpu.gpt2).
 
 Its BLAS, in order of preference (THREADED_BLAS_NAME says which):
-  - MKL on GNU OpenMP threads (libmkl_rt's GNU threading layer, the system's libgomp), when
-    the `mkl` wheel carries libmkl_gnu_thread and libgomp.so.1 loads. On GPT-2 small's prefill
-    shapes (T = 128 and 1024 rows against 768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) it
-    measured 175-255 GF/s on 2 threads where NumPy's OpenBLAS gave 125-215: the products are
-    most of a prefill (`accel.numba_cpu.gpt2`). The thread count is MKL's default (the physical
-    cores, or MKL_NUM_THREADS / OMP_NUM_THREADS).
+  - MKL on GNU OpenMP threads (libmkl_rt's GNU threading layer), when the `mkl` wheel carries
+    libmkl_gnu_thread and a libgomp.so.1 loads: the one already in the process if any (PyTorch's
+    own copy when PyTorch is installed, since `_protect_torch` loads it first; the two then share
+    one OpenMP thread pool), else the system's. On GPT-2 small's prefill shapes (T = 128 and 1024
+    rows against 768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) it measured 175-255 GF/s on 2
+    threads where NumPy's OpenBLAS gave 125-215: the products are most of a prefill
+    (`accel.numba_cpu.gpt2`). Each call runs on `threads` threads (set for the call with
+    MKL_Set_Num_Threads_Local, and restored); the callers pass numba.get_num_threads(), so these
+    products follow numba.set_num_threads like the kernels, whatever torch.set_num_threads or
+    omp_set_num_threads say. (An argument, not a call inside the compiled code: Numba's
+    get_num_threads there would keep the functions that call this one out of the disk cache.) GNU OpenMP cannot be used in a child process forked after its
+    threads started (the child hangs in its first parallel region), so a forked child sets
+    MKL and Numba to one thread (os.register_at_fork): its products run on the calling thread.
   - otherwise (or ACCEL_BLAS=mkl-sequential, which keeps MKL one thread per call) the BLAS
     NumPy's own matmul calls (found by threadpoolctl among the loaded libraries: on the PyPI
     wheels an OpenBLAS under numpy.libs with ILP64 symbols such as scipy_sgemv_64_), with that
@@ -69,7 +77,7 @@ import sys
 import llvmlite.binding as llvm
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (loads the library whose functions are called)
-from numba import njit, types
+from numba import cfunc, njit, types
 from numba.extending import get_cython_function_address, overload
 from threadpoolctl import ThreadpoolController
 
@@ -81,6 +89,7 @@ __all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME"]
 _GEMM_SIG = types.void(*([types.voidptr] * 13))
 _MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's codes: its sequential (one-thread) layer,
 _MKL_GNU_OPENMP = 3  # and its layer on GNU OpenMP (libgomp)
+_INT32_MAX = 2**31 - 1  # the largest dimension an LP64 BLAS (MKL here, SciPy's OpenBLAS) can take
 _MKL_LP64 = 0  # MKL_Set_Interface_Layer's code for 32-bit integers (the int32 arguments below)
 
 
@@ -131,9 +140,12 @@ def _find_mkl():  # -> (ctypes.CDLL of libmkl_rt, threaded: bool) or (None, Fals
     for path in paths:
         try:
             lib = ctypes.CDLL(path)
-            lib.MKL_Set_Interface_Layer(_MKL_LP64)  # 32-bit dimensions, whatever MKL_INTERFACE_LAYER says
-            threaded = choice != "mkl-sequential" and _gnu_openmp_loads(os.path.dirname(path))
-            lib.MKL_Set_Threading_Layer(_MKL_GNU_OPENMP if threaded else _MKL_SEQUENTIAL)
+            # Both calls return the layer in force: MKL keeps the first choice made in the process, so
+            # an MKL already set up by another library may have refused ours.
+            if lib.MKL_Set_Interface_Layer(_MKL_LP64) != _MKL_LP64:  # 64-bit dimensions: not what gemm passes
+                continue
+            wanted = choice != "mkl-sequential" and _gnu_openmp_loads(os.path.dirname(path))
+            threaded = lib.MKL_Set_Threading_Layer(_MKL_GNU_OPENMP if wanted else _MKL_SEQUENTIAL) == _MKL_GNU_OPENMP
             lib.MKL_Set_Num_Threads_Local  # noqa: B018 (present in every MKL this code expects)
             return lib, threaded
         except (OSError, AttributeError):  # not loadable here, or not the MKL this code expects
@@ -145,6 +157,11 @@ def _address(lib, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+@cfunc(types.intc(types.intc))
+def _no_thread_count(n):  # stands in for MKL_Set_Num_Threads_Local where the BLAS is not MKL
+    return n
+
+
 _mkl, _mkl_threaded = _find_mkl()
 if _mkl is not None:
     BLAS_NAME = "MKL (one thread per call, libmkl_rt)"
@@ -153,7 +170,18 @@ if _mkl is not None:
 else:
     BLAS_NAME = "SciPy's OpenBLAS (scipy.linalg.cython_blas)"
     _addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n) for n in ("sgemm", "dgemm")}
-    _addresses["local_threads"] = _address(ctypes.CDLL(None), "abs")  # int -> int, no effect (module docstring)
+    _addresses["local_threads"] = _no_thread_count.address
+
+
+def _one_thread_after_fork() -> None:  # GNU OpenMP hangs in a forked child once its threads ran (module docstring)
+    import numba
+
+    _mkl.MKL_Set_Num_Threads(1)
+    numba.set_num_threads(1)  # the callers of matmul_threaded pass numba.get_num_threads()
+
+
+if _mkl_threaded:
+    os.register_at_fork(after_in_child=_one_thread_after_fork)
 for _name, _addr in _addresses.items():
     llvm.add_symbol(f"accel_numba_cpu_{_name}", _addr)
 _sgemm = types.ExternalFunction("accel_numba_cpu_sgemm", _GEMM_SIG)
@@ -181,6 +209,8 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
         if not accumulate:
             c[:, :] = 0
         return
+    if max(m, n, k, _row_stride(a), _row_stride(b), _row_stride(c)) > _INT32_MAX:
+        raise ValueError("gemm: a dimension or leading dimension is over 2^31 - 1, more than this BLAS takes")
     ints = np.empty(6, dtype=np.int32)  # column-major view: C^T [n, m] = op(B)^T [n, k] A^T [k, m]
     ints[0] = n
     ints[1] = m
@@ -269,7 +299,7 @@ def _same_float_dtype_impl(y, x, w):
 
 
 @njit
-def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguous, w C- or F-contiguous
+def matmul_threaded(y, x, w, threads):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguous, w C- or F-contiguous
     """Y <- X W by the threaded BLAS (THREADED_BLAS_NAME), on its threads (?gemv for one row, ?gemm otherwise); k = 0 gives zeros.
 
     Row-major Y = X W is column-major Y^T = W^T X^T. A C-contiguous W's memory is the
@@ -291,6 +321,8 @@ def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguou
     if k == 0:
         y[:, :] = 0
         return
+    if max(m, n, k) > _INT32_MAX:  # the BLAS may be LP64 (module docstring); checked whichever it is
+        raise ValueError("matmul_threaded: a dimension is over 2^31 - 1, more than this BLAS takes")
     ints = np.empty(5, dtype=_INT)
     ints[0] = n
     ints[1] = m
@@ -303,6 +335,7 @@ def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguou
     chars = np.empty(2, dtype=np.uint8)
     chars[0] = 78  # 'N' (X^T)
     chars[1] = 78 if w_c else 84  # W^T as stored ('N') or W stored column-major, transposed ('T')
+    previous = _local_threads(max(threads, 1))  # MKL: this call on `threads` threads (module docstring)
     if m == 1:  # y^T [n] = W^T [n, k] x^T [k]; gemv's dimensions are those of the stored matrix
         rows, cols = (ints[0:], ints[2:]) if w_c else (ints[2:], ints[0:])
         if y.itemsize == 4:
@@ -319,3 +352,4 @@ def matmul_threaded(y, x, w):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguou
         _t_dgemm(chars[1:].ctypes, chars[0:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                  scalars[0:].ctypes, w.ctypes, ints[4:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes,
                  y.ctypes, ints[0:].ctypes)
+    _local_threads(previous)

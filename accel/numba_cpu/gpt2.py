@@ -42,6 +42,8 @@ the line "numba": "accel.numba_cpu.gpt2:OPS", backend="numba".
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import get_num_threads, njit
 
@@ -119,8 +121,8 @@ def _product(x, w, b) -> np.ndarray | None:  # [..., in], [in, out], [out] or No
         b = w[0, :0] if w.shape[0] else np.empty(0, dtype=w.dtype)  # empty: no bias
     elif not (isinstance(b, np.ndarray) and b.dtype == w.dtype and b.shape == (w.shape[1],)):
         return None
-    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))  # [N, in]
-    return _linear_rows(rows, w, b).reshape(x.shape[:-1] + (w.shape[1],))
+    rows = np.ascontiguousarray(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]))  # [N, in] (in may be 0)
+    return _linear_rows(rows, w, b, get_num_threads()).reshape(x.shape[:-1] + (w.shape[1],))
 
 
 def _linear(x, p) -> np.ndarray:  # [..., in] -> [..., out]
@@ -142,9 +144,9 @@ def _lm_head(h, params) -> np.ndarray:  # [..., C] -> [..., V]
 
 
 @njit(cache=True)
-def _linear_rows(x, w, b):  # [B, in], [in, out], [out] or empty -> [B, out]: x W (+ b), as refimpl.linear
+def _linear_rows(x, w, b, threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]: x W (+ b), as refimpl.linear
     y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
-    matmul_threaded(y, x, w)
+    matmul_threaded(y, x, w, threads)
     if b.shape[0]:
         for r in range(y.shape[0]):
             y[r] += b
@@ -153,7 +155,7 @@ def _linear_rows(x, w, b):  # [B, in], [in, out], [out] or empty -> [B, out]: x 
 
 @njit(cache=True)
 def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_p,
-                  k_cache, v_cache, pos, eps, scale):
+                  k_cache, v_cache, pos, eps, scale, threads):
     """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x)) for one new token per row, in place (GPT-2's block).
 
     Shapes: x [B, C] (the residual stream, updated in place); k_cache, v_cache [B, H, S_max, D]
@@ -164,7 +166,7 @@ def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_
     h = np.empty_like(x)  # [B, C]
     for r in range(B):
         _layer_norm_row(x[r], g1, b1, eps, h[r])
-    qkv = _linear_rows(h, w_qkv, b_qkv)  # [B, 3C], columns [q | k | v]
+    qkv = _linear_rows(h, w_qkv, b_qkv, threads)  # [B, 3C], columns [q | k | v]
     q = np.empty((B, H, D), dtype=x.dtype)
     for r in range(B):
         for hd in range(H):
@@ -178,17 +180,17 @@ def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_
     y = np.empty((B, H, D), dtype=x.dtype)
     _decode_attention_serial(q, k_cache[:, :, :pos + 1], v_cache[:, :, :pos + 1], lengths, scale, 1,
                              x.itemsize == 4, part_m, part_l, part_a, y)
-    x += _linear_rows(y.reshape(B, C), w_o, b_o)  # merge heads, W_O, residual
+    x += _linear_rows(y.reshape(B, C), w_o, b_o, threads)  # merge heads, W_O, residual
     for r in range(B):
         _layer_norm_row(x[r], g2, b2, eps, h[r])
-    f = _linear_rows(h, w_fc, b_fc[:0])  # [B, F]; the bias goes into the GELU, as the generic path
+    f = _linear_rows(h, w_fc, b_fc[:0], threads)  # [B, F]; the bias goes into the GELU, as the generic path
     a = np.empty_like(f)  # GELU(f + b) into its own rows: written in place, the row loop's overlap check
     for r in range(B):    # sends it to its scalar version (GPT-2 small: 38 vs 5 us per 3072-wide row)
         if x.itemsize == 4:
             _gelu_row_f32(f[r], b_fc, a[r])
         else:
             _gelu_row(f[r], b_fc, a[r])
-    x += _linear_rows(a, w_p, b_p)
+    x += _linear_rows(a, w_p, b_p, threads)
 
 
 def _block_shapes(config) -> tuple:  # the shapes _decode_block reads, in its argument order
@@ -236,8 +238,9 @@ def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or N
     eps = float(config.layer_norm_epsilon)
     scale = _scale_for(D, None, dtype)
     x = np.array(x[:, 0, :], dtype=dtype, order="C")  # [B, C], updated in place block by block
+    threads = get_num_threads()  # the BLAS products' threads (blas.matmul_threaded)
     for layer, arrays in enumerate(blocks):
-        _decode_block(x, *arrays, k[layer], v[layer], cache.length, eps, scale)
+        _decode_block(x, *arrays, k[layer], v[layer], cache.length, eps, scale, threads)
     return x[:, None, :]
 
 

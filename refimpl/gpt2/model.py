@@ -114,11 +114,11 @@ class Ops:
     gelu_bias: Callable
     attention: Callable
     embed: Callable = None  # None: refimpl's `embed` (defined below)
-    lm_head: Callable = None  # None: refimpl's `lm_head` (defined below)
     prepare: Callable = lambda params: params
     zeros: Callable = np.zeros
     to_numpy: Callable = np.asarray
     decode_blocks: Callable | None = None
+    lm_head: Callable = None  # None: refimpl's `lm_head` (defined below)
 
 
 def _np_layer_norm(x, g, b, eps):  # [..., C] -> [..., C]
