@@ -55,9 +55,10 @@ Its BLAS, in order of preference (THREADED_BLAS_NAME says which):
     MKL_Set_Num_Threads_Local, and restored); the callers pass numba.get_num_threads(), so these
     products follow numba.set_num_threads like the kernels, whatever torch.set_num_threads or
     omp_set_num_threads say. (An argument, not a call inside the compiled code: Numba's
-    get_num_threads there would keep the functions that call this one out of the disk cache.) GNU OpenMP cannot be used in a child process forked after its
-    threads started (the child hangs in its first parallel region), so a forked child sets
-    MKL and Numba to one thread (os.register_at_fork): its products run on the calling thread.
+    get_num_threads there would keep the functions that call this one out of the disk cache.)
+    GNU OpenMP cannot be used in a child process forked after its threads started (the child
+    hangs in its first parallel region), so a forked child sets MKL and Numba to one thread
+    (os.register_at_fork): its products run on the calling thread.
   - otherwise (or ACCEL_BLAS=mkl-sequential, which keeps MKL one thread per call) the BLAS
     NumPy's own matmul calls (found by threadpoolctl among the loaded libraries: on the PyPI
     wheels an OpenBLAS under numpy.libs with ILP64 symbols such as scipy_sgemv_64_), with that
@@ -114,7 +115,7 @@ def _protect_torch() -> None:
 
 
 def _gnu_openmp_loads(mkl_dir: str) -> bool:
-    """True when MKL's GNU OpenMP layer can load: libmkl_gnu_thread beside libmkl_rt, and the system's libgomp."""
+    """True when MKL's GNU OpenMP layer can load: libmkl_gnu_thread beside libmkl_rt, and a libgomp.so.1 (module docstring)."""
     if not glob.glob(os.path.join(mkl_dir, "libmkl_gnu_thread.so*")):
         return False
     try:

@@ -118,7 +118,7 @@ def _product(x, w, b) -> np.ndarray | None:  # [..., in], [in, out], [out] or No
             and x.shape[-1] == w.shape[0] and (w.flags.c_contiguous or w.flags.f_contiguous)):
         return None
     if b is None:
-        b = w[0, :0] if w.shape[0] else np.empty(0, dtype=w.dtype)  # empty: no bias
+        b = np.empty(0, dtype=w.dtype)  # empty: no bias
     elif not (isinstance(b, np.ndarray) and b.dtype == w.dtype and b.shape == (w.shape[1],)):
         return None
     rows = np.ascontiguousarray(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]))  # [N, in] (in may be 0)
