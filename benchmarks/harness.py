@@ -220,6 +220,8 @@ def machine_info() -> dict:
         from accel.numba_cpu.blas import BLAS_NAME, THREADED_BLAS_NAME
         info["accel_numba_blas"] = BLAS_NAME
         info["accel_numba_threaded_blas"] = THREADED_BLAS_NAME
+        from accel.numba_cpu import THREADING_LAYER
+        info["numba_threading_layer"] = THREADING_LAYER
     except Exception:
         pass
     try:

@@ -33,24 +33,27 @@ def _torch_peers():
 
 
 def _cases(quick: bool):
+    """Row and elementwise cases at 2048 rows (25 MB float32 arrays at width 3072) and, in full mode, 8192
+    rows as well: at 100 MB the fresh output's page faults are a large part of every call (both sides)."""
     rng = np.random.default_rng(0)
     f32 = np.float32
-    R = 2048 if quick else 8192
-    x768 = rng.standard_normal((R, 768)).astype(f32)
-    x3072 = rng.standard_normal((R, 3072)).astype(f32)
     g = rng.standard_normal(768).astype(f32)
     b = rng.standard_normal(768).astype(f32)
     b3072 = rng.standard_normal(3072).astype(f32)
     rope_x = rng.standard_normal((1, 12, 2048, 64)).astype(f32)
     pos = np.arange(2048)
-    return [
-        # name, args, kwargs, bytes, flop
-        ("softmax", (x3072,), {}, 2 * x3072.nbytes, None),
-        ("layer_norm", (x768, g, b), {}, 2 * x768.nbytes, None),
-        ("rms_norm", (x768, g), {}, 2 * x768.nbytes, None),
-        ("gelu_tanh_bias", (x3072, b3072), {}, 2 * x3072.nbytes, None),
-        ("apply_rope", (rope_x, pos), {}, 2 * rope_x.nbytes, None),
-    ]
+    cases = []
+    for R in ((2048,) if quick else (2048, 8192)):
+        x768 = rng.standard_normal((R, 768)).astype(f32)
+        x3072 = rng.standard_normal((R, 3072)).astype(f32)
+        cases += [
+            # name, args, kwargs, bytes, flop
+            ("softmax", (x3072,), {}, 2 * x3072.nbytes, None),
+            ("layer_norm", (x768, g, b), {}, 2 * x768.nbytes, None),
+            ("rms_norm", (x768, g), {}, 2 * x768.nbytes, None),
+            ("gelu_tanh_bias", (x3072, b3072), {}, 2 * x3072.nbytes, None),
+        ]
+    return cases + [("apply_rope", (rope_x, pos), {}, 2 * rope_x.nbytes, None)]
 
 
 def _attention_inputs(B, H, T, D, S=None, dtype=np.float32, seed=0):
@@ -92,10 +95,10 @@ def run(quick: bool = True, backend: str = "numba", threads: int = 2) -> dict:
     validation = {}
     for name, args, kwargs, nbytes, flop in _cases(quick):
         spec = registry.get(name, backend)
-        validation[spec.id] = _validated(spec, args, kwargs).max_abs
+        case = f"{name} {'x'.join(map(str, args[0].shape))}"
+        validation[f"{spec.id} {case}"] = _validated(spec, args, kwargs).max_abs
         fn = spec.load()
         twin = spec.load_twin()
-        case = f"{name} {'x'.join(map(str, args[0].shape))}"
         impls = {f"accel[{backend}]": lambda: fn(*args, **kwargs), "refimpl": lambda: twin(*args, **kwargs)}
         if name in peers:
             impls["torch"] = lambda: peers[name](*args)

@@ -54,7 +54,9 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                      f"numba {m['numba']}, torch {m['torch']}, OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}, "
                      f"{m.get('mode', '?')} mode, accel numba kernels' BLAS: {m.get('accel_numba_blas', '?')}"
                      + (f" inside kernels, {m['accel_numba_threaded_blas']} for the model's products"
-                        if m.get("accel_numba_threaded_blas") else "") + ", torch's: "
+                        if m.get("accel_numba_threaded_blas") else "")
+                     + (f", Numba's {m['numba_threading_layer']} threading layer" if m.get("numba_threading_layer") else "")
+                     + ", torch's: "
                      f"{_short_mkl(m.get('torch_mkl'))}. Ceilings measured in the same run: matmul "
                      f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}), read bandwidth "
                      f"{c['bandwidth']['gbps']:.1f} GB/s.")

@@ -1,8 +1,9 @@
-"""The Numba CPU kernels may be called from several Python threads at once.
+"""Threads: which threading layer accel.numba_cpu picks, and kernels called from several Python threads.
 
-Numba's workqueue threading layer (accel.numba_cpu selects it) aborts the whole process when
-two threads launch parallel kernels concurrently; accel.numba_cpu._launch serialises the
-launches. Run in a fresh interpreter, since the failure mode is an abort, not an exception.
+Numba's workqueue threading layer (accel.numba_cpu's choice where the products do not run on GNU
+OpenMP) aborts the whole process when two threads launch parallel kernels concurrently;
+accel.numba_cpu._launch serialises the launches whatever the layer. Run in fresh interpreters,
+since the failure modes are an abort or a process-wide setting, not an exception.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 SCRIPT = textwrap.dedent("""
     import threading
@@ -81,3 +84,50 @@ def test_stale_kernel_caches_are_dropped_when_the_sources_change(tmp_path, monke
     pkg._drop_stale_caches()  # blas.py changed, gpt2.py did not: gpt2's cached kernel goes anyway
     assert not (cache / "gpt2._decode_block-1.py311.nbi").exists()
     assert (cache / "accel_numba_sources.sha256").read_text()
+
+
+LAYER_SCRIPT = textwrap.dedent("""
+    import os, sys
+    if sys.argv[1] == "torch-first":
+        import torch
+        torch.set_num_threads(1)
+    import numba, numpy as np
+    import accel.numba_cpu as nc
+    from accel.numba_cpu import _launch, layer_norm
+    from accel.numba_cpu.blas import THREADED_BLAS_NAME
+    x = np.ones((512, 768), np.float32)  # above SMALL_WORK: a parallel launch
+    layer_norm(x, np.ones(768, np.float32), np.zeros(768, np.float32))
+    import torch
+    print(THREADED_BLAS_NAME, nc.THREADING_LAYER, numba.threading_layer(), torch.get_num_threads(),
+          _launch.OMP_LAYER_REASON, sep="|")
+""")
+
+
+def _layer_run(order: str, **env):
+    import os
+
+    res = subprocess.run([sys.executable, "-c", LAYER_SCRIPT, order], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **env})
+    assert res.returncode == 0, res.stderr[-2000:]
+    blas, chosen, running, torch_threads, reason = res.stdout.strip().splitlines()[-1].split("|")
+    print(f"{order} {env or ''}: products on {blas}; layer {running} ({reason}); torch threads {torch_threads}")
+    return blas, chosen, running, int(torch_threads)
+
+
+def test_threading_layer_is_the_openmp_pool_of_the_products_and_leaves_torchs_thread_count():
+    """Products on MKL's GNU OpenMP threads: Numba's OpenMP layer (one pool), started at import without changing
+    the OpenMP thread count that torch reads (set to 1 before the import, or the default after it);
+    products elsewhere: the workqueue layer. A user's NUMBA_THREADING_LAYER is kept."""
+    pytest.importorskip("torch", reason="the torch oracle is not installed (pip install -e '.[oracle]')")
+    blas, chosen, running, torch_threads = _layer_run("torch-first")
+    assert chosen == running == ("omp" if blas.startswith("MKL (GNU OpenMP") else "workqueue")
+    assert torch_threads == 1
+    blas, chosen, running, torch_threads = _layer_run("accel-first")
+    assert chosen == running == ("omp" if blas.startswith("MKL (GNU OpenMP") else "workqueue")
+    alone = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, timeout=300)
+    assert torch_threads == int(alone.stdout)  # as in a process without accel
+    _, chosen, running, _ = _layer_run("torch-first", ACCEL_BLAS="mkl-sequential")
+    assert chosen == running == "workqueue"
+    _, chosen, running, _ = _layer_run("torch-first", NUMBA_THREADING_LAYER="workqueue")
+    assert chosen == running == "workqueue"

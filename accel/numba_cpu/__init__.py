@@ -24,24 +24,16 @@ changed). Importing this package therefore hashes its sources and, when they dif
 hash stored in __pycache__, deletes the cached kernels there first (`_drop_stale_caches`);
 with NUMBA_CACHE_DIR set, that directory is the user's to manage.
 
-Threads: Numba's OpenMP workers spin after each parallel region by default, which starved the
-OpenBLAS threads that ran the matmuls between kernels (now MKL's; GPT-2 small prefill measured 658 ms
-with the OpenMP layer vs ~270 ms with the workqueue layer, on 2 cores; OMP_WAIT_POLICY only
-helps when set before any OpenMP runtime loads, e.g. torch's). Unless the user chose a layer
-(NUMBA_THREADING_LAYER), the workqueue layer is selected here, before Numba's first parallel
-launch starts its thread pool. That layer aborts the process if two Python threads launch
-parallel kernels at once, so every parallel launch here holds one lock (`_launch.LAUNCH_LOCK`):
-the kernels may be called from several Python threads, which then take turns. Since the GPT-2
-backend's products moved to MKL's OpenMP layer (blas.py), Numba's OpenMP layer was measured again
-(GPT-2 small, 128-token generation prefill, paired against HF's forward: 0.80x with it, 0.82x with
-the workqueue layer, one run each): no difference beyond the machine's noise, so workqueue stays.
+Threads: Numba's threading layer is chosen at import (`_launch.choose_threading_layer`, unless
+NUMBA_THREADING_LAYER is set): its GNU OpenMP layer where that is the same OpenMP pool that runs
+MKL's products and PyTorch, so that no pool's spinning workers starve another's; else the
+workqueue layer. Every parallel launch holds one lock (`_launch.LAUNCH_LOCK`; the workqueue layer
+aborts the process when two Python threads launch at once), and every kernel runs through a
+serial driver on one thread. `_launch` gives the measurements.
 """
 
 import hashlib
-import os
 from pathlib import Path
-
-import numba
 
 
 def _drop_stale_caches() -> None:
@@ -66,8 +58,9 @@ def _drop_stale_caches() -> None:
 
 _drop_stale_caches()
 
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
+from ._launch import choose_threading_layer  # noqa: E402  (after the cache check: it imports .blas)
+
+THREADING_LAYER = choose_threading_layer()  # before any kernel launches
 
 from .attention import decode_attention, masked_attention
 from .ffn import gelu_tanh_bias

@@ -94,6 +94,10 @@ Versions:
      leading dimension, so the KV cache's filled prefix (a strided view) is read in place: v3
      copied it into contiguous arrays on every call, which at S = 1000 (GPT-2 small, one layer)
      cost more than the attention itself (1.1 ms -> 0.3 ms per call).
+Threads: both kernels are lists of independent tasks (a query tile of one head; a chunk of the
+cache for one key/value head, then a merge per head), run in parallel (prange) or, on one Numba
+thread (numba.set_num_threads(1), or a forked child: accel.numba_cpu._launch), by a serial driver
+that runs the same tasks in order, with no parallel launch.
 How it differs from the twin: the twin builds the boolean [T, S] mask and the [B, H, T, S]
 scores, then NumPy's softmax (pairwise sums) and a BLAS matmul. Here the sums over keys run in
 tile order with the rescaling above (a row's accumulator is scaled by alpha before the tile's
@@ -350,74 +354,91 @@ def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, ke
         l[r] = l[r] * alpha + _row_sum(srow)
 
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, base2, fast_exp, bq, bk, out):
+@njit(cache=True, fastmath={"contract"})
+def _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2, fast_exp,
+                bq, bk, out):
+    # One (b, h, tile of bq queries) task: out[b, h, i0:i0 + nq] from every key tile the rows may see.
     # q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] (C-contiguous), key_ok [B, S] bool,
-    # key_count [B, S + 1] (prefix counts of key_ok), slopes [H] float64 (all zeros without ALiBi),
-    # bq x bk: the tile -> out [B, H, T, Dv]. base2 (float32): q, scale and slopes carry log2(e),
-    # the weights are 2^(s - m) by _exp2_f32; otherwise e^(s - m), by _exp_f32 when fast_exp
-    # (float32), by libm's exp for float64.
-    B, H, T, D = q.shape
+    # key_count [B, S + 1] (prefix counts of key_ok), slopes [H] float64 (all zeros without ALiBi;
+    # use_alibi: some slope is not 0), bq x bk: the tile -> out [B, H, T, Dv]. base2 (float32): q,
+    # scale and slopes carry log2(e), the weights are 2^(s - m) by _exp2_f32; otherwise e^(s - m),
+    # by _exp_f32 when fast_exp (float32), by libm's exp for float64.
+    H, T = q.shape[1], q.shape[2]
     K = k.shape[1]
     S = k.shape[2]
     Dv = v.shape[3]
     G = H // K
     n_qt = (T + bq - 1) // bq
     zero = q.dtype.type(0)
-    use_alibi = False
-    for hh in range(H):
-        if slopes[hh] != 0:
-            use_alibi = True
-    for task in prange(B * H * n_qt):
-        b = task // (H * n_qt)
-        h = (task // n_qt) % H
-        i0 = (task % n_qt) * bq
-        g = h // G
-        nq = min(bq, T - i0)
-        slope = slopes[h]
-        q_tile = q[b, h, i0:i0 + nq]  # [nq, D]
-        kbg = k[b, g]  # [S, D]
-        vbg = v[b, g]  # [S, Dv]
-        s_buf = np.empty(bq * bk, dtype=q.dtype)  # one tile of scores, then weights (rows of nk, contiguous)
-        acc = np.zeros((nq, Dv), dtype=q.dtype)  # a = sum_j exp(s_j - m) v_j
-        m = np.full(nq, -np.inf, dtype=q.dtype)  # running max
-        l = np.zeros(nq, dtype=np.float64)  # running sum of exp(s_j - m)
-        sk = np.empty(nq, dtype=np.int64)
-        lo = np.empty(nq, dtype=np.int64)
-        hi = np.empty(nq, dtype=np.int64)
-        for r in range(nq):
-            sk[r], lo[r], hi[r] = _row_bounds(S - T + i0 + r, S, causal, window, n_sink)
-        # Bounds are non-decreasing in r, so the tile's rows see at most [0, sk_last) u [lo_first, hi_last):
-        # two segments of keys (one when they touch).
-        seg_a0, seg_a1, seg_b0, seg_b1 = 0, sk[nq - 1], lo[0], hi[nq - 1]
-        if seg_a1 >= seg_b0:
-            seg_a1 = max(seg_a1, seg_b1)
-            seg_b0 = seg_b1
-        for seg in range(2):
-            s0 = seg_a0 if seg == 0 else seg_b0
-            s1 = seg_a1 if seg == 0 else seg_b1
-            for j0 in range(s0, s1, bk):
-                j1 = min(j0 + bk, s1)
-                nk = j1 - j0
-                n_ok = key_count[b, j1] - key_count[b, j0]
-                if n_ok == 0:
-                    continue  # all padding
-                full = n_ok == nk and ((j0 >= lo[nq - 1] and j1 <= hi[0]) or j1 <= sk[0])
+    b = task // (H * n_qt)
+    h = (task // n_qt) % H
+    i0 = (task % n_qt) * bq
+    g = h // G
+    nq = min(bq, T - i0)
+    slope = slopes[h]
+    q_tile = q[b, h, i0:i0 + nq]  # [nq, D]
+    kbg = k[b, g]  # [S, D]
+    vbg = v[b, g]  # [S, Dv]
+    s_buf = np.empty(bq * bk, dtype=q.dtype)  # one tile of scores, then weights (rows of nk, contiguous)
+    acc = np.zeros((nq, Dv), dtype=q.dtype)  # a = sum_j exp(s_j - m) v_j
+    m = np.full(nq, -np.inf, dtype=q.dtype)  # running max
+    l = np.zeros(nq, dtype=np.float64)  # running sum of exp(s_j - m)
+    sk = np.empty(nq, dtype=np.int64)
+    lo = np.empty(nq, dtype=np.int64)
+    hi = np.empty(nq, dtype=np.int64)
+    for r in range(nq):
+        sk[r], lo[r], hi[r] = _row_bounds(S - T + i0 + r, S, causal, window, n_sink)
+    # Bounds are non-decreasing in r, so the tile's rows see at most [0, sk_last) u [lo_first, hi_last):
+    # two segments of keys (one when they touch).
+    seg_a0, seg_a1, seg_b0, seg_b1 = 0, sk[nq - 1], lo[0], hi[nq - 1]
+    if seg_a1 >= seg_b0:
+        seg_a1 = max(seg_a1, seg_b1)
+        seg_b0 = seg_b1
+    for seg in range(2):
+        s0 = seg_a0 if seg == 0 else seg_b0
+        s1 = seg_a1 if seg == 0 else seg_b1
+        for j0 in range(s0, s1, bk):
+            j1 = min(j0 + bk, s1)
+            nk = j1 - j0
+            n_ok = key_count[b, j1] - key_count[b, j0]
+            if n_ok == 0:
+                continue  # all padding
+            full = n_ok == nk and ((j0 >= lo[nq - 1] and j1 <= hi[0]) or j1 <= sk[0])
 
-                s = s_buf[:nq * nk].reshape((nq, nk))
-                gemm(s, q_tile, kbg[j0:j1], True, False)  # S_tile = Q_tile K_tile^T  (BLAS)
-                _softmax_tile(s_buf, nq, nk, j0, S - T + i0, scale, use_alibi, slope, full, n_ok,
-                              key_ok[b], sk, lo, hi, base2, fast_exp, m, l, acc)
-                gemm(acc, s, vbg[j0:j1], False, True)  # A += P_tile V_tile  (BLAS, beta = 1)
+            s = s_buf[:nq * nk].reshape((nq, nk))
+            gemm(s, q_tile, kbg[j0:j1], True, False)  # S_tile = Q_tile K_tile^T  (BLAS)
+            _softmax_tile(s_buf, nq, nk, j0, S - T + i0, scale, use_alibi, slope, full, n_ok,
+                          key_ok[b], sk, lo, hi, base2, fast_exp, m, l, acc)
+            gemm(acc, s, vbg[j0:j1], False, True)  # A += P_tile V_tile  (BLAS, beta = 1)
 
-        for r in range(nq):
-            if l[r] == 0.0:  # no visible key: zeros (the twin's convention)
-                for c in range(Dv):
-                    out[b, h, i0 + r, c] = zero
-            else:
-                inv = 1.0 / l[r]
-                for c in range(Dv):
-                    out[b, h, i0 + r, c] = acc[r, c] * inv
+    for r in range(nq):
+        if l[r] == 0.0:  # no visible key: zeros (the twin's convention)
+            for c in range(Dv):
+                out[b, h, i0 + r, c] = zero
+        else:
+            inv = 1.0 / l[r]
+            for c in range(Dv):
+                out[b, h, i0 + r, c] = acc[r, c] * inv
+
+
+@njit(parallel=True, cache=True)
+def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2, fast_exp,
+                     bq, bk, out):
+    # Every (b, h, query tile) task of _flash_task, in parallel (prange: the caller's parallel_chunksize).
+    n_tasks = q.shape[0] * q.shape[1] * ((q.shape[2] + bq - 1) // bq)
+    for task in prange(n_tasks):
+        _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2,
+                    fast_exp, bq, bk, out)
+
+
+@njit(cache=True)
+def _flash_attention_serial(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2,
+                            fast_exp, bq, bk, out):
+    # The same tasks in order on the calling thread (one Numba thread: no parallel launch).
+    n_tasks = q.shape[0] * q.shape[1] * ((q.shape[2] + bq - 1) // bq)
+    for task in range(n_tasks):
+        _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2,
+                    fast_exp, bq, bk, out)
 
 
 @njit(cache=True, fastmath={"contract"})
@@ -586,10 +607,18 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     out = np.empty((B, H, T, v.shape[3]), dtype=work)  # [B, H, T, Dv]
     if out.size:
         # One BLAS thread per Numba task (gemm pins MKL to one thread per call; OpenBLAS, the fallback, is limited
-        # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size).
-        with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
-            run_parallel(_flash_attention, qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal),
-                             0 if window is None else window, n_sink, base2, work == np.float32, *_tiles(T, S), out)
+        # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size); on one Numba thread the
+        # serial driver runs the same tasks in order.
+        args = (qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal), 0 if window is None else window, n_sink,
+                bool(np.any(slopes != 0)), base2, work == np.float32, *_tiles(T, S), out)
+        if get_num_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
+            _flash_attention_serial(*args)
+        elif BLAS_NAME.startswith("MKL"):  # gemm binds MKL to one thread per call already
+            with parallel_chunksize(2):
+                run_parallel(_flash_attention, *args)
+        else:  # OpenBLAS inside Numba's threads: one BLAS thread each (threadpoolctl, ~25 us a call)
+            with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
+                run_parallel(_flash_attention, *args)
     return out.astype(dtype, copy=False)
 
 

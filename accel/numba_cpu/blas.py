@@ -82,7 +82,7 @@ from numba import cfunc, njit, types
 from numba.extending import get_cython_function_address, overload
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME"]
+__all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME", "load_mkl_threading"]
 
 # ?gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), every argument a pointer.
 # The addresses are registered as named symbols, so compiled kernels refer to them by name and
@@ -183,6 +183,18 @@ def _one_thread_after_fork() -> None:  # GNU OpenMP hangs in a forked child once
 
 if _mkl_threaded:
     os.register_at_fork(after_in_child=_one_thread_after_fork)
+
+
+def load_mkl_threading() -> None:
+    """Make libmkl_rt load its threading layer now (its first dispatched call does), if this process uses MKL.
+
+    libmkl_rt opens the layer (libmkl_gnu_thread, and with it libgomp) into the process's global
+    symbol scope; accel.numba_cpu._launch looks for that libgomp there before choosing Numba's layer.
+    """
+    if _mkl is not None:
+        _mkl.MKL_Get_Max_Threads()
+
+
 for _name, _addr in _addresses.items():
     llvm.add_symbol(f"accel_numba_cpu_{_name}", _addr)
 _sgemm = types.ExternalFunction("accel_numba_cpu_sgemm", _GEMM_SIG)

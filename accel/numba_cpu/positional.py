@@ -4,11 +4,15 @@
 (Su et al. 2021, RoFormer, sec. 3.2.2; twin: refimpl.positional.apply_rope)
 
 Versions:
-  v1 (this) a cos / sin table [P, T, R/2] for the distinct position rows (P = rows of
+  v1 a cos / sin table [P, T, R/2] for the distinct position rows (P = rows of
      `positions` after its own leading axes; usually P = 1, shared by every batch and head),
      angles and cos / sin in float64 and then cast to x's dtype, exactly as the twin; then one
      parallel pass over the rows of x [N, T, D] rotating the pairs in place of the output
      (interleaved (2i, 2i+1) or half-split (i, i + R/2)) and copying dims [R, D).
+  v2 (this) the same pass, one row (n, t) per task; calls under SMALL_WORK elements, or on one Numba
+     thread, run the tasks through a serial driver (`norms.parallel_or_serial`), as the other row
+     kernels do (a parallel launch costs more than a small call's work; a forked child must not launch:
+     accel.numba_cpu._launch).
 How it differs from the twin: the twin builds a, b, the two products, a stack or a concatenate
 and a final concatenate (several temporaries of x's size); here the rotation is fused into one
 pass and the table is not broadcast over heads. The arithmetic per element is the twin's
@@ -26,34 +30,45 @@ from numba import njit, prange
 
 from refimpl.positional import check_rope_inputs, rope_frequencies
 
-from ._launch import run_parallel
+from .norms import parallel_or_serial
 
 __all__ = ["apply_rope"]
 
 
+@njit(cache=True)
+def _rope_row(nt, x, cos, sin, row_of, R, interleaved, out):  # row (n, t) = divmod(nt, T) of out
+    T, D = x.shape[1], x.shape[2]
+    half = R // 2
+    n = nt // T
+    t = nt - n * T
+    pr = row_of[n]
+    for i in range(half):
+        c = cos[pr, t, i]
+        s = sin[pr, t, i]
+        if interleaved:
+            a = x[n, t, 2 * i]
+            b = x[n, t, 2 * i + 1]
+            out[n, t, 2 * i] = a * c - b * s
+            out[n, t, 2 * i + 1] = a * s + b * c
+        else:
+            a = x[n, t, i]
+            b = x[n, t, i + half]
+            out[n, t, i] = a * c - b * s
+            out[n, t, i + half] = a * s + b * c
+    for d in range(R, D):
+        out[n, t, d] = x[n, t, d]
+
+
 @njit(parallel=True, cache=True)
 def _rope_rows(x, cos, sin, row_of, R, interleaved, out):  # [N, T, D], [P, T, R/2] x2, [N] -> [N, T, D]
-    N, T, D = x.shape
-    half = R // 2
-    for nt in prange(N * T):
-        n = nt // T
-        t = nt - n * T
-        pr = row_of[n]
-        for i in range(half):
-            c = cos[pr, t, i]
-            s = sin[pr, t, i]
-            if interleaved:
-                a = x[n, t, 2 * i]
-                b = x[n, t, 2 * i + 1]
-                out[n, t, 2 * i] = a * c - b * s
-                out[n, t, 2 * i + 1] = a * s + b * c
-            else:
-                a = x[n, t, i]
-                b = x[n, t, i + half]
-                out[n, t, i] = a * c - b * s
-                out[n, t, i + half] = a * s + b * c
-        for d in range(R, D):
-            out[n, t, d] = x[n, t, d]
+    for nt in prange(x.shape[0] * x.shape[1]):
+        _rope_row(nt, x, cos, sin, row_of, R, interleaved, out)
+
+
+@njit(cache=True)
+def _rope_rows_serial(x, cos, sin, row_of, R, interleaved, out):  # the same, on the calling thread
+    for nt in range(x.shape[0] * x.shape[1]):
+        _rope_row(nt, x, cos, sin, row_of, R, interleaved, out)
 
 
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
@@ -81,6 +96,6 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     N = math.prod(lead)
     out = np.empty((N, T, D), dtype=work)  # [N, T, D]
     if out.size:
-        run_parallel(_rope_rows, np.ascontiguousarray(x, dtype=work).reshape(N, T, D), cos, sin, row_of, R,
-                     bool(interleaved), out)
+        args = (np.ascontiguousarray(x, dtype=work).reshape(N, T, D), cos, sin, row_of, R, bool(interleaved), out)
+        parallel_or_serial(out.size, _rope_rows, _rope_rows_serial)(*args)
     return out.reshape(x.shape).astype(x.dtype, copy=False)
