@@ -51,6 +51,33 @@ def test_logits_match_numpy(dtype, tol):
     assert d <= tol * float(np.abs(ref[real]).max())
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_last_only_prefill_matches_the_full_prefill(padded):
+    """hidden_states(last_only=True) on the numba backend: the last block's one query row takes the
+    decode-attention path (T = 1, mask None or key padding); h equals the full pass's last row within
+    rounding and the cache is the same bit for bit (the same kernels on the same rows)."""
+    from refimpl.gpt2.model import KVCache, hidden_states
+
+    model = _model()
+    params = OPS.prepare(model.params)
+    ids = np.random.default_rng(2).integers(0, CONFIG.vocab_size, (2, 20))
+    mask = None
+    if padded:
+        mask = np.ones((2, 20), dtype=bool)
+        mask[0, :7] = False
+    out = {}
+    for last_only in (False, True):
+        cache = KVCache.allocate(CONFIG, 2, max_len=24, dtype=np.float32)
+        h = hidden_states(params, CONFIG, ids, cache=cache, attention_mask=mask, ops=OPS, last_only=last_only)
+        out[last_only] = (h, cache)
+    (full, c_full), (last, c_last) = out[False], out[True]
+    d = float(np.abs(last[:, 0] - full[:, -1]).max())
+    print(f"numba last_only prefill ({'padded' if padded else 'no padding'}): h max abs diff {d:.2e}")
+    assert last.shape == (2, 1, CONFIG.n_embd)
+    assert d <= 1e-5 * float(np.abs(full[:, -1]).max())
+    assert np.array_equal(c_last.k, c_full.k) and np.array_equal(c_last.v, c_full.v)
+
+
 def test_greedy_generation_is_token_identical():
     """Greedy decoding (prefill, then one token at a time over the KV cache) gives the same 40 tokens."""
     model = _model()

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import refimpl.gpt2 as gpt2
-from refimpl.gpt2.model import NUMPY_OPS, KVCache, Ops, forward, get_ops
+from refimpl.gpt2.model import NUMPY_OPS, KVCache, Ops, forward, get_ops, hidden_states
 from gpt2_oracle import GPT2_SMALL, SMALL_CONFIGS, TINY, ODD, hf_logits, max_rel_diff, oracle_pair
 
 _PAIRS: dict = {}
@@ -152,6 +152,56 @@ def test_left_padded_batch_equals_each_sequence_alone(data, dtype):
         alone = forward(params, config, rows[b][None])  # [1, n + n_new, V]
         batched = np.concatenate([prefill[b, P - n:], *[s[b] for s in steps]])  # [n + n_new, V]
         assert max_rel_diff(batched, alone[0]) <= tol
+
+
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_last_only_gives_the_last_position_and_the_same_cache(data, dtype):
+    """hidden_states(last_only=True) == hidden_states()[:, -1:], and the KV cache it fills is the same.
+
+    Proof: after the last block nothing mixes positions (LN_f is row-wise), so only the last
+    block's output at the last position reaches h[:, -1]; that output needs every position's
+    keys and values of the last block (computed, and cached, as without last_only) and the last
+    position's own query and residual row. Every earlier block runs unchanged, and the last block's
+    keys and values come from the same all-rows product, so the caches are equal bit for bit; the
+    last row's own products run over 1 row instead of T (rounding only). Drawn: configs, batch,
+    T >= 1, a cached prefix, a left-padded batch.
+    """
+    name = data.draw(st.sampled_from(["tiny", "one_head", "odd_3x32_5L_V1000"]))
+    config = SMALL_CONFIGS[name]
+    _, params = pair(name, dtype)
+    B = data.draw(st.integers(1, 3))
+    prefix = data.draw(st.integers(0, 4))
+    T = data.draw(st.integers(1, min(12, config.n_positions - prefix)))
+    ids = rand_ids(config, (B, prefix + T), seed=data.draw(st.integers(0, 2**31)))
+    mask = None
+    if data.draw(st.booleans()) and B > 1:
+        mask = np.ones((B, prefix + T), dtype=bool)
+        for b in range(B):
+            mask[b, :data.draw(st.integers(0, prefix + T - 1))] = False  # left padding; the last token is real
+    results = []
+    for last_only in (False, True):
+        cache = KVCache.allocate(config, B, max_len=prefix + T + 2, dtype=dtype)
+        if prefix:
+            hidden_states(params, config, ids[:, :prefix], cache=cache,
+                          attention_mask=None if mask is None else mask[:, :prefix])
+        h = hidden_states(params, config, ids[:, prefix:], cache=cache, attention_mask=mask, last_only=last_only)
+        results.append((h, cache))
+    (full, cache_full), (last, cache_last) = results
+    assert last.shape == (B, 1, config.n_embd) and last.dtype == dtype
+    diff = max_rel_diff(last, full[:, -1:])
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    print(f"last_only ({name}, B={B}, prefix={prefix}, T={T}, {np.dtype(dtype).name}, "
+          f"{'padded' if mask is not None else 'no padding'}): max relative difference {diff:.2e}")
+    assert diff <= tol, f"max relative difference {diff:.2e} > {tol}"
+    assert cache_last.length == cache_full.length == prefix + T
+    assert np.array_equal(cache_last.k, cache_full.k) and np.array_equal(cache_last.v, cache_full.v)
+
+
+def test_last_only_is_refused_with_a_hook():
+    config = TINY
+    _, params = pair("tiny")
+    with pytest.raises(ValueError, match="last_only runs without hooks"):
+        hidden_states(params, config, rand_ids(config, (1, 4)), hook=lambda name, x: x, last_only=True)
 
 
 def test_dtype_in_equals_dtype_out():

@@ -360,7 +360,7 @@ def _sample_steps(model: GPT2Model, ops, rows: list[np.ndarray], n_steps: int, s
     cache = KVCache.allocate(config, B, max_len=max(P + n_steps - 1, P), dtype=params.wte.dtype, zeros=ops.zeros)
 
     h = hidden_states(params, config, ids, cache=cache, attention_mask=mask[:, :P] if ragged else None,
-                      ops=ops)[:, -1]  # [B, C]: the last position only
+                      ops=ops, last_only=True)[:, -1]  # [B, C]: the last position only
     for step in range(n_steps):
         logits = ops.to_numpy((ops.lm_head or lm_head)(h, params))  # [B, V]
         nxt = _choose(logits, seen, s, rng)  # [B]
@@ -480,7 +480,7 @@ def _beam_search(model: GPT2Model, ops, prompt: np.ndarray, n_steps: int,
     K = max(2, 1 + len(s.eos_ids)) * N
     cache = KVCache.allocate(config, N, max_len=max(P + n_steps - 1, P), dtype=params.wte.dtype, zeros=ops.zeros)
     first = KVCache(cache.k[:, :1], cache.v[:, :1], 0)  # row 0 as a view: prefill the prompt once
-    h = hidden_states(params, config, prompt[None], cache=first, ops=ops)[:, -1]  # [1, C]
+    h = hidden_states(params, config, prompt[None], cache=first, ops=ops, last_only=True)[:, -1]  # [1, C]
     cache.k[:, 1:, :, :P] = cache.k[:, :1, :, :P]
     cache.v[:, 1:, :, :P] = cache.v[:, :1, :, :P]
     cache.length = P

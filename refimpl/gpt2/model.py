@@ -240,7 +240,8 @@ def embed(params: GPT2Params, ids: np.ndarray, positions: np.ndarray) -> np.ndar
 
 
 def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
-              cache: KVCache | None = None, layer: int = 0, hook=None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+              cache: KVCache | None = None, layer: int = 0, hook=None,
+              last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """MultiHead(x) = Concat_h(softmax(q_h k_h^T / sqrt(D), masked) v_h) W_O  (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; q, k, v come from GPT-2's fused projection c_attn, x W + b
@@ -250,12 +251,16 @@ def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
     [length, length + T) and attention reads the filled prefix [0, length + T) as views.
     The caller advances cache.length once all layers have run. hook(name, x) -> x', if
     given, sees "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out" (see the module
-    docstring); block() prefixes the names with "blocks.i.".
+    docstring); block() prefixes the names with "blocks.i.". last_only: keys and values of
+    every position (the cache needs them), the query and output of the last position only
+    ([B, 1, C]; mask then covers that one query: [B, 1, 1, S] or None).
     """
     B, T, C = x.shape
     H, D = n_head, C // n_head
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
     q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
+    if last_only:
+        q = q[:, :, -1:]  # [B, H, 1, D]
     if hook is not None:
         q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     if cache is not None:
@@ -269,7 +274,7 @@ def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
     else:
         _, w = scaled_dot_product_attention(q, k, v, mask, return_weights=True)  # w [B, H, T, S]
         y = hook("attn.weights", w) @ v  # [B, H, T, D]
-    y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # merge heads: [B, T, H, D] -> [B, T, C]
+    y = y.transpose(0, 2, 1, 3).reshape(B, q.shape[2], C)  # merge heads: [B, T, H, D] -> [B, T, C]
     out = ops.linear(y, p.attn_proj)
     return out if hook is None else hook("attn.out", out)
 
@@ -286,17 +291,23 @@ def mlp(x, p: BlockParams, ops: Ops, *, hook=None) -> np.ndarray:  # [B, T, C] -
 
 
 def block(x, p: BlockParams, config: GPT2Config, mask, ops: Ops, *,
-          cache: KVCache | None = None, layer: int = 0, hook=None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+          cache: KVCache | None = None, layer: int = 0, hook=None,
+          last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3).
 
     hook(name, x) -> x', if given, sees "blocks.{layer}.resid_pre", ".resid_mid",
-    ".resid_post" and the attention / MLP names under the same prefix.
+    ".resid_post" and the attention / MLP names under the same prefix. last_only (no hook):
+    the block's output at the last position only, from the keys and values of every position
+    (see attention); the other positions' rows would feed nothing after the last block.
     """
     eps = config.layer_norm_epsilon
     if hook is None:
-        x = x + attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask, ops,
-                          cache=cache, layer=layer)
+        a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask, ops,
+                      cache=cache, layer=layer, last_only=last_only)
+        x = (x[:, -1:] if last_only else x) + a
         return x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops)
+    if last_only:
+        raise ValueError("last_only runs without hooks: a hook expects every position's intermediates")
 
     def local(name, value, _prefix=f"blocks.{layer}."):
         return hook(_prefix + name, value)
@@ -308,7 +319,8 @@ def block(x, p: BlockParams, config: GPT2Config, mask, ops: Ops, *,
 
 
 def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=None) -> np.ndarray:  # [B, T] -> [B, T, C]
+                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=None,
+                  last_only: bool = False) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
     """h = LN_f(Block_L(... Block_1(W_te[ids] + W_pe[positions])))  (GPT-2's transformer; the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token,
@@ -322,7 +334,16 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
       no key and its row is zero (its outputs are meaningless and must be ignored).
     - Cache: new keys / values are written at [length, length + T) and length advances by T.
     - hook: None, or hook(name, x) -> x' called at every named intermediate (module docstring).
+    - last_only: return h at the last position only, [B, 1, C] (what a decoding loop's prefill
+      needs: the cache and the next token's logits). Every block but the last runs as usual; the
+      last one writes every position's keys and values into the cache but computes the query,
+      attention output, MLP and residual of the last position only, since the earlier positions'
+      outputs of the last block feed nothing. The last position's h is the same function of the
+      inputs as without it (it differs only by the rounding of products over 1 row instead of T).
+      Not with a hook (ValueError).
     """
+    if last_only and hook is not None:
+        raise ValueError("last_only runs without hooks: a hook expects every position's intermediates")
     ids = check_token_ids(ids, config)
     if ids.ndim != 2:
         raise ValueError(f"ids must have shape [B, T]; got shape {ids.shape}")
@@ -374,10 +395,16 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     if fused is not None:
         x = fused
     else:
+        last = len(params.blocks) - 1 if last_only and T > 1 else None
         for layer, p in enumerate(params.blocks):
-            x = block(x, p, config, mask, ops, cache=cache, layer=layer, hook=hook)
+            if layer == last:  # the last query sees every cached and new key; only padding masks it
+                x = block(x, p, config, combine_masks(None, padding), ops, cache=cache, layer=layer, last_only=True)
+            else:
+                x = block(x, p, config, mask, ops, cache=cache, layer=layer, hook=hook)
     if cache is not None:
         cache.length = S
+    if last_only:
+        x = x[:, -1:]  # (T = 1, or the fused one-token path: already one position)
     h = ops.layer_norm(x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)  # [B, T, C]
     return h if hook is None else hook("ln_f.out", h)
 
