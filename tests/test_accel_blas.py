@@ -225,7 +225,8 @@ def test_threaded_products_in_a_forked_child_finish():
     Linux forks): blas.py sets MKL and Numba to one thread in a forked child. In a fresh process, a threaded product
     and parallel kernels run, the process forks, and the child's product and kernels must finish and
     give the same results (the parent waits 60 s). With Numba's OpenMP layer (accel.numba_cpu._launch) a
-    prange launch in the child would terminate it: the kernels take their serial drivers there.
+    prange launch in the child would terminate it: the kernels take their serial drivers there, also
+    when called from a thread the child starts (where Numba's thread-local count is the default again).
     Wait status 15 = terminated by Numba (SIGTERM), 9 = hung and killed, 768 = a wrong result."""
     import subprocess
     import sys
@@ -250,7 +251,16 @@ def test_threaded_products_in_a_forked_child_finish():
         "    ok = np.allclose(_linear_rows(x, w, b, numba.get_num_threads()), x @ w, rtol=1e-4, atol=1e-3)\n"
         "    same = [np.array_equal(f(), e) for f, e in zip(kernels[:3], expected)]  # row tasks: the same sums\n"
         "    ok = ok and all(same) and np.allclose(kernels[3](), expected[3], rtol=1e-5, atol=1e-6)  # one chunk, not 2\n"
-        "    os._exit(0 if ok else 3)\n"
+        "    import threading\n"
+        "    from accel.numba_cpu._launch import kernel_threads\n"
+        "    seen = []  # a new thread of the child: Numba's thread-local count there is the default again\n"
+        "    def other():\n"
+        "        seen.append(np.array_equal(kernels[2](), expected[2]) and np.array_equal(kernels[0](), expected[0])\n"
+        "                    and np.allclose(_linear_rows(x, w, b, kernel_threads()), x @ w, rtol=1e-4, atol=1e-3))\n"
+        "    t = threading.Thread(target=other)\n"
+        "    t.start()\n"
+        "    t.join()\n"
+        "    os._exit(0 if ok and seen == [True] else 3)\n"
         "signal.signal(signal.SIGALRM, lambda *a: os.kill(pid, signal.SIGKILL))\n"
         "signal.alarm(60)\n"
         "_, status = os.waitpid(pid, 0)\n"

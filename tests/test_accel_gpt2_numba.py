@@ -54,8 +54,9 @@ def test_logits_match_numpy(dtype, tol):
 @pytest.mark.parametrize("padded", [False, True])
 def test_last_only_prefill_matches_the_full_prefill(padded):
     """hidden_states(last_only=True) on the numba backend: the last block's one query row takes the
-    decode-attention path (T = 1, mask None or key padding); h equals the full pass's last row within
-    rounding and the cache is the same bit for bit (the same kernels on the same rows)."""
+    decode-attention path without padding (T = 1, mask None) and the fused kernel with it (T = 1, a key
+    mask); h equals the full pass's last row within rounding and the cache is the same bit for bit (the
+    same kernels on the same rows)."""
     from refimpl.gpt2.model import KVCache, hidden_states
 
     model = _model()

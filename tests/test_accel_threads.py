@@ -88,18 +88,33 @@ def test_stale_kernel_caches_are_dropped_when_the_sources_change(tmp_path, monke
 
 LAYER_SCRIPT = textwrap.dedent("""
     import os, sys
+    import numpy as np
+    def tasks():
+        return len(os.listdir("/proc/self/task"))
+    def torch_product():
+        a = torch.ones(512, 512)
+        (a @ a).sum()
+    before = -1
     if sys.argv[1] == "torch-first":
         import torch
+        torch.set_num_threads(2)
+        torch_product()  # torch's OpenMP pool at 2 threads
+        import scipy.linalg.cython_blas  # SciPy's OpenBLAS (accel loads it) starts a thread pool of its own
+        before = tasks()  # the OS threads of the process before accel
         torch.set_num_threads(1)
-    import numba, numpy as np
+    import numba
     import accel.numba_cpu as nc
     from accel.numba_cpu import _launch, layer_norm
     from accel.numba_cpu.blas import THREADED_BLAS_NAME
-    x = np.ones((512, 768), np.float32)  # above SMALL_WORK: a parallel launch
-    layer_norm(x, np.ones(768, np.float32), np.zeros(768, np.float32))
     import torch
-    print(THREADED_BLAS_NAME, nc.THREADING_LAYER, numba.threading_layer(), torch.get_num_threads(),
-          _launch.OMP_LAYER_REASON, sep="|")
+    shared = _launch._shared_gnu_openmp()[0] is not None  # (the check again: it has no side effects left)
+    threads_torch_sees = torch.get_num_threads()
+    torch.set_num_threads(2)
+    x = np.ones((512, 768), np.float32)  # above SMALL_WORK: a parallel launch on 2 Numba threads
+    layer_norm(x, np.ones(768, np.float32), np.zeros(768, np.float32))
+    torch_product()
+    print(THREADED_BLAS_NAME, nc.THREADING_LAYER, numba.threading_layer(), threads_torch_sees, shared,
+          before, tasks(), _launch.LAYER_REASON, sep="|")
 """)
 
 
@@ -109,25 +124,29 @@ def _layer_run(order: str, **env):
     res = subprocess.run([sys.executable, "-c", LAYER_SCRIPT, order], capture_output=True, text=True, timeout=600,
                          env={**os.environ, **env})
     assert res.returncode == 0, res.stderr[-2000:]
-    blas, chosen, running, torch_threads, reason = res.stdout.strip().splitlines()[-1].split("|")
-    print(f"{order} {env or ''}: products on {blas}; layer {running} ({reason}); torch threads {torch_threads}")
-    return blas, chosen, running, int(torch_threads)
+    blas, chosen, running, torch_threads, shared, before, after, reason = res.stdout.strip().splitlines()[-1].split("|")
+    print(f"{order} {env or ''}: products on {blas}; layer {running} ({reason}); torch threads {torch_threads}; "
+          f"OS threads after a torch product {before} (-1: not counted), then after accel's import, a parallel "
+          f"kernel and another torch product {after}")
+    return chosen, running, int(torch_threads), shared == "True", int(before), int(after)
 
 
 def test_threading_layer_is_the_openmp_pool_of_the_products_and_leaves_torchs_thread_count():
-    """Products on MKL's GNU OpenMP threads: Numba's OpenMP layer (one pool), started at import without changing
-    the OpenMP thread count that torch reads (set to 1 before the import, or the default after it);
-    products elsewhere: the workqueue layer. A user's NUMBA_THREADING_LAYER is kept."""
+    """Where Numba's OpenMP layer can share the libgomp of MKL's products (and torch's), it is chosen and is that
+    one pool: a parallel kernel after a torch product adds no OS thread (the workqueue layer adds Numba's own,
+    a second libgomp its own). It is started at import without changing the OpenMP thread count torch reads
+    (set to 1 before the import, or the default after it). Otherwise, with ACCEL_BLAS=mkl-sequential, or with a
+    user's NUMBA_THREADING_LAYER, the layer is workqueue / the user's."""
     pytest.importorskip("torch", reason="the torch oracle is not installed (pip install -e '.[oracle]')")
-    blas, chosen, running, torch_threads = _layer_run("torch-first")
-    assert chosen == running == ("omp" if blas.startswith("MKL (GNU OpenMP") else "workqueue")
-    assert torch_threads == 1
-    blas, chosen, running, torch_threads = _layer_run("accel-first")
-    assert chosen == running == ("omp" if blas.startswith("MKL (GNU OpenMP") else "workqueue")
     alone = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            capture_output=True, text=True, timeout=300)
-    assert torch_threads == int(alone.stdout)  # as in a process without accel
-    _, chosen, running, _ = _layer_run("torch-first", ACCEL_BLAS="mkl-sequential")
-    assert chosen == running == "workqueue"
-    _, chosen, running, _ = _layer_run("torch-first", NUMBA_THREADING_LAYER="workqueue")
+    for order in ("torch-first", "accel-first"):
+        chosen, running, torch_threads, shared, before, after = _layer_run(order)
+        assert chosen == running == ("omp" if shared else "workqueue")
+        assert torch_threads == (1 if order == "torch-first" else int(alone.stdout))  # as without accel
+        if shared and order == "torch-first":
+            assert after == before  # one pool
+    chosen, running, _, _, before, after = _layer_run("torch-first", ACCEL_BLAS="mkl-sequential")
+    assert chosen == running == "workqueue" and after > before  # Numba's own threads: the property can fail
+    chosen, running, _, _, _, _ = _layer_run("torch-first", NUMBA_THREADING_LAYER="workqueue")
     assert chosen == running == "workqueue"

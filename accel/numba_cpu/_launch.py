@@ -26,13 +26,18 @@ NUMBA_THREADING_LAYER is kept as it is.
 
 What the `omp` layer changes besides speed:
   - Numba's first launch calls omp_set_num_threads(NUMBA_NUM_THREADS), which is also PyTorch's
-    thread count (torch.get_num_threads() reads the same OpenMP setting). The layer is therefore
-    started here, at import, and the OpenMP thread count put back as it was.
-  - GNU OpenMP cannot run a parallel region in a child forked after its threads started, and
-    Numba's `omp` layer terminates such a child (SIGTERM) at its first prange launch. A forked
-    child runs on one Numba thread (blas.py's fork handler), and every kernel here has a serial
-    driver that it uses on one thread, so the kernels of accel.numba_cpu never launch there.
-
+    thread count (torch.get_num_threads() reads the same OpenMP setting), and omp_set_nested(1). The
+    layer is therefore started here, at import, and the OpenMP thread count put back as it was
+    (nesting stays enabled, as Numba wants it; neither MKL's calls here nor torch's nest).
+  - GNU OpenMP is not fork-safe, and Numba's `omp` layer terminates (SIGTERM) any process forked
+    from the one that started it, at the child's first prange launch, whatever its thread count.
+    That is Numba's own default on Linux without TBB (its layer order is tbb, omp, workqueue), and
+    it applies to a user's own prange code in such a child too: NUMBA_THREADING_LAYER=workqueue
+    keeps forked children able to run parallel code. The kernels of accel.numba_cpu never launch
+    there: `kernel_threads()` is 1 in such a child (and in a child of a process whose products run on
+    MKL's GNU OpenMP threads), in every thread of it, so every kernel takes its serial driver and the
+    GPT-2 backend's products run on one MKL thread (a GNU OpenMP region in the child could hang).
+    blas.py's fork handler also sets Numba and MKL to one thread in the forking thread's child.
 The lock. The `workqueue` layer is not thread-safe: two Python threads launching parallel kernels
 at the same moment make it abort the whole process ("Concurrent access has been detected").
 Every parallel (prange) kernel of accel.numba_cpu is therefore called under LAUNCH_LOCK whatever
@@ -49,11 +54,26 @@ import threading
 
 import numba
 
-__all__ = ["LAUNCH_LOCK", "run_parallel", "choose_threading_layer", "OMP_LAYER_REASON"]
+__all__ = ["LAUNCH_LOCK", "run_parallel", "choose_threading_layer", "kernel_threads", "in_forked_child",
+           "LAYER_REASON"]
 
 LAUNCH_LOCK = threading.Lock()
 
-OMP_LAYER_REASON = ""  # why choose_threading_layer picked the layer it picked (for tests and reports)
+LAYER_REASON = ""  # why the layer in use is the one choose_threading_layer found or picked (tests, reports)
+_OPENMP_PID = None  # the process whose Numba layer or MKL products run on GNU OpenMP (None: neither does)
+
+
+def in_forked_child() -> bool:
+    """True in a process forked from one whose kernels or products use GNU OpenMP (module docstring).
+
+    There a prange launch on Numba's omp layer ends the process, and an OpenMP region may hang.
+    """
+    return _OPENMP_PID is not None and os.getpid() != _OPENMP_PID
+
+
+def kernel_threads() -> int:
+    """The threads a kernel or product may use now: numba.get_num_threads(), or 1 in a forked child (module docstring)."""
+    return 1 if in_forked_child() else numba.get_num_threads()
 
 
 def run_parallel(kernel, *args):
@@ -77,39 +97,59 @@ def _shared_gnu_openmp():  # -> (ctypes.CDLL of the shared libgomp, None) or (No
         return None, f"the products run on {blas.THREADED_BLAS_NAME}, not on GNU OpenMP threads"
     blas.load_mkl_threading()  # MKL's GNU layer and its libgomp into the global scope, where Numba's layer looks
     try:
-        from numba.np.ufunc import omppool
-    except ImportError as e:
-        return None, f"Numba's OpenMP layer does not load ({e})"
-    if getattr(omppool, "openmp_vendor", None) != "GNU":
-        return None, f"Numba's OpenMP layer is built on {getattr(omppool, 'openmp_vendor', 'an unknown')} OpenMP"
-    try:
         gomp = ctypes.CDLL("libgomp.so.1")
     except OSError as e:
         return None, f"libgomp.so.1 does not load ({e})"
     mine, seen = _address(gomp, "GOMP_parallel"), _address(ctypes.CDLL(None), "GOMP_parallel")
     if mine is None or mine != seen:
         return None, "Numba's OpenMP layer would bind to another libgomp than MKL's"
+    try:  # (loads Numba's extension, whose GOMP_ symbols then bind to the libgomp found above)
+        from numba.np.ufunc import omppool
+    except ImportError as e:
+        return None, f"Numba's OpenMP layer does not load ({e})"
+    if getattr(omppool, "openmp_vendor", None) != "GNU":
+        return None, f"Numba's OpenMP layer is built on {getattr(omppool, 'openmp_vendor', 'an unknown')} OpenMP"
     return gomp, None
 
 
-def choose_threading_layer() -> str:
-    """Set Numba's threading layer for this process, unless the user chose one (NUMBA_THREADING_LAYER); return it.
+def _started_layer():  # -> the layer Numba's threads run on, or None before its first launch
+    try:
+        return numba.threading_layer()
+    except ValueError:  # "Threading layer is not initialized."
+        return None
 
-    `omp` where it shares MKL's and PyTorch's GNU OpenMP pool, started now with the OpenMP
-    thread count kept; else `workqueue` (module docstring).
+
+def choose_threading_layer() -> str:
+    """Start Numba's threading layer for this process and return its name (module docstring).
+
+    Unless the user chose one (NUMBA_THREADING_LAYER) or Numba's threads had started before this
+    import: `omp` where it shares MKL's and PyTorch's GNU OpenMP pool, else `workqueue`. The
+    OpenMP thread count (PyTorch's) is kept across the start.
     """
-    global OMP_LAYER_REASON
-    if "NUMBA_THREADING_LAYER" in os.environ:
-        OMP_LAYER_REASON = "NUMBA_THREADING_LAYER is set"
-        return numba.config.THREADING_LAYER
-    gomp, why_not = _shared_gnu_openmp()
-    if gomp is None:
-        OMP_LAYER_REASON = why_not
-        numba.config.THREADING_LAYER = "workqueue"
-        return "workqueue"
-    numba.config.THREADING_LAYER = "omp"
-    before = gomp.omp_get_max_threads()
-    numba.get_num_threads()  # starts the layer: it sets OpenMP's thread count to NUMBA_NUM_THREADS
-    gomp.omp_set_num_threads(before)  # ... which is PyTorch's too: put it back
-    OMP_LAYER_REASON = "one GNU OpenMP pool with MKL's products (and PyTorch)"
-    return numba.threading_layer()  # "omp", unless Numba's threads had started before this import
+    global LAYER_REASON, _OPENMP_PID
+    layer = _started_layer()
+    if layer is not None:
+        LAYER_REASON = "Numba's threads had started before accel.numba_cpu was imported"
+    else:
+        if "NUMBA_THREADING_LAYER" in os.environ:
+            LAYER_REASON = f"NUMBA_THREADING_LAYER={os.environ['NUMBA_THREADING_LAYER']}"
+        else:
+            gomp, why_not = _shared_gnu_openmp()
+            numba.config.THREADING_LAYER = "workqueue" if gomp is None else "omp"
+            LAYER_REASON = why_not or "one GNU OpenMP pool with MKL's products (and PyTorch)"
+        gomp = before = None
+        if numba.config.THREADING_LAYER == "omp":  # (a libgomp is loaded then: MKL's, or the one Numba will load)
+            try:
+                gomp = ctypes.CDLL("libgomp.so.1")
+                before = gomp.omp_get_max_threads()
+            except (OSError, AttributeError):
+                gomp = None
+        numba.get_num_threads()  # starts the layer; the omp layer sets OpenMP's thread count to NUMBA_NUM_THREADS
+        layer = numba.threading_layer()
+        if layer == "omp" and gomp is not None:
+            gomp.omp_set_num_threads(before)  # ... which is PyTorch's too: put it back
+    from .blas import THREADED_BLAS_NAME
+
+    if layer == "omp" or THREADED_BLAS_NAME.startswith("MKL (GNU OpenMP"):
+        _OPENMP_PID = os.getpid()  # (if Numba's layer was started in a parent process, this one cannot tell)
+    return layer

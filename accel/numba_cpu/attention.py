@@ -121,7 +121,7 @@ import math
 
 import numpy as np
 from llvmlite import ir as llvm_ir
-from numba import get_num_threads, njit, parallel_chunksize, prange, types
+from numba import njit, parallel_chunksize, prange, types
 from numba.extending import intrinsic
 from threadpoolctl import ThreadpoolController
 
@@ -129,7 +129,7 @@ from refimpl._checks import float_result_type
 from refimpl.attention import _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args
-from ._launch import run_parallel
+from ._launch import kernel_threads, run_parallel
 from ._simd import wide_vectors
 from .blas import BLAS_NAME, gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
 
@@ -611,7 +611,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # serial driver runs the same tasks in order.
         args = (qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal), 0 if window is None else window, n_sink,
                 bool(np.any(slopes != 0)), base2, work == np.float32, *_tiles(T, S), out)
-        if get_num_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
+        if kernel_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
             _flash_attention_serial(*args)
         elif BLAS_NAME.startswith("MKL"):  # gemm binds MKL to one thread per call already
             with parallel_chunksize(2):
@@ -648,8 +648,9 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     Dv = v.shape[3]
     # Enough chunks to keep every thread busy when B*K is small, none shorter than 64 keys; a short
     # cache runs on the calling thread (a parallel launch costs ~30-60 us, more than its work).
-    serial = k.size + v.size < DECODE_PARALLEL_WORK or get_num_threads() == 1
-    n_chunks = 1 if serial else max(1, min(-(-S // 64), -(-2 * get_num_threads() // max(B * K, 1))))
+    threads = kernel_threads()
+    serial = k.size + v.size < DECODE_PARALLEL_WORK or threads == 1
+    n_chunks = 1 if serial else max(1, min(-(-S // 64), -(-2 * threads // max(B * K, 1))))
     part_m = np.empty((B, H, n_chunks), dtype=work)
     part_l = np.empty((B, H, n_chunks), dtype=np.float64)
     part_a = np.empty((B, H, n_chunks, Dv), dtype=work)

@@ -41,7 +41,8 @@ accel.numba_cpu.attention).
 
     matmul_threaded(y, x, w, threads):  Y <- X W  (?gemv when X has one row, else ?gemm)
     x [m, k], w [k, n] (C- or F-contiguous), y [m, n], threads (MKL's for this call: the caller
-    passes numba.get_num_threads()), for code running outside parallel regions
+    passes accel.numba_cpu._launch.kernel_threads(): numba.get_num_threads(), or 1 in a forked
+    child), for code running outside parallel regions
     (the numba backend's products in GPT-2, accel.numba_cpu.gpt2).
 
 Its BLAS, in order of preference (THREADED_BLAS_NAME says which):
@@ -52,13 +53,14 @@ Its BLAS, in order of preference (THREADED_BLAS_NAME says which):
     rows against 768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) it measured 175-255 GF/s on 2
     threads where NumPy's OpenBLAS gave 125-215: the products are most of a prefill
     (`accel.numba_cpu.gpt2`). Each call runs on `threads` threads (set for the call with
-    MKL_Set_Num_Threads_Local, and restored); the callers pass numba.get_num_threads(), so these
+    MKL_Set_Num_Threads_Local, and restored); the callers pass kernel_threads(), so these
     products follow numba.set_num_threads like the kernels, whatever torch.set_num_threads or
     omp_set_num_threads say. (An argument, not a call inside the compiled code: Numba's
     get_num_threads there would keep the functions that call this one out of the disk cache.)
     GNU OpenMP cannot be used in a child process forked after its threads started (the child
     hangs in its first parallel region), so a forked child sets MKL and Numba to one thread
-    (os.register_at_fork): its products run on the calling thread.
+    (os.register_at_fork) and `_launch.kernel_threads()` is 1 in every thread of such a child: its
+    products run on the calling thread.
   - otherwise (or ACCEL_BLAS=mkl-sequential, which keeps MKL one thread per call) the BLAS
     NumPy's own matmul calls (found by threadpoolctl among the loaded libraries: on the PyPI
     wheels an OpenBLAS under numpy.libs with ILP64 symbols such as scipy_sgemv_64_), with that
@@ -178,7 +180,7 @@ def _one_thread_after_fork() -> None:  # GNU OpenMP hangs in a forked child once
     import numba
 
     _mkl.MKL_Set_Num_Threads(1)
-    numba.set_num_threads(1)  # the callers of matmul_threaded pass numba.get_num_threads()
+    numba.set_num_threads(1)  # (this thread; _launch.kernel_threads() is 1 in every thread of the child)
 
 
 if _mkl_threaded:

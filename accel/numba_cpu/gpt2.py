@@ -45,13 +45,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import get_num_threads, njit
+from numba import njit
 
 from refimpl.attention import _scale_for
 from refimpl.gpt2.model import Ops, lm_head
 from refimpl.linear import linear
 from refimpl.masks import causal_mask
 
+from ._launch import kernel_threads
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
 from .blas import matmul_threaded
 from .ffn import _gelu_row, _gelu_row_f32, gelu_tanh_bias
@@ -122,7 +123,7 @@ def _product(x, w, b) -> np.ndarray | None:  # [..., in], [in, out], [out] or No
     elif not (isinstance(b, np.ndarray) and b.dtype == w.dtype and b.shape == (w.shape[1],)):
         return None
     rows = np.ascontiguousarray(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]))  # [N, in] (in may be 0)
-    return _linear_rows(rows, w, b, get_num_threads()).reshape(x.shape[:-1] + (w.shape[1],))
+    return _linear_rows(rows, w, b, kernel_threads()).reshape(x.shape[:-1] + (w.shape[1],))
 
 
 def _linear(x, p) -> np.ndarray:  # [..., in] -> [..., out]
@@ -227,7 +228,7 @@ def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or N
             or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
             or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
             or k.shape != v.shape or k.shape[:3] != (config.n_layer, B, H) or k.shape[4] != D or S > k.shape[3]
-            or (2 * B * H * S * D >= DECODE_PARALLEL_WORK and get_num_threads() > 1)):
+            or (2 * B * H * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
         return None
     shapes = _block_shapes(config)
     blocks = [_block_arrays(p) for p in params.blocks]
@@ -238,7 +239,7 @@ def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or N
     eps = float(config.layer_norm_epsilon)
     scale = _scale_for(D, None, dtype)
     x = np.array(x[:, 0, :], dtype=dtype, order="C")  # [B, C], updated in place block by block
-    threads = get_num_threads()  # the BLAS products' threads (blas.matmul_threaded)
+    threads = kernel_threads()  # the BLAS products' threads (blas.matmul_threaded)
     for layer, arrays in enumerate(blocks):
         _decode_block(x, *arrays, k[layer], v[layer], cache.length, eps, scale, threads)
     return x[:, None, :]

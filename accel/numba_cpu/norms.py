@@ -37,18 +37,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from contextlib import contextmanager
 from functools import partial
 
-from numba import get_num_threads, njit, prange, set_num_threads
+from numba import njit, prange
 
 from refimpl._checks import as_float
 from refimpl.norms import _check_eps, _check_feature_vector, _check_width
 
-from ._launch import run_parallel
+from ._launch import kernel_threads, run_parallel
 from ._simd import wide_vectors
 
-__all__ = ["layer_norm", "rms_norm", "threads_for", "parallel_or_serial", "SMALL_WORK"]
+__all__ = ["layer_norm", "rms_norm", "parallel_or_serial", "SMALL_WORK"]
 
 SMALL_WORK = 1 << 15  # elements: below this a kernel call runs on one thread
 
@@ -58,25 +57,12 @@ def parallel_or_serial(n_elements: int, parallel, serial):
 
     A prange kernel pays for its launch even on one thread (measured: layer_norm of one
     768-wide row, 31 us through the parallel kernel with 1 thread, 2 us through the serial
-    loop), which is most of a decoding step's non-matmul time.
+    loop), which is most of a decoding step's non-matmul time. One thread: numba.set_num_threads(1),
+    or a forked child, where a launch would end the process (accel.numba_cpu._launch).
     """
-    if n_elements < SMALL_WORK or get_num_threads() == 1:
+    if n_elements < SMALL_WORK or kernel_threads() == 1:
         return serial
     return partial(run_parallel, parallel)  # one parallel launch at a time (see _launch)
-
-
-@contextmanager
-def threads_for(n_elements: int):
-    """Run the enclosed Numba calls on one thread when n_elements < SMALL_WORK (else as set)."""
-    if n_elements >= SMALL_WORK or get_num_threads() == 1:
-        yield
-        return
-    before = get_num_threads()
-    set_num_threads(1)  # thread-local in Numba: other Python threads are unaffected
-    try:
-        yield
-    finally:
-        set_num_threads(before)
 
 
 @njit(cache=True, fastmath={"reassoc"})

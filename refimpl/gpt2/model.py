@@ -255,6 +255,8 @@ def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
     every position (the cache needs them), the query and output of the last position only
     ([B, 1, C]; mask then covers that one query: [B, 1, 1, S] or None).
     """
+    if last_only and hook is not None:
+        raise ValueError("last_only runs without hooks: a hook expects every position's intermediates")
     B, T, C = x.shape
     H, D = n_head, C // n_head
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
