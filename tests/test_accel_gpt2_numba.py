@@ -118,6 +118,43 @@ def test_mask_structure_is_read_back_exactly():
         _structure(np.ones((B, 4, T, S), dtype=bool), B, T, S)
 
 
+def test_mask_structure_is_reused_only_for_the_same_unchanged_mask():
+    """The model hands every layer one mask array, so _structure keeps its last answer; an array changed in
+    place since (or another array, or other sizes) is read again, and a mask made invalid is still refused."""
+    B, T, S = 2, 3, 5
+    mask = causal_mask(T, S) & np.ones((B, 1, 1, S), dtype=bool)
+    assert _structure(mask, B, T, S)[1] is None
+    assert _structure(mask, B, T, S)[1] is None  # reused
+    mask[0, 0, :, 0] = False  # in place: row 0's first key becomes padding
+    causal, km = _structure(mask, B, T, S)
+    assert causal and km is not None and not km[0, 0] and km[1].all()
+    mask[1, 0, 0, 0] = False  # in place: no longer causal & padding (the last row of sequence 1 sees key 0)
+    with pytest.raises(ValueError, match="causal_mask"):
+        _structure(mask, B, T, S)
+
+
+def test_fused_attention_reads_strided_views_in_place_with_the_same_result():
+    """GPT-2's q is a view of the fused qkv product and k, v views of the KV cache; masked_attention passes such
+    views to BLAS through their leading dimensions. The result equals the call on contiguous copies bit for
+    bit (the same products on the same numbers), for float32 and float64, causal and with key padding."""
+    from accel.numba_cpu.attention import masked_attention
+
+    rng = np.random.default_rng(5)
+    for dtype in (np.float32, np.float64):
+        B, H, T, D, S_max = 2, 3, 40, 16, 56
+        qkv = rng.standard_normal((B, T, 3, H, D)).astype(dtype)
+        q, k, v = qkv.transpose(2, 0, 3, 1, 4)  # [B, H, T, D] views, rows of D adjacent
+        ck, cv = np.zeros((B, H, S_max, D), dtype), np.zeros((B, H, S_max, D), dtype)
+        ck[:, :, :T], cv[:, :, :T] = k, v
+        kv, vv = ck[:, :, :T], cv[:, :, :T]  # the cache's filled prefix
+        key = np.ones((B, T), dtype=bool)
+        key[1, :7] = False
+        for kwargs in ({"causal": True}, {"causal": True, "key_mask": key}, {}):
+            strided = masked_attention(q, kv, vv, **kwargs)
+            contiguous = masked_attention(*(np.ascontiguousarray(a) for a in (q, kv, vv)), **kwargs)
+            assert np.array_equal(strided, contiguous), (dtype, kwargs)
+
+
 def test_backend_name_resolves_to_these_ops():
     """refimpl.gpt2's backend table maps "numba" to accel.numba_cpu.gpt2.OPS (generate(..., backend="numba"))."""
     from refimpl.gpt2.model import get_ops

@@ -61,15 +61,31 @@ from .norms import _layer_norm_row, layer_norm
 __all__ = ["OPS", "attention", "decode_blocks"]
 
 
+_LAST_STRUCTURE: list = [None]  # [(mask, its bytes, (B, T, S, shape, dtype), result)]: one mask, every layer
+
+
 def _structure(mask, B: int, T: int, S: int) -> tuple[bool, np.ndarray | None]:
     """(causal, key_mask [B, S] or None) with mask == causal_mask(T, S) & key_mask[:, None, None, :].
 
     Shapes: mask None or bool broadcastable to [B, 1, T, S] (no per-head masks).
     Notes: under the causal pattern the last query (position S - 1) sees every key, so its
-    mask row is the key mask; the whole mask is then compared with the rebuilt one.
+    mask row is the key mask; the whole mask is then compared with the rebuilt one. The model
+    hands every layer the same mask array: the last answer is reused for that array while its
+    contents are unchanged (checked byte for byte: ~5 us, against ~0.15 ms for the comparison).
     """
     if mask is None:
         return False, None
+    key = (B, T, S, mask.shape, mask.dtype) if isinstance(mask, np.ndarray) else None
+    last = _LAST_STRUCTURE[0]  # (one read: another thread may replace it, never half of it)
+    if key is not None and last is not None and last[0] is mask and last[2] == key and last[1] == mask.tobytes():
+        return last[3]
+    result = _structure_of(mask, B, T, S)
+    if key is not None:
+        _LAST_STRUCTURE[0] = (mask, mask.tobytes(), key, result)
+    return result
+
+
+def _structure_of(mask, B: int, T: int, S: int) -> tuple[bool, np.ndarray | None]:  # _structure, computed
     m = np.asarray(mask)
     if m.dtype != np.bool_ or m.ndim > 4:
         raise ValueError(f"attention mask must be boolean, broadcastable to [B, 1, T, S]; got {m.dtype} {m.shape}")
