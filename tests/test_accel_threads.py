@@ -107,7 +107,7 @@ LAYER_SCRIPT = textwrap.dedent("""
     from accel.numba_cpu import _launch, layer_norm
     from accel.numba_cpu.blas import THREADED_BLAS_NAME
     import torch
-    shared = _launch._shared_gnu_openmp()[0] is not None  # (the check again: it has no side effects left)
+    shared = _launch._why_not_one_pool() is None  # (the check again: it has no side effects left)
     threads_torch_sees = torch.get_num_threads()
     torch.set_num_threads(2)
     x = np.ones((512, 768), np.float32)  # above SMALL_WORK: a parallel launch on 2 Numba threads

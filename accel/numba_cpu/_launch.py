@@ -89,27 +89,27 @@ def _address(lib, name: str):
         return None
 
 
-def _shared_gnu_openmp():  # -> (ctypes.CDLL of the shared libgomp, None) or (None, why not)
-    """The libgomp that MKL's GNU layer uses, if Numba's OpenMP layer would bind to it too (module docstring)."""
+def _why_not_one_pool():  # -> None when Numba's OpenMP layer would share MKL's libgomp, else the reason it would not
+    """None if the products run on MKL's GNU OpenMP threads and Numba's OpenMP layer would bind to that libgomp (module docstring)."""
     from . import blas
 
-    if not blas.THREADED_BLAS_NAME.startswith("MKL (GNU OpenMP"):
-        return None, f"the products run on {blas.THREADED_BLAS_NAME}, not on GNU OpenMP threads"
+    if not blas._mkl_threaded:
+        return f"the products run on {blas.THREADED_BLAS_NAME}, not on GNU OpenMP threads"
     blas.load_mkl_threading()  # MKL's GNU layer and its libgomp into the global scope, where Numba's layer looks
     try:
         gomp = ctypes.CDLL("libgomp.so.1")
     except OSError as e:
-        return None, f"libgomp.so.1 does not load ({e})"
+        return f"libgomp.so.1 does not load ({e})"
     mine, seen = _address(gomp, "GOMP_parallel"), _address(ctypes.CDLL(None), "GOMP_parallel")
     if mine is None or mine != seen:
-        return None, "Numba's OpenMP layer would bind to another libgomp than MKL's"
+        return "Numba's OpenMP layer would bind to another libgomp than MKL's"
     try:  # (loads Numba's extension, whose GOMP_ symbols then bind to the libgomp found above)
         from numba.np.ufunc import omppool
     except ImportError as e:
-        return None, f"Numba's OpenMP layer does not load ({e})"
+        return f"Numba's OpenMP layer does not load ({e})"
     if getattr(omppool, "openmp_vendor", None) != "GNU":
-        return None, f"Numba's OpenMP layer is built on {getattr(omppool, 'openmp_vendor', 'an unknown')} OpenMP"
-    return gomp, None
+        return f"Numba's OpenMP layer is built on {getattr(omppool, 'openmp_vendor', 'an unknown')} OpenMP"
+    return None
 
 
 def _started_layer():  # -> the layer Numba's threads run on, or None before its first launch
@@ -134,8 +134,8 @@ def choose_threading_layer() -> str:
         if "NUMBA_THREADING_LAYER" in os.environ:
             LAYER_REASON = f"NUMBA_THREADING_LAYER={os.environ['NUMBA_THREADING_LAYER']}"
         else:
-            gomp, why_not = _shared_gnu_openmp()
-            numba.config.THREADING_LAYER = "workqueue" if gomp is None else "omp"
+            why_not = _why_not_one_pool()
+            numba.config.THREADING_LAYER = "workqueue" if why_not else "omp"
             LAYER_REASON = why_not or "one GNU OpenMP pool with MKL's products (and PyTorch)"
         gomp = before = None
         if numba.config.THREADING_LAYER == "omp":  # (a libgomp is loaded then: MKL's, or the one Numba will load)
@@ -148,8 +148,8 @@ def choose_threading_layer() -> str:
         layer = numba.threading_layer()
         if layer == "omp" and gomp is not None:
             gomp.omp_set_num_threads(before)  # ... which is PyTorch's too: put it back
-    from .blas import THREADED_BLAS_NAME
+    from .blas import _mkl_threaded
 
-    if layer == "omp" or THREADED_BLAS_NAME.startswith("MKL (GNU OpenMP"):
+    if layer == "omp" or _mkl_threaded:
         _OPENMP_PID = os.getpid()  # (if Numba's layer was started in a parent process, this one cannot tell)
     return layer
