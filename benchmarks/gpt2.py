@@ -13,6 +13,9 @@ Cases
   LM head on the last position, against HF's forward with use_cache=True, logits_to_keep=1
   (what HF generate itself calls). The LM head over the other T - 1 positions is skipped on
   both sides. Its times are also compared with HF's default forward above.
+  Both prefill forms also run as refimpl[numba, packed weights]: the numba backend on
+  accel.numba_cpu.gpt2.pack(params), whose products of more than one row read MKL's packed
+  copies of the weights, made once before the timing (how long that took: pack_seconds).
 - decode B: greedy generation of N new tokens after a short prompt, through each library's
   public generate (refimpl.gpt2.generate / generate_batch vs HF generate). Reported as
   generated tokens per second (B * N / time).
@@ -39,6 +42,7 @@ The row "the decode's matrix-vector products alone" times just the 49 BLAS produ
 from __future__ import annotations
 
 import inspect
+import time
 
 import numpy as np
 
@@ -48,6 +52,14 @@ from .harness import Result, measure_read_bandwidth, paired_ratio, time_fn, time
 BOUND = "bound: parameter-sized reads (NumPy's gemv)"
 BOUND_ACCEL = "bound: parameter-sized reads (accel's threaded gemv)"
 GEMVS = "the decode's matrix-vector products alone"
+PACKED = "packed weights"  # the numba backend on pack(params): MKL's packed GEMM for the prefill's products
+
+
+def numba_packing() -> bool:
+    """Whether accel.numba_cpu.gpt2.pack works in this process (MKL's threaded products)."""
+    from accel.numba_cpu.blas import PACKING
+
+    return PACKING
 
 
 def build_models(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
@@ -158,6 +170,15 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
 
             impls[(full, f"refimpl[{b}]")] = lambda ops=ops, params=params: forward(params, cfg, ids, ops=ops)
             impls[(last, f"refimpl[{b}]")] = generation_prefill
+            if b == "numba" and numba_packing():  # the same with the weights packed once (accel.numba_cpu.gpt2.pack)
+                from accel.numba_cpu.gpt2 import pack
+
+                t0 = time.perf_counter()
+                packed = pack(params)
+                out.setdefault("pack_seconds", []).append(time.perf_counter() - t0)
+                name = f"refimpl[{b}, {PACKED}]"
+                impls[(full, name)] = lambda ops=ops, params=packed: forward(params, cfg, ids, ops=ops)
+                impls[(last, name)] = lambda ops=ops, params=packed: generation_prefill(ops, params)
         with torch.no_grad():
             timings = time_interleaved(impls, repeats=7 if quick else 11, warmup=1)
         flop_full = prefill_flop(cfg, T)

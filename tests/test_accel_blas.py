@@ -271,3 +271,99 @@ def test_threaded_products_in_a_forked_child_finish():
     name, status = res.stdout.strip().rsplit("|", 1)
     print(f"{name}: forked child's wait status {status} (0 = finished and right)")
     assert int(status) == 0
+
+
+# ----------------------------------------------------------------------------- packed weights (MKL)
+
+_NEEDS_PACKING = pytest.mark.skipif(not blas.PACKING, reason=f"MKL's packed GEMM needs MKL's threaded products; "
+                                    f"this process uses {THREADED_BLAS_NAME} (pip install -e .[numba] installs MKL)")
+
+
+@njit
+def _call_packed(y, x, packed, k, n):
+    blas.matmul_packed(y, x, packed, k, n, 2)
+
+
+@_NEEDS_PACKING
+@settings(max_examples=50, deadline=None)
+@given(m=st.integers(0, 9), k=st.integers(1, 9), n=st.integers(1, 9),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_matmul_packed_equals_matmul(m, k, n, dtype, seed):
+    """Y <- X W through MKL's packed GEMM (W packed once by pack_matrix) equals X W, any number of rows."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    packed = blas.pack_matrix(w, 2)
+    y = np.full((m, n), np.nan, dtype=dtype)
+    _call_packed(y, x, packed.buffer, k, n)
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * k)
+    print(f"matmul_packed {m}x{k}x{n} {np.dtype(dtype).name}: max abs diff {float(np.abs(y - ref).max(initial=0)):.2e}")
+
+
+@_NEEDS_PACKING
+def test_matmul_packed_on_gpt2_shapes_matches_the_plain_product():
+    """On GPT-2 small's four weight shapes, 1 and 128 rows: the packed product equals matmul_threaded's
+    within float32 rounding (the same MKL kernels; the difference printed), and the packed buffer
+    is aligned, read-only and refuses to be copied or pickled (MKL's layout is tied to its address)."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for k, n in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
+        w = (0.02 * rng.standard_normal((k, n))).astype(np.float32)
+        packed = blas.pack_matrix(w, 2)
+        assert packed.shape == (k, n) and packed.dtype == np.float32
+        assert packed.buffer.ctypes.data % 64 == 0 and not packed.buffer.flags.writeable
+        for m in (1, 128):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            y, ref = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+            _call_packed(y, x, packed.buffer, k, n)
+            _call_threaded(ref, x, w)
+            worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+    print(f"packed vs plain MKL products, GPT-2 small shapes: max relative difference {worst:.2e}")
+    assert worst < 1e-6
+    with pytest.raises(TypeError, match="pack the matrix again"):
+        copy.deepcopy(packed)
+    with pytest.raises(TypeError, match="pack the matrix again"):
+        pickle.dumps(packed)
+
+
+@_NEEDS_PACKING
+def test_pack_matrix_and_matmul_packed_refuse_bad_input():
+    w = np.ones((3, 4), np.float32)
+    for bad in (np.ones((3, 8), np.float32)[:, ::2], np.ones((3, 4), np.int64), np.ones((2, 3, 4), np.float32),
+                np.ones((0, 4), np.float32), [[1.0]]):
+        with pytest.raises(ValueError, match="pack_matrix"):
+            blas.pack_matrix(bad, 1)
+    packed = blas.pack_matrix(w, 1)
+    with pytest.raises(ValueError, match="shapes"):
+        _call_packed(np.zeros((2, 5), np.float32), np.ones((2, 3), np.float32), packed.buffer, 3, 4)
+    with pytest.raises(ValueError, match="shapes"):
+        _call_packed(np.zeros((2, 4), np.float32), np.ones((2, 2), np.float32), packed.buffer, 3, 4)
+    with pytest.raises(ValueError, match="one dtype"):
+        _call_packed(np.zeros((2, 4)), np.ones((2, 3)), packed.buffer, 3, 4)  # float64 rows, float32 W
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _call_packed(np.zeros((2, 4), np.float32), np.ones((3, 2), np.float32).T, packed.buffer, 3, 4)
+
+
+def test_packing_without_mkl_says_why():
+    """With ACCEL_BLAS=scipy (no MKL) PACKING is False and packing raises a RuntimeError naming the BLAS in use."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import numpy as np\n"
+              "from accel.numba_cpu import blas\n"
+              "assert not blas.PACKING\n"
+              "try:\n"
+              "    blas.pack_matrix(np.ones((2, 2), np.float32), 1)\n"
+              "except RuntimeError as e:\n"
+              "    print(e)\n")
+    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="scipy"),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    print(res.stdout.strip())
+    assert "need MKL" in res.stdout and "SciPy's OpenBLAS" in res.stdout

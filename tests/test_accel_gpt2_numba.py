@@ -313,3 +313,109 @@ def test_products_on_the_threaded_blas_equal_numpys(dtype):
         OPS.linear(rng.standard_normal((3, 47)).astype(dtype), p)
     empty = OPS.matmul(np.ones((2, 3, 0), dtype), np.ones((0, 4), dtype))  # a zero-width product: zeros
     np.testing.assert_array_equal(empty, np.zeros((2, 3, 4), dtype))
+
+
+# ----------------------------------------------------------------------------- packed weights (accel.numba_cpu.gpt2.pack)
+
+from accel.numba_cpu import blas as _blas  # noqa: E402
+
+_NEEDS_PACKING = pytest.mark.skipif(not _blas.PACKING, reason="packed weights need MKL's threaded products; this "
+                                    f"process uses {_blas.THREADED_BLAS_NAME} (pip install -e .[numba] installs MKL)")
+
+
+def _spy_packed(monkeypatch):  # counts the products that ran on a packed copy
+    import accel.numba_cpu.gpt2 as G
+
+    calls = [0]
+    original = G._packed_rows
+
+    def spy(*args):
+        calls[0] += 1
+        return original(*args)
+    monkeypatch.setattr(G, "_packed_rows", spy)
+    return calls
+
+
+@_NEEDS_PACKING
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-4), (np.float64, 1e-10)])
+def test_packed_model_gives_the_unpacked_logits(monkeypatch, dtype, tol):
+    """pack(model) on the numba backend: every block's four products of a prefill run on the packed
+    copies (4 per layer), the logits equal the unpacked model's and NumPy's within rounding (printed),
+    left padding included; the unpacked model, which shares the arrays, never reads a packed copy."""
+    from accel.numba_cpu.gpt2 import PackedLinear, pack
+
+    model = _model(seed=5, dtype=dtype)
+    packed = pack(model)
+    assert packed.config is model.config and packed.tokenizer is model.tokenizer
+    assert all(isinstance(getattr(b, f), PackedLinear) for b in packed.params.blocks
+               for f in ("attn_qkv", "attn_proj", "mlp_fc", "mlp_proj"))
+    ids = np.random.default_rng(6).integers(0, CONFIG.vocab_size, (3, 11))
+    mask = np.ones((3, 11), dtype=bool)
+    mask[2, :5] = False
+    real = mask[:, :, None] & np.ones((3, 11, CONFIG.vocab_size), dtype=bool)
+    calls = _spy_packed(monkeypatch)
+    plain = logits(model, ids, attention_mask=mask, backend=OPS)
+    assert calls[0] == 0
+    out = logits(packed, ids, attention_mask=mask, backend=OPS)
+    assert calls[0] == 4 * CONFIG.n_layer
+    ref = logits(model, ids, attention_mask=mask)
+    for name, other in (("unpacked numba", plain), ("numpy", ref)):
+        d = float(np.abs(out - other)[real].max())
+        print(f"packed GPT-2 ({np.dtype(dtype).name}) vs {name}: max abs logit diff {d:.3e}")
+        assert out.dtype == dtype and d <= tol * float(np.abs(ref[real]).max())
+    np.testing.assert_array_equal(logits(packed, ids, attention_mask=mask), ref)  # other backends read w, b
+
+
+@_NEEDS_PACKING
+def test_packed_model_generates_the_same_tokens_and_decodes_unpacked(monkeypatch):
+    """Greedy generation with a packed model is token-identical to NumPy's; only the prompt's prefill
+    reads the packed copies (one-row decoding steps read W as stored, in the compiled blocks)."""
+    from accel.numba_cpu.gpt2 import pack
+
+    model = _model(seed=7)
+    packed = pack(model)
+    prompt = list(np.random.default_rng(8).integers(0, CONFIG.vocab_size, 9))
+    ref = generate(model, prompt, max_new_tokens=12, eos_token_id=None)
+    calls = _spy_packed(monkeypatch)
+    out = generate(packed, prompt, max_new_tokens=12, eos_token_id=None, backend=OPS)
+    assert out == ref
+    # last_only prefill: every product of the first n_layer - 1 blocks and the last block's qkv
+    assert calls[0] == 4 * (CONFIG.n_layer - 1) + 1
+
+
+@_NEEDS_PACKING
+def test_packed_weights_are_a_read_only_snapshot():
+    """The packed model's weights cannot be written (read-only views, no copies); a write through the
+    original array is not seen by its packed products until the model is packed again, and pack keeps
+    an already packed layer, takes GPT2Params as well, and refuses what it cannot pack."""
+    from accel.numba_cpu.gpt2 import PackedLinear, pack
+    from refimpl.linear import LinearParams
+
+    model = _model(seed=9)
+    packed = pack(model.params)
+    w = model.params.blocks[0].mlp_fc.w
+    pw = packed.blocks[0].mlp_fc.w
+    assert np.shares_memory(pw, w) and not pw.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        pw[0, 0] = 1.0
+    ids = np.random.default_rng(10).integers(0, CONFIG.vocab_size, (1, 8))
+    before = logits(GPT2Model(CONFIG, packed), ids, backend=OPS)
+    w *= 2  # in place, through the original array
+    stale = logits(GPT2Model(CONFIG, packed), ids, backend=OPS)
+    fresh = logits(GPT2Model(CONFIG, pack(model.params)), ids, backend=OPS)
+    np.testing.assert_array_equal(stale, before)  # the snapshot
+    np.testing.assert_allclose(fresh, logits(model, ids), rtol=1e-4, atol=1e-4 * float(np.abs(fresh).max()))
+    assert not np.allclose(fresh, before)
+    assert pack(packed).blocks[1].attn_qkv is packed.blocks[1].attn_qkv
+    with pytest.raises(TypeError, match="GPT2Model or GPT2Params"):
+        pack(model.params.blocks[0])
+    with pytest.raises(ValueError, match="PackedLinear.packed"):
+        PackedLinear(np.ones((2, 3), np.float32), None, None)
+    with pytest.raises(ValueError, match="PackedLinear.packed"):
+        PackedLinear(np.ones((3, 2), np.float32), None, packed.blocks[0].attn_proj.packed)
+    strided = GPT2Params(**{**vars(model.params), "blocks": (
+        type(model.params.blocks[0])(**{**vars(model.params.blocks[0]),
+                                        "mlp_proj": LinearParams(np.asfortranarray(model.params.blocks[0].mlp_proj.w))}),
+    ) + model.params.blocks[1:]})
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pack(strided)

@@ -84,7 +84,8 @@ from numba import cfunc, njit, types
 from numba.extending import get_cython_function_address, overload
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME", "load_mkl_threading"]
+__all__ = ["gemm", "BLAS_NAME", "matmul_threaded", "THREADED_BLAS_NAME", "load_mkl_threading",
+           "PACKING", "PackedMatrix", "pack_matrix", "matmul_packed"]
 
 # ?gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), every argument a pointer.
 # The addresses are registered as named symbols, so compiled kernels refer to them by name and
@@ -367,4 +368,139 @@ def matmul_threaded(y, x, w, threads):  # y [m, n] <- x [m, k] w [k, n]; y, x C-
         _t_dgemm(chars[1:].ctypes, chars[0:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                  scalars[0:].ctypes, w.ctypes, ints[4:].ctypes, x.ctypes, ints[2:].ctypes, scalars[1:].ctypes,
                  y.ctypes, ints[0:].ctypes)
+    _local_threads(previous)
+
+
+# ----------------------------------------------------------------------------- packed weights
+#
+#     matmul_packed(y, x, packed, k, n, threads):  Y <- X W, W [k, n] given as pack_matrix(W).buffer
+#     pack_matrix(w, threads) -> PackedMatrix:      W [k, n] (C-contiguous) in MKL's packed layout
+#
+# Why: for GPT-2's prefill products (128 rows against 768 x 2304, 768 x 768, 768 x 3072 and
+# 3072 x 768 weights) ?gemm spends a good part of each call rearranging W into the panels its
+# inner kernel reads, since 128 rows are too few to amortize it. MKL's packed GEMM
+# (cblas_?gemm_pack once, cblas_?gemm_compute per product) does that once per weight. Measured on
+# this machine, 2 threads, all 48 products of GPT-2 small's 12 layers at 128 rows, 20 rounds
+# alternating: 72.7 ms packed against 86.2 ms plain (299 against 252 GF/s; paired 0.84x); one row,
+# where ?gemv reads W as stored, 10.8 against 10.5 ms (the same within the noise); packing all 48
+# takes ~29 ms (~250 ms the first time, faulting in the new pages). The packed copy takes about
+# 1.1-1.3x W's bytes once written (pack_matrix allocates what cblas_?gemm_pack_get_size asks,
+# 2.2-4.9x W's bytes, most of which is never touched).
+#
+# Available only where the threaded products are MKL's (PACKING; the packed routines are MKL's
+# own, not BLAS). A packed buffer is MKL's internal layout: it is only read through
+# matmul_packed with the (k, n) it was packed for, and must not be moved (MKL's rule; PackedMatrix
+# refuses copying and pickling).
+
+PACKING = _mkl_threaded  # MKL's packed GEMM for the threaded products (see the section above)
+_CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_PACKED, _CBLAS_B_MATRIX = 101, 111, 151, 162
+_PACK_ALIGN = 64  # bytes: the packed buffer's alignment (MKL documents that the layout depends on it)
+_I = types.intc
+_COMPUTE_SIGS = {n: types.void(_I, _I, _I, _I, _I, _I, types.voidptr, _I, types.voidptr, _I, t, types.voidptr, _I)
+                 for n, t in (("sgemm_compute", types.float32), ("dgemm_compute", types.float64))}
+
+
+@cfunc(_COMPUTE_SIGS["sgemm_compute"])
+def _no_sgemm_compute(layout, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # never reached without MKL:
+    return                                                                   # no PackedMatrix exists there
+
+
+@cfunc(_COMPUTE_SIGS["dgemm_compute"])
+def _no_dgemm_compute(layout, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    return
+
+
+for _name, _stub in (("sgemm_compute", _no_sgemm_compute), ("dgemm_compute", _no_dgemm_compute)):
+    llvm.add_symbol(f"accel_numba_cpu_{_name}", _address(_mkl, "cblas_" + _name) if PACKING else _stub.address)
+_s_compute = types.ExternalFunction("accel_numba_cpu_sgemm_compute", _COMPUTE_SIGS["sgemm_compute"])
+_d_compute = types.ExternalFunction("accel_numba_cpu_dgemm_compute", _COMPUTE_SIGS["dgemm_compute"])
+
+
+class PackedMatrix:
+    """W [k, n] (float32 or float64) packed by MKL for Y = X W (cblas_?gemm_pack); see pack_matrix.
+
+    buffer: the packed data (a 1-D array of W's dtype, 64-byte aligned, read-only); shape (k, n); dtype W's.
+    """
+
+    __slots__ = ("buffer", "shape", "dtype")
+
+    def __init__(self, buffer: np.ndarray, shape: tuple[int, int], dtype: np.dtype) -> None:
+        self.buffer, self.shape, self.dtype = buffer, shape, dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+    def __repr__(self) -> str:
+        return f"PackedMatrix(shape={self.shape}, dtype={self.dtype}, {self.nbytes} bytes)"
+
+    def _refuse(self, *_):
+        raise TypeError("a PackedMatrix is MKL's layout at its own address: pack the matrix again instead of copying it")
+
+    __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _refuse
+
+
+def pack_matrix(w: np.ndarray, threads: int, rows_hint: int = 128) -> PackedMatrix:
+    """W [k, n] in MKL's packed layout, for matmul_packed (PACKING must be True).
+
+    w: C-contiguous float32 or float64 [k, n], 1 <= k, n < 2^31. threads: MKL's threads for the
+    packing (MKL advises the same count as for the products). rows_hint: the rows the products
+    will typically have (MKL's size query takes it; the layout serves any number of rows).
+    """
+    if not PACKING:
+        raise RuntimeError(f"packed weights need MKL's threaded products; this process uses {THREADED_BLAS_NAME} "
+                           "(install the `mkl` wheel, and leave ACCEL_BLAS unset)")
+    if not (isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype in (np.float32, np.float64)
+            and w.flags.c_contiguous):
+        raise ValueError("pack_matrix: w must be a C-contiguous float32 or float64 [k, n] array; "
+                         f"got {type(w).__name__} {getattr(w, 'dtype', '')} {getattr(w, 'shape', '')}")
+    k, n = w.shape
+    if not (1 <= k <= _INT32_MAX and 1 <= n <= _INT32_MAX):
+        raise ValueError(f"pack_matrix: w's dimensions must be between 1 and 2^31 - 1; got {w.shape}")
+    prefix = "cblas_sgemm" if w.dtype == np.float32 else "cblas_dgemm"
+    c_int, ptr = ctypes.c_int, ctypes.c_void_p
+    size_of = getattr(_mkl, prefix + "_pack_get_size")
+    size_of.restype, size_of.argtypes = ctypes.c_size_t, [c_int] * 4
+    pack = getattr(_mkl, prefix + "_pack")
+    alpha = ctypes.c_float if w.dtype == np.float32 else ctypes.c_double
+    pack.restype, pack.argtypes = None, [c_int] * 6 + [alpha, ptr, c_int, ptr]
+    nbytes = -(-size_of(_CBLAS_B_MATRIX, max(int(rows_hint), 1), n, k) // w.itemsize) * w.itemsize
+    raw = np.empty(nbytes + _PACK_ALIGN, dtype=np.uint8)  # untouched pages cost no memory until written
+    start = -raw.ctypes.data % _PACK_ALIGN
+    buffer = raw[start:start + nbytes].view(w.dtype)
+    previous = _mkl.MKL_Set_Num_Threads_Local(max(int(threads), 1))
+    try:
+        pack(_CBLAS_ROW_MAJOR, _CBLAS_B_MATRIX, _CBLAS_NO_TRANS, max(int(rows_hint), 1), n, k, 1.0,
+             w.ctypes.data, n, buffer.ctypes.data)
+    finally:
+        _mkl.MKL_Set_Num_Threads_Local(previous)
+    buffer.flags.writeable = False
+    return PackedMatrix(buffer, (k, n), w.dtype)
+
+
+@njit
+def matmul_packed(y, x, packed, k, n, threads):  # y [m, n] <- x [m, k] W, packed = pack_matrix(W).buffer
+    """Y <- X W through MKL's cblas_?gemm_compute on a W packed by pack_matrix, on `threads` threads.
+
+    y, x C-contiguous, of W's dtype; (k, n) the shape W had when packed (the caller keeps them
+    with the buffer, as PackedMatrix does). m = 0 does nothing.
+    """
+    m = y.shape[0]
+    if x.shape[0] != m or x.shape[1] != k or y.shape[1] != n:
+        raise ValueError("matmul_packed: shapes do not match")
+    if not (y.flags.c_contiguous and x.flags.c_contiguous):
+        raise ValueError("matmul_packed: y and x must be C-contiguous")
+    if not _same_float_dtype(y, x, packed):
+        raise ValueError("matmul_packed: y, x and the packed W must share one dtype, float32 or float64")
+    if m == 0:
+        return
+    if m > _INT32_MAX:
+        raise ValueError("matmul_packed: over 2^31 - 1 rows, more than MKL's LP64 interface takes")
+    previous = _local_threads(max(threads, 1))
+    if y.itemsize == 4:
+        _s_compute(_CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_PACKED, m, n, k, x.ctypes, k, packed.ctypes,
+                   n, np.float32(0), y.ctypes, n)
+    else:
+        _d_compute(_CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_PACKED, m, n, k, x.ctypes, k, packed.ctypes,
+                   n, np.float64(0), y.ctypes, n)
     _local_threads(previous)
