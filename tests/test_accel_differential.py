@@ -436,6 +436,50 @@ def test_float32_exp_polynomials_meet_their_stated_error():
         assert np.isnan(edges[0]) and edges[1] == 0 and edges[2] == 0 and edges[3] == 1
 
 
+def test_float64_exp_polynomial_meets_its_stated_error():
+    """ffn's float64 exps: _exp_f64 (degree 13, softmax's float64 rows) < 1e-15 and _exp_f64_f32 (degree 10,
+    float32 GELU and softmax rows) < 5e-13 relative on [-708, 708] (Taylor after Cody-Waite reduction; the
+    bounds are proved in ffn.py, plus float64 rounding); inf above 708, 0 below -708, NaN for NaN,
+    exactly 1 at 0; against math.exp on a sample and the reduction's edges, np.exp on 2M points."""
+    import math
+
+    from numba import njit
+
+    _numba("gelu_tanh_bias")
+    from accel.numba_cpu import ffn
+
+    @njit
+    def exps_f64(t):
+        out = np.empty_like(t)
+        for i in range(t.shape[0]):
+            out[i] = ffn._exp_f64(t[i])
+        return out
+
+    @njit
+    def exps_f32(t):
+        out = np.empty_like(t)
+        for i in range(t.shape[0]):
+            out[i] = ffn._exp_f64_f32(t[i])
+        return out
+
+    rng = np.random.default_rng(0)
+    half_ln2 = np.log(2) / 2
+    k = np.arange(-1021, 1022)
+    edges = np.concatenate([k * np.log(2) + d for d in (-half_ln2, half_ln2, 0.0)])  # |r| at its largest
+    t = np.concatenate([rng.uniform(-708, 708, 2_000_000), rng.uniform(-2, 2, 100_000), edges[np.abs(edges) <= 708]])
+    sample = np.concatenate([t[::50], edges[np.abs(edges) <= 708]])
+    want = np.array([math.exp(x) for x in sample])
+    for name, exps, bound in (("_exp_f64", exps_f64, 1e-15), ("_exp_f64_f32", exps_f32, 5e-13)):
+        rel = float(np.max(np.abs(exps(sample) - want) / want))
+        rel_all = float(np.max(np.abs(exps(t) - np.exp(t)) / np.exp(t)))  # NumPy's exp (<= 1 ulp), every point
+        print(f"{name}: max relative error {rel:.2e} vs math.exp ({len(sample)} points), {rel_all:.2e} vs np.exp "
+              f"({len(t)} points)")
+        assert rel < bound and rel_all < bound + 2.3e-16
+        special = exps(np.array([709.0, 1e300, np.inf, -709.0, -np.inf, np.nan, 0.0, -0.0]))
+        assert np.isposinf(special[:3]).all() and (special[3:5] == 0).all() and np.isnan(special[5])
+        assert special[6] == 1 and special[7] == 1
+
+
 def test_base2_scores_never_overflow_where_the_twin_is_finite():
     """float32 attention keeps its scores in base 2 only where folding log2 e cannot overflow.
 
