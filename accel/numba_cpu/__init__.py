@@ -12,8 +12,9 @@ Helpers: blas.gemm, BLAS ?gemm on strided row-major blocks from inside kernels (
 `mkl` wheel is installed, else SciPy's OpenBLAS; ACCEL_BLAS=scipy forces the latter), and
 blas.matmul_threaded, X W on a threaded BLAS (MKL on GNU OpenMP threads where it loads, else the
 BLAS NumPy itself uses): the GPT-2 backend's products (gpt2.OPS), including its one-token decoding
-step, which runs each GPT-2 block as one compiled call (gpt2.decode_blocks), and
-_simd.wide_vectors, which lets a row function's loops use 512-bit vectors on AVX-512 CPUs.
+step, which runs each GPT-2 block as one compiled call (gpt2.decode_blocks); blas.pack_matrix /
+blas.matmul_packed, MKL's packed GEMM, behind gpt2.pack(model), a model whose prefill products
+read its weights packed once; and _simd.wide_vectors, which lets a row function's loops use 512-bit vectors on AVX-512 CPUs.
 
 Every kernel takes and returns NumPy arrays; threads follow numba.set_num_threads. Compiled
 code is cached next to the modules (cache=True), so only the first run in a checkout compiles.
