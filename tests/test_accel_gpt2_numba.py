@@ -388,6 +388,8 @@ def test_packed_weights_are_a_read_only_snapshot():
     """The packed model's weights cannot be written (read-only views, no copies); a write through the
     original array is not seen by its packed products until the model is packed again, and pack keeps
     an already packed layer, takes GPT2Params as well, and refuses what it cannot pack."""
+    import dataclasses
+
     from accel.numba_cpu.gpt2 import PackedLinear, pack
     from refimpl.linear import LinearParams
 
@@ -413,6 +415,10 @@ def test_packed_weights_are_a_read_only_snapshot():
         PackedLinear(np.ones((2, 3), np.float32), None, None)
     with pytest.raises(ValueError, match="PackedLinear.packed"):
         PackedLinear(np.ones((3, 2), np.float32), None, packed.blocks[0].attn_proj.packed)
+    layer = packed.blocks[0].mlp_fc  # replacing w keeps the old packed copy: refused, not silently stale
+    with pytest.raises(ValueError, match="pack_matrix, or pack"):
+        dataclasses.replace(layer, w=np.zeros_like(layer.w))
+    assert dataclasses.replace(layer, b=None).packed is layer.packed  # a new bias keeps the packing of w
     strided = GPT2Params(**{**vars(model.params), "blocks": (
         type(model.params.blocks[0])(**{**vars(model.params.blocks[0]),
                                         "mlp_proj": LinearParams(np.asfortranarray(model.params.blocks[0].mlp_proj.w))}),

@@ -419,13 +419,19 @@ _d_compute = types.ExternalFunction("accel_numba_cpu_dgemm_compute", _COMPUTE_SI
 class PackedMatrix:
     """W [k, n] (float32 or float64) packed by MKL for Y = X W (cblas_?gemm_pack); see pack_matrix.
 
-    buffer: the packed data (a 1-D array of W's dtype, 64-byte aligned, read-only); shape (k, n); dtype W's.
+    buffer: the packed data (a 1-D array of W's dtype, 64-byte aligned, read-only); shape (k, n); dtype W's;
+    source: (address, strides) of the W it was packed from (`packs(w)` tells whether w is that array).
     """
 
-    __slots__ = ("buffer", "shape", "dtype")
+    __slots__ = ("buffer", "shape", "dtype", "source")
 
-    def __init__(self, buffer: np.ndarray, shape: tuple[int, int], dtype: np.dtype) -> None:
-        self.buffer, self.shape, self.dtype = buffer, shape, dtype
+    def __init__(self, buffer: np.ndarray, shape: tuple[int, int], dtype: np.dtype, source: tuple) -> None:
+        self.buffer, self.shape, self.dtype, self.source = buffer, shape, dtype, source
+
+    def packs(self, w) -> bool:
+        """Whether w is (a view of) the memory this was packed from, with the same shape, strides and dtype."""
+        return (isinstance(w, np.ndarray) and w.shape == self.shape and w.dtype == self.dtype
+                and (w.ctypes.data, w.strides) == self.source)
 
     @property
     def nbytes(self) -> int:
@@ -475,7 +481,7 @@ def pack_matrix(w: np.ndarray, threads: int, rows_hint: int = 128) -> PackedMatr
     finally:
         _mkl.MKL_Set_Num_Threads_Local(previous)
     buffer.flags.writeable = False
-    return PackedMatrix(buffer, (k, n), w.dtype)
+    return PackedMatrix(buffer, (k, n), w.dtype, (w.ctypes.data, w.strides))
 
 
 @njit

@@ -207,10 +207,9 @@ class PackedLinear(LinearParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.packed, PackedMatrix) or self.packed.shape != self.w.shape or (
-                self.packed.dtype != self.w.dtype):
-            raise ValueError(f"PackedLinear.packed must be blas.pack_matrix(w) for w {self.w.dtype} {self.w.shape}; "
-                             f"got {self.packed!r}")
+        if not isinstance(self.packed, PackedMatrix) or not self.packed.packs(self.w):
+            raise ValueError(f"PackedLinear.packed must be blas.pack_matrix(w) of this w ({self.w.dtype} {self.w.shape}; "
+                             f"a new w needs pack_matrix, or pack(model), again); got {self.packed!r}")
 
 
 def pack(model):  # GPT2Model or GPT2Params -> the same kind, with PackedLinear layers
