@@ -15,7 +15,8 @@ Cases
   both sides. Its times are also compared with HF's default forward above.
   Both prefill forms also run as refimpl[numba, packed weights]: the numba backend on
   accel.numba_cpu.gpt2.pack(params), whose products of more than one row read MKL's packed
-  copies of the weights, made once before the timing (how long that took: pack_seconds).
+  copies of the weights, made once before the timing (how long that took: pack_seconds) and
+  validated against HF like the other backends.
 - decode B: greedy generation of N new tokens after a short prompt, through each library's
   public generate (refimpl.gpt2.generate / generate_batch vs HF generate). Reported as
   generated tokens per second (B * N / time).
@@ -124,6 +125,15 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
                  "validation": {}, "results": []}
     for b in backends:
         out["validation"][b] = validate(hf, model, backend=b)
+    packed_params = None
+    if "numba" in backends and numba_packing():  # the numba backend on packed weights (pack freezes them)
+        from accel.numba_cpu.gpt2 import pack
+
+        t0 = time.perf_counter()
+        packed_model = pack(model)
+        out["pack_seconds"] = time.perf_counter() - t0
+        packed_params = packed_model.params
+        out["validation"][f"numba, {PACKED}"] = validate(hf, packed_model, backend="numba")
     out["bandwidth_at_param_bytes"] = measure_read_bandwidth(param_bytes)
     probe_w = np.ones((param_bytes // (4 * 16384), 16384), np.float32)  # as measure_read_bandwidth
     probe_x = np.ones(16384, np.float32)
@@ -170,15 +180,10 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
 
             impls[(full, f"refimpl[{b}]")] = lambda ops=ops, params=params: forward(params, cfg, ids, ops=ops)
             impls[(last, f"refimpl[{b}]")] = generation_prefill
-            if b == "numba" and numba_packing():  # the same with the weights packed once (accel.numba_cpu.gpt2.pack)
-                from accel.numba_cpu.gpt2 import pack
-
-                t0 = time.perf_counter()
-                packed = pack(params)
-                out.setdefault("pack_seconds", []).append(time.perf_counter() - t0)
+            if b == "numba" and packed_params is not None:  # the same on the weights packed above
                 name = f"refimpl[{b}, {PACKED}]"
-                impls[(full, name)] = lambda ops=ops, params=packed: forward(params, cfg, ids, ops=ops)
-                impls[(last, name)] = lambda ops=ops, params=packed: generation_prefill(ops, params)
+                impls[(full, name)] = lambda ops=ops, params=packed_params: forward(params, cfg, ids, ops=ops)
+                impls[(last, name)] = lambda ops=ops, params=packed_params: generation_prefill(ops, params)
         with torch.no_grad():
             timings = time_interleaved(impls, repeats=7 if quick else 11, warmup=1)
         flop_full = prefill_flop(cfg, T)

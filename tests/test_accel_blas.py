@@ -227,6 +227,8 @@ def test_threaded_products_in_a_forked_child_finish():
     give the same results (the parent waits 60 s). With Numba's OpenMP layer (accel.numba_cpu._launch) a
     prange launch in the child would terminate it: the kernels take their serial drivers there, also
     when called from a thread the child starts (where Numba's thread-local count is the default again).
+    MKL's packed products (a matrix packed in the parent, and one packed in the child, where pack_matrix
+    keeps to the child's one thread) must finish there too.
     Wait status 15 = terminated by Numba (SIGTERM), 9 = hung and killed, 768 = a wrong result."""
     import subprocess
     import sys
@@ -239,6 +241,13 @@ def test_threaded_products_in_a_forked_child_finish():
         "x, w = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)\n"
         "b = np.zeros(512, np.float32)\n"
         "_linear_rows(x, w, b, 2)\n"
+        "from accel.numba_cpu import blas\n"
+        "from accel.numba_cpu.gpt2 import _packed_rows\n"
+        "def packed_ok(P):  # MKL's packed GEMM (when present), on this process's thread count\n"
+        "    return P is None or np.allclose(_packed_rows(x, P.buffer, 512, 512, b, numba.get_num_threads()), x @ w,\n"
+        "                                    rtol=1e-4, atol=1e-3)\n"
+        "packed = blas.pack_matrix(w, 2) if blas.PACKING else None\n"
+        "assert packed_ok(packed)\n"
         "from accel.numba_cpu import apply_rope, decode_attention, layer_norm, masked_attention\n"
         "q = rng.standard_normal((1, 4, 300, 16)).astype(np.float32)\n"
         "dq, dk = rng.standard_normal((1, 12, 64)).astype(np.float32), rng.standard_normal((1, 12, 2048, 64)).astype(np.float32)\n"
@@ -249,6 +258,7 @@ def test_threaded_products_in_a_forked_child_finish():
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    ok = np.allclose(_linear_rows(x, w, b, numba.get_num_threads()), x @ w, rtol=1e-4, atol=1e-3)\n"
+        "    ok = ok and packed_ok(packed) and packed_ok(blas.pack_matrix(w, 2) if blas.PACKING else None)\n"
         "    same = [np.array_equal(f(), e) for f, e in zip(kernels[:3], expected)]  # row tasks: the same sums\n"
         "    ok = ok and all(same) and np.allclose(kernels[3](), expected[3], rtol=1e-5, atol=1e-6)  # one chunk, not 2\n"
         "    import threading\n"
@@ -332,6 +342,28 @@ def test_matmul_packed_on_gpt2_shapes_matches_the_plain_product():
 
 
 @_NEEDS_PACKING
+@pytest.mark.parametrize("rows_hint", [1, 128, 4096])
+def test_packed_weights_serve_any_number_of_rows(rows_hint):
+    """A W packed with one row count in mind (rows_hint, MKL's size query) multiplies any number of rows:
+    1, 2, 127, 129 and 1,024 rows against GPT-2 small's 768 x 3072 and 3072 x 768 weights equal the plain
+    product within float32 rounding (printed), and MKL asks the same buffer size for 1 to 4,096 rows."""
+    rng = np.random.default_rng(rows_hint)
+    worst = 0.0
+    for k, n in ((768, 3072), (3072, 768)):
+        w = (0.02 * rng.standard_normal((k, n))).astype(np.float32)
+        packed = blas.pack_matrix(w, 2, rows_hint=rows_hint)
+        assert packed.nbytes == blas.pack_matrix(w, 2, rows_hint=max(1, 4096 // rows_hint)).nbytes
+        for m in (1, 2, 127, 129, 1024):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            y, ref = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+            _call_packed(y, x, packed.buffer, k, n)
+            _call_threaded(ref, x, w)
+            worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+    print(f"packed with rows_hint={rows_hint}, 1..1024 rows: max relative difference to the plain product {worst:.2e}")
+    assert worst < 1e-6
+
+
+@_NEEDS_PACKING
 def test_pack_matrix_and_matmul_packed_refuse_bad_input():
     w = np.ones((3, 4), np.float32)
     for bad in (np.ones((3, 8), np.float32)[:, ::2], np.ones((3, 4), np.int64), np.ones((2, 3, 4), np.float32),
@@ -347,10 +379,13 @@ def test_pack_matrix_and_matmul_packed_refuse_bad_input():
         _call_packed(np.zeros((2, 4)), np.ones((2, 3)), packed.buffer, 3, 4)  # float64 rows, float32 W
     with pytest.raises(ValueError, match="C-contiguous"):
         _call_packed(np.zeros((2, 4), np.float32), np.ones((3, 2), np.float32).T, packed.buffer, 3, 4)
+    with pytest.raises(ValueError, match="smaller than W"):
+        _call_packed(np.zeros((2, 4), np.float32), np.ones((2, 3), np.float32), np.ones(11, np.float32), 3, 4)
 
 
 def test_packing_without_mkl_says_why():
-    """With ACCEL_BLAS=scipy (no MKL) PACKING is False and packing raises a RuntimeError naming the BLAS in use."""
+    """With ACCEL_BLAS=scipy (no MKL) PACKING is False, packing raises a RuntimeError naming the BLAS in use,
+    and so does matmul_packed, whose compiled code may come from the disk cache of a process that had MKL."""
     import os
     import subprocess
     import sys
@@ -361,9 +396,14 @@ def test_packing_without_mkl_says_why():
               "try:\n"
               "    blas.pack_matrix(np.ones((2, 2), np.float32), 1)\n"
               "except RuntimeError as e:\n"
+              "    print(e)\n"
+              "from accel.numba_cpu.gpt2 import _packed_rows\n"
+              "try:\n"
+              "    _packed_rows(np.ones((2, 2), np.float32), np.ones(64, np.float32), 2, 2, np.ones(2, np.float32), 1)\n"
+              "except RuntimeError as e:\n"
               "    print(e)\n")
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="scipy"),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     print(res.stdout.strip())
-    assert "need MKL" in res.stdout and "SciPy's OpenBLAS" in res.stdout
+    assert "need MKL" in res.stdout and "SciPy's OpenBLAS" in res.stdout and "no MKL packed GEMM" in res.stdout

@@ -369,25 +369,32 @@ def test_packed_model_gives_the_unpacked_logits(monkeypatch, dtype, tol):
 @_NEEDS_PACKING
 def test_packed_model_generates_the_same_tokens_and_decodes_unpacked(monkeypatch):
     """Greedy generation with a packed model is token-identical to NumPy's; only the prompt's prefill
-    reads the packed copies (one-row decoding steps read W as stored, in the compiled blocks)."""
+    reads the packed copies, and the one-row decoding steps run in the compiled blocks, which read
+    the (now read-only) weights as stored."""
+    import accel.numba_cpu.gpt2 as G
     from accel.numba_cpu.gpt2 import pack
 
     model = _model(seed=7)
-    packed = pack(model)
     prompt = list(np.random.default_rng(8).integers(0, CONFIG.vocab_size, 9))
     ref = generate(model, prompt, max_new_tokens=12, eos_token_id=None)
+    packed = pack(model)
     calls = _spy_packed(monkeypatch)
-    out = generate(packed, prompt, max_new_tokens=12, eos_token_id=None, backend=OPS)
+    fused, counts = _counting(OPS)
+    out = generate(packed, prompt, max_new_tokens=12, eos_token_id=None, backend=fused)
     assert out == ref
     # last_only prefill: every product of the first n_layer - 1 blocks and the last block's qkv
     assert calls[0] == 4 * (CONFIG.n_layer - 1) + 1
+    assert counts == {"handled": 11, "declined": 0}  # 11 steps after the prefill's token, all compiled
+    assert G.decode_blocks.__name__ == "decode_blocks"
 
 
 @_NEEDS_PACKING
-def test_packed_weights_are_a_read_only_snapshot():
-    """The packed model's weights cannot be written (read-only views, no copies); a write through the
-    original array is not seen by its packed products until the model is packed again, and pack keeps
-    an already packed layer, takes GPT2Params as well, and refuses what it cannot pack."""
+def test_packing_freezes_the_weights_and_refuses_stale_copies():
+    """pack makes the four matrices of every block read-only (the caller's arrays too), so an in-place
+    edit raises instead of leaving the packed copies behind; an edited copy packed anew gives the edited
+    model's logits. PackedLinear refuses a packed copy that is not of its own w (also through
+    dataclasses.replace). pack keeps an already packed layer, takes GPT2Params as well, and refuses what it
+    cannot pack before freezing anything."""
     import dataclasses
 
     from accel.numba_cpu.gpt2 import PackedLinear, pack
@@ -397,17 +404,19 @@ def test_packed_weights_are_a_read_only_snapshot():
     packed = pack(model.params)
     w = model.params.blocks[0].mlp_fc.w
     pw = packed.blocks[0].mlp_fc.w
-    assert np.shares_memory(pw, w) and not pw.flags.writeable
-    with pytest.raises(ValueError, match="read-only"):
-        pw[0, 0] = 1.0
+    assert np.shares_memory(pw, w) and not pw.flags.writeable and not w.flags.writeable
+    for target in (pw, w):
+        with pytest.raises(ValueError, match="read-only"):
+            target[0, 0] = 1.0
+    assert model.params.blocks[0].mlp_fc.b.flags.writeable  # biases are read live by every path: not frozen
     ids = np.random.default_rng(10).integers(0, CONFIG.vocab_size, (1, 8))
-    before = logits(GPT2Model(CONFIG, packed), ids, backend=OPS)
-    w *= 2  # in place, through the original array
-    stale = logits(GPT2Model(CONFIG, packed), ids, backend=OPS)
-    fresh = logits(GPT2Model(CONFIG, pack(model.params)), ids, backend=OPS)
-    np.testing.assert_array_equal(stale, before)  # the snapshot
-    np.testing.assert_allclose(fresh, logits(model, ids), rtol=1e-4, atol=1e-4 * float(np.abs(fresh).max()))
-    assert not np.allclose(fresh, before)
+    edited = GPT2Params(**{**vars(model.params), "blocks": (
+        dataclasses.replace(model.params.blocks[0], mlp_fc=LinearParams(2 * w, model.params.blocks[0].mlp_fc.b)),
+    ) + model.params.blocks[1:]})
+    fresh = logits(GPT2Model(CONFIG, pack(edited)), ids, backend=OPS)
+    ref = logits(GPT2Model(CONFIG, edited), ids)
+    np.testing.assert_allclose(fresh, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+    assert not np.allclose(fresh, logits(GPT2Model(CONFIG, packed), ids, backend=OPS))
     assert pack(packed).blocks[1].attn_qkv is packed.blocks[1].attn_qkv
     with pytest.raises(TypeError, match="GPT2Model or GPT2Params"):
         pack(model.params.blocks[0])
@@ -415,13 +424,13 @@ def test_packed_weights_are_a_read_only_snapshot():
         PackedLinear(np.ones((2, 3), np.float32), None, None)
     with pytest.raises(ValueError, match="PackedLinear.packed"):
         PackedLinear(np.ones((3, 2), np.float32), None, packed.blocks[0].attn_proj.packed)
-    layer = packed.blocks[0].mlp_fc  # replacing w keeps the old packed copy: refused, not silently stale
+    layer = packed.blocks[0].mlp_fc  # replacing w would keep the old packed copy: refused, not silently stale
     with pytest.raises(ValueError, match="pack_matrix, or pack"):
         dataclasses.replace(layer, w=np.zeros_like(layer.w))
     assert dataclasses.replace(layer, b=None).packed is layer.packed  # a new bias keeps the packing of w
-    strided = GPT2Params(**{**vars(model.params), "blocks": (
-        type(model.params.blocks[0])(**{**vars(model.params.blocks[0]),
-                                        "mlp_proj": LinearParams(np.asfortranarray(model.params.blocks[0].mlp_proj.w))}),
-    ) + model.params.blocks[1:]})
+    other = _model(seed=11).params
+    strided = GPT2Params(**{**vars(other), "blocks": other.blocks[:1] + (
+        dataclasses.replace(other.blocks[1], mlp_proj=LinearParams(np.asfortranarray(other.blocks[1].mlp_proj.w))),)})
     with pytest.raises(ValueError, match="C-contiguous"):
         pack(strided)
+    assert other.blocks[0].attn_qkv.w.flags.writeable  # nothing frozen by a refused pack

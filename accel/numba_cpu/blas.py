@@ -385,56 +385,72 @@ def matmul_threaded(y, x, w, threads):  # y [m, n] <- x [m, k] w [k, n]; y, x C-
 # where ?gemv reads W as stored, 10.8 against 10.5 ms (the same within the noise); packing all 48
 # takes ~29 ms (~250 ms the first time, faulting in the new pages). The packed copy takes about
 # 1.1-1.3x W's bytes once written (pack_matrix allocates what cblas_?gemm_pack_get_size asks,
-# 2.2-4.9x W's bytes, most of which is never touched).
+# 2.2-4.9x W's bytes, most of which is never touched: pages of a large allocation, which glibc maps
+# fresh, take memory only when written; a small one may come from the heap).
 #
 # Available only where the threaded products are MKL's (PACKING; the packed routines are MKL's
 # own, not BLAS). A packed buffer is MKL's internal layout: it is only read through
 # matmul_packed with the (k, n) it was packed for, and must not be moved (MKL's rule; PackedMatrix
 # refuses copying and pickling).
 
-PACKING = _mkl_threaded  # MKL's packed GEMM for the threaded products (see the section above)
+PACKING = _mkl_threaded and all(hasattr(_mkl, f"cblas_{t}gemm_{f}") for t in "sd"
+                                 for f in ("pack", "pack_get_size", "compute"))  # (see the section above)
 _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_PACKED, _CBLAS_B_MATRIX = 101, 111, 151, 162
 _PACK_ALIGN = 64  # bytes: the packed buffer's alignment (MKL documents that the layout depends on it)
 _I = types.intc
-_COMPUTE_SIGS = {n: types.void(_I, _I, _I, _I, _I, _I, types.voidptr, _I, types.voidptr, _I, t, types.voidptr, _I)
-                 for n, t in (("sgemm_compute", types.float32), ("dgemm_compute", types.float64))}
+_COMPUTE_SIGS = {t: types.void(_I, _I, _I, _I, _I, _I, types.voidptr, _I, types.voidptr, _I, t, types.voidptr, _I)
+                 for t in (types.float32, types.float64)}  # cblas_?gemm_compute's, by the type of beta
 
 
-@cfunc(_COMPUTE_SIGS["sgemm_compute"])
-def _no_sgemm_compute(layout, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # never reached without MKL:
-    return                                                                   # no PackedMatrix exists there
+@cfunc(types.intc(), cache=True)
+def _packing_on():  # what the compiled matmul_packed asks before it calls MKL (a symbol, so the disk cache
+    return 1        # holds no answer of its own: this process's PACKING decides)
 
 
-@cfunc(_COMPUTE_SIGS["dgemm_compute"])
-def _no_dgemm_compute(layout, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+@cfunc(types.intc(), cache=True)
+def _packing_off():
+    return 0
+
+
+@cfunc(_COMPUTE_SIGS[types.float32], cache=True)
+def _no_s_compute(layout, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # stand in for MKL's ?gemm_compute
+    return                                      # without MKL (never called: matmul_packed asks _packing first)
+
+
+@cfunc(_COMPUTE_SIGS[types.float64], cache=True)
+def _no_d_compute(layout, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
     return
 
 
-for _name, _stub in (("sgemm_compute", _no_sgemm_compute), ("dgemm_compute", _no_dgemm_compute)):
+llvm.add_symbol("accel_numba_cpu_packing", (_packing_on if PACKING else _packing_off).address)
+for _name, _stub in (("sgemm_compute", _no_s_compute), ("dgemm_compute", _no_d_compute)):
     llvm.add_symbol(f"accel_numba_cpu_{_name}", _address(_mkl, "cblas_" + _name) if PACKING else _stub.address)
-_s_compute = types.ExternalFunction("accel_numba_cpu_sgemm_compute", _COMPUTE_SIGS["sgemm_compute"])
-_d_compute = types.ExternalFunction("accel_numba_cpu_dgemm_compute", _COMPUTE_SIGS["dgemm_compute"])
+_packing = types.ExternalFunction("accel_numba_cpu_packing", types.intc())
+_s_compute = types.ExternalFunction("accel_numba_cpu_sgemm_compute", _COMPUTE_SIGS[types.float32])
+_d_compute = types.ExternalFunction("accel_numba_cpu_dgemm_compute", _COMPUTE_SIGS[types.float64])
 
 
 class PackedMatrix:
     """W [k, n] (float32 or float64) packed by MKL for Y = X W (cblas_?gemm_pack); see pack_matrix.
 
     buffer: the packed data (a 1-D array of W's dtype, 64-byte aligned, read-only); shape (k, n); dtype W's;
-    source: (address, strides) of the W it was packed from (`packs(w)` tells whether w is that array).
+    source: the W it was packed from (kept alive, so its address stays its own; `packs(w)` compares).
     """
 
     __slots__ = ("buffer", "shape", "dtype", "source")
 
-    def __init__(self, buffer: np.ndarray, shape: tuple[int, int], dtype: np.dtype, source: tuple) -> None:
+    def __init__(self, buffer: np.ndarray, shape: tuple[int, int], dtype: np.dtype, source: np.ndarray) -> None:
         self.buffer, self.shape, self.dtype, self.source = buffer, shape, dtype, source
 
     def packs(self, w) -> bool:
-        """Whether w is (a view of) the memory this was packed from, with the same shape, strides and dtype."""
+        """Whether w is the memory this was packed from (w itself or a view of it as a whole): same address, strides, shape, dtype."""
         return (isinstance(w, np.ndarray) and w.shape == self.shape and w.dtype == self.dtype
-                and (w.ctypes.data, w.strides) == self.source)
+                and w.strides == self.source.strides and w.ctypes.data == self.source.ctypes.data)
 
     @property
     def nbytes(self) -> int:
+        """The packed buffer's size as allocated (what cblas_?gemm_pack_get_size asks: 2.2-4.9x W's bytes
+        for GPT-2 small's shapes); the memory actually used is what packing wrote, ~1.1-1.3x W's bytes."""
         return self.buffer.nbytes
 
     def __repr__(self) -> str:
@@ -450,9 +466,13 @@ def pack_matrix(w: np.ndarray, threads: int, rows_hint: int = 128) -> PackedMatr
     """W [k, n] in MKL's packed layout, for matmul_packed (PACKING must be True).
 
     w: C-contiguous float32 or float64 [k, n], 1 <= k, n < 2^31. threads: MKL's threads for the
-    packing (MKL advises the same count as for the products). rows_hint: the rows the products
-    will typically have (MKL's size query takes it; the layout serves any number of rows).
+    packing (MKL advises the same count as for the products; at most _launch.kernel_threads(), which
+    is 1 in a forked child). rows_hint: the rows the products will typically have (MKL's size query
+    takes it; on this MKL the size is the same for 1 to 4096 rows, and the tests check products of
+    1 to 1024 rows on buffers packed with hints 1, 128 and 4096).
     """
+    from ._launch import kernel_threads  # (_launch imports this module)
+
     if not PACKING:
         raise RuntimeError(f"packed weights need MKL's threaded products; this process uses {THREADED_BLAS_NAME} "
                            "(install the `mkl` wheel, and leave ACCEL_BLAS unset)")
@@ -471,17 +491,17 @@ def pack_matrix(w: np.ndarray, threads: int, rows_hint: int = 128) -> PackedMatr
     alpha = ctypes.c_float if w.dtype == np.float32 else ctypes.c_double
     pack.restype, pack.argtypes = None, [c_int] * 6 + [alpha, ptr, c_int, ptr]
     nbytes = -(-size_of(_CBLAS_B_MATRIX, max(int(rows_hint), 1), n, k) // w.itemsize) * w.itemsize
-    raw = np.empty(nbytes + _PACK_ALIGN, dtype=np.uint8)  # untouched pages cost no memory until written
+    raw = np.empty(nbytes + _PACK_ALIGN, dtype=np.uint8)  # (untouched pages of a fresh mapping take no memory)
     start = -raw.ctypes.data % _PACK_ALIGN
     buffer = raw[start:start + nbytes].view(w.dtype)
-    previous = _mkl.MKL_Set_Num_Threads_Local(max(int(threads), 1))
+    previous = _mkl.MKL_Set_Num_Threads_Local(max(min(int(threads), kernel_threads()), 1))
     try:
         pack(_CBLAS_ROW_MAJOR, _CBLAS_B_MATRIX, _CBLAS_NO_TRANS, max(int(rows_hint), 1), n, k, 1.0,
              w.ctypes.data, n, buffer.ctypes.data)
     finally:
         _mkl.MKL_Set_Num_Threads_Local(previous)
     buffer.flags.writeable = False
-    return PackedMatrix(buffer, (k, n), w.dtype, (w.ctypes.data, w.strides))
+    return PackedMatrix(buffer, (k, n), w.dtype, w)
 
 
 @njit
@@ -489,8 +509,11 @@ def matmul_packed(y, x, packed, k, n, threads):  # y [m, n] <- x [m, k] W, packe
     """Y <- X W through MKL's cblas_?gemm_compute on a W packed by pack_matrix, on `threads` threads.
 
     y, x C-contiguous, of W's dtype; (k, n) the shape W had when packed (the caller keeps them
-    with the buffer, as PackedMatrix does). m = 0 does nothing.
+    with the buffer, as PackedMatrix does: MKL cannot check them against it). m = 0 does nothing.
+    Without MKL (PACKING False) it raises RuntimeError.
     """
+    if _packing() == 0:
+        raise RuntimeError("matmul_packed: this process has no MKL packed GEMM (blas.PACKING is False)")
     m = y.shape[0]
     if x.shape[0] != m or x.shape[1] != k or y.shape[1] != n:
         raise ValueError("matmul_packed: shapes do not match")
@@ -500,8 +523,10 @@ def matmul_packed(y, x, packed, k, n, threads):  # y [m, n] <- x [m, k] W, packe
         raise ValueError("matmul_packed: y, x and the packed W must share one dtype, float32 or float64")
     if m == 0:
         return
-    if m > _INT32_MAX:
-        raise ValueError("matmul_packed: over 2^31 - 1 rows, more than MKL's LP64 interface takes")
+    if max(m, k, n) > _INT32_MAX:
+        raise ValueError("matmul_packed: a dimension is over 2^31 - 1, more than MKL's LP64 interface takes")
+    if packed.size < k * n:
+        raise ValueError("matmul_packed: the packed buffer is smaller than W [k, n]: not W's packing")
     previous = _local_threads(max(threads, 1))
     if y.itemsize == 4:
         _s_compute(_CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_PACKED, m, n, k, x.ctypes, k, packed.ctypes,

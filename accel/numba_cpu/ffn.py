@@ -15,7 +15,7 @@ Versions:
      NumPy; here 1 + e >= 1 never is zero), so the float32 row loop vectorises: 10.4 -> 1.95 ns per
      element on one core (3072-wide rows). A serial driver serves calls under SMALL_WORK elements.
   v4 (this) the float32 row's exp is `_exp_f64_f32`, degree 10 instead of `_exp_f64`'s 13 (< 5e-13
-     relative instead of < 1e-15; see their comment): 2.18 -> 1.70 ns per element.
+     relative instead of < 1e-15; see their comment): 1.76-2.18 -> 1.46-1.70 ns per element.
 How it differs from the twin:
   - it uses the identity (1 + tanh u) / 2 = 1 / (1 + exp(-2u)) (tanh u = (1 - e^{-2u}) /
     (1 + e^{-2u})), so gelu = z / (1 + exp(-2u)). Same function; it avoids the cancellation of
@@ -55,8 +55,8 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 #   _exp_f64      degree 13: < 1e-17, under float64's own rounding (float64 results: softmax);
 #   _exp_f64_f32  degree 10: < 4.4e-13, for results rounded to float32 (half an ulp is 3e-8
 #                 relative), which it moves only where the exact value lies within ~1e-5 ulp of a
-#                 rounding tie. GELU's float32 row: 2.18 -> 1.70 ns per element on one core against
-#                 degree 13, the same float32 bits over 1.6M random entries.
+#                 rounding tie. GELU's float32 row: 1.76-2.18 -> 1.46-1.70 ns per element on one
+#                 core (three runs) against degree 13, the same float32 bits over 1.6M random entries.
 # The float64 roundings add ~1e-15 to either. Above 708 both return inf (libm: finite up to 709.78;
 # z / inf = -0 against z / 8e307, a difference < 1e-300); below -708 they return 0 (1 + e is then
 # 1 either way).

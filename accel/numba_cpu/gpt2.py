@@ -67,7 +67,7 @@ from refimpl.masks import causal_mask
 
 from ._launch import kernel_threads
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
-from .blas import PACKING, PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
+from .blas import PACKING, THREADED_BLAS_NAME, PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
 from .ffn import _gelu_row, _gelu_row_f32, gelu_tanh_bias
 from .norms import _layer_norm_row, layer_norm
 
@@ -173,8 +173,9 @@ def _packed_product(x, packed, b) -> np.ndarray | None:  # [..., in], PackedMatr
     refimpl.linear's: the product, then + b in the same dtype.
     """
     k, n = packed.shape
-    if not (isinstance(x, np.ndarray) and x.dtype == packed.dtype and x.ndim >= 2 and x.shape[-1] == k):
-        return None
+    if not (isinstance(x, np.ndarray) and x.dtype == packed.dtype and x.ndim >= 2 and x.shape[-1] == k and (
+            b is None or (isinstance(b, np.ndarray) and b.dtype == x.dtype and b.shape == (n,)))):
+        return None  # (a bias of another dtype: refimpl.linear promotes, as for unpacked weights)
     rows = math.prod(x.shape[:-1])
     if rows < 2:
         return None
@@ -197,13 +198,14 @@ def _packed_rows(x, packed, k, n, b, threads):  # [N, in], W packed, its shape, 
 class PackedLinear(LinearParams):
     """A LinearParams (y = x W + b) that also holds W in MKL's packed layout (`pack`, blas.pack_matrix).
 
-    w is a read-only view of the array it was made from (no copy), b that array itself: every
+    w is a read-only view of the array W it was made from (no copy), b that array itself: every
     backend reads them as usual, except that the numba backend's products of more than one row
-    read `packed`, W as it was when packed. So W cannot be written through the packed model, and
-    a write through the original array is not seen by those products: pack again after editing.
+    read `packed`, W as it was when packed. `pack` makes W itself read-only, so the two cannot
+    drift apart through W (see pack). `packed` must be a packing of this very w (checked, so
+    dataclasses.replace(layer, w=other) is refused rather than left with a stale copy).
     """
 
-    packed: PackedMatrix | None = None
+    packed: PackedMatrix | None = None  # required (a default only because LinearParams' b has one)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -222,26 +224,36 @@ def pack(model):  # GPT2Model or GPT2Params -> the same kind, with PackedLinear 
     (~0.25 s the first time, faulting in new memory) and ~1.2x the four matrices' bytes
     (~400 MB for GPT-2 small), so it pays for a model that runs many prompts, not for one.
 
-    The result is a snapshot: its products read W as it was here (PackedLinear). The arrays of
-    the model are shared, not copied; the tokenizer and config are the model's. Needs
-    blas.PACKING (MKL's threaded products; RuntimeError otherwise). The weights must be
-    float32 or float64, C-contiguous, as refimpl.gpt2.load gives them (ValueError otherwise).
+    Packing freezes the weights: the four matrices of every block become read-only arrays
+    (flags.writeable = False, on the caller's arrays as well), so that an in-place edit raises
+    instead of leaving the packed copies behind the arrays that other products read. To edit a
+    weight, make a writable copy and build (and pack) a new model. Writes through some other view
+    of the same memory, or after setting the flag back, are not caught. The arrays are shared,
+    not copied; config and tokenizer are the model's. The result cannot be deep-copied or
+    pickled (blas.PackedMatrix), and its first use compiles read-only variants of the decoding
+    block. Needs blas.PACKING (MKL's threaded products; RuntimeError otherwise). The weights
+    must be float32 or float64, C-contiguous, as refimpl.gpt2.load gives them (ValueError
+    otherwise, before anything is packed or frozen).
     """
     params = model.params if isinstance(model, GPT2Model) else model
     if not isinstance(params, GPT2Params):
         raise TypeError(f"pack takes a GPT2Model or GPT2Params; got {type(model).__name__}")
     if not PACKING:
-        pack_matrix(np.zeros((1, 1), np.float32), 1)  # raises the RuntimeError that says why
+        raise RuntimeError(f"pack needs MKL's packed GEMM, which needs MKL's threaded products; this process "
+                           f"uses {THREADED_BLAS_NAME} (install the `mkl` wheel, and leave ACCEL_BLAS unset)")
+    layers = [getattr(blk, f) for blk in params.blocks for f in ("attn_qkv", "attn_proj", "mlp_fc", "mlp_proj")]
+    for p in layers:
+        if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64) or not p.w.flags.c_contiguous):
+            raise ValueError(f"pack needs C-contiguous float32 or float64 weights; got {p.w.dtype} "
+                             f"{'C' if p.w.flags.c_contiguous else 'non-C'}-ordered {p.w.shape}")
     threads = kernel_threads()
     cache: dict[int, np.ndarray] = {}  # id(W) -> its read-only view: a weight used twice is packed once
 
     def packed(p: LinearParams) -> PackedLinear:
         if isinstance(p, PackedLinear):
             return p
-        if p.w.dtype not in (np.float32, np.float64) or not p.w.flags.c_contiguous:
-            raise ValueError(f"pack needs C-contiguous float32 or float64 weights; got {p.w.dtype} "
-                             f"{'C' if p.w.flags.c_contiguous else 'non-C'}-ordered {p.w.shape}")
         if id(p.w) not in cache:
+            p.w.flags.writeable = False  # frozen (docstring)
             view = p.w.view()  # the packed model's own array object: _matmul finds the packed copy by it
             view.flags.writeable = False
             key = id(view)
