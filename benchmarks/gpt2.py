@@ -185,7 +185,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
                 impls[(full, name)] = lambda ops=ops, params=packed_params: forward(params, cfg, ids, ops=ops)
                 impls[(last, name)] = lambda ops=ops, params=packed_params: generation_prefill(ops, params)
         with torch.no_grad():
-            timings = time_interleaved(impls, repeats=7 if quick else 11, warmup=1)
+            timings = time_interleaved(impls, repeats=7 if quick else (21 if T == 128 else 11), warmup=1)
         flop_full = prefill_flop(cfg, T)
         flop_last = flop_full - 2 * (T - 1) * cfg.n_embd * cfg.vocab_size
         for (case, impl), t in timings.items():
