@@ -584,17 +584,25 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     S = k.shape[2]
     dtype = float_result_type(q, k, v)
     work = _compute_dtype(dtype)
-    if slopes is not None:  # the twin casts the slopes to its dtype; the kernel forms slope * (p - j) in float64
+    has_alibi = slopes is not None
+    if has_alibi:  # the twin casts the slopes to its dtype; the kernel forms slope * (p - j) in float64
         slopes = slopes.astype(dtype).astype(np.float64)
+        has_alibi = bool(np.any(slopes != 0))
     else:
         slopes = np.zeros(H, dtype=np.float64)
     sc = work.type(_scale_for(D, scale, dtype))
 
-    key_ok = np.ones((B, S), dtype=np.bool_) if key_mask is None else np.ascontiguousarray(key_mask)  # [B, S]
-    key_count = np.zeros((B, S + 1), dtype=np.int64)  # [B, S + 1]
-    np.cumsum(key_ok, axis=1, out=key_count[:, 1:])
+    if key_mask is None:  # every key real: key_count[b, j] = j
+        key_ok = np.ones((B, S), dtype=np.bool_)  # [B, S]
+        key_count = np.empty((B, S + 1), dtype=np.int64)  # [B, S + 1]
+        key_count[:] = np.arange(S + 1)
+    else:
+        key_ok = np.ascontiguousarray(key_mask)
+        key_count = np.zeros((B, S + 1), dtype=np.int64)
+        np.cumsum(key_ok, axis=1, out=key_count[:, 1:])
     qw = _blas_rows(q, work)  # [B, H, T, D], read in place when BLAS can (e.g. q as a view of GPT-2's fused qkv)
-    base2 = work == np.float32 and _base2_cannot_overflow(float(sc), slopes, T + S)
+    base2 = work == np.float32 and (_base2_cannot_overflow(float(sc), slopes, T + S) if has_alibi
+                                    else abs(float(sc)) * _LOG2E_F64 <= 1.0)
     if base2:
         # float32 scores in base 2: q carries c = scale * log2(e) and the slopes log2(e), so a weight
         # is 2^(s' - m') = e^(s - m), by the cheaper polynomial (_exp2_f32). Costs the rounding of c
@@ -616,7 +624,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size); on one Numba thread the
         # serial driver runs the same tasks in order.
         args = (qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal), 0 if window is None else window, n_sink,
-                bool(np.any(slopes != 0)), base2, work == np.float32, *_tiles(T, S), out)
+                has_alibi, base2, work == np.float32, *_tiles(T, S), out)
         if kernel_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
             _flash_attention_serial(*args)
         elif BLAS_NAME.startswith("MKL"):  # gemm binds MKL to one thread per call already
