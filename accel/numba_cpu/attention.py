@@ -512,15 +512,17 @@ def _decode_merge(bh, part_m, part_l, part_a, out):
         for dv in range(Dv):
             out[b, h, dv] = 0.0
         return
+    w = np.empty(n_chunks)  # exp(m_c - M) per chunk, computed once (not once per output entry)
     L = 0.0
     for c in range(n_chunks):
         if part_m[b, h, c] != -np.inf:  # empty chunks hold nothing (and exp(-inf - -inf) is NaN)
-            L += part_l[b, h, c] * math.exp(part_m[b, h, c] - M)
+            w[c] = math.exp(part_m[b, h, c] - M)
+            L += part_l[b, h, c] * w[c]
     for dv in range(Dv):
         a = 0.0
         for c in range(n_chunks):
             if part_m[b, h, c] != -np.inf:
-                a += part_a[b, h, c, dv] * math.exp(part_m[b, h, c] - M)
+                a += part_a[b, h, c, dv] * w[c]
         out[b, h, dv] = a / L
 
 
