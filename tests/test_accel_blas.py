@@ -312,6 +312,18 @@ def test_matmul_packed_equals_matmul(m, k, n, dtype, seed):
     print(f"matmul_packed {m}x{k}x{n} {np.dtype(dtype).name}: max abs diff {float(np.abs(y - ref).max(initial=0)):.2e}")
 
 
+def _packed_vs_plain(w, packed, row_counts, rng) -> float:  # max relative difference over X W for each row count
+    k, n = w.shape
+    worst = 0.0
+    for m in row_counts:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y, ref = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        _call_packed(y, x, packed.buffer, k, n)
+        _call_threaded(ref, x, w)
+        worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+    return worst
+
+
 @_NEEDS_PACKING
 def test_matmul_packed_on_gpt2_shapes_matches_the_plain_product():
     """On GPT-2 small's four weight shapes, 1 and 128 rows: the packed product equals matmul_threaded's
@@ -327,12 +339,7 @@ def test_matmul_packed_on_gpt2_shapes_matches_the_plain_product():
         packed = blas.pack_matrix(w, 2)
         assert packed.shape == (k, n) and packed.dtype == np.float32
         assert packed.buffer.ctypes.data % 64 == 0 and not packed.buffer.flags.writeable
-        for m in (1, 128):
-            x = rng.standard_normal((m, k)).astype(np.float32)
-            y, ref = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-            _call_packed(y, x, packed.buffer, k, n)
-            _call_threaded(ref, x, w)
-            worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+        worst = max(worst, _packed_vs_plain(w, packed, (1, 128), rng))
     print(f"packed vs plain MKL products, GPT-2 small shapes: max relative difference {worst:.2e}")
     assert worst < 1e-6
     with pytest.raises(TypeError, match="pack the matrix again"):
@@ -353,12 +360,7 @@ def test_packed_weights_serve_any_number_of_rows(rows_hint):
         w = (0.02 * rng.standard_normal((k, n))).astype(np.float32)
         packed = blas.pack_matrix(w, 2, rows_hint=rows_hint)
         assert packed.nbytes == blas.pack_matrix(w, 2, rows_hint=max(1, 4096 // rows_hint)).nbytes
-        for m in (1, 2, 127, 129, 1024):
-            x = rng.standard_normal((m, k)).astype(np.float32)
-            y, ref = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-            _call_packed(y, x, packed.buffer, k, n)
-            _call_threaded(ref, x, w)
-            worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+        worst = max(worst, _packed_vs_plain(w, packed, (1, 2, 127, 129, 1024), rng))
     print(f"packed with rows_hint={rows_hint}, 1..1024 rows: max relative difference to the plain product {worst:.2e}")
     assert worst < 1e-6
 
