@@ -395,6 +395,8 @@ def matmul_threaded(y, x, w, threads):  # y [m, n] <- x [m, k] w [k, n]; y, x C-
 
 PACKING = _mkl_threaded and all(hasattr(_mkl, f"cblas_{t}gemm_{f}") for t in "sd"
                                  for f in ("pack", "pack_get_size", "compute"))  # (see the section above)
+NO_PACKING = (f"packed weights need MKL's threaded products; this process uses {THREADED_BLAS_NAME} "
+              "(install the `mkl` wheel, and leave ACCEL_BLAS unset)")  # what pack_matrix / gpt2.pack raise without
 _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_PACKED, _CBLAS_B_MATRIX = 101, 111, 151, 162
 _PACK_ALIGN = 64  # bytes: the packed buffer's alignment (MKL documents that the layout depends on it)
 _I = types.intc
@@ -433,19 +435,29 @@ _d_compute = types.ExternalFunction("accel_numba_cpu_dgemm_compute", _COMPUTE_SI
 class PackedMatrix:
     """W [k, n] (float32 or float64) packed by MKL for Y = X W (cblas_?gemm_pack); see pack_matrix.
 
-    buffer: the packed data (a 1-D array of W's dtype, 64-byte aligned, read-only); shape (k, n); dtype W's;
-    source: the W it was packed from (kept alive, so its address stays its own; `packs(w)` compares).
+    buffer: the packed data (a 1-D array of W's dtype, 64-byte aligned, read-only); source: the W it
+    was packed from (kept alive, so its address stays its own; `packs(w)` compares); shape (k, n)
+    and dtype: W's.
     """
 
-    __slots__ = ("buffer", "shape", "dtype", "source")
+    __slots__ = ("buffer", "source")
 
-    def __init__(self, buffer: np.ndarray, shape: tuple[int, int], dtype: np.dtype, source: np.ndarray) -> None:
-        self.buffer, self.shape, self.dtype, self.source = buffer, shape, dtype, source
+    def __init__(self, buffer: np.ndarray, source: np.ndarray) -> None:
+        self.buffer, self.source = buffer, source
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.source.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.source.dtype
 
     def packs(self, w) -> bool:
         """Whether w is the memory this was packed from (w itself or a view of it as a whole): same address, strides, shape, dtype."""
-        return (isinstance(w, np.ndarray) and w.shape == self.shape and w.dtype == self.dtype
-                and w.strides == self.source.strides and w.ctypes.data == self.source.ctypes.data)
+        src = self.source
+        return (isinstance(w, np.ndarray) and w.shape == src.shape and w.dtype == src.dtype
+                and w.strides == src.strides and w.ctypes.data == src.ctypes.data)
 
     @property
     def nbytes(self) -> int:
@@ -474,8 +486,7 @@ def pack_matrix(w: np.ndarray, threads: int, rows_hint: int = 128) -> PackedMatr
     from ._launch import kernel_threads  # (_launch imports this module)
 
     if not PACKING:
-        raise RuntimeError(f"packed weights need MKL's threaded products; this process uses {THREADED_BLAS_NAME} "
-                           "(install the `mkl` wheel, and leave ACCEL_BLAS unset)")
+        raise RuntimeError(NO_PACKING)
     if not (isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype in (np.float32, np.float64)
             and w.flags.c_contiguous):
         raise ValueError("pack_matrix: w must be a C-contiguous float32 or float64 [k, n] array; "
@@ -501,7 +512,7 @@ def pack_matrix(w: np.ndarray, threads: int, rows_hint: int = 128) -> PackedMatr
     finally:
         _mkl.MKL_Set_Num_Threads_Local(previous)
     buffer.flags.writeable = False
-    return PackedMatrix(buffer, (k, n), w.dtype, w)
+    return PackedMatrix(buffer, w)
 
 
 @njit

@@ -68,7 +68,7 @@ from refimpl.masks import causal_mask
 from ._launch import kernel_threads
 from ._simd import wide_vectors
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
-from .blas import PACKING, THREADED_BLAS_NAME, PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
+from .blas import NO_PACKING, PACKING, PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
 from .ffn import _gelu_row, _gelu_row_f32, gelu_tanh_bias
 from .norms import _layer_norm_row, layer_norm
 
@@ -239,29 +239,26 @@ def pack(model):  # GPT2Model or GPT2Params -> the same kind, with PackedLinear 
     if not isinstance(params, GPT2Params):
         raise TypeError(f"pack takes a GPT2Model or GPT2Params; got {type(model).__name__}")
     if not PACKING:
-        raise RuntimeError(f"pack needs MKL's packed GEMM, which needs MKL's threaded products; this process "
-                           f"uses {THREADED_BLAS_NAME} (install the `mkl` wheel, and leave ACCEL_BLAS unset)")
+        raise RuntimeError(NO_PACKING)
     layers = [getattr(blk, f) for blk in params.blocks for f in ("attn_qkv", "attn_proj", "mlp_fc", "mlp_proj")]
     for p in layers:
         if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64) or not p.w.flags.c_contiguous):
             raise ValueError(f"pack needs C-contiguous float32 or float64 weights; got {p.w.dtype} "
                              f"{'C' if p.w.flags.c_contiguous else 'non-C'}-ordered {p.w.shape}")
     threads = kernel_threads()
-    cache: dict[int, np.ndarray] = {}  # id(W) -> its read-only view: a weight used twice is packed once
+    cache: dict[int, tuple] = {}  # id(W) -> (its read-only view, its PackedMatrix): a weight used twice is packed once
 
     def packed(p: LinearParams) -> PackedLinear:
         if isinstance(p, PackedLinear):
             return p
         if id(p.w) not in cache:
-            p.w.flags.writeable = False  # frozen (docstring)
+            p.w.flags.writeable = False  # frozen (docstring); its views are read-only too
             view = p.w.view()  # the packed model's own array object: _matmul finds the packed copy by it
-            view.flags.writeable = False
-            key = id(view)
-            _PACKED_VIEWS[key] = (weakref.ref(view, lambda _ref, key=key: _PACKED_VIEWS.pop(key, None)),
-                                  pack_matrix(p.w, threads))
-            cache[id(p.w)] = view
-        view = cache[id(p.w)]
-        return PackedLinear(view, p.b, _PACKED_VIEWS[id(view)][1])
+            key, matrix = id(view), pack_matrix(p.w, threads)
+            _PACKED_VIEWS[key] = (weakref.ref(view, lambda _ref, key=key: _PACKED_VIEWS.pop(key, None)), matrix)
+            cache[id(p.w)] = (view, matrix)
+        view, matrix = cache[id(p.w)]
+        return PackedLinear(view, p.b, matrix)
 
     blocks = tuple(dataclasses.replace(blk, attn_qkv=packed(blk.attn_qkv), attn_proj=packed(blk.attn_proj),
                                        mlp_fc=packed(blk.mlp_fc), mlp_proj=packed(blk.mlp_proj))

@@ -239,6 +239,9 @@ def embed(params: GPT2Params, ids: np.ndarray, positions: np.ndarray) -> np.ndar
     return params.wte[ids] + learned_positional_embedding(params.wpe, positions)
 
 
+_LAST_ONLY_WITH_HOOK = "last_only runs without hooks: a hook expects every position's intermediates"
+
+
 def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
               cache: KVCache | None = None, layer: int = 0, hook=None,
               last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
@@ -256,7 +259,7 @@ def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
     ([B, 1, C]; mask then covers that one query: [B, 1, 1, S] or None).
     """
     if last_only and hook is not None:
-        raise ValueError("last_only runs without hooks: a hook expects every position's intermediates")
+        raise ValueError(_LAST_ONLY_WITH_HOOK)
     B, T, C = x.shape
     H, D = n_head, C // n_head
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
@@ -309,7 +312,7 @@ def block(x, p: BlockParams, config: GPT2Config, mask, ops: Ops, *,
         x = (x[:, -1:] if last_only else x) + a
         return x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops)
     if last_only:
-        raise ValueError("last_only runs without hooks: a hook expects every position's intermediates")
+        raise ValueError(_LAST_ONLY_WITH_HOOK)
 
     def local(name, value, _prefix=f"blocks.{layer}."):
         return hook(_prefix + name, value)
@@ -345,7 +348,7 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
       Not with a hook (ValueError).
     """
     if last_only and hook is not None:
-        raise ValueError("last_only runs without hooks: a hook expects every position's intermediates")
+        raise ValueError(_LAST_ONLY_WITH_HOOK)
     ids = check_token_ids(ids, config)
     if ids.ndim != 2:
         raise ValueError(f"ids must have shape [B, T]; got shape {ids.shape}")
