@@ -131,13 +131,12 @@ def check_decode_attention_args(q, k, v, key_lengths):
     """The boundary checks every decode_attention kernel makes, in its twin's order and words.
 
     Returns (q, k, v, lengths): q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] as float arrays
-    (refimpl.attention.check_decode_inputs, then check_gqa_inputs on q[:, :, None]), lengths an
-    int64 [B] array with 0 <= L_b <= S (all S when key_lengths is None).
+    (refimpl.attention.check_decode_inputs), lengths an int64 [B] array with 0 <= L_b <= S (all S
+    when key_lengths is None).
     """
-    from refimpl.attention import check_decode_inputs, check_gqa_inputs
+    from refimpl.attention import check_decode_inputs
 
-    q, k, key_mask = check_decode_inputs(q, k, key_lengths)
+    q, k, v, key_mask = check_decode_inputs(q, k, v, key_lengths)
     B, S = q.shape[0], k.shape[2]
     lengths = np.full(B, S, dtype=np.int64) if key_mask is None else np.asarray(key_lengths).astype(np.int64)
-    _, k, v = check_gqa_inputs(q[:, :, None, :], k, v)
     return q, k, v, lengths

@@ -5,7 +5,9 @@ random inputs (from `seed`) in that dtype, the kernel on them, the twin on the s
 float64, and `accel._common.check_close` with the spec's tolerance. The cases cover what the
 kernels special-case: odd head dims, T = 1, T != S (T > S too), K < H (grouped-query heads),
 fully masked rows (a sequence whose keys are all padding, queries before key 0), every mask
-pattern, ALiBi, and NaN / inf inputs for the elementwise kernels.
+pattern, ALiBi, and NaN / inf inputs: anywhere for the elementwise kernels, in q and k for
+attention (v stays finite: a NaN or inf value behind a zero weight is a documented difference,
+accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
 
     python -m refimpl verify [--backend B]     (the lead's command line calls `main`)
 
@@ -128,9 +130,12 @@ def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causa
         kw["alibi_slopes"] = (2.0 ** -np.arange(1, H + 1)).astype(dtype)
     if d.get("scale") is not None:
         kw["scale"] = d["scale"]
+    if d.get("special"):  # NaN / inf scores (NaN or +inf: a NaN row; -inf: a zero weight); v stays finite
+        q, k = _with_specials(rng, q, 0.03), _with_specials(rng, k, 0.05)
     opts = ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("key_mask", "alibi_slopes") and v is not False)
     opts += ", padding" if "key_mask" in kw else ""
     opts += ", alibi" if "alibi_slopes" in kw else ""
+    opts += ", +inf/nan in q, k" if d.get("special") else ""
     return Case((q, k, v), kw, f"B={B} H={H} K={K} T={T} S={S} D={D} Dv={Dv}" + (f" {opts.lstrip(', ')}" if opts else ""))
 
 
@@ -146,7 +151,13 @@ def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths
         if B > 1:
             lengths[-1] = S
         kw["key_lengths"] = lengths
-    return Case((q, k, v), kw, f"B={B} H={H} K={K} S={S} D={D} Dv={Dv}" + (" ragged lengths" if kw else ""))
+    if d.get("special"):  # NaN / inf in q and k, and in v past each sequence's length (ignored entries)
+        q, k = _with_specials(rng, q, 0.03), _with_specials(rng, k, 0.05)
+        ignored = np.arange(S)[None, None, :, None] >= kw.get("key_lengths", np.full(B, S))[:, None, None, None]
+        v = np.where(ignored, _with_specials(rng, v, 0.5), v)
+    label = " ragged lengths" if kw else ""
+    label += " +inf/nan in q, k (and v past the lengths)" if d.get("special") else ""
+    return Case((q, k, v), kw, f"B={B} H={H} K={K} S={S} D={D} Dv={Dv}" + label)
 
 
 _BUILDERS = {
@@ -201,17 +212,19 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
             dict(_ATT, T=50, S=130, window=9, padding=True),
             dict(_ATT, T=66, S=140, causal=True, window=16, n_sink=4, alibi=True),
             dict(B=1, H=6, K=1, T=33, S=33, D=64, Dv=64, causal=True, alibi=True, scale=0.2),
+            dict(_ATT, T=30, S=45, causal=True, padding=True, special=True),
         ],
         "tiny": [
             dict(B=1, H=2, K=1, T=3, S=5, D=3, Dv=2, causal=True),
             dict(B=2, H=2, K=2, T=5, S=3, D=4, Dv=3, causal=True, padding=True),
             dict(B=1, H=2, K=1, T=4, S=7, D=3, Dv=3, causal=True, window=2, n_sink=1, alibi=True),
+            dict(B=1, H=2, K=1, T=3, S=6, D=2, Dv=2, causal=True, special=True),
         ],
     },
     "decode_attention": {
         "full": [dict(B=3, H=4, K=2, S=300, D=9, Dv=6, lengths=True), dict(B=1, H=2, K=2, S=1, D=8, Dv=8),
-                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64)],
-        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True)],
+                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64), dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, special=True)],
+        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True), dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True)],
     },
 }
 

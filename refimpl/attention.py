@@ -416,24 +416,39 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     return grouped_query_attention(q, k, v, mask, bias, scale=scale)
 
 
-def check_decode_inputs(q, k, key_lengths):  # [B, H, D], [B, K, S, D], [B] -> (q, k, key mask [B, S] or None)
-    """decode_attention's checks of q, k and key_lengths, in order (shared with the accel kernels).
+def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
+    """decode_attention's checks of q, k, v and key_lengths, in order (shared with the accel kernels).
 
-    Returns q and k as float arrays and the key mask j < L_b (refimpl.masks.padding_mask), or
-    None when key_lengths is None. The GQA shape checks follow in grouped_query_attention.
+    Returns q, k and v as float arrays and the key mask j < L_b [B, S] (padding_mask's right
+    padding), or None when key_lengths is None. Messages name the arguments and shapes as given.
     """
-    q = as_float(q, "q")
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
     if q.ndim != 3:
         raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    k = as_float(k, "k")
-    if k.ndim != 4:
-        raise ValueError(f"k must have shape [B, K, S, D]; got shape {k.shape}")
-    B, S = q.shape[0], k.shape[2]
+    for a, name, shape in ((k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
+        if a.ndim != 4:
+            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
+    B, H, D = q.shape
+    _, K, S, _ = k.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
+    if v.shape[:3] != (B, K, S):
+        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
+    if K == 0 or H % K != 0:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
+                         f"(q {q.shape}, k {k.shape})")
+    if H == 0:
+        raise ValueError(f"q must have shape [B, H, D] with H >= 1 query heads; got shape {q.shape}")
     if key_lengths is None:
-        return q, k, None
-    if np.shape(key_lengths) != (B,):
-        raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {np.shape(key_lengths)}")
-    return q, k, padding_mask(key_lengths, S)  # [B, S]
+        return q, k, v, None
+    L = np.asarray(key_lengths)
+    if L.dtype.kind not in "iu":
+        raise TypeError(f"key_lengths must be integers of shape [B]; got dtype {L.dtype}")
+    if L.shape != (B,):
+        raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {L.shape}")
+    if B and (L.min() < 0 or L.max() > S):
+        raise ValueError(f"key_lengths must lie in 0 .. S={S} (the cache's length); got min {L.min()}, max {L.max()}")
+    return q, k, v, (padding_mask(L, S) if S else np.zeros((B, 0), dtype=bool))  # [B, S]
 
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
@@ -442,11 +457,16 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     Shapes: q [B, H, D] (the newest query of each sequence), k [B, K, S, D], v [B, K, S, Dv]
     (the cache, H % K == 0); key_lengths [B] ints in 0 .. S or None (all S entries valid).
     Returns [B, H, Dv].
-    Notes: cache entries j >= L_b are ignored (right padding of the cache). The new token is
-    the last query, so it sees every valid entry: no causal mask is needed. L_b = 0 gives a zero
-    row. The twin of accel's decode-attention kernel.
+    Notes: cache entries j >= L_b are ignored (right padding of the cache), whatever they hold:
+    their keys and values are zeroed first, since a NaN or inf left in them would reach the
+    output through the products (a zero weight times NaN or inf is NaN). The new token is the last query, so it sees every valid entry: no
+    causal mask is needed. L_b = 0 gives a zero row. The twin of accel's decode-attention kernel.
     """
-    q, k, key_mask = check_decode_inputs(q, k, key_lengths)
-    mask = None if key_mask is None else key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
+    q, k, v, key_mask = check_decode_inputs(q, k, v, key_lengths)
+    mask = None
+    if key_mask is not None:
+        mask = key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
+        valid = key_mask[:, None, :, None]  # [B, 1, S, 1]
+        k, v = np.where(valid, k, k.dtype.type(0)), np.where(valid, v, v.dtype.type(0))  # ignored entries zeroed
     out = grouped_query_attention(q[:, :, None, :], k, v, mask, scale=scale)  # [B, H, 1, Dv]
     return out[:, :, 0, :]

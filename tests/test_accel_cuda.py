@@ -371,6 +371,25 @@ def test_masked_attention_matches_twin_hypothesis(kernel, problem):
         assert_matches_twin("masked_attention", (q, k, v), kw)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("after_nan", [[-np.inf, 1.0, 2.0], [-np.inf]])
+def test_a_nan_score_is_not_forgotten_by_later_scores(kernel, after_nan):
+    """A NaN score makes its row NaN (the twin's softmax), also when the scores after it in the same
+    key tile are -inf or finite: the tile's running max must keep the NaN (every comparison with NaN
+    is false, so a plain `not (s <= m)` update replaced it, and the tile was skipped or its NaN lost)."""
+    keys = [np.nan, *after_nan]
+    q = np.ones((1, 1, 1, 2))
+    k = np.array([[x, 0.0] for x in keys])[None, None]  # [1, 1, S, 2]: scores = keys * scale
+    v = np.arange(2.0 * len(keys)).reshape(1, 1, len(keys), 2)
+    for tile in (1, 2, 4):
+        cfg = dict(KERNELS[kernel], k_tile=tile) if kernel == "rows" else KERNELS[kernel]
+        with nc.launch_config(**cfg):
+            out = nc.masked_attention(q, k, v)
+        assert np.isnan(out).all(), (tile, out)
+    assert_matches_twin("masked_attention", (q, k, v), {})
+
+
 # ------------------------------------------------------------- fused attention v2 ("tiled")
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -527,7 +546,7 @@ def test_dtype_in_equals_dtype_out_float16_runs_in_float32():
     (lambda: nc.masked_attention(np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4)),
                                  alibi_slopes=np.ones(3)), ValueError, "alibi_slopes must have shape"),
     (lambda: nc.decode_attention(np.ones((1, 2, 4)), np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4)),
-                                 key_lengths=np.array([4])), ValueError, "lengths must lie in 0 .. S"),  # the twin's (refimpl.masks.padding_mask) words
+                                 key_lengths=np.array([4])), ValueError, "lengths must lie in 0 .. S"),  # the twin's (refimpl.attention.check_decode_inputs) words
     (lambda: nc.decode_attention(np.ones((1, 2, 2, 4)), np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4))),
      ValueError, r"q must have shape \[B, H, D\]"),
 ])

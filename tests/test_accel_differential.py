@@ -2,7 +2,8 @@
 
 One test, parametrized over `accel.registry.KERNELS` and each kernel's dtypes: Hypothesis draws
 shapes and options (odd head dims, T = 1, T != S and T > S, K < H, fully masked rows, every
-mask pattern, ALiBi; NaN / inf entries for the elementwise kernels), `accel.verify.make_case`
+mask pattern, ALiBi; NaN / inf entries for the elementwise kernels, in q and k for attention,
+and in v past the key lengths for decode attention), `accel.verify.make_case`
 builds the inputs in the kernel's dtype, the twin runs in float64 on the same values, and
 `accel._common.check_close` applies the registry's tolerance:
 |out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values elsewhere.
@@ -105,7 +106,7 @@ def _attention_dims(draw, tiny):
                 S=draw(st.integers(1, 8 if tiny else 80)), D=draw(st.integers(1, 5 if tiny else 33)),
                 Dv=draw(st.integers(1, 4 if tiny else 17)), causal=causal, window=window, n_sink=n_sink,
                 padding=draw(st.booleans()), alibi=draw(st.booleans()),
-                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))))
+                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))), special=draw(st.booleans()))
 
 
 @st.composite
@@ -114,7 +115,7 @@ def _decode_dims(draw, tiny):
     G = draw(st.integers(1, 2 if tiny else 3))
     return dict(B=draw(st.integers(1, 3)), H=K * G, K=K, S=draw(st.integers(1, 8 if tiny else 200)),
                 D=draw(st.integers(1, 5 if tiny else 33)), Dv=draw(st.integers(1, 4 if tiny else 17)),
-                lengths=draw(st.booleans()))
+                lengths=draw(st.booleans()), special=draw(st.booleans()))
 
 
 DIMS = {
@@ -318,6 +319,23 @@ def test_decode_attention_is_the_last_row_of_causal_attention():
     v = rng.standard_normal((2, 3, 150, 8))
     full = attend(q, k, v, causal=True)[:, :, -1, :]
     np.testing.assert_allclose(decode(q[:, :, -1, :], k, v), full, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("after_nan", [[-np.inf, 1.0, 2.0], [-np.inf], [1.0, -np.inf]])
+def test_a_nan_score_makes_its_row_nan_whatever_follows(after_nan):
+    """Scores [NaN, then -inf or finite ones]: the twin's softmax row is NaN, so both CPU kernels'
+    outputs are NaN (a running max that compares with `<=` alone would lose the NaN)."""
+    attend, twin = _numba("masked_attention")
+    decode, _ = _numba("decode_attention")
+    keys = np.array([np.nan, *after_nan])
+    k = np.stack([keys, np.zeros_like(keys)], axis=-1)[None, None]  # [1, 1, S, 2]: scores = keys / sqrt(2)
+    v = np.arange(2.0 * keys.size).reshape(1, 1, keys.size, 2)
+    q = np.ones((1, 1, 1, 2))
+    for dtype in (np.float32, np.float64):
+        args = [a.astype(dtype) for a in (q, k, v)]
+        assert np.isnan(attend(*args)).all() and np.isnan(decode(args[0][:, :, 0], *args[1:])).all()
+        assert check_close(attend(*args), twin(q, k, v), rtol=0, atol=0).passed
 
 
 def test_skipping_masked_tiles_is_exact():

@@ -354,6 +354,18 @@ def test_masked_attention_equals_explicit_mask_and_bias(dtype, data):
         close(ours[seen], theirs[seen], dtype, 10)
 
 
+def test_decode_attention_ignores_whatever_the_cache_holds_past_each_length():
+    """Entries j >= L_b take no part: NaN and inf there change nothing (bit for bit), though a zero
+    weight times them would be NaN in a plain weighted sum."""
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((2, 4, 6)), rng.standard_normal((2, 2, 7, 6)), rng.standard_normal((2, 2, 7, 3))
+    lengths = np.array([3, 0])
+    out = decode_attention(q, k, v, key_lengths=lengths)
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 3:], v2[0, :, 3:], k2[1], v2[1] = np.inf, np.nan, -np.inf, np.inf
+    np.testing.assert_array_equal(decode_attention(q, k2, v2, key_lengths=lengths), out)
+    assert np.isfinite(out).all() and (out[1] == 0).all()
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())
 def test_decode_attention_is_the_last_query(dtype, data):
@@ -607,7 +619,10 @@ _p = FusedQKVParams(LinearParams(np.zeros((4, 12))), LinearParams(np.zeros((4, 4
     (lambda: masked_attention(_q, _k, _v, alibi_slopes=np.ones(3)), ValueError, r"alibi_slopes must have shape \[H\] = \(4,\)"),
     (lambda: decode_attention(_q, _k, _v), ValueError, r"q must have shape \[B, H, D\]"),
     (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[1, 2]), ValueError, r"key_lengths must have shape \[B\] = \(1,\)"),
-    (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[6]), ValueError, "lengths must lie in 0 .. S=5"),
+    (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[6]), ValueError, "key_lengths must lie in 0 .. S=5"),
+    (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[1.5]), TypeError, "key_lengths must be integers"),
+    (lambda: decode_attention(_q[:, :, 0], _k[:, :, :, :1], _v), ValueError,
+     r"k must have shape \[B, K, S, D\] with B=1, D=2 \(from q \(1, 4, 2\)\)"),
 ])
 def test_bad_arguments_raise_clear_errors(call, error, match):
     """Each bad argument is refused at the boundary with a message naming it and the expected shape."""

@@ -117,7 +117,8 @@ sums over D and over a chunk's keys are BLAS's, like the fused kernel's.
 Non-finite inputs: a NaN score a query may see makes its row NaN, a +inf score too (inf - inf),
 as in the twin; masked scores are never looked at. One difference remains, by design: a NaN or
 inf in v at a *masked* key reaches the twin's output through its matmul (weight 0 * NaN) but
-not this kernel's when the whole key tile is skipped; the differential suite draws finite q, k, v.
+not this kernel's when the whole key tile is skipped; the differential suite puts NaN / inf in q and
+k only (and, for decode attention, in the cache entries past the key lengths, which every side ignores).
 """
 
 from __future__ import annotations

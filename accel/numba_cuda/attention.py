@@ -185,6 +185,16 @@ def _tile_action(j0, j_last, p_first, p_last, causal, window, n_sink):  # -> 0: 
 
 
 @cuda.jit(device=True)
+def _max_keeping_nan(m, s):
+    """max(m, s), except that a NaN on either side wins and stays: the running max of a row's
+    scores must remember a NaN score (the twin's row is then NaN) even when later scores are
+    compared with it (every comparison with NaN is false)."""
+    if m != m or s <= m:
+        return m
+    return s
+
+
+@cuda.jit(device=True)
 def _key_visible(p, j, causal, window, n_sink):
     """Whether the query at position p may see key j under the causal / window / sink pattern
     (padding is tested apart): the twin's mask, refimpl.masks."""
@@ -321,8 +331,7 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
                     if use_alibi:
                         s += -slope * F(p - j)
                     any_key = True
-                    if not (s <= m_tile):  # also takes a NaN, which then poisons the row as in the twin
-                        m_tile = s
+                    m_tile = _max_keeping_nan(m_tile, s)  # a NaN score poisons the row, as in the twin
                 s_loc[jj] = s
             if not any_key:
                 continue
@@ -494,17 +503,14 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                         sc = s_loc[a * RN + bb] * scale
                         if use_alibi:
                             sc += -slope * F(p - j)
-                        if not (sc <= mx):  # also takes a NaN, which then poisons the row as in the twin
-                            mx = sc
+                        mx = _max_keeping_nan(mx, sc)  # a NaN score poisons the row, as in the twin
                     s_loc[a * RN + bb] = sc
                 red[tr * RM + a, tc] = mx
             cuda.syncthreads()
             for a in range(RM):
                 mt = F(_NEG_INF)
                 for x in range(TC):
-                    val = red[tr * RM + a, x]
-                    if not (val <= mt):
-                        mt = val
+                    mt = _max_keeping_nan(mt, red[tr * RM + a, x])
                 mn = mt if (mt > m_run[a] or mt != mt) else m_run[a]  # a NaN wins
                 m_new[a] = mn
                 corr[a] = F(1)
