@@ -92,6 +92,20 @@ def check_close(out, ref, *, rtol: float, atol: float, dtype=None) -> CheckResul
     return CheckResult(n_bad == 0, max_abs, max_rel, worst, n_bad, reason)
 
 
+def cpu_dtypes(arrays, names) -> tuple[np.dtype, np.dtype]:
+    """(work, out) for a Numba CPU kernel: out is NumPy's promotion of the inputs' dtypes (the
+    twin's result dtype) in native byte order; work is out, or float32 for float16 (Numba has no
+    CPU float16: widened, and the result cast back). Any other dtype (long double, or a non-float
+    one) is refused with a TypeError naming every input's dtype. The arrays are float already
+    (refimpl._checks.as_float)."""
+    out = np.result_type(*[a.dtype for a in arrays], np.float16)
+    if out.kind != "f" or out.itemsize > 8:
+        got = ", ".join(f"{n}: {a.dtype}" for n, a in zip(names, arrays))
+        raise TypeError(f"Numba CPU kernels take float16, float32 or float64 inputs; got {got}")
+    out = np.dtype(out.type)  # native byte order ('>f4' arrives as float32)
+    return (np.dtype(np.float32) if out == np.float16 else out), out
+
+
 def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, alibi_slopes):
     """The boundary checks every masked_attention kernel makes, with its twin's messages.
 

@@ -309,6 +309,24 @@ def test_float16_in_float16_out(name):
     assert fn(*case.args, **case.kwargs).dtype == np.float16
 
 
+@pytest.mark.parametrize("name", sorted(DIMS))
+def test_byte_order_and_long_double(name):
+    """Big-endian float32 input gives the native input's result bit for bit (converted at the
+    boundary); long double is refused with a TypeError naming the dtypes, not a Numba typing error."""
+    fn, _ = _numba(name)
+    case = make_case(name, np.random.default_rng(2), "float32", VERIFY_DIMS[name]["full"][0])
+
+    def as_dtype(dtype):
+        return [a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in case.args]
+
+    out = fn(*case.args, **case.kwargs)
+    swapped = fn(*as_dtype(">f4"), **case.kwargs)
+    assert swapped.dtype == np.float32 and np.array_equal(swapped, out, equal_nan=True)
+    if np.dtype(np.longdouble).itemsize > 8:  # (long double is float64 on some platforms)
+        with pytest.raises(TypeError, match="float16, float32 or float64 inputs; got .*float128"):
+            fn(*as_dtype(np.longdouble), **case.kwargs)
+
+
 def test_decode_attention_is_the_last_row_of_causal_attention():
     """decode(q_last) == masked_attention(causal)[..., -1, :]: the last query (p = S-1) sees every key j <= S-1."""
     decode, _ = _numba("decode_attention")

@@ -131,10 +131,9 @@ from numba import njit, parallel_chunksize, prange, types
 from numba.extending import intrinsic
 from threadpoolctl import ThreadpoolController
 
-from refimpl._checks import float_result_type
 from refimpl.attention import _scale_for
 
-from .._common import check_decode_attention_args, check_masked_attention_args
+from .._common import check_decode_attention_args, check_masked_attention_args, cpu_dtypes
 from ._launch import kernel_threads, run_parallel
 from ._simd import wide_vectors
 from .blas import BLAS_NAME, gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
@@ -567,11 +566,6 @@ def _base2_cannot_overflow(scale: float, slopes: np.ndarray, span: int) -> bool:
     return abs(scale) * _LOG2E_F64 <= 1.0 and max_slope * span * _LOG2E_F64 < 1e37
 
 
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    """float32 and float64 run as they are; float16 runs in float32 (and is cast back)."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-
-
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
                      key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """out = softmax(Q K^T * scale - m_h (p_i - j), masked) V by online softmax (Numba CPU; twin refimpl.attention.masked_attention).
@@ -585,8 +579,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     B, H, T, D = q.shape
     S = k.shape[2]
-    dtype = float_result_type(q, k, v)
-    work = _compute_dtype(dtype)
+    work, dtype = cpu_dtypes((q, k, v), ("q", "k", "v"))  # float16 runs in float32
     has_alibi = slopes is not None
     if has_alibi:  # the twin casts the slopes to its dtype; the kernel forms slope * (p - j) in float64
         slopes = slopes.astype(dtype).astype(np.float64)
@@ -659,8 +652,7 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     B, H, D = q.shape
     K, S = k.shape[1], k.shape[2]
-    dtype = float_result_type(q, k, v)
-    work = _compute_dtype(dtype)
+    work, dtype = cpu_dtypes((q, k, v), ("q", "k", "v"))  # float16 runs in float32
     sc = work.type(_scale_for(D, scale, dtype))
     Dv = v.shape[3]
     # Enough chunks to keep every thread busy when B*K is small, none shorter than 64 keys; a short

@@ -40,6 +40,7 @@ from numba import njit, prange
 
 from refimpl._checks import as_float, check_ndim
 
+from .._common import cpu_dtypes
 from ._simd import wide_vectors
 from .norms import parallel_or_serial
 
@@ -167,8 +168,7 @@ def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
     if b.shape != (x.shape[-1],):
         raise ValueError(f"b must have shape [F] with F={x.shape[-1]} (x's last axis); got shape {b.shape}")
     F = x.shape[-1]
-    out_dtype = np.result_type(x, b)
-    work = np.float32 if out_dtype == np.float16 else out_dtype  # Numba has no CPU float16: widen, round back
+    work, out_dtype = cpu_dtypes((x, b), ("x", "b"))  # float16 runs in float32 (Numba has no CPU float16)
     out = np.empty((math.prod(x.shape[:-1]), F), dtype=work)  # [N, F]
     if out.size:
         kernel = (parallel_or_serial(out.size, _gelu_tanh_bias_rows_f32, _gelu_tanh_bias_rows_f32_serial)

@@ -44,6 +44,7 @@ from numba import njit, prange
 from refimpl._checks import as_float
 from refimpl.norms import _check_eps, _check_feature_vector, _check_width
 
+from .._common import cpu_dtypes
 from ._launch import kernel_threads, run_parallel
 from ._simd import wide_vectors
 
@@ -132,8 +133,9 @@ def _rms_norm_rows_serial(x, gamma, eps, out):  # the same, on the calling threa
 
 
 def _work(dtype) -> np.dtype:
-    """Numba has no CPU float16: float16 arrays are widened to float32 (exactly) and rounded back."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+    """Numba has no CPU float16: float16 arrays are widened to float32 (exactly) and rounded back;
+    other dtypes run as they are, in native byte order (cpu_dtypes has refused the rest)."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(np.dtype(dtype).type)
 
 
 def _rows(x: np.ndarray, C: int) -> np.ndarray:  # [..., C] -> [N, C]
@@ -156,8 +158,8 @@ def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] 
     gamma = _check_feature_vector(gamma, "gamma", C)
     beta = _check_feature_vector(beta, "beta", C)
     eps = _check_eps(eps)
-    out_dtype = np.result_type(x, gamma, beta)
-    out = np.empty((math.prod(x.shape[:-1]), C), dtype=_work(out_dtype))  # [N, C]
+    work, out_dtype = cpu_dtypes((x, gamma, beta), ("x", "gamma", "beta"))
+    out = np.empty((math.prod(x.shape[:-1]), C), dtype=work)  # [N, C]
     if out.size:
         kernel = parallel_or_serial(out.size, _layer_norm_rows, _layer_norm_rows_serial)
         kernel(_rows(x, C), _params64(gamma), _params64(beta), eps, out)
@@ -174,8 +176,8 @@ def rms_norm(x, gamma, *, eps: float = 1e-6) -> np.ndarray:  # [..., C] -> [...,
     C = _check_width(x)
     gamma = _check_feature_vector(gamma, "gamma", C)
     eps = _check_eps(eps)
-    out_dtype = np.result_type(x, gamma)
-    out = np.empty((math.prod(x.shape[:-1]), C), dtype=_work(out_dtype))  # [N, C]
+    work, out_dtype = cpu_dtypes((x, gamma), ("x", "gamma"))
+    out = np.empty((math.prod(x.shape[:-1]), C), dtype=work)  # [N, C]
     if out.size:
         kernel = parallel_or_serial(out.size, _rms_norm_rows, _rms_norm_rows_serial)
         kernel(_rows(x, C), _params64(gamma), eps, out)

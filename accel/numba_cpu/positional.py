@@ -30,6 +30,7 @@ from numba import njit, prange
 
 from refimpl.positional import check_rope_inputs, rope_frequencies
 
+from .._common import cpu_dtypes
 from .norms import parallel_or_serial
 
 __all__ = ["apply_rope"]
@@ -87,9 +88,9 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     pos_lead = pos.shape[:-1]
     P = math.prod(pos_lead)
     angles = pos.astype(np.float64).reshape(P, T)[..., None] * rope_frequencies(R, theta=theta)  # [P, T, R/2]
-    work = np.float32 if x.dtype == np.float16 else x.dtype  # Numba has no CPU float16: widen, round back
-    cos = np.ascontiguousarray(np.cos(angles).astype(x.dtype), dtype=work)  # [P, T, R/2], cast as the twin does
-    sin = np.ascontiguousarray(np.sin(angles).astype(x.dtype), dtype=work)  # [P, T, R/2]
+    work, out_dtype = cpu_dtypes((x,), ("x",))  # float16 runs in float32 (Numba has no CPU float16)
+    cos = np.ascontiguousarray(np.cos(angles).astype(out_dtype), dtype=work)  # [P, T, R/2], cast as the twin does
+    sin = np.ascontiguousarray(np.sin(angles).astype(out_dtype), dtype=work)  # [P, T, R/2]
     # Row n of x (its leading index, flattened) reads table row row_of[n] (NumPy broadcasting).
     pad = (1,) * (len(lead) - len(pos_lead)) + pos_lead
     row_of = np.ascontiguousarray(np.broadcast_to(np.arange(P).reshape(pad), lead).reshape(-1))  # [N]
@@ -98,4 +99,4 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     if out.size:
         args = (np.ascontiguousarray(x, dtype=work).reshape(N, T, D), cos, sin, row_of, R, bool(interleaved), out)
         parallel_or_serial(out.size, _rope_rows, _rope_rows_serial)(*args)
-    return out.reshape(x.shape).astype(x.dtype, copy=False)
+    return out.reshape(x.shape).astype(out_dtype, copy=False)

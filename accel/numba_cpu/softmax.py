@@ -37,6 +37,7 @@ from numba import njit, prange
 
 from refimpl._checks import as_float
 
+from .._common import cpu_dtypes
 from ._simd import wide_vectors
 from .attention import _row_max
 from .ffn import _exp_f64, _exp_f64_f32
@@ -92,11 +93,12 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     """
     x = as_float(x, "x")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
+        got = repr(axis) if isinstance(axis, (int, np.integer)) else type(axis).__name__
+        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {got}")
+    work, out_dtype = cpu_dtypes((x,), ("x",))  # float16 runs in float32 (Numba has no CPU float16)
     xt = np.moveaxis(x, axis, -1)
-    work = np.float32 if x.dtype == np.float16 else x.dtype  # Numba has no CPU float16: widen, round back
     rows = np.ascontiguousarray(xt, dtype=work).reshape(math.prod(xt.shape[:-1]), xt.shape[-1])  # [N, n]
     out = np.empty(rows.shape, dtype=work)
     if rows.size:
         parallel_or_serial(rows.size, _softmax_rows, _softmax_rows_serial)(rows, out)
-    return np.moveaxis(out.reshape(xt.shape), -1, axis).astype(x.dtype, copy=False)
+    return np.moveaxis(out.reshape(xt.shape), -1, axis).astype(out_dtype, copy=False)
