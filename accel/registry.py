@@ -193,6 +193,12 @@ KERNELS: list[KernelSpec] = [
              "absolute error ~eps |y| that atol covers (|y| <= ~10 here); float64 likewise at 2^-53",
     ),
     KernelSpec(
+        "gelu_tanh", "numba_cuda", "accel.numba_cuda.ffn:gelu_tanh", "refimpl.ffn:gelu_tanh", _F32_F64,
+        rtol={"float32": 2e-6, "float64": 1e-13}, atol={"float32": 2e-6, "float64": 1e-14}, sizes="tiny",
+        note="gelu_tanh_bias[numba_cuda]'s kernel with a zero bias (x + 0 is exact): its error model and "
+             "tolerance",
+    ),
+    KernelSpec(
         "apply_rope", "numba_cuda", "accel.numba_cuda.positional:apply_rope", "refimpl.positional:apply_rope",
         _F32_F64,
         rtol={"float32": 1e-6, "float64": 1e-12}, atol={"float32": 1e-6, "float64": 1e-12}, sizes="tiny",

@@ -101,6 +101,11 @@ def _case_gelu_tanh_bias(rng, dtype, d) -> Case:  # dims: lead, F, scale, specia
     return Case((x, b), {}, f"x{shape} |x|~{d.get('scale', 3.0):g}" + (" +inf/nan" if d.get("special") else ""))
 
 
+def _case_gelu_tanh(rng, dtype, d) -> Case:  # dims: lead, F, scale, special (GELU alone: x only)
+    case = _case_gelu_tanh_bias(rng, dtype, d)
+    return Case(case.args[:1], {}, case.shapes)
+
+
 def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, interleaved, per_row, max_pos
     shape = (*d["lead"], d["T"], d["D"])
     x = _normal(rng, shape, dtype)
@@ -165,6 +170,7 @@ _BUILDERS = {
     "layer_norm": _case_layer_norm,
     "rms_norm": _case_rms_norm,
     "gelu_tanh_bias": _case_gelu_tanh_bias,
+    "gelu_tanh": _case_gelu_tanh,
     "apply_rope": _case_apply_rope,
     "masked_attention": _case_masked_attention,
     "decode_attention": _case_decode_attention,
@@ -194,6 +200,10 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
         "tiny": [dict(lead=(3,), C=7), dict(lead=(4,), C=6, special=True)],
     },
     "gelu_tanh_bias": {
+        "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=12.0, special=True)],
+        "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
+    },
+    "gelu_tanh": {
         "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=12.0, special=True)],
         "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
     },
@@ -259,13 +269,19 @@ def run_case(spec: KernelSpec, dtype, case: Case) -> tuple:
     return check_close(out, ref, rtol=rtol, atol=atol, dtype=dtype), rtol, atol, seconds
 
 
+GPU_BACKENDS = ("numba_cuda", "cupy")  # what `generate --backend cuda` runs on: "cuda" here selects both
+
+
 def run(backend: str | None = None, seed: int = 0) -> list[Row]:
-    """Check every registered kernel of the available backends (or of `backend`) against its twin."""
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS} or None; got {backend!r}")
+    """Check every registered kernel of the available backends (or of `backend`: one of BACKENDS, or
+    "cuda" for both GPU backends) against its twin."""
+    if backend is not None and backend not in (*BACKENDS, "cuda"):
+        raise ValueError(f"backend must be one of {', '.join((*BACKENDS, 'cuda'))} (or None for all); got {backend!r}")
     avail = available_backends()
     rows: list[Row] = []
-    for spec in kernels(backend):
+    chosen = [s for s in kernels() if backend is None or s.backend == backend
+              or (backend == "cuda" and s.backend in GPU_BACKENDS)]
+    for spec in chosen:
         if avail[spec.backend]:
             rows.append(Row(spec.name, spec.backend, "-", "-", math.nan, math.nan, math.nan, math.nan, False,
                             f"backend unavailable: {avail[spec.backend]}", 0.0))
@@ -287,24 +303,30 @@ def run(backend: str | None = None, seed: int = 0) -> list[Row]:
 
 
 def format_table(rows: list[Row]) -> str:
-    """The rows as an aligned text table, failures explained under it."""
+    """The rows as an aligned text table, failures explained under it; the kernels of a backend
+    that cannot run here are one line per backend, with the reason under the table."""
     head = ("kernel", "backend", "dtype", "shapes", "max abs err", "max rel err", "atol", "rtol", "err/tol", "pass")
     body = []
+    skipped: dict[str, list[Row]] = {}  # backend -> its skipped rows
     for r in rows:
         if r.dtype == "-":
-            body.append((r.kernel, r.backend, "-", "-", "-", "-", "-", "-", "-", "skipped"))
+            if r.backend not in skipped:
+                skipped[r.backend] = []
+                body.append(("(every kernel)", r.backend, "-", "-", "-", "-", "-", "-", "-", "skipped"))
+            skipped[r.backend].append(r)
             continue
         body.append((r.kernel, r.backend, r.dtype, r.shapes, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
                      f"{r.atol:.0e}", f"{r.rtol:.0e}", f"{r.worst:.2f}", "ok" if r.passed else "FAIL"))
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    notes = [f"{r.kernel}[{r.backend}] {r.dtype} {r.shapes}: {r.reason}" for r in rows if r.reason]
+    notes = [f"{r.kernel}[{r.backend}] {r.dtype} {r.shapes}: {r.reason}" for r in rows if r.reason and r.dtype != "-"]
+    notes += [f"{backend} ({len(rs)} kernels): {rs[0].reason}" for backend, rs in skipped.items()]
     if notes:
         lines += ["", *notes]
     n_fail = sum(1 for r in rows if not r.passed and r.dtype != "-")
     n_ok = sum(1 for r in rows if r.passed)
-    lines += ["", f"{n_ok} passed, {n_fail} failed, {sum(1 for r in rows if r.dtype == '-')} skipped "
+    lines += ["", f"{n_ok} passed, {n_fail} failed, {sum(1 for r in rows if r.dtype == '-')} kernels skipped "
                   "(check: |out - ref| <= atol + rtol |ref| vs the float64 twin, i.e. err/tol <= 1, the largest "
                   "ratio over the output; max rel err is over entries with ref != 0, where tiny |ref| make it large "
                   "and atol is what applies; non-finite values identical)"]
@@ -312,7 +334,8 @@ def format_table(rows: list[Row]) -> str:
 
 
 def main(backend: str | None = None, seed: int = 0) -> int:
-    """Print the table; return 0 if every available kernel passed, 1 otherwise (2 if nothing could run)."""
+    """Print the table; return 0 if every available kernel passed, 1 otherwise (2 if nothing could run,
+    e.g. only an unavailable backend was asked for)."""
     rows = run(backend, seed)
     print(format_table(rows))
     if not any(r.dtype != "-" for r in rows):

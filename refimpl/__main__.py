@@ -6,7 +6,7 @@
                                [--no-eos] [--on-context-limit error|stop] [--backend numpy|numba|cuda]
     python -m refimpl tokenize [--model PATH] [--allow-special] TEXT
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
-    python -m refimpl verify [--backend numba|numba_cuda|cupy]
+    python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings} [--model PATH] [--out DIR]
     python -m refimpl demo
@@ -143,6 +143,17 @@ def cmd_demo(args) -> int:
 
 # ----------------------------------------------------------------------------- parser
 
+def _non_negative_int(text: str) -> int:  # an argparse type
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer; got {text!r}")
+    return value
+
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refimpl", description="Readable NumPy transformer math: GPT-2 "
                                  "inference, tokenization, export and kernel verification.")
@@ -159,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, help="sample from the K most likely tokens (0 = no filter; "
                    "Hugging Face's generate uses 50 unless told otherwise)")
     g.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with mass >= P")
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="penalise tokens already in the text: their positive logits divided by R, negative ones "
+                   "multiplied by R (default 1 = off; CTRL's rule as Hugging Face applies it)")
     g.add_argument("--beams", type=int, default=1, help="beam search with N beams")
     g.add_argument("--length-penalty", type=float, default=1.0, help="beam search: score / length^L (default 1)")
     g.add_argument("--stop", action="append", help="stop string (repeatable); taken literally, so pass a "
@@ -183,8 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     v = sub.add_parser("verify", help="run every registered kernel against its refimpl twin and print a table")
-    v.add_argument("--backend", help="only this backend (numba, numba_cuda, cupy)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--backend", choices=("numba", "numba_cuda", "cupy", "cuda"),
+                   help="only this backend's kernels; cuda: both GPU backends (numba_cuda and cupy), the kernels "
+                   "of generate --backend cuda (default: every backend; those that cannot run here are skipped)")
+    v.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random inputs (default 0)")
+    v.epilog = "exit status: 0 every kernel that ran passed, 1 a kernel failed, 2 none could run here"
     v.set_defaults(func=cmd_verify)
 
     sub.add_parser("embed", help="sentence embeddings with all-MiniLM-L6-v2 (see: python -m refimpl embed --help)",
