@@ -1,6 +1,6 @@
 """The one closeness check every accel kernel answers to, and small shared helpers.
 
-The check (DESIGN.md, "accel style"): a kernel's output `out` passes against its refimpl
+The check: a kernel's output `out` passes against its refimpl
 twin's output `ref` (the twin run in float64 on the same input values) when
 
     |out - ref| <= atol + rtol * |ref|      at every position where ref is finite, and

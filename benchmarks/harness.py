@@ -1,6 +1,6 @@
 """Timing, ceilings and result records shared by every benchmark case.
 
-Method (DESIGN.md, llm.c's dev/cuda): validate a case against refimpl first, warm up
+Method (as llm.c's dev/cuda benchmarks): validate a case against refimpl first, warm up
 (JIT compilation is not a timing), then time several runs and report the median and
 the spread (interquartile range). Peers compared in a ratio are timed interleaved
 (`time_interleaved`: one sample of each in turn, round after round, the order rotating), so a

@@ -1,7 +1,7 @@
 """Input checks shared by every refimpl module.
 
 Each check raises at the boundary with a message that names the argument, the
-expected shape (in the glossary letters of DESIGN.md: B batch, T queries, S keys,
+expected shape (in the glossary letters of README.md, "Using it": B batch, T queries, S keys,
 C model width, H heads, K key/value heads, D head dim, F FFN width, V vocab) and
 what actually came, so nothing fails deep inside NumPy with a broadcasting message.
 """

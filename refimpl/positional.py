@@ -13,7 +13,7 @@ cache). T > S is accepted with the same formula, as refimpl.masks and refimpl.at
 accept it: the first T - S queries then sit at negative positions, before key 0 (under a
 causal mask they see no key at all).
 
-Shapes use the glossary of DESIGN.md: B batch, T queries, S keys, C model width, H heads,
+Shapes use the glossary of README.md ("Using it"): B batch, T queries, S keys, C model width, H heads,
 D head dim; P is the number of positions in a table.
 """
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies, named by the shape letters of DESIGN.md's glossary.
+"""Hypothesis strategies, named by the shape letters of the glossary (README.md, "Using it").
 
 B batch, T queries, S keys, C model width, H heads, K key/value heads, D head dim,
 F FFN width, V vocab. Sizes are kept small: properties are about structure, and the

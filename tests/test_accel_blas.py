@@ -409,3 +409,21 @@ def test_packing_without_mkl_says_why():
     assert res.returncode == 0, res.stderr[-2000:]
     print(res.stdout.strip())
     assert "need MKL" in res.stdout and "SciPy's OpenBLAS" in res.stdout and "no MKL packed GEMM" in res.stdout
+
+
+def test_an_unknown_accel_blas_value_is_refused():
+    """ACCEL_BLAS=mkl_sequential (a typo) stops the import with a message listing the values, instead of
+    running on the default BLAS as if the variable were unset; the listed values import."""
+    import os
+    import subprocess
+    import sys
+
+    script = "import accel.numba_cpu.blas as b; print(b.BLAS_NAME)"
+    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="mkl_sequential"),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0
+    assert "ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy or openblas, or unset; got 'mkl_sequential'" \
+        in res.stderr
+    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS=" MKL "),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]

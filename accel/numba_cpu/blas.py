@@ -128,13 +128,26 @@ def _gnu_openmp_loads(mkl_dir: str) -> bool:
     return True
 
 
+_BLAS_CHOICES = ("", "mkl", "mkl-sequential", "scipy", "openblas")  # ACCEL_BLAS's values ("" = unset = mkl)
+
+
+def _blas_choice() -> str:
+    """ACCEL_BLAS, lower-cased: unset or mkl (MKL where installed), mkl-sequential, or scipy / openblas
+    (SciPy's OpenBLAS); anything else is a ValueError, not a silent default."""
+    choice = os.environ.get("ACCEL_BLAS", "").strip().lower()
+    if choice not in _BLAS_CHOICES:
+        raise ValueError(f"ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy or openblas, or unset; "
+                         f"got {os.environ['ACCEL_BLAS']!r}")
+    return choice
+
+
 def _find_mkl():  # -> (ctypes.CDLL of libmkl_rt, threaded: bool) or (None, False)
     """MKL's single dynamic library from the `mkl` wheel (installed under sys.prefix/lib), unless ACCEL_BLAS=scipy.
 
     Its threading layer is GNU OpenMP where that loads (and ACCEL_BLAS is not mkl-sequential), else
     sequential; it must be chosen before MKL's first call.
     """
-    choice = os.environ.get("ACCEL_BLAS", "").lower()
+    choice = _blas_choice()
     if choice in ("scipy", "openblas"):
         return None, False
     paths = [path for d in dict.fromkeys([os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")])
@@ -259,7 +272,7 @@ _GEMV_SIG = types.void(*([types.voidptr] * 11))  # ?gemv(trans, m, n, alpha, a, 
 
 def _find_numpy_blas():  # -> (path, {name: address}) of NumPy's own BLAS (ILP64 symbols), or None
     """The OpenBLAS that NumPy's matmul calls, with its 64-bit-integer Fortran ?gemv / ?gemm symbols."""
-    if os.environ.get("ACCEL_BLAS", "").lower() in ("scipy", "openblas"):
+    if _blas_choice() in ("scipy", "openblas"):
         return None
     site = os.path.realpath(os.path.dirname(os.path.dirname(np.__file__)))  # holds numpy/ and numpy.libs/
     for info in ThreadpoolController().info():

@@ -12,7 +12,10 @@ Deliberate differences from the twin:
   - Reduction order: strided partial sums then a pairwise tree, not NumPy's pairwise sum
     along the row; in float32 that moves the result by a few ulps.
   - Accumulation is in the input dtype (float32 stays float32 end to end); float16 inputs
-    run in float32 and are cast back, as the twin does.
+    run in float32 and are cast back, as the twin does. So a float32 row whose sum or sum of
+    squared deviations overflows (entries near 3e38, or near 1.8e19 for the squares) gives
+    inf / NaN where the twin run in float64 is finite (the numba CPU kernels sum in float64 and
+    do not); the registry's checks stay far from that range.
   - The device entry points (`layer_norm_device`, `rms_norm_device`) take C-contiguous
     device arrays of shape [N, C] (Numba device arrays or CuPy arrays) and write into
     `out`: GPT-2 on the `cuda` backend calls them without host copies.

@@ -14,7 +14,9 @@ Deliberate differences from the twin:
     the last float64 ulp before the cast, which a float32 result never sees.
   - The frequencies w_i are the twin's own `rope_frequencies(R, theta)` (float64, made on the
     host once per call), so the angles p * w_i are bit-identical to the twin's.
-  - float16 runs in float32 (the twin multiplies in float16): see the registry tolerance.
+  - float16 runs in float32, rounded back once (the twin multiplies in float16, so the two
+    may differ by a float16 rounding or so); float16 is not a registered dtype of this kernel,
+    so the differential suite checks float32 and float64 only.
 """
 
 from __future__ import annotations
