@@ -115,9 +115,12 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, r
     Shapes: q [..., T, D], k [..., S, D], v [..., S, Dv]; the leading axes of q, k, v
     broadcast together to [...]; mask bool and bias float broadcastable to [..., T, S].
     Returns out [..., T, Dv], and weights [..., T, S] too when return_weights=True.
-    Notes: scale defaults to 1/sqrt(D). The computation dtype is the promotion of q, k, v
-    (float32 stays float32); the scale, the -inf fill and the bias are cast to it. A query row
-    whose keys are all masked (or all -inf after the bias) gets zero weights and a zero output.
+    Notes: scale defaults to 1/sqrt(D). The result dtype is the promotion of q, k, v (float32
+    stays float32), and so is the computation's, except that float16 is computed in float32 and
+    rounded once at the end: float16 scores overflow at 65504 (q . k of two 128-dim vectors of
+    entries 23 already does), and attention in float16 models keeps its softmax in float32 for
+    that reason. The scale and the bias are rounded to the result dtype, then applied. A query
+    row whose keys are all masked (or all -inf after the bias) gets zero weights and a zero output.
     See also: grouped_query_attention (heads sharing keys), masked_attention (structured
     masks, the accel twin), accel's fused attention kernels.
     """
@@ -137,17 +140,18 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, r
         raise ValueError(
             f"the leading axes of q, k, v must broadcast together; got q {q.shape}, k {k.shape}, v {v.shape}") from None
     dtype = float_result_type(q, k, v)
-    q, k, v = q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    work = np.dtype(np.float32) if dtype == np.float16 else dtype  # float16: computed in float32 (Notes)
+    q, k, v = q.astype(work, copy=False), k.astype(work, copy=False), v.astype(work, copy=False)
     scores_shape = (*batch, T, S)
 
-    scores = (q @ np.swapaxes(k, -1, -2)) * _scale_for(D, scale, dtype)  # [..., T, S]
+    scores = (q @ np.swapaxes(k, -1, -2)) * work.type(_scale_for(D, scale, dtype))  # [..., T, S]
     if bias is not None:
-        scores = scores + _check_bias(bias, scores_shape, "[..., T, S]", dtype)
+        scores = scores + _check_bias(bias, scores_shape, "[..., T, S]", dtype).astype(work, copy=False)
     if mask is not None:
-        scores = np.where(_check_mask(mask, scores_shape, "[..., T, S]"), scores, dtype.type(-np.inf))
+        scores = np.where(_check_mask(mask, scores_shape, "[..., T, S]"), scores, work.type(-np.inf))
     weights = softmax(scores, axis=-1)  # [..., T, S]; all -inf rows -> 0
-    out = weights @ v  # [..., T, Dv]
-    return (out, weights) if return_weights else out
+    out = (weights @ v).astype(dtype, copy=False)  # [..., T, Dv]
+    return (out, weights.astype(dtype, copy=False)) if return_weights else out
 
 
 # ------------------------------------------------------------- grouped-query attention
@@ -357,7 +361,7 @@ def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: 
 
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
                      key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (structured GQA attention).
+    """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (Vaswani et al. 2017, eq. 1, with GQA heads and ALiBi, Press et al. 2022).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
     bool (True = real token); alibi_slopes [H] (m_h; ALiBi, Press et al. 2022, sec. 3).
@@ -452,7 +456,7 @@ def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K
 
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}: one new token against a KV cache.
+    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}  (Vaswani et al. 2017, eq. 1, for the newest query over a KV cache).
 
     Shapes: q [B, H, D] (the newest query of each sequence), k [B, K, S, D], v [B, K, S, Dv]
     (the cache, H % K == 0); key_lengths [B] ints in 0 .. S or None (all S entries valid).

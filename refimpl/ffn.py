@@ -105,7 +105,7 @@ def relu(x) -> np.ndarray:  # [...] -> [...]
 
 
 def sigmoid(x) -> np.ndarray:  # [...] -> [...]
-    """sigma(x) = 1 / (1 + exp(-x)) = exp(x) / (1 + exp(x)).
+    """sigma(x) = 1 / (1 + exp(-x)) = exp(x) / (1 + exp(x))  (the logistic function).
 
     Shapes: any -> same shape and dtype.
     Notes: evaluated with e = exp(-|x|) <= 1, as 1/(1+e) for x >= 0 and e/(1+e) for x < 0,

@@ -51,6 +51,8 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
     Notes: dtype follows NumPy promotion of x and w (float32 weights and float32 x give
     float32); the bias is added in that dtype.
     """
+    if not isinstance(p, LinearParams):
+        raise TypeError(f"p must be LinearParams (w [in, out], b [out] or None); got {type(p).__name__}")
     x = as_float(x, "x")
     check_ndim(x, "x", 1, "[..., in]")
     if x.shape[-1] != p.n_in:

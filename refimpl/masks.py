@@ -36,8 +36,8 @@ __all__ = [
 
 
 def _check_TS(T, S) -> tuple[int, int]:
-    T = check_positive_int(T, "T (number of queries)")
-    S = T if S is None else check_positive_int(S, "S (number of keys)")
+    T = check_positive_int(T, "T (number of queries)", allow_zero=True)  # (empty masks are valid: T = 0, S = 0)
+    S = T if S is None else check_positive_int(S, "S (number of keys)", allow_zero=True)
     return T, S
 
 
@@ -80,7 +80,7 @@ def padding_mask(lengths, S: int, *, side: str = "right") -> np.ndarray:  # [B] 
     `key_mask_to_attention_mask` (or `mask[:, None, None, :]`) to apply it to [B, H, T, S] scores.
     A sequence with L_b = 0 masks every key: its attention rows become zeros.
     """
-    S = check_positive_int(S, "S (number of keys)")
+    S = check_positive_int(S, "S (number of keys)", allow_zero=True)
     if side not in ("right", "left"):
         raise ValueError(f"side must be 'right' or 'left'; got {side!r}")
     L = np.asarray(lengths)
@@ -96,7 +96,7 @@ def padding_mask(lengths, S: int, *, side: str = "right") -> np.ndarray:  # [B] 
 
 
 def local_window_mask(T: int, S: int | None = None, *, window: int, causal: bool = True) -> np.ndarray:  # -> [T, S]
-    """Causal: M[i, j] = (0 <= p_i - j < w); two-sided: M[i, j] = (|p_i - j| < w)  (sliding window).
+    """Causal: M[i, j] = (0 <= p_i - j < w); two-sided: M[i, j] = (|p_i - j| < w)  (sliding window; Longformer, Beltagy et al. 2020, sec. 3.1).
 
     Shapes: -> [T, S] bool.
     Notes: causal=True keeps the last `window` keys up to and including the query's own
@@ -115,7 +115,7 @@ def local_window_mask(T: int, S: int | None = None, *, window: int, causal: bool
 
 
 def strided_mask(T: int, S: int | None = None, *, stride: int, part: str = "both") -> np.ndarray:  # -> [T, S]
-    """Strided attention: A1 = {j : p-l <= j <= p}, A2 = {j <= p : (p - j) mod l = 0}  (Child et al. 2019, sec. 4.2).
+    """Strided attention: A1 = {j : p-l <= j <= p}, A2 = {j <= p : (p - j) mod l = 0}  (Child et al. 2019, sec. 4.3).
 
     Shapes: -> [T, S] bool; `stride` is the paper's l (about sqrt(S) in the paper).
     Notes: part="local" returns A1 (t = max(0, p - l) .. p: the previous l keys and the
@@ -135,7 +135,7 @@ def strided_mask(T: int, S: int | None = None, *, stride: int, part: str = "both
 
 
 def fixed_mask(T: int, S: int | None = None, *, block: int, summary: int, part: str = "both") -> np.ndarray:  # -> [T, S]
-    """Fixed attention: A1 = {j <= p : floor(j/l) = floor(p/l)}, A2 = {j <= p : j mod l >= l - c}  (Child et al. 2019, sec. 4.2).
+    """Fixed attention: A1 = {j <= p : floor(j/l) = floor(p/l)}, A2 = {j <= p : j mod l >= l - c}  (Child et al. 2019, sec. 4.3).
 
     Shapes: -> [T, S] bool; `block` is the paper's l, `summary` its c (1 <= c <= l).
     Notes: part="block" returns A1 (the keys of the query's own length-l block, up to the

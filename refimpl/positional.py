@@ -235,6 +235,8 @@ def check_rope_inputs(x, positions, *, interleaved, rotary_dim):  # [..., T, D],
     check_ndim(x, "x", 2, "[..., T, D]")
     T, D = x.shape[-2], x.shape[-1]
     interleaved = check_bool(interleaved, "interleaved")
+    if D == 0:
+        raise ValueError(f"x must have a head dim D >= 2 (RoPE rotates pairs); got shape {x.shape} with D=0")
     R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
     if rotary_dim is None and D % 2:
         raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")

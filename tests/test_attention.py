@@ -25,7 +25,7 @@ from refimpl.attention import (
     softmax,
     split_heads,
 )
-from refimpl.linear import LinearParams
+from refimpl.linear import LinearParams, linear
 from refimpl.masks import causal_mask, padding_mask
 from strategies import dims, finite_arrays, qkv_BHKTD, qkv_BHTD, random_arrays
 
@@ -354,6 +354,26 @@ def test_masked_attention_equals_explicit_mask_and_bias(dtype, data):
         close(ours[seen], theirs[seen], dtype, 10)
 
 
+@pytest.mark.filterwarnings("error")  # no overflow warning either
+def test_float16_attention_is_computed_in_float32_and_rounded_once():
+    """float16 scores can overflow where the answer is finite (q . k = 115200 here, 10182 once scaled): the
+    attention functions compute float16 in float32, so the result is the float32 computation on the same
+    float16 values (with the scale rounded to float16, as documented), rounded once, and finite here."""
+    q = np.full((1, 1, 1, 128), 30, np.float16)
+    k = np.full((1, 1, 2, 128), 30, np.float16)
+    v = np.array([[[[1.0] * 128, [3.0] * 128]]], np.float16)
+    for out in (grouped_query_attention(q, k, v), masked_attention(q, k, v, causal=True),
+                decode_attention(q[:, :, 0], k, v)[:, :, None]):
+        assert out.dtype == np.float16 and (out == 2).all()
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal(s).astype(np.float16) * 4 for s in ((2, 4, 5, 16), (2, 2, 7, 16), (2, 2, 7, 3)))
+    mask = causal_mask(5, 7)
+    scale = float(np.float16(1 / np.sqrt(16)))
+    ref = grouped_query_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), mask, scale=scale)
+    out, w = grouped_query_attention(q, k, v, mask, return_weights=True)
+    assert out.dtype == w.dtype == np.float16
+    np.testing.assert_array_equal(out, ref.astype(np.float16))
+
 def test_decode_attention_ignores_whatever_the_cache_holds_past_each_length():
     """Entries j >= L_b take no part: NaN and inf there change nothing (bit for bit), though a zero
     weight times them would be NaN in a plain weighted sum."""
@@ -617,6 +637,7 @@ _p = FusedQKVParams(LinearParams(np.zeros((4, 12))), LinearParams(np.zeros((4, 4
     (lambda: masked_attention(_q, _k, _v, causal="yes"), TypeError, "causal must be True or False"),
     (lambda: masked_attention(_q, _k, _v, key_mask=np.ones((1, 4), bool)), ValueError, r"key_mask must have shape \[B, S\] = \(1, 5\)"),
     (lambda: masked_attention(_q, _k, _v, alibi_slopes=np.ones(3)), ValueError, r"alibi_slopes must have shape \[H\] = \(4,\)"),
+    (lambda: linear(np.ones((2, 3)), np.ones((3, 5))), TypeError, r"p must be LinearParams \(w \[in, out\]"),
     (lambda: decode_attention(_q, _k, _v), ValueError, r"q must have shape \[B, H, D\]"),
     (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[1, 2]), ValueError, r"key_lengths must have shape \[B\] = \(1,\)"),
     (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[6]), ValueError, "key_lengths must lie in 0 .. S=5"),

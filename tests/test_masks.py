@@ -194,10 +194,10 @@ def test_key_mask_to_attention_mask():
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: causal_mask(0), ValueError, r"T \(number of queries\) must be > 0"),
+    (lambda: causal_mask(-1), ValueError, r"T \(number of queries\) must be >= 0"),
     (lambda: causal_mask(2.0), TypeError, "T .* must be an integer"),
     (lambda: causal_mask(True), TypeError, "must be an integer"),
-    (lambda: causal_mask(3, -1), ValueError, r"S \(number of keys\) must be > 0"),
+    (lambda: causal_mask(3, -1), ValueError, r"S \(number of keys\) must be >= 0"),
     (lambda: local_window_mask(3, window=0), ValueError, "window must be > 0"),
     (lambda: local_window_mask(3, window=1.5), TypeError, "window must be an integer"),
     (lambda: local_window_mask(3, window=2, causal="no"), TypeError, "causal must be True or False"),
@@ -222,3 +222,13 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
     """Each bad argument is refused at the boundary with a message naming it."""
     with pytest.raises(error, match=match):
         call()
+
+
+def test_empty_sizes_give_empty_masks():
+    """T = 0 or S = 0 (no queries; an empty cache) give empty masks of the right shape, as the attention
+    functions accept those sizes, so a caller need not special-case them."""
+    assert causal_mask(0, 3).shape == (0, 3) and causal_mask(3, 0).shape == (3, 0) and causal_mask(0).shape == (0, 0)
+    assert local_window_mask(2, 0, window=2).shape == (2, 0) and sink_window_mask(0, 4, n_sink=1, window=2).shape == (0, 4)
+    assert strided_mask(0, stride=2).shape == (0, 0) and fixed_mask(3, 0, block=2, summary=1).shape == (3, 0)
+    assert padding_mask([0, 0], 0).shape == (2, 0)
+    assert query_positions(0, 5).shape == (0,)

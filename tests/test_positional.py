@@ -476,10 +476,11 @@ def test_alibi_dtype_and_errors():
     assert alibi_bias(4, 3).dtype == np.float64
     assert alibi_bias(np.ones(2, np.float32), 3).dtype == np.float32
     assert alibi_slopes(5, dtype=np.float32).dtype == np.float32
-    with pytest.raises(ValueError, match=r"S \(number of keys\) must be > 0"):
-        alibi_bias(4, 5, 0)
-    with pytest.raises(ValueError, match=r"T \(number of queries\) must be > 0"):
-        alibi_bias(4, 0, 3)
+    with pytest.raises(ValueError, match=r"S \(number of keys\) must be >= 0"):
+        alibi_bias(4, 5, -1)
+    with pytest.raises(ValueError, match=r"T \(number of queries\) must be >= 0"):
+        alibi_bias(4, -2, 3)
+    assert alibi_bias(4, 5, 0).shape == (4, 5, 0) and alibi_bias(4, 0, 3).shape == (4, 0, 3)
     with pytest.raises(ValueError, match="n_heads must be > 0"):
         alibi_slopes(0)
     with pytest.raises(ValueError, match=r"slopes of shape \[H\]"):
@@ -650,8 +651,9 @@ def test_t5_errors():
         relative_position_bucket(np.array([1]), num_buckets=32, max_distance=8)
     with pytest.raises(ValueError, match="num_buckets=32"):
         relative_position_bias(np.zeros((16, 2)), 3, num_buckets=32)
-    with pytest.raises(ValueError, match=r"S \(number of keys\) must be > 0"):
-        relative_position_bias(np.zeros((32, 2)), 3, 0)
+    with pytest.raises(ValueError, match=r"S \(number of keys\) must be >= 0"):
+        relative_position_bias(np.zeros((32, 2)), 3, -1)
+    assert relative_position_bias(np.zeros((32, 2)), 3, 0).shape == (2, 3, 0)
 
 
 def test_t5_bucket_vs_huggingface_sweep():
