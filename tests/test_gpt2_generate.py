@@ -350,6 +350,10 @@ def test_stream_checks_everything_at_the_call():
         gpt2.stream(model, [1, 2], do_sample=True, seed=-1)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         gpt2.stream_text(byte_model, "x" * 60, max_new_tokens=10)
+    with pytest.raises(TypeError, match=r"^stream\(\) got an unexpected keyword argument 'max_new_token'$"):
+        gpt2.stream(model, [1, 2], max_new_token=3)
+    with pytest.raises(TypeError, match=r"^stream_text\(\) got an unexpected keyword argument 'temp'$"):
+        gpt2.stream_text(byte_model, "x", temp=0.5)
 
 
 @pytest.mark.parametrize("seed", [-1, "a", 1.5, True])

@@ -253,6 +253,19 @@ def test_export_from_local_hf_dir(hf, tmp_path):
     _assert_equal_params(params, ref, "export(local HF dir)")
 
 
+def test_export_copies_a_tiktoken_file(hf, tmp_path):
+    """A .tiktoken ranks file beside the weights is a tokenizer `load` reads, so export copies it too."""
+    model, d, ref = hf
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (src / name).write_bytes((d / name).read_bytes())
+    (src / "ranks.tiktoken").write_bytes(b"IQ== 0\nIg== 1\n")
+    out = export(str(src), tmp_path / "exported")
+    assert (out / "ranks.tiktoken").read_bytes() == (src / "ranks.tiktoken").read_bytes()
+    assert export(str(src / "model.safetensors"), tmp_path / "from_file").joinpath("ranks.tiktoken").is_file()
+
+
 def test_export_from_pickle_only_dir_uses_weights_only_torch_load(hf, tmp_path):
     model, d, ref = hf
     src = tmp_path / "pt"
@@ -551,6 +564,14 @@ def test_save_weights_checks_and_replaces_stale_format(hf, tmp_path):
     out = save_weights(CFG, ref, tmp_path / "o", format="npz")
     save_weights(CFG, ref, out)  # safetensors now: the npz must go, or the directory has two truths
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # A sharded model there before: its index and the shards it lists go too (other files stay).
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for name in shards:
+        (out / name).write_bytes(b"old")
+    (out / "notes.txt").write_text("mine")
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    save_weights(CFG, ref, out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
     wrong = GPT2Config(vocab_size=98, n_positions=24, n_embd=24, n_layer=2, n_head=3)
     with pytest.raises(ValueError, match="'wte.weight' must have shape"):
         save_weights(wrong, ref, tmp_path / "w")

@@ -630,6 +630,15 @@ _STREAM_DEFAULTS = dict(max_new_tokens=20, do_sample=False, temperature=1.0, top
                         eos_token_id=_DEFAULT, stop=(), on_context_limit="error")
 
 
+def _stream_keywords(caller: str, kw: dict) -> dict:  # the defaults plus kw, whose names generate takes
+    """generate's keywords with their defaults, updated by kw; an unknown name is the TypeError Python
+    gives for a function with these keywords (naming the public function, not a helper)."""
+    for name in kw:
+        if name not in _STREAM_DEFAULTS and name not in ("seed", "backend"):
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    return {**_STREAM_DEFAULTS, **kw}
+
+
 def stream(model: GPT2Model, prompt, **kw) -> Iterator[int]:
     """Yield generated token ids one at a time, as `generate(model, prompt, **kw)` makes them.
 
@@ -638,7 +647,7 @@ def stream(model: GPT2Model, prompt, **kw) -> Iterator[int]:
     stop string (use stream_text for text that stops before it). Beam search cannot know its
     best beam before the end: with num_beams > 1 the ids come all at once when the search ends.
     """
-    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
+    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, _stream_keywords("stream", kw))
     if s.num_beams > 1:
         return iter(generate(model, prompt_ids, **kw).ids)
     matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
@@ -656,7 +665,7 @@ def stream_text(model: GPT2Model, prompt, **kw) -> Iterator[str]:
     _check_model(model)
     if model.tokenizer is None:
         raise ValueError("stream_text needs a tokenizer, and this model has none; use stream() for ids")
-    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, {**_STREAM_DEFAULTS, **kw})
+    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, _stream_keywords("stream_text", kw))
     if s.num_beams > 1:
         text = generate(model, prompt_ids, **kw).text
         return iter([text] if text else [])

@@ -82,7 +82,7 @@ SAFETENSORS_CONFIG_KEY = "config"      # model.safetensors __metadata__: JSON of
 LLMC_MAGIC = 20240326
 LLMC_VERSIONS = {3: "float32", 5: "bfloat16"}
 _BLOCK_NAME = re.compile(r"h\.([0-9]{1,9})\.")  # h.<block index>.<rest>; ASCII digits only
-# Tokenizer files copied by save_weights / export when the source has them.
+# Tokenizer files copied by save_weights / export when the source has them (and any *.tiktoken file).
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "encoder.json", "vocab.bpe")
 _PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
@@ -595,12 +595,24 @@ def _copy_tokenizer_files(src_dir: Path | None, out_dir: Path) -> list[str]:
     if src_dir is None:
         return copied
     src_dir = Path(src_dir)
-    for name in TOKENIZER_FILES:
+    names = [*TOKENIZER_FILES, *sorted(p.name for p in src_dir.glob("*.tiktoken"))]  # (tiktoken ranks: any name)
+    for name in names:
         src = src_dir / name
         if src.is_file() and src.resolve() != (out_dir / name).resolve():
             shutil.copyfile(src, out_dir / name)
             copied.append(name)
     return copied
+
+
+def _indexed_shards(directory: Path) -> list[str]:
+    """The shard file names that directory/model.safetensors.index.json lists (plain names in the
+    directory only; none if there is no readable index)."""
+    try:
+        weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+        names = {str(v) for v in weight_map.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return sorted(n for n in names if n == Path(n).name and n.endswith(".safetensors") and n != "model.safetensors")
 
 
 def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = "safetensors",
@@ -611,8 +623,9 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
     (no `transformer.` prefix; tied head, so no lm_head) and the config JSON under the
     metadata key "config": loadable by `load_weights` and by Hugging Face
     `GPT2LMHeadModel.from_pretrained(path)`. format="npz": `config.json` + `model.npz` with the
-    same names and the config under "__config__". The other format's weight file, if present
-    in `path`, is removed so the directory has one truth. Tokenizer files (TOKENIZER_FILES)
+    same names and the config under "__config__". The other format's weight file, and a sharded
+    model's index with the shards it lists, if present in `path`, are removed so the directory
+    has one truth. Tokenizer files (TOKENIZER_FILES)
     found in `tokenizer_dir` are copied. Arrays keep their dtype.
     """
     if format not in ("safetensors", "npz"):
@@ -626,10 +639,11 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
         raise ValueError(f"save_weights writes a directory; {out} is a file")
     out.mkdir(parents=True, exist_ok=True)
     config_json = json.dumps(config.to_dict(), indent=2, sort_keys=True)
+    shards = _indexed_shards(out)  # a sharded model already there: its files are stale after this
     if format == "safetensors":
         save_file(tensors, out / "model.safetensors",
                   metadata={"format": "pt", SAFETENSORS_CONFIG_KEY: config_json})
-        stale = ["model.npz"]
+        stale = ["model.npz", "model.safetensors.index.json", *shards]
     else:
         arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
         arrays[NPZ_CONFIG_KEY] = np.array(config_json)
@@ -642,7 +656,7 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        stale = ["model.safetensors", "model.safetensors.index.json"]
+        stale = ["model.safetensors", "model.safetensors.index.json", *shards]
     for name in stale:
         if (out / name).is_file():
             (out / name).unlink()
