@@ -50,7 +50,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     ceilings = harness.measure_ceilings(quick)
-    print(f"ceilings: matmul {ceilings['matmul']['gflops']:.1f} GFLOP/s, "
+    print(f"ceilings: matmul {ceilings['matmul']['gflops']:.1f} GFLOP/s ({ceilings['matmul']['library']}), "
           f"read bandwidth {ceilings['bandwidth']['gbps']:.1f} GB/s", flush=True)
     harness.write_results("ceilings", {"machine": info, "ceilings": ceilings}, out_dir)
 

@@ -25,14 +25,16 @@ Cases
   cache back to the prompt), through each library's step: refimpl's hidden_states + lm_head on
   the cache against HF's forward with its DynamicCache (cache=..., use_cache=True): no
   generate machinery on either side. A step now also reads the cache's keys and values
-  (2 L C S floats: ~72 MB at S = 960 for GPT-2 small), which its bound includes.
+  (2 L C S floats: 72.5 MB at the mean S = 984 of the steps, for GPT-2 small), which its bound
+  includes.
 - textbook: the simplest NumPy GPT-2 decoding: recompute the whole sequence for every new
   token (no KV cache), through the same refimpl forward.
 
-Bandwidth bound for decoding at batch 1: each step must read every parameter once
-(wte twice: the embedding row is negligible, the LM head reads all of it), so
-tokens/s <= bandwidth / parameter_bytes. The bandwidth is measured here over an array of the
-parameters' size (498 MB for GPT-2 small), because the achievable read rate depends on the
+Bandwidth bound for decoding at batch 1: each step must read every parameter once, except
+the position table wpe, of which it reads one row (wte is read once: its embedding row is
+negligible beside the LM head's full read), so tokens/s <= bandwidth / read_bytes, read_bytes =
+parameter bytes - (n_positions - 1) rows of wpe (494.6 of 497.8 MB for GPT-2 small). The
+bandwidth is measured here over an array of that size, because the achievable read rate depends on the
 working set (this machine's last-level cache is 300 MiB), by a BLAS gemv (the fastest read
 measured here), and sampled in the same interleaved rounds as the decoders (row "bound: ..."),
 so that the fraction of the bound is not skewed by a slow or fast spell of the shared machine.
@@ -47,7 +49,7 @@ import time
 
 import numpy as np
 
-from .harness import Result, measure_read_bandwidth, paired_ratio, time_fn, time_interleaved
+from .harness import Result, measure_read_bandwidth, paired_ratio, set_threads, time_fn, time_interleaved
 
 
 BOUND = "bound: parameter-sized reads (NumPy's gemv)"
@@ -117,12 +119,15 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     from refimpl.gpt2.model import forward, get_ops
 
     torch.set_num_threads(threads)
+    set_threads(threads)
     hf, model = build_models()
     cfg = model.config
     param_bytes = model.params.nbytes()
+    wpe = model.params.wpe
+    read_bytes = param_bytes - (wpe.shape[0] - 1) * wpe.shape[1] * wpe.itemsize  # a step's reads (module docstring)
     out: dict = {"config": {"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
                             "vocab_size": cfg.vocab_size}, "param_bytes": param_bytes,
-                 "validation": {}, "results": []}
+                 "read_bytes_per_token": read_bytes, "validation": {}, "results": []}
     for b in backends:
         out["validation"][b] = validate(hf, model, backend=b)
     packed_params = None
@@ -134,8 +139,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
         out["pack_seconds"] = time.perf_counter() - t0
         packed_params = packed_model.params
         out["validation"][f"numba, {PACKED}"] = validate(hf, packed_model, backend="numba")
-    out["bandwidth_at_param_bytes"] = measure_read_bandwidth(param_bytes)
-    probe_w = np.ones((param_bytes // (4 * 16384), 16384), np.float32)  # as measure_read_bandwidth
+    out["bandwidth_at_param_bytes"] = measure_read_bandwidth(read_bytes)
+    probe_w = np.ones((read_bytes // (4 * 16384), 16384), np.float32)  # as measure_read_bandwidth
     probe_x = np.ones(16384, np.float32)
     x_c = np.ones((1, cfg.n_embd), np.float32) / cfg.n_embd
     x_f = np.ones((1, 4 * cfg.n_embd), np.float32) / cfg.n_embd
@@ -185,11 +190,12 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
                 impls[(full, name)] = lambda ops=ops, params=packed_params: forward(params, cfg, ids, ops=ops)
                 impls[(last, name)] = lambda ops=ops, params=packed_params: generation_prefill(ops, params)
         with torch.no_grad():
-            timings = time_interleaved(impls, repeats=7 if quick else (21 if T == 128 else 11), warmup=1)
+            # (at T = 1024 a round takes ~17 s here: 7 rounds fit time_interleaved's time limit)
+            timings = time_interleaved(impls, repeats=7 if quick else (21 if T == 128 else 7), warmup=1)
         flop_full = prefill_flop(cfg, T)
         flop_last = flop_full - 2 * (T - 1) * cfg.n_embd * cfg.vocab_size
         for (case, impl), t in timings.items():
-            extra = {}
+            extra = {"rounds": len(t.samples)}
             if impl != "hf.torch":  # per-round time ratios (see harness.paired_ratio)
                 extra["paired_vs_peer"] = paired_ratio(t, timings[(case, "hf.torch")])
                 extra["paired_vs_hf_default_forward"] = paired_ratio(t, timings[(full, "hf.torch")])
@@ -222,12 +228,13 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
         for impl, t in timings.items():
             extra = {"tokens_per_s": B * n_new / t.median}
             if impl.startswith("refimpl") or impl == GEMVS:  # per-round ratios (see harness.paired_ratio)
-                extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.generate"])
+                if impl != GEMVS:  # (the products alone are no decoder: no ratio to HF's generate)
+                    extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.generate"])
                 if BOUND in timings:
                     extra["bound"] = faster_bound(timings)
                     extra["paired_fraction_of_bound"] = 1 / paired_ratio(t, timings[extra["bound"]])
             results.append(Result(f"decode B={B}", impl, t.median, t.spread,
-                                  bytes=param_bytes * n_new, params={"B": B, "new_tokens": n_new}, extra=extra))
+                                  bytes=read_bytes * n_new, params={"B": B, "new_tokens": n_new}, extra=extra))
 
     # ---- decode at a long context: the step loop over a KV cache prefilled with `long_prompt` tokens
     long_prompt, n_long = cfg.n_positions - 64, 32 if quick else 48
@@ -268,7 +275,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     with torch.no_grad():
         timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
     # What a step must read: every parameter and the cache's keys and values (about the mean length).
-    read_scale = (param_bytes + kv_bytes) / param_bytes
+    read_scale = (read_bytes + kv_bytes) / read_bytes
     bound = faster_bound(timings)
     for impl, t in timings.items():
         if impl in bound_probes:
@@ -278,11 +285,11 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.torch"])
             extra["bound"] = bound
             extra["paired_fraction_of_bound"] = read_scale / paired_ratio(t, timings[bound])
-        results.append(Result(long_case, impl, t.median, t.spread, bytes=(param_bytes + kv_bytes) * n_long,
+        results.append(Result(long_case, impl, t.median, t.spread, bytes=(read_bytes + kv_bytes) * n_long,
                               params={"B": 1, "context": long_prompt, "new_tokens": n_long}, extra=extra))
 
     # ---- textbook baseline: full recomputation per token, no cache
-    n_tb = 8 if quick else 32
+    n_tb = n_new  # as many new tokens as the other decode B=1 rows (its cost per token grows with the length)
 
     def textbook():
         seq = list(rng.integers(0, cfg.vocab_size, size=prompt_len))
@@ -290,7 +297,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             z = forward(model.params, cfg, np.asarray(seq)[None])
             seq.append(int(z[0, -1].argmax()))
 
-    t = time_fn(textbook, repeats=3, warmup=0)
+    t = time_fn(textbook, repeats=3, warmup=1)  # (timed apart from the interleaved rounds: ~5 s a sample)
     results.append(Result("decode B=1", "textbook (no cache)", t.median, t.spread,
                           params={"B": 1, "new_tokens": n_tb}, extra={"tokens_per_s": n_tb / t.median}))
     out["results"] = results

@@ -119,6 +119,24 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 1, min_time: 
     return out
 
 
+def set_threads(n: int) -> None:
+    """Our side on n threads, as the callers set torch's (torch.set_num_threads): Numba's kernels
+    and accel's products (which follow numba.get_num_threads), and the BLAS libraries loaded in
+    this process (NumPy's OpenBLAS: the numpy backend's products), through threadpoolctl."""
+    try:
+        import numba
+
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    except ImportError:
+        pass
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n, user_api="blas")  # (kept: not used as a context manager)
+    except ImportError:
+        pass
+
+
 def paired_ratio(ours: Timing, peer: Timing) -> float:
     """Median over rounds of ours_r / peer_r for two Timings from one `time_interleaved` call.
 
@@ -132,26 +150,54 @@ def paired_ratio(ours: Timing, peer: Timing) -> float:
 # ---- ceilings --------------------------------------------------------------------
 
 
-def measure_matmul_gflops(n: int = 2048, dtype=np.float32) -> dict:
-    """Dense matrix multiply throughput (BLAS sgemm, all BLAS threads): 2 n^3 FLOP per call.
+def _matmul_candidates(a: np.ndarray, b: np.ndarray) -> dict:  # name -> a callable computing a @ b
+    """Every BLAS this run's kernels and peers use for a @ b: NumPy's (OpenBLAS on the PyPI wheels),
+    accel's threaded products (MKL where installed) and PyTorch's, where importable."""
+    out = {"numpy": lambda: a @ b}
+    try:
+        from refimpl.gpt2.model import get_ops
 
-    A ceiling, so the fastest of the samples: a slow spell of the shared machine can only lower
-    a sample, and a median taken in one would put kernels above "100% of the ceiling".
+        numba_matmul = get_ops("numba").matmul
+        out["accel numba products"] = lambda: numba_matmul(a, b)
+    except Exception:  # numba or accel not importable: NumPy's BLAS (and torch's) only
+        pass
+    try:
+        import torch
+
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        out["torch"] = lambda: torch.mm(ta, tb)
+    except Exception:
+        pass
+    return out
+
+
+def measure_matmul_gflops(n: int = 2048, dtype=np.float32) -> dict:
+    """Dense matrix multiply throughput (sgemm, all threads): 2 n^3 FLOP per call, the best of the
+    BLAS libraries in this process (_matmul_candidates: each recorded under "by_library").
+
+    A ceiling, so the fastest library and the fastest of its samples: a slow spell of the shared
+    machine can only lower a sample, and a median taken in one would put kernels above "100% of
+    the ceiling". (The probe of NumPy's OpenBLAS alone was not a ceiling for the MKL products.)
     """
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
-    t = min(time_fn(lambda: a @ b, repeats=7, warmup=1).samples)
-    return {"n": n, "dtype": np.dtype(dtype).name, "flop": 2 * n**3, "seconds": t, "gflops": 2 * n**3 / t / 1e9}
+    by = {name: 2 * n**3 / min(time_fn(f, repeats=7, warmup=1).samples) / 1e9
+          for name, f in _matmul_candidates(a, b).items()}
+    best = max(by, key=by.get)
+    return {"n": n, "dtype": np.dtype(dtype).name, "flop": 2 * n**3, "seconds": 2 * n**3 / by[best] / 1e9,
+            "gflops": by[best], "library": best, "by_library": by}
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30) -> dict:
     """Memory read bandwidth: the best of a BLAS matrix-vector product over a large matrix
     (all BLAS threads, the access pattern of a decoding step) and NumPy's sum (one thread).
 
-    The rate depends on the array's size where the last-level cache is large (300 MiB on the
-    machine the committed results come from: 512 MB read at ~33 GB/s, 1 GiB at ~18 GB/s), so
-    `nbytes` should match the working set being compared against.
+    The rate can depend on the array's size where the last-level cache is large (300 MiB on the
+    machine the committed results come from), so `nbytes` should match the working set being
+    compared against; there the spells of the shared machine moved it more than the size did
+    (one run: 1 GiB at 32.5 GB/s, 498 MB at 27.7). Arrays that fit the last-level cache can be
+    read faster than this DRAM-sized probe.
     """
     cols = 16384
     rows = nbytes // (4 * cols)
@@ -165,7 +211,7 @@ def measure_read_bandwidth(nbytes: int = 1 << 30) -> dict:
 
 
 def measure_ceilings(quick: bool = True) -> dict:
-    """Matmul GFLOP/s and read bandwidth (over 512 MB in quick mode, 1 GiB in full mode)."""
+    """Matmul GFLOP/s and read bandwidth (over 512 MiB in quick mode, 1 GiB in full mode)."""
     return {
         "matmul": measure_matmul_gflops(1536 if quick else 2048),
         "bandwidth": measure_read_bandwidth((512 << 20) if quick else (1 << 30)),

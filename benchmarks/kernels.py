@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Result, paired_ratio, peak_rss_of, time_interleaved
+from .harness import Result, paired_ratio, peak_rss_of, set_threads, time_interleaved
 
 
 def _torch_peers():
@@ -85,11 +85,7 @@ def run(quick: bool = True, backend: str = "numba", threads: int = 2) -> dict:
     from accel import registry
 
     torch.set_num_threads(threads)
-    try:
-        import numba
-        numba.set_num_threads(threads)
-    except Exception:
-        pass
+    set_threads(threads)
     peers = _torch_peers()
     results: list[Result] = []
     validation = {}
@@ -155,8 +151,8 @@ call(q, k, v)
 
 _IMPL_SETUP = {
     "refimpl (naive)": "from refimpl.attention import masked_attention\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
-    "accel[numba] (fused)": "from accel.numba_cpu.attention import masked_attention\nimport numba; numba.set_num_threads(2)\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
-    "torch.sdpa": "import torch; torch.set_num_threads(2)\nimport torch.nn.functional as F\ncall = lambda q, k, v: F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=True)",
+    "accel[numba] (fused)": "from accel.numba_cpu.attention import masked_attention\nimport numba; numba.set_num_threads({threads})\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
+    "torch.sdpa": "import torch; torch.set_num_threads({threads})\nimport torch.nn.functional as F\ncall = lambda q, k, v: F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=True)",
 }
 
 
@@ -169,6 +165,7 @@ def scaling(quick: bool = True, threads: int = 2) -> dict:
     from refimpl.attention import masked_attention as naive
 
     torch.set_num_threads(threads)
+    set_threads(threads)
     Ts = (512, 1024, 2048, 4096) if quick else (1024, 2048, 4096, 8192)
     rows = []
     for T in Ts:
@@ -181,7 +178,7 @@ def scaling(quick: bool = True, threads: int = 2) -> dict:
             timings["refimpl (naive)"] = time_interleaved(
                 {"naive": lambda: naive(q, k, v, causal=True)}, repeats=3, warmup=1, max_time=30)["naive"]
         for impl, t in timings.items():
-            mem = peak_rss_of(_MEMORY_PROBE.format(T=T, setup=_IMPL_SETUP[impl]))
+            mem = peak_rss_of(_MEMORY_PROBE.format(T=T, setup=_IMPL_SETUP[impl].format(threads=threads)))
             row = {"T": T, "impl": impl, "seconds": t.median, "spread": t.spread,
                    "added_mib": mem["added_mib"], "flop": 4 * 12 * T * T * 64 * 0.5}
             if impl == "accel[numba] (fused)":

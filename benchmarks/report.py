@@ -45,6 +45,10 @@ def _short_mkl(line) -> str:  # torch's "Intel(R) oneAPI Math Kernel Library Ver
     return f"MKL {m.group(1)}" if m else line
 
 
+def _libraries(by: dict) -> str:  # {"numpy": 150.2, ...} -> "numpy 150, accel numba products 290, torch 280"
+    return ", ".join(f"{name} {g:.0f}" for name, g in by.items())
+
+
 def markdown(out_dir: Path = RESULTS_DIR) -> str:
     ceil = _load(out_dir, "ceilings")
     lines = []
@@ -58,8 +62,12 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                      + (f", Numba's {m['numba_threading_layer']} threading layer" if m.get("numba_threading_layer") else "")
                      + ", torch's: "
                      f"{_short_mkl(m.get('torch_mkl'))}. Ceilings measured in the same run: matmul "
-                     f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}), read bandwidth "
-                     f"{c['bandwidth']['gbps']:.1f} GB/s.")
+                     f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}"
+                     + (f", the best of {_libraries(c['matmul']['by_library'])}" if c["matmul"].get("by_library") else "")
+                     + f"), read bandwidth {c['bandwidth']['gbps']:.1f} GB/s (over "
+                     f"{c['bandwidth']['bytes'] / 2**30:.2g} GiB: DRAM; a case whose arrays fit the last-level "
+                     "cache can exceed it). \"of ceiling\" rates each kernel case by the resource it comes "
+                     "closest to exhausting (FLOPs or bytes read and written).")
         lines.append("")
         gflops_ceiling, gbps_ceiling = c["matmul"]["gflops"], c["bandwidth"]["gbps"]
     else:
@@ -78,12 +86,16 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
             ratio = f"{ours['seconds'] / peer['seconds']:.2f}x" if peer else "-"
             if "paired_vs_peer" in ours.get("extra", {}):
                 ratio += f" (paired {ours['extra']['paired_vs_peer']:.2f}x)"
+            rates = []  # (fraction of its ceiling, achieved) for the FLOPs and the bytes the case records
             if ours.get("flop"):
                 ach = ours["flop"] / ours["seconds"] / 1e9
-                achieved, frac = f"{ach:.1f} GFLOP/s", (f"{ach / gflops_ceiling:.0%}" if gflops_ceiling else "-")
-            elif ours.get("bytes"):
+                rates.append((ach / gflops_ceiling if gflops_ceiling else -1.0, f"{ach:.1f} GFLOP/s"))
+            if ours.get("bytes"):
                 ach = ours["bytes"] / ours["seconds"] / 1e9
-                achieved, frac = f"{ach:.1f} GB/s", (f"{ach / gbps_ceiling:.0%}" if gbps_ceiling else "-")
+                rates.append((ach / gbps_ceiling if gbps_ceiling else -1.0, f"{ach:.1f} GB/s"))
+            if rates:  # the resource the case comes closest to exhausting (the roofline's binding one)
+                f, achieved = max(rates)
+                frac = f"{f:.0%}" if f >= 0 else "-"
             else:
                 achieved = frac = "-"
             lines.append(f"| {case} | {_fmt_time(ours['seconds'])} | {_fmt_time(ref['seconds']) if ref else '-'} | "
@@ -95,7 +107,8 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
         lines += ["| GPT-2 small (124M, float32) | implementation | time | tokens/s | vs Hugging Face | of bound |",
                   "|---|---|---|---|---|---|"]
         bw = g.get("bandwidth_at_param_bytes") or (g.get("ceilings") or {}).get("bandwidth")
-        bound_tps = bw["gbps"] * 1e9 / g["param_bytes"] if bw else None
+        read_bytes = g.get("read_bytes_per_token", g["param_bytes"])  # (older results: every parameter byte)
+        bound_tps = bw["gbps"] * 1e9 / read_bytes if bw else None
         probes = [r for r in g["results"] if r["case"] == "decode B=1" and r["impl"].startswith("bound")]
         if probes:  # the bound sampled in the decoders' own rounds: the faster probe (benchmarks.gpt2)
             bound_tps = max(r["extra"]["tokens_per_s"] for r in probes)
@@ -134,11 +147,12 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                                      for impl, r in impls.items() if impl != "hf.torch") + ".")
         if bound_tps:
             lines.append("")
-            lines.append(f"Decode bound at batch 1: {bound_tps * g['param_bytes'] / 1e9:.1f} GB/s (BLAS gemv reads of "
-                         f"{g['param_bytes'] / 1e6:.0f} MB, the parameters' size, timed in the decoders' rounds"
+            what = ("the parameters, one row of wpe" if "read_bytes_per_token" in g else "the parameters")
+            lines.append(f"Decode bound at batch 1: {bound_tps * read_bytes / 1e9:.1f} GB/s (BLAS gemv reads of "
+                         f"{read_bytes / 1e6:.1f} MB, what a step reads, timed in the decoders' rounds"
                          f"{', the faster of the probes' if len(probes) > 1 else ''}; "
                          f"{bw['gbps']:.1f} GB/s measured alone before) / "
-                         f"{g['param_bytes'] / 1e6:.0f} MB of parameters = {bound_tps:.1f} tokens/s. "
+                         f"{read_bytes / 1e6:.1f} MB per token ({what}) = {bound_tps:.1f} tokens/s. "
                          f"Validation (max relative logit difference vs HF): "
                          + ", ".join(f"{k}: {v:.1e}" for k, v in g["validation"].items()) + ".")
         lines.append("")
@@ -188,7 +202,8 @@ def plots(out_dir: Path = RESULTS_DIR) -> list[Path]:
         written.append(p)
     g = _load(out_dir, "gpt2")
     if g:
-        dec = [r for r in g["results"] if r["case"].startswith("decode")]
+        dec = [r for r in g["results"] if r["case"].startswith("decode")  # decoders only: no probes
+               and (r["impl"].startswith(("refimpl", "hf", "textbook")))]
         fig, ax = plt.subplots(figsize=(7, 4))
         labels = [f"{r['case']}\n{r['impl']}" for r in dec]
         ax.barh(labels, [r["extra"]["tokens_per_s"] for r in dec])

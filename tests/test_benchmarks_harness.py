@@ -34,3 +34,31 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     # A slow spell that doubles both samples of a round leaves the paired ratio unchanged.
     slow = Timing(0, 0, 0, [2.0, 20.0, 3.0, 4.0, 5.0]), Timing(0, 0, 0, [4.0, 20.0, 1.0, 8.0, 5.0])
     assert paired_ratio(*slow) == paired_ratio(ours, peer)
+
+
+def test_the_matmul_ceiling_is_the_best_library_in_the_process():
+    """The sgemm ceiling is the fastest of the BLAS libraries the kernels and peers use (each recorded), not
+    NumPy's alone: a ceiling below a kernel's own library would rate kernels over 100%."""
+    from benchmarks.harness import measure_matmul_gflops
+
+    out = measure_matmul_gflops(n=64)
+    assert "numpy" in out["by_library"] and out["library"] in out["by_library"]
+    assert out["gflops"] == max(out["by_library"].values())
+    assert abs(out["seconds"] - out["flop"] / out["gflops"] / 1e9) < 1e-12
+
+
+def test_report_rates_a_case_by_its_binding_resource(tmp_path):
+    """A kernel case with both FLOPs and bytes is rated by the one nearer its ceiling (decode attention:
+    memory), and the decode bound uses the bytes a step reads when the results record them."""
+    import json
+
+    from benchmarks.report import markdown
+
+    machine = {"date": "d", "cpu": "c", "cores": 2, "numpy": "n", "numba": "b", "torch": "t", "env": {"OPENBLAS_CORETYPE": None}}
+    ceilings = {"matmul": {"gflops": 100.0, "n": 64, "by_library": {"numpy": 100.0}},
+                "bandwidth": {"gbps": 10.0, "bytes": 1 << 30}}
+    (tmp_path / "ceilings.json").write_text(json.dumps({"machine": machine, "ceilings": ceilings}))
+    row = {"case": "decode attention", "impl": "accel[numba]", "seconds": 1.0, "flop": 5e9, "bytes": 9e9, "extra": {}}
+    (tmp_path / "kernels.json").write_text(json.dumps({"results": [row]}))
+    table = markdown(tmp_path)
+    assert "| 9.0 GB/s | 90% |" in table  # 9 GB/s of 10 beats 5 GFLOP/s of 100
