@@ -319,7 +319,23 @@ def test_cli_similarity_and_vectors(capsys):
 def test_cli_errors_return_2(capsys, tmp_path):
     assert cli.main(["--model", str(tmp_path / "nope"), "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert cli.main(["--model", str(tmp_path / "model.safetensors"), "x"]) == 2
+    assert "is not a directory (give the folder holding config.json" in capsys.readouterr().err
     assert cli.main(["--digits", "-1", "x"]) == 2
+
+
+def test_cli_prints_one_line_per_text(capsys, monkeypatch):
+    """A text with a tab or line breaks still gives one output line (they print as spaces), and CRLF stdin
+    lines lose their \\r: each line is one text, a tab, its numbers."""
+    import io
+
+    assert cli.main(["--digits", "2", "a\tb\nc"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].split("\t")[0] == "a b c"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one\r\n\r\ntwo\r\n"))
+    assert cli.main(["--digits", "2", "-"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == ["one", "two"]
 
 
 # ----------------------------------------------------------------------------- teaching uses

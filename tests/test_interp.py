@@ -524,3 +524,36 @@ def test_cli_errors_return_2(model_dir, tmp_path, capsys):
                  "--answer-a", "1", "--answer-b", "2", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "same number of tokens" in err and "give the input" in err
+    import json
+
+    V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    for bad, message in ((str(V), f"--answer-a {V} is outside the vocabulary [0, {V})"), ("-1", "outside the vocabulary")):
+        assert main(["patch", "--model", str(model_dir), "--source-ids", "1 2", "--target-ids", "1 3",
+                     "--answer-a", bad, "--answer-b", "2", "--out", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err
+    ids = " ".join(str(i % 50 + 1) for i in range(40))
+    for extra, message in ((["--tokens", "-100"], "--tokens must be >= 1"), (["--tokens", "0"], "--tokens must be >= 1"),
+                           (["--window", "300"], "n_sink + window <= n_positions"),
+                           (["--n-sink", "-1", "--window", "10"], "--n-sink must be >= 0")):
+        assert main(["streaming", "--model", str(model_dir), "--ids", ids, *extra, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "note:" not in err, (extra, err)
+    out = tmp_path / "sinks"
+    assert main(["sinks", "--model", str(model_dir), "--ids", ids, "--k", "1", "--k", "500", "--out", str(out)]) == 2
+    assert "--k must lie in 1 .. T=" in capsys.readouterr().err and not out.exists()  # nothing done before the check
+
+
+def test_library_checks_of_the_interp_tools(m64):
+    from refimpl.interp import logit_diff_metric, steered_generate, steered_logprobs, streaming_logits
+
+    with pytest.raises(ValueError, match="a must be a token id >= 0"):
+        logit_diff_metric(-1, 2)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        logit_diff_metric(5000, 1)(np.zeros((3, 100)))
+    with pytest.raises(ValueError, match=r"n_sink must be an integer in 0 \.\. n_positions - 1"):
+        streaming_logits(m64, [1, 2, 3], n_sink=10**6)
+    d = np.ones(m64.config.n_embd)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        steered_generate(m64, [1, 2], d, layer=0, alpha=1.0, max_new_tokens=-3)
+    with pytest.raises(ValueError, match="alpha must be a finite number"):
+        steered_logprobs(m64, [1, 2], d, layer=0, alpha=float("nan"))

@@ -69,7 +69,8 @@ def load(path=None, *, dtype=np.float32, flavor: str = "tokenizers") -> BertMode
     """
     d = default_model_dir() if path is None else Path(os.fspath(path))
     if not d.is_dir():
-        raise FileNotFoundError(f"BERT model directory {d} does not exist (expected config.json, "
+        what = "is not a directory" if d.exists() else "does not exist"
+        raise FileNotFoundError(f"BERT model directory {d} {what} (give the folder holding config.json, "
                                 f"model.safetensors, vocab.txt)")
     for name in ("config.json", "model.safetensors", "vocab.txt"):
         if not (d / name).is_file():

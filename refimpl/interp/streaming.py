@@ -125,7 +125,12 @@ def _prefill(model: GPT2Model, cache: SinkCache, ids: np.ndarray) -> np.ndarray:
 def _new_cache(model: GPT2Model, n_sink: int, window: int | None) -> SinkCache:
     if not isinstance(model, GPT2Model):
         raise TypeError(f"model must be a GPT2Model; got {type(model).__name__}")
-    window = model.config.n_positions - n_sink if window is None else window
+    if window is None:  # the window takes the rest of the context: n_sink is checked here, not a derived window
+        P = model.config.n_positions
+        if isinstance(n_sink, (bool, np.bool_)) or not isinstance(n_sink, (int, np.integer)) or not 0 <= n_sink < P:
+            raise ValueError(f"n_sink must be an integer in 0 .. n_positions - 1 = {P - 1} (the window gets the rest "
+                             f"of the context); got {n_sink!r}")
+        window = P - int(n_sink)
     return SinkCache.allocate(model.config, n_sink=n_sink, window=window, dtype=model.params.wte.dtype)
 
 
