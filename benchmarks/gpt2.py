@@ -38,8 +38,9 @@ bandwidth is measured here over an array of that size, because the achievable re
 working set (this machine's last-level cache is 300 MiB), by a BLAS gemv (the fastest read
 measured here), and sampled in the same interleaved rounds as the decoders (row "bound: ..."),
 so that the fraction of the bound is not skewed by a slow or fast spell of the shared machine.
-The row "the decode's matrix-vector products alone" times just the 49 BLAS products of a step
-(every weight matrix once, GPT-2's shapes, no other work): what a BLAS-based decoder can reach.
+The rows "the decode's matrix-vector products alone" time just the 49 BLAS products of a step
+(every weight matrix once, GPT-2's shapes, no other work), through NumPy's BLAS and through the
+threaded BLAS the numba decoder calls (MKL where installed): what a BLAS-based decoder can reach.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ from .harness import Result, measure_read_bandwidth, paired_ratio, set_threads, 
 
 BOUND = "bound: parameter-sized reads (NumPy's gemv)"
 BOUND_ACCEL = "bound: parameter-sized reads (accel's threaded gemv)"
-GEMVS = "the decode's matrix-vector products alone"
+GEMVS = "the decode's matrix-vector products alone (NumPy's BLAS)"
+GEMVS_ACCEL = "the decode's matrix-vector products alone (accel's threaded BLAS)"  # what the numba decoder calls
 PACKED = "packed weights"  # the numba backend on pack(params): MKL's packed GEMM for the prefill's products
 
 
@@ -157,10 +159,10 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     def faster_bound(timings) -> str:  # the bound row with the lower median time in these rounds
         return min((name for name in bound_probes if name in timings), key=lambda name: timings[name].median)
 
-    def decode_gemvs():  # one token's matrix-vector products and nothing else: GPT-2's shapes, NumPy's BLAS
+    def decode_gemvs(matmul=np.matmul):  # one token's matrix-vector products and nothing else: GPT-2's shapes
         for p in model.params.blocks:
-            x_c @ p.attn_qkv.w, x_c @ p.attn_proj.w, x_c @ p.mlp_fc.w, x_f @ p.mlp_proj.w
-        return x_c @ model.params.wte.T
+            matmul(x_c, p.attn_qkv.w), matmul(x_c, p.attn_proj.w), matmul(x_c, p.mlp_fc.w), matmul(x_f, p.mlp_proj.w)
+        return matmul(x_c, model.params.wte.T)
     rng = np.random.default_rng(0)
     results: list[Result] = []
 
@@ -216,6 +218,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             for name, probe in bound_probes.items():
                 impls[name] = lambda probe=probe: [probe() for _ in range(n_new)]
             impls[GEMVS] = lambda: [decode_gemvs() for _ in range(n_new)]
+            if "numba" in backends:  # the same products through the BLAS the numba decoder's blocks call (MKL)
+                impls[GEMVS_ACCEL] = lambda: [decode_gemvs(numba_matmul) for _ in range(n_new)]
         for b in backends:
             if B == 1:
                 impls[f"refimpl[{b}]"] = lambda b=b: generate(model, prompts[0], max_new_tokens=n_new,
@@ -227,8 +231,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
         for impl, t in timings.items():
             extra = {"tokens_per_s": B * n_new / t.median}
-            if impl.startswith("refimpl") or impl == GEMVS:  # per-round ratios (see harness.paired_ratio)
-                if impl != GEMVS:  # (the products alone are no decoder: no ratio to HF's generate)
+            if impl.startswith("refimpl") or impl in (GEMVS, GEMVS_ACCEL):  # per-round ratios (harness.paired_ratio)
+                if impl not in (GEMVS, GEMVS_ACCEL):  # (the products alone are no decoder: no ratio to HF's generate)
                     extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.generate"])
                 if BOUND in timings:
                     extra["bound"] = faster_bound(timings)
