@@ -176,17 +176,23 @@ def check_gqa_inputs(q, k, v):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> t
         if a.ndim != 4:
             raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
     B, H, T, D = q.shape
+    _check_kv_heads(q.shape, "[B, H, T, D]", B, H, D, k, v)
+    return q, k, v
+
+
+def _check_kv_heads(q_shape: tuple, q_form: str, B: int, H: int, D: int, k, v) -> None:
+    """k [B, K, S, D] and v [B, K, S, Dv] (4-D already) against q's B, H, D; H a multiple of K >= 1.
+    q_shape / q_form: q's shape as the caller gave it and its letters, for the messages."""
     _, K, S, _ = k.shape
     if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
+        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q_shape}); got shape {k.shape}")
     if v.shape[:3] != (B, K, S):
         raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
     if K == 0 or H % K != 0:
         raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
-                         f"(q {q.shape}, k {k.shape})")
+                         f"(q {q_shape}, k {k.shape})")
     if H == 0:
-        raise ValueError(f"q must have shape [B, H, T, D] with H >= 1 query heads; got shape {q.shape}")
-    return q, k, v
+        raise ValueError(f"q must have shape {q_form} with H >= 1 query heads; got shape {q_shape}")
 
 
 def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
@@ -433,16 +439,8 @@ def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K
         if a.ndim != 4:
             raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
     B, H, D = q.shape
-    _, K, S, _ = k.shape
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q.shape}); got shape {k.shape}")
-    if v.shape[:3] != (B, K, S):
-        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
-    if K == 0 or H % K != 0:
-        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
-                         f"(q {q.shape}, k {k.shape})")
-    if H == 0:
-        raise ValueError(f"q must have shape [B, H, D] with H >= 1 query heads; got shape {q.shape}")
+    S = k.shape[2]
+    _check_kv_heads(q.shape, "[B, H, D]", B, H, D, k, v)
     if key_lengths is None:
         return q, k, v, None
     L = np.asarray(key_lengths)
