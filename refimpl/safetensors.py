@@ -30,6 +30,7 @@ cache, so opening a 500 MB checkpoint costs no copy until a tensor is used.
 from __future__ import annotations
 
 import json
+import math
 import mmap as _mmap
 import os
 import struct
@@ -74,6 +75,14 @@ _UNSUPPORTED = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C6
 
 # NumPy kind + itemsize -> safetensors name, for writing.
 _FROM_NUMPY = {(np.dtype(v).kind, np.dtype(v).itemsize): k for k, v in DTYPES.items() if k != "BF16"}
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class SafetensorsError(ValueError):
@@ -146,6 +155,12 @@ def _parse_entry(name: str, entry) -> TensorInfo:
     if len(shape) > MAX_NDIM:
         raise SafetensorsError(
             f"safetensors tensor {name!r}: {len(shape)} dimensions; at most {MAX_NDIM} are supported (as NumPy)")
+    # NumPy refuses a shape whose nonzero dimensions times the itemsize reach 2^63 bytes, even when a
+    # zero dimension makes the array empty: the same limit here, as our error.
+    if math.prod(s for s in shape if s) * DTYPES[dtype].itemsize >= MAX_DIM:
+        raise SafetensorsError(
+            f"safetensors tensor {name!r}: shape {shape!r:.80} is too large (its nonzero dimensions times "
+            f"the {dtype} itemsize reach 2^63 bytes, even where a zero dimension makes it empty)")
     offsets = entry["data_offsets"]
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
@@ -206,6 +221,9 @@ def parse_header(prefix: bytes, file_size: int) -> Header:
                                                for k, v in metadata.items())):
         raise SafetensorsError("safetensors __metadata__ must be an object mapping strings to strings")
 
+    for key in (*obj, *metadata, *metadata.values()):  # a lone surrogate (JSON "\ud800") is no UTF-8 text
+        if not _is_utf8(key):
+            raise SafetensorsError(f"safetensors header holds a string that is not valid Unicode: {key!r:.80}")
     tensors = {name: _parse_entry(name, entry) for name, entry in obj.items()}
 
     # The byte buffer must be tiled exactly: sorted by offsets, each tensor begins where the
@@ -382,7 +400,11 @@ def _prepare(tensors: dict, metadata: dict | None) -> tuple[bytes, list[np.ndarr
         dt, a = arrays[name]
         header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    try:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate in a name or in the metadata
+        raise SafetensorsError(f"tensor names and metadata must be valid Unicode text; got {e.object[e.start:e.end]!r} "
+                               "(a lone surrogate)") from None
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text, [arrays[k][1] for k in order]
 

@@ -242,6 +242,10 @@ def _file(header: dict, payload: bytes = b"") -> bytes:
     (struct.pack("<Q", 10) + b'{"a":NaN} ', "NaN"),
     (struct.pack("<Q", 15) + b'{"a":{},"a":{}}', "'a' twice"),
     (_file({"b": {"dtype": "BOOL", "shape": [1], "data_offsets": [0, 1]}}, b"\x07"), "'b'.*0 or 1"),
+    # empty, yet too large for NumPy to shape (NumPy's own ValueError before):
+    (_file({"e": {"dtype": "F32", "shape": [2**62, 0], "data_offsets": [0, 0]}}), "'e'.*too large"),
+    (_file({"e": {"dtype": "F32", "shape": [2**63 - 1, 2**63 - 1, 0], "data_offsets": [0, 0]}}), "'e'.*too large"),
+    (struct.pack("<Q", 59) + b'{"\\ud800":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}', "not valid Unicode"),
 ])
 def test_messages_name_the_field_or_tensor(data, match):
     with pytest.raises(SafetensorsError, match=match):
@@ -266,6 +270,10 @@ def test_writer_refuses_what_it_cannot_store():
         ours.save({"__metadata__": np.zeros(2)})
     with pytest.raises(SafetensorsError, match="metadata"):
         ours.save({"a": np.zeros(2)}, {"k": 3})
+    with pytest.raises(SafetensorsError, match="valid Unicode.*lone surrogate"):
+        ours.save({"\ud800": np.zeros(1)})
+    with pytest.raises(SafetensorsError, match="valid Unicode.*lone surrogate"):
+        ours.save({"a": np.zeros(1)}, {"k": "\udcff"})
 
 
 def _file_with_header(header: dict, data: bytes = b"") -> bytes:

@@ -12,7 +12,7 @@ import pytest
 from gpt2_oracle import ODD, TINY, oracle_pair, torch
 from refimpl.gpt2 import GPT2Config
 from refimpl.gpt2.model import forward
-from refimpl.gpt2.train import (TrainSettings, adamw_init, adamw_step, clip_by_global_norm, decays,
+from refimpl.gpt2.train import (TrainSettings, adamw_init, adamw_step, clip_by_global_norm, decays, evaluate,
                                 forward_with_cache, init_params, load_checkpoint, loss, loss_and_grads,
                                 lr_at, train)
 
@@ -207,6 +207,16 @@ def test_bad_batch_raises():
         loss_and_grads(params, TINY, np.zeros((1, 33), int), np.zeros((1, 33), int))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         loss_and_grads(params, TINY, np.full((1, 3), 97), np.zeros((1, 3), int))
+
+
+def test_too_few_tokens_are_refused_before_training():
+    """A validation set shorter than one window failed at the first evaluation, after some training."""
+    s = TrainSettings(steps=4, batch_size=2, seq_len=8, warmup=1, eval_every=2, eval_batches=1, ckpt_every=100)
+    toks = np.arange(100) % TINY.vocab_size
+    with pytest.raises(ValueError, match=r"val_tokens must be \[N\] with N >= seq_len \+ 1 = 9; got shape \(5,\)"):
+        train(TINY, toks, toks[:5], s, log=lambda _: None)
+    with pytest.raises(ValueError, match="evaluate needs at least seq_len \\+ 1 = 9 tokens; got 8"):
+        evaluate(init_params(TINY, seed=0), TINY, toks[:8], seq_len=8, batch_size=1, n_batches=1)
 
 
 def test_recipe_strips_gutenberg_license_text():

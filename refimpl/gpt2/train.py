@@ -332,6 +332,8 @@ def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
 def evaluate(params: GPT2Params, config: GPT2Config, tokens: np.ndarray, *, seq_len: int,
              batch_size: int, n_batches: int) -> float:
     """Mean loss over a fixed set of windows spread evenly over `tokens` (the same every call)."""
+    if len(tokens) < seq_len + 1:
+        raise ValueError(f"evaluate needs at least seq_len + 1 = {seq_len + 1} tokens; got {len(tokens)}")
     n = batch_size * n_batches
     starts = np.linspace(0, len(tokens) - seq_len - 1, n).astype(np.int64)
     losses = []
@@ -400,6 +402,9 @@ def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, 
     T = settings.seq_len
     if T > config.n_positions:
         raise ValueError(f"settings.seq_len={T} exceeds config.n_positions={config.n_positions}")
+    for name, toks in (("train_tokens", train_tokens), ("val_tokens", val_tokens)):  # before any step
+        if toks.ndim != 1 or len(toks) < T + 1:
+            raise ValueError(f"{name} must be [N] with N >= seq_len + 1 = {T + 1}; got shape {toks.shape}")
     history = {"step": [], "train_loss": [], "lr": [], "grad_norm": [], "eval_step": [], "val_loss": [],
                "train_eval_loss": [], "seconds": 0.0}
     rng = np.random.default_rng(settings.seed)
