@@ -85,10 +85,15 @@ def cmd_generate(args) -> int:
         if isinstance(prompt, str):
             out.write(prompt)
             out.flush()
+        text = ""
         for chunk in chunks:
             out.write(chunk)
             out.flush()
+            text += chunk
         out.write("\n")
+        if text and not text.strip():  # e.g. greedy decoding from <|endoftext|> repeating "\n\n"
+            print(f"note: the continuation is {len(text)} whitespace characters only; give --prompt, or sample "
+                  "(--temperature 0.8 --top-k 40 --seed 1)", file=sys.stderr)
     else:
         for tok in gpt2.stream(model, prompt, **kw):
             out.write(f"{tok} ")

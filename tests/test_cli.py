@@ -62,6 +62,16 @@ def test_context_error_comes_before_the_prompt_is_echoed(capsys):
     assert captured.out == "" and "exceeds the model's context" in captured.err
 
 
+def test_a_whitespace_only_continuation_gets_a_note(capsys):
+    """Greedy decoding of the shipped model from <|endoftext|> repeats "\\n\\n": the output is blank lines, and a
+    note on stderr says how to get text."""
+    assert main(["generate", "--max-new-tokens", "4"]) == 0
+    captured = capsys.readouterr()
+    assert not captured.out.strip() and "whitespace characters only; give --prompt, or sample" in captured.err
+    assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "4"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_tokenize_takes_a_weights_file_as_generate_does(capsys):
     from refimpl.gpt2 import DEFAULT_MODEL_DIR
 
