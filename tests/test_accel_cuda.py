@@ -392,6 +392,33 @@ def test_a_nan_score_is_not_forgotten_by_later_scores(kernel, after_nan):
     assert_matches_twin("masked_attention", (q, k, v), {})
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_decode_attention_skips_a_key_scored_minus_inf_whatever_the_split(threads):
+    """A visible key scored -inf is skipped, its value never read, as the fused kernels do: an inf there gives
+    the other keys' answer (2) at every launch size; it used to depend on whether its chunk had a finite score."""
+    q = np.array([[[1.0]]])
+    k, v = np.array([[[[-np.inf], [1.0]]]]), np.array([[[[np.inf], [2.0]]]])
+    with nc.launch_config(threads=threads):
+        for kk, vv in ((k, v), (k[:, :, ::-1].copy(), v[:, :, ::-1].copy())):
+            assert (nc.decode_attention(q, kk, vv) == 2).all()
+            assert (nc.masked_attention(q[:, :, None], kk, vv) == 2).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # 0 / 0 with eps = 0, as the twin
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_of_a_constant_row_is_exact(dtype):
+    """A constant row normalises to exact zeros (then beta), and to NaN with eps = 0 as the twin's 0 / 0: the
+    kernel works on x - x0, where float32's mean of 1.7s was an ulp off and came out as -1 (eps = 0)."""
+    x = np.full((2, 3), 1.7, dtype)
+    x[1] = [5.0, 5.0 + 2 ** -20, 5.0]
+    g, b = np.ones(3, dtype), np.arange(3, dtype=dtype)
+    with nc.launch_config(threads=2):
+        np.testing.assert_array_equal(nc.layer_norm(x[:1], g, b, eps=1e-5), b[None])
+        assert np.isnan(nc.layer_norm(x[:1], g, b, eps=0.0)).all()
+        assert_matches_twin("layer_norm", (x, g, b), {"eps": 1e-5})
+
+
 # ------------------------------------------------------------- fused attention v2 ("tiled")
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")

@@ -3,8 +3,9 @@
 Kernels (one block per row of C features, 128 threads, warp-shuffle + shared-memory sums):
   softmax_rows      y = exp(x - m) / sum exp(x - m), m = row max (0 for an all -inf row;
                     a zero sum, only for such rows, divides by 1): the twin's rules.
-  layer_norm_rows   two passes: mu = sum x / C, var = sum (x - mu)^2 / C, then
-                    (x - mu) * (1 / sqrt(var + eps)) * gamma + beta.
+  layer_norm_rows   two passes on x' = x - x0 (x0 the row's first entry: a constant row gives
+                    exact zeros): mu' = sum x' / C, var = sum (x' - mu')^2 / C, then
+                    (x' - mu') * (1 / sqrt(var + eps)) * gamma + beta.
   rms_norm_rows     ms = sum x^2 / C, x / sqrt(ms + eps) * gamma.
 and two ElementwiseKernels: kv_append (a decode step's k and v, columns C..3C of GPT-2's fused
 projection, written at cache position lengths[b] - 1) and gelu_tanh_bias: y = 0.5 z (1 + tanh(sqrt(2/pi)(zc + 0.044715 zc^3))),
@@ -92,14 +93,15 @@ extern "C" __global__ void layer_norm_rows(const REAL* __restrict__ x, const REA
     __shared__ REAL scratch[32];
     const REAL* xr = x + (long long)blockIdx.x * C;
     REAL* yr = y + (long long)blockIdx.x * C;
+    const REAL x0 = C > 0 ? xr[0] : (REAL)0;  // shift: x - mu = (x - x0) - mean(x - x0), exact zeros for a constant row
     REAL s = 0;
-    for (long long c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
-    const REAL mu = block_sum(s, scratch) / (REAL)C;
+    for (long long c = threadIdx.x; c < C; c += blockDim.x) s += xr[c] - x0;
+    const REAL mu = block_sum(s, scratch) / (REAL)C;  // the mean of x - x0
     s = 0;
-    for (long long c = threadIdx.x; c < C; c += blockDim.x) { REAL d = xr[c] - mu; s += d * d; }
+    for (long long c = threadIdx.x; c < C; c += blockDim.x) { REAL d = (xr[c] - x0) - mu; s += d * d; }
     const REAL var = block_sum(s, scratch) / (REAL)C;
     const REAL inv_std = (REAL)1 / SQRT(var + eps);
-    for (long long c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] - mu) * inv_std * gamma[c] + beta[c];
+    for (long long c = threadIdx.x; c < C; c += blockDim.x) yr[c] = ((xr[c] - x0) - mu) * inv_std * gamma[c] + beta[c];
 }
 
 extern "C" __global__ void rms_norm_rows(const REAL* __restrict__ x, const REAL* __restrict__ gamma,

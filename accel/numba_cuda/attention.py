@@ -51,9 +51,11 @@ Deliberate differences from the twins:
     over D in index order; the twins form the full score row and call BLAS. In float32 the
     outputs differ by a few ulps times the softmax's condition (see the registry tolerances).
   - Accumulation is in the input dtype (float32 stays float32); float16 runs in float32.
-  - Masked keys are skipped rather than given weight exp(-inf) = 0, so a masked value row
-    holding inf or NaN does not leak in (the twin's 0 * inf = NaN would): for finite inputs
-    the two are the same sum.
+  - Masked keys, and visible keys whose score is -inf, are skipped rather than given weight
+    exp(-inf) = 0, so their value rows holding inf or NaN do not leak in (the twin's 0 * inf =
+    NaN would): for finite values the two are the same sum. The fused kernels and
+    decode_attention apply this alike, whatever the tile, chunk and thread sizes (decode
+    attention's chunks used to skip such a key only when its whole chunk scored -inf).
   - GQA: query head h reads key/value head h // (H/K) straight from k and v, as the twin's
     broadcast view does; nothing is copied G times.
 """
@@ -692,16 +694,19 @@ def _decode_partial_kernel(dtype: np.dtype, tpb: int, d_pad: int, dv_pad: int):
                 continue
             corr = F(math.exp(m_run - m_new))
             w = F(0)
-            if j < end:
+            p_sh[t] = F(-1)  # no key, or a key scored -inf: skipped below, as the fused kernels skip it
+            if j < end and s != F(_NEG_INF):
                 w = F(math.exp(s - m_new))
-            p_sh[t] = w
+                p_sh[t] = w
             l_tile = block_sum(scratch, t, w)  # its barriers also publish p_sh
             l_run = l_run * corr + l_tile
             n = tpb if tpb < end - j0 else end - j0
             for d in range(t, Dv, tpb):  # each thread owns output features d = t, t + tpb, ...
                 a = acc[d] * corr
                 for tt in range(n):
-                    a += p_sh[tt] * v[b, g, j0 + tt, d]
+                    pw = p_sh[tt]
+                    if not (pw < F(0)):  # (a NaN weight is kept: its row is NaN, as the twin's)
+                        a += pw * v[b, g, j0 + tt, d]
                 acc[d] = a
             m_run = m_new
             cuda.syncthreads()  # p_sh is read above before the next tile overwrites it

@@ -3,10 +3,15 @@
 Twins: `refimpl.norms.layer_norm`, `refimpl.norms.rms_norm` (same signatures; NumPy in, NumPy out).
 
 Versions:
-  v1 (this file) one block per row of C features; each thread sums a strided slice of
+  v1 one block per row of C features; each thread sums a strided slice of
      the row, then a shared-memory tree combines the partial sums. LayerNorm makes two
      passes (mean, then the mean of squared deviations) as its twin does, not the one-pass
      E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std.
+  v2 (this file) LayerNorm works on x - x0 (x0 the row's first entry): the same value
+     (x - mu = (x - x0) - mean(x - x0)), but a constant row gives exact zeros, where v1's
+     float32 mean was off by an ulp that the normalisation magnified by |mean| / sqrt(var + eps)
+     (a row of 1.7s with eps = 0 gave -1 where the twin gives NaN; with eps = 1e-5, 4e-5 where
+     it gives 0).
 
 Deliberate differences from the twin:
   - Reduction order: strided partial sums then a pairwise tree, not NumPy's pairwise sum
@@ -47,18 +52,21 @@ def _layer_norm_kernel(dtype: np.dtype, tpb: int):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         C = x.shape[1]
+        # Shifted by the row's first entry (x - mu = (x - x0) - mean(x - x0)): a constant row gives exact
+        # zeros, where its float32 mean is off by an ulp that (x - mu) / sqrt(var + eps) would blow up.
+        x0 = x[row, 0] if C > 0 else F(0)
         part = F(0)
         for c in range(t, C, tpb):
-            part += x[row, c]
-        mean = block_sum(scratch, t, part) / F(C)
+            part += x[row, c] - x0
+        mean = block_sum(scratch, t, part) / F(C)  # of x - x0
         part = F(0)
         for c in range(t, C, tpb):
-            d = x[row, c] - mean
+            d = (x[row, c] - x0) - mean
             part += d * d
         var = block_sum(scratch, t, part) / F(C)
         inv_std = F(1) / F(math.sqrt(var + F(eps)))
         for c in range(t, C, tpb):
-            out[row, c] = (x[row, c] - mean) * inv_std * gamma[c] + beta[c]
+            out[row, c] = ((x[row, c] - x0) - mean) * inv_std * gamma[c] + beta[c]
 
     return layer_norm_rows
 
