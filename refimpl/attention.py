@@ -450,7 +450,7 @@ def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K
         raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {L.shape}")
     if B and (L.min() < 0 or L.max() > S):
         raise ValueError(f"key_lengths must lie in 0 .. S={S} (the cache's length); got min {L.min()}, max {L.max()}")
-    return q, k, v, (padding_mask(L, S) if S else np.zeros((B, 0), dtype=bool))  # [B, S]
+    return q, k, v, padding_mask(L, S)  # [B, S]
 
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]

@@ -140,12 +140,12 @@ def same_token_losses(params, config: GPT2Config, train_ids: np.ndarray, val_ids
     """The model against the bigram baseline (add-k, this k) on the same predictions, two ways:
     the evaluation's windows (`evaluate`: eval_batches x batch_size windows of seq_len, spread over
     the held-out tokens) and every held-out prediction in non-overlapping seq_len windows."""
-    from refimpl.gpt2.train import loss
+    from refimpl.gpt2.train import evaluation_starts, loss
 
     T, B = settings.seq_len, settings.batch_size
     counts = _bigram_counts(train_ids, config.vocab_size)
-    n = B * settings.eval_batches  # the windows evaluate() reads (its own formula)
-    starts = np.linspace(0, len(val_ids) - T - 1, n).astype(np.int64)
+    n = B * settings.eval_batches  # the windows evaluate() reads
+    starts = evaluation_starts(len(val_ids), T, n)
     idx = starts[:, None] + np.arange(T)[None, :]  # [n, T]
     model_eval = evaluate(params, config, val_ids, seq_len=T, batch_size=B, n_batches=settings.eval_batches)
     bigram_eval = float(_bigram_nll(counts, val_ids[idx], val_ids[idx + 1], k).mean())

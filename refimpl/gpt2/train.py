@@ -329,13 +329,17 @@ def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
     return tokens[idx], tokens[idx + 1]
 
 
+def evaluation_starts(n_tokens: int, seq_len: int, n_windows: int) -> np.ndarray:  # -> [n_windows] int64
+    """Where evaluate's windows start: n_windows evenly spread, each seq_len tokens with its next token."""
+    return np.linspace(0, n_tokens - seq_len - 1, n_windows).astype(np.int64)
+
+
 def evaluate(params: GPT2Params, config: GPT2Config, tokens: np.ndarray, *, seq_len: int,
              batch_size: int, n_batches: int) -> float:
     """Mean loss over a fixed set of windows spread evenly over `tokens` (the same every call)."""
     if len(tokens) < seq_len + 1:
         raise ValueError(f"evaluate needs at least seq_len + 1 = {seq_len + 1} tokens; got {len(tokens)}")
-    n = batch_size * n_batches
-    starts = np.linspace(0, len(tokens) - seq_len - 1, n).astype(np.int64)
+    starts = evaluation_starts(len(tokens), seq_len, batch_size * n_batches)
     losses = []
     for i in range(n_batches):
         idx = starts[i * batch_size:(i + 1) * batch_size, None] + np.arange(seq_len)[None, :]
