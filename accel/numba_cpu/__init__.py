@@ -9,7 +9,8 @@ Kernels (module: versions and how each deliberately differs from its twin in its
   attention.masked_attention    twin refimpl.attention.masked_attention (FlashAttention online softmax)
   attention.decode_attention    twin refimpl.attention.decode_attention (split-S, merged)
 Helpers: blas.gemm, BLAS ?gemm on strided row-major blocks from inside kernels (MKL's when the
-`mkl` wheel is installed, else SciPy's OpenBLAS; ACCEL_BLAS=scipy forces the latter), and
+`mkl` wheel is installed, else SciPy's OpenBLAS where SciPy is, else NumPy's own; ACCEL_BLAS=scipy
+and ACCEL_BLAS=numpy choose), and
 blas.matmul_threaded, X W on a threaded BLAS (MKL on GNU OpenMP threads where it loads, else the
 BLAS NumPy itself uses): the GPT-2 backend's products (gpt2.OPS), including its one-token decoding
 step, which runs each GPT-2 block as one compiled call (gpt2.decode_blocks); blas.pack_matrix /

