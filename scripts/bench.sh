@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side benchmarks (issue 5): set up .venv with the oracle, numba and plot extras, then
+# Side-by-side benchmarks: set up .venv with the oracle, numba, blas and plot extras, then
 #   bash scripts/bench.sh            # quick mode (a few minutes): python -m benchmarks
 #   bash scripts/bench.sh --full     # bigger sizes, more runs
 # Results: benchmarks/results/*.json + PNG; `python -m benchmarks.report` prints the README table.
@@ -9,5 +9,5 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[oracle,numba,plot]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[oracle,numba,blas,plot]'
 exec .venv/bin/python -m benchmarks "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks, for a session lent a CUDA GPU (issue 4). Runs in under 8 minutes:
+# GPU checks, on a machine with a CUDA GPU. Runs in under 8 minutes:
 #   1. every GPU test on real CUDA (no simulator): tests/test_accel_cuda.py (Numba-CUDA kernels,
 #      CuPy RawKernels, cuBLAS linear, GPT-2 `cuda` Ops parity) and the differential suite's
 #      numba_cuda / cupy entries;

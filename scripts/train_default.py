@@ -1,4 +1,4 @@
-"""Train the default model shipped in refimpl/data/default/ (issue 6), end to end and reproducibly.
+"""Train the default model shipped in refimpl/data/default/, end to end and reproducibly.
 
     .venv/bin/python scripts/train_default.py                    # the full recipe (about an hour on 2 cores)
     .venv/bin/python scripts/train_default.py --smoke --out /tmp/smoke   # a minutes-long pipeline check

@@ -1,6 +1,6 @@
 """The shipped default model (refimpl/data/default, made by scripts/train_default.py).
 
-Proof asked by issue 6: it loads with no path, generates Shakespeare-like text from "ROMEO:",
+Proof: it loads with no path, generates Shakespeare-like text from "ROMEO:",
 and its held-out loss beats a bigram model counted on the same training tokens by a clear
 margin (both in nats per token, printed).
 """

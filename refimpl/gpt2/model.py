@@ -7,7 +7,7 @@ Read top to bottom, as the data flows:
                -> h = ln_f(x) -> logits = h wte^T                         (tied LM head)
 
 The hot operations (layer_norm, linear, the GELU that follows the first MLP matmul, and
-attention over the cache) go through an `Ops` object, so the accel backends (issue 4)
+attention over the cache) go through an `Ops` object, so the accel backends
 reuse this exact model code with their own kernels. `NUMPY_OPS` is the refimpl truth.
 
 Conventions: heads are an array axis; masks are boolean (True = may attend); queries
@@ -139,8 +139,8 @@ NUMPY_OPS = Ops(
 # load here (no Numba, no CUDA device) is a ValueError from get_ops that says why.
 BACKENDS: dict[str, str] = {
     "numpy": "refimpl.gpt2.model:NUMPY_OPS",     # the reference: refimpl's own functions
-    "numba": "accel.numba_cpu.gpt2:OPS",         # Numba CPU kernels, BLAS matmuls (issue 4)
-    "cuda": "accel.cupy.gpt2:OPS",               # CuPy / Numba-CUDA on the GPU (issue 4)
+    "numba": "accel.numba_cpu.gpt2:OPS",         # Numba CPU kernels, BLAS matmuls
+    "cuda": "accel.cupy.gpt2:OPS",               # CuPy / Numba-CUDA on the GPU
 }
 
 
