@@ -160,12 +160,27 @@ def fetch_tree(entry: DataTree, dest_dir: Path) -> Path:
         shutil.rmtree(part)
     for n, data in files.items():
         (part / n).parent.mkdir(parents=True, exist_ok=True)
-        (part / n).write_bytes(data)
+        _write_new(part / n, data)
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(part, dest)
     print(f"{entry.name}/: {len(files)} files written to {dest}")
     return dest
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write `path` through a new temporary file beside it and a rename: a reader never sees half a
+    file, and a symlink planted at `path` is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
 
 def data_dir() -> Path:
     return Path(os.environ.get("REFIMPL_DATA_DIR") or REPO / ".cache")
@@ -205,9 +220,7 @@ def fetch(entry: DataFile, dest_dir: Path) -> Path:
     got = hashlib.sha256(data).hexdigest()
     if got != entry.sha256:
         raise SystemExit(f"{entry.name}: extracted sha256 {got}, expected {entry.sha256}")
-    tmp_dest = dest.with_suffix(dest.suffix + ".part")
-    tmp_dest.write_bytes(data)
-    os.replace(tmp_dest, dest)
+    _write_new(dest, data)
     print(f"{entry.name}: written to {dest} (sha256 {got})")
     return dest
 

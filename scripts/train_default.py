@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -46,11 +47,16 @@ sys.path.insert(0, str(REPO))
 
 from refimpl.gpt2 import GPT2Config, GPT2Model, generate  # noqa: E402
 from refimpl.gpt2.bpe_train import save_bpe, train_bpe  # noqa: E402
-from refimpl.gpt2.io import save_weights  # noqa: E402
+from refimpl._files import write_text_atomic  # noqa: E402
+from refimpl.gpt2.io import check_model_folder, model_folder, write_model_files  # noqa: E402
 from refimpl.gpt2.tokenizer import ENDOFTEXT, load_tokenizer  # noqa: E402
 from refimpl.gpt2.train import TrainSettings, evaluate, plot_loss_curve, train  # noqa: E402
 
 VAL_WORKS = ("julius_caesar_gut.txt", "twelfth_night_gut.txt")
+# --out is replaced as a whole: it may hold a model's files and these, which this script writes;
+# OUT_KEPT (the pictures `python -m refimpl inspect --out DIR/figures` made) is carried over as it is.
+OUT_FILES = ("history.json", "loss.png")
+OUT_KEPT = ("figures",)
 
 # The recipe, sized from measured step times: 4L x 192 at B=12, T=256 took 1.47 s of CPU per step
 # (one BLAS thread; 2,090 tokens per CPU-second), so 2000 steps are ~50 min plus ~5 min of BPE,
@@ -208,7 +214,7 @@ def write_model_card(out: Path, *, config: GPT2Config, settings: TrainSettings, 
     for prompt, text in samples.items():
         lines += ["", "```", prompt + text, "```"]
     lines += ["", "## Reproduce", "", "```", command, "```", ""]
-    (out / "MODEL_CARD.md").write_text("\n".join(lines), encoding="utf-8")
+    write_text_atomic(out / "MODEL_CARD.md", "\n".join(lines))
 
 
 def _baselines(out: Path) -> int:  # --baselines
@@ -240,7 +246,7 @@ def main(argv=None) -> int:
         settings = TrainSettings(**{**asdict(settings), "steps": args.steps, "betas": settings.betas})
     ckpt = args.checkpoint_dir or REPO / ".cache" / ("train_default_ckpt_smoke" if args.smoke else "train_default_ckpt")
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    check_model_folder(out, also=OUT_FILES, keep=OUT_KEPT)  # a refused --out is said before hours of training
     t_start = time.perf_counter()
 
     data = _fetch_data()
@@ -253,8 +259,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     vocab = train_bpe(list(train_w.values()), model_kw["vocab_size"], special_tokens=(ENDOFTEXT,),
                       progress=lambda n, total: print(f"\rBPE merges {n}/{total}", end="", file=sys.stderr))
-    save_bpe(out, vocab)
-    tok = load_tokenizer(out)
+    with tempfile.TemporaryDirectory() as tmp:  # the tokenizer as `load` will read it from --out
+        save_bpe(tmp, vocab)
+        tok = load_tokenizer(tmp)
     print(f"\nBPE: {vocab.vocab_size} tokens in {time.perf_counter() - t0:.0f} s")
     train_ids, val_ids = encode_works(tok, train_w), encode_works(tok, val_w)
     print(f"tokens: train {len(train_ids):,}, validation {len(val_ids):,}")
@@ -262,15 +269,10 @@ def main(argv=None) -> int:
     config = GPT2Config(**{**model_kw, "vocab_size": vocab.vocab_size},
                         bos_token_id=tok.eot_token, eos_token_id=tok.eot_token)
     params, history = train(config, train_ids, val_ids, settings, checkpoint_dir=ckpt, resume=args.resume)
-    save_weights(config, params, out)
-    (out / "history.json").write_text(json.dumps(history))
-
     kw = dict(seq_len=settings.seq_len, batch_size=settings.batch_size, n_batches=settings.eval_batches)
     final_val = evaluate(params, config, val_ids, **kw)
     final_train = evaluate(params, config, train_ids, **kw)
     bigram_val, bigram_k = bigram_baseline(train_ids, val_ids, config.vocab_size)
-    plot_loss_curve(history, out / "loss.png", title=f"GPT-2 {config.n_layer}L x {config.n_embd} on Shakespeare",
-                    baselines={"bigram, validation": bigram_val})
     print(f"final: train {final_train:.3f}, validation {final_val:.3f}, bigram baseline {bigram_val:.3f} nats/token")
 
     model = GPT2Model(config, params, tok)
@@ -288,8 +290,16 @@ def main(argv=None) -> int:
                  machine=f"{platform.machine()} x {os.cpu_count()} cores, NumPy {np.__version__}")
     command = ".venv/bin/python scripts/fetch_data.py shakespeare && .venv/bin/python scripts/train_default.py" + (
         " --smoke" if args.smoke else "")
-    write_model_card(out, config=config, settings=settings, history=history, stats=stats, samples=samples,
-                     command=command)
+    # Everything --out holds is written into a new folder that then replaces it whole: a run that fails
+    # or is killed leaves the previous model there, never new weights with an old tokenizer or card.
+    with model_folder(out, also=OUT_FILES, keep=OUT_KEPT) as new:
+        save_bpe(new, vocab)
+        write_model_files(new, config, params)
+        write_text_atomic(new / "history.json", json.dumps(history))
+        plot_loss_curve(history, new / "loss.png", title=f"GPT-2 {config.n_layer}L x {config.n_embd} on Shakespeare",
+                        baselines={"bigram, validation": bigram_val})
+        write_model_card(new, config=config, settings=settings, history=history, stats=stats, samples=samples,
+                         command=command)
     print(f"wrote {sorted(p.name for p in out.iterdir())} to {out} in {(time.perf_counter() - t_start) / 60:.1f} min")
     return 0
 

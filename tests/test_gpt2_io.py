@@ -564,14 +564,21 @@ def test_save_weights_checks_and_replaces_stale_format(hf, tmp_path):
     out = save_weights(CFG, ref, tmp_path / "o", format="npz")
     save_weights(CFG, ref, out)  # safetensors now: the npz must go, or the directory has two truths
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    # A sharded model there before: its index and the shards it lists go too (other files stay).
+    # A sharded model there before: its index and the shards it lists go too. A file that is not
+    # a model's is never deleted: the folder is refused, untouched, with the file named.
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     for name in shards:
         (out / name).write_bytes(b"old")
     (out / "notes.txt").write_text("mine")
     (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ValueError, match=r"holds notes\.txt \(not a model's files\); nothing was written"):
+        save_weights(CFG, ref, out)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["o"]  # no temporary folder left beside it
+    (out / "notes.txt").unlink()
     save_weights(CFG, ref, out)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     wrong = GPT2Config(vocab_size=98, n_positions=24, n_embd=24, n_layer=2, n_head=3)
     with pytest.raises(ValueError, match="'wte.weight' must have shape"):
         save_weights(wrong, ref, tmp_path / "w")

@@ -323,5 +323,11 @@ def test_load_round_trip_with_and_without_tokenizer(tmp_path):
 
     tok = Tokenizer({bytes([b]): b for b in range(256)}, {}, {"<|endoftext|>": 256})
     save_vocab_merges(tok, tmp_path / "m")
-    model = gpt2.load(tmp_path / "m")
+    # 257 ids do not fit TINY's 97 rows: refused, naming both sizes, not attached to the model.
+    with pytest.raises(ValueError, match=r"ids up to 256 \(257 ids\) but the model's vocab_size is 97"):
+        gpt2.load(tmp_path / "m")
+    from refimpl.gpt2.train import init_params
+    cfg = gpt2.GPT2Config(vocab_size=257, n_positions=8, n_embd=8, n_layer=1, n_head=2)
+    save_weights(cfg, init_params(cfg, seed=0), tmp_path / "m2", tokenizer_dir=tmp_path / "m")
+    model = gpt2.load(tmp_path / "m2")
     assert model.tokenizer is not None and model.tokenizer.encode("hi") == [104, 105]

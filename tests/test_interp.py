@@ -479,7 +479,7 @@ def model_dir(tmp_path_factory):
     cfg = GPT2Config(vocab_size=V, n_positions=40, n_embd=16, n_layer=2, n_head=2,
                      bos_token_id=V - 1, eos_token_id=V - 1)
     model = random_model(cfg, dtype=np.float32)
-    save_weights(cfg, model.params, d)
+    save_weights(cfg, model.params, d, tokenizer_dir=d)  # the folder is replaced whole: keep its tokenizer
     return d
 
 

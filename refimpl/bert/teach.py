@@ -23,6 +23,7 @@ similarity of one word's state (the mean of its WordPiece pieces) in two sentenc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -154,6 +155,22 @@ def format_context_table(columns: dict[str, list[ContextRow]]) -> str:
 
 # ----------------------------------------------------------------------------- plots (matplotlib)
 
+def _save(fig, path) -> None:
+    """Write `fig` to `path` (format from the suffix, PNG by default) by temp file + rename, so a
+    symlink planted at `path` is replaced, never written through; then close it."""
+    from io import BytesIO
+
+    from .._files import write_bytes_atomic
+
+    path = Path(path)
+    buf = BytesIO()
+    try:
+        fig.savefig(buf, format=path.suffix[1:].lower() or "png", dpi=110)
+    finally:
+        _pyplot().close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -184,8 +201,7 @@ def plot_attention(tokens, A, path, *, layers=None) -> None:
                 ax.set_ylabel(f"layer {l + 1}", fontsize=7)
     fig.suptitle("attention A[l, h, query, key]   tokens: " + " ".join(tokens)[:150], fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_sinks(rows: list[SinkRow], path) -> None:
@@ -205,5 +221,4 @@ def plot_sinks(rows: list[SinkRow], path) -> None:
         ax.set_yticks(range(L), [str(l + 1) for l in range(L)])
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)

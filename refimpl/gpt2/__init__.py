@@ -57,7 +57,10 @@ def load(path=None, *, dtype=np.float32) -> GPT2Model:
     or .npz file, or llm.c's gpt2_124M.bin (see refimpl.gpt2.io). The tokenizer is read from
     the directory (or, for a file, the directory that holds it) when tokenizer files are
     there (tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, *.tiktoken);
-    otherwise `.tokenizer` is None and prompts must be token ids.
+    otherwise `.tokenizer` is None and prompts must be token ids. Tokenizer files that are
+    there but cannot be read (a truncated vocab.json, vocab.json without merges.txt,
+    tokenizer.json disagreeing with vocab.json + merges.txt) or whose ids do not fit the
+    model's vocab_size are an error naming the file (tokenizer.load_model_tokenizer).
     path=None loads the default model shipped with the package (DEFAULT_MODEL_DIR: a small
     GPT-2 trained on Shakespeare by scripts/train_default.py; see its MODEL_CARD.md).
     """
@@ -69,12 +72,11 @@ def load(path=None, *, dtype=np.float32) -> GPT2Model:
                              "gpt2_124M.bin), e.g. load('path/to/gpt2') or --model PATH on the command line")
         path = DEFAULT_MODEL_DIR
     from .io import load_weights
-    from .tokenizer import has_tokenizer_files
+    from .tokenizer import load_model_tokenizer
 
     p = Path(os.fspath(path))
     config, params = load_weights(p, dtype=dtype)
-    tok_dir = p if p.is_dir() else p.parent
-    tokenizer = load_tokenizer(tok_dir) if has_tokenizer_files(tok_dir) else None
+    tokenizer = load_model_tokenizer(p if p.is_dir() else p.parent, config.vocab_size)
     return GPT2Model(config, params, tokenizer)
 
 

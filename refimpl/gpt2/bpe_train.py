@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._files import write_files_together
 from .bpe import byte_to_unicode, pre_tokenize
 
 __all__ = ["BPEVocab", "train_bpe", "count_pieces", "save_bpe", "GPT2_PATTERN"]
@@ -177,15 +178,19 @@ def _spell(token: bytes) -> str:
 
 
 def save_bpe(directory, vocab: BPEVocab) -> tuple[Path, Path]:
-    """Write vocab.json (byte-level token string -> id) and merges.txt ('#version: 0.2', then 'a b' per rank)."""
+    """Write vocab.json (byte-level token string -> id) and merges.txt ('#version: 0.2', then 'a b' per rank).
+
+    The pair is written as `tokenizer.save_vocab_merges` writes it (refimpl._files.write_files_together):
+    a reader sees the old pair, vocab.json alone (refused by the loader), or the new pair; planted
+    symlinks are replaced, never written through."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     table = {_spell(t): i for t, i in vocab.encoder().items()}
     for text, i in vocab.special_tokens.items():
         table[_spell(text.encode("utf-8"))] = i
     table = dict(sorted(table.items(), key=lambda kv: kv[1]))
-    vocab_path, merges_path = d / "vocab.json", d / "merges.txt"
-    vocab_path.write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
     lines = ["#version: 0.2"] + [f"{_spell(a)} {_spell(b)}" for a, b in vocab.merges]
-    merges_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    d.mkdir(parents=True, exist_ok=True)
+    vocab_path, merges_path = write_files_together(d, {
+        "vocab.json": json.dumps(table, ensure_ascii=False).encode("utf-8"),
+        "merges.txt": ("\n".join(lines) + "\n").encode("utf-8")})
     return vocab_path, merges_path

@@ -39,6 +39,8 @@ tensor's shape, a truncated or oversized file, non-finite weights, an unknown fo
 `save_weights` writes a directory holding `config.json` + `model.safetensors` (Hugging Face
 names without prefix, the config again in the metadata) that both `load_weights` and
 Hugging Face's `GPT2LMHeadModel.from_pretrained` read, or `model.npz` with format="npz".
+It writes the folder beside its target and swaps it in whole (`model_folder`), so an export
+that fails or is killed at any moment leaves the old model or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ import json
 import math
 import os
 import re
-import shutil
 import struct
 import tempfile
 import zipfile
@@ -59,6 +60,8 @@ from typing import Callable
 import numpy as np
 
 from .._checks import json_object
+from .._files import (check_replaceable_folder, read_regular_bytes, read_regular_text, replace_folder,
+                       write_bytes_atomic, write_text_atomic)
 from ..safetensors import DTYPES, SafetensorsError, bfloat16_to_float32, safe_open, save_file
 from .config import GPT2Config
 from .params import GPT2Params
@@ -67,6 +70,10 @@ __all__ = [
     "WeightFileError",
     "load_weights",
     "save_weights",
+    "model_folder",
+    "check_model_folder",
+    "write_model_files",
+    "MODEL_FOLDER_FILES",
     "export",
     "detect_format",
     "TOKENIZER_FILES",
@@ -590,7 +597,19 @@ def _llmc_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, 
 # ---- saving ---------------------------------------------------------------------------------------
 
 
+# Names a model folder may hold. save_weights / export replace such a folder as a whole (so no
+# file of the model that was there survives beside the new one); a folder holding anything else
+# is refused, so a user's own files are never deleted. Also: shards named model-NNNNN-of-NNNNN
+# or listed in the index, and *.tiktoken files.
+MODEL_FOLDER_FILES = ("config.json", "generation_config.json", "model.safetensors",
+                      "model.safetensors.index.json", "model.npz", *TOKENIZER_FILES, "added_tokens.json",
+                      "MODEL_CARD.md", "README.md")
+_SHARD_NAME = re.compile(r"model-[0-9]{5}-of-[0-9]{5}\.safetensors")
+
+
 def _copy_tokenizer_files(src_dir: Path | None, out_dir: Path) -> list[str]:
+    """Copy the tokenizer files of `src_dir` into the new folder `out_dir` (read as regular files
+    only; written by temp file + rename, so nothing is written through a link)."""
     copied = []
     if src_dir is None:
         return copied
@@ -598,8 +617,8 @@ def _copy_tokenizer_files(src_dir: Path | None, out_dir: Path) -> list[str]:
     names = [*TOKENIZER_FILES, *sorted(p.name for p in src_dir.glob("*.tiktoken"))]  # (tiktoken ranks: any name)
     for name in names:
         src = src_dir / name
-        if src.is_file() and src.resolve() != (out_dir / name).resolve():
-            shutil.copyfile(src, out_dir / name)
+        if src.is_file():
+            write_bytes_atomic(out_dir / name, read_regular_bytes(src, "tokenizer file"), fsync=False)
             copied.append(name)
     return copied
 
@@ -608,42 +627,69 @@ def _indexed_shards(directory: Path) -> list[str]:
     """The shard file names that directory/model.safetensors.index.json lists (plain names in the
     directory only; none if there is no readable index)."""
     try:
-        weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+        text = read_regular_text(directory / "model.safetensors.index.json", "index", max_bytes=64 << 20)
+        weight_map = json.loads(text)["weight_map"]
         names = {str(v) for v in weight_map.values()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return []
     return sorted(n for n in names if n == Path(n).name and n.endswith(".safetensors") and n != "model.safetensors")
 
 
-def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = "safetensors",
-                 tokenizer_dir=None) -> Path:
-    """Write `params` to the directory `path` (created if needed); return it.
+def _not_model_files(folder: Path, also: tuple[str, ...] = ()) -> list[str]:
+    """Entries of `folder` that are not a model's files (sub-folders get a trailing '/')."""
+    allowed = {*MODEL_FOLDER_FILES, *also, *_indexed_shards(folder)}
+    bad = []
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            bad.append(entry.name + "/")
+        elif not (entry.name in allowed or entry.name.endswith(".tiktoken") or _SHARD_NAME.fullmatch(entry.name)):
+            bad.append(entry.name)
+    return bad
 
-    format="safetensors" (default): `config.json` + `model.safetensors` with Hugging Face names
-    (no `transformer.` prefix; tied head, so no lm_head) and the config JSON under the
-    metadata key "config": loadable by `load_weights` and by Hugging Face
-    `GPT2LMHeadModel.from_pretrained(path)`. format="npz": `config.json` + `model.npz` with the
-    same names and the config under "__config__". The other format's weight file, and a sharded
-    model's index with the shards it lists, if present in `path`, are removed so the directory
-    has one truth. Tokenizer files (TOKENIZER_FILES)
-    found in `tokenizer_dir` are copied. Arrays keep their dtype.
+
+def model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...] = ()):
+    """Context manager writing the model folder `path` as a whole: it yields a new empty folder
+    beside `path`; when the block ends without an exception, that folder replaces `path`
+    (`refimpl._files.replace_folder`: an atomic exchange on Linux) and the old one is deleted.
+    An exception, a full disk or a kill at any moment leaves the old model or the new one at
+    `path`, whole, and no stray file of the old model beside the new one.
+
+    An existing `path` may hold only a model's files (MODEL_FOLDER_FILES, shards, *.tiktoken,
+    and the names in `also`); anything else (a sub-folder, notes.txt, pytorch_model.bin, ...)
+    is refused with a FolderNotReplaceableError (a ValueError) naming it, before anything is
+    written. `keep`: entries of the old folder moved into the new one untouched. `path` must
+    not be a symlink (refused, naming its target: pass the folder itself): replacing the link
+    would leave the folder it names stale, and following it would write somewhere other than
+    the path given. Afterwards `path` is a new folder: a shell whose working directory was the
+    old one must cd into it again.
     """
+    return replace_folder(path, unrelated=lambda folder: _not_model_files(folder, also),
+                          what="model folder", keep=keep)
+
+
+def check_model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> None:
+    """Raise the error `model_folder(path, ...)` would, before any work (a long export or training)."""
+    check_replaceable_folder(path, unrelated=lambda folder: _not_model_files(folder, also),
+                             what="model folder", keep=keep)
+
+
+def write_model_files(folder, config: GPT2Config, params: GPT2Params, *, format: str = "safetensors",
+                      tokenizer_dir=None) -> Path:
+    """Write config.json + model.safetensors (or model.npz) and the tokenizer files of
+    `tokenizer_dir` into `folder`, a new folder from `model_folder` (see `save_weights`).
+    The tokenizer files are copied as they are; `refimpl.gpt2.load` checks them (a broken
+    tokenizer, or one whose ids do not fit config.vocab_size, is an error there)."""
     if format not in ("safetensors", "npz"):
         raise ValueError(f"format must be 'safetensors' or 'npz'; got {format!r}")
     if not isinstance(config, GPT2Config) or not isinstance(params, GPT2Params):
         raise TypeError("save_weights(config, params, path): config must be a GPT2Config and params a GPT2Params")
     tensors = params.named_tensors()
     GPT2Params.from_named_tensors(tensors, config, dtype=None)  # names / shapes agree with config (ValueError)
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"save_weights writes a directory; {out} is a file")
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(folder)
     config_json = json.dumps(config.to_dict(), indent=2, sort_keys=True)
-    shards = _indexed_shards(out)  # a sharded model already there: its files are stale after this
     if format == "safetensors":
         save_file(tensors, out / "model.safetensors",
                   metadata={"format": "pt", SAFETENSORS_CONFIG_KEY: config_json})
-        stale = ["model.npz", "model.safetensors.index.json", *shards]
     else:
         arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
         arrays[NPZ_CONFIG_KEY] = np.array(config_json)
@@ -656,12 +702,38 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        stale = ["model.safetensors", "model.safetensors.index.json", *shards]
-    for name in stale:
-        if (out / name).is_file():
-            (out / name).unlink()
-    (out / "config.json").write_text(config_json + "\n")
+    write_text_atomic(out / "config.json", config_json + "\n", fsync=False)
     _copy_tokenizer_files(tokenizer_dir, out)
+    return out
+
+
+def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = "safetensors",
+                 tokenizer_dir=None) -> Path:
+    """Write `params` to the directory `path` as a whole (see `model_folder`); return it.
+
+    format="safetensors" (default): `config.json` + `model.safetensors` with Hugging Face names
+    (no `transformer.` prefix; tied head, so no lm_head) and the config JSON under the
+    metadata key "config": loadable by `load_weights` and by Hugging Face
+    `GPT2LMHeadModel.from_pretrained(path)`. format="npz": `config.json` + `model.npz` with the
+    same names and the config under "__config__". Tokenizer files (TOKENIZER_FILES, *.tiktoken)
+    found in `tokenizer_dir` are copied (tokenizer_dir=path keeps the tokenizer already there);
+    nothing else of a model that was at `path` remains: no other weight file, shard or
+    tokenizer. Arrays keep their dtype.
+
+    The folder is written beside `path` and swapped in whole, so a failure or a kill at any
+    moment leaves the old model or the new one. A `path` holding files that are not a model's
+    (see `model_folder`) is refused, naming them; a symlink at `path` is refused too.
+    """
+    if format not in ("safetensors", "npz"):
+        raise ValueError(f"format must be 'safetensors' or 'npz'; got {format!r}")
+    if not isinstance(config, GPT2Config) or not isinstance(params, GPT2Params):
+        raise TypeError("save_weights(config, params, path): config must be a GPT2Config and params a GPT2Params")
+    GPT2Params.from_named_tensors(params.named_tensors(), config, dtype=None)  # before any folder is made
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"save_weights writes a directory; {out} is a file")
+    with model_folder(out) as new:
+        write_model_files(new, config, params, format=format, tokenizer_dir=tokenizer_dir)
     return out
 
 
@@ -750,10 +822,13 @@ def export(source, out_dir) -> Path:
     file `load_weights` reads, a pickled .bin/.pt/.pth beside a config.json, or a Hugging
     Face hub model name (needs transformers, torch and a network; without them, a
     WeightFileError saying so). Tokenizer files the source has are copied. The output is
-    `save_weights`'s default directory: config.json + model.safetensors (+ tokenizer files).
+    `save_weights`'s default directory: config.json + model.safetensors (+ tokenizer files),
+    written beside `out_dir` and swapped in whole (see `model_folder`): an existing `out_dir`
+    must hold only a model's files, and whatever model was there is replaced entirely.
     """
     src = Path(os.path.expanduser(str(source)))
     out = Path(out_dir)
+    check_model_folder(out)  # before reading the source: a refused --out should not wait for that
     with tempfile.TemporaryDirectory() as tmp:
         if src.exists():
             kind = detect_format(src)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import write_files_together
 from .bpe import bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
 
 __all__ = [
@@ -46,10 +47,13 @@ __all__ = [
     "StreamDecoder",
     "load_tokenizer",
     "has_tokenizer_files",
+    "tokenizer_files",
+    "load_model_tokenizer",
     "load_tiktoken_file",
     "load_vocab_merges",
     "load_tokenizer_json",
     "save_vocab_merges",
+    "vocab_merges_bytes",
     "ENDOFTEXT",
 ]
 
@@ -563,32 +567,83 @@ def _adds_no_tokens(post) -> bool:
 _PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
 
 
-def has_tokenizer_files(directory) -> bool:
-    """True when `directory` holds tokenizer files that `load_tokenizer` can read."""
+def tokenizer_files(directory) -> list[str]:
+    """The names of the tokenizer files in `directory` (tokenizer.json, either half of
+    vocab.json + merges.txt or encoder.json + vocab.bpe, *.tiktoken); [] if none or no folder.
+    tokenizer_config.json and special_tokens_map.json alone are settings, not a tokenizer."""
     d = Path(directory)
     if not d.is_dir():
-        return False
-    return ((d / "tokenizer.json").is_file()
-            or any((d / v).is_file() and (d / m).is_file() for v, m in _PAIRS)
-            or any(p.is_file() for p in d.glob("*.tiktoken")))
+        return []
+    names = [n for n in ("tokenizer.json", *(x for pair in _PAIRS for x in pair)) if os.path.lexists(d / n)]
+    return names + sorted(x.name for x in d.glob("*.tiktoken"))
+
+
+def has_tokenizer_files(directory) -> bool:
+    """True when `directory` holds any tokenizer file (see `tokenizer_files`): `load_tokenizer`
+    then reads them, or raises naming the file that is broken or missing its other half."""
+    return bool(tokenizer_files(directory))
+
+
+def _same_tables(a: Tokenizer, b: Tokenizer) -> bool:
+    return (a._encoder == b._encoder and a._merge_ranks == b._merge_ranks
+            and a.special_tokens == b.special_tokens)
+
+
+def load_model_tokenizer(directory, vocab_size: int) -> Tokenizer | None:
+    """The tokenizer of the model folder `directory`, or None when it holds no tokenizer file.
+
+    Tokenizer files that are there are read by `load_tokenizer`'s rule, so a broken or half
+    tokenizer is an error naming the file, never a model silently without one. Its ids must
+    fit the model: a TokenizerFileError names both sizes when its largest id is not below
+    `vocab_size` (a smaller tokenizer is fine: GPT-2 vocabularies are often padded).
+    """
+    if not tokenizer_files(directory):
+        return None
+    tok = load_tokenizer(directory)
+    if tok.vocab_size > vocab_size:
+        raise TokenizerFileError(
+            f"{directory}: the tokenizer there has ids up to {tok.vocab_size - 1} ({tok.vocab_size:,} ids) "
+            f"but the model's vocab_size is {vocab_size:,}: it belongs to another model")
+    return tok
 
 
 def load_tokenizer(path) -> Tokenizer:
     """Load a tokenizer from a directory or one file (see the module docstring for formats).
 
-    A directory is searched in this order: tokenizer.json, vocab.json + merges.txt,
-    encoder.json + vocab.bpe, one *.tiktoken file. A file is read by its name: *.tiktoken,
+    A directory's tokenizer is chosen by this rule:
+      1. a half pair (vocab.json without merges.txt, encoder.json without vocab.bpe, or the
+         other way round) is an error naming both files: an interrupted write, never skipped;
+      2. tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe, else the
+         one *.tiktoken file (several: an error);
+      3. when tokenizer.json and a vocab/merges pair are both there (as Hugging Face writes
+         them), the pair is read too and must hold the same tokenizer, or an error names both
+         (a stale file left by another model would otherwise win silently).
+    A file is read by its name: *.tiktoken,
     tokenizer.json (any *.json with a 'model'), vocab.json (merges.txt beside it),
     encoder.json (vocab.bpe beside it), merges.txt / vocab.bpe (the JSON beside it).
     Raises FileNotFoundError for missing paths and TokenizerFileError for bad contents.
     """
     p = Path(os.fspath(path))
     if p.is_dir():
-        if (p / "tokenizer.json").is_file():
-            return load_tokenizer_json(p / "tokenizer.json")
+        present = set(tokenizer_files(p))
         for v, m in _PAIRS:
-            if (p / v).is_file() and (p / m).is_file():
-                return load_vocab_merges(p / v, p / m)
+            if (v in present) != (m in present):
+                have, lack = (v, m) if v in present else (m, v)
+                raise TokenizerFileError(f"{p / have}: found without {lack} beside it (the two are one "
+                                         f"tokenizer; an interrupted write?); add {lack} or remove {have}")
+        pairs = [(v, m) for v, m in _PAIRS if v in present]
+        if "tokenizer.json" in present:
+            tok = load_tokenizer_json(p / "tokenizer.json")
+            for v, m in pairs:
+                other = load_vocab_merges(p / v, p / m)
+                if not _same_tables(tok, other):
+                    raise TokenizerFileError(
+                        f"{p}: tokenizer.json ({tok.vocab_size} ids) and {v} + {m} ({other.vocab_size} ids) "
+                        "hold different tokenizers; one of them is stale: remove it")
+            return tok
+        if pairs:
+            v, m = pairs[0]
+            return load_vocab_merges(p / v, p / m)
         found = sorted(x for x in p.glob("*.tiktoken") if x.is_file())
         if len(found) == 1:
             return load_tiktoken_file(found[0])
@@ -618,14 +673,8 @@ def load_tokenizer(path) -> Tokenizer:
 # --------------------------------------------------------------------------------------
 
 
-def save_vocab_merges(tokenizer: Tokenizer, directory) -> tuple[Path, Path]:
-    """Write `vocab.json` + `merges.txt` (Hugging Face GPT-2 layout) into `directory`.
-
-    Special tokens go into vocab.json with their ids; `load_tokenizer(directory)` gives
-    back a tokenizer that encodes and decodes identically. Returns the two paths.
-    """
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+def vocab_merges_bytes(tokenizer: Tokenizer) -> dict[str, bytes]:
+    """{"vocab.json": ..., "merges.txt": ...}: the Hugging Face GPT-2 files of `tokenizer`."""
     merges = tokenizer.merges()
     vocab = {_to_byte_level(t): i for t, i in tokenizer.ordinary_tokens().items()}
     for text, i in tokenizer.special_tokens.items():
@@ -635,8 +684,26 @@ def save_vocab_merges(tokenizer: Tokenizer, directory) -> tuple[Path, Path]:
                              f"{vocab[spelled]}; vocab.json cannot hold both")
         vocab[spelled] = i
     vocab = dict(sorted(vocab.items(), key=lambda item: item[1]))
-    vocab_path, merges_path = d / "vocab.json", d / "merges.txt"
-    vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     lines = ["#version: 0.2"] + [f"{_to_byte_level(a)} {_to_byte_level(b)}" for a, b in merges]
-    merges_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {"vocab.json": json.dumps(vocab, ensure_ascii=False).encode("utf-8"),
+            "merges.txt": ("\n".join(lines) + "\n").encode("utf-8")}
+
+
+def save_vocab_merges(tokenizer: Tokenizer, directory) -> tuple[Path, Path]:
+    """Write `vocab.json` + `merges.txt` (Hugging Face GPT-2 layout) into `directory`.
+
+    Special tokens go into vocab.json with their ids; `load_tokenizer(directory)` gives
+    back a tokenizer that encodes and decodes identically. Returns the two paths.
+
+    The pair is written with `refimpl._files.write_files_together`: both files are written
+    whole to temporary names first (a full disk or an interruption there changes nothing),
+    then merges.txt is removed, vocab.json renamed into place, and merges.txt renamed in.
+    A reader sees the old pair, vocab.json alone (which `load_tokenizer` refuses, naming
+    merges.txt), or the new pair: never a new file next to an old one. Symlinks planted at
+    either name are replaced, never written through.
+    """
+    d = Path(directory)
+    files = vocab_merges_bytes(tokenizer)
+    d.mkdir(parents=True, exist_ok=True)
+    vocab_path, merges_path = write_files_together(d, files)
     return vocab_path, merges_path

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from .._files import write_bytes_atomic
 from ..attention import softmax
 from ..ffn import gelu_tanh
 from ..grad import (attention_backward, cross_entropy, cross_entropy_with_grad, embedding_backward,
@@ -349,20 +350,24 @@ def evaluate(params: GPT2Params, config: GPT2Config, tokens: np.ndarray, *, seq_
 
 def save_checkpoint(directory, config: GPT2Config, params: GPT2Params, state: AdamWState,
                     rng: np.random.Generator, history: dict, settings: TrainSettings) -> Path:
-    """Write weights (config.json + model.safetensors, by io.save_weights) and optimizer.npz
-    (m/<name>, v/<name>, t, the batch sampler's RNG state, history and settings as JSON)."""
-    from .io import save_weights
+    """Write weights (config.json + model.safetensors, as io.save_weights) and optimizer.npz
+    (m/<name>, v/<name>, t, the batch sampler's RNG state, history and settings as JSON).
+
+    The checkpoint folder is written beside `directory` and swapped in whole (io.model_folder),
+    so a run killed while saving leaves the previous checkpoint or this one, never weights of
+    one step with the optimizer state of another. An existing `directory` may hold only a
+    checkpoint's files (a model's files and optimizer.npz); anything else is refused."""
+    from .io import model_folder, write_model_files
     d = Path(directory)
-    save_weights(config, params, d)
     arrays = {f"m/{n}": a for n, a in state.m.items()}
     arrays.update({f"v/{n}": a for n, a in state.v.items()})
     arrays["t"] = np.array(state.t)
     arrays["meta"] = np.array(json.dumps({"rng": rng.bit_generator.state, "history": history,
                                           "settings": asdict(settings)}))
-    tmp = d / "optimizer.npz.part"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, d / "optimizer.npz")
+    with model_folder(d, also=("optimizer.npz",)) as new:
+        write_model_files(new, config, params)
+        with open(new / "optimizer.npz", "xb") as f:  # a new file in a new folder
+            np.savez(f, **arrays)
     return d
 
 
@@ -484,6 +489,8 @@ def plot_loss_curve(history: dict, path, *, title: str = "GPT-2 training loss",
     ax.legend()
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())  # temp file + rename: never through a planted link
     return path

@@ -17,11 +17,24 @@ def pyplot():
 
 
 def save(fig, path) -> Path:
-    """Write `fig` to `path` (parent folders created) as PNG and close it."""
+    """Write `fig` to `path` (parent folders created; the format from its suffix, PNG by
+    default) and close it.
+
+    The picture is drawn in memory and written by temp file + rename (refimpl._files), so a
+    symlink planted at `path` is replaced, never written through, and a reader never sees
+    half a picture."""
+    from io import BytesIO
+
+    from .._files import write_bytes_atomic
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    pyplot().close(fig)
+    buf = BytesIO()
+    try:
+        fig.savefig(buf, format=path.suffix[1:].lower() or "png", dpi=110, bbox_inches="tight")
+    finally:
+        pyplot().close(fig)
+    write_bytes_atomic(path, buf.getvalue())
     return path
 
 

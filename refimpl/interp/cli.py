@@ -122,9 +122,11 @@ def _labels(model, ids) -> list[str]:
 
 
 def _write_json(out: Path, name: str, data) -> Path:
+    from .._files import write_text_atomic
+
     out.mkdir(parents=True, exist_ok=True)
-    p = out / name
-    p.write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")
+    p = out / name  # temp file + rename: a symlink planted at p is replaced, never written through
+    write_text_atomic(p, json.dumps(data, indent=1, default=float) + "\n")
     return p
 
 
