@@ -36,21 +36,15 @@ def _load_model(path):
     return gpt2.load(path)
 
 
-def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise UsageError(f"--ids must be integers separated by spaces or commas; got {text!r}") from None
-
-
 def cmd_generate(args) -> int:
     from refimpl import gpt2
+    from refimpl.gpt2.model import parse_token_ids
 
     model = _load_model(args.model)  # None: the shipped default model
     if args.ids is not None and args.prompt is not None:
         raise UsageError("give either --prompt or --ids, not both")
     if args.ids is not None:
-        prompt = _parse_ids(args.ids)
+        prompt = parse_token_ids(args.ids, model.config.vocab_size, flag="--ids")
     elif args.prompt is not None:
         if model.tokenizer is None:
             raise UsageError("this model has no tokenizer files; give the prompt as token ids with --ids")
@@ -80,25 +74,40 @@ def cmd_generate(args) -> int:
         kw.update(temperature=1.0 if args.temperature is None else args.temperature,
                   top_k=args.top_k, top_p=args.top_p)
     out = sys.stdout
-    if model.tokenizer is not None and args.ids is None:
-        chunks = gpt2.stream_text(model, prompt, **kw)  # every setting and the context limit checked here
-        if isinstance(prompt, str):
-            out.write(prompt)
+    # Every flag is checked by stream_text / stream at the call, before the prompt is printed.
+    # An error that only the model's numbers can raise (NaN logits, a repetition penalty that
+    # overflows a logit) comes mid-line: the line is ended first, so the error has its own.
+    written = False
+    try:
+        if model.tokenizer is not None and args.ids is None:
+            chunks = gpt2.stream_text(model, prompt, **kw)
+            if isinstance(prompt, str):
+                out.write(prompt)
+                out.flush()
+                written = True
+            text = ""
+            for chunk in chunks:
+                out.write(chunk)
+                out.flush()
+                written = True
+                text += chunk
+            out.write("\n")
+            written = False
+            if text and not text.strip():  # e.g. greedy decoding from <|endoftext|> repeating "\n\n"
+                print(f"note: the continuation is {len(text)} whitespace characters only; give --prompt, or sample "
+                      "(--temperature 0.8 --top-k 40 --seed 1)", file=sys.stderr)
+        else:
+            for tok in gpt2.stream(model, prompt, **kw):
+                out.write(f"{tok} ")
+                out.flush()
+                written = True
+            out.write("\n")
+            written = False
+    except (ValueError, TypeError):
+        if written:
+            out.write("\n")
             out.flush()
-        text = ""
-        for chunk in chunks:
-            out.write(chunk)
-            out.flush()
-            text += chunk
-        out.write("\n")
-        if text and not text.strip():  # e.g. greedy decoding from <|endoftext|> repeating "\n\n"
-            print(f"note: the continuation is {len(text)} whitespace characters only; give --prompt, or sample "
-                  "(--temperature 0.8 --top-k 40 --seed 1)", file=sys.stderr)
-    else:
-        for tok in gpt2.stream(model, prompt, **kw):
-            out.write(f"{tok} ")
-            out.flush()
-        out.write("\n")
+        raise
     return 0
 
 
@@ -252,6 +261,7 @@ _FLAG_NAMES = {
                  ("pass on_context_limit='stop'", "pass --on-context-limit stop"),
                  ("pass eos_token_id=... (or None) explicitly", "pass --no-eos"),
                  ("pass do_sample=True with them", "give them without --greedy"),
+                 ("temperature must", "--temperature must"), ("seed must", "--seed must"),
                  ("max_new_tokens", "--max-new-tokens"), ("num_beams", "--beams"),
                  ("repetition_penalty", "--repetition-penalty"), ("length_penalty", "--length-penalty"),
                  ("top_k", "--top-k"), ("top_p", "--top-p")),

@@ -121,6 +121,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, r
     entries 23 already does), and attention in float16 models keeps its softmax in float32 for
     that reason. The scale and the bias are rounded to the result dtype, then applied. A query
     row whose keys are all masked (or all -inf after the bias) gets zero weights and a zero output.
+    A hidden key (masked, or -inf after the bias) adds nothing to its query's output whatever v
+    holds there, inf and NaN included (never 0 * inf = NaN): see _weighted_values.
     See also: grouped_query_attention (heads sharing keys), masked_attention (structured
     masks, the accel twin), accel's fused attention kernels.
     """
@@ -150,8 +152,37 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, r
     if mask is not None:
         scores = np.where(_check_mask(mask, scores_shape, "[..., T, S]"), scores, work.type(-np.inf))
     weights = softmax(scores, axis=-1)  # [..., T, S]; all -inf rows -> 0
-    out = (weights @ v).astype(dtype, copy=False)  # [..., T, Dv]
+    out = _weighted_values(weights, scores, v).astype(dtype, copy=False)  # [..., T, Dv]
     return (out, weights.astype(dtype, copy=False)) if return_weights else out
+
+
+def _weighted_values(weights, scores, v) -> np.ndarray:  # [..., T, S], [..., T, S], [..., S, Dv] -> [..., T, Dv]
+    """out_i = sum_j w_ij v_j over the keys j with s_ij > -inf: a key that cannot be seen adds nothing, whatever v_j holds.
+
+    A hidden key (masked, or scored -inf) has w_ij = 0 exactly, and `weights @ v` would add
+    0 * v_j, which is NaN where v_j holds inf or NaN. For finite v that term is 0, so
+    `weights @ v` is the answer (the usual case, one check). Otherwise the non-finite entries
+    of v are replaced by 0 in the product and their terms over the visible keys added back as
+    IEEE arithmetic gives them: w * NaN = NaN; w * (+-inf) = +-inf for w > 0, and NaN for
+    w = 0 (a visible key whose weight underflowed); a sum with both +inf and -inf terms is NaN.
+    The fused kernels get the same by never visiting a hidden key.
+    """
+    finite = np.isfinite(v)
+    if finite.all():
+        return weights @ v
+    zero = v.dtype.type(0)
+    visible = ~(scores == -np.inf)  # [..., T, S] (a NaN score is visible: its row is NaN anyway)
+    positive = visible & (weights > 0)
+
+    def any_term(rows, cols):  # [..., T, S] bool, [..., S, Dv] bool -> [..., T, Dv]: some j with rows[i, j] and cols[j, d]
+        return (rows.astype(v.dtype) @ cols.astype(v.dtype)) > 0
+
+    out = weights @ np.where(finite, v, zero)
+    with np.errstate(invalid="ignore"):
+        out = np.where(any_term(positive, v == np.inf), out + v.dtype.type(np.inf), out)
+        out = np.where(any_term(positive, v == -np.inf), out - v.dtype.type(np.inf), out)  # inf - inf = NaN
+    nan = any_term(visible, np.isnan(v)) | any_term(visible & ~positive, np.isinf(v))
+    return np.where(nan, v.dtype.type(np.nan), out)
 
 
 # ------------------------------------------------------------- grouped-query attention

@@ -422,6 +422,37 @@ def test_layer_norm_of_a_constant_row_is_exact(dtype):
 # ------------------------------------------------------------- fused attention v2 ("tiled")
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_masked_attention_inf_and_nan_values_at_hidden_keys_match_the_twin(kernel):
+    """inf / NaN in v at keys a query cannot see (causal future, padding, a visible key scored -inf) add nothing in
+    the twin (it leaves their terms out) and in both kernels (they skip them): the outputs agree, non-finite
+    entries exactly. A visible key whose weight underflows to 0 gives 0 * inf = NaN in both."""
+    rng = np.random.default_rng(21)
+    q, k, v = _qkv(rng, 2, 2, 1, 5, 6, 3, 3, np.float64)  # T < S: query i sees keys j <= 1 + i
+    v[0, 0, 5] = np.inf  # seen by the last query of sequence 0 only
+    v[0, 0, 4, 1] = np.nan  # seen by the last two queries
+    v[1, 0, 2] = -np.inf  # a padded key of sequence 1
+    km = np.ones((2, 6), bool)
+    km[1, 2] = False
+    k[0, 0, 3, 0] = -np.inf
+    q[0, :, :, 0] = np.abs(q[0, :, :, 0]) + 0.5  # q . k = -inf: key 3 of sequence 0 is scored -inf by every query
+    v[0, 0, 3] = np.nan
+    with nc.launch_config(**KERNELS[kernel]):
+        out = nc.masked_attention(q, k, v, causal=True, key_mask=km)
+    ref = ref_attention.masked_attention(q, k, v, causal=True, key_mask=km)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
+    np.testing.assert_array_equal(np.isneginf(out), np.isneginf(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-12, atol=1e-13)
+    assert np.isfinite(ref[1]).all() and np.isfinite(ref[0, :, :3]).all() and np.isnan(ref[0, :, 3:, 1]).all()
+    qu, ku, vu = np.array([[[[1.0]]]]), np.array([[[[-1000.0], [1.0]]]]), np.array([[[[np.inf], [2.0]]]])
+    with nc.launch_config(**KERNELS[kernel]):
+        assert np.isnan(nc.masked_attention(qu, ku, vu)).all()
+    assert np.isnan(ref_attention.masked_attention(qu, ku, vu)).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def test_tiled_attention_nonfinite_rows_match_the_row_kernel():
     """Zero rows for queries that see no key, a NaN row for a NaN query or a +inf score, and an inf
     value behind the causal mask does not leak: the tiled kernel gives v1's non-finite pattern exactly."""

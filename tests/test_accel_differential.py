@@ -357,6 +357,26 @@ def test_a_nan_score_makes_its_row_nan_whatever_follows(after_nan):
         assert check_close(attend(*args), twin(q, k, v), rtol=0, atol=0).passed
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_attention_attending_to_nothing_is_zero_whatever_v_holds():
+    """Queries that see no key (causal, T > S) get zero rows from the CPU kernel and the twin although v holds inf
+    and NaN at keys other queries of the same tile see. Where a query does see keys, the twin leaves out the terms of
+    keys hidden from it, while the kernel's tile product takes 0 * inf = NaN (its module header says so): the two
+    are compared on finite v only, and here only on the rows that see nothing, plus the non-finite pattern of the
+    twin's rows that see a poisoned key."""
+    attend, twin = _numba("masked_attention")
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 2, 3, 4))
+    v[:, :, 2] = np.inf  # key 2: seen by the last query only
+    v[:, :, 0, 0] = np.nan  # key 0: seen by queries 2, 3, 4
+    for dtype in (np.float32, np.float64):
+        args = [a.astype(dtype) for a in (q, k, v)]
+        ours, ref = attend(*args, causal=True), twin(q, k, v, causal=True)
+        assert (ours[:, :, :2] == 0).all() and (ref[:, :, :2] == 0).all()
+        assert np.isnan(ref[:, :, 2:, 0]).all() and np.isfinite(ref[:, :, 2:4, 1:]).all()
+        assert np.isposinf(ref[:, :, 4, 1:]).all()
+
+
 def test_skipping_masked_tiles_is_exact():
     """Changing keys/values that a causal mask hides (the future) leaves earlier outputs bit-identical.
 

@@ -189,6 +189,55 @@ def test_fully_masked_rows_give_zeros(dtype, data):
             close(out[..., i, :], scaled_dot_product_attention(q[..., i:i + 1, :], k[..., keys, :], v[..., keys, :])[..., 0, :], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(data=st.data(), poison=st.sampled_from([np.inf, -np.inf, np.nan]))
+def test_a_fully_masked_row_is_zero_when_a_value_row_holds_inf(dtype, data, poison):
+    """v holding inf (or NaN) at keys a query cannot see: that query's output is exactly what it is with any finite
+    values there (a zero row when it sees no key), never 0 * inf = NaN. Proof: a hidden key's weight is exactly 0 and
+    its term is left out of the sum (_weighted_values), so the output does not depend on v at hidden keys."""
+    q, k, v = data.draw(qkv_BHTD(dtype))
+    T, S = q.shape[-2], k.shape[-2]
+    mask = np.array(data.draw(st.lists(st.lists(st.booleans(), min_size=S, max_size=S), min_size=T, max_size=T)),
+                    bool).reshape(T, S)
+    mask[0] = False
+    hidden = np.flatnonzero(~mask.any(axis=0))  # keys no query sees
+    if hidden.size == 0:
+        mask[:, 0], hidden = False, np.array([0])
+    poisoned = v.copy()
+    poisoned[..., hidden, :] = poison
+    poisoned[..., hidden[0], 0] = -poison if poison == np.inf else poison  # both signs in one row
+    for m, b in ((mask, None), (None, np.where(mask, 0.0, -np.inf).astype(dtype))):
+        out = scaled_dot_product_attention(q, k, poisoned, m, b)
+        np.testing.assert_array_equal(out[..., 0, :], 0)
+        np.testing.assert_array_equal(out, scaled_dot_product_attention(q, k, v, m, b))
+
+
+def test_hidden_keys_holding_inf_add_nothing_and_visible_ones_follow_ieee():
+    """masked_attention (causal, padding), grouped_query_attention and decode_attention: a hidden key's inf or NaN
+    value adds nothing; a visible one's term is w * v as IEEE gives it: +inf, NaN for NaN, NaN for +inf with -inf."""
+    rng = np.random.default_rng(0)
+    B, H, K, T, S, D = 1, 4, 2, 3, 4, 8
+    q, k = rng.standard_normal((B, H, T, D)), rng.standard_normal((B, K, S, D))
+    v = rng.standard_normal((B, K, S, D))
+    bad = v.copy()
+    bad[:, :, 3] = np.inf  # the last key: seen by the last query only (causal, p_i = 1 + i)
+    bad[:, :, 3, 1] = np.nan
+    bad[:, :, 0] = -np.inf  # the first key: padding (key_mask False)
+    key_mask = np.array([[False, True, True, True]])
+    out = masked_attention(q, k, bad, causal=True, key_mask=key_mask)
+    ref = masked_attention(q, k, np.where(np.isfinite(bad), bad, 0.0), causal=True, key_mask=key_mask)
+    np.testing.assert_array_equal(out[:, :, :2], ref[:, :, :2])  # queries 0, 1 see neither poisoned key
+    assert np.isposinf(np.delete(out[:, :, 2], 1, axis=-1)).all() and np.isnan(out[:, :, 2, 1]).all()
+    nothing = masked_attention(q, k, bad, causal=True, key_mask=np.zeros((1, S), bool))
+    np.testing.assert_array_equal(nothing, 0)
+    both = v.copy()
+    both[:, :, 1, 0], both[:, :, 2, 0] = np.inf, -np.inf
+    assert np.isnan(grouped_query_attention(q, k, both)[..., 0]).all()
+    assert np.isfinite(grouped_query_attention(q, k, both)[..., 1:]).all()
+    dec = decode_attention(q[:, :, 0], k, bad, key_lengths=np.array([3]))  # entry 3 (inf, NaN) lies past the length
+    assert np.isneginf(dec).all()  # key 0 (-inf values) is within the length and visible; no NaN from entry 3
+
+
 @needs_torch
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())

@@ -6,6 +6,7 @@ Bad input must give one line on stderr and exit status 2, never a traceback.
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpt2_oracle import hf_gpt2
@@ -62,6 +63,37 @@ def test_context_error_comes_before_the_prompt_is_echoed(capsys):
     assert captured.out == "" and "exceeds the model's context" in captured.err
 
 
+def test_repetition_penalty_1e_45_and_1_2e_38_are_refused_before_the_prompt_is_echoed(capsys):
+    """1e-45 is a float32 subnormal; 1.2e-38 is normal but would send a logit of the shipped model past float32's max
+    (it used to stop mid-line after the prompt, the error on the same line)."""
+    for penalty, message in (("1e-45", "--repetition-penalty=1e-45 is 1.4e-45 in the logits' dtype float32"),
+                             ("1.2e-38", "--repetition-penalty=1.2e-38 could send a logit of this model to +-inf")):
+        assert main(["generate", "--prompt", "ROMEO:", "--repetition-penalty", penalty, "--max-new-tokens", "5"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith("error: " + message), captured
+
+
+def test_temperature_1e_300_samples_the_greedy_continuation(capsys):
+    """float32(1e-300) is 0: the prompt was printed, then the error on the same line. The limit distribution as
+    tau -> 0 is all mass on the argmax, so with distinct maxima the sample is the greedy continuation."""
+    assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "8"]) == 0
+    greedy = capsys.readouterr().out
+    assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "1e-300", "--seed", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == greedy and captured.err == ""
+
+
+def test_an_error_after_output_starts_ends_the_line_first(capsys, monkeypatch):
+    """An error only the model's numbers can raise (here NaN logits) comes after the prompt: on a line of its own."""
+    import sys
+
+    G = sys.modules["refimpl.gpt2.generate"]  # (refimpl.gpt2.generate is also the name of the function)
+    monkeypatch.setattr(G, "lm_head", lambda h, params: np.full((h.shape[0], params.wte.shape[0]), np.nan, np.float32))
+    assert main(["generate", "--prompt", "ROMEO:", "--temperature", "0.8", "--seed", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "ROMEO:\n" and captured.err.startswith("error: logits row 0 gives no probability")
+
+
 def test_a_whitespace_only_continuation_gets_a_note(capsys):
     """Greedy decoding of the shipped model from <|endoftext|> repeats "\\n\\n": the output is blank lines, and a
     note on stderr says how to get text."""
@@ -107,6 +139,15 @@ def test_tokenize_prints_ids_and_pieces(capsys):
     (["generate", "--model", "{hf}", "--prompt", "x"], "no tokenizer files"),
     (["generate", "--model", "{hf}", "--ids", "1 x"], "--ids must be integers"),
     (["generate", "--model", "{hf}", "--ids", "1 500"], "token id 500"),
+    (["generate", "--model", "{hf}", "--ids", "99999999999999999999"],
+     "--ids has token id 99999999999999999999 at position 0, outside the vocabulary [0, 97)"),
+    (["inspect", "lens", "--model", "{hf}", "--out", "{tmp}", "--ids", "1 99999999999999999999"],
+     "--ids has token id 99999999999999999999 at position 1, outside the vocabulary [0, 97)"),
+    (["inspect", "patch", "--model", "{hf}", "--out", "{tmp}", "--source-ids", "1 2", "--target-ids",
+      "1 99999999999999999999", "--answer-a", "1", "--answer-b", "2"], "--target-ids has token id 99999999999999999999"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--repetition-penalty", "1e-45"],
+     "--repetition-penalty=1e-45 is 1.4e-45 in the logits' dtype float32: it must lie in [1.18e-38, 3.4e+38]"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "inf"], "--temperature must be a finite number > 0"),
     (["generate", "--model", "{hf}", "--ids", "1", "--greedy", "--top-k", "3"], "--greedy cannot be combined"),
     (["generate", "--model", "{hf}", "--ids", "1", "--max-new-tokens", "100"], "n_positions=32"),
     (["generate", "--model", "{hf}", "--ids", "1", "--backend", "tpu"], "unknown backend 'tpu'"),

@@ -6,6 +6,7 @@ Models are tiny random GPT-2s (no download). Each property is proved on paper in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -513,6 +514,27 @@ def test_cli_subcommands_write_png_and_json(sub, extra, files, model_dir, tmp_pa
     if sub == "streaming":
         rows = json.loads((out / "streaming.json").read_text())["rows"]
         assert len(rows) == 3 and all(r["tokens"] == 60 for r in rows)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--positions", "--positions must lie in 2 .. 1024"),
+    ("--heads", "--heads must lie in 1 .. 64"),
+    ("--dim", "--dim must be even and lie in 4 .. 1024"),
+])
+def test_encodings_positions_heads_dim_100000000_are_refused_within_1_gib(flag, message, tmp_path):
+    """`inspect encodings --positions 100000000` allocated 47.7 GiB (--heads 191 GiB, --dim 95 GiB) and died with a
+    traceback: each flag is bounded by what its picture can show. Run with a 1 GiB address-space limit, in a child."""
+    import subprocess
+    import sys
+
+    limit = 1 << 30
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d)); "
+            "from refimpl.__main__ import main; sys.exit(main(sys.argv[1:]))" % (limit, limit))
+    run = subprocess.run([sys.executable, "-c", code, "inspect", "encodings", "--out", str(tmp_path), flag, "100000000"],
+                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("error: " + message) and "got 100000000" in run.stderr and "Traceback" not in run.stderr
+    assert not any(tmp_path.iterdir())  # refused before anything was drawn or written
 
 
 def test_cli_errors_return_2(model_dir, tmp_path, capsys):

@@ -115,10 +115,18 @@ multiplies each score, as in the twin (or q, when that is exact: above; float32 
 scale * log2 e into q: one rounding per entry, v5). decode_attention's
 sums over D and over a chunk's keys are BLAS's, like the fused kernel's.
 Non-finite inputs: a NaN score a query may see makes its row NaN, a +inf score too (inf - inf),
-as in the twin; masked scores are never looked at. One difference remains, by design: a NaN or
-inf in v at a *masked* key reaches the twin's output through its matmul (weight 0 * NaN) but
-not this kernel's when the whole key tile is skipped; the differential suite puts NaN / inf in q and
-k only (and, for decode attention, in the cache entries past the key lengths, which every side ignores).
+as in the twin; masked scores are never looked at. A query that sees no key gets a zero row
+whatever v holds (its running sum l is 0, and the row is written as zeros). One difference
+remains, by design: the twin leaves the terms of hidden keys (masked, or scored -inf) out of
+its sum, so an inf or NaN in v there never reaches its output; here P_tile V_tile is one BLAS
+product over every key of a visited tile, so a hidden key's weight 0 times an inf or NaN in
+v_j gives NaN in that query's row whenever the key lies in a tile (decode attention: a
+chunk) that the kernel visits; only wholly skipped key tiles, and cache entries past the key
+lengths, keep such values out. Keeping them out everywhere would need a pass over v for
+non-finite entries on every call (about the cost of decode attention's own pass over V) and a
+separate sum for those entries, so it is not done: the kernel equals its twin for finite v
+(and finite or not q and k), which is what the differential suite draws (NaN / inf in q and k,
+and in the cache entries past the key lengths, which every side ignores).
 """
 
 from __future__ import annotations

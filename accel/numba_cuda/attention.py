@@ -52,10 +52,12 @@ Deliberate differences from the twins:
     outputs differ by a few ulps times the softmax's condition (see the registry tolerances).
   - Accumulation is in the input dtype (float32 stays float32); float16 runs in float32.
   - Masked keys, and visible keys whose score is -inf, are skipped rather than given weight
-    exp(-inf) = 0, so their value rows holding inf or NaN do not leak in (the twin's 0 * inf =
-    NaN would): for finite values the two are the same sum. The fused kernels and
-    decode_attention apply this alike, whatever the tile, chunk and thread sizes (decode
-    attention's chunks used to skip such a key only when its whole chunk scored -inf).
+    exp(-inf) = 0, so their value rows holding inf or NaN do not leak in. The twins leave the
+    same terms out of their sum (refimpl.attention._weighted_values), so the two agree on such
+    values too, non-finite entries exactly; a visible key whose weight underflowed to 0 is
+    not skipped by either (0 * inf = NaN in both). The fused kernels and decode_attention
+    apply this alike, whatever the tile, chunk and thread sizes (decode attention's chunks
+    used to skip such a key only when its whole chunk scored -inf).
   - GQA: query head h reads key/value head h // (H/K) straight from k and v, as the twin's
     broadcast view does; nothing is copied G times.
 """

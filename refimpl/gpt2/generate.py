@@ -39,6 +39,7 @@ Policies, stated once:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -80,6 +81,19 @@ def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [...
     paper divides positive logits; multiplying negative ones is Hugging Face's extension,
     RepetitionPenaltyLogitsProcessor, copied here). A token counts once however often it
     appears. theta = 1 is the identity. z_i = 0 stays 0.
+    The usable penalties, and why: theta is rounded to the logits' dtype, then applied in it.
+    It must be a normal number of that dtype, tiny <= theta <= max (float32: 1.2e-38 ..
+    3.4e38), else it is 0, inf or a subnormal that kept only a few bits of the value asked for
+    (0 would give 0 / 0 = NaN and z / 0 = inf), and a ValueError names it. Within that range,
+    z / theta (theta < 1) or z * theta (theta > 1) can still overflow for a large finite
+    logit. Clipping it to the dtype's max would be wrong: two seen tokens that both overflow
+    would tie, and greedy decoding (or top-k) would pick between them by index instead of by
+    logit. So a penalty that sends a finite logit to +-inf is refused (ValueError naming the
+    logit and the range of theta these logits allow: theta >= max_{z>0} z / max and
+    theta <= max / max_{z<0} |z|); every finite logit then stays finite. Non-finite logits stay
+    as they are (+-inf keeps its sign, NaN stays NaN). generate / stream / generate_batch check
+    repetition_penalty once more at the call, against a bound on every logit the model can
+    produce (|z| <= Z from the final layer norm and the tied embedding), so no run stops halfway.
     """
     x = _check_logits(logits)
     ids = np.asarray(ids)
@@ -92,30 +106,83 @@ def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [...
         raise ValueError(f"ids must lie in [0, V={V}); got values in [{ids.min()}, {ids.max()}]")
     seen = np.zeros(x.shape, dtype=bool)  # [..., V]
     np.put_along_axis(seen, ids.astype(np.intp), True, axis=-1)
-    return _penalize_seen(x, seen, penalty)
+    return _penalize_seen(x, seen, penalty, "penalty")
 
 
-def _penalize_seen(x: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:  # [..., V], [..., V] bool -> [..., V]
-    if not isinstance(penalty, (int, float, np.floating, np.integer)) or isinstance(penalty, bool) or not penalty > 0:
-        raise ValueError(f"repetition penalty must be a number > 0; got {penalty!r}")
-    theta = x.dtype.type(penalty)
-    return np.where(seen, np.where(x < 0, x * theta, x / theta), x)
+def _check_penalty(penalty, dtype, name: str) -> np.floating:
+    """theta as a number of `dtype`, after checking it is a normal number there (apply_repetition_penalty's Notes)."""
+    if isinstance(penalty, (bool, np.bool_)) or not isinstance(penalty, (int, float, np.floating, np.integer)) \
+            or not penalty > 0 or not np.isfinite(penalty):
+        raise ValueError(f"{name} must be a finite number > 0; got {penalty!r}")
+    dtype = np.dtype(dtype)
+    info = np.finfo(dtype)
+    with np.errstate(over="ignore", under="ignore"):
+        theta = dtype.type(penalty)
+    if not info.tiny <= theta <= info.max:
+        raise ValueError(f"{name}={penalty!r} is {float(theta):.3g} in the logits' dtype {dtype}: it must lie in "
+                         f"[{float(info.tiny):.3g}, {float(info.max):.3g}] (a normal {dtype} number)")
+    return theta
+
+
+def _penalize_seen(x: np.ndarray, seen: np.ndarray, penalty: float,
+                   name: str = "repetition_penalty") -> np.ndarray:  # [..., V], [..., V] bool -> [..., V]
+    theta = _check_penalty(penalty, x.dtype, name)
+    with np.errstate(over="ignore"):
+        out = np.where(seen, np.where(x < 0, x * theta, x / theta), x)
+    blown = seen & np.isfinite(x) & ~np.isfinite(out)
+    if blown.any():
+        where = tuple(int(i) for i in np.argwhere(blown)[0])
+        z = x[seen & np.isfinite(x)]
+        fmax = float(np.finfo(x.dtype).max)
+        lo = max(float(z.max(initial=0.0)) / fmax, float(np.finfo(x.dtype).tiny))
+        hi = fmax / max(-float(z.min(initial=0.0)), 1.0)
+        raise ValueError(f"{name}={penalty!r} sends the finite logit {float(x[where]):.6g} of token {where[-1]} "
+                         f"to {out[where]} in {x.dtype}: for these logits it must lie in about "
+                         f"[{lo:.3g}, {hi:.3g}]")
+    return out
 
 
 def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> [..., V]
     """z / tau: tau < 1 sharpens softmax(z), tau > 1 flattens it  (Ackley, Hinton & Sejnowski 1985; Hugging Face's TemperatureLogitsWarper).
 
     Shapes: logits [..., V] -> same shape and dtype.
+    Notes: any finite tau > 0 gives the distribution softmax(z / tau), rounded to the dtype.
+    - A row where z / tau is finite wherever z is (the usual case) is z / tau computed in the
+      logits' dtype with tau rounded to it: the same bits as TemperatureLogitsWarper.
+    - A row where it is not (tau so small that z / tau overflows, or tau 0, inf or subnormal
+      in the dtype) is (z - m) / tau with m = max_j z_j, computed in float64 (at least) and
+      rounded to the dtype. Proof that this is the right distribution: softmax is invariant to
+      adding a constant to a row, so softmax((z - m) / tau) = softmax(z / tau) exactly; every
+      entry is <= 0 and the argmax entries are exactly 0, so nothing overflows to +inf and the
+      row keeps a finite maximum; an entry that becomes -inf (below -1.8e308 in float64, or
+      below the dtype's -max when rounded) has true weight exp(-3.4e38) or less relative to
+      the maximum, which is 0 in every float format, so -inf (weight exactly 0) is its
+      correctly rounded weight. The other entries carry relative errors of a few units of the
+      dtype's rounding, as z / tau does in the first case. As tau -> 0 this is the uniform
+      distribution over the row's maximal logits (greedy decoding, ties shared); as
+      tau -> inf the uniform one over its finite logits.
+    - Rows with +inf or NaN logits, and rows of -inf only, have no distribution (the sampler
+      refuses them); they are divided by tau without a shift.
     """
     x = _check_logits(logits)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
             or not temperature > 0 or not np.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
-    tau = x.dtype.type(temperature)
-    if not 0 < tau < np.inf:
-        raise ValueError(f"temperature={temperature!r} is {tau} in the logits' dtype {x.dtype}: use a larger one "
-                         "(or do_sample=False for greedy)")
-    return x / tau
+    info = np.finfo(x.dtype)
+    with np.errstate(over="ignore", under="ignore"):
+        tau = x.dtype.type(temperature)
+        direct = x / tau if info.tiny <= tau <= info.max else None
+    if direct is not None:
+        ok = np.all(np.isfinite(direct) | ~np.isfinite(x), axis=-1, keepdims=True)  # [..., 1]
+        if ok.all():
+            return direct
+    wide = np.promote_types(x.dtype, np.float64)
+    xw = x.astype(wide)
+    m = np.max(xw, axis=-1, keepdims=True)  # [..., 1]
+    m = np.where(np.isfinite(m), m, wide.type(0))  # +inf / NaN / all -inf rows: no shift
+    with np.errstate(over="ignore", under="ignore"):
+        shifted = ((xw - m) / wide.type(temperature)).astype(x.dtype)
+    return shifted if direct is None else np.where(ok, direct, shifted)
 
 
 def top_k_filter(logits, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
@@ -138,18 +205,28 @@ def top_p_filter(logits, p: float, *, min_tokens_to_keep: int = 1) -> np.ndarray
     """Keep the smallest set of most likely tokens whose probability mass reaches p; the rest -> -inf  (nucleus sampling; Holtzman et al. 2020, sec. 3.1).
 
     Shapes: logits [..., V] -> same shape and dtype.
-    Notes: the rule, in Hugging Face's form (TopPLogitsWarper): sort ascending, take the
-    cumulative softmax c; drop the tokens with c <= 1 - p (their whole mass is at most
-    1 - p), and always keep the min_tokens_to_keep most likely. Probabilities are computed
-    in the logits' dtype. p = 1 keeps every token of nonzero probability.
+    Notes: the rule, in Hugging Face's form (TopPLogitsWarper), step by step as it computes it:
+    sort ascending; softmax in the logits' dtype; the cumulative sum c of those probabilities,
+    accumulated in float64 and rounded to the dtype (torch's CPU cumsum accumulates float32
+    in double, at::acc_type); drop the tokens with c <= 1 - p, where 1 - p is formed in
+    float64 and rounded to the dtype for the comparison (their whole mass is at most 1 - p);
+    always keep the min_tokens_to_keep most likely. A float32 running sum instead drifts from
+    HF's c (median 10 ulps in the upper half of the ranks of GPT-2-sized rows, 50257 terms)
+    and kept one token more or fewer than Hugging Face in 4 of 300 such rows at a random p.
+    What remains is the softmax itself: NumPy's exp and pairwise row sum round differently from
+    torch's vectorised ones, which moves c by 1 ulp (median; 11 ulps, 7e-7 relative, at most
+    in 200 rows), so the kept sets can differ only when 1 - p lies that close to some c_i:
+    never at random p in the tests, in 39 of 100 rows with 1 - p put exactly on (or next to)
+    one of HF's c_i (tests/test_gpt2_generate.py). p = 1 keeps every token of nonzero probability.
     """
     x = _check_logits(logits)
     if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) or not 0.0 <= p <= 1.0:
         raise ValueError(f"top_p must be a number in [0, 1]; got {p!r}")
     keep = _check_min_keep(min_tokens_to_keep)
     order = np.argsort(x, axis=-1, kind="stable")  # ascending
-    cum = np.cumsum(softmax(np.take_along_axis(x, order, axis=-1), axis=-1), axis=-1)  # [..., V]
-    drop_sorted = cum <= x.dtype.type(1.0 - p)
+    probs = softmax(np.take_along_axis(x, order, axis=-1), axis=-1)  # [..., V] in the logits' dtype
+    cum = np.cumsum(probs, axis=-1, dtype=np.float64).astype(x.dtype)  # [..., V]
+    drop_sorted = cum <= x.dtype.type(1.0 - float(p))
     drop_sorted[..., -keep:] = False  # the most likely tokens stay
     drop = np.empty_like(drop_sorted)
     np.put_along_axis(drop, order, drop_sorted, axis=-1)
@@ -175,14 +252,14 @@ def sample_from_logits(logits, rng: np.random.Generator) -> np.ndarray:  # [B, V
     x = _check_logits(logits)
     if x.ndim != 2:
         raise ValueError(f"logits must have shape [B, V]; got shape {x.shape}")
-    cdf = np.cumsum(softmax(x, axis=-1), axis=-1, dtype=np.float64)  # [B, V]
+    with np.errstate(invalid="ignore"):  # a +inf logit: inf - inf = NaN, refused just below
+        cdf = np.cumsum(softmax(x, axis=-1), axis=-1, dtype=np.float64)  # [B, V]
     total = cdf[:, -1]  # [B]: 1 up to rounding, unless a row has no distribution
     bad = ~(total > 0.5)
     if bad.any():
         b = int(np.flatnonzero(bad)[0])
         raise ValueError(f"logits row {b} gives no probability distribution to sample from "
-                         f"({'NaN or +inf logits' if np.isnan(total[b]) else 'every logit is -inf'}); "
-                         "a temperature too small for the logits' dtype overflows them to inf")
+                         f"({'NaN or +inf logits' if np.isnan(total[b]) else 'every logit is -inf'})")
     u = rng.random(x.shape[0])[:, None] * cdf[:, -1:]  # [B, 1]
     return np.minimum(np.sum(cdf <= u, axis=-1), x.shape[-1] - 1).astype(np.int64)
 
@@ -280,6 +357,46 @@ def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, r
     return _Settings(int(max_new_tokens), do_sample, float(temperature), top_k, top_p,
                      float(repetition_penalty), int(num_beams), float(length_penalty), early_stopping,
                      tuple(int(e) for e in eos_ids), stop, on_context_limit)
+
+
+def _score_bound(params) -> float:
+    """A bound on |z| for every logit z = ln_f(x) . w_i this model can produce, and on |log softmax(z)|.
+
+    Proof: layer norm's x^ = (x - mu) / sqrt(sigma^2 + eps) has |x^|_2^2 = C sigma^2 / (sigma^2 + eps) <= C, so
+    by Cauchy-Schwarz |z_i| = |(w_i * g) . x^ + w_i . b| <= sqrt(C) |w_i * g|_2 + sum_c |w_ic b_c| =: Z_i. The
+    computed product differs by at most ~C eps of that (the factor 1 + 4 C eps below). A log-probability is
+    z_i - max z - log sum exp(z - max z), so |log p_i| <= 2 Z + log V. Returns 2 Z + log V, Z = max_i Z_i
+    (inf or NaN for weights that hold them; then no bound is known).
+    """
+    w = params.wte
+    work = np.promote_types(w.dtype, np.float32)
+    g2, b_abs = np.square(params.ln_f.g.astype(work)), np.abs(params.ln_f.b.astype(work))  # [C]
+    V, C = w.shape
+    Z = 0.0
+    for start in range(0, V, 8192):  # rows in chunks: no V x C temporary
+        rows = w[start:start + 8192].astype(work, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            Zi = np.sqrt(C * (np.square(rows) @ g2)) + np.abs(rows) @ b_abs  # [rows]: sums of C nonnegative terms
+        Z = max(Z, float(np.max(Zi)))
+    # rounding: the two sums of C nonnegative terms in `work` (<= C eps relative each), and the logits' own product
+    return 2 * Z * (1 + 4 * C * float(np.finfo(work).eps)) + math.log(V)
+
+
+def _check_penalty_for_model(penalty, params) -> None:
+    """repetition_penalty normal in the logits' dtype and unable to send any logit of this model to +-inf.
+
+    Checked before any token, so a caller (the command line) can refuse it before it prints: with |z| <= Z
+    (_score_bound) for every logit and log-probability, z / theta and z * theta stay finite for
+    Z / max <= theta <= max / Z, max the dtype's largest number.
+    """
+    dtype = params.wte.dtype
+    theta = float(_check_penalty(penalty, dtype, "repetition_penalty"))
+    Z = _score_bound(params)
+    fmax = float(np.finfo(dtype).max)
+    if math.isfinite(Z) and Z > 0 and not Z / fmax <= theta <= fmax / Z:
+        raise ValueError(f"repetition_penalty={penalty!r} could send a logit of this model to +-inf in {dtype}: its "
+                         f"logits and log-probabilities are bounded by |z| <= {Z:.4g} (final layer norm and tied "
+                         f"embedding), so it must lie in [{Z / fmax:.3g}, {fmax / Z:.3g}]")
 
 
 def _prompt_ids(model: GPT2Model, prompt) -> np.ndarray:  # str | ids [P] -> [P] int64
@@ -562,6 +679,8 @@ def _rng(seed) -> np.random.Generator:
 
 def _model_settings(model, kw) -> _Settings:
     s = _settings(model.config, **kw)
+    if s.repetition_penalty != 1.0:  # usable with this model's logits (apply_repetition_penalty's Notes)
+        _check_penalty_for_model(s.repetition_penalty, model.params)
     if s.stop and model.tokenizer is None:
         raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
     not_tokens = _unassigned_ids(model.tokenizer, model.config.vocab_size)

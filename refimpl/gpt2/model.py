@@ -213,18 +213,43 @@ def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray
     except ValueError:  # rows of different lengths
         raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
                          "left-pad shorter prompts, or use generate_batch); got rows of different lengths") from None
+    if a.dtype == object and a.size and all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+                                            for t in a.flat):
+        _check_id_range(a, config, name)  # Python integers too large for int64 (NumPy keeps them as objects)
+        a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
         if a.size == 0 and a.dtype.kind == "f":
             a = a.astype(np.int64)
         else:
             raise TypeError(f"{name} must be integer token ids; got dtype {a.dtype}")
+    _check_id_range(a, config, name)
+    return a.astype(np.int64, copy=False)
+
+
+def _check_id_range(a: np.ndarray, config: GPT2Config, name: str) -> None:
     if a.size:
         bad = (a < 0) | (a >= config.vocab_size)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ValueError(f"{name} has token id {int(a[where])} at index {where}, outside the "
                              f"vocabulary [0, {config.vocab_size}) (vocab_size V={config.vocab_size})")
-    return a.astype(np.int64, copy=False)
+
+
+def parse_token_ids(text: str, vocab_size: int, *, flag: str = "--ids") -> list[int]:
+    """Token ids from command-line text ('1 2 3' or '1,2,3'), each checked to lie in [0, vocab_size).
+
+    The error (a ValueError) names the flag, the offending id and the vocabulary size; ids of
+    any length are compared as Python integers, so 99999999999999999999 is reported as itself.
+    """
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"{flag} must be integers separated by spaces or commas; got {text!r}") from None
+    for i, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{flag} has token id {t} at position {i}, outside the vocabulary [0, {vocab_size}) "
+                             f"of this model (vocab_size V={vocab_size})")
+    return ids
 
 
 def _context_error(config: GPT2Config, total: int, detail: str) -> ValueError:

@@ -66,16 +66,16 @@ def _load(path):
     return gpt2.load(path)
 
 
-def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None = None) -> np.ndarray:
-    """Token ids from --ids, --text or --file (else the default text), cut to `limit` tokens."""
+def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None = None,
+         flag: str = "--ids") -> np.ndarray:
+    """Token ids from --ids (each checked against the vocabulary), --text or --file (else the default text), cut to `limit` tokens."""
+    from refimpl.gpt2.model import parse_token_ids
+
     given = [n for n in ("ids", "text", "file") if getattr(args, n, None) is not None]
     if len(given) > 1:
         raise _Usage(f"give one of --ids, --text, --file; got {', '.join('--' + g for g in given)}")
     if args.ids is not None:
-        try:
-            ids = [int(t) for t in args.ids.replace(",", " ").split()]
-        except ValueError:
-            raise _Usage(f"--ids must be integers separated by spaces or commas; got {args.ids!r}") from None
+        ids = parse_token_ids(args.ids, model.config.vocab_size, flag=flag)
     else:
         if args.text is not None:
             text = args.text
@@ -317,7 +317,7 @@ def cmd_patch(args) -> int:
             raise _Usage(f"give one of --{what} TEXT or --{what}-ids IDS, not both")
         if text is None and ids_text is None:
             text = default
-        return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None))
+        return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None), flag=f"--{what}-ids")
 
     src = seq(args.source, args.source_ids, "source", DEFAULT_SOURCE)
     tgt = seq(args.target, args.target_ids, "target", DEFAULT_TARGET)
@@ -338,6 +338,26 @@ def cmd_patch(args) -> int:
                  [[n] + [float(v) for v in effects[r, -8:]] for r, n in enumerate(patch_points(model))]))
     _done(paths)
     return 0
+
+
+# The largest encodings pictures worth drawing. The sinusoidal heatmap is about 460 pixels tall
+# and 600 wide (3/5 of an 11 x 4.2 inch figure at 110 dpi): past 1024 positions or features,
+# more than two rows or columns share a pixel and nothing more can be seen, while the P x P
+# similarity map drawn beside it grows as P^2 (P = 1024: 8 MiB). ALiBi gets one 2.6-inch panel
+# per head, four to a row: 64 heads is already 16 rows, a picture about 4600 pixels tall.
+MAX_POSITIONS, MAX_DIM, MAX_HEADS = 1024, 1024, 64
+
+
+def _check_encodings_args(args) -> None:
+    """Each encodings flag within what its picture can show (bounds above), named when it is not."""
+    if not 2 <= args.positions <= MAX_POSITIONS:
+        raise _Usage(f"--positions must lie in 2 .. {MAX_POSITIONS} (rows of a heatmap about 460 pixels tall); "
+                     f"got {args.positions}")
+    if not 4 <= args.dim <= MAX_DIM or args.dim % 2:
+        raise _Usage(f"--dim must be even and lie in 4 .. {MAX_DIM} (columns of a heatmap about 600 pixels wide); "
+                     f"got {args.dim}")
+    if not 1 <= args.heads <= MAX_HEADS:
+        raise _Usage(f"--heads must lie in 1 .. {MAX_HEADS} (one panel per head, four to a row); got {args.heads}")
 
 
 def cmd_encodings(args) -> int:
@@ -438,8 +458,8 @@ def main(argv: list[str]) -> int:
             raise _Usage(f"--max-tokens must be >= 1; got {args.max_tokens}")
         if args.sub == "sinks":
             args.k = args.k or [1]
-        if args.sub == "encodings" and (args.positions < 2 or args.dim < 4 or args.dim % 2 or args.heads < 1):
-            raise _Usage("--positions must be >= 2, --dim even and >= 4, --heads >= 1")
+        if args.sub == "encodings":
+            _check_encodings_args(args)
         return args.func(args)
     except (_Usage, ValueError, TypeError, OSError) as e:  # OSError: FileExistsError for --out, ...
         if isinstance(e, BrokenPipeError):
