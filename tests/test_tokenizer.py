@@ -13,7 +13,9 @@ import base64
 import json
 import os
 import random
+import re
 import shutil
+import subprocess
 import sys
 import time
 import unicodedata
@@ -24,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refimpl.gpt2.bpe import WHITE_SPACE, bpe_merge, byte_to_unicode, pre_tokenize
+from refimpl.gpt2.bpe import WHITE_SPACE, MergeTable, _heap_merge, bpe_merge, byte_to_unicode, pre_tokenize
 from refimpl.gpt2.tokenizer import (
     StreamDecoder,
     Tokenizer,
@@ -210,6 +212,127 @@ def test_long_single_piece_is_not_quadratic(tok, enc):
         assert time.perf_counter() - t0 < 20.0
 
 
+LONG_RUNS = {
+    "emoji": "🙂" * 10**5, "a": "a" * 10**5, "bang": "!" * 10**5, "space": " " * 10**5, "newline": "\n" * 10**5,
+    "ab": "ab" * 50_000, "space-bang": " !" * 50_000, "emoji-a": "🙂a" * 30_000, "é": "é" * 10**5,
+    "digits": "0123456789" * 10_000, "between words": "x" + " " * 10**5 + "y" + "\t" * 10**5,
+    "quote": "'" * 10**5, "lines": "a\n" * 50_000, "crlf": "\r\n" * 50_000, "mixed punct": "!?.,;:-_" * 12_500,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_RUNS))
+def test_long_runs_match_tiktoken(tok, enc, name):
+    """Runs of 10**5 characters (each run one piece, merged as id arrays in whole-array rounds):
+    exactly tiktoken's ids, and a round trip."""
+    text = LONG_RUNS[name]
+    ids = tok.encode(text)
+    assert ids == enc.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+@settings(max_examples=30)
+@given(st.lists(st.sampled_from(["a", "b", "ab", "!", " ", "🙂", "é", "aaaa", "!!", "th", "e", "\n", "1"]),
+                min_size=150, max_size=1500).map("".join))
+def test_hypothesis_long_pieces_match_tiktoken(text):
+    """Texts of long pieces over a few characters (most pieces longer than the 512 bytes from
+    which MergeTable merges them): the same ids as tiktoken."""
+    tok, enc = _shared()
+    assert tok.encode(text) == enc.encode_ordinary(text)
+
+
+def _random_table(data, alphabet: bytes):
+    """A random rank table over `alphabet` in which ranks ignore how tokens are built (so a
+    merge often creates a pair of lower rank than its own): the hard case for MergeTable."""
+    tokens = data.draw(st.lists(st.binary(min_size=2, max_size=5).map(lambda b: bytes(alphabet[x % len(alphabet)] for x in b)),
+                                max_size=14, unique=True))
+    ranks = {t: r for r, t in enumerate(tokens)}
+    encoder = {bytes([b]): b for b in range(256)} | {t: 256 + r for t, r in ranks.items()}
+    return ranks, encoder
+
+
+@settings(max_examples=200)
+@given(st.data(), st.sampled_from([b"a", b"ab", b"abc"]), st.sampled_from([32, 1, 10**9]))
+def test_merge_table_equals_textbook_loop_on_random_tables(data, alphabet, switch):
+    """MergeTable.merge (rounds, stopping a round at a merge that creates a pair of rank <= the
+    round's; switch=1 hands over to the heap after the first round, 10**9 after any round)
+    gives the textbook loop's parts on random tables and pieces."""
+    ranks, encoder = _random_table(data, alphabet)
+    piece = data.draw(st.lists(st.sampled_from(alphabet), max_size=80).map(bytes))
+    table = MergeTable(encoder, ranks)
+    table._SWITCH = switch
+    token = {i: t for t, i in encoder.items()}
+    assert [token[i] for i in table.merge(piece).tolist()] == _naive_bpe(piece, ranks)
+    assert _heap_parts(piece, ranks) == _naive_bpe(piece, ranks)
+
+
+def _heap_parts(piece: bytes, ranks) -> list[bytes]:
+    if not piece:
+        return []
+    starts = _heap_merge(piece, ranks, range(len(piece)))
+    return [piece[a:b] for a, b in zip(starts, [*starts[1:], len(piece)])]
+
+
+@settings(max_examples=25)
+@given(st.text(st.sampled_from("ab the!"), min_size=129, max_size=400).map(str.encode))
+def test_heap_path_of_bpe_merge_equals_textbook_loop(piece):
+    """bpe_merge on pieces over 128 bytes (its heap path) equals the textbook loop."""
+    tok, _ = _shared()
+    assert bpe_merge(piece, tok._merge_ranks) == _naive_bpe(piece, tok._merge_ranks)
+
+
+def _best_time(f, text: str, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f(text)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.mark.parametrize("unit", ["!", "🙂", "ab", "letters"])
+def test_encoding_time_is_about_linear_in_a_long_piece(tok, unit):
+    """4x the text costs under 8x the time (best of 3 runs each): O(n log n) at worst, where a
+    quadratic merge loop would take 16x. 'letters' is one piece of random letters, many
+    different pairs: MergeTable leaves it to the heap."""
+    n = 40_000 if unit != "letters" else 16_000
+    if unit == "letters":
+        rng = random.Random(0)
+        small, large = ("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(m)) for m in (n, 4 * n))
+    else:
+        small, large = unit * (n // len(unit)), unit * (4 * n // len(unit))
+    tok.encode(small)  # first use builds the pattern and the merge table
+    t_small, t_large = _best_time(tok.encode, small), _best_time(tok.encode, large)
+    print(f"{unit}: {len(small)} chars {t_small * 1e3:.1f} ms, {len(large)} chars {t_large * 1e3:.1f} ms")
+    assert t_large < 8 * t_small + 0.01
+
+
+_MEMORY_CHILD = """
+import resource, sys
+from refimpl.gpt2.tokenizer import load_tokenizer
+tok = load_tokenizer(sys.argv[1])
+tok.encode("warm up: pattern and merge table " + "!" * 1000)
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
+budget = int(sys.argv[2]) * 2**20
+resource.setrlimit(resource.RLIMIT_AS, (vm + budget, vm + budget))
+ids = tok.encode("\U0001f642" * 10**6)
+print(len(ids), ids[:2])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_encoding_a_million_emoji_fits_a_memory_bound(ranks_file):
+    """'🙂' * 10**6 (one piece of 4 MB UTF-8, 2 * 10**6 tokens) encodes within 400 MB of address
+    space above what the loaded tokenizer uses. The bound: the ids returned as a Python list
+    take about 72 MB (8-byte slots plus 28-byte ints; tiktoken returns the same list), the
+    merge arrays 3 int32 per byte (48 MB) plus as much in temporaries; measured about 140 MB.
+    Merging with dicts keyed by byte position took over 1.3 GB."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(ranks_file), "400"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == str(2 * 10**6)
+
+
 @given(unicode_text(60))
 def test_hypothesis_unicode_matches_tiktoken(text):
     """Any text of assigned characters encodes to tiktoken's ids and decodes back to itself."""
@@ -295,6 +418,19 @@ def test_pre_tokenize_matches_gpt2_regex(text):
     pieces = pre_tokenize(text)
     assert "".join(pieces) == text
     assert pieces == regex.findall(GPT2_PAT, text)
+
+
+def test_pre_tokenize_matches_regex_module_on_every_assigned_astral_code_point():
+    """The classes are split into BMP and astral parts (with the astral ranges longest first):
+    assigned code points above U+FFFF (both ends of every run of one category, and every 16th),
+    next to letters, digits, punctuation, emoji and spaces, split as GPT-2's pattern in the
+    `regex` module splits them."""
+    regex = pytest.importorskip("regex", reason="the regex module (a transformers dependency) is the oracle")
+    cat = [unicodedata.category(chr(c)) for c in range(0xFFFF, sys.maxunicode + 1)] + ["Cn"]
+    chars = [chr(c) for c in range(0x10000, sys.maxunicode + 1) if cat[c - 0xFFFF] != "Cn"
+             and (c % 16 == 0 or cat[c - 0xFFFF] != cat[c - 0xFFFF - 1] or cat[c - 0xFFFF] != cat[c - 0xFFFF + 1])]
+    text = "".join(f"a{c} {c}1{c}!{c}\U0001f642{c}{c}  {c}\n" for c in chars)
+    assert pre_tokenize(text) == regex.findall(GPT2_PAT, text)
 
 
 def test_pre_tokenize_examples():
@@ -453,6 +589,31 @@ def test_decode_errors_name_the_id_and_range(tok):
     assert tok.decode(np.array([15496, 995], dtype=np.int64)) == "Hello world"
     with pytest.raises(ValueError, match=r"shape \[T\]"):
         tok.decode(np.array([[15496, 995]]))
+
+
+@pytest.mark.parametrize("bad", [50257, -1, 2**70, -(2**70), np.uint64(2**64 - 1), np.int64(-5), 10**40])
+def test_decode_out_of_range_ids_name_the_id_and_vocab_size(tok, bad):
+    """Every decoding entry point: our ValueError naming the id and the vocabulary size."""
+    shown = str(int(bad))
+    for decode in (tok.decode, tok.decode_bytes, tok.pieces, lambda ids: list(tok.decode_stream(ids)),
+                   lambda ids: tok.token_bytes(ids[0]), lambda ids: tok.stream_decoder().push(ids[0])):
+        with pytest.raises(ValueError, match=rf"token id {shown[:12]}.* out of range.*vocab_size 50257"):
+            decode([bad])
+
+
+@pytest.mark.parametrize("bad", [1.5, 1.0, np.float64(2.0), float("nan"), float("inf"), "7", None, True, np.bool_(False), 1j])
+def test_decode_non_integer_ids_name_the_value_and_vocab_size(tok, bad):
+    for decode in (tok.decode, tok.decode_bytes, lambda ids: list(tok.decode_stream(ids))):
+        with pytest.raises(TypeError, match=r"token ids must be integers; got .* vocab_size 50257"):
+            decode([bad])
+
+
+def test_decode_stream_checks_the_sequence_first(tok):
+    with pytest.raises(ValueError, match=r"shape \[T\]"):
+        tok.decode_stream(np.array(5))
+    with pytest.raises(TypeError, match="sequence of integers"):
+        tok.decode_stream("abc")
+    assert "".join(tok.decode_stream(iter([15496, 995]))) == "Hello world"  # still lazy on iterators
 
 
 def test_pieces_for_display(tok):
@@ -620,6 +781,74 @@ def test_specific_file_errors(tmp_path, name, content, message):
     with pytest.raises(TokenizerFileError, match=message) as info:
         _load_one(tmp_path, name, content)
     assert name in str(info.value)
+
+
+def _tiny_with(tmp: Path, name: str, change) -> Path:
+    """The tiny valid set in `tmp`, file `name` parsed as JSON, changed by `change`, written back."""
+    for n, text in _tiny_files(tmp).items():
+        (tmp / n).write_text(text, encoding="utf-8")
+    doc = json.loads((tmp / name).read_text(encoding="utf-8"))
+    change(doc)
+    (tmp / name).write_text(json.dumps(doc), encoding="utf-8")
+    return tmp / name
+
+
+@pytest.mark.parametrize("big", [10**30, 2**63, 2**31, 520])
+@pytest.mark.parametrize("name, change", [
+    ("vocab.json", lambda d, big: d.update({EOT: big})),                  # the special token of vocab.json
+    ("vocab.json", lambda d, big: d.update({"Ġthe": big})),               # an ordinary token
+    ("tokenizer.json", lambda d, big: (d["added_tokens"][0].update(id=big), d["model"]["vocab"].update({EOT: big}))),
+    ("tokenizer.json", lambda d, big: (d["added_tokens"][0].update(id=big), d["model"]["vocab"].pop(EOT))),
+    ("tokenizer.json", lambda d, big: d["model"]["vocab"].update({"Ġt": big})),
+])
+def test_huge_token_ids_are_refused_at_load(tmp_path, name, change, big):
+    """An id far beyond the vocabulary (the tiny one has 260 tokens: ids must be below 520; a
+    tokenizer.json's added_tokens are first checked against its vocab + added_tokens count, 522)
+    is a TokenizerFileError naming the file and the token, not a tokenizer whose vocab_size is
+    10**30 (generate then died with OverflowError building its id table)."""
+    path = _tiny_with(tmp_path, name, lambda d: change(d, big))
+    with pytest.raises(TokenizerFileError, match=r"has id .*ids must lie in 0 \.\. 5(19|21) ") as info:
+        load_tokenizer(path)
+    assert name in str(info.value) and ("endoftext" in str(info.value) or "Ġt" in str(info.value)
+                                        or "\\xc4\\xa0t" in str(info.value) or "' t" in str(info.value))
+
+
+def test_huge_ranks_in_a_tiktoken_file_are_refused(tmp_path):
+    (tmp_path / "gpt2.tiktoken").write_text(_tiny_files(tmp_path)["gpt2.tiktoken"] + "YWJj 99999999999999999\n")
+    with pytest.raises(TokenizerFileError, match=r"gpt2.tiktoken: token b'abc' has id 99999999999999999; ids must lie"):
+        load_tokenizer(tmp_path / "gpt2.tiktoken")
+
+
+def test_a_sparse_vocabulary_within_the_bound_still_loads(tmp_path):
+    """Skipped ids are allowed (the special token at 500 of 260 tokens): decode names them."""
+    t = load_tokenizer(_tiny_with(tmp_path, "vocab.json", lambda d: d.update({EOT: 500})))
+    assert t.vocab_size == 501 and t.encode(EOT, allowed_special="all") == [500]
+    with pytest.raises(ValueError, match="token id 400 is not assigned.*vocab_size 501"):
+        t.decode([400])
+
+
+def test_conflicting_special_token_ids_in_tokenizer_json_are_refused(tmp_path):
+    def twice(d):
+        d["added_tokens"].append({"id": 3, "content": EOT, "special": True})
+    with pytest.raises(TokenizerFileError, match=r"tokenizer.json: added_tokens\[1\] '<\|endoftext\|>' appears twice"):
+        load_tokenizer(_tiny_with(tmp_path, "tokenizer.json", twice))
+
+    def other_id_in_vocab(d):  # model.vocab says 259, added_tokens says 260
+        d["added_tokens"][0]["id"] = 260
+    with pytest.raises(TokenizerFileError, match=r"has id 259 in model.vocab and id 260 in added_tokens"):
+        load_tokenizer(_tiny_with(tmp_path, "tokenizer.json", other_id_in_vocab))
+
+
+@pytest.mark.parametrize("ids, message", [
+    ({"<|endoftext|>": 2**63}, "special token '<|endoftext|>' has id 9223372036854775808; ids must lie in 0 .. 513"),
+    ({"<|endoftext|>": 2.0}, "special token '<|endoftext|>' has id 2.0 of type float; ids must be integers"),
+    ({"<|endoftext|>": -1}, "has id -1; ids must lie"),
+])
+def test_tokenizer_constructor_checks_ids(ids, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Tokenizer({bytes([b]): b for b in range(256)}, {}, ids, name="test")
+    with pytest.raises(ValueError, match="token b'a' has id"):
+        Tokenizer({bytes([b]): (b if b != 97 else 10**30) for b in range(256)}, {}, name="test")
 
 
 def test_truncated_merges_are_an_error_not_new_special_tokens(tok, tmp_path):

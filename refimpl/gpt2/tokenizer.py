@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import write_files_together
-from .bpe import bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
+from .bpe import MergeTable, bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
 
 __all__ = [
     "TokenizerFileError",
@@ -84,12 +84,28 @@ class Tokenizer:
       special_tokens text -> id, e.g. {"<|endoftext|>": 50256}
 
     Attributes: vocab_size (largest id + 1), special_tokens, eot_token (id of <|endoftext|>,
-    or None). The object is immutable apart from a private cache of encoded pieces.
+    or None). The object is immutable apart from private caches (encoded short pieces, and
+    the id-pair merge table for long pieces, built on first use).
+
+    Ids: every id is an integer in [0, 2 * n), n the number of tokens (ordinary and
+    special), and no id names two tokens. A vocabulary may skip ids, but not most of them:
+    everything indexed by id (vocab_size, the model's embedding rows, the table of ids a
+    model must not generate) is sized by the largest id, so an id such as 10**30 in a file
+    would cost memory out of all proportion to the file, or overflow a machine integer.
     """
+
+    _LONG_PIECE = 512     # pieces of more bytes are merged as id arrays (MergeTable)
+    _CACHED_PIECE = 64    # pieces of at most this many characters are cached ...
+    _CACHE_SIZE = 1 << 20  # ... up to this many of them
 
     def __init__(self, encoder: Mapping[bytes, int], merge_ranks: Mapping[bytes, int],
                  special_tokens: Mapping[str, int] | None = None, *, name: str = "bpe"):
         special_tokens = dict(special_tokens or {})
+        n_tokens = len(encoder) + len(special_tokens)
+        for token, i in encoder.items():
+            _check_table_id(name, f"token {token!r:.60}", i, n_tokens)
+        for text, i in special_tokens.items():
+            _check_table_id(name, f"special token {text!r:.60}", i, n_tokens)
         missing = [b for b in range(256) if bytes([b]) not in encoder]
         if missing:
             raise ValueError(f"{name}: byte-level BPE needs a token for each of the 256 bytes; "
@@ -99,23 +115,26 @@ class Tokenizer:
             raise ValueError(f"{name}: merge result {unbuildable[0]!r} has no id in the vocabulary")
         decoder: dict[int, bytes] = {}
         for token, i in encoder.items():
+            i = int(i)
             if i in decoder:
                 raise ValueError(f"{name}: id {i} is given to two tokens, {decoder[i]!r} and {token!r}")
             decoder[i] = token
         for text, i in special_tokens.items():
+            i = special_tokens[text] = int(i)
             if not text:
                 raise ValueError(f"{name}: a special token has empty text (id {i})")
             if i in decoder:
                 raise ValueError(f"{name}: special token {text!r} has id {i}, already used by {decoder[i]!r}")
             decoder[i] = text.encode("utf-8")
         self.name = name
-        self._encoder = dict(encoder)
+        self._encoder = {token: int(i) for token, i in encoder.items()}
         self._merge_ranks = dict(merge_ranks)
         self._decoder = decoder
         self.special_tokens: dict[str, int] = special_tokens
         self.vocab_size: int = max(decoder) + 1
         self.eot_token: int | None = special_tokens.get(ENDOFTEXT)
         self._cache: dict[str, tuple[int, ...]] = {}
+        self._long_merger: MergeTable | None = None
         self._merges: tuple[tuple[bytes, bytes], ...] | None = None
 
     def __repr__(self) -> str:
@@ -124,13 +143,25 @@ class Tokenizer:
 
     # ---- encoding ----------------------------------------------------------------------
 
-    def _encode_piece(self, piece: str) -> tuple[int, ...]:
-        """Token ids of one pre-token (cached: text repeats the same words)."""
+    def _encode_piece(self, piece: str) -> tuple[int, ...] | list[int]:
+        """Token ids of one pre-token.
+
+        Short pieces (words) go through `bpe_merge` and are cached, since text repeats the
+        same words; the cache holds at most _CACHE_SIZE pieces of at most _CACHED_PIECE
+        characters, so its memory is bounded whatever the text. A piece of more than
+        _LONG_PIECE bytes (a run of one character, a long symbol string: one piece can be
+        the whole text) is merged by `MergeTable` in NumPy arrays, the same merges in the
+        same order (the proof is in its docstring), in O(n) machine integers of memory.
+        """
         ids = self._cache.get(piece)
         if ids is None:
-            parts = bpe_merge(piece.encode("utf-8"), self._merge_ranks)
-            ids = tuple(self._encoder[p] for p in parts)
-            if len(self._cache) < 1_000_000:
+            data = piece.encode("utf-8")
+            if len(data) > self._LONG_PIECE:
+                if self._long_merger is None:
+                    self._long_merger = MergeTable(self._encoder, self._merge_ranks)
+                return self._long_merger.merge(data).tolist()
+            ids = tuple(self._encoder[p] for p in bpe_merge(data, self._merge_ranks))
+            if len(piece) <= self._CACHED_PIECE and len(self._cache) < self._CACHE_SIZE:
                 self._cache[piece] = ids
         return ids
 
@@ -183,13 +214,17 @@ class Tokenizer:
     # ---- decoding ----------------------------------------------------------------------
 
     def _check_id(self, i) -> int:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"token ids must be integers; got {i!r} of type {type(i).__name__}")
+        """`i` as an int when it names a token; else TypeError / ValueError naming it and the vocabulary."""
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"token ids must be integers; got {_show(i)} of type {type(i).__name__} "
+                            f"(valid ids are 0 .. {self.vocab_size - 1}, vocab_size {self.vocab_size})")
         i = int(i)
         if i not in self._decoder:
             if 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is not assigned to any token in this vocabulary")
-            raise ValueError(f"token id {i} is out of range; valid ids are 0 .. {self.vocab_size - 1}")
+                raise ValueError(f"token id {i} is not assigned to any token in this vocabulary "
+                                 f"(vocab_size {self.vocab_size})")
+            raise ValueError(f"token id {_show(i)} is out of range; valid ids are 0 .. {self.vocab_size - 1} "
+                             f"(vocab_size {self.vocab_size})")
         return i
 
     def token_ids(self) -> np.ndarray:  # -> [n] int64, sorted
@@ -274,6 +309,10 @@ class StreamDecoder:
 
     def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
         """Yield non-empty text chunks for `ids`, then what `flush` gives."""
+        _check_id_sequence(ids)
+        return self._decode_stream(ids)
+
+    def _decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
         for i in ids:
             text = self.push(i)
             if text:
@@ -283,12 +322,36 @@ class StreamDecoder:
             yield rest
 
 
-def _id_list(ids) -> list:  # ids [T]
+def _check_id_sequence(ids) -> None:  # ids [T]
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"ids must be a sequence of integers; got {type(ids).__name__}")
     if isinstance(ids, np.ndarray) and ids.ndim != 1:
         raise ValueError(f"ids must be one sequence, shape [T]; got an array of shape {ids.shape}")
+
+
+def _id_list(ids) -> list:  # ids [T]
+    _check_id_sequence(ids)
     return list(ids)
+
+
+def _show(value) -> str:
+    """repr of a value for an error message, with an integer of many digits shortened."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        digits = str(abs(int(value)))
+        if len(digits) > 24:
+            return f"{'-' if value < 0 else ''}{digits[:12]}...({len(digits)} digits)"
+        return str(int(value))
+    return f"{value!r:.60}"
+
+
+def _check_table_id(name: str, what: str, i, n_tokens: int) -> None:
+    """An id read for a token: an integer in [0, 2 * n_tokens) (see `Tokenizer`), else ValueError."""
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+        raise ValueError(f"{name}: {what} has id {_show(i)} of type {type(i).__name__}; ids must be integers")
+    limit = 2 * n_tokens
+    if not 0 <= int(i) < limit:
+        raise ValueError(f"{name}: {what} has id {_show(i)}; ids must lie in 0 .. {limit - 1} for this vocabulary of "
+                         f"{n_tokens} tokens (it may skip ids, but not most of them)")
 
 
 def _check_text(text) -> None:
@@ -534,12 +597,22 @@ def load_tokenizer_json(path) -> Tokenizer:
                 and isinstance(entry.get("id"), int) and not isinstance(entry.get("id"), bool) and entry["id"] >= 0):
             raise TokenizerFileError(f"{where}: added_tokens[{k}] needs a non-empty 'content' string "
                                      f"and a non-negative integer 'id'; got {entry!r:.80}")
+        try:  # the bound of `Tokenizer`, before comparing ids with the vocabulary's
+            _check_table_id(where, f"added_tokens[{k}] {entry['content']!r:.60}", entry["id"], len(encoder) + len(added))
+        except ValueError as e:
+            raise TokenizerFileError(str(e)) from None
+        if special.get(entry["content"], entry["id"]) != entry["id"]:
+            raise TokenizerFileError(f"{where}: added_tokens[{k}] {entry['content']!r:.60} appears twice, "
+                                     f"with ids {special[entry['content']]} and {_show(entry['id'])}")
         special[entry["content"]] = entry["id"]
     # Added tokens usually also appear in model.vocab (byte-level spelled); drop those entries.
     special_ids = set(special.values())
     encoder = {t: i for t, i in encoder.items() if i not in special_ids}
     ordinary, unreachable = _split_specials(encoder, merge_ranks, where)
     for text, i in unreachable.items():
+        if special.get(text, i) != i:
+            raise TokenizerFileError(f"{where}: special token {text!r:.60} has id {_show(i)} in model.vocab and "
+                                     f"id {special[text]} in added_tokens")
         special.setdefault(text, i)
     return _build(path, ordinary, merge_ranks, special)
 
