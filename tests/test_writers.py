@@ -484,11 +484,11 @@ def test_a_broken_or_mismatched_tokenizer_is_an_error_naming_the_file(two_models
     shutil.copy(new / "vocab.json", old / "vocab.json")
     shutil.copy(new / "merges.txt", old / "merges.txt")
     assert gpt2.load(old).tokenizer.vocab_size == 257
-    # A tokenizer of 3,072 ids attached to a 300-token model: refused with both sizes.
+    # A tokenizer of 400 ids attached to a 300-token model: refused with both sizes.
     big = tmp_path / "big"
     make_model(big, 300, seed=0)
-    save_vocab_merges(Tokenizer({bytes([b]): b for b in range(256)}, {}, {"<|endoftext|>": 3071}), big)
-    with pytest.raises(TokenizerFileError, match=r"ids up to 3071 \(3,072 ids\) but the model's vocab_size is 300"):
+    save_vocab_merges(Tokenizer({bytes([b]): b for b in range(256)}, {}, {"<|endoftext|>": 399}), big)
+    with pytest.raises(TokenizerFileError, match=r"ids up to 399 \(400 ids\) but the model's vocab_size is 300"):
         gpt2.load(big)
 
 
