@@ -51,6 +51,7 @@ import re
 import shutil
 import struct
 import tempfile
+import warnings
 import zipfile
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -783,7 +784,8 @@ def _load_pickled_checkpoint(file: Path, config_json: Path) -> tuple[GPT2Config,
     if not config_json.exists():
         raise WeightFileError(f"{file}: needs the model's config.json beside it ({config_json} not found)")
     try:
-        with _open_weights(file) as f:
+        with _open_weights(file) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own notes (e.g. on the pickle protocol) are not ours
             sd = torch.load(f, map_location="cpu", weights_only=True)
     except _NotARegularFile:
         raise
@@ -801,8 +803,11 @@ def _load_pickled_checkpoint(file: Path, config_json: Path) -> tuple[GPT2Config,
 
 
 def _first_line(e: Exception) -> str:
+    """The first line of what torch said, unless it is advice about weights_only (never repeated)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0][:200] if lines else "(no message)"
+    if not lines or "weights_only" in lines[0]:
+        return "(not a readable checkpoint)"
+    return lines[0][:200]
 
 
 def _pickle_refusal(file: Path, e: Exception) -> str:

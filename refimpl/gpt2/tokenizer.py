@@ -607,7 +607,7 @@ def load_tokenizer(path) -> Tokenizer:
         if p.name in (v, m):
             vocab, merges = p.with_name(v), p.with_name(m)
             for q in (vocab, merges):
-                if not q.is_file():
+                if not q.exists():
                     raise FileNotFoundError(f"{q}: needed beside {p.name}")
             return load_vocab_merges(vocab, merges)
     if p.suffix == ".json":
