@@ -210,23 +210,25 @@ def _write_sharded(d: Path, shards: list[dict], config: dict) -> Path:
 
 
 def _empty_block_shards(n_shards: int, per_shard: int) -> list[dict]:
-    """Shards of empty tensors with GPT-2 block names (so every shard header is read), wte / wpe in
-    the first shard: the config's n_layer=2 is then refused after all of them are checked."""
+    """Shards of empty tensors with GPT-2 block names, whole blocks (12 tensors) at a time, and wte /
+    wpe / ln_f in the first shard: with a config whose n_layer counts those blocks, every shard header is
+    read before the first empty tensor is refused for its shape."""
     names = (f"h.{i}.{part}" for i in range(10**6) for part in BLOCK_PARTS)
     empty = np.zeros(0, np.float32)
     shards = [{next(names): empty for _ in range(per_shard)} for _ in range(n_shards)]
-    shards[0].update({"wte.weight": np.zeros((11, 8), np.float32), "wpe.weight": np.zeros((8, 8), np.float32)})
+    shards[0].update({"wte.weight": np.zeros((11, 8), np.float32), "wpe.weight": np.zeros((8, 8), np.float32),
+                      "ln_f.weight": np.zeros(8, np.float32), "ln_f.bias": np.zeros(8, np.float32)})
     return shards
 
 
 def test_many_shards_of_empty_tensors_are_refused_in_linear_time(tmp_path):
     times = {}
     for n in (30, 480):  # n shards of 60 tensors: 16x the shards and 16x the tensors
-        d = _write_sharded(tmp_path / f"s{n}", _empty_block_shards(n, 60), CFG.to_dict())
+        d = _write_sharded(tmp_path / f"s{n}", _empty_block_shards(n, 60), {**CFG.to_dict(), "n_layer": 5 * n})
         best = float("inf")
         for _ in range(2):
             t0 = time.perf_counter()
-            with pytest.raises(WeightFileError, match="n_layer=2 but the weights have blocks"):
+            with pytest.raises(WeightFileError, match=r"tensor 'h.0.ln_1.weight' has shape \[0\]"):
                 load_weights(d)
             best = min(best, time.perf_counter() - t0)
         times[n] = best
@@ -241,6 +243,10 @@ def test_names_no_gpt2_has_are_refused_from_the_index_before_any_shard_is_read(t
     d = _write_sharded(tmp_path / "x", shards, CFG.to_dict())
     (d / "model-00040-of-00040.safetensors").write_bytes(b"garbage")  # never opened
     with pytest.raises(WeightFileError, match=r"index.json: unexpected tensor\(s\) \['x.0.0'.*1995 more"):
+        load_weights(d)
+    d = _write_sharded(tmp_path / "blocks", _empty_block_shards(40, 60), CFG.to_dict())  # 200 blocks, n_layer=2
+    (d / "model-00040-of-00040.safetensors").write_bytes(b"garbage")
+    with pytest.raises(WeightFileError, match=r"config.json says n_layer=2 but the weights have blocks h.0 .. h.199"):
         load_weights(d)
 
 

@@ -62,8 +62,8 @@ import numpy as np
 
 from .._checks import json_object
 from .._files import NotARegularFileError, check_regular_file, open_regular, read_regular_bytes
-from ..safetensors import (DTYPES, SafetensorsError, bfloat16_to_float32, read_header, read_tensor, safe_open,
-                           save_file)
+from ..safetensors import (DTYPES, SafetensorsError, _gc_paused, bfloat16_to_float32, read_header, read_tensor,
+                           safe_open, save_file)
 from .config import GPT2Config
 from .params import GPT2Params
 
@@ -237,7 +237,8 @@ def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[st
             raise WeightFileError(f"{weights.name}: {e}") from None
         return _resolve_config(embedded, weights.name, path / "config.json", tensors), tensors
     if kind == "hf-sharded-dir":
-        tensors = _sharded_source(path)
+        with _gc_paused():  # an index may name 10^6 tensors: no collections while their records are built
+            tensors = _sharded_source(path)
         return _resolve_config(None, "", path / "config.json", tensors), tensors
     if kind == "empty-dir":
         pickled = [n for n in _PICKLE_NAMES if (path / n).is_file()]
@@ -337,9 +338,15 @@ def _check_config_against_shapes(config: GPT2Config, shapes: dict[str, tuple[int
         disagree("n_positions", "wpe.weight", P)
     if C2 != config.n_embd:
         disagree("n_embd", "wpe.weight", C2)
-    # The blocks present are compared with n_layer without building range(n_layer): n_layer comes
-    # from the file and may be 10^9; the work here is bounded by the number of tensors.
-    blocks = sorted({int(m[1]) for m in map(_BLOCK_NAME.match, shapes) if m})
+    _check_blocks(config, shapes, where)
+
+
+def _check_blocks(config: GPT2Config, names, where: str) -> None:
+    """The block indices h.<i> among `names` must be exactly 0 .. n_layer-1.
+
+    Compared without building range(n_layer): n_layer comes from a file and may be 10^9; the
+    work is bounded by the number of names."""
+    blocks = sorted({int(m[1]) for m in map(_BLOCK_NAME.match, names) if m})
     if len(blocks) != config.n_layer or (blocks and blocks[-1] != config.n_layer - 1):
         found = f"h.0 .. h.{blocks[-1]}" if blocks else "none"
         missing = _first_missing(blocks, config.n_layer, 5)
@@ -465,6 +472,11 @@ def _sharded_source(directory: Path) -> dict[str, _Tensor]:
     for required in ("wte.weight", "wpe.weight"):
         if required not in names:
             raise WeightFileError(f"{index_path.name}: missing tensor {required!r}")
+    config_json = directory / "config.json"
+    if config_json.exists():  # n_layer against the blocks the index names, also before any shard is opened
+        where = config_json.name
+        _check_blocks(_config_from_dict(_config_from_json_text(_read_small_file(config_json, "config"), where),
+                                        where), names, where)
     listed: dict[str, set[str]] = {}  # shard -> the tensor names the index puts there
     for name, shard in weight_map.items():
         listed.setdefault(shard, set()).add(name)
