@@ -25,20 +25,29 @@ the NumPy dtypes above (float32 stays F32; nothing is written as BF16).
 
 `mmap=True` maps the file instead of reading it: tensors are read-only views of the page
 cache, so opening a 500 MB checkpoint costs no copy until a tensor is used.
+
+Only regular files are read (a FIFO or device path is refused at once, never opened for a
+blocking read). Parsing a header is linear in its size: the entries are checked one by one and
+the data offsets sorted once; a 10^6-tensor header parses in a few seconds.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import mmap as _mmap
 import os
 import struct
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+
+from ._files import NotARegularFileError, open_regular
 
 __all__ = [
     "SafetensorsError",
@@ -49,6 +58,7 @@ __all__ = [
     "bfloat16_to_float32",
     "parse_header",
     "read_header",
+    "read_tensor",
     "safe_open",
     "load",
     "load_file",
@@ -71,6 +81,7 @@ DTYPES: dict[str, np.dtype] = {
     "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
     "F32": np.dtype("<f4"), "F64": np.dtype("<f8"),
 }
+_ITEMSIZE = {name: dt.itemsize for name, dt in DTYPES.items()}
 _UNSUPPORTED = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64", "C128")
 
 # NumPy kind + itemsize -> safetensors name, for writing.
@@ -89,9 +100,12 @@ class SafetensorsError(ValueError):
     """A safetensors file (or bytes) that breaks the format; the message names the tensor or field."""
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One header entry: dtype name, shape, and [begin, end) byte offsets into the data buffer."""
+class TensorInfo(NamedTuple):
+    """One header entry: dtype name, shape, and [begin, end) byte offsets into the data buffer.
+
+    (A named tuple: a header may hold a million of them, and a tuple is built in a fraction of
+    the time a frozen dataclass takes.)
+    """
 
     dtype: str
     shape: tuple[int, ...]
@@ -112,6 +126,7 @@ class Header:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
     data_start: int  # 8 + N: absolute file offset of the byte buffer
+    file_size: int | None = None  # the size of the file (or bytes) the header was checked against
 
 
 # ---- parsing ----------------------------------------------------------------------------
@@ -121,17 +136,64 @@ def _reject_constant(name: str):
     raise SafetensorsError(f"safetensors header is not valid JSON: it contains the constant {name}")
 
 
-def _no_duplicates(pairs):
-    d = {}
-    for k, v in pairs:
-        if k in d:
-            raise SafetensorsError(f"safetensors header has the key {k!r} twice")
-        d[k] = v
+def _object(pairs, where: str = "safetensors header") -> dict:
+    """A JSON object (parsed as a tuple of (key, value) pairs) as a dict; a repeated key is an error."""
+    d = dict(pairs)
+    if len(d) != len(pairs):  # some key came twice: name the first repeat
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise SafetensorsError(f"{where} has the key {k!r} twice")
+            seen.add(k)
     return d
+
+
+def _plain(value):
+    """`value` with every JSON object (a tuple of pairs) turned into a dict, repeated keys refused."""
+    if type(value) is tuple:
+        return {k: _plain(v) for k, v in _object(value, "safetensors header").items()}
+    if type(value) is list:
+        return [_plain(v) for v in value]
+    return value
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+_INT = {int}
+
+
+def _well_formed_entries(obj: dict) -> dict[str, TensorInfo] | None:
+    """The fast path: every entry's TensorInfo when all of them are well formed, else None.
+
+    The same rules as `_parse_entry`, checked with C-level builtins over all entries at once
+    (every shape dimension and offset an int in range, shape x itemsize == END - BEGIN). On
+    None the caller parses entry by entry, so the first bad one is named.
+    """
+    rows, dims, offsets = [], [], []
+    for name, entry in obj.items():
+        if type(entry) is not tuple:  # a JSON object comes as a tuple of pairs
+            return None
+        fields = dict(entry)
+        dtype, shape, offs = fields.get("dtype"), fields.get("shape"), fields.get("data_offsets")
+        if (len(fields) != len(entry) or type(dtype) is not str or dtype not in _ITEMSIZE
+                or type(shape) is not list or len(shape) > MAX_NDIM or type(offs) is not list or len(offs) != 2):
+            return None
+        dims += shape
+        offsets += offs
+        rows.append((name, dtype, shape, offs))
+    for ints in (dims, offsets):  # (type() is int excludes bool)
+        if ints and not (set(map(type, ints)) == _INT and min(ints) >= 0 and max(ints) < MAX_DIM):
+            return None
+    new, tensors = tuple.__new__, {}
+    for name, dtype, shape, (b, e) in rows:
+        itemsize = _ITEMSIZE[dtype]
+        nbytes = math.prod(shape) * itemsize
+        if e - b != nbytes or (nbytes == 0 and math.prod(s for s in shape if s) * itemsize >= MAX_DIM):
+            return None
+        tensors[name] = new(TensorInfo, (dtype, tuple(shape), (b, e)))
+    return tensors
 
 
 def _parse_entry(name: str, entry) -> TensorInfo:
@@ -176,12 +238,32 @@ def _parse_entry(name: str, entry) -> TensorInfo:
     return info
 
 
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while a header's millions of small tuples, lists and dicts
+    are built: each allocation burst would otherwise trigger collections that traverse everything
+    built so far (4x the parse time of a 10^6-tensor header). Parsing JSON makes no cycles, so
+    nothing is left for the collector to find afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def parse_header(prefix: bytes, file_size: int) -> Header:
     """Validate and parse the header of a safetensors file of `file_size` bytes.
 
     `prefix` must hold at least the first 8 + N bytes of the file (N read from its first 8).
-    Raises SafetensorsError naming the field or tensor at fault.
+    Raises SafetensorsError naming the field or tensor at fault. Linear in N.
     """
+    with _gc_paused():
+        return _parse_header(prefix, file_size)
+
+
+def _parse_header(prefix: bytes, file_size: int) -> Header:
     if file_size < 8 or len(prefix) < 8:
         raise SafetensorsError(
             f"safetensors data is {file_size} bytes; it must start with an 8-byte header length")
@@ -203,54 +285,60 @@ def parse_header(prefix: bytes, file_size: int) -> Header:
         raise SafetensorsError(f"safetensors header is not valid UTF-8 ({e.reason} at byte {e.start})") from None
     if not text.startswith("{"):
         raise SafetensorsError(f"safetensors header must be a JSON object starting with '{{'; got {text[:20]!r}")
-    try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    try:  # objects come back as tuples of (key, value) pairs: a C-level hook, checked below
+        obj = json.loads(text, object_pairs_hook=tuple, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
         raise SafetensorsError(f"safetensors header is not valid JSON: {e}") from None
     except ValueError as e:  # e.g. an integer of more digits than Python converts
         raise SafetensorsError(f"safetensors header is not valid JSON: {e}") from None
     except RecursionError:
         raise SafetensorsError("safetensors header is not valid JSON: nested too deeply") from None
-    if not isinstance(obj, dict):
-        raise SafetensorsError(f"safetensors header must be a JSON object; got {type(obj).__name__}")
+    if type(obj) is not tuple:
+        raise SafetensorsError(f"safetensors header must be a JSON object; got {type(_plain(obj)).__name__}")
+    obj = _object(obj)
 
     metadata = obj.pop("__metadata__", None)
-    if metadata is None:
-        metadata = {}
+    metadata = {} if metadata is None else _plain(metadata)
     if not (isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in metadata.items())):
         raise SafetensorsError("safetensors __metadata__ must be an object mapping strings to strings")
 
-    for key in (*obj, *metadata, *metadata.values()):  # a lone surrogate (JSON "\ud800") is no UTF-8 text
-        if not _is_utf8(key):
-            raise SafetensorsError(f"safetensors header holds a string that is not valid Unicode: {key!r:.80}")
-    tensors = {name: _parse_entry(name, entry) for name, entry in obj.items()}
+    try:  # one encode of all the strings; only when it fails is the culprit looked for
+        "".join((*obj, *metadata, *metadata.values())).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800") is no UTF-8 text
+        for key in (*obj, *metadata, *metadata.values()):
+            if not _is_utf8(key):
+                raise SafetensorsError(
+                    f"safetensors header holds a string that is not valid Unicode: {key!r:.80}") from None
+    tensors = _well_formed_entries(obj)
+    if tensors is None:
+        tensors = {name: _parse_entry(name, _plain(entry)) for name, entry in obj.items()}
 
     # The byte buffer must be tiled exactly: sorted by offsets, each tensor begins where the
-    # previous one ended, the first at 0, the last at the end of the file.
+    # previous one ended, the first at 0, the last at the end of the file. One sort, one pass.
     data_size = file_size - 8 - n
     end, prev = 0, None
-    for name, info in sorted(tensors.items(), key=lambda kv: kv[1].data_offsets):
-        b, e = info.data_offsets
-        if b < end:
-            raise SafetensorsError(
-                f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} overlap tensor "
-                f"{prev!r} (which ends at {end})")
-        if b > end:
+    for b, e, name in sorted([(*info.data_offsets, name) for name, info in tensors.items()]):
+        if b != end:
+            info = tensors[name]
+            if b < end:
+                raise SafetensorsError(
+                    f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} overlap tensor "
+                    f"{prev!r} (which ends at {end})")
             where = f"after tensor {prev!r}" if prev is not None else "at the start of the data"
             raise SafetensorsError(
                 f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} leave a gap of "
                 f"{b - end} bytes {where}")
         if e > data_size:
             raise SafetensorsError(
-                f"safetensors tensor {name!r}: data_offsets {list(info.data_offsets)} run past the end of "
+                f"safetensors tensor {name!r}: data_offsets {list(tensors[name].data_offsets)} run past the end of "
                 f"the data ({data_size} bytes); the file is truncated")
         end, prev = e, name
     if end != data_size:
         raise SafetensorsError(
             f"safetensors data has {data_size - end} bytes after the last tensor (data is {data_size} bytes, "
             f"tensors cover {end})")
-    return Header(tensors, dict(metadata), 8 + n)
+    return Header(tensors, dict(metadata), 8 + n, file_size)
 
 
 def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:  # [...] uint16 -> [...] float32
@@ -285,12 +373,48 @@ def _read_prefix(f, size: int) -> bytes:
     return head
 
 
+def _open_regular(path: Path):
+    """`path` opened for reading if it is a regular file; a FIFO or device is refused, unopened."""
+    try:
+        return open_regular(path, "safetensors file")
+    except NotARegularFileError as e:
+        raise SafetensorsError(str(e)) from None
+
+
 def read_header(path) -> Header:
     """Parse and validate only the header of the safetensors file at `path` (reads no tensor data)."""
     path = Path(path)
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         return parse_header(_read_prefix(f, size), size)
+
+
+def _read_stored(f, header: Header, name: str, path: Path) -> np.ndarray:
+    """Tensor `name` read from the open file `f` whose header is `header`."""
+    info = header.tensors.get(name)
+    if info is None:
+        raise SafetensorsError(f"safetensors file {path} has no tensor {name!r}")
+    f.seek(header.data_start + info.data_offsets[0])
+    raw = np.fromfile(f, dtype=DTYPES[info.dtype], count=info.numel)
+    if raw.size != info.numel:  # the file shrank since the header was checked
+        raise SafetensorsError(f"safetensors tensor {name!r}: file {path} is truncated")
+    return _decode(raw, info, name)
+
+
+def read_tensor(path, header: Header, name: str) -> np.ndarray:
+    """Tensor `name` of the safetensors file at `path`, whose header `read_header` gave before.
+
+    The file is opened, read and closed again, so a model stored in many files keeps none of
+    them open between reads. A file whose size is no longer the one its header was checked
+    against is refused (it was replaced or cut in the meantime).
+    """
+    path = Path(path)
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if header.file_size is not None and size != header.file_size:
+            raise SafetensorsError(f"safetensors file {path} changed while it was read: it is {size} bytes, "
+                                   f"its header was read from {header.file_size}")
+        return _read_stored(f, header, name, path)
 
 
 class safe_open:
@@ -298,18 +422,20 @@ class safe_open:
 
     With mmap=True tensors are read-only views of a memory map (zero copy; BF16 still
     converts); otherwise each tensor is read into its own fresh, writable array.
+    Only regular files are opened (a FIFO or device is a SafetensorsError at once).
     Use as a context manager, or call close().
     """
 
     def __init__(self, path, *, mmap: bool = False):
         self.path = Path(path)
-        self._f = open(self.path, "rb")
+        self._f = _open_regular(self.path)
         self._mm = None
         try:
             size = os.fstat(self._f.fileno()).st_size
             self.header = parse_header(_read_prefix(self._f, size), size)
             if mmap and size > 0:
                 self._mm = _mmap.mmap(self._f.fileno(), 0, access=_mmap.ACCESS_READ)
+                self._f.close()  # the map holds the file on its own
         except BaseException:
             self._f.close()
             raise
@@ -322,18 +448,13 @@ class safe_open:
         return list(self.header.tensors)
 
     def get_tensor(self, name: str) -> np.ndarray:
+        if self._mm is None:
+            return _read_stored(self._f, self.header, name, self.path)
         info = self.header.tensors.get(name)
         if info is None:
             raise SafetensorsError(f"safetensors file {self.path} has no tensor {name!r}")
-        dt = DTYPES[info.dtype]
-        start = self.header.data_start + info.data_offsets[0]
-        if self._mm is not None:
-            raw = np.frombuffer(self._mm, dtype=dt, count=info.numel, offset=start)
-        else:
-            self._f.seek(start)
-            raw = np.fromfile(self._f, dtype=dt, count=info.numel)
-            if raw.size != info.numel:  # the file shrank since the header was checked
-                raise SafetensorsError(f"safetensors tensor {name!r}: file {self.path} is truncated")
+        raw = np.frombuffer(self._mm, dtype=DTYPES[info.dtype], count=info.numel,
+                            offset=self.header.data_start + info.data_offsets[0])
         return _decode(raw, info, name)
 
     def close(self) -> None:

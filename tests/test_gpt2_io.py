@@ -278,6 +278,29 @@ def test_export_from_pickle_only_dir_uses_weights_only_torch_load(hf, tmp_path):
     _assert_equal_params(load_weights(out)[1], ref, "export(pytorch_model.bin via torch.load weights_only)")
 
 
+class _NotATensor:  # a class torch's weights-only unpickler does not allow
+    pass
+
+
+def test_export_refuses_a_pickle_of_arbitrary_objects_in_one_line(hf, tmp_path):
+    model, d, ref = hf
+    src = tmp_path / "evil"
+    src.mkdir()
+    _copy_config(d, src)
+    torch.save({"wte.weight": torch.zeros(2), "x": _NotATensor()}, src / "pytorch_model.bin")
+    with pytest.raises(WeightFileError) as e:
+        export(src, tmp_path / "out")
+    msg = str(e.value)
+    assert "\n" not in msg and str(src / "pytorch_model.bin") in msg
+    assert "never unpickles arbitrary objects" in msg and "_NotATensor" in msg
+    assert "weights_only" not in msg  # torch's advice to retry with weights_only=False is not repeated
+    (src / "pytorch_model.bin").write_bytes(b"\x80\x04not a pickle at all")
+    with pytest.raises(WeightFileError, match="pytorch_model.bin") as e:
+        export(src, tmp_path / "out")
+    assert "\n" not in str(e.value) and "weights_only=False" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_from_unreachable_hub_says_so(tmp_path, monkeypatch):
     import huggingface_hub.constants as hc
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

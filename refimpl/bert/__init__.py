@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import check_regular_file
 from ..safetensors import load_file
 from .config import BertConfig
 from .model import BertModel, check_ids, forward, l2_normalize, mean_pool
@@ -92,14 +93,15 @@ def load(path=None, *, dtype=np.float32, flavor: str = "tokenizers") -> BertMode
         raise FileNotFoundError(f"BERT model directory {d} {what} (give the folder holding config.json, "
                                 f"model.safetensors, vocab.txt)")
     for name in ("config.json", "model.safetensors", "vocab.txt"):
-        if not (d / name).is_file():
+        if not (d / name).exists():
             raise FileNotFoundError(f"BERT model directory {d} has no {name}")
+        check_regular_file(d / name, "BERT model file")  # a FIFO or device: refused, never opened
     raw = _read_json(d / "config.json")
     max_seq = None
-    if (d / "sentence_bert_config.json").is_file():
+    if (d / "sentence_bert_config.json").exists():
         max_seq = _read_json(d / "sentence_bert_config.json").get("max_seq_length")
     tok_max = None
-    if (d / "tokenizer_config.json").is_file():
+    if (d / "tokenizer_config.json").exists():
         tok_max = _read_json(d / "tokenizer_config.json").get("model_max_length")
     P = raw.get("max_position_embeddings", 512)
     if isinstance(P, bool) or not isinstance(P, int):

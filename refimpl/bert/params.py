@@ -97,6 +97,12 @@ class BertParams:
         if not isinstance(tensors, dict):
             raise TypeError(f"tensors must be a dict name -> array; got {type(tensors).__name__}")
         tensors = strip_prefix(tensors)
+        # The table has 16 entries per layer, and num_hidden_layers comes from a file: a count that
+        # the tensors cannot hold (10^9) is refused before the table is built.
+        layers = {n.split(".")[2] for n in tensors if n.startswith("encoder.layer.")}
+        if config.num_hidden_layers > len(layers):
+            raise ValueError(f"BERT config says num_hidden_layers={config.num_hidden_layers} but the weights "
+                             f"have {len(layers)} layer(s) encoder.layer.<i>")
         table = tensor_table(config)
         missing = [n for n, (_, _, required) in table.items() if required and n not in tensors]
         if missing:

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .._checks import json_object
+from .._files import read_regular_bytes
 
 __all__ = [
     "FLAVORS",
@@ -358,17 +359,17 @@ def check_sentences(texts) -> list[str]:
 
 def read_json_object(path: Path) -> dict:
     """A JSON object from `path`; anything else (bad UTF-8 or JSON, a list) is a ValueError naming the file."""
-    return json_object(Path(path).read_bytes(), str(path))
+    return json_object(read_regular_bytes(path, "BERT file"), str(path))
 
 
 def load_vocab(path) -> dict[str, int]:
     """vocab.txt: one token per line, id = line number (from 0); a repeated token is an error."""
     path = Path(os.fspath(path))
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no vocabulary file {path}")
     vocab: dict[str, int] = {}
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = read_regular_bytes(path, "vocabulary file").decode("utf-8").split("\n")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     if lines and lines[-1] == "":
@@ -387,7 +388,7 @@ def load_tokenizer(path, *, max_length: int | None = None, flavor: str = "tokeni
     special tokens) from the model directory `path`. max_length defaults to the config's model_max_length."""
     path = Path(os.fspath(path))
     cfg = {}
-    if (path / "tokenizer_config.json").is_file():
+    if (path / "tokenizer_config.json").exists():
         cfg = read_json_object(path / "tokenizer_config.json")
     kw = {}
     for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",

@@ -48,9 +48,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import re
 import struct
 import tempfile
+import warnings
 import zipfile
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -60,9 +62,10 @@ from typing import Callable
 import numpy as np
 
 from .._checks import json_object
-from .._files import (check_replaceable_folder, read_regular_bytes, read_regular_text, replace_folder,
-                       write_bytes_atomic, write_text_atomic)
-from ..safetensors import DTYPES, SafetensorsError, bfloat16_to_float32, safe_open, save_file
+from .._files import (NotARegularFileError, check_regular_file, check_replaceable_folder, open_regular,
+                      read_regular_bytes, read_regular_text, replace_folder, write_bytes_atomic, write_text_atomic)
+from ..safetensors import (DTYPES, SafetensorsError, _gc_paused, bfloat16_to_float32, read_header, read_tensor,
+                           safe_open, save_file)
 from .config import GPT2Config
 from .params import GPT2Params
 
@@ -89,6 +92,9 @@ SAFETENSORS_CONFIG_KEY = "config"      # model.safetensors __metadata__: JSON of
 LLMC_MAGIC = 20240326
 LLMC_VERSIONS = {3: "float32", 5: "bfloat16"}
 _BLOCK_NAME = re.compile(r"h\.([0-9]{1,9})\.")  # h.<block index>.<rest>; ASCII digits only
+# Every name GPT2Params.expected_shapes can produce, and the tied head (after _canonical_names).
+_GPT2_NAME = re.compile(r"(?:wte|wpe)\.weight|ln_f\.(?:weight|bias)|lm_head\.weight|h\.(?:0|[1-9][0-9]{0,8})\."
+                        r"(?:ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(?:weight|bias)")
 # Tokenizer files copied by save_weights / export when the source has them (and any *.tiktoken file).
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "encoder.json", "vocab.bpe")
@@ -104,6 +110,11 @@ _CONVERT_HINT = (
 class WeightFileError(ValueError):
     """A weight file or directory that cannot be loaded as GPT-2; the message names the file
     and the tensor or config field at fault."""
+
+
+class _NotARegularFile(WeightFileError):
+    """A model, config or shard path that names a FIFO, device, socket or folder; the message
+    already names the path in full, so it is passed on unprefixed."""
 
 
 @dataclass(frozen=True)
@@ -122,28 +133,29 @@ def detect_format(path) -> str:
     """One of 'hf-dir', 'hf-sharded-dir', 'npz-dir', 'safetensors', 'npz', 'llmc', or a
     refused kind: 'pickle', 'torch-zip', 'npy', 'hdf5', 'unknown' (file), 'empty-dir' (dir)."""
     path = Path(path)
-    if path.is_dir():
-        if (path / "model.safetensors").is_file():
+    if path.is_dir():  # (a name that exists but is no regular file is picked, and refused when read)
+        if (path / "model.safetensors").exists():
             return "hf-dir"
-        if (path / "model.safetensors.index.json").is_file():
+        if (path / "model.safetensors.index.json").exists():
             return "hf-sharded-dir"
-        if (path / "model.npz").is_file():
+        if (path / "model.npz").exists():
             return "npz-dir"
         return "empty-dir"
-    with open(path, "rb") as f:
+    with _open_weights(path) as f:
         head = f.read(9)
-    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        try:
-            with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-        except Exception:  # a broken archive: let the npz reader report what is wrong with it
+        size = os.fstat(f.fileno()).st_size
+        if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+            try:
+                with zipfile.ZipFile(f) as z:
+                    names = z.namelist()
+            except Exception:  # a broken archive: let the npz reader report what is wrong with it
+                return "npz"
+            if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+                return "torch-zip"
             return "npz"
-        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
-            return "torch-zip"
-        return "npz"
     # safetensors before pickle: its first byte is the low byte of the header length N, which is
     # 0x80 (pickle's PROTO opcode) for one N in 256. Byte 8 opens the JSON header, and N fits the file.
-    if head[8:9] == b"{" and 0 < struct.unpack("<Q", head[:8])[0] <= path.stat().st_size - 8:
+    if head[8:9] == b"{" and 0 < struct.unpack("<Q", head[:8])[0] <= size - 8:
         return "safetensors"
     if head[:1] == b"\x80":  # pickle PROTO opcode: torch.save's legacy format, or any pickle
         return "pickle"
@@ -158,6 +170,30 @@ def detect_format(path) -> str:
     return "unknown"
 
 
+def _open_weights(path: Path, what: str = "weight file"):
+    """`path` opened for binary reading if it is a regular file: a FIFO, device or socket is a
+    WeightFileError at once (reading one could block forever), a missing file FileNotFoundError."""
+    try:
+        return open_regular(path, what)
+    except NotARegularFileError as e:
+        raise _NotARegularFile(str(e)) from None
+
+
+def _regular(path: Path, what: str) -> Path:
+    """`path` if it names a regular file, else WeightFileError (FileNotFoundError if absent)."""
+    try:
+        return check_regular_file(path, what)
+    except NotARegularFileError as e:
+        raise _NotARegularFile(str(e)) from None
+
+
+def _read_small_file(path: Path, what: str) -> bytes:
+    try:
+        return read_regular_bytes(path, what)
+    except NotARegularFileError as e:
+        raise _NotARegularFile(str(e)) from None
+
+
 # ---- the public loader --------------------------------------------------------------------
 
 
@@ -167,7 +203,11 @@ def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[GPT2Con
     dtype: the float dtype of the returned arrays (float32 default; float64 for exact
     comparisons; None keeps the stored float dtype, with bfloat16 as float32).
     mmap: map safetensors / llm.c files instead of reading them; float32 tensors that need no
-    transposing then stay read-only views of the file (fast to open, shared page cache).
+    transposing then stay read-only views of the file (fast to open, shared page cache). The
+    shards of a sharded directory are read one tensor at a time either way (each shard opened,
+    read and closed), so a model in thousands of shards never holds more than one file open.
+    Only regular files are read: a FIFO or device given as the model (or found in its place in
+    a directory) is refused at once.
     Raises WeightFileError for every problem with the files (see the module docstring).
     """
     if dtype is not None and np.dtype(dtype).kind != "f":
@@ -179,6 +219,8 @@ def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[GPT2Con
         with ExitStack() as stack:
             config, tensors = _open(path, stack, mmap)
             return config, _build_params(config, tensors, dtype)
+    except _NotARegularFile as e:
+        raise WeightFileError(str(e)) from None
     except WeightFileError as e:
         raise WeightFileError(f"{path}: {e}") from None
     except SafetensorsError as e:
@@ -193,7 +235,7 @@ def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[st
     """Config and lazily-read tensors (HF names, prefix stripped) for any supported format."""
     kind = detect_format(path)
     if kind in ("hf-dir", "npz-dir"):
-        weights = path / ("model.safetensors" if kind == "hf-dir" else "model.npz")
+        weights = _regular(path / ("model.safetensors" if kind == "hf-dir" else "model.npz"), "weight file")
         try:
             embedded, tensors = (_safetensors_source(weights, stack, mmap) if kind == "hf-dir"
                                  else _npz_source(weights, stack))
@@ -201,7 +243,8 @@ def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[st
             raise WeightFileError(f"{weights.name}: {e}") from None
         return _resolve_config(embedded, weights.name, path / "config.json", tensors), tensors
     if kind == "hf-sharded-dir":
-        tensors = _sharded_source(path, stack, mmap)
+        with _gc_paused():  # an index may name 10^6 tensors: no collections while their records are built
+            tensors = _sharded_source(path)
         return _resolve_config(None, "", path / "config.json", tensors), tensors
     if kind == "empty-dir":
         pickled = [n for n in _PICKLE_NAMES if (path / n).is_file()]
@@ -258,8 +301,9 @@ def _resolve_config(embedded: dict | None, embedded_where: str, config_json: Pat
                     tensors: dict[str, _Tensor]) -> GPT2Config:
     """The config: from config.json and/or the one embedded in the weights (they must agree)."""
     configs = []
-    if config_json.is_file():
-        configs.append((_config_from_dict(_config_from_json_text(config_json.read_bytes(), config_json.name),
+    if config_json.exists():  # a FIFO or folder of that name is refused, not skipped
+        text = _read_small_file(config_json, "config")
+        configs.append((_config_from_dict(_config_from_json_text(text, config_json.name),
                                           config_json.name), config_json.name))
     if embedded is not None:
         configs.append((_config_from_dict(embedded, f"config in {embedded_where}"), f"config in {embedded_where}"))
@@ -300,13 +344,34 @@ def _check_config_against_shapes(config: GPT2Config, shapes: dict[str, tuple[int
         disagree("n_positions", "wpe.weight", P)
     if C2 != config.n_embd:
         disagree("n_embd", "wpe.weight", C2)
-    blocks = {int(m[1]) for m in map(_BLOCK_NAME.match, shapes) if m}
-    if blocks != set(range(config.n_layer)):
-        found = f"h.0 .. h.{max(blocks)}" if blocks else "none"
-        missing = sorted(set(range(config.n_layer)) - blocks)
-        detail = f"; missing blocks {missing[:5]}" if missing and blocks else ""
+    _check_blocks(config, shapes, where)
+
+
+def _check_blocks(config: GPT2Config, names, where: str) -> None:
+    """The block indices h.<i> among `names` must be exactly 0 .. n_layer-1.
+
+    Compared without building range(n_layer): n_layer comes from a file and may be 10^9; the
+    work is bounded by the number of names."""
+    blocks = sorted({int(m[1]) for m in map(_BLOCK_NAME.match, names) if m})
+    if len(blocks) != config.n_layer or (blocks and blocks[-1] != config.n_layer - 1):
+        found = f"h.0 .. h.{blocks[-1]}" if blocks else "none"
+        missing = _first_missing(blocks, config.n_layer, 5)
+        detail = f"; missing blocks {missing}" if missing and blocks else ""
         raise WeightFileError(f"{where} says n_layer={config.n_layer} but the weights have blocks "
                               f"{found} ({len(blocks)} blocks{detail})")
+
+
+def _first_missing(present: list[int], n: int, k: int) -> list[int]:
+    """The first k integers of 0 .. n-1 absent from the sorted list `present` (O(len(present) + k))."""
+    out, expect = [], 0
+    for b in (*present, n):
+        while expect < min(b, n) and len(out) < k:
+            out.append(expect)
+            expect += 1
+        if len(out) == k or b >= n:
+            break
+        expect = max(expect, b + 1)
+    return out
 
 
 # ---- building the params ------------------------------------------------------------------------
@@ -380,7 +445,7 @@ def _safetensors_tensors(f: safe_open) -> dict[str, _Tensor]:
 
 
 def _safetensors_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[dict | None, dict[str, _Tensor]]:
-    f = stack.enter_context(safe_open(path, mmap=mmap))
+    f = stack.enter_context(safe_open(_regular(path, "weight file"), mmap=mmap))
     embedded = None
     if SAFETENSORS_CONFIG_KEY in f.metadata:
         embedded = _config_from_json_text(f.metadata[SAFETENSORS_CONFIG_KEY],
@@ -388,35 +453,72 @@ def _safetensors_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[dict 
     return embedded, _canonical_names(_safetensors_tensors(f))
 
 
-def _sharded_source(directory: Path, stack: ExitStack, mmap: bool) -> dict[str, _Tensor]:
+def _sharded_source(directory: Path) -> dict[str, _Tensor]:
+    """Tensors of a sharded Hugging Face directory, checked against its index.
+
+    The index is grouped by shard in one pass; each shard's header is read with the file opened
+    and closed again, and each tensor is read later the same way, so no shard stays open (a
+    model in more shards than the open-file limit loads) and the work is linear in the index.
+    """
     index_path = directory / "model.safetensors.index.json"
-    index = _config_from_json_text(index_path.read_bytes(), index_path.name)
+    index = _config_from_json_text(_read_small_file(index_path, "index"), index_path.name)
     weight_map = index.get("weight_map")
     if not (isinstance(weight_map, dict) and weight_map
             and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
         raise WeightFileError(f"{index_path.name}: 'weight_map' must be a non-empty object of "
                               "tensor name -> shard file name")
+    # Each shard must hold exactly the tensors the index assigns to it, so the index's names are the
+    # model's: names that no GPT-2 has are refused from the index alone, before any shard is opened.
+    names = _canonical_names(dict.fromkeys(weight_map))
+    unexpected = [n for n in names if not _GPT2_NAME.fullmatch(n)]
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise WeightFileError(f"{index_path.name}: unexpected tensor(s) {unexpected[:5]}{more}: not "
+                              "GPT2LMHeadModel weights")
+    for required in ("wte.weight", "wpe.weight"):
+        if required not in names:
+            raise WeightFileError(f"{index_path.name}: missing tensor {required!r}")
+    config_json = directory / "config.json"
+    if config_json.exists():  # n_layer against the blocks the index names, also before any shard is opened
+        where = config_json.name
+        _check_blocks(_config_from_dict(_config_from_json_text(_read_small_file(config_json, "config"), where),
+                                        where), names, where)
+    listed: dict[str, set[str]] = {}  # shard -> the tensor names the index puts there
+    for name, shard in weight_map.items():
+        listed.setdefault(shard, set()).add(name)
     raw: dict[str, _Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
+    for shard in sorted(listed):
         if Path(shard).name != shard or shard in (".", ".."):
             raise WeightFileError(f"{index_path.name}: shard {shard!r} must be a file name in the same directory")
-        if not (directory / shard).is_file():
+        shard_path = directory / shard
+        if not shard_path.exists():
             raise WeightFileError(f"{index_path.name}: shard file {shard!r} does not exist")
+        _regular(shard_path, "shard")
         try:
-            f = stack.enter_context(safe_open(directory / shard, mmap=mmap))
+            header = read_header(shard_path)
         except SafetensorsError as e:
             raise WeightFileError(f"shard {shard}: {e}") from None
-        listed = {n for n, s in weight_map.items() if s == shard}
-        for name, t in _safetensors_tensors(f).items():
-            if name not in listed:
+        names = listed[shard]
+        for name, info in header.tensors.items():
+            if name not in names:
                 raise WeightFileError(f"shard {shard} holds tensor {name!r}, which {index_path.name} "
                                       f"assigns to {weight_map.get(name, 'no shard')!r}")
-            raw[name] = t
-        absent = sorted(listed - set(f.keys()))
-        if absent:
-            raise WeightFileError(f"{index_path.name} assigns tensor {absent[0]!r} to shard {shard}, "
+            raw[name] = _Tensor(info.shape, _shard_reader(shard_path, header, name),
+                                "f" if info.dtype == "BF16" else DTYPES[info.dtype].kind)
+        if len(header.tensors) != len(names):
+            absent = min(n for n in names if n not in header.tensors)
+            raise WeightFileError(f"{index_path.name} assigns tensor {absent!r} to shard {shard}, "
                                   "which does not hold it")
     return _canonical_names(raw)
+
+
+def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
+    def read() -> np.ndarray:
+        try:
+            return read_tensor(path, header, name)
+        except SafetensorsError as e:
+            raise WeightFileError(f"shard {path.name}: {e}") from None
+    return read
 
 
 # ---- npz ------------------------------------------------------------------------------------
@@ -462,8 +564,9 @@ def _npz_read(z: zipfile.ZipFile, member: str) -> np.ndarray:
 
 
 def _npz_source(path: Path, stack: ExitStack) -> tuple[dict | None, dict[str, _Tensor]]:
+    f = stack.enter_context(_open_weights(path))
     try:
-        z = stack.enter_context(zipfile.ZipFile(path))
+        z = stack.enter_context(zipfile.ZipFile(f))
         members = z.namelist()
         headers = {}
         for m in members:
@@ -518,7 +621,7 @@ _LLMC_TO_HF = {
 
 def _llmc_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[str, _Tensor]]:
     """llm.c checkpoint: header int32[256] = magic, version, maxT, V, L, NH, C, Vp, 0...; then params."""
-    f = stack.enter_context(open(path, "rb"))
+    f = stack.enter_context(_open_weights(path))
     size = os.fstat(f.fileno()).st_size
     if size < 1024:
         raise WeightFileError(f"llm.c checkpoint is {size} bytes: truncated inside its 1024-byte header")
@@ -617,7 +720,7 @@ def _copy_tokenizer_files(src_dir: Path | None, out_dir: Path) -> list[str]:
     names = [*TOKENIZER_FILES, *sorted(p.name for p in src_dir.glob("*.tiktoken"))]  # (tiktoken ranks: any name)
     for name in names:
         src = src_dir / name
-        if src.is_file():
+        if os.path.lexists(src):  # a FIFO or a dangling link there is read_regular_bytes's error, not skipped
             write_bytes_atomic(out_dir / name, read_regular_bytes(src, "tokenizer file"), fsync=False)
             copied.append(name)
     return copied
@@ -761,18 +864,44 @@ def _load_pickled_checkpoint(file: Path, config_json: Path) -> tuple[GPT2Config,
     except ImportError:
         raise WeightFileError(f"{file}: exporting a pickled PyTorch checkpoint needs PyTorch "
                               "(pip install torch)") from None
-    if not config_json.is_file():
+    if not config_json.exists():
         raise WeightFileError(f"{file}: needs the model's config.json beside it ({config_json} not found)")
     try:
-        sd = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for a bad or unsafe pickle
-        raise WeightFileError(f"{file}: torch.load(weights_only=True) failed: {type(e).__name__}: {e}") from None
+        with _open_weights(file) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own notes (e.g. on the pickle protocol) are not ours
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+    except _NotARegularFile:
+        raise
+    except pickle.UnpicklingError as e:  # an object other than tensors, or not a pickle at all
+        raise WeightFileError(_pickle_refusal(file, e)) from None
+    except Exception as e:  # torch raises many types for a broken file; one line of what it said
+        raise WeightFileError(f"{file}: cannot be read as a PyTorch checkpoint: {type(e).__name__}: "
+                              f"{_first_line(e)}") from None
     tensors = _canonical_names(_torch_state_dict_to_numpy(sd, str(file)))
     try:
         config = _resolve_config(None, "", config_json, tensors)
         return config, _build_params(config, tensors, np.float32)
     except WeightFileError as e:
         raise WeightFileError(f"{file}: {e}") from None
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of what torch said, unless it is advice about weights_only (never repeated)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines or "weights_only" in lines[0]:
+        return "(not a readable checkpoint)"
+    return lines[0][:200]
+
+
+def _pickle_refusal(file: Path, e: Exception) -> str:
+    """One line: the pickle holds more than tensors, so refimpl does not read it. What torch says
+    after its weights-only refusal (how to load the file anyway, by running its code) is left out;
+    only the name of the object it met, when it gives one, is kept."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+    what = f" (it refers to {found[1]})" if found else ""
+    return (f"{file}: refused: it is not a plain state dict of tensors{what}, and refimpl never unpickles "
+            "arbitrary objects (unpickling can run any code). Save its tensors as safetensors where "
+            "you trust the file, and export that")
 
 
 def _looks_like_path(source: str) -> bool:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._files import write_files_together
+from .._files import NotARegularFileError, read_regular_bytes, write_files_together
 from .bpe import MergeTable, bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
 
 __all__ = [
@@ -374,7 +374,9 @@ def _replace_lone_surrogates(text: str) -> str:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_regular_bytes(path, "tokenizer file").decode("utf-8")  # a FIFO or device: refused
+    except NotARegularFileError as e:
+        raise TokenizerFileError(str(e)) from None
     except UnicodeDecodeError as e:
         raise TokenizerFileError(f"{path}: not UTF-8 text ({e})") from None
 
@@ -724,7 +726,7 @@ def load_tokenizer(path) -> Tokenizer:
             raise TokenizerFileError(f"{p}: several .tiktoken files {[x.name for x in found]}; pass one file")
         raise FileNotFoundError(f"{p}: no tokenizer files (tokenizer.json, vocab.json + merges.txt, "
                                 f"encoder.json + vocab.bpe, or *.tiktoken)")
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
     if p.suffix == ".tiktoken":
         return load_tiktoken_file(p)
@@ -732,7 +734,7 @@ def load_tokenizer(path) -> Tokenizer:
         if p.name in (v, m):
             vocab, merges = p.with_name(v), p.with_name(m)
             for q in (vocab, merges):
-                if not q.is_file():
+                if not q.exists():
                     raise FileNotFoundError(f"{q}: needed beside {p.name}")
             return load_vocab_merges(vocab, merges)
     if p.suffix == ".json":
