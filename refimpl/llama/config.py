@@ -1,0 +1,426 @@
+"""LlamaConfig: the hyper-parameters of one decoder of the LLaMA family, read from Hugging Face's config.json.
+
+One config serves LLaMA (Touvron et al. 2023), Mistral (Jiang et al. 2023), Qwen2 / Qwen3,
+Gemma / Gemma-2 (Gemma Team 2024) and Phi-3 (Abdin et al. 2024). Fields keep Hugging Face's
+names; what differs between the families is either a field (head_dim, sliding_window,
+layer_types, the soft-caps, rope) or one property below that names the family it belongs to
+(qk_norm, norm_plus_one, embed_scale, sandwich_norms, fused_projections), so each difference
+has one visible place.
+
+`LlamaConfig.from_dict(d)` accepts the keys Hugging Face's config class of that model_type
+defines (missing optional keys take that class's defaults) plus keys that do not change the
+forward at inference (dropout rates, initializer_range, use_cache, architectures, dtype ...).
+Any other key is an error naming it: a setting this code does not implement is never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .._checks import check_bool, check_positive_int
+
+__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES"]
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")  # gelu: the erf form; the others tanh
+
+
+# ----------------------------------------------------------------------------- RoPE parameters
+
+# rope_type -> (required keys, optional keys) besides rope_type, rope_theta and partial_rotary_factor,
+# as Hugging Face validates them (modeling_rope_utils).
+_ROPE_KEYS = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "dynamic": (("factor",), ()),
+    "llama3": (("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"), ("attention_factor", "factor")),
+}
+
+
+@dataclass(frozen=True)
+class RopeParameters:
+    """How a model rotates queries and keys: theta, the rotated fraction of each head, and a frequency scaling.
+
+    rope_type: default (Su et al. 2021), linear (position interpolation, Chen et al. 2023), dynamic
+    (NTK-aware), llama3 (Meta's band-wise scaling), yarn (Peng et al. 2023) or longrope (Ding et al.
+    2024, Phi-3). The other fields are the ones that type takes (None where it takes none).
+    """
+
+    rope_type: str = "default"
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    attention_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in _ROPE_KEYS:
+            raise ValueError(f"rope_type {self.rope_type!r} is not implemented; known: {sorted(_ROPE_KEYS)}")
+        required, optional = _ROPE_KEYS[self.rope_type]
+        for name in _ROPE_FIELDS:
+            value = getattr(self, name)
+            if name in required and value is None:
+                raise ValueError(f"rope_type {self.rope_type!r} needs {name!r}")
+            if name not in required and name not in optional and value is not None:
+                raise ValueError(f"rope_type {self.rope_type!r} does not take {name!r} (got {value!r})")
+        _positive_real(self.rope_theta, "rope_theta")
+        if not (_is_real(self.partial_rotary_factor) and 0 < self.partial_rotary_factor <= 1):
+            raise ValueError(f"partial_rotary_factor must be a number in (0, 1]; got {self.partial_rotary_factor!r}")
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast", "beta_slow",
+                     "mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                _positive_real(getattr(self, name), name)
+        if self.factor is not None and self.factor < 1:
+            raise ValueError(f"rope factor must be >= 1 (a context extension); got {self.factor!r}")
+        if self.original_max_position_embeddings is not None:
+            check_positive_int(self.original_max_position_embeddings, "original_max_position_embeddings")
+        if self.truncate is not None:
+            check_bool(self.truncate, "truncate")
+        if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"llama3 rope needs high_freq_factor > low_freq_factor; got {self.high_freq_factor} "
+                             f"and {self.low_freq_factor}")
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, tuple) and value and all(
+                    _is_real(f) and 0 < f < math.inf for f in value)):
+                raise ValueError(f"{name} must be a non-empty list of positive numbers; got {value!r}")
+
+    def to_dict(self) -> dict:
+        """The config.json form (fields that are None left out)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()
+                if v is not None}
+
+
+_ROPE_FIELDS = tuple(f.name for f in dataclasses.fields(RopeParameters)
+                     if f.name not in ("rope_type", "rope_theta", "partial_rotary_factor"))
+
+
+# ----------------------------------------------------------------------------- the families
+
+# Keys that never change the forward at inference: accepted for every model_type and not kept.
+_INERT = frozenset({
+    "architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
+    "initializer_range", "attention_dropout", "embd_pdrop", "resid_pdrop", "output_attentions",
+    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
+    "is_encoder_decoder", "tokenizer_class", "auto_map", "cache_implementation", "pretraining_tp",
+})
+_COMMON = frozenset({
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "hidden_act",
+    "rope_parameters", "rope_scaling", "rope_theta", "bos_token_id", "eos_token_id", "pad_token_id",
+})
+# model_type -> (the keys its Hugging Face config class adds, that class's defaults of the optional fields).
+# (Qwen2 and Qwen3 list sliding_window 4096 though it applies only with use_sliding_window; a missing
+# num_key_value_heads is num_attention_heads where no default is listed.)
+_FAMILIES = {
+    "llama": ({"head_dim", "attention_bias", "mlp_bias"},
+              dict(rms_norm_eps=1e-6, max_position_embeddings=2048, tie_word_embeddings=False, hidden_act="silu",
+                   bos_token_id=1, eos_token_id=2)),
+    "mistral": ({"head_dim", "sliding_window"},
+                dict(rms_norm_eps=1e-6, max_position_embeddings=131072, tie_word_embeddings=False, hidden_act="silu",
+                     sliding_window=4096, num_key_value_heads=8, bos_token_id=1, eos_token_id=2)),
+    "qwen2": ({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
+              dict(rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=False, hidden_act="silu",
+                   sliding_window=4096, num_key_value_heads=32)),
+    "qwen3": ({"head_dim", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
+               "layer_types"},
+              dict(rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=False, hidden_act="silu",
+                   sliding_window=4096, num_key_value_heads=32, head_dim=128)),
+    "gemma": ({"head_dim", "attention_bias", "hidden_activation", "use_bidirectional_attention"},
+              dict(rms_norm_eps=1e-6, max_position_embeddings=8192, tie_word_embeddings=True,
+                   hidden_act="gelu_pytorch_tanh", head_dim=256, num_key_value_heads=16, bos_token_id=2,
+                   eos_token_id=1, pad_token_id=0)),
+    "gemma2": ({"head_dim", "attention_bias", "hidden_activation", "use_bidirectional_attention",
+                "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
+                "layer_types"},
+               dict(rms_norm_eps=1e-6, max_position_embeddings=8192, tie_word_embeddings=True,
+                    hidden_activation="gelu_pytorch_tanh", head_dim=256, sliding_window=4096,
+                    query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                    num_key_value_heads=4, bos_token_id=2, eos_token_id=1, pad_token_id=0)),
+    "phi3": ({"sliding_window", "original_max_position_embeddings", "partial_rotary_factor"},
+             dict(rms_norm_eps=1e-5, max_position_embeddings=4096, tie_word_embeddings=False, hidden_act="silu",
+                  bos_token_id=1, eos_token_id=32000, pad_token_id=32000)),
+}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shapes and constants of one decoder of the LLaMA family (fields as in Hugging Face's config.json).
+
+    vocab_size V, hidden_size C, intermediate_size F, num_hidden_layers L, num_attention_heads H,
+    num_key_value_heads K (H % K == 0; K = H is multi-head attention, K = 1 multi-query), head_dim
+    D (not always C / H: Gemma's is 256). layer_types[i] is "full_attention" or "sliding_attention"
+    (a causal window of sliding_window keys, the query's own included). Soft-caps (Gemma-2):
+    s -> cap tanh(s / cap) on the attention scores and on the final logits, when not None.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeParameters
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    bos_token_id: int | tuple[int, ...] | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not one of {list(MODEL_TYPES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            check_positive_int(getattr(self, name), f"{self.model_type} config {name}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"{self.model_type} config num_attention_heads ({self.num_attention_heads}) must be a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+        _positive_real(self.rms_norm_eps, f"{self.model_type} config rms_norm_eps")
+        if not isinstance(self.rope, RopeParameters):
+            raise TypeError(f"LlamaConfig.rope must be a RopeParameters; got {type(self.rope).__name__}")
+        if self.rotary_dim % 2 or self.rotary_dim == 0:
+            raise ValueError(f"{self.model_type} config: the rotated part of each head, head_dim "
+                             f"{self.head_dim} x partial_rotary_factor {self.rope.partial_rotary_factor} = "
+                             f"{self.rotary_dim}, must be a positive even number")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"{self.model_type} config hidden_act {self.hidden_act!r} is not implemented; "
+                             f"known: {list(ACTIVATIONS)}")
+        for name in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            check_bool(getattr(self, name), f"{self.model_type} config {name}")
+        if len(self.layer_types) != self.num_hidden_layers or not all(t in LAYER_TYPES for t in self.layer_types):
+            raise ValueError(f"{self.model_type} config layer_types must list one of {list(LAYER_TYPES)} for each of "
+                             f"the {self.num_hidden_layers} layers; got {list(self.layer_types)!r}")
+        if self.sliding_window is not None:
+            check_positive_int(self.sliding_window, f"{self.model_type} config sliding_window")
+        elif "sliding_attention" in self.layer_types:
+            raise ValueError(f"{self.model_type} config has sliding_attention layers but no sliding_window")
+        for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(self, name) is not None:
+                _positive_real(getattr(self, name), f"{self.model_type} config {name}")
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            ids = getattr(self, name)
+            for i in ids if isinstance(ids, tuple) else () if ids is None else (ids,):
+                check_positive_int(i, f"{self.model_type} config {name}", allow_zero=True)
+
+    # --- what differs between the families, one place each
+
+    @property
+    def qkv_bias(self) -> bool:
+        """q, k and v projections have biases: attention_bias, or always for Qwen2 (whose output projection has none)."""
+        return self.attention_bias or self.model_type == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3: each head's query and key pass through an RMSNorm over D before RoPE."""
+        return self.model_type == "qwen3"
+
+    @property
+    def norm_plus_one(self) -> bool:
+        """Gemma: RMSNorm scales by (1 + w), not w (its weights are stored as offsets from one)."""
+        return self.model_type in ("gemma", "gemma2")
+
+    @property
+    def embed_scale(self) -> float | None:
+        """Gemma: the token embeddings are multiplied by sqrt(C), rounded to the model's dtype; None for the others."""
+        return math.sqrt(self.hidden_size) if self.model_type in ("gemma", "gemma2") else None
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Gemma-2: an RMSNorm after the attention and after the MLP too, before each residual add."""
+        return self.model_type == "gemma2"
+
+    @property
+    def fused_projections(self) -> bool:
+        """Phi-3: the checkpoint stores q, k, v as one qkv_proj and gate, up as one gate_up_proj."""
+        return self.model_type == "phi3"
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q k^T: query_pre_attn_scalar^(-1/2) for Gemma-2, else D^(-1/2)."""
+        return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
+
+    @property
+    def rotary_dim(self) -> int:
+        """R = int(D * partial_rotary_factor): the leading R dimensions of each head are rotated (Phi-3 may rotate a part)."""
+        return int(self.head_dim * self.rope.partial_rotary_factor)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of block `layer` (None: full causal attention)."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+    # --- config.json
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LlamaConfig":
+        """Build from a Hugging Face config.json dict (module docstring: which keys are accepted)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a LLaMA-family config must be a JSON object; got {type(d).__name__}")
+        model_type = d.get("model_type")
+        if model_type not in _FAMILIES:
+            raise ValueError(f"config.json model_type {model_type!r} is not one of {list(MODEL_TYPES)}")
+        own, defaults = _FAMILIES[model_type]
+        unknown = sorted(k for k in d if k not in _COMMON and k not in _INERT and k not in own and d[k] is not None)
+        if unknown:
+            raise ValueError(f"{model_type} config has fields this implementation does not implement: {unknown} "
+                             "(refusing rather than ignoring them)")
+        get = {**defaults, **{k: v for k, v in d.items() if v is not None}}.get
+        for required in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            if get(required) is None:
+                raise ValueError(f"{model_type} config is missing the field {required!r}")
+        H, L = get("num_attention_heads"), get("num_hidden_layers")
+        check_positive_int(H, f"{model_type} config num_attention_heads")
+        check_positive_int(L, f"{model_type} config num_hidden_layers")
+        hidden_act = get("hidden_activation") if model_type == "gemma2" else get("hidden_act")
+        if model_type == "gemma" and hidden_act == "gelu":
+            hidden_act = "gelu_pytorch_tanh"  # Gemma's legacy name for the tanh form (Hugging Face maps it too)
+        if get("use_bidirectional_attention"):
+            raise ValueError(f"{model_type} config use_bidirectional_attention=true is not implemented (decoders here "
+                             "are causal)")
+        window, layer_types = _attention_layout(model_type, get, L)
+        return cls(
+            model_type=model_type, vocab_size=get("vocab_size"), hidden_size=get("hidden_size"),
+            intermediate_size=get("intermediate_size"), num_hidden_layers=L, num_attention_heads=H,
+            num_key_value_heads=get("num_key_value_heads", H),
+            head_dim=get("head_dim", _divide(get("hidden_size"), H, model_type)),
+            rms_norm_eps=get("rms_norm_eps"), max_position_embeddings=get("max_position_embeddings"),
+            rope=_rope_parameters(model_type, get), hidden_act=hidden_act,
+            tie_word_embeddings=get("tie_word_embeddings"), attention_bias=get("attention_bias", False),
+            mlp_bias=get("mlp_bias", False), layer_types=layer_types, sliding_window=window,
+            query_pre_attn_scalar=get("query_pre_attn_scalar"), attn_logit_softcapping=get("attn_logit_softcapping"),
+            final_logit_softcapping=get("final_logit_softcapping"), bos_token_id=_ids(get("bos_token_id")),
+            eos_token_id=_ids(get("eos_token_id")), pad_token_id=get("pad_token_id"))
+
+    def to_dict(self) -> dict:
+        """The config.json form, which Hugging Face's config class of model_type reads back to the same model."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope"}
+        d["layer_types"] = list(self.layer_types)
+        for name in ("bos_token_id", "eos_token_id"):
+            if isinstance(d[name], tuple):
+                d[name] = list(d[name])
+        if self.model_type == "gemma2":
+            d["hidden_activation"] = d.pop("hidden_act")
+        if self.model_type in ("mistral", "phi3"):
+            d.pop("layer_types")  # their window applies to every layer
+        if self.model_type in ("qwen2", "qwen3"):
+            d["use_sliding_window"] = self.sliding_window is not None
+        own, _ = _FAMILIES[self.model_type]
+        d = {k: v for k, v in d.items() if k in _COMMON or k in own}
+        d["rope_parameters"] = self.rope.to_dict()
+        if self.model_type == "phi3" and self.rope.original_max_position_embeddings is not None:
+            d["original_max_position_embeddings"] = self.rope.original_max_position_embeddings  # Phi-3 reads it here
+        return d
+
+
+# ----------------------------------------------------------------------------- reading helpers
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive_real(x, name: str) -> float:
+    if not (_is_real(x) and x > 0):
+        raise ValueError(f"{name} must be a positive finite number; got {x!r}")
+    return float(x)
+
+
+def _divide(width, n: int, model_type: str) -> int:
+    check_positive_int(width, f"{model_type} config hidden_size")
+    if width % n:
+        raise ValueError(f"{model_type} config hidden_size ({width}) is not divisible by num_attention_heads ({n}) "
+                         "and no head_dim is given")
+    return width // n
+
+
+def _ids(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _attention_layout(model_type: str, get, L: int) -> tuple[int | None, tuple[str, ...]]:
+    """(sliding_window or None, layer_types) as Hugging Face's config class of model_type derives them."""
+    window = get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not get("use_sliding_window", False):
+        window = None  # Qwen keeps a sliding_window value that applies only with use_sliding_window
+    given = get("layer_types")
+    if given is not None:
+        if not isinstance(given, list):
+            raise ValueError(f"{model_type} config layer_types must be a list; got {type(given).__name__}")
+        types = tuple(given)
+    elif model_type == "gemma2":  # alternating, the first layer sliding
+        types = tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L))
+    elif model_type in ("qwen2", "qwen3"):  # the layers from max_window_layers on slide
+        first = get("max_window_layers", 28)
+        check_positive_int(first, f"{model_type} config max_window_layers", allow_zero=True)
+        types = tuple("sliding_attention" if window is not None and i >= first else "full_attention"
+                      for i in range(L))
+    else:  # Mistral, Phi-3: one window for every layer, or none
+        types = tuple("sliding_attention" if window is not None else "full_attention" for _ in range(L))
+    if window is None:  # a sliding layer without a window is a full one (as Hugging Face's attention reads it)
+        types = tuple("full_attention" if t == "sliding_attention" else t for t in types)
+    return window, types
+
+
+def _rope_parameters(model_type: str, get) -> RopeParameters:
+    """rope_parameters (Transformers 5), or the older rope_theta + rope_scaling (+ partial_rotary_factor), normalized."""
+    new, old = get("rope_parameters"), get("rope_scaling")
+    if new is not None and old is not None:
+        raise ValueError(f"{model_type} config has both rope_parameters and rope_scaling; give one")
+    p = new if new is not None else old if old is not None else {}
+    if not isinstance(p, dict):
+        raise ValueError(f"{model_type} config rope_parameters must be an object; got {type(p).__name__}")
+    p = {k: v for k, v in p.items() if v is not None}
+    rope_type = p.pop("rope_type", None)
+    alias = p.pop("type", None)  # the older name of rope_type
+    if rope_type is not None and alias is not None and rope_type != alias:
+        raise ValueError(f"{model_type} config rope parameters give rope_type {rope_type!r} and type {alias!r}")
+    rope_type = rope_type or alias or "default"
+    if rope_type not in _ROPE_KEYS:
+        raise ValueError(f"{model_type} config rope_type {rope_type!r} is not implemented; known: {sorted(_ROPE_KEYS)}")
+    kw = {"rope_type": rope_type, "rope_theta": p.pop("rope_theta", get("rope_theta", 10000.0))}
+    partial = p.pop("partial_rotary_factor", get("partial_rotary_factor"))
+    if partial is not None:
+        kw["partial_rotary_factor"] = partial
+    if rope_type in ("llama3", "yarn", "longrope"):  # Hugging Face's fallbacks for the pre-training context
+        outer = get("original_max_position_embeddings")
+        if outer is not None:
+            p["original_max_position_embeddings"] = outer  # Phi-3 keeps it outside; that one wins there
+        p.setdefault("original_max_position_embeddings", get("max_position_embeddings"))
+    required, optional = _ROPE_KEYS[rope_type]
+    extra = sorted(k for k in p if k not in required and k not in optional)
+    if extra:
+        raise ValueError(f"{model_type} config rope_type {rope_type!r} does not implement {extra}")
+    for name in ("short_factor", "long_factor"):
+        if name in p:
+            if not isinstance(p[name], list):
+                raise ValueError(f"{model_type} config {name} must be a list of numbers; got {p[name]!r}")
+            p[name] = tuple(p[name])
+    try:
+        return RopeParameters(**kw, **p)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{model_type} config rope parameters: {e}") from None

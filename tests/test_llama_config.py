@@ -1,0 +1,170 @@
+"""LlamaConfig reads Hugging Face's config.json for the seven LLaMA-family model types as Hugging Face does.
+
+The oracle is transformers' own config class of each model_type: what it derives (head_dim,
+layer_types, the effective sliding window, the normalized rope parameters) must be what
+LlamaConfig derives from the same JSON, and what LlamaConfig writes must read back the same.
+"""
+
+import logging
+
+import pytest
+
+from refimpl.llama import MODEL_TYPES, LlamaConfig, RopeParameters
+
+transformers = pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+SHAPES = dict(vocab_size=97, hidden_size=48, intermediate_size=72, num_hidden_layers=5, num_attention_heads=6)
+# 96 heads: a multiple of every family's default num_key_value_heads (8, 32, 16, 4)
+SHAPES_96 = dict(SHAPES, hidden_size=192, num_attention_heads=96)
+
+
+def hf_config(model_type, **kw):
+    return transformers.AutoConfig.for_model(model_type, **kw)
+
+
+def assert_agrees(ours: LlamaConfig, hf) -> None:
+    """Every field the forward reads equals what the Hugging Face config object holds."""
+    assert ours.model_type == hf.model_type
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
+                 "pad_token_id"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    for name in ("bos_token_id", "eos_token_id"):
+        value = getattr(hf, name)
+        assert getattr(ours, name) == (tuple(value) if isinstance(value, list) else value), name
+    assert ours.head_dim == getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
+    act = hf.hidden_activation if hf.model_type == "gemma2" else hf.hidden_act
+    assert ours.hidden_act == act
+    for name in ("attention_bias", "mlp_bias", "query_pre_attn_scalar", "attn_logit_softcapping",
+                 "final_logit_softcapping"):
+        assert getattr(ours, name) == getattr(hf, name, getattr(ours.__class__, name, None)), name
+    hf_types = getattr(hf, "layer_types", None)
+    window = getattr(hf, "sliding_window", None)
+    expected = ["sliding_attention" if window is not None and (hf_types is None or t == "sliding_attention")
+                else "full_attention" for t in (hf_types or [None] * hf.num_hidden_layers)]
+    assert list(ours.layer_types) == expected
+    assert ours.sliding_window == window
+    rope = {k: v for k, v in hf.rope_parameters.items() if k != "type"}
+    assert ours.rope.to_dict() == {"partial_rotary_factor": 1.0, **rope}
+
+
+CASES = {
+    "llama": dict(num_key_value_heads=2, head_dim=10, attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
+                  rope_parameters=dict(rope_type="llama3", rope_theta=5e5, factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=64),
+                  max_position_embeddings=512, rms_norm_eps=1e-5),
+    "mistral": dict(num_key_value_heads=3, sliding_window=7, head_dim=12,
+                    rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=1e4)),
+    "qwen2": dict(num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=3,
+                  rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=1e6,
+                                       original_max_position_embeddings=128), max_position_embeddings=512),
+    "qwen3": dict(num_key_value_heads=1, head_dim=16, attention_bias=True,
+                  rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=1e6)),
+    "gemma": dict(num_key_value_heads=1, head_dim=16, hidden_act="gelu_pytorch_tanh"),
+    "gemma2": dict(num_key_value_heads=3, head_dim=8, sliding_window=6, query_pre_attn_scalar=12,
+                   attn_logit_softcapping=20.0, final_logit_softcapping=15.0, tie_word_embeddings=False),
+    "phi3": dict(num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
+                 partial_rotary_factor=0.5, sliding_window=9,
+                 rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 3.0])),
+}
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_odd_configs_read_as_hugging_face_reads_them(model_type):
+    hf = hf_config(model_type, **SHAPES, **CASES[model_type])
+    ours = LlamaConfig.from_dict(hf.to_dict())
+    assert_agrees(ours, hf)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_missing_optional_fields_take_hugging_faces_defaults(model_type):
+    """A config.json with only the five shapes: every other field is the Hugging Face class's default."""
+    ours = LlamaConfig.from_dict({"model_type": model_type, **SHAPES_96})
+    assert_agrees(ours, hf_config(model_type, **SHAPES_96))
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_to_dict_reads_back_the_same_in_both(model_type):
+    ours = LlamaConfig.from_dict(hf_config(model_type, **SHAPES, **CASES[model_type]).to_dict())
+    written = ours.to_dict()
+    assert written.pop("model_type") == model_type
+    again = hf_config(model_type, **written)
+    assert LlamaConfig.from_dict(again.to_dict()) == ours
+    assert LlamaConfig.from_dict(ours.to_dict()) == ours
+
+
+def test_older_rope_theta_and_rope_scaling_keys():
+    """Checkpoints written before Transformers 5 keep rope_theta at the top and the scaling in rope_scaling."""
+    old = {"model_type": "llama", **SHAPES, "rope_theta": 5e5, "max_position_embeddings": 1024,
+           "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 256}}
+    rope = LlamaConfig.from_dict(old).rope
+    assert rope == RopeParameters(rope_type="llama3", rope_theta=5e5, factor=32.0, low_freq_factor=1.0,
+                                  high_freq_factor=4.0, original_max_position_embeddings=256)
+
+
+def test_family_properties_each_in_one_place():
+    c = {t: LlamaConfig.from_dict({"model_type": t, **SHAPES, **CASES[t]}) for t in MODEL_TYPES}
+    assert LlamaConfig.from_dict({"model_type": "mistral", **SHAPES_96}).num_key_value_heads == 8
+    assert [t for t in MODEL_TYPES if c[t].qk_norm] == ["qwen3"]
+    assert [t for t in MODEL_TYPES if c[t].norm_plus_one] == ["gemma", "gemma2"]
+    assert [t for t in MODEL_TYPES if c[t].sandwich_norms] == ["gemma2"]
+    assert [t for t in MODEL_TYPES if c[t].fused_projections] == ["phi3"]
+    assert c["gemma"].embed_scale == 48 ** 0.5 and c["llama"].embed_scale is None
+    assert c["qwen2"].qkv_bias and not c["qwen2"].attention_bias  # Qwen2: biased q, k, v; unbiased output
+    assert c["gemma2"].attention_scale == 12 ** -0.5 and c["llama"].attention_scale == 10 ** -0.5
+    assert c["phi3"].rotary_dim == 4  # head_dim 8, half rotated
+    assert [c["gemma2"].window(i) for i in range(5)] == [6, None, 6, None, 6]
+    assert [c["qwen2"].window(i) for i in range(5)] == [None, None, None, 5, 5]
+
+
+def test_gemmas_legacy_gelu_name_is_the_tanh_form():
+    assert LlamaConfig.from_dict({"model_type": "gemma", **SHAPES_96, "hidden_act": "gelu"}).hidden_act == \
+        hf_config("gemma", **SHAPES_96, hidden_act="gelu").hidden_act == "gelu_pytorch_tanh"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not one of"),
+    ({"quantization_config": {"bits": 4}}, "does not implement: ['quantization_config']"),
+    ({"attn_logit_softcapping": 30.0}, "does not implement: ['attn_logit_softcapping']"),  # a Gemma-2 field on llama
+    ({"hidden_size": None}, "missing the field 'hidden_size'"),
+    ({"num_key_value_heads": 4}, "multiple of num_key_value_heads (4)"),
+    ({"hidden_size": 50}, "not divisible by num_attention_heads (6)"),
+    ({"hidden_act": "swish"}, "hidden_act 'swish' is not implemented"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps must be a positive finite number"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers must be > 0"),
+    ({"rope_parameters": {"rope_type": "su"}}, "rope_type 'su' is not implemented"),
+    ({"rope_parameters": {"rope_type": "linear"}}, "needs 'factor'"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "beta_fast": 3}}, "does not implement ['beta_fast']"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 0.5}}, "factor must be >= 1"),
+    ({"rope_parameters": {"rope_type": "default"}, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+     "both rope_parameters and rope_scaling"),
+    ({"head_dim": 7}, "must be a positive even number"),
+])
+def test_bad_llama_configs_name_the_field(change, message):
+    d = {"model_type": "llama", **SHAPES, **change}
+    with pytest.raises(ValueError) as e:
+        LlamaConfig.from_dict({k: v for k, v in d.items()})
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("model_type, change, message", [
+    ("gemma2", {"layer_types": ["full_attention"] * 4}, "for each of the 5 layers"),
+    ("gemma2", {"layer_types": ["global"] * 5}, "layer_types must list one of"),
+    ("gemma2", {"sliding_window": 0}, "sliding_window must be > 0"),
+    ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not implemented"),
+    ("phi3", {"partial_rotary_factor": 1.5}, "partial_rotary_factor must be a number in (0, 1]"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0], "rope_type": "yarn"}},
+     "rope_type 'yarn' and type 'longrope'"),
+    ("qwen2", {"max_window_layers": -1}, "max_window_layers must be >= 0"),
+])
+def test_bad_family_configs_name_the_field(model_type, change, message):
+    with pytest.raises(ValueError) as e:
+        LlamaConfig.from_dict({"model_type": model_type, **SHAPES, "num_key_value_heads": 2, **change})
+    assert message in str(e.value)
+
+
+def test_not_a_dict():
+    with pytest.raises(ValueError, match="must be a JSON object; got list"):
+        LlamaConfig.from_dict([])
