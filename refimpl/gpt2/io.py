@@ -55,17 +55,20 @@ import tempfile
 import warnings
 import zipfile
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .._checks import json_object
-from .._files import (NotARegularFileError, check_regular_file, check_replaceable_folder, open_regular,
-                      read_regular_bytes, read_regular_text, replace_folder, write_bytes_atomic, write_text_atomic)
-from ..safetensors import (DTYPES, SafetensorsError, _gc_paused, bfloat16_to_float32, read_header, read_tensor,
-                           safe_open, save_file)
+from .._files import (check_replaceable_folder, read_regular_bytes, read_regular_text, replace_folder,
+                      write_bytes_atomic, write_text_atomic)
+from ..checkpoint import NotARegularWeightFile as _NotARegularFile
+from ..checkpoint import Tensor as _Tensor
+from ..checkpoint import WeightFileError, safetensors_source, sharded_source
+from ..checkpoint import open_weights as _open_weights
+from ..checkpoint import read_small_file as _read_small_file
+from ..checkpoint import regular_file as _regular
+from ..safetensors import SafetensorsError, _gc_paused, bfloat16_to_float32, save_file
 from .config import GPT2Config
 from .params import GPT2Params
 
@@ -105,25 +108,6 @@ _CONVERT_HINT = (
     "directory holding it, with its config.json), or load it in PyTorch and save it with "
     "safetensors: `safetensors.torch.save_file({k: v.contiguous() for k, v in "
     "torch.load(PATH, weights_only=True).items()}, 'model.safetensors')`.")
-
-
-class WeightFileError(ValueError):
-    """A weight file or directory that cannot be loaded as GPT-2; the message names the file
-    and the tensor or config field at fault."""
-
-
-class _NotARegularFile(WeightFileError):
-    """A model, config or shard path that names a FIFO, device, socket or folder; the message
-    already names the path in full, so it is passed on unprefixed."""
-
-
-@dataclass(frozen=True)
-class _Tensor:
-    """A tensor known by its shape before its bytes are read (so shapes are checked first)."""
-
-    shape: tuple[int, ...]
-    read: Callable[[], np.ndarray]
-    kind: str = "f"  # NumPy dtype kind of the stored values
 
 
 # ---- format detection --------------------------------------------------------------------
@@ -168,30 +152,6 @@ def detect_format(path) -> str:
     if head[8:9] == b"{" or path.suffix == ".safetensors":
         return "safetensors"
     return "unknown"
-
-
-def _open_weights(path: Path, what: str = "weight file"):
-    """`path` opened for binary reading if it is a regular file: a FIFO, device or socket is a
-    WeightFileError at once (reading one could block forever), a missing file FileNotFoundError."""
-    try:
-        return open_regular(path, what)
-    except NotARegularFileError as e:
-        raise _NotARegularFile(str(e)) from None
-
-
-def _regular(path: Path, what: str) -> Path:
-    """`path` if it names a regular file, else WeightFileError (FileNotFoundError if absent)."""
-    try:
-        return check_regular_file(path, what)
-    except NotARegularFileError as e:
-        raise _NotARegularFile(str(e)) from None
-
-
-def _read_small_file(path: Path, what: str) -> bytes:
-    try:
-        return read_regular_bytes(path, what)
-    except NotARegularFileError as e:
-        raise _NotARegularFile(str(e)) from None
 
 
 # ---- the public loader --------------------------------------------------------------------
@@ -438,87 +398,37 @@ def _build_params(config: GPT2Config, tensors: dict[str, _Tensor], dtype) -> GPT
 # ---- safetensors (single file, HF directory, sharded HF directory) -----------------------------
 
 
-def _safetensors_tensors(f: safe_open) -> dict[str, _Tensor]:
-    return {name: _Tensor(info.shape, (lambda f=f, name=name: f.get_tensor(name)),
-                          "f" if info.dtype == "BF16" else DTYPES[info.dtype].kind)
-            for name, info in f.header.tensors.items()}
-
-
 def _safetensors_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[dict | None, dict[str, _Tensor]]:
-    f = stack.enter_context(safe_open(_regular(path, "weight file"), mmap=mmap))
+    metadata, raw = safetensors_source(path, stack, mmap)
     embedded = None
-    if SAFETENSORS_CONFIG_KEY in f.metadata:
-        embedded = _config_from_json_text(f.metadata[SAFETENSORS_CONFIG_KEY],
+    if SAFETENSORS_CONFIG_KEY in metadata:
+        embedded = _config_from_json_text(metadata[SAFETENSORS_CONFIG_KEY],
                                           f"{path.name} metadata {SAFETENSORS_CONFIG_KEY!r}")
-    return embedded, _canonical_names(_safetensors_tensors(f))
+    return embedded, _canonical_names(raw)
 
 
 def _sharded_source(directory: Path) -> dict[str, _Tensor]:
-    """Tensors of a sharded Hugging Face directory, checked against its index.
+    """Tensors of a sharded Hugging Face directory (refimpl.checkpoint.sharded_source), GPT-2's names only.
 
-    The index is grouped by shard in one pass; each shard's header is read with the file opened
-    and closed again, and each tensor is read later the same way, so no shard stays open (a
-    model in more shards than the open-file limit loads) and the work is linear in the index.
+    Names that no GPT-2 has are refused from the index alone, and so is an n_layer in config.json
+    that disagrees with the blocks the index names, before any shard is opened.
     """
-    index_path = directory / "model.safetensors.index.json"
-    index = _config_from_json_text(_read_small_file(index_path, "index"), index_path.name)
-    weight_map = index.get("weight_map")
-    if not (isinstance(weight_map, dict) and weight_map
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
-        raise WeightFileError(f"{index_path.name}: 'weight_map' must be a non-empty object of "
-                              "tensor name -> shard file name")
-    # Each shard must hold exactly the tensors the index assigns to it, so the index's names are the
-    # model's: names that no GPT-2 has are refused from the index alone, before any shard is opened.
-    names = _canonical_names(dict.fromkeys(weight_map))
-    unexpected = [n for n in names if not _GPT2_NAME.fullmatch(n)]
-    if unexpected:
-        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
-        raise WeightFileError(f"{index_path.name}: unexpected tensor(s) {unexpected[:5]}{more}: not "
-                              "GPT2LMHeadModel weights")
-    for required in ("wte.weight", "wpe.weight"):
-        if required not in names:
-            raise WeightFileError(f"{index_path.name}: missing tensor {required!r}")
-    config_json = directory / "config.json"
-    if config_json.exists():  # n_layer against the blocks the index names, also before any shard is opened
-        where = config_json.name
-        _check_blocks(_config_from_dict(_config_from_json_text(_read_small_file(config_json, "config"), where),
-                                        where), names, where)
-    listed: dict[str, set[str]] = {}  # shard -> the tensor names the index puts there
-    for name, shard in weight_map.items():
-        listed.setdefault(shard, set()).add(name)
-    raw: dict[str, _Tensor] = {}
-    for shard in sorted(listed):
-        if Path(shard).name != shard or shard in (".", ".."):
-            raise WeightFileError(f"{index_path.name}: shard {shard!r} must be a file name in the same directory")
-        shard_path = directory / shard
-        if not shard_path.exists():
-            raise WeightFileError(f"{index_path.name}: shard file {shard!r} does not exist")
-        _regular(shard_path, "shard")
-        try:
-            header = read_header(shard_path)
-        except SafetensorsError as e:
-            raise WeightFileError(f"shard {shard}: {e}") from None
-        names = listed[shard]
-        for name, info in header.tensors.items():
-            if name not in names:
-                raise WeightFileError(f"shard {shard} holds tensor {name!r}, which {index_path.name} "
-                                      f"assigns to {weight_map.get(name, 'no shard')!r}")
-            raw[name] = _Tensor(info.shape, _shard_reader(shard_path, header, name),
-                                "f" if info.dtype == "BF16" else DTYPES[info.dtype].kind)
-        if len(header.tensors) != len(names):
-            absent = min(n for n in names if n not in header.tensors)
-            raise WeightFileError(f"{index_path.name} assigns tensor {absent!r} to shard {shard}, "
-                                  "which does not hold it")
-    return _canonical_names(raw)
+    def check_names(names: dict, index_name: str) -> None:
+        unexpected = [n for n in names if not _GPT2_NAME.fullmatch(n)]
+        if unexpected:
+            more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+            raise WeightFileError(f"{index_name}: unexpected tensor(s) {unexpected[:5]}{more}: not "
+                                  "GPT2LMHeadModel weights")
+        for required in ("wte.weight", "wpe.weight"):
+            if required not in names:
+                raise WeightFileError(f"{index_name}: missing tensor {required!r}")
+        config_json = directory / "config.json"
+        if config_json.exists():
+            where = config_json.name
+            _check_blocks(_config_from_dict(_config_from_json_text(_read_small_file(config_json, "config"), where),
+                                            where), names, where)
 
-
-def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
-    def read() -> np.ndarray:
-        try:
-            return read_tensor(path, header, name)
-        except SafetensorsError as e:
-            raise WeightFileError(f"shard {path.name}: {e}") from None
-    return read
+    return sharded_source(directory, _canonical_names, check_names)
 
 
 # ---- npz ------------------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""Reading checkpoint files whatever the model: lazily-read tensors from safetensors files and sharded directories.
+
+Every model family's loader (refimpl.gpt2.io, refimpl.llama.io) sees a checkpoint as a dict of
+tensor name -> `Tensor` (shape and dtype kind from the file's header; `read()` fetches the bytes
+later), so that names and shapes are checked against the config before any tensor is read,
+and a file's failure is one `WeightFileError` naming the file and the tensor or field at fault.
+
+    safetensors_source(path, stack, mmap)   one .safetensors file -> (its metadata, tensors)
+    sharded_source(dir, canonical, check)   model.safetensors.index.json + its shards -> tensors
+    config_object(text, where)              a config.json's text -> dict (JSON object, no NaN)
+
+Only regular files are read (a FIFO or device in a model's place is refused at once: reading
+one could block forever); a shard is opened only while its header or one tensor is read, so a
+model in more shards than the open-file limit loads.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ._checks import json_object
+from ._files import NotARegularFileError, check_regular_file, open_regular, read_regular_bytes
+from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, safe_open
+
+__all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
+           "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "INDEX_NAME"]
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class WeightFileError(ValueError):
+    """A weight file or directory that cannot be loaded as the model it claims to be; the message
+    names the file and the tensor or config field at fault."""
+
+
+class NotARegularWeightFile(WeightFileError):
+    """A model, config or shard path that names a FIFO, device, socket or folder; the message
+    already names the path in full, so it is passed on unprefixed."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor known by its shape before its bytes are read (so shapes are checked first)."""
+
+    shape: tuple[int, ...]
+    read: Callable[[], np.ndarray]
+    kind: str = "f"  # NumPy dtype kind of the stored values ("f" for bfloat16 too: read widens it)
+
+
+def open_weights(path: Path, what: str = "weight file"):
+    """`path` opened for binary reading if it is a regular file: a FIFO, device or socket is a
+    WeightFileError at once (reading one could block forever), a missing file FileNotFoundError."""
+    try:
+        return open_regular(path, what)
+    except NotARegularFileError as e:
+        raise NotARegularWeightFile(str(e)) from None
+
+
+def regular_file(path: Path, what: str) -> Path:
+    """`path` if it names a regular file, else WeightFileError (FileNotFoundError if absent)."""
+    try:
+        return check_regular_file(path, what)
+    except NotARegularFileError as e:
+        raise NotARegularWeightFile(str(e)) from None
+
+
+def read_small_file(path: Path, what: str) -> bytes:
+    """The bytes of a config or index file (a regular file, of bounded size)."""
+    try:
+        return read_regular_bytes(path, what)
+    except NotARegularFileError as e:
+        raise NotARegularWeightFile(str(e)) from None
+
+
+def config_object(text, where: str) -> dict:
+    """A JSON object from a config or index file's text; anything else is a WeightFileError naming `where`."""
+    return json_object(text, where, WeightFileError)
+
+
+def _kind(dtype: str) -> str:
+    return "f" if dtype == "BF16" else DTYPES[dtype].kind
+
+
+def safetensors_tensors(f: safe_open) -> dict[str, Tensor]:
+    """The tensors of an open safetensors file, read on demand."""
+    return {name: Tensor(info.shape, (lambda f=f, name=name: f.get_tensor(name)), _kind(info.dtype))
+            for name, info in f.header.tensors.items()}
+
+
+def safetensors_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """(the file's __metadata__, its tensors) of one .safetensors file, kept open on `stack`."""
+    f = stack.enter_context(safe_open(regular_file(path, "weight file"), mmap=mmap))
+    return f.metadata, safetensors_tensors(f)
+
+
+def sharded_source(directory: Path, canonical: Callable[[dict], dict],
+                   check_names: Callable[[dict, str], None]) -> dict[str, Tensor]:
+    """Tensors of a sharded Hugging Face directory, checked against its index.
+
+    canonical(raw) -> the same dict under the family's canonical names (a prefix stripped,
+    constant buffers dropped; duplicates refused). check_names(names, index_file_name) raises a
+    WeightFileError for names no model of the family has, from the index alone, before any shard
+    is opened. Each shard must hold exactly the tensors the index assigns to it. The index is
+    grouped by shard in one pass; each shard's header is read with the file opened and closed
+    again, and each tensor later the same way, so the work is linear in the index.
+    """
+    index_path = directory / INDEX_NAME
+    index = config_object(read_small_file(index_path, "index"), index_path.name)
+    weight_map = index.get("weight_map")
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
+        raise WeightFileError(f"{index_path.name}: 'weight_map' must be a non-empty object of "
+                              "tensor name -> shard file name")
+    check_names(canonical(dict.fromkeys(weight_map)), index_path.name)
+    listed: dict[str, set[str]] = {}  # shard -> the tensor names the index puts there
+    for name, shard in weight_map.items():
+        listed.setdefault(shard, set()).add(name)
+    raw: dict[str, Tensor] = {}
+    for shard in sorted(listed):
+        if Path(shard).name != shard or shard in (".", ".."):
+            raise WeightFileError(f"{index_path.name}: shard {shard!r} must be a file name in the same directory")
+        shard_path = directory / shard
+        if not shard_path.exists():
+            raise WeightFileError(f"{index_path.name}: shard file {shard!r} does not exist")
+        regular_file(shard_path, "shard")
+        try:
+            header = read_header(shard_path)
+        except SafetensorsError as e:
+            raise WeightFileError(f"shard {shard}: {e}") from None
+        names = listed[shard]
+        for name, info in header.tensors.items():
+            if name not in names:
+                raise WeightFileError(f"shard {shard} holds tensor {name!r}, which {index_path.name} "
+                                      f"assigns to {weight_map.get(name, 'no shard')!r}")
+            raw[name] = Tensor(info.shape, _shard_reader(shard_path, header, name), _kind(info.dtype))
+        if len(header.tensors) != len(names):
+            absent = min(n for n in names if n not in header.tensors)
+            raise WeightFileError(f"{index_path.name} assigns tensor {absent!r} to shard {shard}, "
+                                  "which does not hold it")
+    return canonical(raw)
+
+
+def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
+    def read() -> np.ndarray:
+        try:
+            return read_tensor(path, header, name)
+        except SafetensorsError as e:
+            raise WeightFileError(f"shard {path.name}: {e}") from None
+    return read
