@@ -65,7 +65,7 @@ CASES = {
     "gemma2": dict(num_key_value_heads=3, head_dim=8, sliding_window=6, query_pre_attn_scalar=12,
                    attn_logit_softcapping=20.0, final_logit_softcapping=15.0, tie_word_embeddings=False),
     "phi3": dict(num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
-                 partial_rotary_factor=0.5, sliding_window=9,
+                 partial_rotary_factor=0.5, sliding_window=9, pad_token_id=0,
                  rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 3.0])),
 }
 

@@ -2,8 +2,15 @@
 
     config   LlamaConfig.from_dict(config.json): one config for the seven model types, Hugging
              Face's field names, every family difference in one named field or property
+    params   LlamaParams / LlamaBlockParams (frozen dataclasses of arrays, weights [in, out]) and
+             checkpoint_shapes(config), the one table of checkpoint tensor names and shapes
+    io       load_weights(path) -> (config, params) from a Hugging Face directory (single or
+             sharded safetensors) or one .safetensors file; no pickle on any path
 """
 
 from .config import MODEL_TYPES, LlamaConfig, RopeParameters
+from .io import load_weights
+from .params import LlamaBlockParams, LlamaParams, checkpoint_shapes
 
-__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES"]
+__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES", "LlamaParams", "LlamaBlockParams", "checkpoint_shapes",
+           "load_weights"]

@@ -1,0 +1,158 @@
+"""Load LLaMA-family weights from Hugging Face checkpoints, with no pickle on any path.
+
+`load_weights(path)` -> (LlamaConfig, LlamaParams) reads
+
+  a directory with config.json + model.safetensors, or + model.safetensors.index.json and its
+  shards, or a single .safetensors file with a config.json beside it.
+
+Names and shapes are checked against the config's table (refimpl.llama.params.checkpoint_shapes)
+before any tensor is read: a missing, unexpected or misshaped tensor is named in the error, and
+so is a config field that disagrees with a shape. float32, float16 and bfloat16 tensors are
+widened exactly to the requested dtype (float32 by default). A checkpoint of a tied model may
+also hold lm_head.weight; it must then equal the embedding. Constant RoPE buffers that older
+checkpoints carry (self_attn.rotary_emb.inv_freq) are computed from the config instead and
+ignored. Pickled PyTorch checkpoints (pytorch_model.bin, .pt, .pth) are refused: unpickling runs
+arbitrary code. Every failure is a WeightFileError (a ValueError) naming the file.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import (INDEX_NAME, NotARegularWeightFile, Tensor, WeightFileError, config_object, open_weights,
+                          read_small_file, safetensors_source, sharded_source)
+from ..safetensors import SafetensorsError, _gc_paused
+from .config import LlamaConfig
+from .params import LM_HEAD, LlamaParams, checkpoint_shapes
+
+__all__ = ["load_weights", "load_config", "WeightFileError"]
+
+_BUFFER = re.compile(r"model\.layers\.[0-9]{1,9}\.self_attn\.rotary_emb\.inv_freq")
+_PICKLED = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
+_CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code); save the state dict as "
+            "safetensors where you trust it (`model.save_pretrained(DIR, safe_serialization=True)` in "
+            "transformers) and load that")
+
+
+def load_config(path) -> LlamaConfig:
+    """The LlamaConfig of a checkpoint directory (its config.json) or of a file's sibling config.json."""
+    path = Path(path)
+    config_json = (path if path.is_dir() else path.parent) / "config.json"
+    if not config_json.exists():
+        raise WeightFileError(f"{path}: no config.json {'in it' if path.is_dir() else 'beside it'}; a LLaMA-family "
+                              "model's head count and norms cannot be read from its tensors")
+    d = config_object(read_small_file(config_json, "config"), config_json.name)
+    try:
+        return LlamaConfig.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise WeightFileError(f"{config_json}: {e}") from None
+
+
+def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[LlamaConfig, LlamaParams]:
+    """(config, params) of the checkpoint at `path` (module docstring: which layouts).
+
+    dtype: float dtype of the arrays (float32 default, float64 for exact comparisons, None keeps
+    the stored dtype with bfloat16 as float32). mmap: map single safetensors files instead of
+    reading them (float32 tensors then stay read-only views of the file).
+    """
+    if dtype is not None and np.dtype(dtype).kind != "f":
+        raise ValueError(f"dtype must be a floating dtype or None; got {dtype!r}")
+    path = Path(path)
+    if not path.exists():
+        raise WeightFileError(f"{path}: no such file or directory")
+    try:
+        with ExitStack() as stack:
+            config = load_config(path)
+            tensors = _tensors(path, config, stack, mmap)
+            return config, _build(config, tensors, dtype)
+    except NotARegularWeightFile as e:
+        raise WeightFileError(str(e)) from None
+    except WeightFileError as e:
+        raise WeightFileError(e.args[0] if str(e).startswith(str(path)) else f"{path}: {e}") from None
+    except SafetensorsError as e:
+        raise WeightFileError(f"{path}: {e}") from None
+    except OSError as e:
+        raise WeightFileError(f"{path}: cannot read: {e}") from None
+    except MemoryError:
+        raise WeightFileError(f"{path}: not enough memory to load these weights") from None
+
+
+def _canonical(raw: dict) -> dict:
+    """Drop the constant RoPE buffers; every other name is kept as it is."""
+    return {name: t for name, t in raw.items() if not _BUFFER.fullmatch(name)}
+
+
+def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> dict[str, Tensor]:
+    expected = checkpoint_shapes(config)
+    if path.is_dir():
+        if (path / "model.safetensors").exists():
+            _, raw = safetensors_source(path / "model.safetensors", stack, mmap)
+            return _canonical(raw)
+        if (path / INDEX_NAME).exists():
+            def check_names(names, index_name):
+                _check_names(names, expected, config, index_name)
+            with _gc_paused():
+                return sharded_source(path, _canonical, check_names)
+        pickled = [n for n in _PICKLED if (path / n).is_file()]
+        if pickled:
+            raise WeightFileError(f"holds only the pickled PyTorch checkpoint {pickled[0]}. {_CONVERT}")
+        raise WeightFileError(f"no weights found: looked for model.safetensors and {INDEX_NAME}")
+    with open_weights(path) as f:
+        head = f.read(9)
+    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":
+        raise WeightFileError(f"is a pickled (or zipped) PyTorch checkpoint, not safetensors. {_CONVERT}")
+    _, raw = safetensors_source(path, stack, mmap)
+    return _canonical(raw)
+
+
+def _check_names(names, expected: dict, config: LlamaConfig, where: str = "") -> None:
+    """Every expected name present, no other name (a tied model's lm_head.weight allowed); `where` prefixes the error."""
+    where = f"{where}: " if where else ""
+    tied_head = config.tie_word_embeddings and LM_HEAD in names
+    unexpected = sorted(n for n in names if n not in expected and not (tied_head and n == LM_HEAD))
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise WeightFileError(f"{where}unexpected tensor(s) {unexpected[:5]}{more}: not {config.model_type} "
+                              f"weights of this config ({_summary(config)})")
+    missing = [n for n in expected if n not in names]
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise WeightFileError(f"{where}missing tensor(s) {missing[:5]}{more} ({_summary(config)})")
+
+
+def _summary(config: LlamaConfig) -> str:
+    c = config
+    return (f"L={c.num_hidden_layers}, C={c.hidden_size}, H={c.num_attention_heads}, K={c.num_key_value_heads}, "
+            f"D={c.head_dim}, F={c.intermediate_size}, V={c.vocab_size}, tie_word_embeddings={c.tie_word_embeddings}")
+
+
+def _build(config: LlamaConfig, tensors: dict[str, Tensor], dtype) -> LlamaParams:
+    expected = checkpoint_shapes(config)
+    _check_names(tensors, expected, config)
+    for name, shape in expected.items():
+        t = tensors[name]
+        if t.shape != shape:
+            raise WeightFileError(f"tensor {name!r} has shape {list(t.shape)}; config.json ({_summary(config)}) "
+                                  f"requires {list(shape)}")
+        if t.kind != "f":
+            raise WeightFileError(f"tensor {name!r} must be floating point; it is stored as kind {t.kind!r}")
+    arrays = {}
+    for name, shape in expected.items():
+        a = tensors[name].read()
+        if a.shape != shape or a.dtype.kind != "f":  # the reader disagreed with its header
+            raise WeightFileError(f"tensor {name!r} read as {a.dtype} {list(a.shape)}; expected float {list(shape)}")
+        if not np.isfinite(a).all():
+            n_bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise WeightFileError(f"tensor {name!r} holds {n_bad} non-finite value(s) (NaN or inf)")
+        arrays[name] = a
+    if config.tie_word_embeddings and LM_HEAD in tensors:
+        head = tensors[LM_HEAD]
+        if head.shape != expected["model.embed_tokens.weight"] or not np.array_equal(
+                head.read(), arrays["model.embed_tokens.weight"]):
+            raise WeightFileError(f"tensor {LM_HEAD!r} differs from 'model.embed_tokens.weight' but config.json "
+                                  "says tie_word_embeddings=true")
+    return LlamaParams.from_checkpoint(arrays, config, dtype=dtype)

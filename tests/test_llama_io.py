@@ -1,0 +1,165 @@
+"""refimpl.llama.io loads Hugging Face checkpoints of the seven LLaMA-family model types exactly.
+
+Oracle: transformers' *ForCausalLM built from a config with random weights and written with
+save_pretrained (safetensors); every tensor we load must equal its state_dict entry bit for bit
+(float32 as stored; float64 widened; bfloat16 / float16 widened exactly).
+"""
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+
+from refimpl.llama import MODEL_TYPES
+from refimpl.llama.io import WeightFileError, load_config, load_weights
+from refimpl.llama.params import checkpoint_shapes
+from refimpl.safetensors import load_file, save_file
+
+from test_llama_config import CASES, SHAPES
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def hf_model(model_type, seed=0, **change):
+    config = transformers.AutoConfig.for_model(model_type, **{**SHAPES, **CASES[model_type], **change})
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """model_type -> (directory written by save_pretrained, the model's state dict as NumPy)."""
+    out = {}
+    for t in MODEL_TYPES:
+        model = hf_model(t)
+        d = tmp_path_factory.mktemp(t)
+        model.save_pretrained(d)
+        out[t] = d, {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    return out
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_tensor_loads_exactly(saved, model_type, dtype):
+    d, state = saved[model_type]
+    config, params = load_weights(d, dtype=dtype)
+    ours = params.to_checkpoint(config)
+    assert set(ours) == set(checkpoint_shapes(config))
+    assert set(ours) <= set(state)  # (a tied model's state dict also lists lm_head.weight)
+    for name, a in ours.items():
+        assert a.dtype == dtype and np.array_equal(a, state[name].astype(dtype)), name
+    assert params.embed.dtype == dtype
+    if config.tie_word_embeddings:
+        assert params.lm_head is None and params.output_embedding is params.embed
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi3"])
+def test_sharded_checkpoint(tmp_path, model_type):
+    model = hf_model(model_type)
+    model.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists() and not (tmp_path / "model.safetensors").exists()
+    config, params = load_weights(tmp_path)
+    state = model.state_dict()
+    for name, a in params.to_checkpoint(config).items():
+        assert np.array_equal(a, state[name].numpy()), name
+
+
+@pytest.mark.parametrize("torch_dtype", ["bfloat16", "float16"])
+def test_half_precision_checkpoints_widen_exactly(tmp_path, torch_dtype):
+    model = hf_model("qwen2").to(getattr(torch, torch_dtype))
+    model.save_pretrained(tmp_path)
+    config, params = load_weights(tmp_path, dtype=None)
+    for name, a in params.to_checkpoint(config).items():
+        want = model.state_dict()[name].to(torch.float32).numpy()
+        assert a.dtype == (np.float32 if torch_dtype == "bfloat16" else np.float16), name
+        assert np.array_equal(a.astype(np.float32), want), name
+
+
+def test_a_single_file_with_config_beside_it(saved, tmp_path):
+    d, state = saved["mistral"]
+    shutil.copy(d / "config.json", tmp_path / "config.json")
+    shutil.copy(d / "model.safetensors", tmp_path / "weights.safetensors")
+    config, params = load_weights(tmp_path / "weights.safetensors", mmap=True)
+    assert np.array_equal(params.embed, state["model.embed_tokens.weight"])
+    assert config == load_config(d)
+
+
+def rewrite(src, dst, edit_tensors=None, edit_config=None):
+    """Copy the checkpoint folder src to dst, changing its tensors and / or its config."""
+    dst.mkdir(exist_ok=True)
+    tensors = load_file(src / "model.safetensors")
+    if edit_tensors:
+        edit_tensors(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    if edit_config:
+        edit_config(config)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_old_rope_buffers_are_ignored(saved, tmp_path):
+    d, state = saved["llama"]
+    inv = 1.0 / 10000 ** (np.arange(0, 10, 2) / 10)
+    rewrite(d, tmp_path, lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq": inv.astype(np.float32)}))
+    _, params = load_weights(tmp_path)
+    assert np.array_equal(params.norm, state["model.norm.weight"])
+
+
+def test_a_tied_model_may_store_its_head_only_as_the_embedding(saved, tmp_path):
+    d, state = saved["gemma"]
+    rewrite(d, tmp_path / "same", lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].copy()}))
+    assert load_weights(tmp_path / "same")[1].lm_head is None
+    rewrite(d, tmp_path / "other", lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1}))
+    with pytest.raises(WeightFileError, match="'lm_head.weight' differs from 'model.embed_tokens.weight'"):
+        load_weights(tmp_path / "other")
+
+
+def _drop(name):
+    return lambda t: t.pop(name)
+
+
+@pytest.mark.parametrize("model_type, edit_tensors, edit_config, message", [
+    ("llama", _drop("model.layers.1.mlp.up_proj.weight"), None, "missing tensor(s) ['model.layers.1.mlp.up_proj.weight']"),
+    ("llama", lambda t: t.update({"model.layers.0.extra.weight": np.zeros(3, np.float32)}), None,
+     "unexpected tensor(s) ['model.layers.0.extra.weight']"),
+    ("llama", None, lambda c: c.update(intermediate_size=64),
+     "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [72, 48]"),
+    ("llama", None, lambda c: c.update(num_hidden_layers=4), "unexpected tensor(s) ['model.layers.4."),
+    ("llama", None, lambda c: c.update(attention_bias=False), "unexpected tensor(s) ['model.layers.0.self_attn.k_proj.bias'"),
+    ("qwen2", None, lambda c: c.update(model_type="llama"), "llama config has fields this implementation does not"),
+    ("qwen3", lambda t: t["model.layers.2.self_attn.q_norm.weight"].__setitem__(0, np.nan), None,
+     "'model.layers.2.self_attn.q_norm.weight' holds 1 non-finite value(s)"),
+    ("phi3", lambda t: t.update({"lm_head.weight": t["lm_head.weight"].astype(np.int32)}), None,
+     "'lm_head.weight' must be floating point"),
+    ("gemma2", None, lambda c: c.update(attn_logit_softcapping="high"), "attn_logit_softcapping must be a positive"),
+])
+def test_bad_checkpoints_name_the_tensor_or_field(saved, tmp_path, model_type, edit_tensors, edit_config, message):
+    d, _ = saved[model_type]
+    rewrite(d, tmp_path / "m", edit_tensors, edit_config)
+    with pytest.raises(WeightFileError) as e:
+        load_weights(tmp_path / "m")
+    assert message in str(e.value) and str(tmp_path / "m") in str(e.value)
+
+
+def test_pickles_and_missing_files_are_refused(saved, tmp_path):
+    d, _ = saved["llama"]
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(d / "config.json", pickled / "config.json")
+    torch.save({"w": torch.zeros(2)}, pickled / "pytorch_model.bin")
+    with pytest.raises(WeightFileError, match="only the pickled PyTorch checkpoint pytorch_model.bin.*never unpickles"):
+        load_weights(pickled)
+    with pytest.raises(WeightFileError, match="not safetensors.*never unpickles"):
+        load_weights(pickled / "pytorch_model.bin")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(d / "model.safetensors", bare / "model.safetensors")
+    with pytest.raises(WeightFileError, match="no config.json in it"):
+        load_weights(bare)
+    with pytest.raises(WeightFileError, match="no such file or directory"):
+        load_weights(tmp_path / "nothing")
