@@ -158,6 +158,9 @@ def test_bad_llama_configs_name_the_field(change, message):
     ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0], "rope_type": "yarn"}},
      "rope_type 'yarn' and type 'longrope'"),
     ("qwen2", {"max_window_layers": -1}, "max_window_layers must be >= 0"),
+    ("phi3", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "Phi-3 takes only 'default' or 'longrope'"),
+    ("mistral", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+     "only Phi-3 rotates part of each head"),
 ])
 def test_bad_family_configs_name_the_field(model_type, change, message):
     with pytest.raises(ValueError) as e:

@@ -411,6 +411,11 @@ def _rope_parameters(model_type: str, get) -> RopeParameters:
         if outer is not None:
             p["original_max_position_embeddings"] = outer  # Phi-3 keeps it outside; that one wins there
         p.setdefault("original_max_position_embeddings", get("max_position_embeddings"))
+    if model_type == "phi3" and rope_type not in ("default", "longrope"):
+        raise ValueError(f"phi3 config rope_type {rope_type!r}: Phi-3 takes only 'default' or 'longrope'")
+    if model_type != "phi3" and kw.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{model_type} config partial_rotary_factor={kw['partial_rotary_factor']}: only Phi-3 "
+                         "rotates part of each head; this family rotates all of it")
     required, optional = _ROPE_KEYS[rope_type]
     extra = sorted(k for k in p if k not in required and k not in optional)
     if extra:
