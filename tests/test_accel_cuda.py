@@ -712,7 +712,7 @@ def _simulated_gpu_ops():
 
 
 def test_gpt2_gpu_ops_glue_matches_numpy_backend():
-    """GPT-2 through the GPU Ops glue (mask -> causal/key_mask, decode path, device params) equals the NumPy backend.
+    """GPT-2 through the GPU Ops glue (causal/key_mask attention, decode path, device params) equals the NumPy backend.
 
     Same model code, same weights; only the kernels differ (each proved against its twin above),
     so logits agree to float32 rounding and greedy decoding (cache + decode kernel) gives the same tokens.
@@ -723,7 +723,7 @@ def test_gpt2_gpu_ops_glue_matches_numpy_backend():
     ops = _simulated_gpu_ops()
     ids = np.random.default_rng(1).integers(0, 50, (2, 6))
     pad = np.ones((2, 6), bool)
-    pad[0, :2] = False  # left padding: the [B, 1, T, S] mask path
+    pad[0, :2] = False  # left padding: attention with causal=True and a key mask
     with nc.launch_config(threads=8, q_tile=4, k_tile=4):
         z = gpt2.logits(model, ids, backend=ops)
         zp = gpt2.logits(model, ids, backend=ops, attention_mask=pad)
@@ -845,26 +845,33 @@ def base_kernels():
 
     return SimpleNamespace(
         layer_norm=lambda x, g, b, eps: nc.layer_norm(x, g, b, eps=eps), linear=lambda x, w, b: x @ w + b,
-        matmul=np.matmul, gelu_tanh_bias=nc.gelu_tanh_bias, softmax=nc.softmax,
+        matmul=np.matmul, gelu_tanh_bias=nc.gelu_tanh_bias,
         masked_attention=nc.masked_attention, decode_attention=nc.decode_attention, to_numpy=np.asarray)
 
 
-def test_gpt2_gpu_attention_reads_masks_back_into_patterns():
-    """refimpl's [T, S] causal, [B, 1, 1, S] padding and [B, 1, T, S] combined masks map to (causal, key_mask); others -> None."""
-    from accel.cupy.gpt2 import _split_mask
-    from refimpl.masks import causal_mask
-
-    B, T, S = 2, 3, 5
-    km = np.array([[True] * 5, [False, False, True, True, True]])
-    assert _split_mask(None, B, T, S) == (False, None)
-    assert _split_mask(causal_mask(T, S), B, T, S) == (True, None)
-    causal, key = _split_mask(km[:, None, None, :], B, T, S)
-    assert causal is False and np.array_equal(key, km)
-    causal, key = _split_mask(causal_mask(T, S)[None, None] & km[:, None, None, :], B, T, S)
-    assert causal is True and np.array_equal(key, km)
-    odd = causal_mask(T, S).copy()
-    odd[0, 0] = False
-    assert _split_mask(odd, B, T, S) is None
+@pytest.mark.parametrize("T, kwargs", [
+    (1, {"causal": True}), (1, {"causal": True, "window": 2}), (1, {"alibi_slopes": [0.5, 0.25]}),
+    (1, {"key_mask": "padded", "scale": 0.3}), (4, {"causal": True, "key_mask": "padded"}),
+    (4, {"causal": True, "window": 2, "n_sink": 1}),
+], ids=repr)
+def test_gpt2_gpu_attention_takes_the_twins_keywords(T, kwargs):
+    """The GPU Ops' attention (over NumPy arrays and the simulated kernels) is refimpl's masked_attention
+    for every keyword of the Ops seam: one query takes the decode kernel only with no key mask, window
+    or ALiBi, and the fused kernel honours the rest."""
+    ops = _simulated_gpu_ops()
+    rng = np.random.default_rng(13)
+    B, H, S, D = 2, 2, 7, 4
+    q = rng.standard_normal((B, H, T, D))
+    k, v = rng.standard_normal((B, H, S, D)), rng.standard_normal((B, H, S, D))
+    if kwargs.get("key_mask") == "padded":
+        key = np.ones((B, S), dtype=bool)
+        key[0, :3] = False
+        kwargs = {**kwargs, "key_mask": key}
+    if "alibi_slopes" in kwargs:
+        kwargs = {**kwargs, "alibi_slopes": np.array(kwargs["alibi_slopes"])}
+    with nc.launch_config(threads=8, q_tile=4, k_tile=4):
+        out = ops.attention(q, k, v, **kwargs)
+    np.testing.assert_allclose(out, ref_attention.masked_attention(q, k, v, **kwargs), rtol=1e-10, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- CuPy (GPU only)

@@ -15,9 +15,8 @@ import pytest
 
 pytest.importorskip("numba", reason="the numba backend needs numba (pip install -e .[numba])")
 
-from accel.numba_cpu.gpt2 import OPS, _structure  # noqa: E402
+from accel.numba_cpu.gpt2 import OPS  # noqa: E402
 from refimpl.gpt2 import GPT2Config, GPT2Model, GPT2Params, generate, generate_batch, logits  # noqa: E402
-from refimpl.masks import causal_mask  # noqa: E402
 from bounds import assert_product_close  # noqa: E402
 
 CONFIG = GPT2Config(vocab_size=97, n_positions=64, n_embd=48, n_layer=2, n_head=4,
@@ -100,38 +99,43 @@ def test_greedy_batch_with_padding_is_token_identical():
     assert [g.ids for g in out] == [g.ids for g in ref]
 
 
-def test_mask_structure_is_read_back_exactly():
-    """_structure recovers (causal, key_mask) from the masks the model builds, and refuses any other mask."""
-    B, T, S = 2, 3, 5
-    key = np.array([[False, True, True, True, True], [True] * 5])
-    assert _structure(None, B, T, S) == (False, None)
-    causal, km = _structure(causal_mask(T, S), B, T, S)
-    assert causal and km is None
-    causal, km = _structure(key[:, None, None, :], B, 1, S)
-    assert not causal and np.array_equal(km, key)
-    causal, km = _structure(causal_mask(T, S) & key[:, None, None, :], B, T, S)
-    assert causal and np.array_equal(km, key)
-    odd = causal_mask(T, S).copy()
-    odd[0, 0] = False
-    with pytest.raises(ValueError, match="causal_mask"):
-        _structure(odd, B, T, S)
-    with pytest.raises(ValueError, match="one mask for all heads"):
-        _structure(np.ones((B, 4, T, S), dtype=bool), B, T, S)
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("kwargs", [
+    {}, {"causal": True}, {"causal": True, "key_mask": "padded"}, {"causal": True, "window": 3},
+    {"causal": True, "window": 2, "n_sink": 1}, {"window": 2}, {"alibi_slopes": [0.5, 0.25, 0.125]},
+    {"causal": True, "scale": 0.3}, {"key_mask": "padded", "scale": 0.3},
+], ids=repr)
+def test_ops_attention_takes_the_twins_keywords(T, kwargs):
+    """OPS.attention is refimpl.attention.masked_attention on the Numba kernels for every keyword of
+    the Ops seam, one query (where the split-S decode kernel may take it only with no key mask,
+    window, sinks or ALiBi) and several: float64 results agree to rounding."""
+    from refimpl.attention import masked_attention
+
+    rng = np.random.default_rng(11)
+    B, H, S, D = 2, 3, 9, 8
+    q = rng.standard_normal((B, H, T, D))
+    k, v = rng.standard_normal((B, H, S, D)), rng.standard_normal((B, H, S, D))
+    if kwargs.get("key_mask") == "padded":
+        key = np.ones((B, S), dtype=bool)
+        key[0, :4] = False
+        kwargs = {**kwargs, "key_mask": key}
+    if "alibi_slopes" in kwargs:
+        kwargs = {**kwargs, "alibi_slopes": np.array(kwargs["alibi_slopes"])}
+    out, ref = OPS.attention(q, k, v, **kwargs), masked_attention(q, k, v, **kwargs)
+    assert out.shape == ref.shape == (B, H, T, D)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
 
 
-def test_mask_structure_is_reused_only_for_the_same_unchanged_mask():
-    """The model hands every layer one mask array, so _structure keeps its last answer; an array changed in
-    place since (or another array, or other sizes) is read again, and a mask made invalid is still refused."""
-    B, T, S = 2, 3, 5
-    mask = causal_mask(T, S) & np.ones((B, 1, 1, S), dtype=bool)
-    assert _structure(mask, B, T, S)[1] is None
-    assert _structure(mask, B, T, S)[1] is None  # reused
-    mask[0, 0, :, 0] = False  # in place: row 0's first key becomes padding
-    causal, km = _structure(mask, B, T, S)
-    assert causal and km is not None and not km[0, 0] and km[1].all()
-    mask[1, 0, 0, 0] = False  # in place: no longer causal & padding (the last row of sequence 1 sees key 0)
-    with pytest.raises(ValueError, match="causal_mask"):
-        _structure(mask, B, T, S)
+def test_ops_attention_refuses_what_the_twin_refuses():
+    """The fast path reads none of causal and n_sink, so it checks them as the twin does rather than ignore them."""
+    from refimpl.attention import masked_attention
+
+    q, k = np.zeros((1, 1, 1, 4)), np.zeros((1, 1, 3, 4))
+    for fn in (OPS.attention, masked_attention):
+        with pytest.raises(TypeError, match="causal must be True or False"):
+            fn(q, k, k, causal="yes")
+        with pytest.raises(ValueError, match="n_sink=2 > 0 needs window"):
+            fn(q, k, k, causal=True, n_sink=2)
 
 
 def test_fused_attention_reads_strided_views_in_place_with_the_same_result():

@@ -6,6 +6,7 @@ all logits (run with -s to read them).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -295,6 +296,95 @@ def test_forward_goes_through_the_ops_object():
     np.testing.assert_array_equal(forward(params, TINY, ids, ops=get_ops(ops)), forward(params, TINY, ids))
     L = TINY.n_layer
     assert calls == {"layer_norm": 2 * L + 1, "linear": 3 * L, "matmul": L, "gelu_bias": L, "attention": L}
+
+
+def test_attention_crosses_the_ops_seam_as_structure():
+    """ops.attention gets (causal, key_mask), never a dense mask: causal for a prompt of T > 1 tokens,
+    not for one new token or last_only's one query (each sees every key but the pads), and the key
+    mask of the real cached + new tokens, or None without padding."""
+    seen = []
+
+    def recording(q, k, v, **kwargs):
+        seen.append((q.shape[2], k.shape[2], kwargs))
+        return NUMPY_OPS.attention(q, k, v, **kwargs)
+
+    ops = dataclasses.replace(NUMPY_OPS, attention=recording)
+    _, params = pair("tiny")
+    L = TINY.n_layer
+    mask = np.ones((2, 6), dtype=bool)
+    mask[0, :2] = False
+    cache = KVCache.allocate(TINY, 2, max_len=8)
+    hidden_states(params, TINY, rand_ids(TINY, (2, 5)), cache=cache, attention_mask=mask[:, :5], ops=ops)
+    hidden_states(params, TINY, rand_ids(TINY, (2, 1)), cache=cache, attention_mask=mask, ops=ops)
+    hidden_states(params, TINY, rand_ids(TINY, (2, 1)), cache=KVCache.allocate(TINY, 2, max_len=8), ops=ops)
+    hidden_states(params, TINY, rand_ids(TINY, (2, 4)), attention_mask=mask[:, :4], ops=ops, last_only=True)
+    assert [(T, S, set(kw)) for T, S, kw in seen] == (
+        [(5, 5, {"causal", "key_mask"})] * L + [(1, 6, {"causal", "key_mask"})] * L
+        + [(1, 1, {"causal", "key_mask"})] * L + [(4, 4, {"causal", "key_mask"})] * (L - 1) + [(1, 4, {"causal", "key_mask"})])
+    causal = [kw["causal"] for _, _, kw in seen]
+    assert causal == [True] * L + [False] * L + [False] * L + [True] * (L - 1) + [False]
+    for (_, S, kw), expected in zip(seen, [mask[:, :5]] * L + [mask] * L + [None] * L + [mask[:, :4]] * L):
+        assert (kw["key_mask"] is None) if expected is None else np.array_equal(kw["key_mask"], expected)
+
+
+def test_a_pad_query_sees_no_key_and_its_row_is_zero():
+    """A left-pad query sees no key (every key at or before it is a pad), so its attention output is a zero
+    row; ops.attention gets the key mask, and the attention output before W_O is 0 there."""
+    from refimpl.gpt2.model import attention
+
+    _, params = pair("tiny", np.float64)
+    x = np.random.default_rng(3).standard_normal((2, 4, TINY.n_embd))
+    key = np.array([[False, False, True, True], [True] * 4])
+    p = params.blocks[0]
+    out = attention(x, p, TINY.n_head, NUMPY_OPS, key_mask=key)
+    no_proj = dataclasses.replace(p, attn_proj=dataclasses.replace(p.attn_proj, b=np.zeros_like(p.attn_proj.b)))
+    out0 = attention(x, no_proj, TINY.n_head, NUMPY_OPS, key_mask=key)
+    assert np.array_equal(out0[0, :2], np.zeros((2, TINY.n_embd)))  # y = 0 there: 0 W_O + 0
+    assert np.abs(out0[0, 2:]).min() > 0 and np.abs(out[1]).min() > 0
+
+
+def test_the_default_hook_is_the_identity_called_at_every_point():
+    """no_hook (the default, also for hook=None) is x itself; the forward calls its hook at every named point,
+    on the one-token cached path as well, and a hook other than no_hook keeps ops.decode_blocks from running."""
+    from refimpl.gpt2.model import no_hook
+
+    x = np.arange(3.0)
+    assert no_hook("anything", x) is x
+    decoded = []
+
+    def decode_blocks(x, params, config, cache, ops):
+        decoded.append(cache.length)
+        return None  # declined: the blocks run one operation at a time
+
+    ops = dataclasses.replace(NUMPY_OPS, decode_blocks=decode_blocks)
+    _, params = pair("tiny")
+    ids = rand_ids(TINY, (1, 5))
+    names = []
+    hooked = {}
+    for hook in (no_hook, None, lambda name, x: (names.append(name), x)[1]):
+        cache = KVCache.allocate(TINY, 1, max_len=6)
+        hidden_states(params, TINY, ids[:, :4], cache=cache, ops=ops, hook=hook)
+        hooked[id(hook)] = hidden_states(params, TINY, ids[:, 4:], cache=cache, ops=ops, hook=hook)
+    assert decoded == [4, 4]  # the step, with no_hook and with None; not with the user's hook
+    per_block = ["resid_pre", "attn.q", "attn.k", "attn.v", "attn.weights", "attn.out", "resid_mid",
+                 "mlp.hidden", "mlp.out", "resid_post"]
+    one_pass = [f"blocks.{i}.{n}" for i in range(TINY.n_layer) for n in per_block] + ["ln_f.out"]
+    assert names == one_pass * 2  # the prefill and the one-token step
+    first, *rest = hooked.values()
+    assert all(np.array_equal(first, h) for h in rest)
+
+
+def test_kv_cache_allocate_checks_its_sizes():
+    with pytest.raises(ValueError, match="batch_size must be > 0; got 0"):
+        KVCache.allocate(TINY, 0)
+    with pytest.raises(TypeError, match="batch_size must be an integer; got bool"):
+        KVCache.allocate(TINY, True)
+    with pytest.raises(TypeError, match="max_len must be an integer; got float"):
+        KVCache.allocate(TINY, 1, max_len=4.0)
+    with pytest.raises(ValueError, match=r"max_len must be at most n_positions=32; got 33"):
+        KVCache.allocate(TINY, 1, max_len=33)
+    cache = KVCache.allocate(TINY, np.int64(2), max_len=np.int32(5))
+    assert cache.k.shape == (TINY.n_layer, 2, TINY.n_head, 5, TINY.head_dim) and cache.length == 0
 
 
 def test_importing_refimpl_gpt2_does_not_import_accel():

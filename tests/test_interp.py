@@ -5,6 +5,7 @@ Models are tiny random GPT-2s (no download). Each property is proved on paper in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -299,8 +300,10 @@ def masked_reference(model: GPT2Model, ids, n_sink: int, window: int) -> np.ndar
     N = len(ids)
     x = embed(model.params, ids[None], streaming_positions(N, n_sink + window)[None])
     mask = sink_window_mask(N, n_sink=n_sink, window=window)
+    # The sink + window pattern in place of the model's causal one (it is causal itself).
+    ops = dataclasses.replace(NUMPY_OPS, attention=lambda q, k, v, **_: scaled_dot_product_attention(q, k, v, mask))
     for i, p in enumerate(model.params.blocks):
-        x = block(x, p, model.config, mask, NUMPY_OPS, layer=i)
+        x = block(x, p, model.config, ops, layer=i)
     h = layer_norm(x, model.params.ln_f.g, model.params.ln_f.b, eps=model.config.layer_norm_epsilon)
     return lm_head(h, model.params)[0]
 

@@ -1,35 +1,26 @@
-"""GPT-2 on the GPU: an `Ops` (refimpl.gpt2.model) whose arrays live on the device.
+"""GPT-2 on the GPU: refimpl.gpt2.model's forward with an `Ops` whose arrays live on the device.
 
     from accel.cupy.gpt2 import OPS           # needs CuPy and a CUDA device
-    z = refimpl.gpt2.logits(model, ids, backend=OPS)
-    refimpl.gpt2.generate(model, "Hello", backend=OPS)   # or backend="cuda" once listed in BACKENDS
+    z = refimpl.gpt2.logits(model, ids, backend=OPS)   # or backend="cuda"
 
-The model code is refimpl's own (refimpl.gpt2.model.forward): this module only supplies
-the hot operations and the weights.
-  prepare   copies every weight to the device once per GPT2Params object (cached by identity
-            while that object lives) and returns a duck-typed copy of GPT2Params whose
-            `wte` is an embedding table on the device (gather for `embed`, `.T` for the tied LM
-            head) and whose `wpe` stays on the host (refimpl's learned_positional_embedding
-            reads it there; only the [B, T, C] rows it picks travel, then add on the device).
-  linear / matmul   cuBLAS;  layer_norm   RawKernel;  gelu_bias   fused ElementwiseKernel.
-  attention  reads the boolean mask refimpl builds ([T, S] causal, [B, 1, 1, S] padding, or
-            both as [B, 1, T, S]) back into (causal, key_mask) and runs the fused Numba-CUDA
-            kernel; one new token without padding takes the split-S decode kernel. Any other
-            mask falls back to dense scores + the softmax RawKernel, so every mask is honoured.
-  zeros     the KV cache on the device;  to_numpy  logits back to the host.
-  decode_blocks  a step of one new token per sequence with no mask (greedy / sampled / beam
-            decoding after the prompt) runs `decode_step`: every block as explicit kernel
-            calls whose launches do not depend on the position (the new k, v are written at
-            position lengths - 1 read on the device, attention reads keys [0, lengths)). On
-            CuPy that step is captured once per KV cache into a CUDA graph and replayed at
-            every later token: one launch instead of ~15 per layer, which is what bounds a
-            GPT-2-small decode step from Python (ACCEL_CUDA_GRAPHS=0: run the same step eagerly).
-            Declined (the blocks then run one operation at a time) when an operation was
-            replaced, a bias is missing, or the cache is not float32 / float64 [L, B, H, S, D].
+  prepare    the weights copied to the device once per GPT2Params object (DeviceParams); wpe
+             stays on the host and only the [B, T, C] rows it gives travel
+  linear / matmul  cuBLAS;  layer_norm  RawKernel;  gelu_bias  fused ElementwiseKernel
+  attention  the fused Numba-CUDA masked_attention kernel (every keyword of
+             refimpl.attention.masked_attention), or split-S decode attention for one query with
+             no key mask, window or ALiBi
+  zeros      the KV cache on the device;  to_numpy  logits back to the host
+  decode_blocks  `decode_step` for one new token per sequence with no key mask: every block as
+             kernel calls whose launches do not depend on the position, captured once per KV
+             cache into a CUDA graph and replayed (ACCEL_CUDA_GRAPHS=0: run eagerly); declined
+             when an operation was replaced, a bias is missing, or the cache is not float32 /
+             float64 [L, B, H, S, D]
 
-`make_ops(name, xp, kernels)` builds such an Ops for any array module: `OPS` uses CuPy and
-accel.cupy.device; tests/test_accel_cuda.py builds one over NumPy arrays and the simulated
-Numba-CUDA kernels, and checks it against the NumPy backend on the CPU.
+Unlike accel.numba_cpu.gpt2 (the same seam on the CPU): weights and cache on the device, one
+graph launch per decoding step instead of ~15 launches per layer, which is what bounds a small
+model's step from Python. `make_ops(name, xp, kernels)` builds the Ops for any array module
+(tests run it over NumPy with the simulated Numba-CUDA kernels). Measured timings and their
+history: benchmarks/NOTES.md, "accel.cupy.gpt2".
 """
 
 from __future__ import annotations
@@ -42,8 +33,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from refimpl._checks import check_bool
 from refimpl.gpt2.model import Ops
-from refimpl.masks import causal_mask
 
 __all__ = ["make_ops", "decode_step", "DeviceParams", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
 
@@ -118,26 +109,6 @@ class DeviceParams:
         return self.wte.dtype
 
 
-def _split_mask(mask, B: int, T: int, S: int):
-    """(causal, key_mask [B, S] or None) when `mask` is one of refimpl's patterns, else None."""
-    if mask is None:
-        return False, None
-    m = np.asarray(mask)
-    if m.dtype != np.bool_:
-        return None
-    if m.shape == (T, S):
-        return (True, None) if np.array_equal(m, causal_mask(T, S)) else None
-    if m.shape == (B, 1, 1, S):
-        return False, m[:, 0, 0, :]
-    if m.shape == (B, 1, T, S):
-        key_mask = m[:, 0, -1, :]  # the last query (position S - 1) sees exactly the real keys
-        if np.array_equal(m[:, 0], causal_mask(T, S)[None] & key_mask[:, None, :]):
-            return True, key_mask
-        if np.array_equal(m[:, 0], np.broadcast_to(key_mask[:, None, :], (B, T, S))):
-            return False, key_mask
-    return None
-
-
 def decode_step(x, params: DeviceParams, config, cache_k, cache_v, lengths, kernels, xp):  # [B, C] -> [B, C]
     """x <- Block_L(... Block_1(x)) for one new token per sequence: refimpl's `block` at T = 1
     with no mask, as kernel calls whose launches do not depend on the position.
@@ -167,8 +138,9 @@ def decode_step(x, params: DeviceParams, config, cache_k, cache_v, lengths, kern
 def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
     """An Ops over array module `xp` with `kernels` providing (on xp arrays):
 
-    layer_norm(x, g, b, eps), linear(x, w, b), matmul(x, w), gelu_tanh_bias(x, b), softmax(x),
-    masked_attention(q, k, v, *, causal, key_mask), decode_attention(q, k, v), to_numpy(x).
+    layer_norm(x, g, b, eps), linear(x, w, b), matmul(x, w), gelu_tanh_bias(x, b),
+    masked_attention(q, k, v, *, causal, window, n_sink, key_mask, alibi_slopes, scale),
+    decode_attention(q, k, v, *, scale), to_numpy(x).
     decode_blocks: the Ops hook (refimpl.gpt2.model.Ops), or None.
     """
     device_copies: dict[int, tuple] = {}
@@ -193,19 +165,15 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
         device_copies[key] = (weakref.ref(params, lambda _ref, key=key: device_copies.pop(key, None)), dev)
         return dev
 
-    def attention(q, k, v, mask):  # [B, H, T, D], [B, H, S, D], [B, H, S, D] -> [B, H, T, D]
-        B, H, T, D = q.shape
-        S = k.shape[2]
-        split = _split_mask(mask, B, T, S)
-        if split is None:  # a mask refimpl does not build: dense scores, -inf where masked, softmax
-            scores = xp.matmul(q, xp.swapaxes(k, -1, -2)) * q.dtype.type(1.0 / np.sqrt(D))  # [B, H, T, S]
-            keep = xp.asarray(np.broadcast_to(np.asarray(mask), (B, H, T, S)))
-            scores = xp.where(keep, scores, q.dtype.type(-np.inf))
-            return xp.matmul(kernels.softmax(scores), v)
-        causal, key_mask = split
-        if T == 1 and key_mask is None:  # one new token, no padding: it sees the whole cache
-            return kernels.decode_attention(q[:, :, 0], k, v)[:, :, None, :]
-        return kernels.masked_attention(q, k, v, causal=causal, key_mask=None if key_mask is None else xp.asarray(key_mask))
+    def attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None,
+                  scale=None):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+        check_bool(causal, "causal")  # (the twin's refusal, before the fast path that does not read it)
+        if q.shape[2] == 1 and key_mask is None and window is None and n_sink == 0 and alibi_slopes is None:
+            return kernels.decode_attention(q[:, :, 0], k, v, scale=scale)[:, :, None, :]  # one query: every key
+        return kernels.masked_attention(
+            q, k, v, causal=causal, window=window, n_sink=n_sink, scale=scale,
+            key_mask=None if key_mask is None else xp.asarray(key_mask),
+            alibi_slopes=None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(q.dtype, copy=False))
 
     return Ops(
         name=name,
@@ -355,7 +323,7 @@ def _cupy_ops() -> Ops:
 
     kernels = SimpleNamespace(
         layer_norm=device.layer_norm, linear=device.linear, matmul=device.matmul,
-        gelu_tanh_bias=device.gelu_tanh_bias, softmax=device.softmax,
+        gelu_tanh_bias=device.gelu_tanh_bias,
         masked_attention=device.masked_attention, decode_attention=device.decode_attention,
         to_numpy=cp.asnumpy,
     )

@@ -1,53 +1,22 @@
-"""GPT-2 on the `numba` backend: refimpl's forward with Numba kernels in its hot spots.
+"""GPT-2 on the `numba` backend: refimpl.gpt2.model's forward, unchanged, with this module's `Ops`.
 
-The model code is refimpl.gpt2.model's, unchanged; this module only supplies its `Ops`
-(the hook F's model exposes for exactly this):
+  layer_norm  norms.layer_norm (rows in float64, rounded once);  gelu_bias  ffn.gelu_tanh_bias (bias fused)
+  attention   attention.masked_attention (online softmax over the KV cache views), or split-S
+              decode_attention for one query with no key mask, window or ALiBi; the whole
+              keyword set of refimpl.attention.masked_attention, as the Ops seam asks
+  linear / matmul / lm_head  x W + b, x W, h W_te^T on the threaded BLAS (blas.matmul_threaded),
+              the product then + b as refimpl.linear; a packed model's weights (`pack`) go
+              through MKL's packed GEMM (blas.matmul_packed) in products of more than one row
+  decode_blocks  one compiled call per block (`_decode_block`) for a step of one new token per
+              sequence with no key mask: the generic path's operations in its order, without the
+              Python between them; declined (None) for other dtypes, layouts, replaced operations,
+              or a cache long enough for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
-  layer_norm  accel.numba_cpu.norms.layer_norm        (rows in float64, rounded once)
-  gelu_bias   accel.numba_cpu.ffn.gelu_tanh_bias       (bias add fused with the tanh GELU)
-  attention   accel.numba_cpu.attention.masked_attention (online softmax over the KV cache),
-              or decode_attention (split-S) for one new token with no padding
-  linear / matmul / lm_head  x W + b, x W and h W_te^T on the threaded BLAS (blas.matmul_threaded:
-              MKL on OpenMP threads where it loads, else NumPy's own BLAS), the arithmetic of
-              refimpl.linear (product, then + b); matmuls are not hand-written. Against NumPy's
-              OpenBLAS, which they used before (benchmarks of 2026-11-30, paired against Hugging
-              Face): GPT-2 small's 128-token generation prefill went from 0.95x to 0.85x (0.71x in
-              a quick run) of HF's forward time, batch-1 decoding from 1.30x to 1.47x HF's tokens/s.
-              A packed model's weights (`pack`, below) go through MKL's packed GEMM instead
-              (blas.matmul_packed) in products of more than one row.
-  decode_blocks the blocks for one new token per sequence over the KV cache (no padding),
-              one compiled call per block (`_decode_block`, below)
-
-Attention masks: the model hands `ops.attention` a boolean mask, which it builds as the causal
-pattern [T, S] AND a key-padding mask [B, 1, 1, S] (or either alone, or None). The fused kernel
-takes that structure (causal=..., key_mask=...) instead of a [T, S] matrix, so `_structure`
-reads it back from the mask and checks that the mask is exactly that; any other mask is refused
-with a ValueError rather than approximated.
-
-One-token steps (decoding): every block is a single compiled call that runs the block's
-equations in the order above, on the same kernels' row functions (layer_norm's float64 row,
-the fused bias + GELU row, decode attention's serial driver) and BLAS for the four products
-(`blas.matmul_threaded`: the threaded BLAS, as `linear` above), writing this token's
-keys and values into the cache in place. The arithmetic is the generic path's, operation for
-operation (products, then + bias, then the residual add); what goes is the Python between the
-kernels: ~10 Python-level calls per block, each checking its arguments, cost ~2.5 ms of a
-~22 ms GPT-2 small step (measured), which is now ~0.3 ms. It applies when the step has
-no padding mask (mask None: one new token that sees every cached key), float32 / float64 NumPy
-arrays of the shapes and layout the compiled block reads, this module's own operations in the
-Ops, and a cache short enough that decode_attention would run it serially (DECODE_PARALLEL_WORK:
-all of GPT-2 small's context at B = 1); otherwise `decode_blocks` returns None and the generic
-per-operation path runs (see its docstring).
-
-Packed weights (`pack`): pack(model) returns the model with every block's four weight matrices
-also held in MKL's packed layout (blas.pack_matrix; PackedLinear layers, whose w is a read-only
-view of the original array). Its products of more than one row (a prompt's prefill) then skip
-the rearranging of W that each ?gemm call does; one-row products and the compiled decoding
-blocks read W as before. It pays for a model that runs many prompts: packing GPT-2 small takes
-~0.03 s (~0.25 s the first time) and ~400 MB, and saves ~10-15 ms of a 128-token prefill.
-
-Use: refimpl.gpt2.generate(model, prompt, backend=OPS) or, once the model's BACKENDS table has
-the line "numba": "accel.numba_cpu.gpt2:OPS", backend="numba"; with packed weights,
-generate(pack(model), prompt, backend="numba").
+Unlike accel.cupy.gpt2 (the same seam on the GPU): host arrays, no weight copies, no CUDA graph;
+the compiled block plays the part of its captured decode step. Costs: compiling on first use
+(cached on disk); pack(model) holds ~1.2x the four matrices' bytes more. Measured timings and
+their history: benchmarks/NOTES.md, "accel.numba_cpu.gpt2".
+Use: refimpl.gpt2.generate(model, prompt, backend="numba"), or backend=OPS; generate(pack(model), ...).
 """
 
 from __future__ import annotations
@@ -59,11 +28,11 @@ import weakref
 import numpy as np
 from numba import njit
 
+from refimpl._checks import check_bool
 from refimpl.attention import _scale_for
 from refimpl.gpt2.model import GPT2Model, Ops, lm_head
 from refimpl.gpt2.params import GPT2Params
 from refimpl.linear import LinearParams, linear
-from refimpl.masks import causal_mask
 
 from ._launch import kernel_threads
 from ._simd import wide_vectors
@@ -76,60 +45,22 @@ __all__ = ["OPS", "attention", "decode_blocks", "pack", "PackedLinear", "PACKING
 
 
 _PACKED_VIEWS: dict = {}  # id(view) -> (weakref to the view, PackedMatrix): the weights of packed models (`pack`)
-_LAST_STRUCTURE: list = [None]  # [(mask, its bytes, (B, T, S, shape, dtype), result)]: one mask, every layer
 
 
-def _structure(mask, B: int, T: int, S: int) -> tuple[bool, np.ndarray | None]:
-    """(causal, key_mask [B, S] or None) with mask == causal_mask(T, S) & key_mask[:, None, None, :].
+def attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
+              alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """refimpl.attention.masked_attention on the Numba kernels (the `Ops.attention` of GPT-2).
 
-    Shapes: mask None or bool broadcastable to [B, 1, T, S] (no per-head masks).
-    Notes: under the causal pattern the last query (position S - 1) sees every key, so its
-    mask row is the key mask; the whole mask is then compared with the rebuilt one. The model
-    hands every layer the same mask array: the last answer is reused for that array while its
-    contents are unchanged (checked byte for byte: ~5 us, against ~0.15 ms for the comparison).
+    Shapes: q [B, H, T, D]; k, v [B, K, S, D] (views into the KV cache); key_mask [B, S] bool.
+    Notes: one query sees every key under the causal pattern (it sits at the end of the keys), so
+    without a key mask, window or ALiBi it takes split-S decode_attention; everything else goes to
+    the fused masked_attention kernel, which implements every keyword.
     """
-    if mask is None:
-        return False, None
-    key = (B, T, S, mask.shape, mask.dtype) if isinstance(mask, np.ndarray) else None
-    last = _LAST_STRUCTURE[0]  # (one read: another thread may replace it, never half of it)
-    if key is not None and last is not None and last[0] is mask and last[2] == key and last[1] == mask.tobytes():
-        return last[3]
-    result = _structure_of(mask, B, T, S)
-    if key is not None:
-        _LAST_STRUCTURE[0] = (mask, mask.tobytes(), key, result)
-    return result
-
-
-def _structure_of(mask, B: int, T: int, S: int) -> tuple[bool, np.ndarray | None]:  # _structure, computed
-    m = np.asarray(mask)
-    if m.dtype != np.bool_ or m.ndim > 4:
-        raise ValueError(f"attention mask must be boolean, broadcastable to [B, 1, T, S]; got {m.dtype} {m.shape}")
-    m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # [b, h, t, s]
-    if m.shape[1] != 1:
-        raise ValueError(f"the numba attention takes one mask for all heads ([B, 1, T, S]); got shape {m.shape}")
-    m = np.broadcast_to(m, (B, 1, m.shape[2], S))
-    key_mask = np.ascontiguousarray(m[:, 0, -1, :])  # [B, S]
-    causal = m.shape[2] > 1 and not np.array_equal(m, np.broadcast_to(key_mask[:, None, None, :], m.shape))
-    if causal:
-        rebuilt = causal_mask(T, S)[None, None] & key_mask[:, None, None, :]  # [B, 1, T, S]
-        if m.shape[2] != T or not np.array_equal(m, rebuilt):
-            raise ValueError("the numba attention supports masks of the form causal_mask(T, S) & key padding; "
-                             f"this [B, 1, T, S] = {m.shape} mask is neither")
-    return causal, (None if key_mask.all() else key_mask)
-
-
-def attention(q, k, v, mask) -> np.ndarray:  # [B, H, T, D], [B, H, S, D], [B, H, S, Dv] -> [B, H, T, Dv]
-    """softmax(q k^T / sqrt(D), masked) v with the Numba kernels (the `Ops.attention` of GPT-2).
-
-    Shapes: q [B, H, T, D]; k, v [B, H, S, D] (views into the KV cache); mask as the model
-    builds it (see `_structure`). Returns [B, H, T, D].
-    """
-    B, H, T, _ = q.shape
-    S = k.shape[2]
-    causal, key_mask = _structure(mask, B, T, S)
-    if T == 1 and key_mask is None:  # one new token sees the whole cache: split-S decode
-        return decode_attention(q[:, :, 0, :], k, v)[:, :, None, :]
-    return masked_attention(q, k, v, causal=causal, key_mask=key_mask)
+    check_bool(causal, "causal")  # (the twin's refusal, before the fast path that does not read it)
+    if q.shape[2] == 1 and key_mask is None and window is None and n_sink == 0 and alibi_slopes is None:
+        return decode_attention(q[:, :, 0, :], k, v, scale=scale)[:, :, None, :]
+    return masked_attention(q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask,
+                            alibi_slopes=alibi_slopes, scale=scale)
 
 
 def _layer_norm(x, g, b, eps):  # [..., C] -> [..., C]
@@ -363,7 +294,8 @@ def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or N
     linear=f): the compiled block would ignore f), when a dtype, layout or shape is not the one
     the compiled block reads (float16, a missing bias, Fortran-ordered or misshaped weights, a cache
     of another head split: the per-operation path then runs, and raises its own errors), or when
-    the cache is long enough that decode_attention would run in parallel (module docstring).
+    the cache is long enough that decode_attention would run in parallel (DECODE_PARALLEL_WORK:
+    all of GPT-2 small's context at B = 1 runs serially).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
         return None

@@ -9,25 +9,29 @@ Read top to bottom, as the data flows:
 The hot operations (layer_norm, linear, the GELU that follows the first MLP matmul, and
 attention over the cache) go through an `Ops` object, so the accel backends
 reuse this exact model code with their own kernels. `NUMPY_OPS` is the refimpl truth.
+Attention crosses that seam as structure (causal, key_mask), never as a dense mask.
 
 Conventions: heads are an array axis; masks are boolean (True = may attend); queries
 are aligned to the end of the keys (refimpl.masks); float32 parameters give float32
 logits. With a cache, `forward` writes the new keys/values into it in place and advances
-`cache.length`; no array is reallocated per token.
+`cache.length`; no array is reallocated per token. The inputs are checked once, at the
+door (refimpl.gpt2.checks).
 
-Hook points (refimpl.interp): `hidden_states` / `forward` take `hook=None`, a callable
-hook(name, x) -> x' called at each named intermediate; what it returns replaces x (return x
-itself to only look). Names, with i the block index (shapes for ids [B, T], S = keys seen):
+Hook points (refimpl.interp): `hidden_states` / `forward` take `hook`, a callable
+hook(name, x) -> x' called at each named intermediate on every path; what it returns replaces x
+(return x itself to only look). The default, `no_hook`, is the identity. Names, with i the
+block index (shapes for ids [B, T], S = keys seen):
 
     blocks.i.resid_pre [B, T, C]   blocks.i.attn.q / .k / .v [B, H, T, D] (k, v before the cache)
     blocks.i.attn.weights [B, H, T, S]   blocks.i.attn.out [B, T, C] (after W_O)
     blocks.i.resid_mid [B, T, C]   blocks.i.mlp.hidden [B, T, F] (after GELU)
     blocks.i.mlp.out [B, T, C]     blocks.i.resid_post [B, T, C]   ln_f.out [B, T, C]
 
-With hook=None the forward does only a few `is None` checks more. With a hook, attention
-runs refimpl's scaled_dot_product_attention(return_weights=True) and y = weights @ v
-(the same arithmetic as NUMPY_OPS.attention) so the weights exist; hooks see NumPy arrays
-and are meant for the NumPy backend (refimpl.interp uses it).
+"attn.weights" is the one point that changes the arithmetic's route: with no_hook, attention is
+`ops.attention` (no weights materialised); with another hook, refimpl's
+scaled_dot_product_attention(return_weights=True) and y = weights @ v (the same arithmetic as
+NUMPY_OPS.attention) so the weights exist. Hooks see NumPy arrays and are meant for the NumPy
+backend (refimpl.interp uses it).
 """
 
 from __future__ import annotations
@@ -38,18 +42,20 @@ from typing import Callable
 
 import numpy as np
 
-from ..attention import scaled_dot_product_attention
+from .._checks import check_positive_int
+from ..attention import masked_attention, scaled_dot_product_attention
 from ..ffn import gelu_tanh_bias
 from ..linear import linear
 from ..masks import causal_mask, combine_masks, key_mask_to_attention_mask
 from ..norms import layer_norm
 from ..positional import learned_positional_embedding, positions_from_attention_mask
+from .checks import check_forward_inputs, check_token_ids, parse_token_ids
 from .config import GPT2Config
 from .params import BlockParams, GPT2Params
 
 __all__ = [
     "GPT2Model", "Ops", "NUMPY_OPS", "BACKENDS", "get_ops",
-    "KVCache", "check_token_ids",
+    "KVCache", "check_token_ids", "parse_token_ids", "no_hook",
     "embed", "attention", "mlp", "block", "hidden_states", "lm_head", "forward",
 ]
 
@@ -90,9 +96,15 @@ class Ops:
     linear(x [..., in], p: LinearParams) -> [..., out]             y = x W + b
     matmul(x [..., in], w [in, out]) -> [..., out]                  y = x W (no bias)
     gelu_bias(x [..., F], b [F]) -> [..., F]                        gelu_tanh(x + b)
-    attention(q [B, H, T, D], k [B, H, S, D], v [B, H, S, D], mask) -> [B, H, T, D]
-        mask: a NumPy bool array broadcastable to [B, H, T, S] (True = may attend) or None
-        (all keys). k and v are views into the KV cache (strided, not copied).
+    attention(q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv], *, causal=False, window=None,
+              n_sink=0, key_mask=None, alibi_slopes=None, scale=None) -> [B, H, T, Dv]
+        refimpl.attention.masked_attention's signature and meaning (NUMPY_OPS's is that function):
+        the mask is given by its structure (causal pattern, sliding window, attention sinks;
+        key_mask [B, S] a NumPy bool array of the real keys), queries are aligned to the end of
+        the keys, a query that sees no key gets a zero row. GPT-2 passes causal and key_mask;
+        the other keywords are for decoders that need them (Mistral's window, ALiBi). The accel
+        backends implement every one; a backend that lacks one must refuse it (ValueError),
+        never ignore it. k and v are views into the KV cache (strided, not copied).
     embed(params, ids [B, T], positions [B|1, T]) -> [B, T, C]: token + position embedding
         (ids and positions are NumPy int arrays; a device backend gathers on its device).
     lm_head(h [..., C], params) -> [..., V]: the tied output layer h W_te^T (None: refimpl's).
@@ -102,9 +114,10 @@ class Ops:
     to_numpy(x) -> np.ndarray: bring logits back to the host.
     decode_blocks(x [B, 1, C], params, config, cache, ops) -> [B, 1, C] or None: optional; every
         block at once for a step of one new token per sequence that sees every cached key (no
-        mask), writing the cache as `attention` does; None means "not here", and the blocks
-        then run one operation at a time (accel's numba backend compiles a block into one call,
-        and declines when `ops`, the Ops in use, has other operations than its own).
+        key mask; called only with the default hook), writing the cache as `attention` does;
+        None means "not here", and the blocks then run one operation at a time (accel's numba
+        backend compiles a block into one call, and declines when `ops`, the Ops in use, has
+        other operations than its own).
     """
 
     name: str
@@ -131,7 +144,7 @@ NUMPY_OPS = Ops(
     linear=linear,
     matmul=np.matmul,
     gelu_bias=gelu_tanh_bias,
-    attention=scaled_dot_product_attention,
+    attention=masked_attention,  # the whole keyword set, as the twin of every backend's
 )
 
 # The explicit backend table: name -> "module:attribute" of an `Ops` object, imported only
@@ -180,12 +193,11 @@ class KVCache:
     def allocate(cls, config: GPT2Config, batch_size: int, *, max_len: int | None = None,
                  dtype=np.float32, zeros: Callable = np.zeros) -> "KVCache":
         """An empty cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
-        max_len = config.n_positions if max_len is None else max_len
-        if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or not 1 <= max_len <= config.n_positions:
-            raise ValueError(f"max_len must be an integer in [1, n_positions={config.n_positions}]; got {max_len!r}")
-        shape = (config.n_layer, int(batch_size), config.n_head, int(max_len), config.head_dim)
+        batch_size = check_positive_int(batch_size, "batch_size")
+        max_len = config.n_positions if max_len is None else check_positive_int(max_len, "max_len")
+        if max_len > config.n_positions:
+            raise ValueError(f"max_len must be at most n_positions={config.n_positions}; got {max_len}")
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
         return cls(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype), 0)
 
     @property
@@ -204,152 +216,94 @@ class KVCache:
         self.v[:, :, :, :n] = self.v[:, rows, :, :n]
 
 
-# ----------------------------------------------------------------------------- input checks
-
-def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray:  # [B, T] -> [B, T] int64
-    """Return ids as an int64 array after checking the dtype (integer) and the range 0 <= id < V."""
-    try:
-        a = np.asarray(ids)
-    except ValueError:  # rows of different lengths
-        raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
-                         "left-pad shorter prompts, or use generate_batch); got rows of different lengths") from None
-    if a.dtype == object and a.size and all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
-                                            for t in a.flat):
-        _check_id_range(a, config, name)  # Python integers too large for int64 (NumPy keeps them as objects)
-        a = a.astype(np.int64)
-    if a.dtype.kind not in "iu":
-        if a.size == 0 and a.dtype.kind == "f":
-            a = a.astype(np.int64)
-        else:
-            raise TypeError(f"{name} must be integer token ids; got dtype {a.dtype}")
-    _check_id_range(a, config, name)
-    return a.astype(np.int64, copy=False)
-
-
-def _check_id_range(a: np.ndarray, config: GPT2Config, name: str) -> None:
-    if a.size:
-        bad = (a < 0) | (a >= config.vocab_size)
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"{name} has token id {int(a[where])} at index {where}, outside the "
-                             f"vocabulary [0, {config.vocab_size}) (vocab_size V={config.vocab_size})")
-
-
-def parse_token_ids(text: str, vocab_size: int, *, flag: str = "--ids") -> list[int]:
-    """Token ids from command-line text ('1 2 3' or '1,2,3'), each checked to lie in [0, vocab_size).
-
-    The error (a ValueError) names the flag, the offending id and the vocabulary size; ids of
-    any length are compared as Python integers, so 99999999999999999999 is reported as itself.
-    """
-    try:
-        ids = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"{flag} must be integers separated by spaces or commas; got {text!r}") from None
-    for i, t in enumerate(ids):
-        if not 0 <= t < vocab_size:
-            raise ValueError(f"{flag} has token id {t} at position {i}, outside the vocabulary [0, {vocab_size}) "
-                             f"of this model (vocab_size V={vocab_size})")
-    return ids
-
-
-def _context_error(config: GPT2Config, total: int, detail: str) -> ValueError:
-    return ValueError(f"{detail} {total} tokens, more than the model's context n_positions="
-                      f"{config.n_positions} (GPT-2 has learned positions 0..{config.n_positions - 1} only)")
-
-
 # ----------------------------------------------------------------------------- the model
+
+def no_hook(name: str, x):  # (name, [...]) -> the same x
+    """The default hook: x itself. Every hook point calls the hook, so the plain forward is the hooked one."""
+    return x
+
+
+def _prefixed(hook, prefix: str):  # hook(name, x) -> hook(prefix + name, x); no_hook stays no_hook
+    return hook if hook is no_hook else lambda name, x: hook(prefix + name, x)
+
+
+_LAST_ONLY_WITH_HOOK = "last_only runs without hooks: a hook expects every position's intermediates"
+
 
 def embed(params: GPT2Params, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:  # [B, T], [B, T] -> [B, T, C]
     """x_t = W_te[id_t] + W_pe[p_t]  (token plus learned position embedding; GPT-2 / GPT-1 sec. 3.1)."""
     return params.wte[ids] + learned_positional_embedding(params.wpe, positions)
 
 
-_LAST_ONLY_WITH_HOOK = "last_only runs without hooks: a hook expects every position's intermediates"
-
-
-def attention(x, p: BlockParams, n_head: int, mask, ops: Ops, *,
-              cache: KVCache | None = None, layer: int = 0, hook=None,
-              last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache: KVCache | None = None,
+              layer: int = 0, hook=no_hook, last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """MultiHead(x) = Concat_h(softmax(q_h k_h^T / sqrt(D), masked) v_h) W_O  (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; q, k, v come from GPT-2's fused projection c_attn, x W + b
     [B, T, 3C] with columns [q | k | v] and head h owning D consecutive columns of each.
-    mask bool broadcastable to [B, 1, T, S] or None. Returns [B, T, C].
-    Notes: with a cache, this token's k and v are written into cache.k/v[layer] at
-    [length, length + T) and attention reads the filled prefix [0, length + T) as views.
-    The caller advances cache.length once all layers have run. hook(name, x) -> x', if
-    given, sees "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out" (see the module
-    docstring); block() prefixes the names with "blocks.i.". last_only: keys and values of
-    every position (the cache needs them), the query and output of the last position only
-    ([B, 1, C]; mask then covers that one query: [B, 1, 1, S] or None).
+    key_mask [B, S] bool (the real keys) or None. Returns [B, T, C].
+    Notes: query i sees key j iff j <= S - T + i (causal) and key j is real; one query (at the
+    end of the keys) sees every real key, so it needs no causal pattern. With a cache, this
+    token's k and v are written into cache.k/v[layer] at [length, length + T) and attention
+    reads the filled prefix [0, length + T) as views; the caller advances cache.length once all
+    layers have run. hook sees "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out"
+    (module docstring); block() prefixes the names with "blocks.i.". last_only: keys and values
+    of every position (the cache needs them), the query and output of the last position only.
     """
-    if last_only and hook is not None:
+    if last_only and hook is not no_hook:
         raise ValueError(_LAST_ONLY_WITH_HOOK)
     B, T, C = x.shape
     H, D = n_head, C // n_head
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
     q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
-    if last_only:
-        q = q[:, :, -1:]  # [B, H, 1, D]
-    if hook is not None:
-        q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
+    q, k, v = hook("attn.q", q[:, :, -1:] if last_only else q), hook("attn.k", k), hook("attn.v", v)
     if cache is not None:
         start = cache.length
         cache.k[layer, :, :, start:start + T] = k  # written in place
         cache.v[layer, :, :, start:start + T] = v
         k = cache.k[layer, :, :, :start + T]  # [B, H, S, D] view of the filled prefix
         v = cache.v[layer, :, :, :start + T]
-    if hook is None:
-        y = ops.attention(q, k, v, mask)  # [B, H, T, D]
-    else:
+    causal = q.shape[2] > 1  # one query (a new token, last_only's) sees every key: no pattern needed
+    if hook is no_hook:
+        y = ops.attention(q, k, v, causal=causal, key_mask=key_mask)  # [B, H, T, D]
+    else:  # the weights made explicit, for the hook to see or replace
+        mask = combine_masks(causal_mask(T, k.shape[2]) if causal else None,
+                             None if key_mask is None else key_mask_to_attention_mask(key_mask))
         _, w = scaled_dot_product_attention(q, k, v, mask, return_weights=True)  # w [B, H, T, S]
         y = hook("attn.weights", w) @ v  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, q.shape[2], C)  # merge heads: [B, T, H, D] -> [B, T, C]
-    out = ops.linear(y, p.attn_proj)
-    return out if hook is None else hook("attn.out", out)
+    return hook("attn.out", ops.linear(y, p.attn_proj))
 
 
-def mlp(x, p: BlockParams, ops: Ops, *, hook=None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+def mlp(x, p: BlockParams, ops: Ops, *, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """MLP(x) = GELU(x W_fc + b_fc) W_proj + b_proj, GELU in its tanh form  (GPT-2; Hendrycks & Gimpel 2016).
 
-    hook(name, x) -> x', if given, sees "mlp.hidden" [B, T, F] and "mlp.out" [B, T, C].
+    hook sees "mlp.hidden" [B, T, F] and "mlp.out" [B, T, C].
     """
-    h = ops.gelu_bias(ops.matmul(x, p.mlp_fc.w), p.mlp_fc.b)  # [B, T, F]
-    if hook is None:
-        return ops.linear(h, p.mlp_proj)  # [B, T, C]
-    return hook("mlp.out", ops.linear(hook("mlp.hidden", h), p.mlp_proj))
+    h = hook("mlp.hidden", ops.gelu_bias(ops.matmul(x, p.mlp_fc.w), p.mlp_fc.b))  # [B, T, F]
+    return hook("mlp.out", ops.linear(h, p.mlp_proj))  # [B, T, C]
 
 
-def block(x, p: BlockParams, config: GPT2Config, mask, ops: Ops, *,
-          cache: KVCache | None = None, layer: int = 0, hook=None,
-          last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+def block(x, p: BlockParams, config: GPT2Config, ops: Ops, *, key_mask=None, cache: KVCache | None = None,
+          layer: int = 0, hook=no_hook, last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3).
 
-    hook(name, x) -> x', if given, sees "blocks.{layer}.resid_pre", ".resid_mid",
-    ".resid_post" and the attention / MLP names under the same prefix. last_only (no hook):
-    the block's output at the last position only, from the keys and values of every position
-    (see attention); the other positions' rows would feed nothing after the last block.
+    hook sees "blocks.{layer}.resid_pre", ".resid_mid", ".resid_post" and the attention / MLP
+    names under the same prefix. last_only (no hook): the block's output at the last position
+    only, from the keys and values of every position (see attention); the other positions'
+    rows would feed nothing after the last block.
     """
     eps = config.layer_norm_epsilon
-    if hook is None:
-        a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask, ops,
-                      cache=cache, layer=layer, last_only=last_only)
-        x = (x[:, -1:] if last_only else x) + a
-        return x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops)
-    if last_only:
-        raise ValueError(_LAST_ONLY_WITH_HOOK)
-
-    def local(name, value, _prefix=f"blocks.{layer}."):
-        return hook(_prefix + name, value)
-
+    local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
-    x = local("resid_mid", x + attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, mask,
-                                         ops, cache=cache, layer=layer, hook=local))
+    a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, ops, key_mask=key_mask,
+                  cache=cache, layer=layer, hook=local, last_only=last_only)
+    x = local("resid_mid", (x[:, -1:] if last_only else x) + a)
     return local("resid_post", x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops, hook=local))
 
 
 def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=None,
+                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook,
                   last_only: bool = False) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
     """h = LN_f(Block_L(... Block_1(W_te[ids] + W_pe[positions])))  (GPT-2's transformer; the input to the LM head).
 
@@ -363,7 +317,10 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     - Mask: query i sees key j iff j <= S - T + i (causal) and key j is real. A pad query sees
       no key and its row is zero (its outputs are meaningless and must be ignored).
     - Cache: new keys / values are written at [length, length + T) and length advances by T.
-    - hook: None, or hook(name, x) -> x' called at every named intermediate (module docstring).
+      One new token with no attention_mask and the default hook may run every block at once
+      (ops.decode_blocks).
+    - hook: hook(name, x) -> x' called at every named intermediate (module docstring); no_hook
+      (or None), the identity, by default.
     - last_only: return h at the last position only, [B, 1, C] (what a decoding loop's prefill
       needs: the cache and the next token's logits). Every block but the last runs as usual; the
       last one writes every position's keys and values into the cache but computes the query,
@@ -372,71 +329,29 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
       inputs as without it (it differs only by the rounding of products over 1 row instead of T).
       Not with a hook (ValueError).
     """
-    if last_only and hook is not None:
+    hook = no_hook if hook is None else hook
+    if last_only and hook is not no_hook:
         raise ValueError(_LAST_ONLY_WITH_HOOK)
-    ids = check_token_ids(ids, config)
-    if ids.ndim != 2:
-        raise ValueError(f"ids must have shape [B, T]; got shape {ids.shape}")
-    B, T = ids.shape
-    if T == 0:
-        raise ValueError("ids must hold at least one token per sequence (T >= 1); got T=0")
-    start = 0
-    if cache is not None:
-        if cache.batch_size != B:
-            raise ValueError(f"cache holds B={cache.batch_size} sequences but ids has shape {ids.shape}")
-        if cache.k.dtype != params.wte.dtype:
-            raise TypeError(f"cache dtype {cache.k.dtype} differs from the parameters' {params.wte.dtype}: "
-                            "allocate it with KVCache.allocate(..., dtype=params.dtype)")
-        start = cache.length
-        if start + T > cache.max_len:
-            raise ValueError(f"KV cache is full: it holds at most {cache.max_len} tokens, has {start}, "
-                             f"cannot add T={T} more")
-    S = start + T
-    if S > config.n_positions:
-        detail = "ids have" if cache is None else f"the cache ({start} tokens) plus ids ({T}) make"
-        raise _context_error(config, S, detail)
-
-    key_mask = None
-    if attention_mask is not None:
-        key_mask = np.asarray(attention_mask)
-        if key_mask.shape != (B, S):
-            raise ValueError(f"attention_mask must have shape [B, S] = [{B}, {S}] (cached + new tokens); "
-                             f"got shape {key_mask.shape}")
-        if key_mask.dtype.kind not in "biu" or (key_mask.dtype.kind != "b" and not np.isin(key_mask, (0, 1)).all()):
-            raise ValueError(f"attention_mask must hold booleans or 0/1 (1 = real token); got dtype {key_mask.dtype}")
-        key_mask = key_mask.astype(bool, copy=False)
+    ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
+                                                           attention_mask=attention_mask, positions=positions)
+    T = ids.shape[1]
     if positions is None:
         positions = (positions_from_attention_mask(key_mask)[:, start:] if key_mask is not None
-                     else np.arange(start, S)[None, :])  # [B, T] or [1, T]
-    else:
-        positions = np.asarray(positions)
-        if positions.shape not in ((T,), (B, T)):
-            raise ValueError(f"positions must have shape [T] or [B, T] = [{B}, {T}]; got shape {positions.shape}")
-
-    # Causal pattern [T, S] (omitted for one new token, which sees every key) AND the pad keys [B, 1, 1, S].
-    pattern = causal_mask(T, S) if T > 1 else None
-    padding = key_mask_to_attention_mask(key_mask) if key_mask is not None else None
-    mask = combine_masks(pattern, padding)  # [T, S], [B, 1, 1, S], [B, 1, T, S] or None
-
+                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
     x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
     fused = None
-    if ops.decode_blocks is not None and cache is not None and mask is None and hook is None:
-        fused = ops.decode_blocks(x, params, config, cache, ops)  # T = 1: the same blocks, compiled whole
+    if ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook:
+        fused = ops.decode_blocks(x, params, config, cache, ops)  # the same blocks, compiled whole
     if fused is not None:
         x = fused
     else:
-        last = len(params.blocks) - 1 if last_only and T > 1 else None
         for layer, p in enumerate(params.blocks):
-            if layer == last:  # the last query sees every cached and new key; only padding masks it
-                x = block(x, p, config, combine_masks(None, padding), ops, cache=cache, layer=layer, last_only=True)
-            else:
-                x = block(x, p, config, mask, ops, cache=cache, layer=layer, hook=hook)
+            x = block(x, p, config, ops, key_mask=key_mask, cache=cache, layer=layer, hook=hook,
+                      last_only=last_only and layer == len(params.blocks) - 1)
     if cache is not None:
-        cache.length = S
-    if last_only:
-        x = x[:, -1:]  # (T = 1, or the fused one-token path: already one position)
-    h = ops.layer_norm(x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)  # [B, T, C]
-    return h if hook is None else hook("ln_f.out", h)
+        cache.length = start + T
+    h = ops.layer_norm(x[:, -1:] if last_only else x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)
+    return hook("ln_f.out", h)  # [B, T, C]
 
 
 def lm_head(h, params: GPT2Params) -> np.ndarray:  # [..., C] -> [..., V]
@@ -445,7 +360,7 @@ def lm_head(h, params: GPT2Params) -> np.ndarray:  # [..., C] -> [..., V]
 
 
 def forward(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=None) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = LN_f(transformer(ids)) W_te^T  (GPT-2, Radford et al. 2019): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype (float32 weights give float32).
