@@ -9,7 +9,7 @@ pattern, ALiBi, and NaN / inf inputs: anywhere for the elementwise kernels, in q
 attention (v stays finite: a NaN or inf value behind a zero weight is a documented difference,
 accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
 
-    python -m refimpl verify [--backend B]     (the lead's command line calls `main`)
+    python -m refimpl verify [--backend B]     (refimpl.__main__ calls `main`)
 
 The case builders (`make_case`) are shared with tests/test_accel_differential.py, which draws
 the same dims from Hypothesis instead of the fixed lists here.

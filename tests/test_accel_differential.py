@@ -537,8 +537,8 @@ def test_base2_scores_never_overflow_where_the_twin_is_finite():
 
     Proof (attention._base2_cannot_overflow): with |scale| log2 e <= 1 each folded q entry is no
     larger than q's own, so no partial sum of q' . k exceeds the unfolded one; the slopes stay in
-    float64. Cases that overflowed when both were folded in float32 (found by review): a slope
-    of 3e38, and q = 3e38 with scale = 1 (which now runs in base e).
+    float64. Cases that overflowed when both were folded in float32: a slope
+    of 3e38, and q = 3e38 with scale = 1 (which runs in base e).
     """
     attend, twin = _numba("masked_attention")
     v = np.array([1, 2], dtype=np.float32).reshape(1, 1, 2, 1)
