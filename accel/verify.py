@@ -9,10 +9,11 @@ pattern, ALiBi, and NaN / inf inputs: anywhere for the elementwise kernels, in q
 attention (v stays finite: a NaN or inf value behind a zero weight is a documented difference,
 accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
 
-    python -m refimpl verify [--backend B]     (the lead's command line calls `main`)
+    python -m refimpl verify [--backend B]     (refimpl.__main__ calls `main`)
 
-The case builders (`make_case`) are shared with tests/test_accel_differential.py, which draws
-the same dims from Hypothesis instead of the fixed lists here.
+The case builders (`make_case`) and the check (`check_against_twin`) are shared with
+tests/test_accel_differential.py and tests/test_accel_cuda.py, which draw the dims from
+Hypothesis (tests/strategies.py) instead of the fixed lists here.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import check_close
+from ._common import CheckResult, check_close
 from .registry import BACKENDS, KernelSpec, available_backends, kernels
 
-__all__ = ["Case", "make_case", "VERIFY_DIMS", "run", "format_table", "main"]
+__all__ = ["Case", "make_case", "VERIFY_DIMS", "TwinCheck", "check_against_twin", "run_case", "run",
+           "format_table", "main"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, in
     return Case((x, positions), kw, f"x{shape} pos{tuple(pos_shape)} " + ", ".join(f"{k}={v}" for k, v in kw.items()))
 
 
-def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale
+def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale special
+    # alibi: True (slopes 2^-h), "random" (squared normals), or False
     B, H, K, T, S, D, Dv = (d[c] for c in ("B", "H", "K", "T", "S", "D", "Dv"))
     q = _normal(rng, (B, H, T, D), dtype)
     k = _normal(rng, (B, K, S, D), dtype)
@@ -131,7 +134,9 @@ def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causa
         key_mask = rng.random((B, S)) < 0.7
         key_mask[-1] = False  # one sequence with no real key: its rows are fully masked -> zeros
         kw["key_mask"] = key_mask
-    if d.get("alibi"):
+    if d.get("alibi") == "random":  # any positive slopes, not only the paper's geometric ones
+        kw["alibi_slopes"] = (rng.standard_normal(H) ** 2).astype(dtype)
+    elif d.get("alibi"):
         kw["alibi_slopes"] = (2.0 ** -np.arange(1, H + 1)).astype(dtype)
     if d.get("scale") is not None:
         kw["scale"] = d["scale"]
@@ -139,7 +144,7 @@ def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causa
         q, k = _with_specials(rng, q, 0.002), _with_specials(rng, k, 0.002)  # (one key spoils many rows)
     opts = ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("key_mask", "alibi_slopes") and v is not False)
     opts += ", padding" if "key_mask" in kw else ""
-    opts += ", alibi" if "alibi_slopes" in kw else ""
+    opts += (", random alibi" if d.get("alibi") == "random" else ", alibi") if "alibi_slopes" in kw else ""
     opts += ", +inf/nan in q, k" if d.get("special") else ""
     return Case((q, k, v), kw, f"B={B} H={H} K={K} T={T} S={S} D={D} Dv={Dv}" + (f" {opts.lstrip(', ')}" if opts else ""))
 
@@ -257,16 +262,58 @@ class Row:
     worst: float = math.nan  # max |out - ref| / (atol + rtol |ref|): <= 1 passes
 
 
-def run_case(spec: KernelSpec, dtype, case: Case) -> tuple:
-    """(CheckResult, rtol, atol, seconds): the kernel and its float64 twin on `case`."""
+@dataclass(frozen=True)
+class TwinCheck:
+    """One kernel call checked against its float64 twin: the CheckResult and the tolerance applied."""
+
+    key: str  # "name[backend] dtype": what tables of max errors are keyed by
+    shapes: str
+    result: CheckResult
+    rtol: float
+    atol: float
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.result.passed
+
+    @property
+    def message(self) -> str:
+        """Why it failed (or "" when it passed), with the case and the tolerance."""
+        if self.passed:
+            return ""
+        return f"{self.key} {self.shapes}: {self.result.reason} (rtol={self.rtol:g}, atol={self.atol:g})"
+
+
+def kernel_dtype(args) -> np.dtype:
+    """The dtype a kernel call runs in: that of its first floating-point array argument."""
+    for a in args:
+        if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+            return a.dtype
+    raise TypeError("no floating-point array among the arguments; pass dtype=")
+
+
+def check_against_twin(spec: KernelSpec, args: tuple, kwargs: dict | None = None, *, dtype=None,
+                       shapes: str = "") -> TwinCheck:
+    """The kernel of `spec` on (args, kwargs), its twin on the same values in float64, and
+    `check_close` with the registry's tolerance for `dtype` (default: the arguments' float dtype):
+    |out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values elsewhere."""
+    kwargs = kwargs or {}
+    dtype = np.dtype(kernel_dtype(args) if dtype is None else dtype)
     fn, twin = spec.load(), spec.load_twin()
     t0 = time.perf_counter()
-    out = fn(*case.args, **case.kwargs)
+    out = fn(*args, **kwargs)
     seconds = time.perf_counter() - t0
     with np.errstate(all="ignore"):  # the twin's own NaN / inf warnings on special inputs
-        ref = twin(*[_f64(a) for a in case.args], **{k: _f64(v) for k, v in case.kwargs.items()})
+        ref = twin(*[_f64(a) for a in args], **{k: _f64(v) for k, v in kwargs.items()})
     rtol, atol = spec.tolerance(dtype)
-    return check_close(out, ref, rtol=rtol, atol=atol, dtype=dtype), rtol, atol, seconds
+    res = check_close(out, ref, rtol=rtol, atol=atol, dtype=dtype)
+    return TwinCheck(f"{spec.id} {dtype.name}", shapes, res, rtol, atol, seconds)
+
+
+def run_case(spec: KernelSpec, dtype, case: Case) -> TwinCheck:
+    """`check_against_twin` on a Case from `make_case`."""
+    return check_against_twin(spec, case.args, case.kwargs, dtype=dtype, shapes=case.shapes)
 
 
 GPU_BACKENDS = ("numba_cuda", "cupy")  # what `generate --backend cuda` runs on: "cuda" here selects both
@@ -291,14 +338,15 @@ def run(backend: str | None = None, seed: int = 0) -> list[Row]:
                 rng = np.random.default_rng([seed, n, BACKENDS.index(spec.backend)])
                 case = make_case(spec.name, rng, dtype, dims)
                 try:
-                    res, rtol, atol, sec = run_case(spec, dtype, case)
+                    chk = run_case(spec, dtype, case)
                 except Exception as e:  # a crash is a failure with its reason, not an abort of the table
                     rtol, atol = spec.tolerance(dtype)
                     rows.append(Row(spec.name, spec.backend, dtype, case.shapes, math.nan, math.nan, atol, rtol, False,
                                     f"raised {type(e).__name__}: {e}", 0.0))
                     continue
-                rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, atol, rtol,
-                                res.passed, res.reason, sec, res.worst))
+                res = chk.result
+                rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, chk.atol, chk.rtol,
+                                res.passed, res.reason, chk.seconds, res.worst))
     return rows
 
 

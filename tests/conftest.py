@@ -42,3 +42,18 @@ def pytest_configure(config):
         if missing:
             raise RuntimeError("CI=true but these test dependencies are missing: " + ", ".join(missing)
                                + "; scripts/test.sh installs them with the [test,oracle,numba,plot] extras")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The max-difference tables the parity tests filled (tests/report.py), at the end of the run,
+    with -s or -v (a quiet run without -s prints only pass / fail)."""
+    import sys
+
+    report = sys.modules.get("report")  # imported only by the test modules that report
+    if report is None or not (config.getoption("capture") == "no" or config.getoption("verbose") > 0):
+        return
+    tables = [t for t in report.TABLES if t.rows]
+    if tables:
+        terminalreporter.section("max differences seen")
+        for t in tables:
+            terminalreporter.write_line(t.table())

@@ -31,7 +31,7 @@ torch.set_num_threads(1)
 __all__ = ["hf_gpt2", "hf_to_params", "oracle_pair", "hf_logits", "max_rel_diff", "ONE_HEAD", "WIDE_HEADS",
            "TINY", "ODD", "SMALL_CONFIGS", "GPT2_SMALL"]
 
-# Named configs. ODD is the "3 heads of 32, 5 layers, vocabulary 1000".
+# Named configs. ODD: 3 heads of 32, 5 layers, vocabulary 1000.
 TINY = GPT2Config(vocab_size=97, n_positions=32, n_embd=16, n_layer=2, n_head=2,
                   bos_token_id=96, eos_token_id=96)
 ODD = GPT2Config(vocab_size=1000, n_positions=64, n_embd=96, n_layer=5, n_head=3,

@@ -73,6 +73,99 @@ def qkv_BHKTD(draw, dtype=np.float64, *, max_K: int = 3, max_G: int = 3, max_T: 
     return q, k, v
 
 
+# ---- kernel inputs as dims dicts for accel.verify.make_case -------------------------------
+# Each draws the sizes and options of one kernel's call (accel.verify's case builders make the
+# arrays from a seed); `tiny` keeps the sizes small enough for the CUDA simulator. Used by
+# tests/test_accel_differential.py (every registry entry) and tests/test_accel_cuda.py.
+
+def lead_dims(max_dims: int, max_side: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Leading axes of a row kernel's input: () or up to `max_dims` axes of 1..max_side."""
+    return st.lists(dims(1, max_side), min_size=0, max_size=max_dims).map(tuple)
+
+
+@st.composite
+def softmax_dims(draw, tiny: bool = False) -> dict:
+    """x of any rank 1..3 with a drawn axis; NaN / inf entries and an all -inf row when `special`."""
+    shape = (*draw(lead_dims(1 if tiny else 2, 3 if tiny else 4)), draw(dims(1, 6 if tiny else 40)))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return dict(shape=shape, axis=axis, special=draw(st.booleans()))
+
+
+@st.composite
+def layer_norm_dims_NC(draw, tiny: bool = False) -> dict:
+    """x [..., C] (optionally offset by 50, so |mean| >> std), gamma, beta [C]."""
+    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), C=draw(dims(1, 8 if tiny else 64)),
+                special=draw(st.booleans()), offset=draw(st.sampled_from([0.0, 50.0])))
+
+
+@st.composite
+def rms_norm_dims_NC(draw, tiny: bool = False) -> dict:
+    """x [..., C], gamma [C]."""
+    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), C=draw(dims(1, 8 if tiny else 64)),
+                special=draw(st.booleans()))
+
+
+@st.composite
+def gelu_dims_NF(draw, tiny: bool = False) -> dict:
+    """x [..., F] at a drawn scale (up to 20: the tanh saturates), b [F]."""
+    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), F=draw(dims(1, 8 if tiny else 64)),
+                scale=draw(st.sampled_from([1.0, 5.0, 20.0])), special=draw(st.booleans()))
+
+
+@st.composite
+def rope_dims_NTD(draw, tiny: bool = False) -> dict:
+    """x [..., T, D] (D even), positions [T] or per batch row, partial rotary_dim, both pairings."""
+    D = 2 * draw(dims(1, 3 if tiny else 8))
+    rotary = draw(st.one_of(st.none(), dims(1, D // 2).map(lambda r: 2 * r)))
+    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), T=draw(dims(1, 4 if tiny else 9)), D=D,
+                rotary_dim=rotary, interleaved=draw(st.booleans()), per_row=draw(st.booleans()),
+                max_pos=draw(st.sampled_from([16, 10000])))
+
+
+@st.composite
+def attention_dims_BHKTSD(draw, tiny: bool = False, *, max_G: int | None = None, max_T: int | None = None,
+                          max_S: int | None = None, max_D: int | None = None, max_Dv: int | None = None,
+                          random_slopes: bool = False) -> dict:
+    """q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H = K G, T != S (T > S too), and the
+    options: causal, window, sinks (causal windows only), padding (one sequence all padding), ALiBi
+    (slopes 2^-h, or also random ones), scale, NaN / inf in q and k (`special`)."""
+    K = draw(dims(1, 2 if tiny else 3))
+    G = draw(dims(1, max_G or (2 if tiny else 3)))
+    causal = draw(st.booleans())
+    window = draw(st.one_of(st.none(), dims(1, 4 if tiny else 20)))
+    n_sink = draw(st.integers(0, 3)) if (window and causal) else 0
+    alibi = draw(st.sampled_from([False, True, "random"] if random_slopes else [False, True]))
+    return dict(B=draw(dims(1, 2)), H=K * G, K=K, T=draw(dims(1, max_T or (6 if tiny else 40))),
+                S=draw(dims(1, max_S or (8 if tiny else 80))), D=draw(dims(1, max_D or (5 if tiny else 33))),
+                Dv=draw(dims(1, max_Dv or (4 if tiny else 17))), causal=causal, window=window, n_sink=n_sink,
+                padding=draw(st.booleans()), alibi=alibi,
+                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))), special=draw(st.booleans()))
+
+
+@st.composite
+def decode_dims_BHKSD(draw, tiny: bool = False, *, max_G: int | None = None, max_S: int | None = None,
+                      max_D: int | None = None, max_Dv: int | None = None) -> dict:
+    """q [B, H, D], a cache k [B, K, S, D], v [B, K, S, Dv] with H = K G, ragged key lengths 0..S
+    (`lengths`), NaN / inf in q, k and in v past the lengths (`special`)."""
+    K = draw(dims(1, 2 if tiny else 3))
+    G = draw(dims(1, max_G or (2 if tiny else 3)))
+    return dict(B=draw(dims(1, 3)), H=K * G, K=K, S=draw(dims(1, max_S or (8 if tiny else 200))),
+                D=draw(dims(1, max_D or (5 if tiny else 33))), Dv=draw(dims(1, max_Dv or (4 if tiny else 17))),
+                lengths=draw(st.booleans()), special=draw(st.booleans()))
+
+
+KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
+    "softmax": softmax_dims,
+    "layer_norm": layer_norm_dims_NC,
+    "rms_norm": rms_norm_dims_NC,
+    "gelu_tanh_bias": gelu_dims_NF,
+    "gelu_tanh": gelu_dims_NF,
+    "apply_rope": rope_dims_NTD,
+    "masked_attention": attention_dims_BHKTSD,
+    "decode_attention": decode_dims_BHKSD,
+}
+
+
 # ---- text for the tokenizer (tests/test_tokenizer.py) ------------------------------------
 
 # Characters where GPT-2's pre-tokenizer is easy to get wrong: White_Space and its look-alikes

@@ -1,9 +1,10 @@
 """GPU backends: Numba-CUDA kernels (on the CPU under NUMBA_ENABLE_CUDASIM=1) and CuPy.
 
 Each kernel is checked against its refimpl twin run in float64 on the same input values,
-with the registry's tolerance and `accel._common.check_close` (the differential suite's
-rule: |out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values
-elsewhere). The cases pin what the shapes drawn elsewhere can miss on tiny blocks: several
+with the registry's tolerance, by `accel.verify.check_against_twin` (the differential suite's
+check: |out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values
+elsewhere); the drawn cases come from tests/strategies.py's dims strategies and
+`accel.verify.make_case`, as in the differential suite. The cases pin what the shapes drawn elsewhere can miss on tiny blocks: several
 query and key tiles per block (so tile skipping, the online rescaling and the split-S merge
 all run), fully masked rows, T > S, K < H, odd head dims.
 
@@ -13,7 +14,8 @@ target (sm_90 PTX through NVVM, no GPU needed; skipped, saying why, when no NVVM
 
 The simulator runs every GPU thread as a Python thread, so blocks are tiny (4 to 16 threads,
 `launch_config`) and Hypothesis draws few examples. Without a GPU, CuPy tests skip and say why;
-scripts/gpu_check.sh runs this file on a real GPU. Run with -s to read the max differences.
+scripts/gpu_check.sh runs this file on a real GPU. Run with -s to read the max differences
+(each check's line, and the table at the end of the run: tests/report.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from hypothesis import strategies as st
 
 from accel import registry
 from accel._common import check_close
+from accel.verify import check_against_twin, make_case
 from refimpl import attention as ref_attention
 from refimpl import ffn as ref_ffn
 from refimpl import norms as ref_norms
@@ -47,7 +50,8 @@ from refimpl import positional as ref_positional
 nc = pytest.importorskip("accel.numba_cuda", reason="numba.cuda is not importable (pip install numba)")
 from numba import cuda  # noqa: E402
 
-from strategies import random_arrays  # noqa: E402
+from report import MaxDiffs  # noqa: E402
+from strategies import attention_dims_BHKTSD, decode_dims_BHKSD  # noqa: E402
 
 if not nc.SIMULATOR and not cuda.is_available():
     pytest.skip("no CUDA GPU and NUMBA_ENABLE_CUDASIM is not 1: nothing to run the Numba-CUDA kernels on",
@@ -64,15 +68,15 @@ def setup_module():
 
 def teardown_module():
     sys.setswitchinterval(_SWITCH)
-    print("\nNumba-CUDA kernels vs float64 twins, max abs diff seen in this module:")
-    for key in sorted(MAX_ERR):
-        print(f"  {key:40s} {MAX_ERR[key]:.3e}")
 
 
 # Small blocks keep the simulator fast and force several tiles per row / query block.
 SMALL = dict(threads=4, q_tile=4, k_tile=4)
 FEW = settings(max_examples=6)
 
+TABLE = MaxDiffs("GPU kernels vs float64 twins (tests/test_accel_cuda.py): max errors seen", print_each=True)
+
+# What the registry must point at (test_registry_lists_every_numba_cuda_kernel_with_a_reason).
 TWINS = {
     "softmax": ref_attention.softmax,
     "layer_norm": ref_norms.layer_norm,
@@ -93,30 +97,11 @@ KERNEL_FNS = {
     "masked_attention": nc.masked_attention,
     "decode_attention": nc.decode_attention,
 }
-MAX_ERR: dict[str, float] = {}
 
 
-def _f64(a):
-    return a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
-
-
-def assert_matches_twin(name: str, args: tuple, kwargs: dict | None = None, *, backend: str = "numba_cuda",
-                        fn=None) -> float:
-    """Run kernel `name` and its twin (in float64 on the same values); assert the registry tolerance."""
-    kwargs = kwargs or {}
-    spec = registry.get(name, backend)
-    fn = fn or KERNEL_FNS[name]
-    dtype = next(a.dtype for a in args if isinstance(a, np.ndarray) and a.dtype.kind == "f")
-    out = fn(*args, **kwargs)
-    ref = TWINS[name](*[_f64(a) for a in args], **{k: _f64(v) for k, v in kwargs.items()})
-    rtol, atol = spec.tolerance(dtype)
-    res = check_close(out, ref, rtol=rtol, atol=atol, dtype=dtype)
-    key = f"{name}[{backend}] {np.dtype(dtype).name}"
-    MAX_ERR[key] = max(MAX_ERR.get(key, 0.0), res.max_abs)
-    print(f"{key}: max abs diff vs twin {res.max_abs:.3e}, max rel {res.max_rel:.3e}, "
-          f"{res.worst:.3f}x tolerance (rtol={rtol:g}, atol={atol:g})")
-    assert res.passed, f"{key}: {res.reason}"
-    return res.max_abs
+def assert_matches_twin(name: str, args: tuple, kwargs: dict | None = None, *, backend: str = "numba_cuda"):
+    """Kernel `name` of `backend` (the registry's function) against its float64 twin, recorded in TABLE."""
+    return TABLE.check(check_against_twin(registry.get(name, backend), args, kwargs))
 
 
 def rand(rng, shape, dtype, scale=1.0):
@@ -337,40 +322,20 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     np.testing.assert_allclose(gqa, mha, rtol=1e-14, atol=1e-15)
 
 
-@st.composite
-def attention_problems(draw):
-    B, K = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    H = K * draw(st.integers(1, 2))
-    T, S = draw(st.integers(1, 7)), draw(st.integers(1, 9))
-    D, Dv = draw(st.integers(1, 6)), draw(st.integers(1, 5))
-    dtype = draw(st.sampled_from(DTYPES))
-    q = draw(random_arrays((B, H, T, D), dtype))
-    k = draw(random_arrays((B, K, S, D), dtype))
-    v = draw(random_arrays((B, K, S, Dv), dtype))
-    kw = {}
-    pattern = draw(st.sampled_from(["none", "causal", "window", "window2", "sink"]))
-    if pattern == "causal":
-        kw["causal"] = True
-    elif pattern in ("window", "window2"):
-        kw["window"] = draw(st.integers(1, 5))
-        kw["causal"] = pattern == "window"
-    elif pattern == "sink":
-        kw.update(causal=True, window=draw(st.integers(1, 4)), n_sink=draw(st.integers(1, 3)))
-    if draw(st.booleans()):
-        kw["key_mask"] = draw(random_arrays((B, S), np.float64)) > -0.5
-    if draw(st.booleans()):
-        kw["alibi_slopes"] = draw(random_arrays((H,), np.float64)) ** 2
-    return q, k, v, kw
+# Drawn attention problems: tests/strategies.py's dims (the differential suite's, with this file's
+# larger T, S and head dims and random ALiBi slopes), built by accel.verify.make_case.
+ATTENTION_DIMS = attention_dims_BHKTSD(tiny=True, max_T=7, max_S=9, max_D=6, max_Dv=5, random_slopes=True)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # inf - inf inside simulated threads
 @pytest.mark.parametrize("kernel", KERNELS)
 @FEW
-@given(attention_problems())
-def test_masked_attention_matches_twin_hypothesis(kernel, problem):
-    """Drawn shapes (odd D, T = 1, T != S, K < H) and masks: both fused kernels equal their twin."""
-    q, k, v, kw = problem
+@given(dims=ATTENTION_DIMS, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
+def test_masked_attention_matches_twin_hypothesis(kernel, dims, dtype, seed):
+    """Drawn shapes (odd D, T = 1, T != S, K < H), masks, ALiBi and NaN / inf in q, k: both fused kernels equal their twin."""
+    case = make_case("masked_attention", np.random.default_rng(seed), dtype, dims)
     with nc.launch_config(**KERNELS[kernel]):
-        assert_matches_twin("masked_attention", (q, k, v), kw)
+        assert_matches_twin("masked_attention", case.args, case.kwargs)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -379,7 +344,7 @@ def test_masked_attention_matches_twin_hypothesis(kernel, problem):
 def test_a_nan_score_is_not_forgotten_by_later_scores(kernel, after_nan):
     """A NaN score makes its row NaN (the twin's softmax), also when the scores after it in the same
     key tile are -inf or finite: the tile's running max must keep the NaN (every comparison with NaN
-    is false, so a plain `not (s <= m)` update replaced it, and the tile was skipped or its NaN lost)."""
+    is false, so a plain `not (s <= m)` update would replace it, and skip the tile or lose its NaN)."""
     keys = [np.nan, *after_nan]
     q = np.ones((1, 1, 1, 2))
     k = np.array([[x, 0.0] for x in keys])[None, None]  # [1, 1, S, 2]: scores = keys * scale
@@ -396,7 +361,7 @@ def test_a_nan_score_is_not_forgotten_by_later_scores(kernel, after_nan):
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_decode_attention_skips_a_key_scored_minus_inf_whatever_the_split(threads):
     """A visible key scored -inf is skipped, its value never read, as the fused kernels do: an inf there gives
-    the other keys' answer (2) at every launch size; it used to depend on whether its chunk had a finite score."""
+    the other keys' answer (2) at every launch size, whether or not its chunk holds a finite score."""
     q = np.array([[[1.0]]])
     k, v = np.array([[[[-np.inf], [1.0]]]]), np.array([[[[np.inf], [2.0]]]])
     with nc.launch_config(threads=threads):
@@ -559,19 +524,15 @@ def test_decode_attention_equals_last_row_of_causal_attention():
     np.testing.assert_allclose(dec, full, rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 @FEW
-@given(st.data())
-def test_decode_attention_matches_twin_hypothesis(data):
-    """Drawn shapes and cache lengths (0 .. S): decode attention equals its twin."""
-    B, K = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
-    H, S = K * data.draw(st.integers(1, 3)), data.draw(st.integers(1, 20))
-    D, Dv = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
-    dtype = data.draw(st.sampled_from(DTYPES))
-    q = data.draw(random_arrays((B, H, D), dtype))
-    k, v = data.draw(random_arrays((B, K, S, D), dtype)), data.draw(random_arrays((B, K, S, Dv), dtype))
-    lengths = np.array(data.draw(st.lists(st.integers(0, S), min_size=B, max_size=B)))
+@given(dims=decode_dims_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**32 - 1))
+def test_decode_attention_matches_twin_hypothesis(dims, dtype, seed):
+    """Drawn shapes and cache lengths (0 .. S, an empty row among them): decode attention equals its twin."""
+    case = make_case("decode_attention", np.random.default_rng(seed), dtype, dims)
     with nc.launch_config(threads=4):
-        assert_matches_twin("decode_attention", (q, k, v), {"key_lengths": lengths})
+        assert_matches_twin("decode_attention", case.args, case.kwargs)
 
 
 # ----------------------------------------------------------------------------- contract
@@ -889,17 +850,19 @@ def test_cupy_row_kernels_match_twins(dtype):
     """RawKernels (softmax, layer_norm, rms_norm) and the fused bias + GELU equal their twins, rows longer than a block."""
     from accel.cupy import wrappers as cw
 
+    for name in ("softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "masked_attention", "decode_attention"):
+        assert registry.get(name, "cupy").load() is getattr(cw, name)  # what assert_matches_twin runs
     rng = np.random.default_rng(20)
     x = rand(rng, (3, 5, 301), dtype, 3.0)
     g, b = rand(rng, 301, dtype), rand(rng, 301, dtype)
-    assert_matches_twin("softmax", (x,), backend="cupy", fn=cw.softmax)
-    assert_matches_twin("softmax", (x,), {"axis": 1}, backend="cupy", fn=cw.softmax)
-    assert_matches_twin("layer_norm", (x + dtype(20), g, b), backend="cupy", fn=cw.layer_norm)
-    assert_matches_twin("rms_norm", (x, g), backend="cupy", fn=cw.rms_norm)
-    assert_matches_twin("gelu_tanh_bias", (x, b), backend="cupy", fn=cw.gelu_tanh_bias)
+    assert_matches_twin("softmax", (x,), backend="cupy")
+    assert_matches_twin("softmax", (x,), {"axis": 1}, backend="cupy")
+    assert_matches_twin("layer_norm", (x + dtype(20), g, b), backend="cupy")
+    assert_matches_twin("rms_norm", (x, g), backend="cupy")
+    assert_matches_twin("gelu_tanh_bias", (x, b), backend="cupy")
     special = np.array([[-np.inf] * 4, [0, np.inf, 1, 2], [0, np.nan, 1, 2]], dtype)
     with np.errstate(invalid="ignore"):
-        assert_matches_twin("softmax", (special,), backend="cupy", fn=cw.softmax)
+        assert_matches_twin("softmax", (special,), backend="cupy")
 
 
 @needs_cupy
@@ -907,16 +870,13 @@ def test_cupy_row_kernels_match_twins(dtype):
 @pytest.mark.parametrize("label, dims, opts", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
 def test_cupy_attention_matches_twin(label, dims, opts, dtype):
     """The fused kernel launched on CuPy memory (default GPU tiles) equals the twin."""
-    from accel.cupy import wrappers as cw
-
     rng = np.random.default_rng(zlib.crc32(label.encode()))
     B, H, K, T, S, D, Dv = dims
     q, k, v = _qkv(rng, B, H, K, T * 20, S * 20, D * 8, Dv * 8, dtype)
     kw = _attention_kwargs(rng, B, H, S * 20, opts)
-    assert_matches_twin("masked_attention", (q, k, v), kw, backend="cupy", fn=cw.masked_attention)
+    assert_matches_twin("masked_attention", (q, k, v), kw, backend="cupy")
     lengths = rng.integers(0, S * 20 + 1, size=B)
-    assert_matches_twin("decode_attention", (q[:, :, -1], k, v), {"key_lengths": lengths}, backend="cupy",
-                        fn=cw.decode_attention)
+    assert_matches_twin("decode_attention", (q[:, :, -1], k, v), {"key_lengths": lengths}, backend="cupy")
 
 
 @needs_cupy
@@ -932,7 +892,7 @@ def test_cupy_linear_matches_twin():
         out = cw.linear(x, p)
         ref = linear(x.astype(np.float64), LinearParams(p.w.astype(np.float64), p.b.astype(np.float64)))
         d = float(np.abs(out - ref).max())
-        print(f"linear[cupy] {np.dtype(dtype).name}: max abs diff vs twin {d:.3e}")
+        TABLE.show(f"linear[cupy] {np.dtype(dtype).name}", max_abs=d, tol=tol)
         assert out.dtype == dtype and d < tol
 
 
@@ -996,5 +956,6 @@ def test_cupy_attention_is_ordered_on_a_non_blocking_stream():
     ref_dec = decode_attention(q[:, :, -1].astype(np.float64), k.astype(np.float64), v.astype(np.float64))
     d = float(np.abs(cp.asnumpy(out) / 2 - ref).max())
     d_dec = float(np.abs(cp.asnumpy(dec) / 2 - ref_dec).max())
-    print(f"attention on a non-blocking stream: max abs diff {d:.2e} (fused), {d_dec:.2e} (decode)")
+    TABLE.show("masked_attention[cupy] float32 on a non-blocking stream", max_abs=d, tol=1e-4)
+    TABLE.show("decode_attention[cupy] float32 on a non-blocking stream", max_abs=d_dec, tol=1e-4)
     assert d < 1e-4 and d_dec < 1e-4

@@ -4,14 +4,15 @@ One test, parametrized over `accel.registry.KERNELS` and each kernel's dtypes: H
 shapes and options (odd head dims, T = 1, T != S and T > S, K < H, fully masked rows, every
 mask pattern, ALiBi; NaN / inf entries for the elementwise kernels, in q and k for attention,
 and in v past the key lengths for decode attention), `accel.verify.make_case`
-builds the inputs in the kernel's dtype, the twin runs in float64 on the same values, and
-`accel._common.check_close` applies the registry's tolerance:
+builds the inputs in the kernel's dtype, and `accel.verify.check_against_twin` runs the twin in
+float64 on the same values and applies the registry's tolerance (`accel._common.check_close`):
 |out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values elsewhere.
 Proof obligation: none beyond the definition; the twin IS the specification.
 
 Entries of backends that cannot run here are skipped with the registry's reason (CuPy without
 a GPU). Numba-CUDA entries run under NUMBA_ENABLE_CUDASIM=1 (set below when there is no GPU)
-on their registered "tiny" sizes. Run with -s to read the max errors seen per kernel.
+on their registered "tiny" sizes. Run with -s or -v to read the max errors seen per kernel (a table
+at the end of the run: tests/report.py). The dims strategies are tests/strategies.py's.
 """
 
 from __future__ import annotations
@@ -40,101 +41,21 @@ from hypothesis import strategies as st
 from accel import registry
 from accel._common import check_close
 from accel.verify import VERIFY_DIMS, make_case, run_case
+from report import MaxDiffs
+from strategies import KERNEL_DIMS, attention_dims_BHKTSD, decode_dims_BHKSD
 
 AVAILABLE = registry.available_backends()
-MAX_ERR: dict[str, tuple[float, float, float]] = {}  # id dtype -> (max abs, max rel, worst / tolerance)
+TABLE = MaxDiffs("accel kernels vs float64 twins (differential suite): max errors seen")
 
 # Examples per (kernel, dtype): the CUDA simulator runs each GPU thread as a Python thread.
 EXAMPLES = {"full": 30, "tiny": 4}
-
-
-def teardown_module():
-    print("\naccel kernels vs float64 twins (differential suite): max errors seen")
-    for key in sorted(MAX_ERR):
-        a, r, w = MAX_ERR[key]
-        print(f"  {key:42s} max abs {a:.3e}  max rel {r:.3e}  {w:.3f}x tolerance")
-
-
-# ---------------------------------------------------------------------------- dims strategies
-
-def _lead(max_dims: int, max_side: int):
-    return st.lists(st.integers(1, max_side), min_size=0, max_size=max_dims).map(tuple)
-
-
-@st.composite
-def _softmax_dims(draw, tiny):
-    shape = (*draw(_lead(1 if tiny else 2, 3 if tiny else 4)), draw(st.integers(1, 6 if tiny else 40)))
-    axis = draw(st.integers(-len(shape), len(shape) - 1))
-    return dict(shape=shape, axis=axis, special=draw(st.booleans()))
-
-
-@st.composite
-def _layer_norm_dims(draw, tiny):
-    return dict(lead=draw(_lead(1 if tiny else 2, 3)), C=draw(st.integers(1, 8 if tiny else 64)),
-                special=draw(st.booleans()), offset=draw(st.sampled_from([0.0, 50.0])))
-
-
-@st.composite
-def _rms_norm_dims(draw, tiny):
-    return dict(lead=draw(_lead(1 if tiny else 2, 3)), C=draw(st.integers(1, 8 if tiny else 64)),
-                special=draw(st.booleans()))
-
-
-@st.composite
-def _gelu_dims(draw, tiny):
-    return dict(lead=draw(_lead(1 if tiny else 2, 3)), F=draw(st.integers(1, 8 if tiny else 64)),
-                scale=draw(st.sampled_from([1.0, 5.0, 20.0])), special=draw(st.booleans()))
-
-
-@st.composite
-def _rope_dims(draw, tiny):
-    D = 2 * draw(st.integers(1, 3 if tiny else 8))
-    rotary = draw(st.one_of(st.none(), st.integers(1, D // 2).map(lambda r: 2 * r)))
-    return dict(lead=draw(_lead(1 if tiny else 2, 3)), T=draw(st.integers(1, 4 if tiny else 9)), D=D,
-                rotary_dim=rotary, interleaved=draw(st.booleans()), per_row=draw(st.booleans()),
-                max_pos=draw(st.sampled_from([16, 10000])))
-
-
-@st.composite
-def _attention_dims(draw, tiny):
-    K = draw(st.integers(1, 2 if tiny else 3))
-    G = draw(st.integers(1, 2 if tiny else 3))
-    causal = draw(st.booleans())
-    window = draw(st.one_of(st.none(), st.integers(1, 4 if tiny else 20)))
-    n_sink = draw(st.integers(0, 3)) if (window and causal) else 0
-    return dict(B=draw(st.integers(1, 2)), H=K * G, K=K, T=draw(st.integers(1, 6 if tiny else 40)),
-                S=draw(st.integers(1, 8 if tiny else 80)), D=draw(st.integers(1, 5 if tiny else 33)),
-                Dv=draw(st.integers(1, 4 if tiny else 17)), causal=causal, window=window, n_sink=n_sink,
-                padding=draw(st.booleans()), alibi=draw(st.booleans()),
-                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))), special=draw(st.booleans()))
-
-
-@st.composite
-def _decode_dims(draw, tiny):
-    K = draw(st.integers(1, 2 if tiny else 3))
-    G = draw(st.integers(1, 2 if tiny else 3))
-    return dict(B=draw(st.integers(1, 3)), H=K * G, K=K, S=draw(st.integers(1, 8 if tiny else 200)),
-                D=draw(st.integers(1, 5 if tiny else 33)), Dv=draw(st.integers(1, 4 if tiny else 17)),
-                lengths=draw(st.booleans()), special=draw(st.booleans()))
-
-
-DIMS = {
-    "softmax": _softmax_dims,
-    "layer_norm": _layer_norm_dims,
-    "rms_norm": _rms_norm_dims,
-    "gelu_tanh_bias": _gelu_dims,
-    "gelu_tanh": _gelu_dims,
-    "apply_rope": _rope_dims,
-    "masked_attention": _attention_dims,
-    "decode_attention": _decode_dims,
-}
 
 CASES = [pytest.param(spec, dtype, id=f"{spec.id}-{dtype}") for spec in registry.KERNELS for dtype in spec.dtypes]
 
 
 def _record(key: str, res) -> None:
-    a, r, w = MAX_ERR.get(key, (0.0, 0.0, 0.0))
-    MAX_ERR[key] = (max(a, res.max_abs), max(r, res.max_rel), max(w, res.worst))
+    """A CheckResult into the module's table (tests/report.py) under `key`."""
+    TABLE.add(key, max_abs=res.max_abs, max_rel=res.max_rel, worst=res.worst)
 
 
 def _require(spec):
@@ -150,12 +71,9 @@ def test_kernel_equals_twin(spec, dtype):
     tiny = spec.sizes == "tiny"
 
     @settings(max_examples=EXAMPLES[spec.sizes])
-    @given(dims=DIMS[spec.name](tiny), seed=st.integers(0, 2**32 - 1))
+    @given(dims=KERNEL_DIMS[spec.name](tiny), seed=st.integers(0, 2**32 - 1))
     def check(dims, seed):
-        case = make_case(spec.name, np.random.default_rng(seed), dtype, dims)
-        res, rtol, atol, _ = run_case(spec, dtype, case)
-        _record(f"{spec.id} {dtype}", res)
-        assert res.passed, f"{spec.id} {dtype} {case.shapes}: {res.reason} (rtol={rtol:g}, atol={atol:g})"
+        TABLE.check(run_case(spec, dtype, make_case(spec.name, np.random.default_rng(seed), dtype, dims)))
 
     check()
 
@@ -165,10 +83,7 @@ def test_kernel_equals_twin_on_verify_cases(spec, dtype):
     """The fixed cases of `python -m refimpl verify` (fully masked rows, T > S, sinks, ALiBi, ragged caches)."""
     _require(spec)
     for n, dims in enumerate(VERIFY_DIMS[spec.name][spec.sizes]):
-        case = make_case(spec.name, np.random.default_rng(n), dtype, dims)
-        res, rtol, atol, _ = run_case(spec, dtype, case)
-        _record(f"{spec.id} {dtype}", res)
-        assert res.passed, f"{spec.id} {dtype} {case.shapes}: {res.reason} (rtol={rtol:g}, atol={atol:g})"
+        TABLE.check(run_case(spec, dtype, make_case(spec.name, np.random.default_rng(n), dtype, dims)))
 
 
 # ------------------------------------------------------------------ the check itself can fail
@@ -416,7 +331,7 @@ def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(dims=_attention_dims(tiny=False), bq=st.sampled_from([1, 2, 3, 7, 16]), bk=st.sampled_from([1, 2, 5, 8, 33]),
+@given(dims=attention_dims_BHKTSD(tiny=False), bq=st.sampled_from([1, 2, 3, 7, 16]), bk=st.sampled_from([1, 2, 5, 8, 33]),
        dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))
 def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype, seed):
     """The online softmax is tile-size independent: with tiles of 1 x 1 .. 16 x 33 (so a row spans many
@@ -434,7 +349,7 @@ def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype,
     tiles = fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT, fused.BQ_HUGE, fused.BK_HUGE
     fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT, fused.BQ_HUGE, fused.BK_HUGE = bq, bk, bq, bk, bq, bk
     try:
-        res, _, _, _ = run_case(spec, dtype, make_case("masked_attention", np.random.default_rng(seed), dtype, dims))
+        res = run_case(spec, dtype, make_case("masked_attention", np.random.default_rng(seed), dtype, dims)).result
     finally:
         fused.BQ, fused.BK, fused.BQ_SHORT, fused.BK_SHORT, fused.BQ_HUGE, fused.BK_HUGE = tiles
     _record(f"masked_attention[numba] tiles {dtype}", res)
@@ -537,8 +452,8 @@ def test_base2_scores_never_overflow_where_the_twin_is_finite():
 
     Proof (attention._base2_cannot_overflow): with |scale| log2 e <= 1 each folded q entry is no
     larger than q's own, so no partial sum of q' . k exceeds the unfolded one; the slopes stay in
-    float64. Cases that overflowed when both were folded in float32 (found by review): a slope
-    of 3e38, and q = 3e38 with scale = 1 (which now runs in base e).
+    float64. Cases that overflowed when both were folded in float32: a slope
+    of 3e38, and q = 3e38 with scale = 1 (which runs in base e).
     """
     attend, twin = _numba("masked_attention")
     v = np.array([1, 2], dtype=np.float32).reshape(1, 1, 2, 1)
@@ -606,7 +521,7 @@ def test_wide_vectors_reaches_the_compiled_code():
 
 
 @settings(max_examples=30, deadline=None)
-@given(dims=_decode_dims(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
+@given(dims=decode_dims_BHKSD(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
        dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))
 def test_decode_attention_reads_cache_views_in_place(dims, parallel, cache_len, dtype, seed):
     """decode_attention on k, v that are the filled prefix of a larger KV cache (strided [B, K, S, D]

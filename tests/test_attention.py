@@ -27,6 +27,7 @@ from refimpl.attention import (
 )
 from refimpl.linear import LinearParams, linear
 from refimpl.masks import causal_mask, padding_mask
+from report import MaxDiffs
 from strategies import dims, finite_arrays, qkv_BHKTD, qkv_BHTD, random_arrays
 
 try:  # the oracle extra: CI installs it (conftest.py fails the run there if it is missing)
@@ -38,23 +39,12 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle extra)
 
 DTYPES = [np.float64, np.float32]
 ATOL = {np.float64: 1e-12, np.float32: 2e-5}
-MAX_DIFF: dict[str, float] = {}
+MAX_DIFF = MaxDiffs("max abs diff vs independent implementations (refimpl.attention):")
 
 
 def record(name, dtype, ours, theirs):
-    """Record max |ours - theirs| under `name` (dtype), and return it."""
-    d = float(np.max(np.abs(np.asarray(ours, np.float64) - np.asarray(theirs, np.float64)), initial=0.0))
-    key = f"{name} [{np.dtype(dtype).name}]"
-    MAX_DIFF[key] = max(MAX_DIFF.get(key, 0.0), d)
-    return d
-
-
-@pytest.fixture(scope="module", autouse=True)
-def print_max_diffs():
-    yield
-    print("\nmax abs diff vs independent implementations (refimpl.attention):")
-    for key, d in sorted(MAX_DIFF.items()):
-        print(f"  {key:<60s} {d:.3e}")
+    """Record max |ours - theirs| under `name` (dtype), and return it (tests/report.py's table)."""
+    return MAX_DIFF.record(f"{name} [{np.dtype(dtype).name}]", ours, theirs)
 
 
 def close(a, b, dtype, factor=1.0):

@@ -28,6 +28,7 @@ from refimpl.ffn import (
     swiglu,
 )
 from refimpl.linear import LinearParams, linear
+from report import MaxDiffs, diff_line
 from strategies import batch_shapes, dims, finite_arrays, random_arrays
 
 try:  # the oracle extra: only the tests marked needs_torch use it
@@ -50,7 +51,7 @@ def test_gelu_tanh_matches_its_formula_pointwise():
     x = np.linspace(-12.0, 12.0, 4801)
     want = np.array([0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in x])
     d = np.abs(gelu_tanh(x) - want).max()
-    print(f"gelu_tanh float64 vs the scalar formula: max abs diff {d:.3e}")
+    print(diff_line("gelu_tanh float64 vs the scalar formula", max_abs=d, tol=8 * EPS[np.float64] * 12))
     assert d <= 8 * EPS[np.float64] * 12
 
 
@@ -59,7 +60,7 @@ def test_gelu_erf_matches_its_formula_pointwise():
     x = np.linspace(-12.0, 12.0, 4801)
     want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
     d = np.abs(gelu_erf(x) - want).max()
-    print(f"gelu_erf float64 vs x/2 (1 + math.erf(x/sqrt2)): max abs diff {d:.3e}")
+    print(diff_line("gelu_erf float64 vs x/2 (1 + math.erf(x/sqrt2))", max_abs=d, tol=8 * EPS[np.float64] * 12))
     assert d <= 8 * EPS[np.float64] * 12
 
 
@@ -70,7 +71,8 @@ def test_relu_sigmoid_silu_by_definition():
     sig = np.array([1.0 / (1.0 + math.exp(-v)) for v in x])
     d_sig = (np.abs(sigmoid(x) - sig) / sig).max()
     d_silu = np.abs(silu(x) - x * sig).max()
-    print(f"sigmoid max rel diff vs 1/(1+math.exp(-x)) {d_sig:.3e}; silu max abs diff {d_silu:.3e}")
+    print(diff_line("sigmoid vs 1/(1+math.exp(-x))", max_rel=d_sig, tol=4 * EPS[np.float64]))
+    print(diff_line("silu vs x/(1+math.exp(-x))", max_abs=d_silu, tol=4 * EPS[np.float64] * 30))
     assert d_sig <= 4 * EPS[np.float64]
     assert d_silu <= 4 * EPS[np.float64] * 30
 
@@ -194,21 +196,12 @@ def test_non_finite_inputs_like_torch():
 
 # ---------------------------------------------------------------- activations vs PyTorch
 
-_MAX = {}
+_MAX = MaxDiffs("max abs diff vs torch (refimpl.ffn, over every Hypothesis example):")
 
 
 def _record(name, dtype, d):
-    """Keep the largest difference seen per (oracle, dtype); the table prints once, at the end of the module."""
-    key = (name, np.dtype(dtype).name)
-    _MAX[key] = max(_MAX.get(key, 0.0), d)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_max_diffs():
-    yield
-    print("\nmax abs diff vs torch (refimpl.ffn, over every Hypothesis example):")
-    for (name, dt), d in sorted(_MAX.items()):
-        print(f"  {name + ' [' + dt + ']':<60s} {d:.3e}")
+    """Keep the largest difference seen per (oracle, dtype); tests/report.py prints the table at the end."""
+    _MAX.add(f"{name} [{np.dtype(dtype).name}]", max_abs=d)
 
 
 TORCH_ACTS = [  # (ours, PyTorch's), looked up lazily so this module imports without torch
@@ -231,7 +224,7 @@ def test_activation_vs_torch_grid(ours, theirs, dtype, atol):
     got = ours(x)
     assert got.dtype == want.dtype == dtype
     d = np.abs(got.astype(np.float64) - want).max()
-    print(f"{ours.__name__} {np.dtype(dtype).name}: max abs diff vs torch {d:.3e}")
+    print(diff_line(f"{ours.__name__} {np.dtype(dtype).name} vs torch", max_abs=d, tol=atol))
     _record(f"{ours.__name__} (grid, |x| <= 1e4)", dtype, float(d))
     assert d <= atol
 

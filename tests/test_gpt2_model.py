@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 import refimpl.gpt2 as gpt2
 from refimpl.gpt2.model import NUMPY_OPS, KVCache, Ops, forward, get_ops, hidden_states
 from gpt2_oracle import GPT2_SMALL, SMALL_CONFIGS, TINY, ODD, hf_logits, max_rel_diff, oracle_pair
+from report import MaxDiffs, diff_line
+
+DIFFS = MaxDiffs("GPT-2: max rel diff = max|ours - ref| / max|ref| (vs Hugging Face, or the full forward)")
 
 _PAIRS: dict = {}
 
@@ -46,7 +49,7 @@ def test_logits_match_hugging_face(name, dtype, tol):
     ours = forward(params, config, ids)
     ref = hf_logits(hf, ids)
     d = max_rel_diff(ours, ref)
-    print(f"[{name} {np.dtype(dtype).name}] logits max rel diff vs HF: {d:.3e}")
+    DIFFS.show(f"[{name} {np.dtype(dtype).name}] logits vs HF", max_rel=d, tol=tol)
     assert ours.dtype == dtype and ours.shape == ref.shape
     assert d <= tol
 
@@ -58,7 +61,7 @@ def test_logits_match_hugging_face_gpt2_small_shapes():
     ours = gpt2.logits(gpt2.GPT2Model(GPT2_SMALL, params), ids)
     ref = hf_logits(hf, ids)
     d = max_rel_diff(ours, ref)
-    print(f"[gpt2-small shapes float32] logits max rel diff vs HF: {d:.3e}")
+    DIFFS.show("[gpt2-small shapes float32] logits vs HF", max_rel=d, tol=1e-5)
     assert ours.dtype == np.float32 and ours.shape == (1, 24, 50257)
     assert d <= 1e-5
 
@@ -78,7 +81,7 @@ def test_left_padded_batch_matches_hugging_face(dtype, tol):
     ref = hf_logits(hf, ids, attention_mask=mask)
     real = mask.astype(bool)
     d = max_rel_diff(ours[real], ref[real])
-    print(f"[odd {np.dtype(dtype).name}] left-padded logits max rel diff vs HF: {d:.3e}")
+    DIFFS.show(f"[odd {np.dtype(dtype).name}] left-padded logits vs HF", max_rel=d, tol=tol)
     assert d <= tol
     assert np.isfinite(ours).all()  # pad queries see no key: zero attention rows, not NaN
 
@@ -191,8 +194,9 @@ def test_last_only_gives_the_last_position_and_the_same_cache(data, dtype):
     assert last.shape == (B, 1, config.n_embd) and last.dtype == dtype
     diff = max_rel_diff(last, full[:, -1:])
     tol = 1e-12 if dtype == np.float64 else 2e-6
-    print(f"last_only ({name}, B={B}, prefix={prefix}, T={T}, {np.dtype(dtype).name}, "
-          f"{'padded' if mask is not None else 'no padding'}): max relative difference {diff:.2e}")
+    case = f"last_only vs full ({name}, {np.dtype(dtype).name}, {'padded' if mask is not None else 'no padding'})"
+    DIFFS.add(case, max_rel=diff, tol=tol)  # the table: the largest over the drawn B, prefix and T
+    print(diff_line(f"{case} B={B} prefix={prefix} T={T}", max_rel=diff, tol=tol))
     assert diff <= tol, f"max relative difference {diff:.2e} > {tol}"
     assert cache_last.length == cache_full.length == prefix + T
     assert np.array_equal(cache_last.k, cache_full.k) and np.array_equal(cache_last.v, cache_full.v)

@@ -12,6 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from refimpl.norms import layer_norm, rms_norm
+from report import MaxDiffs, diff_line
 from strategies import batch_shapes, dims, random_arrays
 
 try:  # the oracle extra: only the tests marked needs_torch use it
@@ -146,7 +147,7 @@ def test_layer_norm_float32_large_offset_two_pass():
     y32 = layer_norm(x, g, b)
     y64 = layer_norm(x.astype(np.float64), g.astype(np.float64), b.astype(np.float64))
     d = np.abs(y32 - y64).max()
-    print(f"layer_norm float32 vs float64 on 1e4 + N(0,1) rows: max abs diff {d:.3e}")
+    print(diff_line("layer_norm float32 vs float64 on 1e4 + N(0,1) rows", max_abs=d, tol=2e-3))
     assert y32.dtype == np.float32
     assert d <= 2e-3  # the mean is ~1e4 with float32 spacing 1e-3, so d_i carries ~5e-4 abs error
 
@@ -249,21 +250,12 @@ def test_errors_name_the_argument():
 
 # ---------------------------------------------------------------- against PyTorch
 
-_MAX = {}
+_MAX = MaxDiffs("max abs diff vs torch (refimpl.norms, over every Hypothesis example):")
 
 
 def _record(name, dtype, d):
-    """Keep the largest difference seen per (oracle, dtype); the table prints once, at the end of the module."""
-    key = (name, np.dtype(dtype).name)
-    _MAX[key] = max(_MAX.get(key, 0.0), d)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_max_diffs():
-    yield
-    print("\nmax abs diff vs torch (refimpl.norms, over every Hypothesis example):")
-    for (name, dt), d in sorted(_MAX.items()):
-        print(f"  {name + ' [' + dt + ']':<60s} {d:.3e}")
+    """Keep the largest difference seen per (oracle, dtype); tests/report.py prints the table at the end."""
+    _MAX.add(f"{name} [{np.dtype(dtype).name}]", max_abs=d)
 
 
 TORCH_TOL = {np.float64: 1e-12, np.float32: 1e-5}
@@ -321,5 +313,5 @@ def test_rms_norm_vs_hand_formula_in_torch():
     t = torch.from_numpy(x)
     want = (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * torch.from_numpy(g)).numpy()
     d = np.abs(rms_norm(x, g) - want).max()
-    print(f"rms_norm float64 vs LLaMA-style torch formula: max abs diff {d:.3e}")
+    print(diff_line("rms_norm float64 vs LLaMA-style torch formula", max_abs=d, tol=1e-13))
     assert d <= 1e-13

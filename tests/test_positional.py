@@ -28,7 +28,10 @@ from refimpl.positional import (
     sinusoidal_encoding,
     sinusoidal_shift_matrix,
 )
+from report import MaxDiffs
 from strategies import batch_shapes, dims, random_arrays
+
+DIFFS = MaxDiffs("refimpl.positional vs Hugging Face transformers: max abs diff")
 
 FLOATS = [np.float64, np.float32]
 # tolerance per dtype for quantities of order 1
@@ -116,7 +119,7 @@ def test_sinusoidal_vs_huggingface_distilbert(d):
     _create_sinusoidal_embeddings(P, d, out)
     ours = sinusoidal_encoding(P, d, dtype=np.float32)
     diff = np.abs(ours - out.numpy()).max()
-    print(f"sinusoidal d={d}: max abs diff vs HF DistilBERT (float32): {diff:.3e}")
+    DIFFS.show(f"sinusoidal d={d} vs HF DistilBERT (float32)", max_abs=diff, tol=1e-7)
     assert diff <= 1e-7
 
 
@@ -374,7 +377,8 @@ def test_rope_vs_huggingface_llama_rotate_half(D):
     oq32 = apply_rope(q.astype(np.float32), pos[:, None, :], theta=theta)
     assert oq32.dtype == np.float32
     d32 = np.abs(oq32 - hq32.numpy()).max()
-    print(f"RoPE half-split D={D}: max abs diff vs HF LLaMA float64 {d64:.3e}, float32 end-to-end {d32:.3e}")
+    DIFFS.show(f"RoPE half-split D={D} vs HF LLaMA, float64", max_abs=d64, tol=1e-12)
+    DIFFS.show(f"RoPE half-split D={D} vs HF LLaMA, float32 end to end", max_abs=d32, tol=1e-4)
     assert d64 <= 1e-12
     assert d32 <= 1e-4  # HF forms p * w_i in float32: angle error ~ p * 2^-24 at p < 300
 
@@ -394,7 +398,7 @@ def test_rope_vs_huggingface_gpt_neox_partial_rotary():
     oq = apply_rope(q, pos[:, None, :], theta=theta, rotary_dim=R)
     ok = apply_rope(k, pos[:, None, :], theta=theta, rotary_dim=R)
     diff = max(np.abs(oq - hq.numpy()).max(), np.abs(ok - hk.numpy()).max())
-    print(f"RoPE partial rotary (R={R}, D={D}): max abs diff vs HF GPT-NeoX float64 {diff:.3e}")
+    DIFFS.show(f"RoPE partial rotary (R={R}, D={D}) vs HF GPT-NeoX, float64", max_abs=diff, tol=1e-12)
     assert diff <= 1e-12
 
 
@@ -422,7 +426,8 @@ def test_rope_vs_huggingface_gptj_interleaved(R):
     hx32 = apply_rotary_pos_emb(torch.from_numpy(x32), sin32, cos32).numpy()
     ours32 = np.swapaxes(apply_rope(np.swapaxes(x32, 1, 2), pos[:, None, :], theta=theta, interleaved=True), 1, 2)
     d32 = np.abs(ours32 - hx32).max()
-    print(f"RoPE interleaved R={R}: max abs diff vs HF GPT-J float64 {d64:.3e}, float32 end-to-end {d32:.3e}")
+    DIFFS.show(f"RoPE interleaved R={R} vs HF GPT-J, float64", max_abs=d64, tol=1e-12)
+    DIFFS.show(f"RoPE interleaved R={R} vs HF GPT-J, float32 end to end", max_abs=d32, tol=1e-4)
     assert d64 <= 1e-12
     assert d32 <= 1e-4
 
@@ -554,7 +559,7 @@ def test_positions_from_attention_mask_vs_huggingface_bloom():
     hf_pos = hf.numpy() / _bloom_slopes(torch, build_alibi_tensor, H)[None, :, None]
     ours = positions_from_attention_mask(mask)
     diff = np.abs(hf_pos - ours[:, None, :]).max()
-    print(f"positions_from_attention_mask: max abs diff vs HF BLOOM positions {diff:.3e}")
+    DIFFS.show("positions_from_attention_mask vs HF BLOOM positions", max_abs=diff, tol=0)
     assert diff == 0
 
 
@@ -698,7 +703,7 @@ def test_t5_bias_vs_huggingface_compute_bias(is_decoder, T, S):
     table = attn.relative_attention_bias.weight.detach().numpy()
     ours = relative_position_bias(table, T, S, bidirectional=not is_decoder, max_distance=20)
     diff = np.abs(ours - hf).max()
-    print(f"T5 bias (decoder={is_decoder}, T={T}, S={S}): max abs diff vs HF compute_bias {diff:.3e}")
+    DIFFS.show(f"T5 bias (decoder={is_decoder}, T={T}, S={S}) vs HF compute_bias", max_abs=diff, tol=0)
     assert diff == 0
 
 

@@ -7,16 +7,12 @@ because older cores lowered their clock under 512-bit work (AMD Zen 4 / 5 alread
 function being compiled, so its loops are vectorised 16 float32 / 8 float64 lanes wide. On a CPU
 without AVX-512 the attribute changes nothing (the widest legal vector is used). It does not
 reach the loop body of a prange (Numba outlines that into a function of its own), so it goes
-in the serial row functions that the parallel kernels call.
-
-Measured on this project's machine only (2 cores of an Emerald Rapids Xeon, float32): the fused
-attention's per-tile softmax (row max, 2^x, float64 row sum) 0.51 -> 0.37 ns per score, together
-with the base-2 exp of accel.numba_cpu.attention; the 2^x loop alone 0.40 -> 0.31 ns per entry.
-On Skylake-SP / Cascade Lake, where 512-bit work lowers the clock, the gain is not measured.
+in the serial row functions that the parallel kernels call. What it gained, and where it was
+not measured: benchmarks/NOTES.md.
 
 llvmlite's attribute set accepts only the attribute names it lists, so the string attribute is
 added to the underlying set; if a llvmlite ever refuses that, the function compiles without it
-(256-bit vectors, as before). tests/test_accel_differential.py checks that the attribute reaches
+(256-bit vectors). tests/test_accel_differential.py checks that the attribute reaches
 the compiled code of the row functions (and zmm registers, when Numba targets an AVX-512 host).
 """
 

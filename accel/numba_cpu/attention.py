@@ -5,128 +5,45 @@ out_i = sum_j softmax_j(q_i . k_j * scale - m_h (p_i - j), masked) v_j,  p_i = S
 
 Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022, sec. 3.1, Alg. 1):
 keys are visited in tiles; each query row keeps a running max m, a running sum l = sum_j
-exp(s_j - m) and an unnormalised output a = sum_j exp(s_j - m) v_j. A new tile with max m' >= m
-rescales both by exp(m - m') before adding its own terms; at the end out = a / l. The T x S
-score and weight matrices are never formed: each task holds one BQ x BK tile of scores and a
-BQ x Dv accumulator, so memory is O(threads * BQ * (BK + Dv)) plus
-contiguous copies of q, k, v: linear in T and S.
+exp(s_j - m) and an unnormalised output a = sum_j exp(s_j - m) v_j; a tile with max m' >= m
+rescales both by exp(m - m') before adding its terms, and out = a / l. The T x S scores never
+exist: a task holds one BQ x BK score tile and a BQ x Dv accumulator (memory linear in T and S).
+Per key tile S_tile = Q K^T and A += P V are BLAS ?gemm calls (accel.numba_cpu.blas, reading q, k
+and v in place where their rows allow, `_blas_rows`); the mask, the ALiBi term, row max, exp and
+float64 row sum run as vectorised Numba loops (`_softmax_tile`). Key tiles no query may see are
+skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128 below T * S = 2^20,
+128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
+log2 e; `_exp2_f32`, <= 0.81 ulp) where that cannot overflow (`_base2_cannot_overflow`), else base e
+(`_exp_f32`, <= 1.02 ulp; float64: libm). Cost per head: 2 T S (D + Dv) flops (about half of it
+under a causal mask), two thirds of the time in the two products, the rest max / exp / sum.
+decode_attention: split-S ("flash-decoding"): a task is (b, key/value head g, chunk of S) and takes
+the G query heads of g together (P = Q_g K_chunk^T, A = P V_chunk: two gemm calls); the chunks'
+(m, l, a) are merged by the same rescaling. The KV cache's filled prefix is read in place.
 
-Versions:
-  v1 one task per (b, h, tile of BQ queries), tasks in parallel (prange); per key tile:
-     S_tile = Q_tile K_tile^T, the online-softmax update with libm exp, A += P V, all as scalar
-     loops. Measured 11x the time of torch SDPA (float32, H=12, D=64, causal, T=1024, 2 threads).
-  v2 the same loops laid out for LLVM's vectoriser (K transposed and padded to whole tiles,
-     axpy forms, polynomial exp, 8-lane max / sum): about 4x faster than v1, still 2.8-3.5x
-     torch SDPA at T = 1024..4096: the hand-written Q K^T and P V reached ~20-35 GFLOP/s per core.
-  v3 FlashAttention's tiling with the two products on BLAS: per (b, h, query tile) task
-     and per key tile, S_tile = Q_tile K_tile^T and PV = P_tile V_tile are `np.dot` calls on
-     contiguous 2-D blocks (Numba lowers them to sgemm / dgemm of the BLAS SciPy ships), and
-     only the softmax bookkeeping runs as Numba loops:
-     - per score row: multiply by scale, subtract the ALiBi term, apply the mask (only on tiles
-       that some query may not fully see), the row max (8 explicit lanes, exact), exp (float32:
-       the vectorised polynomial `_exp_f32`, <= 1.02 ulp; float64: libm), the row sum in float64;
-     - A <- alpha * A + PV per row, alpha = exp(m_old - m_new) (the rescaling, fused with the add);
-     - key tiles that no query of the tile may see are skipped (exact: their weights are 0), the
-       key range is cut to the union of the tile's rows' windows ([0, n_sink) and [lo, hi)), and
-       tiles whose keys every query may see skip the per-key mask test; a causal mask costs
-       about half of the full product;
-     - BLAS runs single-threaded inside the parallel tasks (threadpoolctl limits the BLAS
-       libraries to 1 thread for the call): OpenBLAS threads started from Numba's OpenMP workers
-       oversubscribe the cores (measured 7-50x slower). Numba threads x 1 BLAS thread was the
-       fastest split on 2 cores.
-     - a power-of-two scale (1/8 for D = 64) multiplies q once instead of every score: exact,
-       since scaling by 2^-e commutes with every rounding (unless q holds subnormals); in v5 only
-       where the scores stay in base e (float64, and float32 where base 2 could overflow);
-     - prange hands tasks out 2 at a time (numba.parallel_chunksize): causal tasks differ in
-       size and the cores are shared, so dynamic scheduling measured ~10% faster than static.
-     Tiles 64 x 128. Measured 1.1-1.6x torch SDPA (T = 1024..4096): OpenBLAS's sgemm through
-     Numba's np.dot reached ~80-130 GF/s on these blocks, and every P V needed its own pass to be
-     added into the accumulator.
-  v4 the same algorithm, the products through `accel.numba_cpu.blas.gemm` (BLAS ?gemm
-     called directly): S_tile = Q_tile K_tile^T straight from the K rows (no transposed copy), and
-     A += P_tile V_tile with beta = 1, so the accumulator is only touched to rescale a row whose
-     running max moved (alpha != 1, rare after the first tiles). The BLAS is MKL's when the `mkl`
-     wheel is installed (the numba extra installs it on x86-64 Linux; its small sgemm measured
-     265-278 GF/s on 2 threads against OpenBLAS's ~210 at 128 x 256 x 64), SciPy's OpenBLAS
-     otherwise. The masked part of a diagonal tile is two contiguous -inf fills per row (the
-     row's window [lo, hi) and sink [0, sk) in tile coordinates), a per-key test only in tiles
-     that hold padding keys. Each score row is a contiguous 1-D slice, so max / exp / sum
-     vectorise. Tiles 128 x 512 from T * S = 2^20 on (the best of 64..256 x 128..1024 at
-     T = 1024..4096), 64 x 128 below, 256 x 1024 from T * S = 2^26 on (causal, T = S = 8192,
-     targeted runs of 11-15 rounds: 0.99-1.00x torch SDPA's time paired, against 1.04-1.07x with
-     128 x 512; at T = 4096, which keeps 128 x 512, the two sizes measured the same; sliding
-     windows and T << S at that size were not measured); the causal diagonal costs BQ / T extra
-     products. The per-tile softmax update is one function (`_softmax_tile`) with the row max as a
-     vectorised maxnum reduction. Measured (benchmarks --full of 2026-11-30 01:44, 2 threads,
-     per-round ratio to torch SDPA, causal, H = 12, D = 64): 0.90x / 0.95x / 0.98x / 1.07x at
-     T = 1024 / 2048 / 4096 / 8192;
-     about two thirds of the time is the two products, the rest the row max, exp and sum
-     (~0.6 ns per score on one core).
-  v5 v4 with a cheaper softmax pass (float32): the scores are kept in base 2, as in
-     FlashAttention-2 (Dao 2023): q carries scale * log2(e) (and the ALiBi slopes log2(e)), so a
-     weight is 2^(s' - m') = e^(s - m), computed by `_exp2_f32` (no ln 2 range reduction, one
-     polynomial term fewer: 18 instead of 21 instructions per vector of weights, and 0.81 ulp
-     instead of 1.02); the row max, exp and row sum loops are compiled for 512-bit vectors on
-     AVX-512 CPUs (accel.numba_cpu._simd: the larger part of the gain). Base 2 only where the fold
-     cannot overflow (`_base2_cannot_overflow`: |scale| log2 e <= 1, i.e. D >= 3 at the default
-     scale, and moderate slopes); otherwise, and for float64, v4's base e. Measured: the per-tile
-     softmax 0.51 -> 0.37 ns per score (one core, 256 x 1024 tile, min of 9); causal T = 8192
-     (H = 12, D = 64) 1.03x, 0.94x and 1.01x v4's time in three paired runs of 15-25 rounds: the
-     whole softmax pass is only ~10% of the time there (v4 with its exp removed took 0.90x), so
-     the gain is within the machine's noise end to end. Accuracy against the float64 twin (B = 1, H = 4, T = 256, S = 512, D = 64,
-     q ~ N(0, sigma^2), sigma = 1 / 2 / 3, causal / ALiBi / full, 6 seeds): max error 4.7e-6 (v4
-     5.8e-6), median 2.1e-6 (v4 1.9e-6); where v4's scores were exact (q = 1, integer k) the
-     error grows from 8.2e-7 to 1.7e-6: the exact power-of-two scaling of q is given up.
-  v6 (this) v5 reading q, k and v in place wherever BLAS can (each row's entries adjacent, rows in
-     increasing memory order; `_blas_rows`): GPT-2's q is a view of the fused qkv product and k, v
-     are views of the KV cache's filled prefix, which v5 copied on every call. GPT-2 small's
-     128-token prefill: the 11 calls' Python side 4.3 -> 3.0 ms (per-call profile, medians of 15);
-     the results are the same bits (the same products on the same numbers).
-  decode_attention v1: split-S ("flash-decoding"): tasks over (b, h, chunk of S); each chunk
-     produces (m, l, a) for its keys j < L_b with scalar dot products and libm exp, and the
-     chunks are merged by the same rescaling. 3.6 ms per GPT-2 layer at S = 1024.
-  decode_attention v2: the same split and merge; per chunk one pass over K (scores into a
-     chunk buffer, dot products over D vectorised by `_dot`), the row max, exp (float32 polynomial)
-     and float64 sum as in v3 above, then one pass over V (axpy over contiguous Dv). 9x faster
-     than v1 (0.40 ms per GPT-2 layer at S = 1024, including the copy of the cache view).
-  decode_attention v3: v2's chunk task and merge as two functions, run by a parallel driver
-     or, for a cache of fewer than DECODE_PARALLEL_WORK k + v elements, by a serial one with one
-     chunk per (b, h) (GPT-2 small at S = 100: 195 -> 58 us per call, the parallel launches were
-     most of it).
-  decode_attention v4 (this): a task is (b, key/value head g, chunk of S) and takes the G query
-     heads of group g together: scores P = Q_g K_chunk^T and A = P V_chunk are two `gemm` calls
-     (G rows each), the max / exp / sum between them as in v3. BLAS reads K and V through their
-     leading dimension, so the KV cache's filled prefix (a strided view) is read in place: v3
-     copied it into contiguous arrays on every call, which at S = 1000 (GPT-2 small, one layer)
-     cost more than the attention itself (1.1 ms -> 0.3 ms per call).
-Threads: both kernels are lists of independent tasks (a query tile of one head; a chunk of the
-cache for one key/value head, then a merge per head), run in parallel (prange) or, on one Numba
-thread (numba.set_num_threads(1), or a forked child: accel.numba_cpu._launch), by a serial driver
-that runs the same tasks in order, with no parallel launch.
-How it differs from the twin: the twin builds the boolean [T, S] mask and the [B, H, T, S]
-scores, then NumPy's softmax (pairwise sums) and a BLAS matmul. Here the sums over keys run in
-tile order with the rescaling above (a row's accumulator is scaled by alpha before the tile's
-P V is added), in the input dtype (float32 stays float32: that is what
-makes it fast, and what the registry's tolerance accounts for); q . k over D and sum_j p_j v_j
-within a tile are BLAS's sums (its order and FMA use); the row sum within a tile is a float64
-sum whose order the compiler picks (fastmath "reassoc" on that one helper: any order of n
-positive terms is within (n - 1) u of the exact sum), the running sum l is float64. The scale
-multiplies each score, as in the twin (or q, when that is exact: above; float32 in base 2 folds
-scale * log2 e into q: one rounding per entry, v5). decode_attention's
-sums over D and over a chunk's keys are BLAS's, like the fused kernel's.
-Non-finite inputs: a NaN score a query may see makes its row NaN, a +inf score too (inf - inf),
-as in the twin; masked scores are never looked at. A query that sees no key gets a zero row
-whatever v holds (its running sum l is 0, and the row is written as zeros). One difference
-remains, by design: the twin leaves the terms of hidden keys (masked, or scored -inf) out of
-its sum, so an inf or NaN in v there never reaches its output; here P_tile V_tile is one BLAS
-product over every key of a visited tile, so a hidden key's weight 0 times an inf or NaN in
-v_j gives NaN in that query's row whenever the key lies in a tile (decode attention: a
-chunk) that the kernel visits; only wholly skipped key tiles, and cache entries past the key
-lengths, keep such values out. Keeping them out everywhere would need a pass over v for
-non-finite entries on every call (about the cost of decode attention's own pass over V) and a
-separate sum for those entries, so it is not done: the kernel equals its twin for finite v
-(and finite or not q and k), which is what the differential suite draws (NaN / inf in q and k,
-and in the cache entries past the key lengths, which every side ignores).
+Versions (history and measurements: benchmarks/NOTES.md):
+  v1 scalar loops, one task per (b, h, query tile), libm exp
+  v2 v1's loops laid out for the vectoriser (K transposed, polynomial exp, 8-lane max / sum)
+  v3 the two products on BLAS through Numba's np.dot, softmax bookkeeping as Numba loops
+  v4 ?gemm called directly (no transposed K copy, beta = 1 accumulate), tiles by problem size
+  v5 float32 scores in base 2 (FlashAttention-2), row loops for 512-bit vectors (_simd)
+  v6 (this) q, k, v read in place wherever BLAS can address their rows
+  decode v1 split-S with scalar dots and libm exp; v2 one pass over K, one over V, vectorised;
+  decode v3 serial driver below DECODE_PARALLEL_WORK; v4 (this) G query heads per task, two gemms
+Threads: both kernels are lists of independent tasks run in parallel (prange) or, on one Numba
+thread (or in a forked child: accel.numba_cpu._launch), in order by a serial driver.
+How it differs from the twin: the twin builds the [T, S] mask and [B, H, T, S] scores, then NumPy's
+softmax and a matmul. Here sums over keys run in tile order with the rescaling, in the input dtype
+(float32 stays float32; the registry's tolerance accounts for it); dot products are BLAS's (its
+order and FMAs); a tile's row sum is float64 in a compiler-picked order (within (n - 1) u), l is
+float64; the scale multiplies q instead of every score when that is exact (a power of two, base e)
+or folds log2 e into q (one rounding per entry, base 2).
+Non-finite inputs: a NaN or +inf score a query may see makes its row NaN, as in the twin; masked
+scores are never looked at; a query that sees no key gets zeros whatever v holds. One difference,
+by design: the twin leaves hidden keys' terms (masked, or scored -inf) out of its sum, while here
+P V is one BLAS product over every key of a visited tile (decode: chunk), so an inf or NaN in v at
+a hidden key of such a tile gives NaN (0 * inf). Keeping them out would cost a pass over v per
+call; the kernel equals its twin for finite v (q and k finite or not), which is what the
+differential suite draws, and cache entries past the key lengths are never read.
 """
 
 from __future__ import annotations

@@ -3,19 +3,16 @@
 gelu_tanh_bias(x, b) = z/2 (1 + tanh(u)),  z = x + b,  u = sqrt(2/pi) (z + 0.044715 z^3)
 (Hendrycks & Gimpel 2016, sec. 2; twin: refimpl.ffn.gelu_tanh_bias)
 
-Versions:
-  v1 one pass over [N, F] in parallel rows: the bias add and the activation fused (the twin
-     materialises x + b, the cubic, the tanh and the products as separate arrays); libm exp,
-     a scalar loop (~9 ns per element).
-  v2 the same formula; for float32 inputs the exp is `_exp_f64`, a vectorisable float64
-     polynomial (below); float64 inputs keep libm's exp (the float64 tolerance has no room for a
-     second exp implementation). It did not vectorise after all: Numba's default (Python) error
-     model guards every division with a ZeroDivisionError test.
-  v3 the row functions under error_model="numpy" (a division by zero gives inf / NaN, as in
-     NumPy; here 1 + e >= 1 never is zero), so the float32 row loop vectorises: 10.4 -> 1.95 ns per
-     element on one core (3072-wide rows). A serial driver serves calls under SMALL_WORK elements.
-  v4 (this) the float32 row's exp is `_exp_f64_f32`, degree 10 instead of `_exp_f64`'s 13 (< 5e-13
-     relative instead of < 1e-15; see their comment): 1.76-2.18 -> 1.46-1.70 ns per element.
+One pass over [N, F] in parallel rows (small calls through a serial driver): the bias add and
+the activation fused (the twin materialises x + b, the cubic, the tanh and the products as
+separate arrays). float32 rows vectorise with the float64 polynomial exp `_exp_f64_f32`;
+float64 rows use libm's exp. Cost: one read of x, one write; 1.5-1.7 ns per float32 entry on one core.
+
+Versions (history and measurements: benchmarks/NOTES.md):
+  v1 the fused pass with libm exp, scalar loops
+  v2 float32 rows take the polynomial `_exp_f64` (still not vectorised: Python error model)
+  v3 error_model="numpy", so the float32 row loop vectorises; a serial driver for small calls
+  v4 (this) float32 rows take the degree-10 `_exp_f64_f32`
 How it differs from the twin:
   - it uses the identity (1 + tanh u) / 2 = 1 / (1 + exp(-2u)) (tanh u = (1 - e^{-2u}) /
     (1 + e^{-2u})), so gelu = z / (1 + exp(-2u)). Same function; it avoids the cancellation of

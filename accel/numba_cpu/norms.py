@@ -3,31 +3,24 @@
 LN(x)      = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta   (twin: refimpl.norms.layer_norm)
 RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma                (twin: refimpl.norms.rms_norm)
 
-Versions:
-  v1 rows of [N, C] in parallel (prange); per row two passes (mean, then the mean of
-     squared deviations) as the twin, but left-to-right sums in float64 for every input dtype
-     and the whole row formula in float64, rounded once to the output dtype. Scalar loops:
-     4.7x torch's layer_norm time on [2048, 768] float32.
-  v2 the same two passes, the float64 sums in an order the compiler picks (vectorised;
-     any order of C float64 terms is within (C - 1) eps64 of the sum, far under the float32
-     output's rounding and the float64 tolerance), the row functions under error_model="numpy"
-     (no ZeroDivisionError guard on x / denom, denom >= sqrt(eps) > 0) so the normalising loop
-     vectorises too; a serial driver for small calls (below).
-  v3 (this) one divide per row: (x - mu) * rstd with rstd = 1 / sqrt(sigma^2 + eps) (and
-     x * (1 / rms) for RMSNorm) instead of a float64 divide per entry, which was most of the
-     time; gamma and beta converted to float64 once per call instead of in every row (the
-     float32 <-> float64 conversions are most of what the last loop does); the loops compiled
-     for 512-bit vectors (accel.numba_cpu._simd). One more float64 rounding (<= 2^-53
-     relative), invisible in float32 outputs (equal to v2's bit for bit on the benchmark's
-     rows). float32 [8192, 768], 2 threads: layer_norm 3.8 -> 2.3 ms (min of 40).
+Per row of [N, C]: two passes as the twin (the mean, then the mean of squared deviations; not
+E[x^2] - E[x]^2), float64 sums in a compiler-picked (vectorised) order, then (x - mu) * rstd *
+gamma + beta with rstd = 1 / sqrt(sigma^2 + eps) once per row, rounded once to the output dtype;
+gamma and beta converted to float64 once per call; loops for 512-bit vectors (_simd). Cost: two
+reads of x and one write.
+
+Versions (history and measurements: benchmarks/NOTES.md):
+  v1 two float64 passes per row in scalar loops
+  v2 the same passes vectorised (compiler-ordered float64 sums, error_model="numpy"), a serial driver
+  v3 (this) one reciprocal square root per row instead of a divide per entry, 512-bit vectors
 How it differs from the twin: the twin works in the promoted input dtype (float32 stays
 float32) with NumPy's pairwise sums; here float32 rows are reduced and normalised in float64,
-so the float32 result is the float64 value rounded once; float64 differs by summation order.
+so the float32 result is the float64 value rounded once (plus one float64 rounding of rstd);
+float64 differs by summation order (any order of C float64 terms is within (C - 1) eps64).
 Threads: arrays of fewer than SMALL_WORK elements run on the calling thread only, through a
 serial driver of the same row function (`parallel_or_serial`): a parallel launch costs more than
-such a call's work, and on a shared machine a
-descheduled worker stalls every launch (measured: GPT-2 decoding with 2 Numba threads on a loaded
-2-core machine ran at 1 token/s). Rows are independent, so the result is the same either way.
+such a call's work, and on a shared machine a descheduled worker stalls every launch. Rows are
+independent, so the result is the same either way.
 Non-finite inputs follow the same IEEE path (a NaN or inf in a row makes mu or sigma^2 NaN or
 inf; the row becomes NaN), as in the twin. Argument checks are the twin's own.
 """

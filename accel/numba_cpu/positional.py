@@ -3,16 +3,16 @@
 (a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)),  w_i = theta^(-2i/R)
 (Su et al. 2021, RoFormer, sec. 3.2.2; twin: refimpl.positional.apply_rope)
 
-Versions:
-  v1 a cos / sin table [P, T, R/2] for the distinct position rows (P = rows of
-     `positions` after its own leading axes; usually P = 1, shared by every batch and head),
-     angles and cos / sin in float64 and then cast to x's dtype, exactly as the twin; then one
-     parallel pass over the rows of x [N, T, D] rotating the pairs in place of the output
-     (interleaved (2i, 2i+1) or half-split (i, i + R/2)) and copying dims [R, D).
-  v2 (this) the same pass, one row (n, t) per task; calls under SMALL_WORK elements, or on one Numba
-     thread, run the tasks through a serial driver (`norms.parallel_or_serial`), as the other row
-     kernels do (a parallel launch costs more than a small call's work; a forked child must not launch:
-     accel.numba_cpu._launch).
+A cos / sin table [P, T, R/2] for the distinct position rows (P = rows of `positions` after its
+own leading axes; usually 1), made in float64 and cast to x's dtype exactly as the twin; then one
+pass over the rows (n, t) of x [N, T, D], one row per task, rotating the pairs (interleaved
+(2i, 2i+1) or half-split (i, i + R/2)) and copying dims [R, D). Calls under SMALL_WORK elements,
+or on one Numba thread, run the tasks through a serial driver (`norms.parallel_or_serial`).
+Cost: one read and one write of x, plus the table.
+
+Versions (history: benchmarks/NOTES.md):
+  v1 the table, then one parallel pass over the rows of x
+  v2 (this) one row per task, and the serial driver for small calls
 How it differs from the twin: the twin builds a, b, the two products, a stack or a concatenate
 and a final concatenate (several temporaries of x's size); here the rotation is fused into one
 pass and the table is not broadcast over heads. The arithmetic per element is the twin's

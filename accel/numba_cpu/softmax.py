@@ -2,23 +2,17 @@
 
 softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m),  m = max_j x_j   (twin: refimpl.attention.softmax)
 
-Versions:
-  v1 rows of the last axis in parallel (prange); per row: max, exp, sum, divide, each a
-     sequential loop in float64 whatever the input dtype, then one rounding to the input dtype.
-     libm exp in scalar loops: 18x torch's softmax time on [2048, 3072] float32.
-  v2 the same float64 row, vectorised: the max as a maxnum reduction (NaN passed over,
-     then caught by the sum), exp by `accel.numba_cpu.ffn._exp_f64` (a polynomial, < 1e-15 relative,
-     so still far under one float32 rounding and inside the float64 tolerance), the sum of the
-     exps in a compiler-picked order (<= (n - 1) eps64), error_model="numpy" so the divide loop
-     vectorises; small calls through a serial driver.
-  v3 v2 with each exp computed once, into a float64 row buffer (v2 computed it twice: in the
-     sum and in the output loop), one divide per row (each exp times 1 / sum: one more float64
-     rounding, <= 2^-53 relative) and the loops compiled for 512-bit vectors
-     (accel.numba_cpu._simd). float32 [8192, 3072], 2 threads, min of 20: 26.4 ms, against 34.5 ms
-     with the exp computed twice (v2 took 45.9 ms in the benchmark run of 2026-11-30 01:44); the
-     outputs equal v2's bit for bit on those rows.
-  v4 (this) float32 rows take `ffn._exp_f64_f32`, the same exp to degree 10 (< 5e-13 relative,
-     still far under one float32 rounding); float64 rows keep `_exp_f64`.
+Per row of the last axis (rows in parallel, small calls through a serial driver): the max as a
+maxnum reduction, each exp once into a float64 row buffer (`ffn._exp_f64_f32`, < 5e-13 relative, for
+float32 rows; `ffn._exp_f64`, < 1e-15, for float64), their sum in a compiler-picked order, then
+each exp times 1 / sum, rounded once to the input dtype; loops compiled for 512-bit vectors
+(accel.numba_cpu._simd). Cost: one read and one write of x, a float64 row buffer per task.
+
+Versions (history and measurements: benchmarks/NOTES.md):
+  v1 float64 rows in scalar loops, libm exp
+  v2 the same row vectorised (maxnum max, polynomial exp, error_model="numpy"), a serial driver
+  v3 each exp once into a row buffer, one divide per row, 512-bit vectors
+  v4 (this) float32 rows take the degree-10 exp `_exp_f64_f32`
 How it differs from the twin: the twin works in the input dtype with NumPy's pairwise sum;
 here every row is reduced in float64 (in a vectorised order). For float32 that makes the result the
 correctly computed float64 value rounded once (error <= 2^-24 relative plus float64 noise);

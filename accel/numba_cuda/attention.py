@@ -4,47 +4,30 @@ Twins: `refimpl.attention.softmax`, `refimpl.attention.masked_attention`,
 `refimpl.attention.decode_attention` (same signatures; NumPy in, NumPy out). Device entry
 points (`*_device`) take device arrays (Numba or CuPy) for GPT-2 on the `cuda` backend.
 
-Versions:
-  softmax v1          one block per row: block max, then sum of exp(x - max), then divide;
-                      shared-memory tree reductions.
-  masked_attention v1 FlashAttention-style (Dao et al. 2022, alg. 1; the online softmax of
-                      Milakov & Gimelshein 2018): one block per (query tile, head, batch), one
-                      thread per query row. The block streams key/value tiles of k_tile rows
-                      through shared memory; each thread keeps its running max m, running sum
-                      l and output accumulator acc[Dv] in registers / local memory and rescales
-                      them by exp(m_old - m_new) once per tile. The mask (causal, window, sinks,
-                      key padding) and the ALiBi bias are computed from (i, j) on the fly: the
-                      T x S matrix never exists. Key tiles that no query of the block may see
-                      are skipped (exactly: their weights are exp(-inf) = 0). Head dims are
-                      zero-padded to a compile-time power of two so the feature loops have
-                      constant trip counts; the key tile halves until K and V tiles fit in
-                      48 KiB of static shared memory (float64, large D).
-  masked_attention v2 ("tiled", opt-in: launch_config(attention="tiled"), for problems whose tiles
-                      fit 48 KiB of shared memory: float32 with D, Dv <= 64 at the GPU sizes,
-                      float64 up to 16; v1 otherwise): FlashAttention-2-style register tiling. A
-                      block of (BR / RM) x (BC / RN) threads (128 at 64 x 32 tiles, 4 x 4 micro-tiles)
-                      takes BR queries; per BC-key tile each thread computes an RM x RN block of
-                      scores (RM + RN shared loads per RM * RN FMAs, v1: one per FMA) and owns an
-                      RM x (Dv / (BC / RN)) block of the output in registers. Row max and sum are
-                      combined across the BC / RN threads of a row through shared memory; the
-                      weights go through shared memory to the P V product. Tiles that every row
-                      of the block sees fully skip the per-key mask tests. The scores are v1's dot
-                      products in v1's order. Each thread reads its RN keys (RM + RN shared loads
-                      per dimension) and its values of a key (RM + Dv / (BC / RN) loads) once into
-                      registers, and both inner loops run four steps per pass with unsigned indices:
-                      in the sm_90 code the scores take 123 instructions per 64 FMAs and P V 207 per
-                      128 (before: 57 per 16, and 265 per 32 with every value re-read for each row;
-                      a weight of -0.0 is now found by one integer test of its bits). Its K and V
-                      tiles load column by column (_load_tile_by_columns: ~28 instructions an entry,
-                      from 67-92 with v1's flat index). ptxas (sm_90): 128 registers under the
-                      kernel's cap (168 without; no spills either way), no stack frame, 43.9 KiB shared; v1:
-                      168 registers, a 384-byte stack frame (its local arrays), 16 KiB. Measured on
-                      an H200 for v1 only (3.9 TFLOP/s at T = 4096, 0.17x torch SDPA); v2 awaits a
-                      GPU (benchmarks/gpu.py times both and sweeps v2's tile sizes).
-  decode_attention v1 flash-decoding: the S cache entries are cut into chunks, one block per
-                      (chunk, head, batch) computes a partial (m, l, acc[Dv]) with threads over
-                      keys for the scores and over Dv for the weighted sum; a second kernel
-                      merges the chunks: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+softmax: one block per row, shared-memory tree reductions for the max and the sum of exp(x - max).
+masked_attention: FlashAttention-style (Dao et al. 2022, alg. 1; the online softmax of Milakov &
+Gimelshein 2018). A block takes a tile of queries of one (batch, head) and streams key / value
+tiles through shared memory; per query row it keeps the running max m, sum l and accumulator
+acc[Dv], rescaled by exp(m_old - m_new) once per tile. The mask (causal, window, sinks, key
+padding) and the ALiBi bias are computed from (i, j) on the fly; key tiles no query of the block
+may see are skipped (exactly: their weights are 0). Head dims are zero-padded to a power of two
+(constant trip counts). Cost: 2 T S (D + Dv) flops per head, one read of q, k, v, one write.
+  rows  (v1, the default): one thread per query row, acc in local memory; the key tile halves
+        until K and V tiles fit 48 KiB of static shared memory.
+  tiled (v2, launch_config(attention="tiled"), where its tiles fit 48 KiB: float32 with D, Dv <=
+        64 at the GPU sizes, float64 up to 16; rows otherwise): FlashAttention-2-style register
+        tiling, each thread an RM x RN block of scores and an RM x (Dv / (BC / RN)) block of the
+        output in registers; row max and sum combined through shared memory; the same dot
+        products in the same order as rows.
+decode_attention: flash-decoding: one block per (chunk of S, head, batch) computes a partial
+(m, l, acc[Dv]) (threads over keys for the scores, over Dv for the weighted sum); a second kernel
+merges them: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+
+Versions (register counts, instruction counts and timings: benchmarks/NOTES.md):
+  softmax v1 (this)           one block per row, tree reductions
+  masked_attention v1 (rows)  one thread per query row, K / V tiles in shared memory
+  masked_attention v2 (tiled) register micro-tiles, opt-in
+  decode_attention v1 (this)  split-S partials, then a merge kernel
 
 Deliberate differences from the twins:
   - Reduction order: online softmax sums keys tile by tile with rescaling, dot products run
@@ -56,8 +39,7 @@ Deliberate differences from the twins:
     same terms out of their sum (refimpl.attention._weighted_values), so the two agree on such
     values too, non-finite entries exactly; a visible key whose weight underflowed to 0 is
     not skipped by either (0 * inf = NaN in both). The fused kernels and decode_attention
-    apply this alike, whatever the tile, chunk and thread sizes (decode attention's chunks
-    used to skip such a key only when its whole chunk scored -inf).
+    apply this alike, whatever the tile, chunk and thread sizes.
   - GQA: query head h reads key/value head h // (H/K) straight from k and v, as the twin's
     broadcast view does; nothing is copied G times.
 """

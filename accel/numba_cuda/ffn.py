@@ -2,10 +2,12 @@
 
 Twins: `refimpl.ffn.gelu_tanh`, `refimpl.ffn.gelu_tanh_bias` (same signatures; NumPy in, NumPy out).
 
+One thread per element in a grid-stride loop. The fused kernel reads x and b once and writes
+gelu(x + b) once: one pass over memory instead of the three (add, then the activation's
+temporaries) that separate array operations make.
+
 Versions:
-  v1 (this file) one thread per element in a grid-stride loop. The fused kernel reads
-     x and b once and writes gelu(x + b) once: one pass over memory instead of the three
-     (add, then the activation's temporaries) that separate array operations make.
+  v1 (this) grid-stride elementwise kernels, bias add fused
 
 Deliberate differences from the twin:
   - Fusion: the bias add happens in a register; the rounding of x + b is the same.

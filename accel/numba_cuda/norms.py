@@ -2,16 +2,15 @@
 
 Twins: `refimpl.norms.layer_norm`, `refimpl.norms.rms_norm` (same signatures; NumPy in, NumPy out).
 
-Versions:
-  v1 one block per row of C features; each thread sums a strided slice of
-     the row, then a shared-memory tree combines the partial sums. LayerNorm makes two
-     passes (mean, then the mean of squared deviations) as its twin does, not the one-pass
-     E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std.
-  v2 (this file) LayerNorm works on x - x0 (x0 the row's first entry): the same value
-     (x - mu = (x - x0) - mean(x - x0)), but a constant row gives exact zeros, where v1's
-     float32 mean was off by an ulp that the normalisation magnified by |mean| / sqrt(var + eps)
-     (a row of 1.7s with eps = 0 gave -1 where the twin gives NaN; with eps = 1e-5, 4e-5 where
-     it gives 0).
+One block per row of C features: each thread sums a strided slice of the row, a shared-memory
+tree combines the partial sums. LayerNorm makes two passes (mean, then the mean of squared
+deviations) as its twin does, not the one-pass E[x^2] - E[x]^2, and works on x - x0 (x0 the
+row's first entry): the same value, but a constant row gives exact zeros (and NaN with eps = 0,
+as the twin's 0 / 0). Cost: two reads of the row and one write.
+
+Versions (history: benchmarks/NOTES.md):
+  v1 strided partial sums + tree, two passes on x
+  v2 (this) LayerNorm's passes on x - x0
 
 Deliberate differences from the twin:
   - Reduction order: strided partial sums then a pairwise tree, not NumPy's pairwise sum

@@ -2,12 +2,14 @@
 
 Twin: `refimpl.positional.apply_rope` (same signature; NumPy in, NumPy out).
 
+A grid-stride loop over (row, t, i) pairs; each thread forms the angle p * w_i in float64,
+takes cos / sin in float64, casts them to the working dtype and turns the pair (a, b) ->
+(a cos - b sin, a sin + b cos). Both pairing conventions (half-split (i, i + R/2) and
+interleaved (2i, 2i + 1)) and partial rotary (R < D) are index arithmetic; dims [R, D) are
+copied through. Cost: one read and one write of x, one sin / cos pair per rotated pair.
+
 Versions:
-  v1 (this file) grid-stride loop over (row, t, i) pairs; each thread forms the angle
-     p * w_i in float64, takes cos / sin in float64, casts them to the working dtype and
-     turns the pair (a, b) -> (a cos - b sin, a sin + b cos). Both pairing conventions
-     (half-split (i, i + R/2) and interleaved (2i, 2i + 1)) and partial rotary (R < D) are
-     index arithmetic; dims [R, D) are copied through.
+  v1 (this) one thread per rotated pair, angles in float64
 
 Deliberate differences from the twin:
   - cos / sin come from the device's float64 libm rather than NumPy's: they may differ in
