@@ -49,8 +49,8 @@ def gelu_tanh(x) -> np.ndarray:  # [...] -> [...]
 
     The approximation GPT-2 uses ("gelu_new" in Hugging Face, approximate='tanh' in PyTorch).
     Shapes: any -> same shape and dtype.
-    Notes: float16 is computed in float32 and rounded once (in float16, 1 + tanh(u) cancels
-    for x < 0: -3.5 gave -8.5e-4 for -6.2e-4). The cubic is evaluated on x clamped to [-20, 20], where tanh has already
+    Notes: float16 is computed in float32 and rounded once (in float16 arithmetic, 1 + tanh(u)
+    cancels for x < 0). The cubic is evaluated on x clamped to [-20, 20], where tanh has already
     saturated to +-1, so |x| up to the dtype's max gives x (x > 0) or -0 (x < 0) with no
     overflow warning. gelu_tanh(x) - gelu_tanh(-x) = x exactly in real arithmetic (tanh is
     odd). Its largest gap to gelu_erf is 4.73e-4 in absolute value, at |x| = 2.70
@@ -92,8 +92,7 @@ def gelu_erf(x) -> np.ndarray:  # [...] -> [...]
     Notes: Phi is evaluated as erfc(-x / sqrt 2) / 2 (refimpl.special, Cody 1969), which
     equals the (1 + erf) form but keeps the left tail: gelu_erf(-10) = -7.6e-23 here, where
     the (1 + erf) form (PyTorch's) cancels to -0. gelu_erf(x) - gelu_erf(-x) = x since
-    Phi(x) + Phi(-x) = 1. x = -inf gives nan (-inf * 0), x = +inf gives inf (PyTorch
-    2.13's exact F.gelu gives nan there).
+    Phi(x) + Phi(-x) = 1. x = -inf gives nan (-inf * 0), x = +inf gives inf.
     See also: gelu_tanh (the approximation), refimpl.special.normal_cdf.
     """
     return _gelu_erf(as_float(x, "x"))
