@@ -9,6 +9,7 @@ what actually came, so nothing fails deep inside NumPy with a broadcasting messa
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
@@ -16,7 +17,17 @@ __all__ = [
     "as_float",
     "check_ndim",
     "check_axis",
+    "check_shape",
+    "is_int",
+    "is_real",
     "check_positive_int",
+    "check_real",
+    "check_positive_real",
+    "check_float_dtype",
+    "check_int_array",
+    "check_bool_array",
+    "check_type",
+    "check_choice",
     "float_result_type",
     "check_bool",
     "json_object",
@@ -43,10 +54,20 @@ def float_result_type(*arrays: np.ndarray) -> np.dtype:
     return np.result_type(*[a.dtype for a in arrays], np.float16)
 
 
-def check_ndim(x: np.ndarray, name: str, min_ndim: int, shape: str) -> None:
-    """Require `x.ndim >= min_ndim`; `shape` is the expected shape, e.g. '[..., T, D]'."""
-    if x.ndim < min_ndim:
-        raise ValueError(f"{name} must have shape {shape} (at least {min_ndim} dimensions); got shape {x.shape}")
+def check_ndim(x: np.ndarray, name: str, ndim: int, shape: str, *, exact: bool = False) -> None:
+    """Require `x.ndim >= ndim` (or `x.ndim == ndim` with exact=True); `shape` is the expected
+    shape, e.g. '[..., T, D]' (exact: '[B, H, T, D]', with any note the message should carry)."""
+    if exact:
+        if x.ndim != ndim:
+            raise ValueError(f"{name} must have shape {shape}; got shape {x.shape}")
+    elif x.ndim < ndim:
+        raise ValueError(f"{name} must have shape {shape} (at least {ndim} dimensions); got shape {x.shape}")
+
+
+def check_shape(x: np.ndarray, name: str, expected: tuple, shape: str) -> None:
+    """Require `x.shape == expected`; `shape` is how the message writes it, e.g. '[C] with C=768'."""
+    if x.shape != tuple(expected):
+        raise ValueError(f"{name} must have shape {shape}; got shape {x.shape}")
 
 
 def check_axis(x: np.ndarray, name: str, axis: int, expected: int, shape: str, letter: str) -> None:
@@ -57,15 +78,91 @@ def check_axis(x: np.ndarray, name: str, axis: int, expected: int, shape: str, l
         )
 
 
+def is_int(value) -> bool:
+    """True for a Python or NumPy integer; False for everything else, bools included."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_real(value) -> bool:
+    """True for a Python or NumPy integer or float (not bool, not complex, not an array)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_positive_int(value, name: str, *, allow_zero: bool = False) -> int:
     """Require a Python / NumPy integer > 0 (or >= 0 with allow_zero) and return it as int."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise TypeError(f"{name} must be an integer; got {type(value).__name__} {value!r}")
     value = int(value)
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound}; got {value}")
     return value
+
+
+def check_real(value, name: str, *, what: str = "a real number", finite: str | None = None):
+    """Require a Python / NumPy real number (bools refused) and return it unchanged.
+
+    `what` names the expected kind in the TypeError ("a real number or None"); with `finite`
+    given, a non-finite value is a ValueError "<name> must be finite<finite>" (`finite` is the
+    reason, e.g. " (every weight would be NaN)", or "").
+    """
+    if not is_real(value):
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__} {value!r}")
+    if finite is not None and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite{finite}; got {value!r}")
+    return value
+
+
+def check_positive_real(value, name: str, *, allow_zero: bool = False) -> float:
+    """Require a finite real number > 0 (>= 0 with allow_zero) and return it as a Python float."""
+    check_real(value, name)
+    if not (math.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
+        raise ValueError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0; got {value!r}")
+    return float(value)
+
+
+def check_float_dtype(dtype, name: str) -> np.dtype:
+    """`dtype` as a NumPy floating dtype (float16 / 32 / 64), or a TypeError naming `name`."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"{name} must be a floating-point dtype; got {dtype!r}") from e
+    if dt.kind != "f":
+        raise TypeError(f"{name} must be a floating-point dtype (float16/32/64); got {dt}")
+    return dt
+
+
+def check_int_array(x, name: str, *, what: str = "hold integers", floats_ok: bool = False) -> np.ndarray:
+    """`x` as an array of signed or unsigned integers (bools refused; floats too unless floats_ok),
+    else TypeError "<name> must <what>; got dtype ..."."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in ("iuf" if floats_ok else "iu"):
+        raise TypeError(f"{name} must {what}; got dtype {arr.dtype}")
+    return arr
+
+
+def check_bool_array(x, name: str, *, what: str = "boolean", hint: str = "") -> np.ndarray:
+    """`x` as a boolean array, else TypeError "<name> must be <what>; got dtype ...<hint>"."""
+    arr = np.asarray(x)
+    if arr.dtype != np.bool_:
+        raise TypeError(f"{name} must be {what}; got dtype {arr.dtype}{hint}")
+    return arr
+
+
+def check_type(value, cls, name: str, *, what: str | None = None):
+    """Require isinstance(value, cls), else TypeError "<name> must be <what>; got <type>" (what
+    defaults to the class name)."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be {what or cls.__name__}; got {type(value).__name__}")
+    return value
+
+
+def check_choice(value, name: str, choices: tuple) -> None:
+    """Require `value` to be one of `choices`, else ValueError "<name> must be 'a', 'b' or 'c'; got ..."."""
+    if value not in choices:
+        listed = " or ".join([", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])]) if len(choices) > 1 \
+            else repr(choices[0])
+        raise ValueError(f"{name} must be {listed}; got {value!r}")
 
 
 def check_bool(value, name: str) -> bool:

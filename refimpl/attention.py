@@ -10,6 +10,12 @@ inside `scaled_dot_product_attention`. Queries are aligned to the end of the key
 sits at absolute position S - T + i. A query that may attend to no key gets zero weights and a
 zero output row, never NaN. Dtype in = dtype out: the scale and the -inf are made in the
 computation dtype, so float32 stays float32.
+
+Each public function checks its arguments once (`_check_<name>`, or the shared check_gqa_inputs /
+check_decode_inputs; all in the last section, "checks at the door") and calls its body `_<name>`:
+the equations, with no checks (inputs already validated). Bodies call each other, never the
+public functions, so nothing is checked twice; a caller that validated once (a model's forward,
+per layer and token) can call them directly.
 """
 
 from __future__ import annotations
@@ -19,16 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float, check_positive_int, float_result_type
-from .linear import LinearParams, linear
+from ._checks import (as_float, check_bool, check_bool_array, check_int_array, check_ndim, check_positive_int,
+                      check_real, check_shape, check_type, float_result_type, is_int)
+from .linear import LinearParams, _linear
 from .masks import (
-    causal_mask,
-    combine_masks,
-    key_mask_to_attention_mask,
-    local_window_mask,
-    padding_mask,
-    query_positions,
-    sink_window_mask,
+    _causal_mask,
+    _check_key_mask,
+    _combine_masks,
+    _key_mask_to_attention_mask,
+    _local_window_mask,
+    _padding_mask,
+    _query_positions,
+    _sink_window_mask,
 )
 
 __all__ = [
@@ -59,9 +67,11 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     -inf (a query with nothing to attend to) returns zeros instead of 0/0 = NaN. A +inf or
     NaN entry gives NaN, as it should. An empty axis gives an empty result.
     """
-    x = as_float(x, "x")
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
+    return _softmax(_check_softmax(x, axis), axis)
+
+
+def _softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:  # [...] -> [...]
+    """softmax with no checks: inputs already validated (x a float array, axis a valid axis)."""
     m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     m = np.where(m == -np.inf, x.dtype.type(0), m)  # all -inf row: exp(-inf - 0) = 0, not NaN
     e = np.exp(x - m)
@@ -71,42 +81,9 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
 
 # ------------------------------------------------------------- scaled dot-product attention
 
-def _check_broadcasts_to(a: np.ndarray, name: str, shape: tuple, shape_str: str) -> None:
-    """Require `a` to broadcast to exactly `shape` (it may not enlarge it)."""
-    try:
-        ok = np.broadcast_shapes(a.shape, shape) == tuple(shape)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name} must be broadcastable to {shape_str} = {tuple(shape)}; got shape {a.shape}")
-
-
-def _check_mask(mask, shape: tuple, shape_str: str) -> np.ndarray:
-    mask = np.asarray(mask)
-    if mask.dtype != np.bool_:
-        raise TypeError(
-            f"mask must be boolean (True = may attend); got dtype {mask.dtype}. "
-            "Pass additive float terms as bias=...")
-    _check_broadcasts_to(mask, "mask", shape, shape_str)
-    return mask
-
-
-def _check_bias(bias, shape: tuple, shape_str: str, dtype) -> np.ndarray:
-    bias = as_float(bias, "bias")
-    _check_broadcasts_to(bias, "bias", shape, shape_str)
-    return bias.astype(dtype, copy=False)
-
-
-def _scale_for(D: int, scale, dtype) -> np.floating:
-    if scale is None:
-        if D < 1:
-            raise ValueError(f"q and k must have head dim D >= 1 for the default scale 1/sqrt(D); got D={D}")
-        return dtype.type(1.0 / math.sqrt(D))
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
-        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__} {scale!r}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite (every weight would be NaN); got {scale!r}")
-    return dtype.type(scale)
+def _resolve_scale(D: int, scale, dtype) -> np.floating:
+    """The scale as a number of `dtype`: 1/sqrt(D) for None. No checks (see _check_scale)."""
+    return dtype.type(1.0 / math.sqrt(D)) if scale is None else dtype.type(scale)
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
@@ -126,32 +103,23 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, r
     See also: grouped_query_attention (heads sharing keys), masked_attention (structured
     masks, the accel twin), accel's fused attention kernels.
     """
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    for a, name, shape in ((q, "q", "[..., T, D]"), (k, "k", "[..., S, D]"), (v, "v", "[..., S, Dv]")):
-        if a.ndim < 2:
-            raise ValueError(f"{name} must have shape {shape} (at least 2 dimensions); got shape {a.shape}")
-    T, D = q.shape[-2:]
-    S = k.shape[-2]
-    if k.shape[-1] != D:
-        raise ValueError(f"k must have shape [..., S, D] with D={D} (q's last axis); got k {k.shape}, q {q.shape}")
-    if v.shape[-2] != S:
-        raise ValueError(f"v must have shape [..., S, Dv] with S={S} (k's key axis); got v {v.shape}, k {k.shape}")
-    try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"the leading axes of q, k, v must broadcast together; got q {q.shape}, k {k.shape}, v {v.shape}") from None
+    q, k, v, mask, bias = _check_scaled_dot_product_attention(q, k, v, mask, bias, scale)
+    return _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights)
+
+
+def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+    """Attention with no checks: inputs already validated (float arrays of matching shapes, mask
+    bool and bias float broadcastable to [..., T, S] or None, scale None or a finite number)."""
     dtype = float_result_type(q, k, v)
     work = np.dtype(np.float32) if dtype == np.float16 else dtype  # float16: computed in float32 (Notes)
     q, k, v = q.astype(work, copy=False), k.astype(work, copy=False), v.astype(work, copy=False)
-    scores_shape = (*batch, T, S)
 
-    scores = (q @ np.swapaxes(k, -1, -2)) * work.type(_scale_for(D, scale, dtype))  # [..., T, S]
+    scores = (q @ np.swapaxes(k, -1, -2)) * work.type(_resolve_scale(q.shape[-1], scale, dtype))  # [..., T, S]
     if bias is not None:
-        scores = scores + _check_bias(bias, scores_shape, "[..., T, S]", dtype).astype(work, copy=False)
+        scores = scores + bias.astype(dtype, copy=False).astype(work, copy=False)  # rounded to dtype, then applied
     if mask is not None:
-        scores = np.where(_check_mask(mask, scores_shape, "[..., T, S]"), scores, work.type(-np.inf))
-    weights = softmax(scores, axis=-1)  # [..., T, S]; all -inf rows -> 0
+        scores = np.where(mask, scores, work.type(-np.inf))
+    weights = _softmax(scores, axis=-1)  # [..., T, S]; all -inf rows -> 0
     out = _weighted_values(weights, scores, v).astype(dtype, copy=False)  # [..., T, Dv]
     return (out, weights.astype(dtype, copy=False)) if return_weights else out
 
@@ -196,36 +164,6 @@ def _group_heads(m: np.ndarray, H: int, K: int) -> np.ndarray:  # [.., H|1, T|1,
     return m.reshape(b, K, H // K, t, s)  # [b, K, G, t, s]: head h -> group h // G, member h % G
 
 
-def check_gqa_inputs(q, k, v):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> the same, as float arrays
-    """Check grouped-query attention inputs at the boundary: 4-D, B and D agree, H a multiple of K >= 1.
-
-    Returns q, k, v as floating arrays. The accel kernels call this too, so a bad shape gets the
-    same message from every backend.
-    """
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
-        if a.ndim != 4:
-            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
-    B, H, T, D = q.shape
-    _check_kv_heads(q.shape, "[B, H, T, D]", B, H, D, k, v)
-    return q, k, v
-
-
-def _check_kv_heads(q_shape: tuple, q_form: str, B: int, H: int, D: int, k, v) -> None:
-    """k [B, K, S, D] and v [B, K, S, Dv] (4-D already) against q's B, H, D; H a multiple of K >= 1.
-    q_shape / q_form: q's shape as the caller gave it and its letters, for the messages."""
-    _, K, S, _ = k.shape
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q_shape}); got shape {k.shape}")
-    if v.shape[:3] != (B, K, S):
-        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k.shape}); got shape {v.shape}")
-    if K == 0 or H % K != 0:
-        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
-                         f"(q {q_shape}, k {k.shape})")
-    if H == 0:
-        raise ValueError(f"q must have shape {q_form} with H >= 1 query heads; got shape {q_shape}")
-
-
 def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """head_h = Attention(Q_h, K_{g(h)}, V_{g(h)}), g(h) = floor(h / (H/K))  (GQA, Ainslie et al. 2023, sec. 2.2).
 
@@ -237,18 +175,23 @@ def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return
     G, so K/V are never copied G times. K = H is multi-head attention, K = 1 multi-query.
     See also: multi_query_attention, masked_attention, decode_attention.
     """
-    q, k, v = check_gqa_inputs(q, k, v)
+    q, k, v, mask, bias = _check_grouped_query_attention(q, k, v, mask, bias, scale)
+    return _grouped_query_attention(q, k, v, mask, bias, scale, return_weights)
+
+
+def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """GQA with no checks: inputs already validated (check_gqa_inputs; mask bool and bias float
+    broadcastable to [B, H, T, S] or None; scale None or a finite number)."""
     B, H, T, D = q.shape
     _, K, S, _ = k.shape
     G = H // K
-    dtype = float_result_type(q, k, v)
     if mask is not None:
-        mask = _group_heads(_check_mask(mask, (B, H, T, S), "[B, H, T, S]"), H, K)
+        mask = _group_heads(mask, H, K)
     if bias is not None:
-        bias = _group_heads(_check_bias(bias, (B, H, T, S), "[B, H, T, S]", dtype), H, K)
+        bias = _group_heads(bias, H, K)
     qg = q.reshape(B, K, G, T, D)  # [B, K, G, T, D]
     kg, vg = k[:, :, None], v[:, :, None]  # [B, K, 1, S, D], [B, K, 1, S, Dv] (views)
-    res = scaled_dot_product_attention(qg, kg, vg, mask, bias, scale=scale, return_weights=return_weights)
+    res = _scaled_dot_product_attention(qg, kg, vg, mask, bias, scale, return_weights)
     if return_weights:
         out, weights = res
         return out.reshape(B, H, T, v.shape[3]), weights.reshape(B, H, T, S)
@@ -262,12 +205,12 @@ def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_w
     mask / bias broadcastable to [B, H, T, S]. Returns [B, H, T, Dv] (and weights).
     Notes: exactly grouped_query_attention with K = 1 (k[:, None], v[:, None]).
     """
-    k, v = as_float(k, "k"), as_float(v, "v")
-    if k.ndim != 3:
-        raise ValueError(f"k must have shape [B, S, D] (one shared head); got shape {k.shape}")
-    if v.ndim != 3:
-        raise ValueError(f"v must have shape [B, S, Dv] (one shared head); got shape {v.shape}")
-    return grouped_query_attention(q, k[:, None], v[:, None], mask, bias, scale=scale, return_weights=return_weights)
+    q, k, v, mask, bias = _check_multi_query_attention(q, k, v, mask, bias, scale)
+    return _multi_query_attention(q, k, v, mask, bias, scale, return_weights)
+
+
+def _multi_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]; no checks
+    return _grouped_query_attention(q, k[:, None], v[:, None], mask, bias, scale, return_weights)
 
 
 # ------------------------------------------------------------- multi-head attention
@@ -278,10 +221,10 @@ def split_heads(x, n_head: int) -> np.ndarray:  # [..., T, C] -> [..., H, T, D]
     Shapes: x [..., T, C] with C % n_head == 0 -> [..., H, T, D], D = C / H.
     Notes: head h owns columns h*D .. h*D + D - 1 (the layout of GPT-2, PyTorch and HF).
     """
-    x = as_float(x, "x")
-    H = check_positive_int(n_head, "n_head")
-    if x.ndim < 2 or x.shape[-1] % H != 0:
-        raise ValueError(f"x must have shape [..., T, C] with C divisible by n_head={H}; got shape {x.shape}")
+    return _split_heads(*_check_split_heads(x, n_head))
+
+
+def _split_heads(x: np.ndarray, H: int) -> np.ndarray:  # [..., T, C] -> [..., H, T, D]; no checks
     *lead, T, C = x.shape
     return np.swapaxes(x.reshape(*lead, T, H, C // H), -3, -2)  # [..., T, H, D] -> [..., H, T, D]
 
@@ -291,16 +234,12 @@ def merge_heads(x) -> np.ndarray:  # [..., H, T, D] -> [..., T, H*D]
 
     Shapes: x [..., H, T, D] -> [..., T, C] with C = H*D.
     """
-    x = as_float(x, "x")
-    if x.ndim < 3:
-        raise ValueError(f"x must have shape [..., H, T, D]; got shape {x.shape}")
+    return _merge_heads(_check_merge_heads(x))
+
+
+def _merge_heads(x: np.ndarray) -> np.ndarray:  # [..., H, T, D] -> [..., T, H*D]; no checks
     *lead, H, T, D = x.shape
     return np.swapaxes(x, -3, -2).reshape(*lead, T, H * D)  # [..., T, H, D] -> [..., T, C]
-
-
-def _check_linear(p, name: str) -> None:
-    if not isinstance(p, LinearParams):
-        raise TypeError(f"{name} must be a LinearParams; got {type(p).__name__}")
 
 
 @dataclass(frozen=True)
@@ -314,7 +253,7 @@ class AttentionParams:
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v", "o"):
-            _check_linear(getattr(self, name), f"AttentionParams.{name}")
+            _check_linear_params(getattr(self, name), f"AttentionParams.{name}")
         if self.k.n_in != self.v.n_in:
             raise ValueError(f"AttentionParams.k and .v must read the same width; got k.w {self.k.w.shape}, v.w {self.v.w.shape}")
 
@@ -327,14 +266,8 @@ class FusedQKVParams:
     o: LinearParams
 
     def __post_init__(self) -> None:
-        _check_linear(self.qkv, "FusedQKVParams.qkv")
-        _check_linear(self.o, "FusedQKVParams.o")
-
-
-def _divide(width: int, n: int, what: str) -> int:  # width = n * d -> d
-    if width % n != 0:
-        raise ValueError(f"{what}: width {width} is not a multiple of {n}")
-    return width // n
+        _check_linear_params(self.qkv, "FusedQKVParams.qkv")
+        _check_linear_params(self.o, "FusedQKVParams.o")
 
 
 def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: int | None = None, kv=None, scale=None, return_weights: bool = False):  # [B, T, C] -> [B, T, C]
@@ -351,46 +284,25 @@ def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: 
     No mask is applied unless given: pass causal_mask(T) for a decoder.
     See also: grouped_query_attention, split_heads / merge_heads.
     """
-    x = as_float(x, "x")
-    if x.ndim != 3:
-        raise ValueError(f"x must have shape [B, T, C]; got shape {x.shape}")
-    H = check_positive_int(n_head, "n_head")
+    x, kv, H, K, mask, bias = _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale)
+    return _multi_head_attention(x, p, mask, bias, H, K, kv, scale, return_weights)
+
+
+def _multi_head_attention(x, p, mask, bias, H: int, K: int, kv=None, scale=None, return_weights: bool = False):  # [B, T, C] -> [B, T, C']
+    """Multi-head attention with no checks: inputs already validated (x [B, T, C] and kv [B, S, Ckv]
+    or None float arrays matching p's widths; H query and K key/value heads; mask / bias as in
+    _grouped_query_attention)."""
     if isinstance(p, FusedQKVParams):
-        if kv is not None:
-            raise ValueError("kv= (cross-attention) needs separate projections: pass AttentionParams, "
-                             "a fused qkv projection reads a single sequence")
-        K = H if n_kv_head is None else check_positive_int(n_kv_head, "n_kv_head")
-        if x.shape[-1] != p.qkv.n_in:
-            raise ValueError(f"x must have shape [B, T, C] with C={p.qkv.n_in} (qkv.w is {p.qkv.w.shape}); got shape {x.shape}")
-        if p.qkv.n_out % (H + 2 * K) != 0:
-            raise ValueError(f"FusedQKVParams.qkv output width {p.qkv.n_out} must be (H + 2K)*D "
-                             f"with H={H}, K={K}; it is not a multiple of {H + 2 * K}")
         D = p.qkv.n_out // (H + 2 * K)
-        qkv = linear(x, p.qkv)  # [B, T, (H + 2K) D]
+        qkv = _linear(x, p.qkv.w, p.qkv.b)  # [B, T, (H + 2K) D]
         q, k, v = np.split(qkv, [H * D, (H + K) * D], axis=-1)  # [B, T, H D], [B, T, K D], [B, T, K D]
-    elif isinstance(p, AttentionParams):
-        src = x if kv is None else as_float(kv, "kv")
-        if src.ndim != 3 or src.shape[0] != x.shape[0]:
-            raise ValueError(f"kv must have shape [B, S, Ckv] with B={x.shape[0]}; got shape {src.shape}")
-        if x.shape[-1] != p.q.n_in:
-            raise ValueError(f"x must have shape [B, T, C] with C={p.q.n_in} (q.w is {p.q.w.shape}); got shape {x.shape}")
-        if src.shape[-1] != p.k.n_in:
-            raise ValueError(f"{'kv' if kv is not None else 'x'} must have shape [B, S, Ckv] with Ckv={p.k.n_in} "
-                             f"(k.w is {p.k.w.shape}); got shape {src.shape}")
-        D = _divide(p.q.n_out, H, f"AttentionParams.q output must be H*D wide with H=n_head={H}")
-        K = _divide(p.k.n_out, D, f"AttentionParams.k output must be K*D wide with D={D}")
-        if n_kv_head is not None and check_positive_int(n_kv_head, "n_kv_head") != K:
-            raise ValueError(f"n_kv_head={n_kv_head} but the k projection has width {p.k.n_out} = {K} heads of D={D}")
-        _divide(p.v.n_out, K, f"AttentionParams.v output must be K*Dv wide with K={K}")
-        q, k, v = linear(x, p.q), linear(src, p.k), linear(src, p.v)  # [B, T, H D], [B, S, K D], [B, S, K Dv]
     else:
-        raise TypeError(f"p must be AttentionParams or FusedQKVParams; got {type(p).__name__}")
-    if p.o.n_in != H * v.shape[-1] // K:
-        raise ValueError(f"o must have input width H*Dv = {H * v.shape[-1] // K}; got o.w {p.o.w.shape}")
-    res = grouped_query_attention(split_heads(q, H), split_heads(k, K), split_heads(v, K),  # [B, H|K, T|S, D]
-                                  mask, bias, scale=scale, return_weights=return_weights)
+        src = x if kv is None else kv
+        q, k, v = _linear(x, p.q.w, p.q.b), _linear(src, p.k.w, p.k.b), _linear(src, p.v.w, p.v.b)  # [B, T, H D], [B, S, K D], [B, S, K Dv]
+    res = _grouped_query_attention(_split_heads(q, H), _split_heads(k, K), _split_heads(v, K),  # [B, H|K, T|S, D]
+                                   mask, bias, scale, return_weights)
     out, weights = res if return_weights else (res, None)
-    y = linear(merge_heads(out), p.o)  # [B, H, T, Dv] -> [B, T, H Dv] -> [B, T, C']
+    y = _linear(_merge_heads(out), p.o.w, p.o.b)  # [B, H, T, Dv] -> [B, T, H Dv] -> [B, T, C']
     return (y, weights) if return_weights else y
 
 
@@ -417,71 +329,31 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     accel's fused (never materialising T x S) attention kernels are proved against; here the
     boolean [.., T, S] mask is built with refimpl.masks and handed to grouped_query_attention.
     """
-    q, k, v = check_gqa_inputs(q, k, v)  # 4-D, B and D agree, H a multiple of K
+    q, k, v, causal, window, n_sink, key_mask, slopes = _check_masked_attention(
+        q, k, v, causal, window, n_sink, key_mask, alibi_slopes, scale)
+    return _masked_attention(q, k, v, causal, window, n_sink, key_mask, slopes, scale)
+
+
+def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, key_mask, alibi_slopes, scale) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """masked_attention with no checks: inputs already validated (_check_masked_attention: key_mask
+    bool [B, S] or None, alibi_slopes [H] in the result dtype or None)."""
     B, H, T, _ = q.shape
     S = k.shape[2]
-    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be True or False; got {type(causal).__name__} {causal!r}")
-    if window is not None:
-        window = check_positive_int(window, "window")
-    if n_sink > 0 and (window is None or not causal):
-        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
-                         f"sliding window); got window={window}, causal={causal}")
-    if T == 0 or S == 0:  # no query, or no key to see: no pattern (the output is all zeros or empty)
-        pattern = None
-    elif window is None:
-        pattern = causal_mask(T, S) if causal else None  # [T, S] or None
-    elif n_sink > 0:
-        pattern = sink_window_mask(T, S, n_sink=n_sink, window=window)
-    else:
-        pattern = local_window_mask(T, S, window=window, causal=causal)
-    padding = None
-    if key_mask is not None:
-        padding = key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
-        if padding.shape != (B, 1, 1, S):
-            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {np.shape(key_mask)}")
-    mask = combine_masks(pattern, padding)  # [T, S], [B, 1, 1, S], [B, 1, T, S] or None
-
-    bias = None
-    if alibi_slopes is not None:
-        dtype = float_result_type(q, k, v)
-        m = as_float(alibi_slopes, "alibi_slopes").astype(dtype, copy=False)
-        if m.shape != (H,):
-            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {m.shape}")
     if T == 0 or S == 0 or B == 0:  # every row sees no key (zeros, the convention above), or there is no row
         return np.zeros((B, H, T, v.shape[3]), dtype=float_result_type(q, k, v))
+    if window is None:
+        pattern = _causal_mask(T, S) if causal else None  # [T, S] or None
+    elif n_sink > 0:
+        pattern = _sink_window_mask(T, S, n_sink, window)
+    else:
+        pattern = _local_window_mask(T, S, window, causal)
+    padding = None if key_mask is None else _key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
+    mask = _combine_masks(pattern, padding)  # [T, S], [B, 1, 1, S], [B, 1, T, S] or None
+    bias = None
     if alibi_slopes is not None:
-        distance = (query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(dtype)  # [T, S]: p_i - j, exact ints first
-        bias = -m[:, None, None] * distance  # [H, T, S]: -m_h (p_i - j)
-    return grouped_query_attention(q, k, v, mask, bias, scale=scale)
-
-
-def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
-    """decode_attention's checks of q, k, v and key_lengths, in order (shared with the accel kernels).
-
-    Returns q, k and v as float arrays and the key mask j < L_b [B, S] (padding_mask's right
-    padding), or None when key_lengths is None. Messages name the arguments and shapes as given.
-    """
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    if q.ndim != 3:
-        raise ValueError(f"q must have shape [B, H, D] (one query per sequence); got shape {q.shape}")
-    for a, name, shape in ((k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
-        if a.ndim != 4:
-            raise ValueError(f"{name} must have shape {shape}; got shape {a.shape}")
-    B, H, D = q.shape
-    S = k.shape[2]
-    _check_kv_heads(q.shape, "[B, H, D]", B, H, D, k, v)
-    if key_lengths is None:
-        return q, k, v, None
-    L = np.asarray(key_lengths)
-    if L.dtype.kind not in "iu":
-        raise TypeError(f"key_lengths must be integers of shape [B]; got dtype {L.dtype}")
-    if L.shape != (B,):
-        raise ValueError(f"key_lengths must have shape [B] = ({B},); got shape {L.shape}")
-    if B and (L.min() < 0 or L.max() > S):
-        raise ValueError(f"key_lengths must lie in 0 .. S={S} (the cache's length); got min {L.min()}, max {L.max()}")
-    return q, k, v, padding_mask(L, S)  # [B, S]
+        distance = (_query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(alibi_slopes.dtype)  # [T, S]: p_i - j, exact ints first
+        bias = -alibi_slopes[:, None, None] * distance  # [H, T, S]: -m_h (p_i - j)
+    return _grouped_query_attention(q, k, v, mask, bias, scale)
 
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
@@ -496,10 +368,254 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     causal mask is needed. L_b = 0 gives a zero row. The twin of accel's decode-attention kernel.
     """
     q, k, v, key_mask = check_decode_inputs(q, k, v, key_lengths)
+    _check_scale(q.shape[2], scale)
+    return _decode_attention(q, k, v, key_mask, scale)
+
+
+def _decode_attention(q, k, v, key_mask, scale) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
+    """decode_attention with no checks: inputs already validated (check_decode_inputs; scale None or a finite number)."""
     mask = None
     if key_mask is not None:
-        mask = key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
+        mask = _key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
         valid = key_mask[:, None, :, None]  # [B, 1, S, 1]
         k, v = np.where(valid, k, k.dtype.type(0)), np.where(valid, v, v.dtype.type(0))  # ignored entries zeroed
-    out = grouped_query_attention(q[:, :, None, :], k, v, mask, scale=scale)  # [B, H, 1, Dv]
+    out = _grouped_query_attention(q[:, :, None, :], k, v, mask, None, scale)  # [B, H, 1, Dv]
     return out[:, :, 0, :]
+
+
+# ----------------------------------------------------------------------------- checks at the door
+
+def _check_softmax(x, axis) -> np.ndarray:
+    x = as_float(x, "x")
+    if not is_int(axis) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
+    return x
+
+
+def _check_broadcasts_to(a: np.ndarray, name: str, shape: tuple, shape_str: str) -> None:
+    """Require `a` to broadcast to exactly `shape` (it may not enlarge it)."""
+    try:
+        ok = np.broadcast_shapes(a.shape, shape) == tuple(shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be broadcastable to {shape_str} = {tuple(shape)}; got shape {a.shape}")
+
+
+def _check_mask(mask, shape: tuple, shape_str: str) -> np.ndarray:
+    mask = check_bool_array(mask, "mask", what="boolean (True = may attend)",
+                            hint=". Pass additive float terms as bias=...")
+    _check_broadcasts_to(mask, "mask", shape, shape_str)
+    return mask
+
+
+def _check_bias(bias, shape: tuple, shape_str: str) -> np.ndarray:
+    bias = as_float(bias, "bias")
+    _check_broadcasts_to(bias, "bias", shape, shape_str)
+    return bias
+
+
+def _check_scale(D: int, scale) -> None:
+    """scale None (then D >= 1, for 1/sqrt(D)) or a finite real number."""
+    if scale is None:
+        if D < 1:
+            raise ValueError(f"q and k must have head dim D >= 1 for the default scale 1/sqrt(D); got D={D}")
+    else:
+        check_real(scale, "scale", what="a real number or None", finite=" (every weight would be NaN)")
+
+
+def _scale_for(D: int, scale, dtype) -> np.floating:
+    """The checked scale as a number of `dtype` (the accel kernels use this rule and its errors)."""
+    _check_scale(D, scale)
+    return _resolve_scale(D, scale, dtype)
+
+
+def _check_scaled_dot_product_attention(q, k, v, mask, bias, scale) -> tuple:  # -> (q, k, v, mask, bias)
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    for a, name, shape in ((q, "q", "[..., T, D]"), (k, "k", "[..., S, D]"), (v, "v", "[..., S, Dv]")):
+        check_ndim(a, name, 2, shape)
+    T, D = q.shape[-2:]
+    S = k.shape[-2]
+    if k.shape[-1] != D:
+        raise ValueError(f"k must have shape [..., S, D] with D={D} (q's last axis); got k {k.shape}, q {q.shape}")
+    if v.shape[-2] != S:
+        raise ValueError(f"v must have shape [..., S, Dv] with S={S} (k's key axis); got v {v.shape}, k {k.shape}")
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"the leading axes of q, k, v must broadcast together; got q {q.shape}, k {k.shape}, v {v.shape}") from None
+    _check_scale(D, scale)
+    if bias is not None:
+        bias = _check_bias(bias, (*batch, T, S), "[..., T, S]")
+    if mask is not None:
+        mask = _check_mask(mask, (*batch, T, S), "[..., T, S]")
+    return q, k, v, mask, bias
+
+
+def check_gqa_inputs(q, k, v):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> the same, as float arrays
+    """Check grouped-query attention inputs at the boundary: 4-D, B and D agree, H a multiple of K >= 1.
+
+    Returns q, k, v as floating arrays. The accel kernels call this too, so a bad shape gets the
+    same message from every backend.
+    """
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    _check_gqa_shapes(q, k, v)
+    return q, k, v
+
+
+def _check_gqa_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:  # float arrays already
+    for a, name, shape in ((q, "q", "[B, H, T, D]"), (k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
+        check_ndim(a, name, 4, shape, exact=True)
+    B, H, T, D = q.shape
+    _check_kv_heads(q.shape, "[B, H, T, D]", B, H, D, k.shape, v.shape)
+
+
+def _check_kv_heads(q_shape: tuple, q_form: str, B: int, H: int, D: int, k_shape: tuple, v_shape: tuple) -> None:
+    """k [B, K, S, D] and v [B, K, S, Dv] shapes (4-D already) against q's B, H, D; H a multiple of K >= 1.
+    q_shape / q_form: q's shape as the caller gave it and its letters, for the messages."""
+    _, K, S, _ = k_shape
+    if k_shape[0] != B or k_shape[3] != D:
+        raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q_shape}); got shape {k_shape}")
+    if v_shape[:3] != (B, K, S):
+        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k_shape}); got shape {v_shape}")
+    if K == 0 or H % K != 0:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
+                         f"(q {q_shape}, k {k_shape})")
+    if H == 0:
+        raise ValueError(f"q must have shape {q_form} with H >= 1 query heads; got shape {q_shape}")
+
+
+def _check_grouped_query_attention(q, k, v, mask, bias, scale) -> tuple:  # -> (q, k, v, mask, bias)
+    q, k, v = check_gqa_inputs(q, k, v)
+    return (q, k, v, *_check_gqa_mask_bias_scale(q.shape, k.shape[2], mask, bias, scale))
+
+
+def _check_gqa_mask_bias_scale(q_shape: tuple, S: int, mask, bias, scale) -> tuple:  # -> (mask, bias)
+    B, H, T, D = q_shape
+    if mask is not None:
+        mask = _check_mask(mask, (B, H, T, S), "[B, H, T, S]")
+    if bias is not None:
+        bias = _check_bias(bias, (B, H, T, S), "[B, H, T, S]")
+    _check_scale(D, scale)
+    return mask, bias
+
+
+def _check_multi_query_attention(q, k, v, mask, bias, scale) -> tuple:  # -> (q, k [B, S, D], v [B, S, Dv], mask, bias)
+    k, v = as_float(k, "k"), as_float(v, "v")
+    check_ndim(k, "k", 3, "[B, S, D] (one shared head)", exact=True)
+    check_ndim(v, "v", 3, "[B, S, Dv] (one shared head)", exact=True)
+    q = as_float(q, "q")
+    _check_gqa_shapes(q, k[:, None], v[:, None])
+    return (q, k, v, *_check_gqa_mask_bias_scale(q.shape, k.shape[1], mask, bias, scale))
+
+
+def _check_split_heads(x, n_head) -> tuple[np.ndarray, int]:
+    x = as_float(x, "x")
+    H = check_positive_int(n_head, "n_head")
+    if x.ndim < 2 or x.shape[-1] % H != 0:
+        raise ValueError(f"x must have shape [..., T, C] with C divisible by n_head={H}; got shape {x.shape}")
+    return x, H
+
+
+def _check_merge_heads(x) -> np.ndarray:
+    x = as_float(x, "x")
+    if x.ndim < 3:
+        raise ValueError(f"x must have shape [..., H, T, D]; got shape {x.shape}")
+    return x
+
+
+def _check_linear_params(p, name: str) -> None:
+    check_type(p, LinearParams, name, what="a LinearParams")
+
+
+def _divide(width: int, n: int, what: str) -> int:  # width = n * d -> d
+    if width % n != 0:
+        raise ValueError(f"{what}: width {width} is not a multiple of {n}")
+    return width // n
+
+
+def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale) -> tuple:  # -> (x, kv, H, K, mask, bias)
+    x = as_float(x, "x")
+    check_ndim(x, "x", 3, "[B, T, C]", exact=True)
+    H = check_positive_int(n_head, "n_head")
+    if isinstance(p, FusedQKVParams):
+        if kv is not None:
+            raise ValueError("kv= (cross-attention) needs separate projections: pass AttentionParams, "
+                             "a fused qkv projection reads a single sequence")
+        K = H if n_kv_head is None else check_positive_int(n_kv_head, "n_kv_head")
+        if x.shape[-1] != p.qkv.n_in:
+            raise ValueError(f"x must have shape [B, T, C] with C={p.qkv.n_in} (qkv.w is {p.qkv.w.shape}); got shape {x.shape}")
+        if p.qkv.n_out % (H + 2 * K) != 0:
+            raise ValueError(f"FusedQKVParams.qkv output width {p.qkv.n_out} must be (H + 2K)*D "
+                             f"with H={H}, K={K}; it is not a multiple of {H + 2 * K}")
+        D = p.qkv.n_out // (H + 2 * K)
+        S, v_width = x.shape[1], K * D
+    elif isinstance(p, AttentionParams):
+        src = x if kv is None else as_float(kv, "kv")
+        if src.ndim != 3 or src.shape[0] != x.shape[0]:
+            raise ValueError(f"kv must have shape [B, S, Ckv] with B={x.shape[0]}; got shape {src.shape}")
+        if x.shape[-1] != p.q.n_in:
+            raise ValueError(f"x must have shape [B, T, C] with C={p.q.n_in} (q.w is {p.q.w.shape}); got shape {x.shape}")
+        if src.shape[-1] != p.k.n_in:
+            raise ValueError(f"{'kv' if kv is not None else 'x'} must have shape [B, S, Ckv] with Ckv={p.k.n_in} "
+                             f"(k.w is {p.k.w.shape}); got shape {src.shape}")
+        D = _divide(p.q.n_out, H, f"AttentionParams.q output must be H*D wide with H=n_head={H}")
+        K = _divide(p.k.n_out, D, f"AttentionParams.k output must be K*D wide with D={D}")
+        if n_kv_head is not None and check_positive_int(n_kv_head, "n_kv_head") != K:
+            raise ValueError(f"n_kv_head={n_kv_head} but the k projection has width {p.k.n_out} = {K} heads of D={D}")
+        _divide(p.v.n_out, K, f"AttentionParams.v output must be K*Dv wide with K={K}")
+        kv = None if kv is None else src
+        S, v_width = src.shape[1], p.v.n_out
+    else:
+        raise TypeError(f"p must be AttentionParams or FusedQKVParams; got {type(p).__name__}")
+    if p.o.n_in != H * v_width // K:
+        raise ValueError(f"o must have input width H*Dv = {H * v_width // K}; got o.w {p.o.w.shape}")
+    B, T = x.shape[:2]  # the heads' shapes, as grouped_query_attention checks them
+    _check_kv_heads((B, H, T, D), "[B, H, T, D]", B, H, D, (B, K, S, D), (B, K, S, v_width // K))
+    return (x, kv, H, K, *_check_gqa_mask_bias_scale((B, H, T, D), S, mask, bias, scale))
+
+
+def _check_masked_attention(q, k, v, causal, window, n_sink, key_mask, alibi_slopes, scale) -> tuple:
+    """-> (q, k, v, causal, window, n_sink, key_mask [B, S] bool or None, slopes [H] in the result dtype or None)."""
+    q, k, v = check_gqa_inputs(q, k, v)  # 4-D, B and D agree, H a multiple of K
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
+    causal = check_bool(causal, "causal")
+    if window is not None:
+        window = check_positive_int(window, "window")
+    if n_sink > 0 and (window is None or not causal):
+        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
+                         f"sliding window); got window={window}, causal={causal}")
+    if key_mask is not None:
+        key_mask = _check_key_mask(key_mask)
+        check_shape(key_mask, "key_mask", (B, S), f"[B, S] = {(B, S)}")
+    if alibi_slopes is not None:
+        alibi_slopes = as_float(alibi_slopes, "alibi_slopes").astype(float_result_type(q, k, v), copy=False)
+        check_shape(alibi_slopes, "alibi_slopes", (H,), f"[H] = ({H},)")
+    if T and S and B:  # (no query, no key or no row: the result is zeros or empty, and the scale is unused)
+        _check_scale(D, scale)
+    return q, k, v, causal, window, n_sink, key_mask, alibi_slopes
+
+
+def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
+    """decode_attention's checks of q, k, v and key_lengths, in order (shared with the accel kernels).
+
+    Returns q, k and v as float arrays and the key mask j < L_b [B, S] (padding_mask's right
+    padding), or None when key_lengths is None. Messages name the arguments and shapes as given.
+    """
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    check_ndim(q, "q", 3, "[B, H, D] (one query per sequence)", exact=True)
+    for a, name, shape in ((k, "k", "[B, K, S, D]"), (v, "v", "[B, K, S, Dv]")):
+        check_ndim(a, name, 4, shape, exact=True)
+    B, H, D = q.shape
+    S = k.shape[2]
+    _check_kv_heads(q.shape, "[B, H, D]", B, H, D, k.shape, v.shape)
+    if key_lengths is None:
+        return q, k, v, None
+    L = check_int_array(key_lengths, "key_lengths", what="be integers of shape [B]")
+    check_shape(L, "key_lengths", (B,), f"[B] = ({B},)")
+    if B and (L.min() < 0 or L.max() > S):
+        raise ValueError(f"key_lengths must lie in 0 .. S={S} (the cache's length); got min {L.min()}, max {L.max()}")
+    return q, k, v, _padding_mask(L, S)  # [B, S]

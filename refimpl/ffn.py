@@ -7,6 +7,8 @@ Transformer", eqs. 5-6): SwiGLU (act = SiLU, as in LLaMA) and GeGLU (act = GELU)
 Activations: GELU (Hendrycks & Gimpel 2016) exactly, x * Phi(x), and in GPT-2's tanh
 approximation; ReLU; SiLU / Swish-1 (Elfwing et al. 2017; Ramachandran et al. 2017).
 Every function keeps its input's float dtype; constants are made in that dtype.
+Each public function checks its arguments once (the checks are the last section) and calls its
+body `_<name>`, the equation with no checks (inputs already validated), which callers that validated once use directly.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from ._checks import as_float, check_ndim
-from .linear import LinearParams, linear
+from ._checks import as_float, check_ndim, check_shape, check_type
+from .linear import LinearParams, _check_linear, _linear
 from .special import normal_cdf
 
 __all__ = [
@@ -47,15 +49,18 @@ def gelu_tanh(x) -> np.ndarray:  # [...] -> [...]
 
     The approximation GPT-2 uses ("gelu_new" in Hugging Face, approximate='tanh' in PyTorch).
     Shapes: any -> same shape and dtype.
-    Notes: float16 is computed in float32 and rounded once (in float16, 1 + tanh(u) cancels
-    for x < 0: -3.5 gave -8.5e-4 for -6.2e-4). The cubic is evaluated on x clamped to [-20, 20], where tanh has already
+    Notes: float16 is computed in float32 and rounded once (in float16 arithmetic, 1 + tanh(u)
+    cancels for x < 0). The cubic is evaluated on x clamped to [-20, 20], where tanh has already
     saturated to +-1, so |x| up to the dtype's max gives x (x > 0) or -0 (x < 0) with no
     overflow warning. gelu_tanh(x) - gelu_tanh(-x) = x exactly in real arithmetic (tanh is
     odd). Its largest gap to gelu_erf is 4.73e-4 in absolute value, at |x| = 2.70
     (measured in tests/test_ffn.py). x = -inf gives nan (-inf * 0), as in PyTorch.
     See also: gelu_erf; accel fused bias + GELU kernels (twin: gelu_tanh_bias).
     """
-    x = as_float(x, "x")
+    return _gelu_tanh(as_float(x, "x"))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:  # [...] -> [...]; no checks: x is a float array
     xw = x.astype(np.float32) if x.dtype == np.float16 else x  # float16 in float32: 1 + tanh(u) cancels for x < 0
     t = xw.dtype.type
     lim = t(_GELU_TANH_SATURATION)
@@ -71,12 +76,12 @@ def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
     Notes: the reference twin of accel's fused bias + GELU kernels.
     See also: gelu_tanh, ffn.
     """
-    x = as_float(x, "x")
-    b = as_float(b, "b")
-    check_ndim(x, "x", 1, "[..., F]")
-    if b.shape != (x.shape[-1],):
-        raise ValueError(f"b must have shape [F] with F={x.shape[-1]} (x's last axis); got shape {b.shape}")
-    return gelu_tanh(x + b)
+    return _gelu_tanh_bias(*_check_gelu_tanh_bias(x, b))
+
+
+def _gelu_tanh_bias(x: np.ndarray, b: np.ndarray) -> np.ndarray:  # [..., F], [F] -> [..., F]
+    """gelu_tanh(x + b) with no checks: inputs already validated (float arrays, b [F] matching x)."""
+    return _gelu_tanh(x + b)
 
 
 def gelu_erf(x) -> np.ndarray:  # [...] -> [...]
@@ -87,11 +92,13 @@ def gelu_erf(x) -> np.ndarray:  # [...] -> [...]
     Notes: Phi is evaluated as erfc(-x / sqrt 2) / 2 (refimpl.special, Cody 1969), which
     equals the (1 + erf) form but keeps the left tail: gelu_erf(-10) = -7.6e-23 here, where
     the (1 + erf) form (PyTorch's) cancels to -0. gelu_erf(x) - gelu_erf(-x) = x since
-    Phi(x) + Phi(-x) = 1. x = -inf gives nan (-inf * 0), x = +inf gives inf (PyTorch
-    2.13's exact F.gelu gives nan there).
+    Phi(x) + Phi(-x) = 1. x = -inf gives nan (-inf * 0), x = +inf gives inf.
     See also: gelu_tanh (the approximation), refimpl.special.normal_cdf.
     """
-    x = as_float(x, "x")
+    return _gelu_erf(as_float(x, "x"))
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:  # [...] -> [...]; no checks: x is a float array
     return x * normal_cdf(x)
 
 
@@ -100,7 +107,10 @@ def relu(x) -> np.ndarray:  # [...] -> [...]
 
     Shapes: any -> same shape and dtype. Notes: nan stays nan.
     """
-    x = as_float(x, "x")
+    return _relu(as_float(x, "x"))
+
+
+def _relu(x: np.ndarray) -> np.ndarray:  # [...] -> [...]; no checks: x is a float array
     return np.maximum(x, x.dtype.type(0))
 
 
@@ -111,7 +121,10 @@ def sigmoid(x) -> np.ndarray:  # [...] -> [...]
     Notes: evaluated with e = exp(-|x|) <= 1, as 1/(1+e) for x >= 0 and e/(1+e) for x < 0,
     so exp never overflows and sigma(-1e4) = 0, sigma(1e4) = 1 without warnings.
     """
-    x = as_float(x, "x")
+    return _sigmoid(as_float(x, "x"))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:  # [...] -> [...]; no checks: x is a float array
     one = x.dtype.type(1)
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, one, e) / (one + e)
@@ -124,13 +137,11 @@ def silu(x) -> np.ndarray:  # [...] -> [...]
     Notes: stable sigmoid (see `sigmoid`); silu(x) - silu(-x) = x since sigma(x) + sigma(-x) = 1.
     x = -inf gives nan (-inf * 0), as in PyTorch.
     """
-    x = as_float(x, "x")
-    return x * sigmoid(x)
+    return _silu(as_float(x, "x"))
 
 
-def _check_activation(activation) -> None:
-    if not callable(activation):
-        raise TypeError(f"activation must be a callable such as gelu_tanh; got {type(activation).__name__}")
+def _silu(x: np.ndarray) -> np.ndarray:  # [...] -> [...]; no checks: x is a float array
+    return x * _sigmoid(x)
 
 
 @dataclass(frozen=True)
@@ -145,8 +156,7 @@ class FFNParams:
 
     def __post_init__(self) -> None:
         for name in ("fc", "proj"):
-            if not isinstance(getattr(self, name), LinearParams):
-                raise TypeError(f"FFNParams.{name} must be LinearParams; got {type(getattr(self, name)).__name__}")
+            check_type(getattr(self, name), LinearParams, f"FFNParams.{name}")
         if self.fc.n_out != self.proj.n_in:
             raise ValueError(
                 f"FFNParams widths disagree: fc.w is [C, F] = {self.fc.w.shape} but proj.w must be "
@@ -161,11 +171,13 @@ def ffn(x, p: FFNParams, *, activation: Callable = gelu_tanh) -> np.ndarray:  # 
     promotion of x and the weights.
     See also: glu, swiglu, geglu.
     """
-    if not isinstance(p, FFNParams):
-        raise TypeError(f"p must be FFNParams; got {type(p).__name__}")
-    _check_activation(activation)
-    h = activation(linear(x, p.fc))  # [..., F]
-    return linear(h, p.proj)  # [..., C]
+    return _ffn(_check_ffn(x, p, FFNParams, activation), p, activation)
+
+
+def _ffn(x: np.ndarray, p: FFNParams, activation: Callable) -> np.ndarray:  # [..., C] -> [..., C]
+    """act(x W1 + b1) W2 + b2 with no checks: inputs already validated (x [..., C] float, C = p.fc's input)."""
+    h = activation(_linear(x, p.fc.w, p.fc.b))  # [..., F]
+    return _linear(h, p.proj.w, p.proj.b)  # [..., C]
 
 
 @dataclass(frozen=True)
@@ -178,8 +190,7 @@ class GLUParams:
 
     def __post_init__(self) -> None:
         for name in ("gate", "up", "down"):
-            if not isinstance(getattr(self, name), LinearParams):
-                raise TypeError(f"GLUParams.{name} must be LinearParams; got {type(getattr(self, name)).__name__}")
+            check_type(getattr(self, name), LinearParams, f"GLUParams.{name}")
         if self.gate.w.shape != self.up.w.shape:
             raise ValueError(
                 f"GLUParams.gate.w and GLUParams.up.w must both be [C, F]; got {self.gate.w.shape} "
@@ -197,11 +208,13 @@ def glu(x, p: GLUParams, *, activation: Callable) -> np.ndarray:  # [..., C] -> 
     Notes: * is the elementwise product; biases are used if present (Shazeer's have none).
     See also: swiglu, geglu, ffn.
     """
-    if not isinstance(p, GLUParams):
-        raise TypeError(f"p must be GLUParams; got {type(p).__name__}")
-    _check_activation(activation)
-    h = activation(linear(x, p.gate)) * linear(x, p.up)  # [..., F]
-    return linear(h, p.down)  # [..., C]
+    return _glu(_check_ffn(x, p, GLUParams, activation), p, activation)
+
+
+def _glu(x: np.ndarray, p: GLUParams, activation: Callable) -> np.ndarray:  # [..., C] -> [..., C]
+    """(act(x W_gate) * (x W_up)) W_down with no checks: inputs already validated (x [..., C] float)."""
+    h = activation(_linear(x, p.gate.w, p.gate.b)) * _linear(x, p.up.w, p.up.b)  # [..., F]
+    return _linear(h, p.down.w, p.down.b)  # [..., C]
 
 
 def swiglu(x, p: GLUParams) -> np.ndarray:  # [..., C] -> [..., C]
@@ -210,7 +223,11 @@ def swiglu(x, p: GLUParams) -> np.ndarray:  # [..., C] -> [..., C]
     Shapes: x [..., C], p.gate.w / p.up.w [C, F], p.down.w [F, C] -> [..., C].
     See also: glu, geglu.
     """
-    return glu(x, p, activation=silu)
+    return _swiglu(_check_ffn(x, p, GLUParams, silu), p)
+
+
+def _swiglu(x: np.ndarray, p: GLUParams) -> np.ndarray:  # [..., C] -> [..., C]; no checks: inputs already validated
+    return _glu(x, p, _silu)
 
 
 def geglu(x, p: GLUParams, *, gelu: Callable = gelu_erf) -> np.ndarray:  # [..., C] -> [..., C]
@@ -221,4 +238,29 @@ def geglu(x, p: GLUParams, *, gelu: Callable = gelu_erf) -> np.ndarray:  # [...,
     models trained with the approximation (T5 v1.1's "gated-gelu", Gemma).
     See also: glu, swiglu.
     """
-    return glu(x, p, activation=gelu)
+    return _geglu(_check_ffn(x, p, GLUParams, gelu), p, gelu)
+
+
+def _geglu(x: np.ndarray, p: GLUParams, gelu: Callable) -> np.ndarray:  # [..., C] -> [..., C]; no checks: inputs already validated
+    return _glu(x, p, gelu)
+
+
+# ----------------------------------------------------------------------------- checks at the door
+
+def _check_gelu_tanh_bias(x, b) -> tuple[np.ndarray, np.ndarray]:
+    x = as_float(x, "x")
+    b = as_float(b, "b")
+    check_ndim(x, "x", 1, "[..., F]")
+    check_shape(b, "b", (x.shape[-1],), f"[F] with F={x.shape[-1]} (x's last axis)")
+    return x, b
+
+
+def _check_activation(activation) -> None:
+    if not callable(activation):
+        raise TypeError(f"activation must be a callable such as gelu_tanh; got {type(activation).__name__}")
+
+
+def _check_ffn(x, p, params_type, activation) -> np.ndarray:  # -> x as a float array [..., C]
+    check_type(p, params_type, "p")
+    _check_activation(activation)
+    return _check_linear(x, p.fc if params_type is FFNParams else p.gate)

@@ -2,6 +2,8 @@
 
 Layout is [in, out] (as GPT-2's Conv1D), so the code reads as the equation x @ w + b.
 A PyTorch nn.Linear weight is [out, in]: pass `weight.T`.
+`linear` checks its arguments once and calls `_linear(x, w, b)`, the equation with no checks,
+which callers that already validated their inputs (attention, FFN) use directly.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float, check_ndim
+from ._checks import as_float, check_axis, check_ndim, check_shape, check_type
 
 __all__ = ["LinearParams", "linear"]
 
@@ -27,13 +29,11 @@ class LinearParams:
         # works and a complex / object one fails here, naming the field.
         w = as_float(self.w, "LinearParams.w")
         object.__setattr__(self, "w", w)
-        if w.ndim != 2:
-            raise ValueError(f"LinearParams.w must have shape [in, out]; got shape {w.shape}")
+        check_ndim(w, "LinearParams.w", 2, "[in, out]", exact=True)
         if self.b is not None:
             b = as_float(self.b, "LinearParams.b")
             object.__setattr__(self, "b", b)
-            if b.shape != (w.shape[1],):
-                raise ValueError(f"LinearParams.b must have shape [out] = [{w.shape[1]}]; got shape {b.shape}")
+            check_shape(b, "LinearParams.b", (w.shape[1],), f"[out] = [{w.shape[1]}]")
 
     @property
     def n_in(self) -> int:
@@ -51,13 +51,23 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
     Notes: dtype follows NumPy promotion of x and w (float32 weights and float32 x give
     float32); the bias is added in that dtype.
     """
-    if not isinstance(p, LinearParams):
-        raise TypeError(f"p must be LinearParams (w [in, out], b [out] or None); got {type(p).__name__}")
+    x = _check_linear(x, p)
+    return _linear(x, p.w, p.b)
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:  # [..., in], [in, out], [out] | None -> [..., out]
+    """y = x w + b with no checks: inputs already validated (float arrays, x's last axis = w's first)."""
+    y = x @ w
+    if b is not None:
+        y += b
+    return y
+
+
+# ----------------------------------------------------------------------------- checks at the door
+
+def _check_linear(x, p) -> np.ndarray:  # -> x as a float array [..., in]
+    check_type(p, LinearParams, "p", what="LinearParams (w [in, out], b [out] or None)")
     x = as_float(x, "x")
     check_ndim(x, "x", 1, "[..., in]")
-    if x.shape[-1] != p.n_in:
-        raise ValueError(f"x must have shape [..., in] with in={p.n_in}; got shape {x.shape}")
-    y = x @ p.w
-    if p.b is not None:
-        y += p.b
-    return y
+    check_axis(x, "x", -1, p.n_in, "[..., in]", "in")
+    return x

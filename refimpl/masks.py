@@ -14,13 +14,17 @@ Conventions shared by every function here (and by `refimpl.attention`):
   is the [B, 1, T, S] mask for [B, H, T, S] scores.
 
 Every docstring states the exact set of keys j that query i sees, written with p = p_i.
+
+Each public function checks its arguments once (`_check_<name>`, in the last section) and then
+calls its body `_<name>`: the equation and nothing else. The bodies make no checks (their inputs are already
+validated); refimpl.attention and refimpl.positional call them directly.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_bool, check_positive_int
+from ._checks import check_bool, check_bool_array, check_choice, check_int_array, check_ndim, check_positive_int
 
 __all__ = [
     "query_positions",
@@ -35,11 +39,7 @@ __all__ = [
 ]
 
 
-def _check_TS(T, S) -> tuple[int, int]:
-    T = check_positive_int(T, "T (number of queries)", allow_zero=True)  # (empty masks are valid: T = 0, S = 0)
-    S = T if S is None else check_positive_int(S, "S (number of keys)", allow_zero=True)
-    return T, S
-
+# ----------------------------------------------------------------------------- the masks
 
 def query_positions(T: int, S: int | None = None) -> np.ndarray:  # -> [T]
     """p_i = S - T + i: the absolute position of query i when T queries end at key S - 1.
@@ -49,13 +49,15 @@ def query_positions(T: int, S: int | None = None) -> np.ndarray:  # -> [T]
     the ALiBi bias of `refimpl.attention.masked_attention` and the [H, T, S] biases of
     `refimpl.positional` (alibi_bias, relative_position_bias) use it. T > S is allowed.
     """
-    T, S = _check_TS(T, S)
+    return _query_positions(*_check_TS(T, S))
+
+
+def _query_positions(T: int, S: int) -> np.ndarray:  # -> [T]; no checks: inputs already validated
     return np.arange(T) + (S - T)
 
 
-def _grid(T: int, S: int | None) -> tuple[np.ndarray, np.ndarray]:  # -> p [T, 1], j [1, S]
-    T, S = _check_TS(T, S)
-    p = query_positions(T, S)[:, None]  # [T, 1]
+def _grid(T: int, S: int) -> tuple[np.ndarray, np.ndarray]:  # -> p [T, 1], j [1, S]
+    p = _query_positions(T, S)[:, None]  # [T, 1]
     j = np.arange(S)[None, :]  # [1, S]
     return p, j
 
@@ -67,6 +69,10 @@ def causal_mask(T: int, S: int | None = None) -> np.ndarray:  # -> [T, S] bool
     Notes: query i sees keys 0 .. S - T + i. With T = 1 (one decoded token) every key is visible.
     See also: `refimpl.attention.masked_attention(causal=True)`.
     """
+    return _causal_mask(*_check_TS(T, S))
+
+
+def _causal_mask(T: int, S: int) -> np.ndarray:  # -> [T, S] bool; no checks: inputs already validated
     p, j = _grid(T, S)
     return j <= p
 
@@ -80,16 +86,11 @@ def padding_mask(lengths, S: int, *, side: str = "right") -> np.ndarray:  # [B] 
     `key_mask_to_attention_mask` (or `mask[:, None, None, :]`) to apply it to [B, H, T, S] scores.
     A sequence with L_b = 0 masks every key: its attention rows become zeros.
     """
-    S = check_positive_int(S, "S (number of keys)", allow_zero=True)
-    if side not in ("right", "left"):
-        raise ValueError(f"side must be 'right' or 'left'; got {side!r}")
-    L = np.asarray(lengths)
-    if L.dtype.kind not in "iu" or L.dtype == np.bool_:
-        raise TypeError(f"lengths must be integers of shape [B]; got dtype {L.dtype}")
-    if L.ndim != 1:
-        raise ValueError(f"lengths must have shape [B]; got shape {L.shape}")
-    if L.size and (L.min() < 0 or L.max() > S):
-        raise ValueError(f"lengths must lie in 0 .. S={S}; got min {L.min()}, max {L.max()}")
+    return _padding_mask(*_check_padding_mask(lengths, S, side))
+
+
+def _padding_mask(lengths: np.ndarray, S: int, side: str = "right") -> np.ndarray:  # [B] -> [B, S] bool; no checks
+    L = lengths
     j = np.arange(S)[None, :]  # [1, S]
     L = L[:, None]  # [B, 1]
     return j < L if side == "right" else j >= S - L
@@ -106,8 +107,10 @@ def local_window_mask(T: int, S: int | None = None, *, window: int, causal: bool
     2w - 1 keys in all (away from the edges).
     See also: `sink_window_mask` (window plus the first tokens), `masked_attention(window=...)`.
     """
-    window = check_positive_int(window, "window")
-    causal = check_bool(causal, "causal")
+    return _local_window_mask(*_check_local_window_mask(T, S, window, causal))
+
+
+def _local_window_mask(T: int, S: int, window: int, causal: bool) -> np.ndarray:  # -> [T, S] bool; no checks
     p, j = _grid(T, S)
     if causal:
         return (j <= p) & (p - j < window)
@@ -124,9 +127,10 @@ def strided_mask(T: int, S: int | None = None, *, stride: int, part: str = "both
     the set a merged head attends to. Key p - l lies in both parts, so the union does not
     depend on whether A1 counts it. Both parts are causal (j <= p).
     """
-    stride = check_positive_int(stride, "stride")
-    if part not in ("both", "local", "strided"):
-        raise ValueError(f"part must be 'both', 'local' or 'strided'; got {part!r}")
+    return _strided_mask(*_check_strided_mask(T, S, stride, part))
+
+
+def _strided_mask(T: int, S: int, stride: int, part: str) -> np.ndarray:  # -> [T, S] bool; no checks
     p, j = _grid(T, S)
     past = j <= p
     local = past & (p - j <= stride)
@@ -144,12 +148,10 @@ def fixed_mask(T: int, S: int | None = None, *, block: int, summary: int, part: 
     are counted in absolute key positions: block b holds keys b*l .. b*l + l - 1. Both parts
     are causal (j <= p), as in the paper's autoregressive use.
     """
-    block = check_positive_int(block, "block")
-    summary = check_positive_int(summary, "summary")
-    if summary > block:
-        raise ValueError(f"summary must be <= block (c <= l); got summary={summary}, block={block}")
-    if part not in ("both", "block", "summary"):
-        raise ValueError(f"part must be 'both', 'block' or 'summary'; got {part!r}")
+    return _fixed_mask(*_check_fixed_mask(T, S, block, summary, part))
+
+
+def _fixed_mask(T: int, S: int, block: int, summary: int, part: str) -> np.ndarray:  # -> [T, S] bool; no checks
     p, j = _grid(T, S)
     past = j <= p
     same_block = past & (j // block == p // block)
@@ -167,8 +169,10 @@ def sink_window_mask(T: int, S: int | None = None, *, n_sink: int, window: int) 
     absolute key positions; StreamingLLM's re-indexing of positions inside the cache is a
     matter for the positional encoding, not for the mask.
     """
-    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
-    window = check_positive_int(window, "window")
+    return _sink_window_mask(*_check_sink_window_mask(T, S, n_sink, window))
+
+
+def _sink_window_mask(T: int, S: int, n_sink: int, window: int) -> np.ndarray:  # -> [T, S] bool; no checks
     p, j = _grid(T, S)
     return (j <= p) & ((j < n_sink) | (p - j < window))
 
@@ -182,22 +186,14 @@ def combine_masks(*masks) -> np.ndarray | None:  # [...] x n -> broadcast shape
     Example: combine_masks(causal_mask(T, S), key_mask_to_attention_mask(lengths_mask))
     gives a [B, 1, T, S] mask for [B, H, T, S] scores.
     """
-    arrays = []
-    for n, m in enumerate(masks):
-        if m is None:
-            continue
-        m = np.asarray(m)
-        if m.dtype != np.bool_:
-            raise TypeError(f"combine_masks: mask #{n} must be boolean (True = may attend); got dtype {m.dtype}")
-        arrays.append(m)
+    return _combine_masks(*_check_combine_masks(masks))
+
+
+def _combine_masks(*masks: np.ndarray | None) -> np.ndarray | None:  # bool arrays broadcasting together -> their AND; no checks
+    arrays = [m for m in masks if m is not None]
     if not arrays:
         return None
-    try:
-        shape = np.broadcast_shapes(*(m.shape for m in arrays))
-    except ValueError:
-        shapes = ", ".join(str(m.shape) for m in arrays)
-        raise ValueError(f"combine_masks: mask shapes do not broadcast together: {shapes}") from None
-    out = np.ones(shape, dtype=bool)
+    out = np.ones(np.broadcast_shapes(*(m.shape for m in arrays)), dtype=bool)
     for m in arrays:
         out &= m
     return out
@@ -209,9 +205,70 @@ def key_mask_to_attention_mask(key_mask) -> np.ndarray:  # [B, S] -> [B, 1, 1, S
     Shapes: key_mask [B, S] bool -> [B, 1, 1, S] bool (a view), broadcastable to [B, H, T, S].
     Notes: the same as key_mask[:, None, None, :].
     """
-    key_mask = np.asarray(key_mask)
-    if key_mask.dtype != np.bool_:
-        raise TypeError(f"key_mask must be boolean of shape [B, S] (True = real token); got dtype {key_mask.dtype}")
-    if key_mask.ndim != 2:
-        raise ValueError(f"key_mask must have shape [B, S]; got shape {key_mask.shape}")
+    return _key_mask_to_attention_mask(_check_key_mask(key_mask))
+
+
+def _key_mask_to_attention_mask(key_mask: np.ndarray) -> np.ndarray:  # [B, S] bool -> [B, 1, 1, S] view; no checks
     return key_mask[:, None, None, :]
+
+
+# ----------------------------------------------------------------------------- checks at the door
+
+def _check_TS(T, S) -> tuple[int, int]:
+    T = check_positive_int(T, "T (number of queries)", allow_zero=True)  # (empty masks are valid: T = 0, S = 0)
+    S = T if S is None else check_positive_int(S, "S (number of keys)", allow_zero=True)
+    return T, S
+
+
+def _check_local_window_mask(T, S, window, causal) -> tuple[int, int, int, bool]:
+    window = check_positive_int(window, "window")
+    causal = check_bool(causal, "causal")
+    return (*_check_TS(T, S), window, causal)
+
+
+def _check_padding_mask(lengths, S, side) -> tuple[np.ndarray, int, str]:
+    S = check_positive_int(S, "S (number of keys)", allow_zero=True)
+    check_choice(side, "side", ("right", "left"))
+    L = check_int_array(lengths, "lengths", what="be integers of shape [B]")
+    check_ndim(L, "lengths", 1, "[B]", exact=True)
+    if L.size and (L.min() < 0 or L.max() > S):
+        raise ValueError(f"lengths must lie in 0 .. S={S}; got min {L.min()}, max {L.max()}")
+    return L, S, side
+
+
+def _check_strided_mask(T, S, stride, part) -> tuple[int, int, int, str]:
+    stride = check_positive_int(stride, "stride")
+    check_choice(part, "part", ("both", "local", "strided"))
+    return (*_check_TS(T, S), stride, part)
+
+
+def _check_fixed_mask(T, S, block, summary, part) -> tuple[int, int, int, int, str]:
+    block = check_positive_int(block, "block")
+    summary = check_positive_int(summary, "summary")
+    if summary > block:
+        raise ValueError(f"summary must be <= block (c <= l); got summary={summary}, block={block}")
+    check_choice(part, "part", ("both", "block", "summary"))
+    return (*_check_TS(T, S), block, summary, part)
+
+
+def _check_sink_window_mask(T, S, n_sink, window) -> tuple[int, int, int, int]:
+    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
+    window = check_positive_int(window, "window")
+    return (*_check_TS(T, S), n_sink, window)
+
+
+def _check_combine_masks(masks) -> list[np.ndarray]:
+    arrays = [check_bool_array(m, f"combine_masks: mask #{n}", what="boolean (True = may attend)")
+              for n, m in enumerate(masks) if m is not None]
+    try:
+        np.broadcast_shapes(*(m.shape for m in arrays))
+    except ValueError:
+        shapes = ", ".join(str(m.shape) for m in arrays)
+        raise ValueError(f"combine_masks: mask shapes do not broadcast together: {shapes}") from None
+    return arrays
+
+
+def _check_key_mask(key_mask) -> np.ndarray:
+    key_mask = check_bool_array(key_mask, "key_mask", what="boolean of shape [B, S] (True = real token)")
+    check_ndim(key_mask, "key_mask", 2, "[B, S]", exact=True)
+    return key_mask

@@ -5,39 +5,18 @@ RMSNorm(x)   = x / sqrt(mean(x^2) + eps) * gamma                   (Zhang & Senn
 
 Both act on the last axis (the model width C) of x [..., C] independently for every
 position, with per-feature gain gamma [C] (and bias beta [C] for LayerNorm).
+
+`layer_norm` and `rms_norm` check their arguments once (the last section) and call `_layer_norm` / `_rms_norm`,
+the equations with no checks, which callers that validated once (a model's forward) use directly.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ._checks import as_float, check_ndim
+from ._checks import as_float, check_ndim, check_positive_real, check_shape
 
 __all__ = ["layer_norm", "rms_norm"]
-
-
-def _check_eps(eps) -> float:
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
-        raise TypeError(f"eps must be a real number; got {type(eps).__name__} {eps!r}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0; got {eps!r}")
-    return float(eps)
-
-
-def _check_width(x: np.ndarray) -> int:
-    check_ndim(x, "x", 1, "[..., C]")
-    if x.shape[-1] == 0:
-        raise ValueError(f"x must have shape [..., C] with C >= 1 (the mean over C features); got shape {x.shape}")
-    return x.shape[-1]
-
-
-def _check_feature_vector(v, name: str, C: int) -> np.ndarray:  # [C]
-    v = as_float(v, name)
-    if v.shape != (C,):
-        raise ValueError(f"{name} must have shape [C] with C={C} (x's last axis); got shape {v.shape}")
-    return v
 
 
 def _working_dtype(*arrays: np.ndarray) -> np.dtype:
@@ -57,11 +36,11 @@ def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] 
     eps = 0 is allowed (a constant row then gives nan, 0/0).
     See also: rms_norm; accel layer-norm kernels.
     """
-    x = as_float(x, "x")
-    C = _check_width(x)
-    gamma = _check_feature_vector(gamma, "gamma", C)
-    beta = _check_feature_vector(beta, "beta", C)
-    eps = _check_eps(eps)
+    return _layer_norm(*_check_layer_norm(x, gamma, beta, eps))
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:  # [..., C], [C], [C] -> [..., C]
+    """LayerNorm with no checks: inputs already validated (float arrays, C >= 1, eps a finite float >= 0)."""
     out_dtype = np.result_type(x, gamma, beta)
     w = _working_dtype(x, gamma, beta)
     xw = x.astype(w, copy=False)
@@ -81,13 +60,44 @@ def rms_norm(x, gamma, *, eps: float = 1e-6) -> np.ndarray:  # [..., C] -> [...,
     inside the square root, as in PyTorch's nn.RMSNorm and LLaMA.
     See also: layer_norm.
     """
-    x = as_float(x, "x")
-    C = _check_width(x)
-    gamma = _check_feature_vector(gamma, "gamma", C)
-    eps = _check_eps(eps)
+    return _rms_norm(*_check_rms_norm(x, gamma, eps))
+
+
+def _rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:  # [..., C], [C] -> [..., C]
+    """RMSNorm with no checks: inputs already validated (float arrays, C >= 1, eps a finite float >= 0)."""
     out_dtype = np.result_type(x, gamma)
     w = _working_dtype(x, gamma)
     xw = x.astype(w, copy=False)
     ms = np.mean(xw * xw, axis=-1, keepdims=True)  # [..., 1]
     y = xw / np.sqrt(ms + w.type(eps))
     return (y * gamma.astype(w, copy=False)).astype(out_dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- checks at the door
+
+def _check_eps(eps) -> float:
+    return check_positive_real(eps, "eps", allow_zero=True)
+
+
+def _check_width(x: np.ndarray) -> int:
+    check_ndim(x, "x", 1, "[..., C]")
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must have shape [..., C] with C >= 1 (the mean over C features); got shape {x.shape}")
+    return x.shape[-1]
+
+
+def _check_feature_vector(v, name: str, C: int) -> np.ndarray:  # [C]
+    v = as_float(v, name)
+    check_shape(v, name, (C,), f"[C] with C={C} (x's last axis)")
+    return v
+
+
+def _check_layer_norm(x, gamma, beta, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    x = as_float(x, "x")
+    C = _check_width(x)
+    return x, _check_feature_vector(gamma, "gamma", C), _check_feature_vector(beta, "beta", C), _check_eps(eps)
+
+
+def _check_rms_norm(x, gamma, eps) -> tuple[np.ndarray, np.ndarray, float]:
+    x = as_float(x, "x")
+    return x, _check_feature_vector(gamma, "gamma", _check_width(x)), _check_eps(eps)

@@ -15,14 +15,18 @@ causal mask they see no key at all).
 
 Shapes use the glossary of README.md ("Using it"): B batch, T queries, S keys, C model width, H heads,
 D head dim; P is the number of positions in a table.
+
+Each public function checks its arguments once (the checks are the last section) and calls its
+body `_<name>`, the equation with no checks (inputs already validated), which callers that validated once use directly.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float, check_bool, check_ndim, check_positive_int
-from .masks import query_positions
+from ._checks import (as_float, check_bool, check_float_dtype, check_int_array, check_ndim, check_positive_int,
+                      check_positive_real, check_real, is_int)
+from .masks import _check_TS, _query_positions
 
 __all__ = [
     "sinusoidal_encoding",
@@ -42,40 +46,10 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- helpers
 
-def _float_dtype(dtype, name: str) -> np.dtype:
-    """`dtype` as a NumPy floating dtype, or a TypeError naming `name`."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"{name} must be a floating-point dtype; got {dtype!r}") from e
-    if dt.kind != "f":
-        raise TypeError(f"{name} must be a floating-point dtype (float16/32/64); got {dt}")
-    return dt
-
-
-def _positive_float(value, name: str) -> float:
-    """A finite real number > 0, or a ValueError naming `name`."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be a real number; got {value!r}") from e
-    if not np.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be finite and > 0; got {value!r}")
-    return v
-
-
-def _integer_array(x, name: str) -> np.ndarray:
-    """`x` as an integer array (bool refused), or a TypeError naming `name`."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers; got dtype {arr.dtype}")
-    return arr.astype(np.int64)
-
-
-def _relative_offsets(T, S) -> np.ndarray:  # -> [T, S] int64
-    """key_pos - query_pos with query i at S - T + i and key j at j (S defaults to T; T > S allowed)."""
-    query_pos = query_positions(T, S)  # [T]  validates T, S > 0
-    key_pos = np.arange(T if S is None else S)  # [S]
+def _relative_offsets(T: int, S: int) -> np.ndarray:  # -> [T, S] int64; no checks
+    """key_pos - query_pos with query i at S - T + i and key j at j (T > S allowed)."""
+    query_pos = _query_positions(T, S)  # [T]
+    key_pos = np.arange(S)  # [S]
     return key_pos[None, :] - query_pos[:, None]  # [T, S]
 
 
@@ -94,10 +68,10 @@ def sinusoidal_encoding(n_positions, d, *, base=10000.0, dtype=np.float64) -> np
     - Angles are computed in float64 and the result is cast once to `dtype`.
     See also: sinusoidal_shift_matrix (PE(p+k) = M_k PE(p)).
     """
-    P = check_positive_int(n_positions, "n_positions", allow_zero=True)
-    d = check_positive_int(d, "d")
-    base = _positive_float(base, "base")
-    dt = _float_dtype(dtype, "dtype")
+    return _sinusoidal_encoding(*_check_sinusoidal_encoding(n_positions, d, base, dtype))
+
+
+def _sinusoidal_encoding(P: int, d: int, base: float, dt: np.dtype) -> np.ndarray:  # -> [P, d]; no checks
     j = np.arange(d)  # [d]
     w = base ** (-(2 * (j // 2)) / d)  # [d]  frequency of dimension j
     angles = np.arange(P)[:, None] * w[None, :]  # [P, d]
@@ -118,14 +92,10 @@ def sinusoidal_shift_matrix(k, d, *, base=10000.0, dtype=np.float64) -> np.ndarr
     Notes: d must be even (an odd d leaves a lone sine with no partner, not a linear
     function of PE(p)). k may be any real offset, including negative.
     """
-    d = check_positive_int(d, "d")
-    if d % 2:
-        raise ValueError(f"d must be even for the block rotation (pairs of sin/cos dims); got d={d}")
-    base = _positive_float(base, "base")
-    dt = _float_dtype(dtype, "dtype")
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, float, np.integer, np.floating)):
-        raise TypeError(f"k must be a real number (the position offset); got {type(k).__name__} {k!r}")
-    k = float(k)
+    return _sinusoidal_shift_matrix(*_check_sinusoidal_shift_matrix(k, d, base, dtype))
+
+
+def _sinusoidal_shift_matrix(k: float, d: int, base: float, dt: np.dtype) -> np.ndarray:  # -> [d, d]; no checks
     w = base ** (-(2 * np.arange(d // 2)) / d)  # [d/2]
     c, s = np.cos(k * w), np.sin(k * w)  # [d/2]
     m = np.zeros((d, d))
@@ -147,18 +117,11 @@ def learned_positional_embedding(table, positions) -> np.ndarray:  # [P, C], [..
     never NumPy's negative wrap-around.
     See also: positions_from_attention_mask (position ids under padding).
     """
-    table = as_float(table, "table")
-    if table.ndim != 2:
-        raise ValueError(f"table must have shape [P, C]; got shape {table.shape}")
-    pos = _integer_array(positions, "positions")
-    check_ndim(pos, "positions", 1, "[..., T]")
-    P = table.shape[0]
-    if pos.size and (pos.min() < 0 or pos.max() >= P):
-        bad = pos[(pos < 0) | (pos >= P)]
-        raise ValueError(
-            f"positions must lie in [0, {P}) for a table of P={P} rows; got values "
-            f"{np.unique(bad)[:8].tolist()} (min {pos.min()}, max {pos.max()})")
-    return table[pos]  # [..., T, C]
+    return _learned_positional_embedding(*_check_learned_positional_embedding(table, positions))
+
+
+def _learned_positional_embedding(table: np.ndarray, positions: np.ndarray) -> np.ndarray:  # [P, C], [..., T] -> [..., T, C]; no checks
+    return table[positions]  # [..., T, C]
 
 
 def positions_from_attention_mask(mask, *, pad_position=0) -> np.ndarray:  # [B, S] -> [B, S] int64
@@ -174,18 +137,10 @@ def positions_from_attention_mask(mask, *, pad_position=0) -> np.ndarray:  # [B,
       table index. Default 0 as transformers 5.x generation and BLOOM; transformers 4.x
       GPT-2 used 1. Choose with `pad_position`.
     """
-    m = np.asarray(mask)
-    if m.dtype.kind == "b":
-        m = m.astype(np.int64)
-    elif m.dtype.kind in "iu":
-        if m.size and not np.isin(m, (0, 1)).all():
-            raise ValueError(f"mask must hold only 0/1 (or booleans); got values {np.unique(m)[:8].tolist()}")
-        m = m.astype(np.int64)
-    else:
-        raise TypeError(f"mask must be boolean or 0/1 integers; got dtype {m.dtype}")
-    if m.ndim != 2:
-        raise ValueError(f"mask must have shape [B, S]; got shape {m.shape}")
-    pad_position = check_positive_int(pad_position, "pad_position", allow_zero=True)
+    return _positions_from_attention_mask(*_check_positions_from_attention_mask(mask, pad_position))
+
+
+def _positions_from_attention_mask(m: np.ndarray, pad_position: int) -> np.ndarray:  # [B, S] int64 0/1 -> [B, S] int64; no checks
     pos = np.cumsum(m, axis=-1) - 1  # [B, S]
     return np.where(m == 1, pos, pad_position)
 
@@ -199,10 +154,11 @@ def rope_frequencies(d, *, theta=10000.0) -> np.ndarray:  # -> [d/2] float64
     Notes: d is the number of rotated dimensions (the head dim D, or `rotary_dim` for
     partial rotary) and must be even. Pair i turns by angle p * w_i at position p.
     """
-    d = check_positive_int(d, "d")
-    if d % 2:
-        raise ValueError(f"d must be even (RoPE rotates pairs of dimensions); got d={d}")
-    theta = _positive_float(theta, "theta")
+    d = _check_even(d, "(RoPE rotates pairs of dimensions)")
+    return _rope_frequencies(d, check_positive_real(theta, "theta"))
+
+
+def _rope_frequencies(d: int, theta: float) -> np.ndarray:  # -> [d/2] float64; no checks
     return theta ** (-(2 * np.arange(d // 2)) / d)
 
 
@@ -219,43 +175,11 @@ def rope_pair_permutation(d) -> np.ndarray:  # -> [d] int64
     output rows of W_q and W_k (Meta's interleaved checkpoint -> HF half-split), since
     q_hf = P q_meta gives rope_half(q_hf) = P rope_interleaved(q_meta).
     """
-    d = check_positive_int(d, "d")
-    if d % 2:
-        raise ValueError(f"d must be even (RoPE pairs dimensions); got d={d}")
+    return _rope_pair_permutation(_check_even(d, "(RoPE pairs dimensions)"))
+
+
+def _rope_pair_permutation(d: int) -> np.ndarray:  # -> [d] int64; no checks
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
-
-
-def check_rope_inputs(x, positions, *, interleaved, rotary_dim):  # [..., T, D], [..., T] -> (x, positions, bool, R)
-    """apply_rope's argument checks, in order (shared with the accel kernels, so they raise the same errors).
-
-    Returns x as a float array, positions as an array (integers or floats, [T] or [..., T]
-    broadcasting to x's leading axes), interleaved as a bool and the rotary width R (even, <= D).
-    """
-    x = as_float(x, "x")
-    check_ndim(x, "x", 2, "[..., T, D]")
-    T, D = x.shape[-2], x.shape[-1]
-    interleaved = check_bool(interleaved, "interleaved")
-    if D == 0:
-        raise ValueError(f"x must have a head dim D >= 2 (RoPE rotates pairs); got shape {x.shape} with D=0")
-    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
-    if rotary_dim is None and D % 2:
-        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
-    if R % 2 or R > D:
-        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
-    pos = np.asarray(positions)
-    if pos.dtype.kind not in "iuf":
-        raise TypeError(f"positions must be integers or floats; got dtype {pos.dtype}")
-    if pos.ndim < 1 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
-                         f"got shape {pos.shape}")
-    try:
-        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
-    except ValueError:
-        lead = None
-    if lead != x.shape[:-2]:
-        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
-                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
-    return x, pos, interleaved, R
 
 
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
@@ -284,7 +208,12 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     See also: rope_frequencies, rope_pair_permutation.
     """
     x, pos, interleaved, R = check_rope_inputs(x, positions, interleaved=interleaved, rotary_dim=rotary_dim)
-    angles = pos.astype(np.float64)[..., None] * rope_frequencies(R, theta=theta)  # [..., T, R/2]
+    return _apply_rope(x, pos, check_positive_real(theta, "theta"), interleaved, R)
+
+
+def _apply_rope(x: np.ndarray, pos: np.ndarray, theta: float, interleaved: bool, R: int) -> np.ndarray:  # [..., T, D], [..., T] -> [..., T, D]
+    """RoPE with no checks: inputs already validated (check_rope_inputs; theta a finite float > 0)."""
+    angles = pos.astype(np.float64)[..., None] * _rope_frequencies(R, theta)  # [..., T, R/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)  # [..., T, R/2]
     x_rot, x_pass = x[..., :R], x[..., R:]  # [..., T, R], [..., T, D-R]
     if interleaved:
@@ -315,8 +244,10 @@ def alibi_slopes(n_heads, *, dtype=np.float64) -> np.ndarray:  # -> [H]
       BLOOM's). For H = 6: 1/4, 1/16, 1/64, 1/256, then 1/2, 1/8.
     - Computed in float64 and cast once to `dtype`.
     """
-    H = check_positive_int(n_heads, "n_heads")
-    dt = _float_dtype(dtype, "dtype")
+    return _alibi_slopes(check_positive_int(n_heads, "n_heads"), check_float_dtype(dtype, "dtype"))
+
+
+def _alibi_slopes(H: int, dt: np.dtype) -> np.ndarray:  # -> [H]; no checks
     m = 1 << (H.bit_length() - 1)  # largest power of two <= H
     slopes = 2.0 ** (-8.0 * np.arange(1, m + 1) / m)  # [m]
     extra = 2.0 ** (-4.0 * np.arange(1, 2 * (H - m), 2) / m)  # [H - m]: odd entries of the 2m sequence
@@ -339,13 +270,10 @@ def alibi_bias(n_heads_or_slopes, T, S=None, *, dtype=None) -> np.ndarray:  # ->
       a constant per row, to which softmax is invariant.
     - dtype: `dtype` if given; else the slopes' dtype when slopes are passed, float64 for an int.
     """
-    if isinstance(n_heads_or_slopes, (int, np.integer)) and not isinstance(n_heads_or_slopes, (bool, np.bool_)):
-        slopes = alibi_slopes(n_heads_or_slopes, dtype=np.float64 if dtype is None else dtype)
-    else:
-        slopes = as_float(n_heads_or_slopes, "n_heads_or_slopes")
-        if slopes.ndim != 1 or slopes.shape[0] == 0:
-            raise ValueError(f"n_heads_or_slopes must be an int H or slopes of shape [H]; got shape {slopes.shape}")
-    dt = slopes.dtype if dtype is None else _float_dtype(dtype, "dtype")
+    return _alibi_bias(*_check_alibi_bias(n_heads_or_slopes, T, S, dtype))
+
+
+def _alibi_bias(slopes: np.ndarray, T: int, S: int, dt: np.dtype) -> np.ndarray:  # [H] -> [H, T, S]; no checks
     offsets = _relative_offsets(T, S).astype(dt)  # [T, S]  key_pos - query_pos = -(query_pos - key_pos)
     return slopes.astype(dt)[:, None, None] * offsets[None, :, :]  # [H, T, S]
 
@@ -364,15 +292,17 @@ def relative_position_bucket(relative_position, *, bidirectional=True, num_bucke
     Notes:
     - Small offsets (n < n_exact) get one bucket each; larger ones logarithmically wider
       buckets up to max_distance; everything at or beyond max_distance shares the last bucket.
-    - The logarithm is taken in float64 (Mesh TensorFlow and Hugging Face use float32); a
-      sweep over |r| <= 5000 for several configurations finds no bucket that differs.
+    - The logarithm is taken in float64 (Mesh TensorFlow and Hugging Face use float32);
+      tests/test_positional.py checks that the buckets equal Hugging Face's.
     - Requires n_exact >= 1 (num_buckets >= 4 bidirectional, >= 2 otherwise) and
       max_distance > n_exact.
     """
-    rp = _integer_array(relative_position, "relative_position")
-    bidirectional = check_bool(bidirectional, "bidirectional")
-    N = check_positive_int(num_buckets, "num_buckets")
-    max_distance = check_positive_int(max_distance, "max_distance")
+    rp = check_int_array(relative_position, "relative_position").astype(np.int64)
+    return _relative_position_bucket(rp, *_check_buckets(bidirectional, num_buckets, max_distance))
+
+
+def _relative_position_bucket(rp: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:  # [...] int64 -> [...] int64; no checks
+    N = num_buckets
     if bidirectional:
         N //= 2
         offset = np.where(rp > 0, N, 0)  # keys after the query use the upper half
@@ -381,11 +311,6 @@ def relative_position_bucket(relative_position, *, bidirectional=True, num_bucke
         offset = np.zeros_like(rp)
         n = np.maximum(-rp, 0)  # keys after the query collapse to distance 0
     n_exact = N // 2
-    if n_exact < 1:
-        raise ValueError(f"num_buckets too small: need num_buckets >= {4 if bidirectional else 2} "
-                         f"(bidirectional={bidirectional}); got {num_buckets}")
-    if max_distance <= n_exact:
-        raise ValueError(f"max_distance must be > {n_exact} (the exact-bucket range); got {max_distance}")
     n_log = np.maximum(n, n_exact)  # [...]  only used where n >= n_exact; avoids log(0)
     scaled = np.log(n_log / n_exact) / np.log(max_distance / n_exact) * (N - n_exact)
     large = np.minimum(n_exact + np.floor(scaled).astype(np.int64), N - 1)
@@ -402,14 +327,126 @@ def relative_position_bias(table, T, S=None, *, bidirectional=True, num_buckets=
     table.shape[0]; if given it must match. T5 computes this once (first layer) and shares it.
     See also: relative_position_bucket.
     """
+    return _relative_position_bias(*_check_relative_position_bias(table, T, S, bidirectional, num_buckets, max_distance))
+
+
+def _relative_position_bias(table: np.ndarray, T: int, S: int, bidirectional: bool, num_buckets: int,
+                            max_distance: int) -> np.ndarray:  # [N, H] -> [H, T, S]; no checks
+    buckets = _relative_position_bucket(_relative_offsets(T, S), bidirectional, num_buckets, max_distance)  # [T, S]
+    return np.moveaxis(table[buckets], -1, 0)  # [T, S, H] -> [H, T, S]
+
+
+# ----------------------------------------------------------------------------- checks at the door
+
+def _check_even(d, what: str) -> int:
+    d = check_positive_int(d, "d")
+    if d % 2:
+        raise ValueError(f"d must be even {what}; got d={d}")
+    return d
+
+
+def _check_sinusoidal_encoding(n_positions, d, base, dtype) -> tuple[int, int, float, np.dtype]:
+    P = check_positive_int(n_positions, "n_positions", allow_zero=True)
+    d = check_positive_int(d, "d")
+    return P, d, check_positive_real(base, "base"), check_float_dtype(dtype, "dtype")
+
+
+def _check_sinusoidal_shift_matrix(k, d, base, dtype) -> tuple[float, int, float, np.dtype]:
+    d = _check_even(d, "for the block rotation (pairs of sin/cos dims)")
+    base = check_positive_real(base, "base")
+    dt = check_float_dtype(dtype, "dtype")
+    return float(check_real(k, "k", what="a real number (the position offset)")), d, base, dt
+
+
+def _check_learned_positional_embedding(table, positions) -> tuple[np.ndarray, np.ndarray]:
     table = as_float(table, "table")
-    if table.ndim != 2:
-        raise ValueError(f"table must have shape [num_buckets, H]; got shape {table.shape}")
+    check_ndim(table, "table", 2, "[P, C]", exact=True)
+    pos = check_int_array(positions, "positions").astype(np.int64)
+    check_ndim(pos, "positions", 1, "[..., T]")
+    P = table.shape[0]
+    if pos.size and (pos.min() < 0 or pos.max() >= P):
+        bad = pos[(pos < 0) | (pos >= P)]
+        raise ValueError(
+            f"positions must lie in [0, {P}) for a table of P={P} rows; got values "
+            f"{np.unique(bad)[:8].tolist()} (min {pos.min()}, max {pos.max()})")
+    return table, pos
+
+
+def _check_positions_from_attention_mask(mask, pad_position) -> tuple[np.ndarray, int]:  # -> (mask [B, S] int64 0/1, int)
+    m = np.asarray(mask)
+    if m.dtype.kind == "b":
+        m = m.astype(np.int64)
+    elif m.dtype.kind in "iu":
+        if m.size and not np.isin(m, (0, 1)).all():
+            raise ValueError(f"mask must hold only 0/1 (or booleans); got values {np.unique(m)[:8].tolist()}")
+        m = m.astype(np.int64)
+    else:
+        raise TypeError(f"mask must be boolean or 0/1 integers; got dtype {m.dtype}")
+    check_ndim(m, "mask", 2, "[B, S]", exact=True)
+    return m, check_positive_int(pad_position, "pad_position", allow_zero=True)
+
+
+def check_rope_inputs(x, positions, *, interleaved, rotary_dim):  # [..., T, D], [..., T] -> (x, positions, bool, R)
+    """apply_rope's argument checks, in order (shared with the accel kernels, so they raise the same errors).
+
+    Returns x as a float array, positions as an array (integers or floats, [T] or [..., T]
+    broadcasting to x's leading axes), interleaved as a bool and the rotary width R (even, <= D).
+    """
+    x = as_float(x, "x")
+    check_ndim(x, "x", 2, "[..., T, D]")
+    T, D = x.shape[-2], x.shape[-1]
+    interleaved = check_bool(interleaved, "interleaved")
+    if D == 0:
+        raise ValueError(f"x must have a head dim D >= 2 (RoPE rotates pairs); got shape {x.shape} with D=0")
+    R = D if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+    if rotary_dim is None and D % 2:
+        raise ValueError(f"x must have an even head dim D (RoPE rotates pairs); got shape {x.shape} with D={D}")
+    if R % 2 or R > D:
+        raise ValueError(f"rotary_dim must be even and <= D={D}; got rotary_dim={R}")
+    pos = check_int_array(positions, "positions", what="be integers or floats", floats_ok=True)
+    if pos.ndim < 1 or pos.shape[-1] != T:
+        raise ValueError(f"positions must have shape [T] or [..., T] with T={T} (x has shape {x.shape}); "
+                         f"got shape {pos.shape}")
+    try:
+        lead = np.broadcast_shapes(pos.shape[:-1], x.shape[:-2])
+    except ValueError:
+        lead = None
+    if lead != x.shape[:-2]:
+        raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
+                         f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
+    return x, pos, interleaved, R
+
+
+def _check_alibi_bias(n_heads_or_slopes, T, S, dtype) -> tuple[np.ndarray, int, int, np.dtype]:  # -> (slopes [H], T, S, dtype)
+    if is_int(n_heads_or_slopes):  # H: its slopes (the argument normalised to [H])
+        slopes = alibi_slopes(n_heads_or_slopes, dtype=np.float64 if dtype is None else dtype)
+    else:
+        slopes = as_float(n_heads_or_slopes, "n_heads_or_slopes")
+        if slopes.ndim != 1 or slopes.shape[0] == 0:
+            raise ValueError(f"n_heads_or_slopes must be an int H or slopes of shape [H]; got shape {slopes.shape}")
+    dt = slopes.dtype if dtype is None else check_float_dtype(dtype, "dtype")
+    return (slopes, *_check_TS(T, S), dt)
+
+
+def _check_buckets(bidirectional, num_buckets, max_distance) -> tuple[bool, int, int]:
+    bidirectional = check_bool(bidirectional, "bidirectional")
+    N = check_positive_int(num_buckets, "num_buckets")
+    max_distance = check_positive_int(max_distance, "max_distance")
+    n_exact = (N // 2 if bidirectional else N) // 2
+    if n_exact < 1:
+        raise ValueError(f"num_buckets too small: need num_buckets >= {4 if bidirectional else 2} "
+                         f"(bidirectional={bidirectional}); got {num_buckets}")
+    if max_distance <= n_exact:
+        raise ValueError(f"max_distance must be > {n_exact} (the exact-bucket range); got {max_distance}")
+    return bidirectional, N, max_distance
+
+
+def _check_relative_position_bias(table, T, S, bidirectional, num_buckets, max_distance) -> tuple:
+    table = as_float(table, "table")
+    check_ndim(table, "table", 2, "[num_buckets, H]", exact=True)
     if num_buckets is None:
         num_buckets = table.shape[0]
     elif check_positive_int(num_buckets, "num_buckets") != table.shape[0]:
         raise ValueError(f"table must have shape [num_buckets, H] with num_buckets={num_buckets}; "
                          f"got shape {table.shape}")
-    buckets = relative_position_bucket(_relative_offsets(T, S), bidirectional=bidirectional,
-                                       num_buckets=num_buckets, max_distance=max_distance)  # [T, S]
-    return np.moveaxis(table[buckets], -1, 0)  # [T, S, H] -> [H, T, S]
+    return (table, *_check_TS(T, S), *_check_buckets(bidirectional, num_buckets, max_distance))

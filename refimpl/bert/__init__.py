@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import is_int
 from .._files import check_regular_file
 from ..safetensors import load_file
 from .config import BertConfig
@@ -151,7 +152,7 @@ def embed(model: BertModel, sentences, *, batch_size: int = 32, normalize: bool 
     """
     model = _check_model(model)
     sentences = check_sentences(sentences)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     tok = model.tokenizer
     rows = [tok.encode_tokens(s) for s in sentences]

@@ -45,6 +45,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .._checks import is_int, is_real
 from ..attention import softmax
 from .model import GPT2Model, KVCache, check_token_ids, get_ops, hidden_states, lm_head
 
@@ -67,7 +68,7 @@ def _check_logits(logits) -> np.ndarray:
 
 
 def _check_min_keep(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"min_tokens_to_keep must be an integer >= 1; got {n!r}")
     return int(n)
 
@@ -111,8 +112,7 @@ def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [...
 
 def _check_penalty(penalty, dtype, name: str) -> np.floating:
     """theta as a number of `dtype`, after checking it is a normal number there (apply_repetition_penalty's Notes)."""
-    if isinstance(penalty, (bool, np.bool_)) or not isinstance(penalty, (int, float, np.floating, np.integer)) \
-            or not penalty > 0 or not np.isfinite(penalty):
+    if not is_real(penalty) or not penalty > 0 or not np.isfinite(penalty):
         raise ValueError(f"{name} must be a finite number > 0; got {penalty!r}")
     dtype = np.dtype(dtype)
     info = np.finfo(dtype)
@@ -165,8 +165,7 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> 
       refuses them); they are divided by tau without a shift.
     """
     x = _check_logits(logits)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
-            or not temperature > 0 or not np.isfinite(temperature):
+    if not is_real(temperature) or not temperature > 0 or not np.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
     info = np.finfo(x.dtype)
     with np.errstate(over="ignore", under="ignore"):
@@ -193,7 +192,7 @@ def top_k_filter(logits, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray: 
     all kept, as Hugging Face's TopKLogitsWarper does (it compares with the k-th value).
     """
     x = _check_logits(logits)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"top_k must be an integer >= 1; got {k!r}")
     V = x.shape[-1]
     k = min(max(int(k), _check_min_keep(min_tokens_to_keep)), V)
@@ -220,7 +219,7 @@ def top_p_filter(logits, p: float, *, min_tokens_to_keep: int = 1) -> np.ndarray
     one of HF's c_i (tests/test_gpt2_generate.py). p = 1 keeps every token of nonzero probability.
     """
     x = _check_logits(logits)
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) or not 0.0 <= p <= 1.0:
+    if not is_real(p) or not 0.0 <= p <= 1.0:
         raise ValueError(f"top_p must be a number in [0, 1]; got {p!r}")
     keep = _check_min_keep(min_tokens_to_keep)
     order = np.argsort(x, axis=-1, kind="stable")  # ascending
@@ -288,11 +287,8 @@ _DEFAULT = object()
 
 def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
               num_beams, length_penalty, early_stopping, eos_token_id, stop, on_context_limit) -> _Settings:
-    def is_int(v):
-        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
     def is_num(v):
-        return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and np.isfinite(v)
+        return is_real(v) and np.isfinite(v)
 
     if not is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
@@ -672,7 +668,7 @@ def _check_model(model) -> None:
 
 def _rng(seed) -> np.random.Generator:
     """np.random.default_rng(seed) for seed None or a non-negative integer; anything else is refused."""
-    if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0):
+    if seed is not None and (not is_int(seed) or seed < 0):
         raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
     return np.random.default_rng(seed)
 

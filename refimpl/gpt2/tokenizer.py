@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import is_int
 from .._files import NotARegularFileError, read_regular_bytes, write_files_together
 from .bpe import MergeTable, bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
 
@@ -215,7 +216,7 @@ class Tokenizer:
 
     def _check_id(self, i) -> int:
         """`i` as an int when it names a token; else TypeError / ValueError naming it and the vocabulary."""
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+        if not is_int(i):
             raise TypeError(f"token ids must be integers; got {_show(i)} of type {type(i).__name__} "
                             f"(valid ids are 0 .. {self.vocab_size - 1}, vocab_size {self.vocab_size})")
         i = int(i)
@@ -336,7 +337,7 @@ def _id_list(ids) -> list:  # ids [T]
 
 def _show(value) -> str:
     """repr of a value for an error message, with an integer of many digits shortened."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+    if is_int(value):
         digits = str(abs(int(value)))
         if len(digits) > 24:
             return f"{'-' if value < 0 else ''}{digits[:12]}...({len(digits)} digits)"
@@ -346,7 +347,7 @@ def _show(value) -> str:
 
 def _check_table_id(name: str, what: str, i, n_tokens: int) -> None:
     """An id read for a token: an integer in [0, 2 * n_tokens) (see `Tokenizer`), else ValueError."""
-    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+    if not is_int(i):
         raise ValueError(f"{name}: {what} has id {_show(i)} of type {type(i).__name__}; ids must be integers")
     limit = 2 * n_tokens
     if not 0 <= int(i) < limit:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import is_int
 from ..gpt2.model import GPT2Model
 from ..masks import query_positions
 from .capture import run_with_cache
@@ -44,7 +45,7 @@ def attention_weights(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L, H, T, 
 
 
 def _check_k(k, S: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= S:
+    if not is_int(k) or not 1 <= k <= S:
         raise ValueError(f"k (the number of first key positions) must be an integer in [1, S={S}]; got {k!r}")
     return int(k)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import is_int
 from ..attention import softmax
 from ..gpt2.model import GPT2Model, lm_head
 from ..norms import layer_norm
@@ -49,7 +50,7 @@ def lens_top_tokens(lens: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarra
     lens = np.asarray(lens)
     if lens.ndim != 3:
         raise ValueError(f"lens must have shape [L + 1, T, V]; got shape {lens.shape}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= lens.shape[-1]:
+    if not is_int(k) or not 1 <= k <= lens.shape[-1]:
         raise ValueError(f"k must be an integer in [1, V={lens.shape[-1]}]; got {k!r}")
     probs = softmax(lens, axis=-1)
     top = np.argsort(-probs, axis=-1, kind="stable")[..., :k]

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from .._checks import is_int
 from ..gpt2.model import GPT2Model, check_token_ids
 from .capture import replace, run_with_cache, run_with_interventions
 
@@ -38,7 +39,7 @@ def logit_diff_metric(a: int, b: int, *, position: int = -1) -> Callable[[np.nda
     a, b: token ids >= 0 (checked here), and < V (checked when the metric meets logits).
     """
     for name, tok in (("a", a), ("b", b)):
-        if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)) or tok < 0:
+        if not is_int(tok) or tok < 0:
             raise ValueError(f"logit_diff_metric: {name} must be a token id >= 0; got {tok!r}")
 
     def metric(z: np.ndarray) -> float:

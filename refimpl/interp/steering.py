@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, is_int, is_real
 from ..gpt2.generate import log_softmax
 from ..gpt2.model import GPT2Model, KVCache, check_token_ids, hidden_states, lm_head
 from .capture import add, make_hook, run_with_cache
@@ -43,7 +43,7 @@ def _to_ids(model: GPT2Model, prompt, name: str = "prompt") -> np.ndarray:  # ->
 
 def _check_layer(model: GPT2Model, layer) -> int:
     L = model.config.n_layer
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < L:
+    if not is_int(layer) or not 0 <= layer < L:
         raise ValueError(f"layer must be a block index in [0, {L}); got {layer!r}")
     return int(layer)
 
@@ -73,8 +73,7 @@ def _steer_hook(model: GPT2Model, direction, layer: int, alpha: float):
     C = model.config.n_embd
     if d.shape != (C,) or d.dtype.kind != "f":
         raise ValueError(f"direction must be a float vector of shape [C] = [{C}]; got {d.dtype} {d.shape}")
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(alpha):
+    if not is_real(alpha) or not np.isfinite(alpha):
         raise ValueError(f"alpha must be a finite number; got {alpha!r}")
     delta = (model.params.wte.dtype.type(alpha) * d.astype(model.params.wte.dtype))
     return make_hook(model.config, interventions={f"blocks.{layer}.resid_pre": add(delta)})

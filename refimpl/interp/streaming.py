@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, is_int
 from ..gpt2.config import GPT2Config
 from ..gpt2.generate import log_softmax, sample_from_logits, top_k_filter
 from ..gpt2.model import GPT2Model, KVCache, check_token_ids, forward, hidden_states, lm_head
@@ -127,7 +127,7 @@ def _new_cache(model: GPT2Model, n_sink: int, window: int | None) -> SinkCache:
         raise TypeError(f"model must be a GPT2Model; got {type(model).__name__}")
     if window is None:  # the window takes the rest of the context: n_sink is checked here, not a derived window
         P = model.config.n_positions
-        if isinstance(n_sink, (bool, np.bool_)) or not isinstance(n_sink, (int, np.integer)) or not 0 <= n_sink < P:
+        if not is_int(n_sink) or not 0 <= n_sink < P:
             raise ValueError(f"n_sink must be an integer in 0 .. n_positions - 1 = {P - 1} (the window gets the rest "
                              f"of the context); got {n_sink!r}")
         window = P - int(n_sink)
