@@ -44,10 +44,10 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..attention import masked_attention, scaled_dot_product_attention
-from ..ffn import gelu_tanh_bias
-from ..linear import linear
+from ..ffn import _gelu_tanh_bias
+from ..linear import _linear
 from ..masks import causal_mask, combine_masks, key_mask_to_attention_mask
-from ..norms import layer_norm
+from ..norms import _layer_norm
 from ..positional import learned_positional_embedding, positions_from_attention_mask
 from .checks import check_forward_inputs, check_token_ids, parse_token_ids
 from .config import GPT2Config
@@ -135,15 +135,22 @@ class Ops:
 
 
 def _np_layer_norm(x, g, b, eps):  # [..., C] -> [..., C]
-    return layer_norm(x, g, b, eps=eps)
+    return _layer_norm(x, g, b, eps)
 
 
+def _np_linear(x, p):  # [..., in] -> [..., out]
+    return _linear(x, p.w, p.b)
+
+
+# The reference backend: refimpl's unchecked bodies for the per-layer operations (the forward checks its
+# inputs once, in check_forward_inputs, and every later shape is the model's own), and masked_attention
+# itself for attention (the twin every backend's attention is held to, checks included).
 NUMPY_OPS = Ops(
     name="numpy",
     layer_norm=_np_layer_norm,
-    linear=linear,
+    linear=_np_linear,
     matmul=np.matmul,
-    gelu_bias=gelu_tanh_bias,
+    gelu_bias=_gelu_tanh_bias,
     attention=masked_attention,  # the whole keyword set, as the twin of every backend's
 )
 
