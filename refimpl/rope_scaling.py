@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, is_real
 from .positional import rope_frequencies
 
 __all__ = ["scaled_rope_frequencies", "rope_attention_factor", "linear_frequencies", "dynamic_ntk_frequencies",
@@ -193,7 +193,6 @@ def _check_keys(given, allowed, where: str) -> None:
 
 
 def _at_least_one(factor, name: str) -> float:
-    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)) or not (
-            math.isfinite(factor) and factor >= 1):
+    if not (is_real(factor) and math.isfinite(factor) and factor >= 1):
         raise ValueError(f"{name} must be a finite number >= 1; got {factor!r}")
     return float(factor)

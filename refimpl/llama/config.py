@@ -19,7 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .._checks import check_bool, check_positive_int
+from .._checks import check_bool, check_positive_int, is_real
 
 __all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES"]
 
@@ -340,8 +340,8 @@ class LlamaConfig:
 
 # ----------------------------------------------------------------------------- reading helpers
 
-def _is_real(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def _is_real(x) -> bool:  # a finite real number
+    return is_real(x) and math.isfinite(x)
 
 
 def _positive_real(x, name: str) -> float:
