@@ -17,7 +17,8 @@ chooses the BLAS (ACCEL_BLAS, else the fastest measured on this machine, remembe
 ~/.cache/refimpl-accel/blas.json), binds it, starts Numba's threads and drops stale cached
 kernels, once, at the first kernel call or when called. THREADING_LAYER reads its choice.
 Compiled code is cached next to the modules (cache=True), so only the first run in a checkout
-compiles; the first kernel call costs ~0.1 s of setup plus loading its cached code.
+compiles; the first kernel call pays for setup (about a second, most of it starting Numba's
+compiler target, which loading cached code needs anyway; the BLAS probe on a machine's first run).
 """
 
 from pathlib import Path

@@ -381,12 +381,24 @@ def _write_cache(path: str, entries: dict) -> None:
         pass
 
 
+def _busy() -> bool:
+    """Whether other work held the CPUs during the probe (1-minute load average above the core count).
+
+    Threaded BLAS timings then say more about the other work than about the libraries (a library
+    whose worker threads wait for a core loses most), so such an answer is used but not cached.
+    """
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
 def choose(found: list[dict], threads: int, measure, path: str | None) -> tuple[str, str, dict]:
     """(library key, how it was chosen, {key: seconds}) for the automatic choice.
 
     found: candidates(); measure: () -> {key: seconds} (probe over the loaded candidates).
     With one candidate it is chosen unmeasured; else the cached answer for machine_key, if
-    any and still a candidate; else the measurement's fastest, then cached.
+    any and still a candidate; else the measurement's fastest, then cached (unless _busy).
     """
     keys = [c["key"] for c in found]
     if len(keys) <= 1:
@@ -403,6 +415,8 @@ def choose(found: list[dict], threads: int, measure, path: str | None) -> tuple[
     if not timings:
         return keys[0], "probe failed: the first candidate", {}
     best = min(timings, key=timings.get)
+    if _busy():
+        return best, f"probe ({spent:.2f} s; not cached: the CPUs were busy)", timings
     if path:
         entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
         entries[key] = {"choice": best, "seconds": timings, "probe_seconds": spent, "cpu": _cpu()[0],

@@ -5,8 +5,10 @@
 (ACCEL_BLAS, else the fastest measured here: _blas_libs), loads it (MKL after binding PyTorch's
 own), registers the symbols the compiled products call, starts Numba's threading layer (`omp`
 only where it is the GNU OpenMP pool of MKL's products, else `workqueue`) and, with MKL's GNU
-OpenMP products, a fork handler. Importing this module does none of it. Cost: ~0.1 s from the
-disk caches; a first run on a machine adds the BLAS probe (~0.5 s). Every parallel kernel runs
+OpenMP products, a fork handler. Importing this module does none of it. Cost: mostly starting
+Numba's compiler target for its small stand-in functions (which the first kernel's cached code
+needs anyway; ~1 s on a loaded 2-core machine); a first run on a machine adds the BLAS probe
+(~0.5-1 s) and the probe loads MKL to measure it. Every parallel kernel runs
 under LAUNCH_LOCK (Numba's workqueue layer aborts on concurrent launches). Why each choice:
 benchmarks/NOTES.md, "accel.numba_cpu BLAS and threads".
 """
