@@ -39,8 +39,13 @@ working set (this machine's last-level cache is 300 MiB), by a BLAS gemv (the fa
 measured here), and sampled in the same interleaved rounds as the decoders (row "bound: ..."),
 so that the fraction of the bound is not skewed by a slow or fast spell of the shared machine.
 The rows "the decode's matrix-vector products alone" time just the 49 BLAS products of a step
-(every weight matrix once, GPT-2's shapes, no other work), through NumPy's BLAS and through the
-threaded BLAS the numba decoder calls (MKL where installed): what a BLAS-based decoder can reach.
+(every weight matrix once, GPT-2's shapes, no other work), in the same rounds: through NumPy's
+BLAS (np.matmul), through MKL where it is installed (called by ctypes, accel.numba_cpu._blas_libs:
+a process binds one library into accel's compiled code, so the library accel did not choose is
+reached this way; MKL is loaded after torch here, which keeps torch's own MKL), and through the
+threaded BLAS the numba decoder calls (the one accel chose): the chosen row should be at least as
+fast as the better of the other two. Which BLAS each backend used, why (ACCEL_BLAS, the probe or
+its cache) and the CPU model are in the results' "blas" record and under the printed table.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ BOUND = "bound: parameter-sized reads (NumPy's gemv)"
 BOUND_ACCEL = "bound: parameter-sized reads (accel's threaded gemv)"
 GEMVS = "the decode's matrix-vector products alone (NumPy's BLAS)"
 GEMVS_ACCEL = "the decode's matrix-vector products alone (accel's threaded BLAS)"  # what the numba decoder calls
+GEMVS_MKL = "the decode's matrix-vector products alone (MKL, by ctypes)"
 PACKED = "packed weights"  # the numba backend on pack(params): MKL's packed GEMM for the prefill's products
 
 
@@ -65,6 +71,35 @@ def numba_packing() -> bool:
     from accel.numba_cpu.blas import PACKING
 
     return PACKING
+
+
+def blas_report(backends) -> dict:
+    """Which BLAS each backend runs on here: NumPy's (threadpoolctl), accel's choice and its reason, the CPU."""
+    from threadpoolctl import threadpool_info
+
+    from .harness import _cpu_model
+
+    report = {"cpu": _cpu_model()}
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas" and "numpy" in (i.get("filepath") or "")]
+    if blas:
+        i = blas[0]
+        report["numpy"] = f"{i.get('internal_api')} {i.get('version')} ({i.get('filepath', '').rsplit('/', 1)[-1]}, " \
+                          f"{i.get('num_threads')} threads)"
+    if "numba" in backends:
+        from accel.numba_cpu import setup
+
+        s = setup()
+        report["numba"] = {"gemm": s.blas_name, "products": s.threaded_blas_name, "reason": s.blas_reason,
+                           "probe_seconds": s.blas_seconds, "threading_layer": s.threading_layer}
+    return report
+
+
+def mkl_matmul(threads: int):
+    """(name, y = x W through MKL by ctypes) where the `mkl` wheel is installed, else None (module docstring)."""
+    from accel.numba_cpu import _blas_libs
+
+    lib = _blas_libs.mkl_library(True) if _blas_libs.mkl_paths() else None
+    return None if lib is None else (lib.name, _blas_libs.ctypes_matmul(lib, threads))
 
 
 def build_models(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
@@ -132,6 +167,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
                  "read_bytes_per_token": read_bytes, "validation": {}, "results": []}
     for b in backends:
         out["validation"][b] = validate(hf, model, backend=b)
+    out["blas"] = blas_report(backends)
     packed_params = None
     if "numba" in backends and numba_packing():  # the numba backend on packed weights (pack freezes them)
         from accel.numba_cpu.gpt2 import pack
@@ -163,6 +199,16 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
         for p in model.params.blocks:
             matmul(x_c, p.attn_qkv.w), matmul(x_c, p.attn_proj.w), matmul(x_c, p.mlp_fc.w), matmul(x_f, p.mlp_proj.w)
         return matmul(x_c, model.params.wte.T)
+
+    gemv_rows = {GEMVS: np.matmul}  # the products alone: NumPy's BLAS, MKL (by ctypes), accel's choice
+    mkl = mkl_matmul(threads)
+    if mkl is not None:
+        if not np.allclose(mkl[1](x_c, model.params.wte.T), x_c @ model.params.wte.T, rtol=1e-4, atol=1e-5):
+            raise AssertionError("MKL's gemv by ctypes disagrees with NumPy's")
+        gemv_rows[GEMVS_MKL] = mkl[1]
+        out["blas"]["mkl_by_ctypes"] = mkl[0]
+    if "numba" in backends:
+        gemv_rows[GEMVS_ACCEL] = numba_matmul
     rng = np.random.default_rng(0)
     results: list[Result] = []
 
@@ -217,9 +263,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
         if B == 1:  # the bound, sampled in the same rounds: n_new reads of the parameters' size (BLAS gemv)
             for name, probe in bound_probes.items():
                 impls[name] = lambda probe=probe: [probe() for _ in range(n_new)]
-            impls[GEMVS] = lambda: [decode_gemvs() for _ in range(n_new)]
-            if "numba" in backends:  # the same products through the BLAS the numba decoder's blocks call (MKL)
-                impls[GEMVS_ACCEL] = lambda: [decode_gemvs(numba_matmul) for _ in range(n_new)]
+            for name, matmul in gemv_rows.items():  # (GEMVS_ACCEL: the BLAS the numba decoder's blocks call)
+                impls[name] = lambda matmul=matmul: [decode_gemvs(matmul) for _ in range(n_new)]
         for b in backends:
             if B == 1:
                 impls[f"refimpl[{b}]"] = lambda b=b: generate(model, prompts[0], max_new_tokens=n_new,
@@ -231,8 +276,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             timings = time_interleaved(impls, repeats=5 if quick else 7, warmup=1)
         for impl, t in timings.items():
             extra = {"tokens_per_s": B * n_new / t.median}
-            if impl.startswith("refimpl") or impl in (GEMVS, GEMVS_ACCEL):  # per-round ratios (harness.paired_ratio)
-                if impl not in (GEMVS, GEMVS_ACCEL):  # (the products alone are no decoder: no ratio to HF's generate)
+            if impl.startswith("refimpl") or impl in gemv_rows:  # per-round ratios (harness.paired_ratio)
+                if impl not in gemv_rows:  # (the products alone are no decoder: no ratio to HF's generate)
                     extra["paired_tokens_per_s_vs_peer"] = 1 / paired_ratio(t, timings["hf.generate"])
                 if BOUND in timings:
                     extra["bound"] = faster_bound(timings)

@@ -263,11 +263,19 @@ def machine_info() -> dict:
     except Exception:
         pass
     try:
-        from accel.numba_cpu.blas import BLAS_NAME, THREADED_BLAS_NAME
-        info["accel_numba_blas"] = BLAS_NAME
-        info["accel_numba_threaded_blas"] = THREADED_BLAS_NAME
-        from accel.numba_cpu import THREADING_LAYER
-        info["numba_threading_layer"] = THREADING_LAYER
+        from threadpoolctl import threadpool_info
+        blas = [i for i in threadpool_info() if i.get("user_api") == "blas" and "numpy" in (i.get("filepath") or "")]
+        if blas:
+            info["numpy_blas"] = f"{blas[0].get('internal_api')} {blas[0].get('version')}"
+    except Exception:
+        pass
+    try:
+        from accel.numba_cpu import setup  # (the BLAS chosen here: ACCEL_BLAS, or measured; its reason)
+        s = setup()
+        info["accel_numba_blas"] = s.blas_name
+        info["accel_numba_threaded_blas"] = s.threaded_blas_name
+        info["accel_numba_blas_reason"] = s.blas_reason
+        info["numba_threading_layer"] = s.threading_layer
     except Exception:
         pass
     try:

@@ -134,6 +134,10 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                         frac += f" (paired {ex['paired_fraction_of_bound']:.0%})" if frac else f"paired {ex['paired_fraction_of_bound']:.0%}"
                 lines.append(f"| {case} | {impl} | {_fmt_time(r['seconds'])} | "
                              f"{f'{tps:.1f}' if tps else '-'} | {vs} | {frac} |")
+        if g.get("blas"):  # which BLAS each backend ran on (benchmarks.gpt2.blas_report)
+            b, nb = g["blas"], g["blas"].get("numba") or {}
+            lines += ["", f"BLAS on {b.get('cpu', '?')}: numpy backend {b.get('numpy', '?')}"
+                      + (f"; numba backend {nb['products']} ({nb['reason']})" if nb else "") + "."]
         by = _rows_by_case(g["results"])
         for case, impls in by.items():
             if case.startswith("prefill") and "last position" in case:

@@ -16,7 +16,7 @@ pytest.importorskip("numba")
 
 from numba import njit  # noqa: E402
 
-from accel.numba_cpu import blas  # noqa: E402
+from accel.numba_cpu import _blas_libs, blas  # noqa: E402
 from accel.numba_cpu.blas import BLAS_NAME, THREADED_BLAS_NAME, gemm, matmul_threaded  # noqa: E402
 from bounds import assert_product_close  # noqa: E402
 
@@ -60,9 +60,9 @@ def test_gemm_refuses_mismatched_shapes_and_strided_rows():
 
 
 def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
-    """The kernel calls whichever ?gemm accel.numba_cpu.blas bound (MKL when installed, SciPy's OpenBLAS
-    otherwise or with ACCEL_BLAS=scipy, NumPy's own OpenBLAS without either or with ACCEL_BLAS=numpy,
-    its 64-bit-integer symbols): in a fresh process per choice, the fused attention over many
+    """The kernel calls whichever ?gemm accel.numba_cpu.blas bound (MKL with ACCEL_BLAS=mkl, SciPy's OpenBLAS
+    with ACCEL_BLAS=scipy, NumPy's own OpenBLAS, its 64-bit-integer symbols, with ACCEL_BLAS=numpy, and the
+    fastest measured when unset): in a fresh process per choice, the fused attention over many
     key tiles equals the float64 twin within the registry tolerance, and the library is the one asked for."""
     import os
     import subprocess
@@ -81,7 +81,7 @@ def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
         "print(BLAS_NAME, float(np.abs(out - ref).max()))\n"
     )
     names = []
-    for choice in ("scipy", "numpy", ""):
+    for choice in ("scipy", "numpy", "mkl", ""):
         env = dict(os.environ, ACCEL_BLAS=choice)
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -90,6 +90,8 @@ def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
         assert float(err) < 2e-5
         names.append(name)
     assert names[0].startswith("SciPy") and names[1].startswith("NumPy's OpenBLAS")
+    if _blas_libs.mkl_paths():
+        assert names[2].startswith("MKL")
 
 
 @njit
@@ -127,7 +129,7 @@ def test_matmul_threaded_refuses_mismatched_shapes_and_views():
 
 
 def test_matmul_threaded_on_each_library():
-    """MKL on GNU OpenMP threads where it loads (the default), NumPy's own OpenBLAS with
+    """MKL on GNU OpenMP threads where it loads (ACCEL_BLAS=mkl), NumPy's own OpenBLAS with
     ACCEL_BLAS=mkl-sequential (or without MKL), SciPy's with ACCEL_BLAS=scipy: in a fresh process each,
     a GEMV and a GEMM of GPT-2 small's shapes equal NumPy's matmul. They go through
     accel.numba_cpu.gpt2._linear_rows, which is cached on disk: the later processes load the code the
@@ -156,7 +158,7 @@ def test_matmul_threaded_on_each_library():
         "print(THREADED_BLAS_NAME + '|' + str(ratio))\n"
     )
     names = []
-    for choice in ("scipy", "", "mkl-sequential", "scipy", "numpy"):
+    for choice in ("scipy", "mkl", "mkl-sequential", "scipy", "numpy", ""):
         env = dict(os.environ, ACCEL_BLAS=choice)
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -166,8 +168,10 @@ def test_matmul_threaded_on_each_library():
         names.append(name)
     assert names[0].startswith("SciPy") and names[3].startswith("SciPy") and names[4].startswith("NumPy's OpenBLAS")
     assert not names[2].startswith("MKL")  # mkl-sequential keeps MKL off the threaded products
-    if BLAS_NAME.startswith("MKL") and blas._gnu_openmp_loads(os.path.dirname(blas._mkl._name)):
+    mkl = _blas_libs.mkl_paths()
+    if mkl and blas._gnu_openmp_loads(os.path.dirname(mkl[0])):
         assert names[1] == "MKL (GNU OpenMP threads, libmkl_rt)"
+    assert names[5] in names[1:5]  # the measured choice is one of the candidates
 
 
 def test_gemm_runs_on_one_thread_and_leaves_mkls_thread_count_alone():
@@ -199,16 +203,18 @@ def test_pytorch_imported_after_accel_keeps_its_own_mkl():
     """PyTorch links its own MKL and exports its symbols; once libmkl_rt (accel's MKL) sits in the
     process's global scope, a libtorch loaded afterwards binds to that one instead (its products then
     ran on accel's one-thread layer: GPT-2's HF forward 2x slower, every torch figure in the benchmarks
-    wrong). blas.py binds libtorch first (`_protect_torch`). Checked without timing: in a fresh process
+    wrong). Setup binds libtorch first (`_blas_libs.protect_torch`). Checked without timing: in a fresh process
     that imports accel.numba_cpu, runs the fused attention (an MKL sgemm) and then imports torch, torch
     reports the MKL version and thread counts it reports alone (before the fix: accel's MKL version and
     one thread)."""
     import subprocess
     import sys
 
+    import os
+
     pytest.importorskip("torch")
-    if not BLAS_NAME.startswith("MKL"):
-        pytest.skip(f"accel's gemm does not use MKL here ({BLAS_NAME}): nothing to interfere with torch")
+    if not _blas_libs.mkl_paths():
+        pytest.skip("MKL is not installed here: nothing to interfere with torch")
     report = ("import torch\n"
               "print('|'.join(l.strip() for l in torch.__config__.parallel_info().splitlines()\n"
               "               if 'Math Kernel' in l or 'max_threads' in l))\n")
@@ -217,13 +223,15 @@ def test_pytorch_imported_after_accel_keeps_its_own_mkl():
                    "from accel.numba_cpu.attention import masked_attention\n"
                    "q = np.ones((1, 2, 300, 16), np.float32)\n"
                    "masked_attention(q, q, q, causal=True)\n") + report
-    alone, after = (subprocess.run([sys.executable, "-c", s], capture_output=True, text=True, timeout=600)
-                    for s in (report, accel_first))
-    assert alone.returncode == 0 and after.returncode == 0, (alone.stderr + after.stderr)[-2000:]
+    # ACCEL_BLAS=mkl: MKL runs the products; unset, with no cached answer: MKL is loaded to be measured
+    alone, after, probed = (subprocess.run([sys.executable, "-c", s], capture_output=True, text=True, timeout=600,
+                                           env=dict(os.environ, ACCEL_BLAS=choice, ACCEL_BLAS_CACHE="off"))
+                            for s, choice in ((report, ""), (accel_first, "mkl"), (accel_first, "")))
+    assert alone.returncode == after.returncode == probed.returncode == 0, (alone.stderr + after.stderr)[-2000:]
     print(f"torch alone: {alone.stdout.strip()}\ntorch after accel: {after.stdout.strip()}")
     if "Math Kernel" not in alone.stdout:
         pytest.skip("this torch is built without MKL: nothing for accel's MKL to take over")
-    assert after.stdout == alone.stdout
+    assert after.stdout == alone.stdout and probed.stdout == alone.stdout
 
 
 def test_threaded_products_in_a_forked_child_finish():
@@ -285,11 +293,15 @@ def test_threaded_products_in_a_forked_child_finish():
         "_, status = os.waitpid(pid, 0)\n"
         "print(THREADED_BLAS_NAME + '|' + str(status))\n"
     )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    name, status = res.stdout.strip().rsplit("|", 1)
-    print(f"{name}: forked child's wait status {status} (0 = finished and right)")
-    assert int(status) == 0
+    import os
+
+    for choice in ("mkl", ""):  # MKL's GNU OpenMP products (where MKL is installed), and the measured choice
+        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, ACCEL_BLAS=choice))
+        assert res.returncode == 0, res.stderr[-2000:]
+        name, status = res.stdout.strip().rsplit("|", 1)
+        print(f"ACCEL_BLAS={choice!r}, {name}: forked child's wait status {status} (0 = finished and right)")
+        assert int(status) == 0
 
 
 # ----------------------------------------------------------------------------- packed weights (MKL)
@@ -420,8 +432,8 @@ def test_packing_without_mkl_says_why():
 
 
 def test_an_unknown_accel_blas_value_is_refused():
-    """ACCEL_BLAS=mkl_sequential (a typo) stops the import with a message listing the values, instead of
-    running on the default BLAS as if the variable were unset; the listed values import."""
+    """ACCEL_BLAS=mkl_sequential (a typo) stops the setup (here: reading BLAS_NAME) with a message listing the
+    values, instead of running on the default BLAS as if the variable were unset; the listed values set up."""
     import os
     import subprocess
     import sys
@@ -430,8 +442,30 @@ def test_an_unknown_accel_blas_value_is_refused():
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="mkl_sequential"),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode != 0
-    assert "ACCEL_BLAS must be mkl (the default), mkl-sequential, scipy, openblas or numpy, or unset; got 'mkl_sequential'" \
-        in res.stderr
+    assert ("ACCEL_BLAS must be auto (the default: the fastest, measured), mkl, mkl-sequential, scipy, openblas or "
+            "numpy, or unset; got 'mkl_sequential'") in res.stderr
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS=" MKL "),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_in_process_tests_again_on_mkl():
+    """The tests above that run in this process use the library this process chose (measured, when
+    ACCEL_BLAS is unset); MKL's own behaviour (gemm's thread count, the packed products) is checked by
+    running them again in a fresh pytest with ACCEL_BLAS=mkl, none skipped."""
+    import os
+    import subprocess
+    import sys
+
+    if not _blas_libs.mkl_paths():
+        pytest.skip("MKL is not installed here (pip install -e .[numba] installs it)")
+    if blas.THREADED_BLAS_NAME.startswith("MKL (GNU"):
+        pytest.skip(f"this process runs on {blas.THREADED_BLAS_NAME} already: the tests above were MKL's")
+    in_process = ("equals or refuses or one_thread or packed_on_gpt2 or any_number or bad_input")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider",
+                          __file__, "-k", in_process], capture_output=True, text=True, timeout=900,
+                         env=dict(os.environ, ACCEL_BLAS="mkl"))
+    summary = res.stdout.strip().splitlines()[-1]
+    print(f"ACCEL_BLAS=mkl: {summary}")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "passed" in summary and "skipped" not in summary

@@ -134,14 +134,14 @@ def _layer_run(order: str, **env):
 def test_threading_layer_is_the_openmp_pool_of_the_products_and_leaves_torchs_thread_count():
     """Where Numba's OpenMP layer can share the libgomp of MKL's products (and torch's), it is chosen and is that
     one pool: a parallel kernel after a torch product adds no OS thread (the workqueue layer adds Numba's own,
-    a second libgomp its own). It is started at import without changing the OpenMP thread count torch reads
-    (set to 1 before the import, or the default after it). Otherwise, with ACCEL_BLAS=mkl-sequential, or with a
+    a second libgomp its own). It is started at setup without changing the OpenMP thread count torch reads
+    (set to 1 before the setup, or the default after it). Otherwise, with ACCEL_BLAS=mkl-sequential, or with a
     user's NUMBA_THREADING_LAYER, the layer is workqueue / the user's."""
     pytest.importorskip("torch", reason="the torch oracle is not installed (pip install -e '.[oracle]')")
     alone = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            capture_output=True, text=True, timeout=300)
-    for order in ("torch-first", "accel-first"):
-        chosen, running, torch_threads, shared, before, after = _layer_run(order)
+    for order in ("torch-first", "accel-first"):  # (ACCEL_BLAS=mkl: MKL's GNU OpenMP products, where installed)
+        chosen, running, torch_threads, shared, before, after = _layer_run(order, ACCEL_BLAS="mkl")
         assert chosen == running == ("omp" if shared else "workqueue")
         assert torch_threads == (1 if order == "torch-first" else int(alone.stdout))  # as without accel
         if shared and order == "torch-first":
@@ -150,3 +150,5 @@ def test_threading_layer_is_the_openmp_pool_of_the_products_and_leaves_torchs_th
     assert chosen == running == "workqueue" and after > before  # Numba's own threads: the property can fail
     chosen, running, _, _, _, _ = _layer_run("torch-first", NUMBA_THREADING_LAYER="workqueue")
     assert chosen == running == "workqueue"
+    chosen, running, _, shared, _, _ = _layer_run("torch-first")  # the measured BLAS: the layer follows its products
+    assert chosen == running == ("omp" if shared else "workqueue")

@@ -54,14 +54,13 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba import njit, parallel_chunksize, prange, types
 from numba.extending import intrinsic
-from threadpoolctl import ThreadpoolController
 
 from refimpl.attention import _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args, cpu_dtypes
-from ._launch import kernel_threads, run_parallel
+from ._launch import kernel_threads, one_blas_thread, run_parallel
 from ._simd import wide_vectors
-from .blas import BLAS_NAME, gemm  # (imports the BLAS it calls, so the ThreadpoolController below sees it)
+from .blas import gemm
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT", "BQ_HUGE", "BK_HUGE"]
 
@@ -75,9 +74,6 @@ BK_HUGE = 1024  # stay in a core's 2 MiB L2 (4 MiB per head at S = 8192); s_buf 
 HUGE = 1 << 26
 DECODE_PARALLEL_WORK = 1 << 21  # k + v elements (8 MiB of float32) from which decode_attention runs in parallel:
 # GPT-2 small's whole 1024-token cache at B = 1 (1.6M) measured the same serial or parallel (~0.33 ms), B = 8 1.4 vs 2.1 ms
-
-_BLAS = ThreadpoolController()
-
 
 @njit(inline="always")
 def _row_bounds(p, S, causal, window, n_sink):  # -> (sink_end, lo, hi): keys [0, sink_end) and [lo, hi)
@@ -548,11 +544,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
                 has_alibi, base2, work == np.float32, *_tiles(T, S), out)
         if kernel_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
             _flash_attention_serial(*args)
-        elif BLAS_NAME.startswith("MKL"):  # gemm binds MKL to one thread per call already
-            with parallel_chunksize(2):
-                run_parallel(_flash_attention, *args)
-        else:  # OpenBLAS inside Numba's threads: one BLAS thread each (threadpoolctl, ~25 us a call)
-            with _BLAS.limit(limits=1, user_api="blas"), parallel_chunksize(2):
+        else:  # one BLAS thread per Numba task (_launch.one_blas_thread)
+            with one_blas_thread(), parallel_chunksize(2):
                 run_parallel(_flash_attention, *args)
     return out.astype(dtype, copy=False)
 
@@ -594,9 +587,7 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
                 n_chunks, work == np.float32, part_m, part_l, part_a, out)
         if serial:
             _decode_attention_serial(*args)
-        elif BLAS_NAME.startswith("MKL"):  # MKL is bound to one thread per call already
-            run_parallel(_decode_attention, *args)
-        else:  # OpenBLAS inside Numba's threads: one BLAS thread each (see masked_attention)
-            with _BLAS.limit(limits=1, user_api="blas"):
+        else:
+            with one_blas_thread():  # one BLAS thread per Numba task (see masked_attention)
                 run_parallel(_decode_attention, *args)
     return out.astype(dtype, copy=False)

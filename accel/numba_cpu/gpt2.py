@@ -34,14 +34,21 @@ from refimpl.gpt2.model import GPT2Model, Ops, lm_head
 from refimpl.gpt2.params import GPT2Params
 from refimpl.linear import LinearParams, linear
 
-from ._launch import kernel_threads
+from . import blas
+from ._launch import kernel_threads, needs_setup
 from ._simd import wide_vectors
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
-from .blas import NO_PACKING, PACKING, PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
+from .blas import PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
 from .ffn import _gelu_row, _gelu_row_f32, gelu_tanh_bias
 from .norms import _layer_norm_row, layer_norm
 
 __all__ = ["OPS", "attention", "decode_blocks", "pack", "PackedLinear", "PACKING"]
+
+
+def __getattr__(name: str):  # PACKING is blas.PACKING, read when asked (it sets the package up)
+    if name == "PACKING":
+        return blas.PACKING
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _PACKED_VIEWS: dict = {}  # id(view) -> (weakref to the view, PackedMatrix): the weights of packed models (`pack`)
@@ -116,6 +123,7 @@ def _packed_product(x, packed, b) -> np.ndarray | None:  # [..., in], PackedMatr
     return y.reshape(x.shape[:-1] + (n,))
 
 
+@needs_setup
 @njit(cache=True)
 def _packed_rows(x, packed, k, n, b, threads):  # [N, in], W packed, its shape, [out] or empty -> [N, out]
     y = np.empty((x.shape[0], n), dtype=x.dtype)
@@ -169,8 +177,8 @@ def pack(model):  # GPT2Model or GPT2Params -> the same kind, with PackedLinear 
     params = model.params if isinstance(model, GPT2Model) else model
     if not isinstance(params, GPT2Params):
         raise TypeError(f"pack takes a GPT2Model or GPT2Params; got {type(model).__name__}")
-    if not PACKING:
-        raise RuntimeError(NO_PACKING)
+    if not blas.PACKING:
+        raise RuntimeError(blas.NO_PACKING)
     layers = [getattr(blk, f) for blk in params.blocks for f in ("attn_qkv", "attn_proj", "mlp_fc", "mlp_proj")]
     for p in layers:
         if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64) or not p.w.flags.c_contiguous):
@@ -214,6 +222,7 @@ def _lm_head(h, params) -> np.ndarray:  # [..., C] -> [..., V]
     return lm_head(h, params) if y is None else y
 
 
+@needs_setup
 @njit(cache=True)
 def _linear_rows(x, w, b, threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]: x W (+ b), as refimpl.linear
     y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
@@ -233,6 +242,7 @@ def _add_bias(y, b):  # y [N, out] += b [out], row by row: each sum rounded once
             y[r, c] += b[c]
 
 
+@needs_setup
 @njit(cache=True)
 def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_p,
                   k_cache, v_cache, pos, eps, scale, threads):

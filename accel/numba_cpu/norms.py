@@ -54,7 +54,7 @@ def parallel_or_serial(n_elements: int, parallel, serial):
     loop), which is most of a decoding step's non-matmul time. One thread: numba.set_num_threads(1),
     or a forked child, where a launch would end the process (accel.numba_cpu._launch).
     """
-    if n_elements < SMALL_WORK or kernel_threads() == 1:
+    if kernel_threads() == 1 or n_elements < SMALL_WORK:  # (kernel_threads first: it sets the package up)
         return serial
     return partial(run_parallel, parallel)  # one parallel launch at a time (see _launch)
 
