@@ -179,7 +179,8 @@ def test_gemm_runs_on_one_thread_and_leaves_mkls_thread_count_alone():
     products must not start MKL threads of their own, and the calling thread's later threaded products
     must keep MKL's count (here after gemm on the main thread, and inside a parallel kernel)."""
     if blas._mkl is None:
-        pytest.skip(f"no MKL here ({BLAS_NAME}): gemm's BLAS has no thread count to manage")
+        pytest.skip(f"this process's BLAS is {BLAS_NAME}, not MKL: gemm has no thread count to manage here "
+                    "(test_the_in_process_tests_again_on_mkl runs this test on MKL)")
     from numba import prange
 
     @njit(parallel=True)
@@ -307,7 +308,8 @@ def test_threaded_products_in_a_forked_child_finish():
 # ----------------------------------------------------------------------------- packed weights (MKL)
 
 _NEEDS_PACKING = pytest.mark.skipif(not blas.PACKING, reason=f"MKL's packed GEMM needs MKL's threaded products; "
-                                    f"this process uses {THREADED_BLAS_NAME} (pip install -e .[numba] installs MKL)")
+                                    f"this process uses {THREADED_BLAS_NAME} (test_the_in_process_tests_again_on_mkl "
+                                    "runs these tests on MKL)")
 
 
 @njit
@@ -458,7 +460,7 @@ def test_the_in_process_tests_again_on_mkl():
     import sys
 
     if not _blas_libs.mkl_paths():
-        pytest.skip("MKL is not installed here (pip install -e .[numba] installs it)")
+        pytest.skip("MKL is not installed here (the blas extra installs it: pip install -e .[blas])")
     if blas.THREADED_BLAS_NAME.startswith("MKL (GNU"):
         pytest.skip(f"this process runs on {blas.THREADED_BLAS_NAME} already: the tests above were MKL's")
     in_process = ("equals or refuses or one_thread or packed_on_gpt2 or any_number or bad_input")

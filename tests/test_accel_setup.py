@@ -207,13 +207,14 @@ def test_a_measurement_on_busy_cpus_is_used_but_not_cached(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": "something else", "entries": {}}',
-                                     '{"format": "refimpl-accel blas choice 1", "entries": [1]}', "\xff\xfe"])
+                                     '{"format": "refimpl-accel blas choice 2", "entries": [1]}',
+                                     '{"format": "refimpl-accel blas choice 1", "entries": {}}', "\xff\xfe"])
 def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rewritten(tmp_path, content):
     path = tmp_path / "blas.json"
     path.write_bytes(content.encode("latin-1"))
     table = Table({"mkl": 1.0, "numpy": 3.0})
     assert _blas_libs.choose(FOUND, 2, table, str(path))[0] == "mkl" and table.calls == 1
-    assert json.loads(path.read_text())["format"] == "refimpl-accel blas choice 1"
+    assert json.loads(path.read_text())["format"] == "refimpl-accel blas choice 2"
 
 
 def test_one_candidate_is_chosen_unmeasured_and_the_cache_can_be_turned_off(tmp_path, monkeypatch):

@@ -275,13 +275,21 @@ def ctypes_matmul(lib: Library, threads: int):
     return matmul
 
 
-def probe(libraries: list[Library], threads: int, budget_s: float = 0.5, max_rounds: int = 7) -> dict:
-    """{library key: seconds of WORKLOAD} measured here, each product's median over interleaved rounds.
+_GAP_S = 0.2  # idle time before each library's block of samples (why: the probe's docstring)
 
-    Rounds alternate the libraries (one sample of every product of every library per round, after
-    one warm-up round) until budget_s (counted from the start, allocation included) is spent, at
-    least 2 and at most max_rounds. A library whose warm-up results differ from NumPy's matmul
-    (the block products; not the LM head's, to save its time) is dropped.
+
+def probe(libraries: list[Library], threads: int, budget_s: float = 1.0, max_rounds: int = 5) -> dict:
+    """{library key: seconds of WORKLOAD} measured here, each product's median over rounds of blocks.
+
+    A round times every product of one library, then of the next, each library's block preceded by
+    _GAP_S of idle time and an untimed pass, until budget_s (counted from the start) is spent: at least 2 rounds, at most
+    max_rounds. Why blocks and gaps: after a call, GNU OpenMP's workers (MKL's, torch's) spin for a
+    while and OpenBLAS's threads too; on a machine with few cores a library timed right after another
+    waits for the other's spinning threads to give up their cores (measured on 2 cores: NumPy's
+    OpenBLAS gemvs read at 49% of the memory bound straight after MKL calls, 81% after an idle gap),
+    so alternating call by call would rate the library that follows by the one before it. A library
+    whose warm-up results differ from NumPy's matmul (the block products; not the LM head's, to save
+    its time) is dropped.
     """
     import numpy as np
 
@@ -305,6 +313,10 @@ def probe(libraries: list[Library], threads: int, budget_s: float = 0.5, max_rou
     rounds = 0
     while rounds < max_rounds and (rounds < 2 or time.perf_counter() - t_start < budget_s):
         for key, fn in fns.items():
+            if len(fns) > 1:
+                time.sleep(_GAP_S)
+            for x, w, _ in calls:  # an untimed pass: the library's threads awake, as in a decode's steady state
+                fn(x, w)
             for i, (x, w, _) in enumerate(calls):
                 y = np.empty((x.shape[0], w.shape[1]), np.float32)
                 t0 = time.perf_counter()
@@ -316,6 +328,11 @@ def probe(libraries: list[Library], threads: int, budget_s: float = 0.5, max_rou
 
 
 # ----------------------------------------------------------------------------- the answer, remembered
+
+# The cache file's format; its number changes with the probe's method, so answers measured the old way are
+# measured again (version 1 alternated the libraries call by call, which rated OpenBLAS by MKL's spinning threads).
+_CACHE_FORMAT = "refimpl-accel blas choice 2"
+
 
 def cache_path() -> str | None:
     """Where the measured choice is kept: ACCEL_BLAS_CACHE (a file; "off" keeps none), else
@@ -358,7 +375,7 @@ def _read_cache(path: str) -> dict:  # -> {key: entry}; a missing, corrupt or fo
             data = json.load(f)
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
-    if not isinstance(data, dict) or data.get("format") != "refimpl-accel blas choice 1":
+    if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT:
         return {}
     entries = data.get("entries")
     return entries if isinstance(entries, dict) else {}
@@ -372,7 +389,7 @@ def _write_cache(path: str, entries: dict) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".blas-", suffix=".json", dir=folder)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump({"format": "refimpl-accel blas choice 1", "entries": entries}, f, indent=1, sort_keys=True)
+                json.dump({"format": _CACHE_FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
