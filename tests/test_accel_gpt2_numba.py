@@ -326,7 +326,30 @@ def test_products_on_the_threaded_blas_equal_numpys(dtype):
 from accel.numba_cpu import blas as _blas  # noqa: E402
 
 _NEEDS_PACKING = pytest.mark.skipif(not _blas.PACKING, reason="packed weights need MKL's threaded products; this "
-                                    f"process uses {_blas.THREADED_BLAS_NAME} (pip install -e .[numba] installs MKL)")
+                                    f"process uses {_blas.THREADED_BLAS_NAME} (test_packed_tests_again_on_mkl runs "
+                                    "these tests on MKL)")
+
+
+def test_packed_tests_again_on_mkl():
+    """Where this process's measured BLAS is not MKL, the packed-weight tests below run in a fresh pytest
+    with ACCEL_BLAS=mkl, none skipped (MKL's packed GEMM is the only packing there is)."""
+    import os
+    import subprocess
+    import sys
+
+    from accel.numba_cpu import _blas_libs
+
+    if not _blas_libs.mkl_paths():
+        pytest.skip("MKL is not installed here (the blas extra installs it: pip install -e .[blas])")
+    if _blas.PACKING:
+        pytest.skip(f"this process runs on {_blas.THREADED_BLAS_NAME} already: the packed tests ran here")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider",
+                          __file__, "-k", "packed_model or packing_freezes"], capture_output=True, text=True,
+                         timeout=900, env=dict(os.environ, ACCEL_BLAS="mkl"))
+    summary = res.stdout.strip().splitlines()[-1]
+    print(f"ACCEL_BLAS=mkl: {summary}")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "4 passed" in summary and "skipped" not in summary
 
 
 def _spy_packed(monkeypatch):  # counts the products that ran on a packed copy
