@@ -286,7 +286,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_zz_report_max_relative_errors():
-    """Prints the largest finite-difference relative error seen per backward in this session."""
+    """Prints the largest finite-difference relative error seen per backward in this test run."""
     for name, r in sorted(MAX_REL.items()):
         print(f"max rel error vs central differences, {name}: {r:.2e}")
     assert all(r < TOL64 for r in MAX_REL.values())
