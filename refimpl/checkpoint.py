@@ -19,7 +19,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from ._files import NotARegularFileError, check_regular_file, open_regular, read
 from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, safe_open
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
-           "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "INDEX_NAME"]
+           "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
+           "INDEX_NAME"]
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -50,6 +51,31 @@ class Tensor:
     shape: tuple[int, ...]
     read: Callable[[], np.ndarray]
     kind: str = "f"  # NumPy dtype kind of the stored values ("f" for bfloat16 too: read widens it)
+
+
+_Loaded = TypeVar("_Loaded")
+
+
+def read_checkpoint(path, dtype, read: Callable[[Path, ExitStack], _Loaded]) -> _Loaded:
+    """read(path, stack) under every loader's rules: dtype a float dtype or None, `path` existing, and
+    every failure of the files one WeightFileError whose message starts with the path (files opened on
+    `stack` are closed when read returns or fails)."""
+    if dtype is not None and np.dtype(dtype).kind != "f":
+        raise ValueError(f"dtype must be a floating dtype or None; got {dtype!r}")
+    path = Path(path)
+    if not path.exists():
+        raise WeightFileError(f"{path}: no such file or directory")
+    try:
+        with ExitStack() as stack:
+            return read(path, stack)
+    except NotARegularWeightFile as e:  # (its message names the path in full already)
+        raise WeightFileError(str(e)) from None
+    except (WeightFileError, SafetensorsError) as e:
+        raise WeightFileError(str(e) if str(e).startswith(f"{path}: ") else f"{path}: {e}") from None
+    except OSError as e:
+        raise WeightFileError(f"{path}: cannot read: {e}") from None
+    except MemoryError:
+        raise WeightFileError(f"{path}: not enough memory to load these weights") from None
 
 
 def open_weights(path: Path, what: str = "weight file"):

@@ -189,3 +189,18 @@ def unicode_text(max_size: int = 40) -> st.SearchStrategy[str]:
 def tricky_text(max_size: int = 40) -> st.SearchStrategy[str]:
     """Mixes of whitespace, apostrophes, letters, digits, punctuation, marks and emoji."""
     return st.text(st.sampled_from(TRICKY_CHARS), max_size=max_size)
+
+
+def seam_attention_problem(rng, B, H, T, S, D, kwargs: dict, n_pad: int):
+    """(q, k, v, kwargs) for a call of an Ops seam's attention: float64 q [B, H, T, D], k, v [B, H, S, D],
+    and kwargs with key_mask="padded" made a [B, S] mask whose row 0 pads its first n_pad keys, and a
+    list of alibi_slopes made an array (the parametrized cases keep plain values)."""
+    q = rng.standard_normal((B, H, T, D))
+    k, v = rng.standard_normal((B, H, S, D)), rng.standard_normal((B, H, S, D))
+    if kwargs.get("key_mask") == "padded":
+        key = np.ones((B, S), dtype=bool)
+        key[0, :n_pad] = False
+        kwargs = {**kwargs, "key_mask": key}
+    if "alibi_slopes" in kwargs:
+        kwargs = {**kwargs, "alibi_slopes": np.array(kwargs["alibi_slopes"])}
+    return q, k, v, kwargs

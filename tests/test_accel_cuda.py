@@ -51,7 +51,7 @@ nc = pytest.importorskip("accel.numba_cuda", reason="numba.cuda is not importabl
 from numba import cuda  # noqa: E402
 
 from report import MaxDiffs  # noqa: E402
-from strategies import attention_dims_BHKTSD, decode_dims_BHKSD  # noqa: E402
+from strategies import attention_dims_BHKTSD, decode_dims_BHKSD, seam_attention_problem  # noqa: E402
 
 if not nc.SIMULATOR and not cuda.is_available():
     pytest.skip("no CUDA GPU and NUMBA_ENABLE_CUDASIM is not 1: nothing to run the Numba-CUDA kernels on",
@@ -820,16 +820,8 @@ def test_gpt2_gpu_attention_takes_the_twins_keywords(T, kwargs):
     for every keyword of the Ops seam: one query takes the decode kernel only with no key mask, window
     or ALiBi, and the fused kernel honours the rest."""
     ops = _simulated_gpu_ops()
-    rng = np.random.default_rng(13)
     B, H, S, D = 2, 2, 7, 4
-    q = rng.standard_normal((B, H, T, D))
-    k, v = rng.standard_normal((B, H, S, D)), rng.standard_normal((B, H, S, D))
-    if kwargs.get("key_mask") == "padded":
-        key = np.ones((B, S), dtype=bool)
-        key[0, :3] = False
-        kwargs = {**kwargs, "key_mask": key}
-    if "alibi_slopes" in kwargs:
-        kwargs = {**kwargs, "alibi_slopes": np.array(kwargs["alibi_slopes"])}
+    q, k, v, kwargs = seam_attention_problem(np.random.default_rng(13), B, H, T, S, D, kwargs, n_pad=3)
     with nc.launch_config(threads=8, q_tile=4, k_tile=4):
         out = ops.attention(q, k, v, **kwargs)
     np.testing.assert_allclose(out, ref_attention.masked_attention(q, k, v, **kwargs), rtol=1e-10, atol=1e-12)

@@ -18,6 +18,7 @@ pytest.importorskip("numba", reason="the numba backend needs numba (pip install 
 from accel.numba_cpu.gpt2 import OPS  # noqa: E402
 from refimpl.gpt2 import GPT2Config, GPT2Model, GPT2Params, generate, generate_batch, logits  # noqa: E402
 from bounds import assert_product_close  # noqa: E402
+from strategies import seam_attention_problem  # noqa: E402
 
 CONFIG = GPT2Config(vocab_size=97, n_positions=64, n_embd=48, n_layer=2, n_head=4,
                     bos_token_id=None, eos_token_id=None)
@@ -111,16 +112,8 @@ def test_ops_attention_takes_the_twins_keywords(T, kwargs):
     window, sinks or ALiBi) and several: float64 results agree to rounding."""
     from refimpl.attention import masked_attention
 
-    rng = np.random.default_rng(11)
     B, H, S, D = 2, 3, 9, 8
-    q = rng.standard_normal((B, H, T, D))
-    k, v = rng.standard_normal((B, H, S, D)), rng.standard_normal((B, H, S, D))
-    if kwargs.get("key_mask") == "padded":
-        key = np.ones((B, S), dtype=bool)
-        key[0, :4] = False
-        kwargs = {**kwargs, "key_mask": key}
-    if "alibi_slopes" in kwargs:
-        kwargs = {**kwargs, "alibi_slopes": np.array(kwargs["alibi_slopes"])}
+    q, k, v, kwargs = seam_attention_problem(np.random.default_rng(11), B, H, T, S, D, kwargs, n_pad=4)
     out, ref = OPS.attention(q, k, v, **kwargs), masked_attention(q, k, v, **kwargs)
     assert out.shape == ref.shape == (B, H, T, D)
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)

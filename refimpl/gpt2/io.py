@@ -64,7 +64,7 @@ from .._files import (check_replaceable_folder, read_regular_bytes, read_regular
                       write_bytes_atomic, write_text_atomic)
 from ..checkpoint import NotARegularWeightFile as _NotARegularFile
 from ..checkpoint import Tensor as _Tensor
-from ..checkpoint import WeightFileError, safetensors_source, sharded_source
+from ..checkpoint import WeightFileError, read_checkpoint, safetensors_source, sharded_source
 from ..checkpoint import open_weights as _open_weights
 from ..checkpoint import read_small_file as _read_small_file
 from ..checkpoint import regular_file as _regular
@@ -170,25 +170,11 @@ def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[GPT2Con
     a directory) is refused at once.
     Raises WeightFileError for every problem with the files (see the module docstring).
     """
-    if dtype is not None and np.dtype(dtype).kind != "f":
-        raise ValueError(f"dtype must be a floating dtype or None; got {dtype!r}")
-    path = Path(path)
-    if not path.exists():
-        raise WeightFileError(f"{path}: no such file or directory")
-    try:
-        with ExitStack() as stack:
-            config, tensors = _open(path, stack, mmap)
-            return config, _build_params(config, tensors, dtype)
-    except _NotARegularFile as e:
-        raise WeightFileError(str(e)) from None
-    except WeightFileError as e:
-        raise WeightFileError(f"{path}: {e}") from None
-    except SafetensorsError as e:
-        raise WeightFileError(f"{path}: {e}") from None
-    except OSError as e:
-        raise WeightFileError(f"{path}: cannot read: {e}") from None
-    except MemoryError:
-        raise WeightFileError(f"{path}: not enough memory to load these weights") from None
+    def read(path: Path, stack: ExitStack) -> tuple[GPT2Config, GPT2Params]:
+        config, tensors = _open(path, stack, mmap)
+        return config, _build_params(config, tensors, dtype)
+
+    return read_checkpoint(path, dtype, read)
 
 
 def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[str, _Tensor]]:

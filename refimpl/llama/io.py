@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import (INDEX_NAME, NotARegularWeightFile, Tensor, WeightFileError, config_object, open_weights,
+from ..checkpoint import (INDEX_NAME, Tensor, WeightFileError, config_object, open_weights, read_checkpoint,
                           read_small_file, safetensors_source, sharded_source)
-from ..safetensors import SafetensorsError, _gc_paused
+from ..safetensors import _gc_paused
 from .config import LlamaConfig
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
@@ -59,26 +59,11 @@ def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[LlamaCo
     the stored dtype with bfloat16 as float32). mmap: map single safetensors files instead of
     reading them (float32 tensors then stay read-only views of the file).
     """
-    if dtype is not None and np.dtype(dtype).kind != "f":
-        raise ValueError(f"dtype must be a floating dtype or None; got {dtype!r}")
-    path = Path(path)
-    if not path.exists():
-        raise WeightFileError(f"{path}: no such file or directory")
-    try:
-        with ExitStack() as stack:
-            config = load_config(path)
-            tensors = _tensors(path, config, stack, mmap)
-            return config, _build(config, tensors, dtype)
-    except NotARegularWeightFile as e:
-        raise WeightFileError(str(e)) from None
-    except WeightFileError as e:
-        raise WeightFileError(e.args[0] if str(e).startswith(str(path)) else f"{path}: {e}") from None
-    except SafetensorsError as e:
-        raise WeightFileError(f"{path}: {e}") from None
-    except OSError as e:
-        raise WeightFileError(f"{path}: cannot read: {e}") from None
-    except MemoryError:
-        raise WeightFileError(f"{path}: not enough memory to load these weights") from None
+    def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams]:
+        config = load_config(path)
+        return config, _build(config, _tensors(path, config, stack, mmap), dtype)
+
+    return read_checkpoint(path, dtype, read)
 
 
 def _canonical(raw: dict) -> dict:
