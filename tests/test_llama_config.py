@@ -171,3 +171,17 @@ def test_bad_family_configs_name_the_field(model_type, change, message):
 def test_not_a_dict():
     with pytest.raises(ValueError, match="must be a JSON object; got list"):
         LlamaConfig.from_dict([])
+
+
+@pytest.mark.parametrize("model_type, nulls", [
+    ("mistral", dict(sliding_window=None)),  # Mistral-7B v0.2 and later: no window
+    ("phi3", dict(sliding_window=None)),
+    ("gemma2", dict(attn_logit_softcapping=None, final_logit_softcapping=None)),
+    ("llama", dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)),
+])
+def test_an_explicit_null_means_none_as_in_hugging_face(model_type, nulls):
+    """A null in config.json switches the setting off (as Hugging Face keeps it); only a missing key takes the default."""
+    d = {"model_type": model_type, **SHAPES_96, **nulls}
+    ours = LlamaConfig.from_dict(d)
+    assert all(getattr(ours, k) is None for k in nulls)
+    assert_agrees(ours, hf_config(model_type, **SHAPES_96, **nulls))

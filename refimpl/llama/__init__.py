@@ -6,11 +6,14 @@
              checkpoint_shapes(config), the one table of checkpoint tensor names and shapes
     io       load_weights(path) -> (config, params) from a Hugging Face directory (single or
              sharded safetensors) or one .safetensors file; no pickle on any path
+    checks   the checks at the door of the forward (ids, cache, mask, positions, the context limit)
+    model    the forward, read top to bottom: LlamaModel, KVCache, hidden_states, forward, logits
 """
 
 from .config import MODEL_TYPES, LlamaConfig, RopeParameters
 from .io import load_weights
+from .model import KVCache, LlamaModel, forward, hidden_states, logits
 from .params import LlamaBlockParams, LlamaParams, checkpoint_shapes
 
 __all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES", "LlamaParams", "LlamaBlockParams", "checkpoint_shapes",
-           "load_weights"]
+           "load_weights", "LlamaModel", "KVCache", "hidden_states", "forward", "logits"]

@@ -124,6 +124,10 @@ _COMMON = frozenset({
     "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "hidden_act",
     "rope_parameters", "rope_scaling", "rope_theta", "bos_token_id", "eos_token_id", "pad_token_id",
 })
+# Keys whose explicit null means "none" (no window, no soft-cap, no such token), as Hugging Face's config
+# classes keep it; a null of any other key takes the class's default, as a missing key does.
+_NULL_MEANS_NONE = frozenset({"sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
+                              "bos_token_id", "eos_token_id", "pad_token_id"})
 # model_type -> (the keys its Hugging Face config class adds, that class's defaults of the optional fields).
 # (Qwen2 and Qwen3 list sliding_window 4096 though it applies only with use_sliding_window; a missing
 # num_key_value_heads is num_attention_heads where no default is listed.)
@@ -290,7 +294,8 @@ class LlamaConfig:
         if unknown:
             raise ValueError(f"{model_type} config has fields this implementation does not implement: {unknown} "
                              "(refusing rather than ignoring them)")
-        get = {**defaults, **{k: v for k, v in d.items() if v is not None}}.get
+        given = {k: v for k, v in d.items() if v is not None or k in _NULL_MEANS_NONE}
+        get = {**defaults, **given}.get
         for required in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if get(required) is None:
                 raise ValueError(f"{model_type} config is missing the field {required!r}")

@@ -1,0 +1,313 @@
+"""The LLaMA-family decoder forward (LLaMA, Mistral, Qwen2 / 3, Gemma / Gemma-2, Phi-3) with a preallocated KV cache.
+
+Read top to bottom, as the data flows (Touvron et al. 2023, sec. 2.2; the families' differences
+are the config's fields and properties, refimpl.llama.config, each used in one place below):
+
+    ids [B, T] -> x = E[ids] (Gemma: * sqrt(C))                               (embed)
+               -> L x { x += attn(norm(x)); x += mlp(norm(x)) }            (pre-norm blocks; Gemma-2
+                                                                            norms each branch's output too)
+               -> h = norm(x) -> logits = h E_out^T                        (LM head; Gemma-2: cap tanh(logits / cap))
+
+    norm    RMSNorm (Zhang & Sennrich 2019); Gemma scales by (1 + w)
+    attn    q, k, v = h W_q (+ b), h W_k (+ b), h W_v (+ b), split into H and K heads of D;
+            Qwen3: RMSNorm of each q and k head over D; RoPE on q and k (Su et al. 2021; Phi-3
+            rotates the leading rotary_dim of each head); grouped-query attention (Ainslie et
+            al. 2023), causal, with the layer's sliding window (Mistral, Qwen2, Gemma-2, Phi-3)
+            and the padding key mask; then the output projection W_o
+    mlp     GLU (Shazeer 2020): (act(h W_gate) * h W_up) W_down, act SiLU or GELU
+
+Conventions: heads are an array axis; masks are boolean (True = may attend); queries are
+aligned to the end of the keys (refimpl.masks). float32 parameters give float32 logits,
+float64 give float64. The KV cache holds the ROTATED keys (each key is rotated once, at its
+own position); `forward` writes the new keys / values into it in place and advances
+`cache.length` after the last block; full is an error, never a reallocation. The inputs are
+checked once, at the door (refimpl.llama.checks); the equations call refimpl's unchecked
+bodies, except the two calls that carry the families' attention variants, `_rotate`
+(refimpl.positional.apply_rope) and `_attend` (refimpl.attention.masked_attention).
+
+Hook points (as refimpl.gpt2.model): `hidden_states` / `forward` take `hook`, a callable
+hook(name, x) -> x' called at each named intermediate; what it returns replaces x. The
+default, `no_hook`, is the identity. Names, with i the block index (shapes for ids [B, T]):
+
+    blocks.i.resid_pre [B, T, C]
+    blocks.i.attn.q [B, H, T, D], .k / .v [B, K, T, D]   projected (Qwen3: after q_norm / k_norm), before RoPE
+    blocks.i.attn.q_rot [B, H, T, D], .k_rot [B, K, T, D]  after RoPE (k_rot is what the cache stores)
+    blocks.i.attn.out [B, T, C]      after W_o (before Gemma-2's post_attn_norm)
+    blocks.i.resid_mid [B, T, C]
+    blocks.i.mlp.hidden [B, T, F]    act(h W_gate) * h W_up
+    blocks.i.mlp.out [B, T, C]       after W_down (before Gemma-2's post_mlp_norm)
+    blocks.i.resid_post [B, T, C]    norm.out [B, T, C]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._checks import check_float_dtype, check_positive_int
+from ..attention import masked_attention
+from ..ffn import _gelu_erf, _gelu_tanh, _silu
+from ..linear import _linear
+from ..norms import _rms_norm
+from ..positional import _positions_from_attention_mask, apply_rope
+from .checks import check_forward_inputs, check_params, check_token_ids, context_limit
+from .config import LlamaConfig
+from .params import LlamaBlockParams, LlamaParams
+
+__all__ = ["LlamaModel", "KVCache", "no_hook", "embed", "rms_norm", "attention", "mlp", "block", "hidden_states",
+           "lm_head", "forward", "logits"]
+
+
+# ----------------------------------------------------------------------------- the loaded model
+
+@dataclass(frozen=True, eq=False)
+class LlamaModel:
+    """A loaded LLaMA-family decoder: its config, its weights and its tokenizer (None when there is none).
+
+    Build one from refimpl.llama.load_weights: LlamaModel(*load_weights(path)).
+    `refimpl.llama.model.logits` takes it.
+    """
+
+    config: LlamaConfig
+    params: LlamaParams
+    tokenizer: object | None = None
+
+    def __post_init__(self) -> None:
+        check_params(self.params, self.config)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+@dataclass
+class KVCache:
+    """Rotated keys and the values of every layer for the tokens seen so far, preallocated.
+
+    k, v: [L, B, K, S_max, D] arrays (K key/value heads); entries [..., :length, :] are filled.
+    `forward` writes new tokens at [length, length + T) in place and then advances `length`
+    (the only field that changes). Full is an error, never a reallocation. Sliding-window layers
+    keep every key too (the window is a mask, so positions never wrap around).
+    """
+
+    k: np.ndarray  # [L, B, K, S_max, D]
+    v: np.ndarray  # [L, B, K, S_max, D]
+    length: int = 0
+
+    @classmethod
+    def allocate(cls, config: LlamaConfig, batch_size: int, max_len: int | None = None, *,
+                 dtype=np.float32) -> "KVCache":
+        """An empty cache for `batch_size` sequences of up to `max_len` tokens (default and most: the context limit).
+
+        The context limit is max_position_embeddings (refimpl.llama.checks); dynamic RoPE has
+        none, and then max_len must be given.
+        """
+        batch_size = check_positive_int(batch_size, "batch_size")
+        dtype = check_float_dtype(dtype, "dtype")
+        limit = context_limit(config)
+        if max_len is None:
+            if limit is None:
+                raise ValueError(f"max_len must be given: rope_type {config.rope.rope_type!r} has no context limit")
+            max_len = limit
+        max_len = check_positive_int(max_len, "max_len")
+        if limit is not None and max_len > limit:
+            raise ValueError(f"max_len must be at most max_position_embeddings={limit}; got {max_len}")
+        c = config
+        shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
+        return cls(np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype), 0)
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+# ----------------------------------------------------------------------------- the model
+
+def no_hook(name: str, x):  # (name, [...]) -> the same x
+    """The default hook: x itself. Every hook point calls the hook, so the plain forward is the hooked one."""
+    return x
+
+
+def _prefixed(hook, prefix: str):  # hook(name, x) -> hook(prefix + name, x); no_hook stays no_hook
+    return hook if hook is no_hook else lambda name, x: hook(prefix + name, x)
+
+
+_ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh, "gelu_new": _gelu_tanh, "gelu": _gelu_erf}
+
+
+def embed(params: LlamaParams, config: LlamaConfig, ids: np.ndarray) -> np.ndarray:  # [B, T] -> [B, T, C]
+    """x_t = E[id_t], times sqrt(C) for Gemma (rounded to the parameters' dtype first, as Hugging Face rounds it)."""
+    x = params.embed[ids]
+    if config.embed_scale is not None:
+        x = x * x.dtype.type(config.embed_scale)
+    return x
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig) -> np.ndarray:  # [..., C], [C] -> [..., C]
+    """x / sqrt(mean(x^2) + eps) * w; Gemma's weights are offsets from one: * (1 + w), 1 + w rounded first."""
+    return _rms_norm(x, w.dtype.type(1) + w if config.norm_plus_one else w, config.rms_norm_eps)
+
+
+def _rotate(x: np.ndarray, positions: np.ndarray, config: LlamaConfig, seq_len: int) -> np.ndarray:
+    """RoPE of each head at its row's positions: half-split pairs (Hugging Face's rotate_half), the leading rotary_dim dims.
+
+    Shapes: x [B, n, T, D] (n = H or K heads), positions [B|1, T] -> [B, n, T, D]. seq_len: the
+    keys seen, S (what a length-dependent frequency scaling would read).
+    """
+    rope = config.rope
+    if rope.rope_type != "default":
+        raise NotImplementedError(f"{config.model_type} config rope_type {rope.rope_type!r}: only 'default' RoPE "
+                                  "is implemented in the forward")
+    return apply_rope(x, positions[:, None, :], theta=rope.rope_theta, rotary_dim=config.rotary_dim)
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int) -> np.ndarray:
+    """softmax(q k^T * scale, causal, the layer's window, the key mask) v, H query heads sharing K key heads.
+
+    Shapes: q [B, H, T, D], k and v [B, K, S, D], key_mask [B, S] bool or None -> [B, H, T, D].
+    """
+    if config.attn_logit_softcapping is not None:
+        raise NotImplementedError(f"{config.model_type} config attn_logit_softcapping="
+                                  f"{config.attn_logit_softcapping}: attention logit soft-capping is not implemented "
+                                  "in the forward")
+    return masked_attention(q, k, v, causal=True, window=config.window(layer), key_mask=key_mask,
+                            scale=config.attention_scale)
+
+
+def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions: np.ndarray, *, key_mask=None,
+              cache: KVCache | None = None, layer: int = 0, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+    """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
+
+    Shapes: h [B, T, C] (normed), positions [B|1, T] ints, key_mask [B, S] bool or None.
+    With a cache, the rotated k and v go to cache.k/v[layer] at [length, length + T) and
+    attention reads the filled prefix [0, length + T) as views; the caller advances
+    cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .out.
+    """
+    c, B, T = config, h.shape[0], h.shape[1]
+    H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    q = _linear(h, p.attn.q.w, p.attn.q.b).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    k = _linear(h, p.attn.k.w, p.attn.k.b).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
+    v = _linear(h, p.attn.v.w, p.attn.v.b).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
+    if c.qk_norm:  # Qwen3: each head normed over D
+        q, k = rms_norm(q, p.q_norm, c), rms_norm(k, p.k_norm, c)
+    q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
+    start = 0 if cache is None else cache.length
+    S = start + T
+    q, k = hook("attn.q_rot", _rotate(q, positions, c, S)), hook("attn.k_rot", _rotate(k, positions, c, S))
+    if cache is not None:
+        cache.k[layer, :, :, start:S] = k  # written in place
+        cache.v[layer, :, :, start:S] = v
+        k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
+    y = _attend(q, k, v, key_mask, c, layer)  # [B, H, T, D]
+    y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
+    return hook("attn.out", _linear(y, p.attn.o.w, p.attn.o.b))  # [B, T, C]
+
+
+def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+    """MLP(h) = (act(h W_gate) * (h W_up)) W_down  (Shazeer 2020, eq. 6: SwiGLU for act = SiLU, GeGLU for GELU).
+
+    act: config.hidden_act (silu; gelu_pytorch_tanh / gelu_new the tanh form; gelu the erf form).
+    hook sees mlp.hidden [B, T, F] and mlp.out [B, T, C].
+    """
+    g = p.mlp
+    a = hook("mlp.hidden", _ACTIVATIONS[config.hidden_act](_linear(h, g.gate.w, g.gate.b)) * _linear(h, g.up.w, g.up.b))
+    return hook("mlp.out", _linear(a, g.down.w, g.down.b))
+
+
+def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions: np.ndarray, *, key_mask=None,
+          cache: KVCache | None = None, layer: int = 0, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+    """x <- x + Attn(norm(x)); x <- x + MLP(norm(x))  (pre-norm residual block; Gemma-2 norms each branch's output too).
+
+    hook sees blocks.{layer}.resid_pre, .resid_mid, .resid_post and the attention / MLP names
+    under the same prefix.
+    """
+    local = _prefixed(hook, f"blocks.{layer}.")
+    x = local("resid_pre", x)
+    a = attention(rms_norm(x, p.attn_norm, config), p, config, positions, key_mask=key_mask, cache=cache,
+                  layer=layer, hook=local)
+    if config.sandwich_norms:
+        a = rms_norm(a, p.post_attn_norm, config)
+    x = local("resid_mid", x + a)
+    m = mlp(rms_norm(x, p.mlp_norm, config), p, config, hook=local)
+    if config.sandwich_norms:
+        m = rms_norm(m, p.post_mlp_norm, config)
+    return local("resid_post", x + m)
+
+
+def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
+                  attention_mask=None, positions=None, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, C]
+    """h = norm(Block_L(... Block_1(E[ids])))  (the input to the LM head).
+
+    Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token, 0 =
+    pad) covering the cached tokens and the new ones, S = cache.length + T; positions [B, T]
+    or [T]. Returns [B, T, C] in the parameters' dtype.
+    Notes:
+    - Positions: given, else from the mask as Hugging Face's generation does (cumsum - 1: each
+      row's first real token is position 0, so a left-padded row equals the row run alone),
+      else cache.length + arange(T).
+    - Mask: query i sees key j iff j <= S - T + i (causal), S - T + i - j < window on sliding
+      layers, and key j is real. A pad query sees no key and its row is zero (its outputs are
+      meaningless and must be ignored).
+    - Context: S and the positions within max_position_embeddings (refimpl.llama.checks).
+    - Cache: new rotated keys / values are written at [length, length + T); length advances by T.
+    - hook: hook(name, x) -> x' at every named intermediate (module docstring); None is no_hook.
+    """
+    hook = no_hook if hook is None else hook
+    ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
+                                                           attention_mask=attention_mask, positions=positions)
+    T = ids.shape[1]
+    if positions is None:
+        positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
+                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
+    x = embed(params, config, ids)  # [B, T, C]
+    for layer, p in enumerate(params.blocks):
+        x = block(x, p, config, positions, key_mask=key_mask, cache=cache, layer=layer, hook=hook)
+    if cache is not None:
+        cache.length = start + T
+    return hook("norm.out", rms_norm(x, params.norm, config))  # [B, T, C]
+
+
+def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarray:  # [..., C] -> [..., V]
+    """logits = h E_out^T (E_out: lm_head, or the tied embedding); Gemma-2: cap tanh(logits / cap)."""
+    z = h @ params.output_embedding.T
+    cap = config.final_logit_softcapping
+    if cap is not None:
+        cap = z.dtype.type(cap)
+        z = cap * np.tanh(z / cap)
+    return z
+
+
+def forward(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
+            attention_mask=None, positions=None, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, V]
+    """logits = lm_head(norm(transformer(ids))): next-token scores at every position.
+
+    Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype. See hidden_states for the
+    cache, attention_mask, positions and hook.
+    """
+    return lm_head(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
+                                 positions=positions, hook=hook), params, config)
+
+
+def logits(model: LlamaModel, ids, *, attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+    """The model's next-token scores at every position (see forward).
+
+    Shapes: ids [B, T] -> [B, T, V]; ids [T] -> [T, V]. attention_mask [B, T] (or [T]), 1 / True
+    = real token, for left-padded batches (positions then come from the mask). Returns a NumPy
+    array in the parameters' dtype (float32 for load_weights' default).
+    """
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"model must be a LlamaModel (LlamaModel(*refimpl.llama.load_weights(path))); "
+                        f"got {type(model).__name__}")
+    ids = check_token_ids(ids, model.config)
+    if ids.ndim not in (1, 2):
+        raise ValueError(f"ids must have shape [T] or [B, T]; got shape {ids.shape}")
+    single = ids.ndim == 1
+    if attention_mask is not None and single:
+        attention_mask = np.asarray(attention_mask)
+        if attention_mask.ndim == 1:
+            attention_mask = attention_mask[None]
+    out = forward(model.params, model.config, ids[None] if single else ids, attention_mask=attention_mask)
+    return out[0] if single else out
