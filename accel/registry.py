@@ -136,10 +136,11 @@ KERNELS: list[KernelSpec] = [
     KernelSpec(
         "apply_rope", "numba", "accel.numba_cpu.positional:apply_rope", "refimpl.positional:apply_rope", _F32_F64,
         rtol={"float32": 1e-6, "float64": 1e-11}, atol={"float32": 1e-6, "float64": 1e-11},
-        note="angles and cos/sin tables are the twin's own (refimpl.positional.rope_frequencies in float64, "
-             "then the twin's cast), the 2x2 rotation in the input dtype: float64 output equals the twin's "
-             "bit for bit (tests/test_accel_differential.py); float32 differs from the float64 twin by the "
-             "rotation's ~3 roundings of |x| and the tables' rounding to float32 (2^-24 relative each)",
+        note="angles and a cos / a sin tables are the twin's own (the shared check's float64 frequencies, "
+             "given or theta^(-2i/R), times the attention factor a, then the twin's cast), the 2x2 rotation in "
+             "the input dtype: float64 output equals the twin's bit for bit (tests/test_accel_differential.py); "
+             "float32 differs from the float64 twin by the rotation's ~3 roundings of a |x| and the tables' "
+             "rounding to float32 (2^-24 relative each); a <= ~1.5 in the cases",
     ),
     KernelSpec(
         "masked_attention", "numba", "accel.numba_cpu.attention:masked_attention", "refimpl.attention:masked_attention",
@@ -202,9 +203,10 @@ KERNELS: list[KernelSpec] = [
         "apply_rope", "numba_cuda", "accel.numba_cuda.positional:apply_rope", "refimpl.positional:apply_rope",
         _F32_F64,
         rtol={"float32": 1e-6, "float64": 1e-12}, atol={"float32": 1e-6, "float64": 1e-12}, sizes="tiny",
-        note="angles p * w_i bit-identical to the twin's (float64, its own rope_frequencies); cos / sin in "
-             "float64 cast to the dtype, then a 2x2 rotation (possibly FMA-contracted): float32 error ~3 "
-             "roundings of |x|; float64 only libdevice's last-ulp cos / sin differences",
+        note="angles p * w_i bit-identical to the twin's (the shared check's float64 frequencies); a cos / "
+             "a sin in float64 (a the attention factor) cast to the dtype, then a 2x2 rotation (possibly "
+             "FMA-contracted): float32 error ~3 roundings of a |x|; float64 only libdevice's last-ulp cos / sin "
+             "differences",
     ),
     KernelSpec(
         "masked_attention", "numba_cuda", "accel.numba_cuda.attention:masked_attention",

@@ -108,7 +108,24 @@ def _case_gelu_tanh(rng, dtype, d) -> Case:  # dims: lead, F, scale, special (GE
     return Case(case.args[:1], {}, case.shapes)
 
 
-def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, interleaved, per_row, max_pos
+def _rope_scaling(rng, kind: str, R: int) -> dict:  # -> apply_rope's frequencies [R/2] and attention_factor
+    """Scaled frequencies (refimpl.rope_scaling) of a long-context config, and its attention factor."""
+    from refimpl.rope_scaling import rope_attention_factor, scaled_rope_frequencies
+
+    params = {
+        "llama3": dict(rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=64),
+        "yarn": dict(rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128),
+        "longrope": dict(rope_theta=10000.0, short_factor=list(1 + rng.random(R // 2)),
+                         long_factor=list(1 + 3 * rng.random(R // 2)), original_max_position_embeddings=128,
+                         factor=4.0),
+    }[kind]
+    w = scaled_rope_frequencies(R, rope_type=kind, seq_len=1000, **params)
+    return {"frequencies": w, "attention_factor": rope_attention_factor(kind, **params)}
+
+
+def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, interleaved, per_row, max_pos, scaling
+    # scaling: None, or "llama3" / "yarn" / "longrope" (scaled frequencies and their attention factor)
     shape = (*d["lead"], d["T"], d["D"])
     x = _normal(rng, shape, dtype)
     pos_shape = (*d["lead"][:1], *([1] * (len(d["lead"]) - 1)), d["T"]) if d.get("per_row") and d["lead"] else (d["T"],)
@@ -116,7 +133,11 @@ def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, in
     kw = {"interleaved": d["interleaved"]}
     if d.get("rotary_dim") is not None:
         kw["rotary_dim"] = d["rotary_dim"]
-    return Case((x, positions), kw, f"x{shape} pos{tuple(pos_shape)} " + ", ".join(f"{k}={v}" for k, v in kw.items()))
+    label = ", ".join(f"{k}={v}" for k, v in kw.items())
+    if d.get("scaling"):
+        kw.update(_rope_scaling(rng, d["scaling"], d.get("rotary_dim") or d["D"]))
+        label += f", {d['scaling']} frequencies, attention_factor={kw['attention_factor']:.4g}"
+    return Case((x, positions), kw, f"x{shape} pos{tuple(pos_shape)} " + label)
 
 
 def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale special
@@ -214,8 +235,12 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
     },
     "apply_rope": {
         "full": [dict(lead=(2, 3), T=17, D=16, interleaved=False), dict(lead=(2, 3), T=9, D=10, interleaved=True, per_row=True),
-                 dict(lead=(2,), T=5, D=12, interleaved=False, rotary_dim=8, max_pos=10000)],
-        "tiny": [dict(lead=(2,), T=3, D=6, interleaved=False), dict(lead=(2,), T=3, D=4, interleaved=True, per_row=True)],
+                 dict(lead=(2,), T=5, D=12, interleaved=False, rotary_dim=8, max_pos=10000),
+                 dict(lead=(2, 3), T=11, D=16, interleaved=False, per_row=True, max_pos=10000, scaling="llama3"),
+                 dict(lead=(2, 2), T=7, D=12, interleaved=True, max_pos=10000, scaling="yarn"),
+                 dict(lead=(2,), T=6, D=16, interleaved=False, rotary_dim=8, max_pos=10000, scaling="longrope")],
+        "tiny": [dict(lead=(2,), T=3, D=6, interleaved=False), dict(lead=(2,), T=3, D=4, interleaved=True, per_row=True),
+                 dict(lead=(2,), T=3, D=8, interleaved=False, rotary_dim=4, max_pos=10000, scaling="yarn")],
     },
     "masked_attention": {
         "full": [

@@ -182,7 +182,8 @@ def _rope_pair_permutation(d: int) -> np.ndarray:  # -> [d] int64; no checks
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
 
 
-def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
+def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None, frequencies=None,
+               attention_factor=1.0) -> np.ndarray:  # [..., T, D] -> [..., T, D]
     """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p  (Su et al. 2021, RoFormer, sec. 3.2.2 and 3.4.2).
 
     Equivalently, in complex form, (a + ib) * exp(i p w_i). Since rotations are orthogonal
@@ -190,7 +191,7 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
 
     Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes
     (ints or floats: any position ids, e.g. offset for cached decoding, or per-row ids under
-    padding) -> [..., T, D] in x's dtype.
+    padding); frequencies [R/2] -> [..., T, D] in x's dtype.
     Notes:
     - Pairing convention. interleaved=False (default) pairs dims (i, i + R/2): GPT-NeoX,
       LLaMA in Hugging Face, `rotate_half`. interleaved=True pairs (2i, 2i+1): RoFormer,
@@ -198,23 +199,34 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
       same map up to the fixed permutation of `rope_pair_permutation`; a checkpoint
       trained with one gives wrong outputs with the other.
     - rotary_dim (R, default D, must be even): only dims [0, R) are rotated and dims [R, D)
-      pass through unchanged (GPT-NeoX / GPT-J partial rotary); frequencies use R:
+      pass through unchanged (GPT-NeoX / GPT-J / Phi-3 partial rotary); frequencies use R:
       w_i = theta^(-2i/R).
+    - frequencies: the w_i to use instead of theta^(-2i/R), any R/2 finite reals (the scaled
+      ones of refimpl.rope_scaling.scaled_rope_frequencies: linear, NTK, llama3, YaRN,
+      LongRoPE). When given, theta is not used (it is still checked).
+    - attention_factor a (finite, > 0; 1 by default): cos and sin are multiplied by a, so the
+      rotated dims become a R(p w) x and the rotated part of every score q.k is scaled by
+      a^2 (Hugging Face's attention_scaling for YaRN and LongRoPE). The pass-through dims
+      [R, D) are not scaled, as in Hugging Face's apply_rotary_pos_emb (Phi-3 partial rotary
+      concatenates the untouched x[..., R:] after the scaled rotation).
     - Batched positions: positions broadcast against x.shape[:-2] from the right, as in
       NumPy. For x [B, H, T, D] and per-row positions [B, T], pass positions[:, None, :]
       ([B, 1, T]); [B, T] would be aligned with [H, T].
-    - Precision: angles p * w_i are computed in float64 and cos / sin are cast to x's dtype
-      before the multiply (as Hugging Face casts cos / sin to the activations' dtype).
-    See also: rope_frequencies, rope_pair_permutation.
+    - Precision: angles p * w_i are computed in float64, and a cos / a sin in float64 are
+      cast to x's dtype before the multiply (as Hugging Face casts cos / sin, attention
+      scaling included, to the activations' dtype). With a = 1 the product is exact, so the
+      defaults give the plain cos / sin.
+    See also: rope_frequencies, rope_pair_permutation, refimpl.rope_scaling.
     """
-    x, pos, interleaved, R = check_rope_inputs(x, positions, interleaved=interleaved, rotary_dim=rotary_dim)
-    return _apply_rope(x, pos, check_positive_real(theta, "theta"), interleaved, R)
+    return _apply_rope(*check_rope_inputs(x, positions, theta=theta, interleaved=interleaved, rotary_dim=rotary_dim,
+                                          frequencies=frequencies, attention_factor=attention_factor))
 
 
-def _apply_rope(x: np.ndarray, pos: np.ndarray, theta: float, interleaved: bool, R: int) -> np.ndarray:  # [..., T, D], [..., T] -> [..., T, D]
-    """RoPE with no checks: inputs already validated (check_rope_inputs; theta a finite float > 0)."""
-    angles = pos.astype(np.float64)[..., None] * _rope_frequencies(R, theta)  # [..., T, R/2]
-    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)  # [..., T, R/2]
+def _apply_rope(x: np.ndarray, pos: np.ndarray, w: np.ndarray, scale: float, interleaved: bool,
+                R: int) -> np.ndarray:  # [..., T, D], [..., T], [R/2] float64 -> [..., T, D]
+    """RoPE with no checks: inputs already validated (check_rope_inputs; w the frequencies, scale the attention factor)."""
+    angles = pos.astype(np.float64)[..., None] * w  # [..., T, R/2]
+    cos, sin = (scale * np.cos(angles)).astype(x.dtype), (scale * np.sin(angles)).astype(x.dtype)  # [..., T, R/2]
     x_rot, x_pass = x[..., :R], x[..., R:]  # [..., T, R], [..., T, D-R]
     if interleaved:
         a, b = x_rot[..., 0::2], x_rot[..., 1::2]  # pairs (2i, 2i+1): [..., T, R/2] each
@@ -386,11 +398,14 @@ def _check_positions_from_attention_mask(mask, pad_position) -> tuple[np.ndarray
     return m, check_positive_int(pad_position, "pad_position", allow_zero=True)
 
 
-def check_rope_inputs(x, positions, *, interleaved, rotary_dim):  # [..., T, D], [..., T] -> (x, positions, bool, R)
+def check_rope_inputs(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None, frequencies=None,
+                      attention_factor=1.0):  # [..., T, D], [..., T] -> (x, positions, w [R/2], a, bool, R)
     """apply_rope's argument checks, in order (shared with the accel kernels, so they raise the same errors).
 
     Returns x as a float array, positions as an array (integers or floats, [T] or [..., T]
-    broadcasting to x's leading axes), interleaved as a bool and the rotary width R (even, <= D).
+    broadcasting to x's leading axes), the frequencies w [R/2] as float64 (theta^(-2i/R) unless
+    `frequencies` is given), the attention factor as a float, interleaved as a bool and the
+    rotary width R (even, <= D).
     """
     x = as_float(x, "x")
     check_ndim(x, "x", 2, "[..., T, D]")
@@ -414,7 +429,18 @@ def check_rope_inputs(x, positions, *, interleaved, rotary_dim):  # [..., T, D],
     if lead != x.shape[:-2]:
         raise ValueError(f"positions leading axes {pos.shape[:-1]} must broadcast to x's leading axes "
                          f"{x.shape[:-2]} (x [..., T, D] has shape {x.shape}); got positions shape {pos.shape}")
-    return x, pos, interleaved, R
+    theta = check_positive_real(theta, "theta")
+    if frequencies is None:
+        w = _rope_frequencies(R, theta)
+    else:
+        w = as_float(frequencies, "frequencies").astype(np.float64)
+        if w.shape != (R // 2,):
+            raise ValueError(f"frequencies must have shape [R/2] = ({R // 2},) for rotary width R={R}; "
+                             f"got shape {w.shape}")
+        if not np.isfinite(w).all():
+            raise ValueError(f"frequencies must be finite; got {w[~np.isfinite(w)][:4].tolist()} among them")
+    scale = check_positive_real(attention_factor, "attention_factor")
+    return x, pos, w, scale, interleaved, R
 
 
 def _check_alibi_bias(n_heads_or_slopes, T, S, dtype) -> tuple[np.ndarray, int, int, np.dtype]:  # -> (slopes [H], T, S, dtype)

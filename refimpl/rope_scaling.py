@@ -13,7 +13,8 @@ or max_position_embeddings for dynamic NTK); s the length of the sequence being 
               (Ding et al. 2024; Phi-3)
 
 yarn and longrope also scale cos and sin by an attention factor (`rope_attention_factor`), which
-multiplies every score q.k by its square. The parameter names are Hugging Face's rope_parameters
+multiplies every score q.k by its square. Both go to refimpl.positional.apply_rope as
+`apply_rope(x, positions, frequencies=w, attention_factor=a, rotary_dim=d)`. The parameter names are Hugging Face's rope_parameters
 keys, so `scaled_rope_frequencies(d, **rope_parameters, ...)` takes a config's dict as it is.
 """
 

@@ -114,12 +114,14 @@ def gelu_dims_NF(draw, tiny: bool = False) -> dict:
 
 @st.composite
 def rope_dims_NTD(draw, tiny: bool = False) -> dict:
-    """x [..., T, D] (D even), positions [T] or per batch row, partial rotary_dim, both pairings."""
+    """x [..., T, D] (D even), positions [T] or per batch row, partial rotary_dim, both pairings, and
+    scaled frequencies with an attention factor (accel.verify's `scaling`) or none."""
     D = 2 * draw(dims(1, 3 if tiny else 8))
     rotary = draw(st.one_of(st.none(), dims(1, D // 2).map(lambda r: 2 * r)))
     return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), T=draw(dims(1, 4 if tiny else 9)), D=D,
                 rotary_dim=rotary, interleaved=draw(st.booleans()), per_row=draw(st.booleans()),
-                max_pos=draw(st.sampled_from([16, 10000])))
+                max_pos=draw(st.sampled_from([16, 10000])),
+                scaling=draw(st.sampled_from([None, "llama3", "yarn", "longrope"])))
 
 
 @st.composite

@@ -189,6 +189,24 @@ def test_apply_rope_matches_twin(dtype, interleaved):
                                                                    "theta": 500.0})
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_apply_rope_with_scaled_frequencies_matches_twin(dtype):
+    """Given frequencies (YaRN's, from refimpl.rope_scaling) and an attention factor reach the kernel:
+    equal to the twin, which differs from unscaled RoPE far beyond the tolerance; pass-through dims copied."""
+    from refimpl.rope_scaling import rope_attention_factor, scaled_rope_frequencies
+
+    rng = np.random.default_rng(7)
+    x = rand(rng, (2, 3, 5, 8), dtype)
+    positions = rng.integers(0, 10_000, size=(2, 1, 5))
+    yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128)
+    kw = {"rotary_dim": 6, "frequencies": scaled_rope_frequencies(6, **yarn), "attention_factor": rope_attention_factor(**yarn)}
+    with nc.launch_config(threads=8):
+        assert_matches_twin("apply_rope", (x, positions), kw)
+        out = nc.apply_rope(x, positions, **kw)
+    np.testing.assert_array_equal(out[..., 6:], x[..., 6:])
+    assert np.abs(out - ref_positional.apply_rope(x, positions, rotary_dim=6)).max() > 0.01
+
+
 def test_apply_rope_keeps_norms():
     """Each pair is turned by an orthogonal 2x2 rotation, so ||rope(x)|| = ||x|| per row."""
     rng = np.random.default_rng(6)
@@ -558,6 +576,9 @@ def test_dtype_in_equals_dtype_out_float16_runs_in_float32():
     (lambda: nc.softmax(np.ones(3, np.complex64)), TypeError, "real floating"),
     (lambda: nc.gelu_tanh_bias(np.ones((2, 3)), np.ones(2)), ValueError, "b must have shape"),
     (lambda: nc.apply_rope(np.ones((2, 5)), np.arange(2)), ValueError, "even head dim"),
+    (lambda: nc.apply_rope(np.ones((2, 4)), np.arange(2), frequencies=np.ones(3)), ValueError,
+     r"frequencies must have shape \[R/2\]"),
+    (lambda: nc.apply_rope(np.ones((2, 4)), np.arange(2), attention_factor=-1.0), ValueError, "attention_factor"),
     (lambda: nc.masked_attention(np.ones((1, 3, 2, 4)), np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4))),
      ValueError, "multiple of the key/value heads"),
     (lambda: nc.masked_attention(np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4)),

@@ -168,6 +168,9 @@ BAD_CALLS = [
     ("gelu_tanh_bias", lambda: (np.zeros((2, 3)), np.zeros(2)), {}),
     ("apply_rope", lambda: (np.zeros((2, 5)), np.arange(2)), {}),
     ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(3)), {}),
+    ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(2)), {"frequencies": np.ones(4)}),
+    ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(2)), {"frequencies": [1.0, np.inf]}),
+    ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(2)), {"attention_factor": 0.0}),
     ("masked_attention", lambda: (np.zeros((1, 3, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))), {}),
     ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
      {"n_sink": 2, "causal": True}),
@@ -577,16 +580,19 @@ def test_decode_attention_copies_only_what_blas_cannot_read():
 
 @settings(max_examples=30, deadline=None)
 @given(T=st.integers(1, 12), half=st.integers(1, 8), extra=st.integers(0, 3), interleaved=st.booleans(),
-       max_pos=st.sampled_from([10, 1000, 10000]), seed=st.integers(0, 2**32 - 1))
-def test_apply_rope_float64_is_the_twin_bit_for_bit(T, half, extra, interleaved, max_pos, seed):
+       max_pos=st.sampled_from([10, 1000, 10000]), scaled=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_apply_rope_float64_is_the_twin_bit_for_bit(T, half, extra, interleaved, max_pos, scaled, seed):
     """In float64 the numba RoPE uses the twin's own angle tables, so the outputs are identical (the
-    registry note's claim); rotary_dim < D leaves the tail untouched in both."""
+    registry note's claim); rotary_dim < D leaves the tail untouched in both. The same with given
+    frequencies and an attention factor (a cos, a sin formed in float64 as in the twin)."""
     fn, twin = _numba("apply_rope")
     rng = np.random.default_rng(seed)
     D = 2 * half + 2 * extra
     x = rng.standard_normal((2, 3, T, D))
     pos = rng.integers(0, max_pos, size=(2, 1, T))
     kw = dict(interleaved=interleaved, rotary_dim=2 * half)
+    if scaled:
+        kw.update(frequencies=rng.random(half) ** 3, attention_factor=float(0.5 + rng.random()))
     np.testing.assert_array_equal(fn(x, pos, **kw), twin(x, pos, **kw))
 
 

@@ -95,10 +95,14 @@ CASES = {
     "glu": (lambda: F.glu(x, glp, activation=F.relu), lambda: F._glu(x, glp, F.relu)),
     "swiglu": (lambda: F.swiglu(x, glp), lambda: F._swiglu(x, glp)),
     "geglu": (lambda: F.geglu(x, glp), lambda: F._geglu(x, glp, F.gelu_erf)),
-    "apply_rope": (lambda: P.apply_rope(xr, pos), lambda: P._apply_rope(xr, pos, 10000.0, False, D)),
+    "apply_rope": (lambda: P.apply_rope(xr, pos),
+                   lambda: P._apply_rope(xr, pos, P._rope_frequencies(D, 10000.0), 1.0, False, D)),
     "apply_rope interleaved partial": (
         lambda: P.apply_rope(xr, pos * 0.5, theta=500, interleaved=True, rotary_dim=4),
-        lambda: P._apply_rope(xr, pos * 0.5, 500.0, True, 4)),
+        lambda: P._apply_rope(xr, pos * 0.5, P._rope_frequencies(4, 500.0), 1.0, True, 4)),
+    "apply_rope scaled frequencies": (
+        lambda: P.apply_rope(xr, pos, frequencies=[0.5, 1e-3], attention_factor=1.25, rotary_dim=4),
+        lambda: P._apply_rope(xr, pos, np.array([0.5, 1e-3]), 1.25, False, 4)),
     "rope_frequencies": (lambda: P.rope_frequencies(D, theta=50), lambda: P._rope_frequencies(D, 50.0)),
     "rope_pair_permutation": (lambda: P.rope_pair_permutation(D), lambda: P._rope_pair_permutation(D)),
     "sinusoidal_encoding": (lambda: P.sinusoidal_encoding(7, 9, dtype=f32),

@@ -312,6 +312,134 @@ def test_rope_batched_positions_broadcast(B, H, T, half_d, data):
         np.testing.assert_array_equal(y[b], apply_rope(x[b], pos[b, 0]))
 
 
+def _rope_reference_before_scaling(x, pos, theta, interleaved, R):  # apply_rope as it was before frequencies=
+    """The pre-`frequencies` body, kept verbatim as the baseline the defaults must reproduce bit for bit."""
+    angles = pos.astype(np.float64)[..., None] * rope_frequencies(R, theta=theta)
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    x_rot, x_pass = x[..., :R], x[..., R:]
+    a, b = (x_rot[..., 0::2], x_rot[..., 1::2]) if interleaved else (x_rot[..., :R // 2], x_rot[..., R // 2:])
+    a_out, b_out = a * cos - b * sin, a * sin + b * cos
+    rot = (np.stack([a_out, b_out], axis=-1).reshape(x_rot.shape) if interleaved
+           else np.concatenate([a_out, b_out], axis=-1))
+    return np.concatenate([rot, x_pass], axis=-1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@given(data=st.data(), theta=st.sampled_from([10000.0, 500000.0, 7.0]), float_pos=st.booleans())
+def test_rope_given_default_frequencies_is_theta_bit_for_bit(dtype, interleaved, data, theta, float_pos):
+    """frequencies=rope_frequencies(R, theta=t) is the array the theta path builds, and attention_factor=1
+    multiplies cos / sin exactly (1 * c = c in float64), so all three calls below run the same float
+    operations on the same numbers: identical bits, equal to the formula as it was before the two keywords."""
+    x, pos, R = data.draw(rope_inputs(dtype, float_positions=float_pos))
+    R_ = x.shape[-1] if R is None else R
+    by_theta = apply_rope(x, pos, theta=theta, interleaved=interleaved, rotary_dim=R)
+    given_w = apply_rope(x, pos, frequencies=rope_frequencies(R_, theta=theta), interleaved=interleaved,
+                         rotary_dim=R, attention_factor=1.0)
+    assert given_w.dtype == by_theta.dtype == dtype
+    assert given_w.tobytes() == by_theta.tobytes()
+    assert by_theta.tobytes() == _rope_reference_before_scaling(x, pos, theta, interleaved, R_).tobytes()
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@given(data=st.data(), f=st.floats(1.0, 64.0), theta=st.sampled_from([10000.0, 500000.0]))
+def test_rope_linear_scaled_frequencies_are_rope_at_positions_over_factor(interleaved, data, f, theta):
+    """With w' = w / f, the angle p w' = (p / f) w, so apply_rope(x, p, frequencies=w/f) = apply_rope(x, p/f).
+    In floating point the angles are fl(p fl(w/f)) and fl(fl(p/f) w): each is theta_i = p w_i / f times
+    (1 + d) with |d| <= 2u (u = 2^-53, two roundings), so they differ by <= 4u theta_i; cos and sin are
+    1-Lipschitz and NumPy's are within 1 ulp (u each side, 2u); the rotation adds <= 2u (|a| + |b|) per
+    output on each side. Per output: |diff| <= (|a| + |b|) (4u theta_max + 2u + 4u); asserted with a 2x
+    margin, (|a| + |b|) u (8 theta_max + 12), theta_max = max |p| / f (w_0 = 1 is the largest w)."""
+    x, pos, R = data.draw(rope_inputs(np.float64))
+    R = x.shape[-1] if R is None else R
+    w = rope_frequencies(R, theta=theta)
+    scaled = apply_rope(x, pos, frequencies=w / f, interleaved=interleaved, rotary_dim=R)
+    at_p_over_f = apply_rope(x, pos / f, theta=theta, interleaved=interleaved, rotary_dim=R)
+    np.testing.assert_array_equal(scaled[..., R:], x[..., R:])
+    u = 2.0 ** -53
+    theta_max = np.abs(pos).max() / f
+    bound = 2 * np.abs(x[..., :R]).max() * u * (8 * theta_max + 12)
+    diff = np.abs(scaled - at_p_over_f).max()
+    assert diff <= bound, f"linear-scaled RoPE vs RoPE at p / f: {diff:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", FLOATS)
+@given(data=st.data(), a=st.floats(0.25, 4.0), theta=st.sampled_from([10000.0, 10.0]))
+def test_rope_attention_factor_scales_the_rotated_pairs_only(dtype, interleaved, data, a, theta):
+    """With cos, sin scaled by a, each pair maps (x_a, x_b) -> a R(p w) (x_a, x_b): its norm becomes a times
+    the old one (R is orthogonal), up to the rounding of a cos, a sin to the dtype and of the rotation
+    (relative ~3 eps). The pass-through dims [R, D) are copied unchanged (Hugging Face's rule too), and
+    the result equals a times the unscaled rotation to the same rounding."""
+    x, pos, R = data.draw(rope_inputs(dtype))
+    y = apply_rope(x, pos, theta=theta, interleaved=interleaved, rotary_dim=R, attention_factor=a)
+    y1 = apply_rope(x, pos, theta=theta, interleaved=interleaved, rotary_dim=R)
+    assert y.dtype == dtype
+    R = x.shape[-1] if R is None else R
+    np.testing.assert_array_equal(y[..., R:], x[..., R:])
+    perm = rope_pair_permutation(R)
+    xp, yp = (x[..., perm], y[..., perm]) if interleaved else (x[..., :R], y[..., :R])  # half-split layout
+    h = R // 2
+    pair_x = np.hypot(xp[..., :h].astype(np.float64), xp[..., h:])
+    pair_y = np.hypot(yp[..., :h].astype(np.float64), yp[..., h:])
+    err = np.abs(pair_y - a * pair_x).max()
+    assert err <= 10 * TOL[dtype] * a * (1 + pair_x.max()), f"pair-norm vs a * norm: {err:.3e}"
+    np.testing.assert_allclose(y[..., :R], a * y1[..., :R].astype(np.float64), rtol=0,
+                               atol=10 * TOL[dtype] * a * (1 + np.abs(x).max()))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", FLOATS)
+@given(data=st.data(), shift=st.integers(-2000, 2000), a=st.floats(0.5, 2.0))
+def test_rope_dot_product_depends_only_on_offset_for_any_frequencies(dtype, interleaved, data, shift, a):
+    """The proof of test_rope_dot_product_depends_only_on_offset uses only that pair i turns by the angle
+    p w_i, linear in p (R(m)^T R(n) = R(n - m) per plane, whatever w_i): it holds for any frequencies,
+    scaled ones included. With the attention factor the dot product is a^2 <q, R(n - m) k>."""
+    lead = data.draw(batch_shapes(max_dims=1))
+    T = data.draw(dims(1, 5))
+    half = data.draw(dims(1, 8))
+    q = data.draw(random_arrays(lead + (T, 2 * half), dtype))
+    k = data.draw(random_arrays(lead + (T, 2 * half), dtype))
+    w = np.asarray(data.draw(st.lists(st.floats(-1.0, 1.0), min_size=half, max_size=half)))
+    m = np.asarray(data.draw(st.lists(st.integers(-1000, 1000), min_size=T, max_size=T)))
+    n = np.asarray(data.draw(st.lists(st.integers(-1000, 1000), min_size=T, max_size=T)))
+
+    def dots(pm, pn):
+        kw = dict(frequencies=w, attention_factor=a, interleaved=interleaved)
+        return np.sum(apply_rope(q, pm, **kw) * apply_rope(k, pn, **kw), axis=-1, dtype=np.float64)
+
+    base = dots(m, n)
+    tol = 20 * TOL[dtype] * a * a * (1 + np.linalg.norm(q, axis=-1) * np.linalg.norm(k, axis=-1))
+    for other in (dots(m + shift, n + shift), dots(np.zeros_like(m), n - m)):
+        assert (np.abs(base - other) <= tol).all(), f"max diff {np.abs(base - other).max():.3e}"
+
+
+def test_rope_scaling_argument_errors():
+    """A frequencies array that is not [R/2] finite reals, or an attention factor that is not a finite
+    number > 0, is refused at the door, naming the argument."""
+    x = np.zeros((2, 3, 8))
+    cases = [
+        (dict(frequencies=np.ones(3)), ValueError, r"frequencies must have shape \[R/2\] = \(4,\).*got shape \(3,\)"),
+        (dict(frequencies=np.ones(4), rotary_dim=4), ValueError, r"\(2,\) for rotary width R=4"),
+        (dict(frequencies=np.ones((4, 1))), ValueError, "frequencies must have shape"),
+        (dict(frequencies=[1.0, np.nan, 1.0, 1.0]), ValueError, "frequencies must be finite"),
+        (dict(frequencies=[1.0, 1.0, np.inf, 1.0]), ValueError, "frequencies must be finite"),
+        (dict(frequencies=np.ones(4, dtype=complex)), TypeError, "frequencies must be a real floating"),
+        (dict(frequencies=["a"] * 4), TypeError, "frequencies must be a real floating"),
+        (dict(attention_factor=0.0), ValueError, "attention_factor must be finite and > 0"),
+        (dict(attention_factor=-1.0), ValueError, "attention_factor must be finite and > 0"),
+        (dict(attention_factor=np.inf), ValueError, "attention_factor must be finite and > 0"),
+        (dict(attention_factor=np.nan), ValueError, "attention_factor must be finite and > 0"),
+        (dict(attention_factor="1"), TypeError, "attention_factor"),
+        (dict(attention_factor=1j), TypeError, "attention_factor"),
+    ]
+    for kw, err, message in cases:
+        with pytest.raises(err, match=message):
+            apply_rope(x, np.arange(3), **kw)
+    # an integer array of frequencies is real: accepted, as float64
+    np.testing.assert_array_equal(apply_rope(x + 1, np.arange(3), frequencies=np.zeros(4, dtype=int)), x + 1)
+
+
 def test_rope_frequencies_values():
     """w_i = theta^(-2i/d): d=4, theta=100 gives 1, 1/10."""
     np.testing.assert_allclose(rope_frequencies(4, theta=100.0), [1.0, 0.1], rtol=1e-15)
@@ -430,6 +558,86 @@ def test_rope_vs_huggingface_gptj_interleaved(R):
     DIFFS.show(f"RoPE interleaved R={R} vs HF GPT-J, float32 end to end", max_abs=d32, tol=1e-4)
     assert d64 <= 1e-12
     assert d32 <= 1e-4
+
+
+LONGROPE_4 = {"short_factor": [1.0, 1.3, 1.9, 2.5], "long_factor": [2.0, 3.5, 5.0, 8.0],
+              "original_max_position_embeddings": 128}
+SCALED_ROPE_CASES = [  # (config class, rope parameters, partial_rotary_factor, largest position)
+    ("LlamaConfig", {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, 1.0, 300),
+    ("LlamaConfig", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                     "original_max_position_embeddings": 128}, 1.0, 300),
+    ("Phi3Config", {"rope_type": "longrope", "rope_theta": 10000.0, **LONGROPE_4}, 0.5, 100),  # short factors
+    ("Phi3Config", {"rope_type": "longrope", "rope_theta": 10000.0, **LONGROPE_4}, 0.5, 400),  # long factors
+]
+
+
+@pytest.mark.parametrize("config_class, rope, partial, max_pos", SCALED_ROPE_CASES)
+def test_scaled_rope_vs_huggingface_rotary_embedding(config_class, rope, partial, max_pos):
+    """Oracle: Hugging Face's rotary embedding module (cos, sin with attention_scaling) and its
+    apply_rotary_pos_emb on q, k [B, H, T, D], against ours with refimpl.rope_scaling's frequencies and
+    attention factor. Phi-3 with partial_rotary_factor 0.5 rotates the first R = D/2 dims and passes
+    the rest through unscaled.
+    float64: HF's apply_rotary_pos_emb with cos, sin built in torch float64 from our frequencies and
+    factor: the application (pairing, factor, pass-through) must agree to 1e-12.
+    float32 end to end: HF forms inv_freq and the angles p w in float32, an angle error up to
+    ~k 2^-24 p w (k ~ 4: pow, divide, the scaling's own float32 steps, the product), so the outputs
+    differ by <= a (|x_a| + |x_b|) (k 2^-24 theta_max + 3 2^-24); asserted with k = 8, theta_max = max_pos."""
+    torch = _torch()
+    transformers = _transformers()
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_apply
+
+    from refimpl.rope_scaling import rope_attention_factor, scaled_rope_frequencies
+
+    B, H, T, D = 2, 4, 9, 16
+    outer = {"original_max_position_embeddings": rope["original_max_position_embeddings"]} if (
+        config_class == "Phi3Config") else {}
+    config = getattr(transformers, config_class)(
+        hidden_size=H * D, num_attention_heads=H, num_key_value_heads=H, max_position_embeddings=512,
+        rope_parameters=dict(rope, partial_rotary_factor=partial), **outer)
+    embedding, hf_apply = ((LlamaRotaryEmbedding, llama_apply) if config_class == "LlamaConfig"
+                           else (Phi3RotaryEmbedding, phi3_apply))
+    rng = np.random.default_rng(max_pos)
+    q, k = rng.standard_normal((2, B, H, T, D))
+    pos = np.sort(rng.integers(0, max_pos, size=(B, T)), axis=-1)
+    pos[:, -1] = max_pos - 1  # the largest position sets longrope's factors (short while <= L)
+    R = int(D * partial)
+    w = scaled_rope_frequencies(R, **rope, max_position_embeddings=512, seq_len=int(pos.max()) + 1)
+    a = rope_attention_factor(**rope, max_position_embeddings=512)
+
+    def ours(x):
+        return apply_rope(x, pos[:, None, :], frequencies=w, attention_factor=a, rotary_dim=R)
+
+    ang = torch.from_numpy(pos).double()[..., None] * torch.from_numpy(w)  # [B, T, R/2]
+    emb = torch.cat((ang, ang), dim=-1)
+    hq, hk = hf_apply(torch.from_numpy(q), torch.from_numpy(k), emb.cos() * a, emb.sin() * a)
+    d64 = max(np.abs(ours(q) - hq.numpy()).max(), np.abs(ours(k) - hk.numpy()).max())
+
+    rotary = embedding(config)
+    q32, k32 = q.astype(np.float32), k.astype(np.float32)
+    cos32, sin32 = rotary(torch.from_numpy(q32), torch.from_numpy(pos))
+    hf_w = rotary.inv_freq.double().numpy()  # (read after the call: longrope switches to its long set there)
+    w_rel = np.max(np.abs(w - hf_w) / np.abs(w))
+    assert abs(rotary.attention_scaling - a) <= 1e-12 * a
+    hq32, hk32 = hf_apply(torch.from_numpy(q32), torch.from_numpy(k32), cos32, sin32)
+    oq32, ok32 = ours(q32), ours(k32)
+    assert oq32.dtype == np.float32
+    d32 = max(np.abs(oq32 - hq32.numpy()).max(), np.abs(ok32 - hk32.numpy()).max())
+    rel32 = d32 / max(np.abs(hq32.numpy()).max(), np.abs(hk32.numpy()).max())
+    e32 = 2.0 ** -24
+    bound32 = a * 2 * max(np.abs(q).max(), np.abs(k).max()) * (8 * e32 * max_pos + 3 * e32)
+    label = f"{rope['rope_type']} R={R}/D={D} max pos {max_pos} (a={a:.4f})"
+    DIFFS.show(f"scaled RoPE {label} vs HF, float64 application", max_abs=d64, tol=1e-12)
+    DIFFS.show(f"scaled RoPE {label} vs HF, float32 end to end", max_abs=d32, tol=bound32)
+    print(f"{label}: frequencies max rel diff vs HF inv_freq {w_rel:.2e}; float32 outputs max abs diff "
+          f"{d32:.2e}, relative to max |out| {rel32:.2e}")
+    np.testing.assert_array_equal(oq32[..., R:], q32[..., R:])  # pass-through: not scaled, as HF
+    assert w_rel <= 1e-6
+    assert d64 <= 1e-12
+    assert d32 <= bound32
 
 
 # =============================================================================== ALiBi

@@ -3,10 +3,10 @@
 Twin: `refimpl.positional.apply_rope` (same signature; NumPy in, NumPy out).
 
 A grid-stride loop over (row, t, i) pairs; each thread forms the angle p * w_i in float64,
-takes cos / sin in float64, casts them to the working dtype and turns the pair (a, b) ->
-(a cos - b sin, a sin + b cos). Both pairing conventions (half-split (i, i + R/2) and
-interleaved (2i, 2i + 1)) and partial rotary (R < D) are index arithmetic; dims [R, D) are
-copied through. Cost: one read and one write of x, one sin / cos pair per rotated pair.
+takes a cos / a sin in float64 (a the attention factor), casts them to the working dtype and
+turns the pair (a, b) -> (a cos - b sin, a sin + b cos). Both pairing conventions (half-split
+(i, i + R/2) and interleaved (2i, 2i + 1)) and partial rotary (R < D) are index arithmetic;
+dims [R, D) are copied through, unscaled. Cost: one read and one write of x, one sin / cos pair per rotated pair.
 
 Versions:
   v1 (this) one thread per rotated pair, angles in float64
@@ -14,8 +14,9 @@ Versions:
 Deliberate differences from the twin:
   - cos / sin come from the device's float64 libm rather than NumPy's: they may differ in
     the last float64 ulp before the cast, which a float32 result never sees.
-  - The frequencies w_i are the twin's own `rope_frequencies(R, theta)` (float64, made on the
-    host once per call), so the angles p * w_i are bit-identical to the twin's.
+  - The frequencies w_i are the twin's own (theta^(-2i/R) or the caller's `frequencies`, float64,
+    from the shared check on the host once per call), so the angles p * w_i are bit-identical
+    to the twin's.
   - float16 runs in float32, rounded back once (the twin multiplies in float16, so the two
     may differ by a float16 rounding or so); float16 is not a registered dtype of this kernel,
     so the differential suite checks float32 and float64 only.
@@ -29,7 +30,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from refimpl.positional import check_rope_inputs, rope_frequencies
+from refimpl.positional import check_rope_inputs
 
 from ._common import kernel_dtype, numba_float, threads, to_device
 
@@ -43,9 +44,9 @@ def _rope_kernel(dtype: np.dtype):
     F = numba_float(dtype)
 
     @cuda.jit
-    def rope_pairs(x, positions, freqs, interleaved, out):
-        # x, out [N, T, D]; positions [N, T] float64; freqs [R/2] float64. Rotates dims [0, R)
-        # of out (which holds a copy of x) in place.
+    def rope_pairs(x, positions, freqs, scale, interleaved, out):
+        # x, out [N, T, D]; positions [N, T] float64; freqs [R/2] float64; scale the float64
+        # attention factor. Rotates dims [0, R) of out (which holds a copy of x) in place.
         N, T = x.shape[0], x.shape[1]
         half = freqs.shape[0]
         n_pairs = N * T * half
@@ -56,8 +57,8 @@ def _rope_kernel(dtype: np.dtype):
             t = row % T
             n = row // T
             angle = positions[n, t] * freqs[i]
-            c = F(math.cos(angle))
-            s = F(math.sin(angle))
+            c = F(scale * math.cos(angle))
+            s = F(scale * math.sin(angle))
             if interleaved:
                 ia, ib = 2 * i, 2 * i + 1
             else:
@@ -70,27 +71,31 @@ def _rope_kernel(dtype: np.dtype):
     return rope_pairs
 
 
-def apply_rope_device(x, positions, freqs, out, *, interleaved: bool = False) -> None:  # [N, T, D], [N, T], [R/2] -> out [N, T, D]
-    """RoPE on device arrays: out[..., :R] rotated, out[..., R:] = x[..., R:] (R = 2 * len(freqs))."""
+def apply_rope_device(x, positions, freqs, out, *, interleaved: bool = False,
+                      attention_factor: float = 1.0) -> None:  # [N, T, D], [N, T], [R/2] -> out [N, T, D]
+    """RoPE on device arrays: out[..., :R] rotated and scaled by attention_factor, out[..., R:] = x[..., R:] (R = 2 * len(freqs))."""
     out.copy_to_device(x)
     n = x.shape[0] * x.shape[1] * freqs.shape[0]
     if n == 0:
         return
     tpb = threads()
     blocks = min(_MAX_BLOCKS, (n + tpb - 1) // tpb)
-    _rope_kernel(np.dtype(x.dtype))[blocks, tpb](x, positions, freqs, bool(interleaved), out)
+    _rope_kernel(np.dtype(x.dtype))[blocks, tpb](x, positions, freqs, float(attention_factor), bool(interleaved), out)
 
 
-def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None) -> np.ndarray:  # [..., T, D] -> [..., T, D]
+def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None, frequencies=None,
+               attention_factor=1.0) -> np.ndarray:  # [..., T, D] -> [..., T, D]
     """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p  (Su et al. 2021, RoFormer, sec. 3.2.2), on the GPU.
 
-    Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes
-    -> [..., T, D] in x's dtype. Pairing, rotary_dim and precision as the twin.
+    Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes;
+    frequencies [R/2] (default theta^(-2i/R)) -> [..., T, D] in x's dtype. Pairing, rotary_dim,
+    attention_factor (on the rotated dims only) and precision as the twin.
     See also: refimpl.positional.apply_rope (the twin).
     """
-    x, pos, interleaved, R = check_rope_inputs(x, positions, interleaved=interleaved, rotary_dim=rotary_dim)
+    x, pos, freqs, scale, interleaved, R = check_rope_inputs(
+        x, positions, theta=theta, interleaved=interleaved, rotary_dim=rotary_dim, frequencies=frequencies,
+        attention_factor=attention_factor)  # freqs [R/2] float64, the twin's
     T, D = x.shape[-2], x.shape[-1]
-    freqs = rope_frequencies(R, theta=theta)  # [R/2] float64, the twin's (validates theta)
     work, out_dtype = kernel_dtype(x, names=("x",))
     N = int(np.prod(x.shape[:-2], dtype=np.int64))
     if x.size == 0:
@@ -99,5 +104,5 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
     pos2 = np.broadcast_to(pos.astype(np.float64), (*x.shape[:-2], T)).reshape(N, T)  # [N, T]
     out = cuda.device_array((N, T, D), dtype=work)
     apply_rope_device(to_device(x3, work), cuda.to_device(np.ascontiguousarray(pos2)), cuda.to_device(freqs), out,
-                      interleaved=interleaved)
+                      interleaved=interleaved, attention_factor=scale)
     return out.copy_to_host().reshape(x.shape).astype(out_dtype, copy=False)
