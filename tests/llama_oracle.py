@@ -26,16 +26,16 @@ torch.set_num_threads(1)  # tiny models; torch's OpenMP threads spin on a loaded
 
 __all__ = ["CASES", "hf_llama", "hf_logits", "max_rel_diff", "float64_throughout", "FLOAT32_STEPS"]
 
-_DEFAULT_ROPE = dict(rope_parameters=dict(rope_type="default", rope_theta=1e4))
-# case -> (model_type, config changes on top of test_llama_config's CASES[model_type])
+# case -> (model_type, config changes on top of test_llama_config's CASES[model_type], whose rope types are
+# llama3 (llama), linear (mistral), yarn (qwen2), dynamic (qwen3), default (gemma, gemma2), longrope (phi3))
 CASES = {
-    "llama": ("llama", dict(rope_parameters=dict(rope_type="default", rope_theta=5e5))),  # biases, tied head, GQA 6/2
-    "mistral": ("mistral", _DEFAULT_ROPE),  # sliding window 7
-    "qwen2": ("qwen2", dict(rope_parameters=dict(rope_type="default", rope_theta=1e6))),  # q/k/v biases, window 5 on layers 3, 4
-    "qwen3": ("qwen3", dict(rope_parameters=dict(rope_type="default", rope_theta=1e6))),  # qk norm, D=16 != C/H=8, MQA
+    "llama": ("llama", {}),  # biases, tied head, GQA 6/2, llama3 RoPE
+    "mistral": ("mistral", {}),  # sliding window 7, linear RoPE
+    "qwen2": ("qwen2", {}),  # q/k/v biases, window 5 on layers 3, 4, YaRN
+    "qwen3": ("qwen3", {}),  # qk norm, D=16 != C/H=8, MQA, dynamic NTK
     "gemma": ("gemma", {}),  # (1 + w) norms, embed scale, GELU tanh, D=16
     "gemma2_no_attn_softcap": ("gemma2", dict(attn_logit_softcapping=None)),  # sandwich norms, final soft-cap, windows
-    "phi3": ("phi3", dict(rope_scaling=None)),  # fused projections, half the head rotated, window 9
+    "phi3": ("phi3", {}),  # fused projections, half the head rotated, window 9, LongRoPE
 }
 
 FLOAT32_STEPS = (
@@ -92,18 +92,25 @@ def _rms_norm_in_dtype(module, x):
 
 
 def _rotary_in_float64(module, x, position_ids):
+    """HF's cos / sin with the frequencies made in float64: refimpl.rope_scaling's for the config's rope_type
+    (checked against Hugging Face's own float32 ones to ~1e-7 in tests/test_rope_scaling.py), at the length
+    Hugging Face's dynamic / longrope updates read, max(position_ids) + 1."""
+    from refimpl.rope_scaling import scaled_rope_frequencies
+
     config = module.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dim = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
-    base = config.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rope = dict(config.rope_parameters)
+    rope.pop("type", None)
+    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    inv_freq = torch.as_tensor(scaled_rope_frequencies(dim, max_position_embeddings=config.max_position_embeddings,
+                                                       seq_len=int(position_ids.max()) + 1, **rope))
     freqs = position_ids[..., None].double() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * module.attention_scaling).to(x.dtype), (emb.sin() * module.attention_scaling).to(x.dtype)
 
 
 def float64_throughout(model, monkeypatch):
-    """model.double() with each of FLOAT32_STEPS done in float64 instead (default RoPE only)."""
+    """model.double() with each of FLOAT32_STEPS done in float64 instead."""
     model = model.double()
     gemma = model.config.model_type in ("gemma", "gemma2")
     for module in model.modules():
@@ -112,7 +119,6 @@ def float64_throughout(model, monkeypatch):
             module._plus_one = gemma
             module.forward = types.MethodType(_rms_norm_in_dtype, module)
         elif name.endswith("RotaryEmbedding"):
-            assert module.rope_type == "default"
             module.forward = types.MethodType(_rotary_in_float64, module)
     if gemma:
         model.model.embed_tokens.embed_scale = torch.tensor(model.config.hidden_size ** 0.5, dtype=torch.float64)

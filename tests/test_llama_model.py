@@ -283,9 +283,6 @@ def test_errors_name_the_argument(tmp_path_factory):
 def test_not_yet_implemented_variants_are_refused(tmp_path_factory):
     _, config, params = pair("llama", tmp_path_factory)
     ids = rand_ids((1, 4))
-    linear = dataclasses.replace(config, rope=dataclasses.replace(config.rope, rope_type="linear", factor=2.0))
-    with pytest.raises(NotImplementedError, match="rope_type 'linear'"):
-        forward(params, linear, ids)
     capped = dataclasses.replace(config, attn_logit_softcapping=50.0)
     with pytest.raises(NotImplementedError, match="attn_logit_softcapping"):
         forward(params, capped, ids)

@@ -51,6 +51,7 @@ from ..ffn import _gelu_erf, _gelu_tanh, _silu
 from ..linear import _linear
 from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, apply_rope
+from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 from .checks import check_forward_inputs, check_params, check_token_ids, context_limit
 from .config import LlamaConfig
 from .params import LlamaBlockParams, LlamaParams
@@ -151,17 +152,20 @@ def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig) -> np.ndarray:  
     return _rms_norm(x, w.dtype.type(1) + w if config.norm_plus_one else w, config.rms_norm_eps)
 
 
-def _rotate(x: np.ndarray, positions: np.ndarray, config: LlamaConfig, seq_len: int) -> np.ndarray:
+def _rotate(x: np.ndarray, positions: np.ndarray, config: LlamaConfig) -> np.ndarray:
     """RoPE of each head at its row's positions: half-split pairs (Hugging Face's rotate_half), the leading rotary_dim dims.
 
-    Shapes: x [B, n, T, D] (n = H or K heads), positions [B|1, T] -> [B, n, T, D]. seq_len: the
-    keys seen, S (what a length-dependent frequency scaling would read).
+    Shapes: x [B, n, T, D] (n = H or K heads), positions [B|1, T] -> [B, n, T, D].
+    Frequencies: config.rope's scaling (refimpl.rope_scaling); the length-dependent ones (dynamic,
+    longrope) read the sequence length as Hugging Face does, max(positions) + 1 of this call, and
+    YaRN / LongRoPE's attention factor multiplies cos and sin.
     """
-    rope = config.rope
-    if rope.rope_type != "default":
-        raise NotImplementedError(f"{config.model_type} config rope_type {rope.rope_type!r}: only 'default' RoPE "
-                                  "is implemented in the forward")
-    return apply_rope(x, positions[:, None, :], theta=rope.rope_theta, rotary_dim=config.rotary_dim)
+    rope = config.rope.to_dict()
+    seq_len = int(np.max(positions)) + 1
+    w = scaled_rope_frequencies(config.rotary_dim, max_position_embeddings=config.max_position_embeddings,
+                                seq_len=seq_len, **rope)
+    a = rope_attention_factor(**rope, max_position_embeddings=config.max_position_embeddings)
+    return apply_rope(x, positions[:, None, :], rotary_dim=config.rotary_dim, frequencies=w, attention_factor=a)
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int) -> np.ndarray:
@@ -196,7 +200,7 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions
     q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     start = 0 if cache is None else cache.length
     S = start + T
-    q, k = hook("attn.q_rot", _rotate(q, positions, c, S)), hook("attn.k_rot", _rotate(k, positions, c, S))
+    q, k = hook("attn.q_rot", _rotate(q, positions, c)), hook("attn.k_rot", _rotate(k, positions, c))
     if cache is not None:
         cache.k[layer, :, :, start:S] = k  # written in place
         cache.v[layer, :, :, start:S] = v
