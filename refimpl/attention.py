@@ -1,9 +1,10 @@
 """Attention: softmax, scaled dot-product attention, multi-head / grouped-query / multi-query.
 
-Read top to bottom: softmax -> scaled_dot_product_attention (one head, any leading axes) ->
-soft_cap (Gemma-2's tanh bound on scores) -> grouped_query_attention (H query heads share K
-key/value heads; K = H is multi-head, K = 1 multi-query) -> multi_head_attention (projections from model width and back) ->
-masked_attention / decode_attention (the structured forms the accel kernels are proved against).
+Read top to bottom: softmax -> soft_cap (Gemma-2's tanh bound on scores) ->
+scaled_dot_product_attention (one head, any leading axes) -> grouped_query_attention (H query
+heads share K key/value heads; K = H is multi-head, K = 1 multi-query) -> multi_head_attention
+(projections from model width and back) -> masked_attention / decode_attention (the structured
+forms the accel kernels are proved against).
 
 Conventions (see refimpl.masks): masks are boolean, True = may attend; they become -inf only
 inside `scaled_dot_product_attention`. Queries are aligned to the end of the keys: query i of T

@@ -11,10 +11,10 @@ rescales both by exp(m - m') before adding its terms, and out = a / l. The T x S
 exist: a task holds one BQ x BK score tile and a BQ x Dv accumulator (memory linear in T and S).
 Per key tile S_tile = Q K^T and A += P V are BLAS ?gemm calls (accel.numba_cpu.blas, reading q, k
 and v in place where their rows allow, `_blas_rows`); the mask, the ALiBi term, row max, exp and
-float64 row sum run as vectorised Numba loops (`_softmax_tile`); a soft cap is applied to the tile's
-scores there, after the scale and the ALiBi term and before the mask and the running max. Key tiles no query may see are
-skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128 below T * S = 2^20,
-128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
+float64 row sum run as vectorised Numba loops (`_softmax_tile`; a soft cap is applied to the tile's
+scores there, after the scale and the ALiBi term, before the mask and the running max). Key tiles
+no query may see are skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128
+below T * S = 2^20, 128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
 log2 e; `_exp2_f32`, <= 0.81 ulp) where that cannot overflow (`_base2_cannot_overflow`), else base e
 (`_exp_f32`, <= 1.02 ulp; float64: libm). Cost per head: 2 T S (D + Dv) flops (about half of it
 under a causal mask), two thirds of the time in the two products, the rest max / exp / sum.
