@@ -151,7 +151,11 @@ KERNELS: list[KernelSpec] = [
              "one more rounding of q; the ALiBi slopes log2 e, in float64) and a <= 0.81-ulp polynomial 2^x, "
              "tiles merged in order, running sum in float64, one divide. Each output carries ~(D + S/BK + log) roundings "
              "of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1) plus eps * |score| from the exp "
-             "argument (scores and ALiBi terms <~ 50 here): ~1e-6 seen, 2e-5 allowed; float64 at 2^-53",
+             "argument (scores and ALiBi terms <~ 50 here): ~1e-6 seen, 2e-5 allowed; float64 at 2^-53. "
+             "softcap: c tanh(s / c) has slope sech^2 <= 1, so it passes a score's error on no larger, and adds "
+             "~2 roundings of |c tanh(s / c)| <= min(|s|, c) (tanh, the product) plus c's rounding to the dtype, "
+             "which moves the capped score by <= 2^-24 c (tanh x - x sech^2 x) < 2^-24 c (x = s / c; ~(2/3) x^3 c "
+             "2^-24 for |s| << c): the same eps * |score| term as the exp argument's, so the tolerance stands",
     ),
     KernelSpec(
         "decode_attention", "numba", "accel.numba_cpu.attention:decode_attention", "refimpl.attention:decode_attention",
@@ -159,7 +163,8 @@ KERNELS: list[KernelSpec] = [
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
         note="split-S online softmax for one query per (b, h) (per chunk: q.k over D and sum_j p_j v_j "
              "by BLAS, float64 row sums in a compiler-chosen order, <= 1.02-ulp polynomial exp for float32, "
-             "libm for float64), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention",
+             "libm for float64), chunks merged by exp(m_c - M) rescaling: the error model of masked_attention, "
+             "its soft-cap term included; a window only drops whole keys (exact)",
     ),
     # ---------------------------------------------------------------- numba_cuda (GPU; CPU simulator in CI)
     # Accumulation is in the input dtype (float32 stays float32, unlike the numba CPU kernels'
@@ -214,14 +219,16 @@ KERNELS: list[KernelSpec] = [
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11}, sizes="tiny",
         note="FlashAttention tiling: running max / sum / acc[Dv] per query thread, rescaled once per key "
              "tile, one divide at the end, all in the dtype: dot products over D and sums over S each add "
-             "~(D + S) roundings of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1); float64 at 2^-53",
+             "~(D + S) roundings of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1); float64 at 2^-53; "
+             "a soft cap adds ~eps * |score| (libdevice tanh, 2 ulp; slope <= 1): masked_attention[numba]'s argument",
     ),
     KernelSpec(
         "decode_attention", "numba_cuda", "accel.numba_cuda.attention:decode_attention",
         "refimpl.attention:decode_attention", _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11}, sizes="tiny",
         note="split-S: per-chunk online softmax (tree-reduced max and sum), chunks merged by "
-             "exp(m_c - M) rescaling: the same error model as masked_attention",
+             "exp(m_c - M) rescaling: the same error model as masked_attention, soft cap included; a window "
+             "only drops whole keys (exact)",
     ),
     # ---------------------------------------------------------------- cupy (GPU only; skipped without one)
     # Row kernels: CUDA C RawKernels (accel/cupy/_kernels.py), accumulation in the dtype by

@@ -5,7 +5,7 @@ random inputs (from `seed`) in that dtype, the kernel on them, the twin on the s
 float64, and `accel._common.check_close` with the spec's tolerance. The cases cover what the
 kernels special-case: odd head dims, T = 1, T != S (T > S too), K < H (grouped-query heads),
 fully masked rows (a sequence whose keys are all padding, queries before key 0), every mask
-pattern, ALiBi, and NaN / inf inputs: anywhere for the elementwise kernels, in q and k for
+pattern, ALiBi, soft-capped scores (softcap), decode windows over ragged caches, and NaN / inf inputs: anywhere for the elementwise kernels, in q and k for
 attention (v stays finite: a NaN or inf value behind a zero weight is a documented difference,
 accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
 
@@ -140,7 +140,7 @@ def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, in
     return Case((x, positions), kw, f"x{shape} pos{tuple(pos_shape)} " + label)
 
 
-def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale special
+def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale softcap special
     # alibi: True (slopes 2^-h), "random" (squared normals), or False
     B, H, K, T, S, D, Dv = (d[c] for c in ("B", "H", "K", "T", "S", "D", "Dv"))
     q = _normal(rng, (B, H, T, D), dtype)
@@ -161,6 +161,8 @@ def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causa
         kw["alibi_slopes"] = (2.0 ** -np.arange(1, H + 1)).astype(dtype)
     if d.get("scale") is not None:
         kw["scale"] = d["scale"]
+    if d.get("softcap") is not None:
+        kw["softcap"] = d["softcap"]
     if d.get("special"):  # a few NaN / inf scores (NaN or +inf: a NaN row; -inf: a zero weight); v stays finite
         q, k = _with_specials(rng, q, 0.002), _with_specials(rng, k, 0.002)  # (one key spoils many rows)
     opts = ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("key_mask", "alibi_slopes") and v is not False)
@@ -170,7 +172,7 @@ def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causa
     return Case((q, k, v), kw, f"B={B} H={H} K={K} T={T} S={S} D={D} Dv={Dv}" + (f" {opts.lstrip(', ')}" if opts else ""))
 
 
-def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths
+def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths window softcap special
     B, H, K, S, D, Dv = (d[c] for c in ("B", "H", "K", "S", "D", "Dv"))
     q = _normal(rng, (B, H, D), dtype)
     k = _normal(rng, (B, K, S, D), dtype)
@@ -182,11 +184,15 @@ def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths
         if B > 1:
             lengths[-1] = S
         kw["key_lengths"] = lengths
+    for name in ("window", "softcap"):
+        if d.get(name) is not None:
+            kw[name] = d[name]
     if d.get("special"):  # NaN / inf in q and k, and in v past each sequence's length (ignored entries)
         q, k = _with_specials(rng, q, 0.002), _with_specials(rng, k, 0.002)
         ignored = np.arange(S)[None, None, :, None] >= kw.get("key_lengths", np.full(B, S))[:, None, None, None]
         v = np.where(ignored, _with_specials(rng, v, 0.5), v)
-    label = " ragged lengths" if kw else ""
+    label = " ragged lengths" if "key_lengths" in kw else ""
+    label += "".join(f" {name}={kw[name]:g}" for name in ("window", "softcap") if name in kw)
     label += " +inf/nan in q, k (and v past the lengths)" if d.get("special") else ""
     return Case((q, k, v), kw, f"B={B} H={H} K={K} S={S} D={D} Dv={Dv}" + label)
 
@@ -253,18 +259,26 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
             dict(_ATT, T=66, S=140, causal=True, window=16, n_sink=4, alibi=True),
             dict(B=1, H=6, K=1, T=33, S=33, D=64, Dv=64, causal=True, alibi=True, scale=0.2),
             dict(_ATT, T=30, S=45, causal=True, padding=True, special=True),
+            dict(_ATT, T=40, S=70, causal=True, padding=True, softcap=1.0),  # a strong cap: |s| up to ~3 here
+            dict(_ATT, T=50, S=130, causal=True, window=20, n_sink=2, alibi=True, softcap=50.0),  # Gemma-2's cap
+            dict(_ATT, T=30, S=45, causal=True, softcap=2.0, special=True),  # +-inf scores capped to +-2
         ],
         "tiny": [
             dict(B=1, H=2, K=1, T=3, S=5, D=3, Dv=2, causal=True),
             dict(B=2, H=2, K=2, T=5, S=3, D=4, Dv=3, causal=True, padding=True),
             dict(B=1, H=2, K=1, T=4, S=7, D=3, Dv=3, causal=True, window=2, n_sink=1, alibi=True),
             dict(B=1, H=2, K=1, T=3, S=6, D=2, Dv=2, causal=True, special=True),
+            dict(B=2, H=2, K=1, T=3, S=5, D=3, Dv=2, causal=True, padding=True, alibi=True, softcap=1.0),
         ],
     },
     "decode_attention": {
         "full": [dict(B=3, H=4, K=2, S=300, D=9, Dv=6, lengths=True), dict(B=1, H=2, K=2, S=1, D=8, Dv=8),
-                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64), dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, special=True)],
-        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True), dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True)],
+                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64), dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, special=True),
+                 dict(B=3, H=4, K=2, S=300, D=9, Dv=6, lengths=True, window=37),  # a sliding window over ragged caches
+                 dict(B=2, H=8, K=2, S=200, D=16, Dv=16, window=64, softcap=50.0),  # Gemma-2: window and cap
+                 dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, window=5, softcap=1.0, special=True)],
+        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True), dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True),
+                 dict(B=3, H=2, K=1, S=7, D=3, Dv=2, lengths=True, window=3, softcap=1.0)],
     },
 }
 

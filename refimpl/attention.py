@@ -1,9 +1,10 @@
 """Attention: softmax, scaled dot-product attention, multi-head / grouped-query / multi-query.
 
-Read top to bottom: softmax -> scaled_dot_product_attention (one head, any leading axes) ->
-grouped_query_attention (H query heads share K key/value heads; K = H is multi-head,
-K = 1 multi-query) -> multi_head_attention (projections from model width and back) ->
-masked_attention / decode_attention (the structured forms the accel kernels are proved against).
+Read top to bottom: softmax -> soft_cap (Gemma-2's tanh bound on scores) ->
+scaled_dot_product_attention (one head, any leading axes) -> grouped_query_attention (H query
+heads share K key/value heads; K = H is multi-head, K = 1 multi-query) -> multi_head_attention
+(projections from model width and back) -> masked_attention / decode_attention (the structured
+forms the accel kernels are proved against).
 
 Conventions (see refimpl.masks): masks are boolean, True = may attend; they become -inf only
 inside `scaled_dot_product_attention`. Queries are aligned to the end of the keys: query i of T
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (as_float, check_bool, check_bool_array, check_int_array, check_ndim, check_positive_int,
-                      check_real, check_shape, check_type, float_result_type, is_int)
+                      check_positive_real, check_real, check_shape, check_type, float_result_type, is_int)
 from .linear import LinearParams, _linear
 from .masks import (
     _causal_mask,
@@ -41,6 +42,7 @@ from .masks import (
 
 __all__ = [
     "softmax",
+    "soft_cap",
     "scaled_dot_product_attention",
     "check_gqa_inputs",
     "check_decode_inputs",
@@ -79,6 +81,30 @@ def _softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:  # [...] -> [...]
     return e / np.where(total == 0, x.dtype.type(1), total)  # total == 0 only for all -inf rows
 
 
+# ----------------------------------------------------------------------------- soft-capping
+
+def soft_cap(x, cap) -> np.ndarray:  # [...] -> [...]
+    """softcap(x) = cap * tanh(x / cap)  (logit soft-capping: Gemma Team 2024, "Gemma 2", sec. 2).
+
+    Shapes: x [...] -> same shape and dtype; cap a positive finite real number.
+    Notes: a smooth, odd, increasing bound: |softcap(x)| < cap, and softcap(x) = x - x^3 / (3 cap^2)
+    + O(x^5 / cap^4), so it is the identity for |x| << cap. In floating point tanh rounds to 1 once
+    |x / cap| is large (about 9 in float32, 19 in float64), so the bound is then reached: |out| <= cap.
+    +-inf map to +-cap, NaN stays NaN. cap is rounded to x's dtype (float16 is computed in float32).
+    Gemma-2 caps attention scores at 50 (after the scale, before the mask; see
+    scaled_dot_product_attention) and the final logits at 30.
+    """
+    return _soft_cap(as_float(x, "x"), check_positive_real(cap, "cap"))
+
+
+def _soft_cap(x: np.ndarray, cap) -> np.ndarray:  # [...] -> [...]
+    """cap * tanh(x / cap) with no checks (x a float array, cap a positive finite number); cap rounded to x's dtype,
+    float16 computed in float32 and rounded once."""
+    work = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    c = work.type(x.dtype.type(cap))
+    return (c * np.tanh(x.astype(work, copy=False) / c)).astype(x.dtype, copy=False)
+
+
 # ------------------------------------------------------------- scaled dot-product attention
 
 def _resolve_scale(D: int, scale, dtype) -> np.floating:
@@ -86,8 +112,8 @@ def _resolve_scale(D: int, scale, dtype) -> np.floating:
     return dtype.type(1.0 / math.sqrt(D)) if scale is None else dtype.type(scale)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
-    """Attention(Q, K, V) = softmax(Q K^T * scale + bias, masked to -inf where mask is False) V  (Vaswani et al. 2017, eq. 1).
+def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+    """Attention(Q, K, V) = softmax(cap(Q K^T * scale + bias), masked to -inf where mask is False) V  (Vaswani et al. 2017, eq. 1; cap: Gemma 2, sec. 2).
 
     Shapes: q [..., T, D], k [..., S, D], v [..., S, Dv]; the leading axes of q, k, v
     broadcast together to [...]; mask bool and bias float broadcastable to [..., T, S].
@@ -98,18 +124,24 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, r
     entries 23 already does), and attention in float16 models keeps its softmax in float32 for
     that reason. The scale and the bias are rounded to the result dtype, then applied. A query
     row whose keys are all masked (or all -inf after the bias) gets zero weights and a zero output.
+    softcap=c (a positive real, or None: no cap) replaces each score s by soft_cap(s, c) = c tanh(s / c)
+    after the scale and the bias and before the mask, as Gemma-2 does (Gemma Team 2024, sec. 2;
+    Hugging Face's gemma2 attention: scores * scaling, / c, tanh, * c, then the mask added); the
+    returned weights are those of the capped scores. A -inf score (from q, k or the bias) is capped
+    to -c, so it keeps a weight: hide keys with the mask, which is applied after the cap.
     A hidden key (masked, or -inf after the bias) adds nothing to its query's output whatever v
     holds there, inf and NaN included (never 0 * inf = NaN): see _weighted_values.
     See also: grouped_query_attention (heads sharing keys), masked_attention (structured
     masks, the accel twin), accel's fused attention kernels.
     """
     q, k, v, mask, bias = _check_scaled_dot_product_attention(q, k, v, mask, bias, scale)
-    return _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights)
+    return _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights, _check_softcap(softcap))
 
 
-def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bool = False, softcap=None):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
     """Attention with no checks: inputs already validated (float arrays of matching shapes, mask
-    bool and bias float broadcastable to [..., T, S] or None, scale None or a finite number)."""
+    bool and bias float broadcastable to [..., T, S] or None, scale None or a finite number,
+    softcap None or a positive finite number)."""
     dtype = float_result_type(q, k, v)
     work = np.dtype(np.float32) if dtype == np.float16 else dtype  # float16: computed in float32 (Notes)
     q, k, v = q.astype(work, copy=False), k.astype(work, copy=False), v.astype(work, copy=False)
@@ -117,6 +149,9 @@ def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bo
     scores = (q @ np.swapaxes(k, -1, -2)) * work.type(_resolve_scale(q.shape[-1], scale, dtype))  # [..., T, S]
     if bias is not None:
         scores = scores + bias.astype(dtype, copy=False).astype(work, copy=False)  # rounded to dtype, then applied
+    if softcap is not None:
+        c = work.type(dtype.type(softcap))  # rounded to dtype, then applied (as the scale)
+        scores = c * np.tanh(scores / c)  # in (-c, c); before the mask, so hidden keys stay -inf
     if mask is not None:
         scores = np.where(mask, scores, work.type(-np.inf))
     weights = _softmax(scores, axis=-1)  # [..., T, S]; all -inf rows -> 0
@@ -164,7 +199,7 @@ def _group_heads(m: np.ndarray, H: int, K: int) -> np.ndarray:  # [.., H|1, T|1,
     return m.reshape(b, K, H // K, t, s)  # [b, K, G, t, s]: head h -> group h // G, member h % G
 
 
-def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """head_h = Attention(Q_h, K_{g(h)}, V_{g(h)}), g(h) = floor(h / (H/K))  (GQA, Ainslie et al. 2023, sec. 2.2).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; mask bool and bias
@@ -173,15 +208,17 @@ def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return
     (the layout of Hugging Face's repeat_kv and torch's enable_gqa). The group is an array
     axis: q becomes [B, K, G, T, D] and k, v become [B, K, 1, S, D] views that broadcast over
     G, so K/V are never copied G times. K = H is multi-head attention, K = 1 multi-query.
+    softcap: as in scaled_dot_product_attention (c tanh(s / c) after scale and bias, before the mask).
     See also: multi_query_attention, masked_attention, decode_attention.
     """
     q, k, v, mask, bias = _check_grouped_query_attention(q, k, v, mask, bias, scale)
-    return _grouped_query_attention(q, k, v, mask, bias, scale, return_weights)
+    return _grouped_query_attention(q, k, v, mask, bias, scale, return_weights, _check_softcap(softcap))
 
 
-def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False, softcap=None):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """GQA with no checks: inputs already validated (check_gqa_inputs; mask bool and bias float
-    broadcastable to [B, H, T, S] or None; scale None or a finite number)."""
+    broadcastable to [B, H, T, S] or None; scale None or a finite number; softcap None or a
+    positive finite number)."""
     B, H, T, D = q.shape
     _, K, S, _ = k.shape
     G = H // K
@@ -191,26 +228,26 @@ def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = 
         bias = _group_heads(bias, H, K)
     qg = q.reshape(B, K, G, T, D)  # [B, K, G, T, D]
     kg, vg = k[:, :, None], v[:, :, None]  # [B, K, 1, S, D], [B, K, 1, S, Dv] (views)
-    res = _scaled_dot_product_attention(qg, kg, vg, mask, bias, scale, return_weights)
+    res = _scaled_dot_product_attention(qg, kg, vg, mask, bias, scale, return_weights, softcap)
     if return_weights:
         out, weights = res
         return out.reshape(B, H, T, v.shape[3]), weights.reshape(B, H, T, S)
     return res.reshape(B, H, T, v.shape[3])  # [B, H, T, Dv]
 
 
-def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]
+def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]
     """head_h = Attention(Q_h, K, V): every query head shares one key/value head  (MQA, Shazeer 2019, sec. 3).
 
     Shapes: q [B, H, T, D], k [B, S, D], v [B, S, Dv] (no head axis, as in the paper);
     mask / bias broadcastable to [B, H, T, S]. Returns [B, H, T, Dv] (and weights).
-    Notes: exactly grouped_query_attention with K = 1 (k[:, None], v[:, None]).
+    Notes: exactly grouped_query_attention with K = 1 (k[:, None], v[:, None]); softcap as there.
     """
     q, k, v, mask, bias = _check_multi_query_attention(q, k, v, mask, bias, scale)
-    return _multi_query_attention(q, k, v, mask, bias, scale, return_weights)
+    return _multi_query_attention(q, k, v, mask, bias, scale, return_weights, _check_softcap(softcap))
 
 
-def _multi_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]; no checks
-    return _grouped_query_attention(q, k[:, None], v[:, None], mask, bias, scale, return_weights)
+def _multi_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False, softcap=None):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]; no checks
+    return _grouped_query_attention(q, k[:, None], v[:, None], mask, bias, scale, return_weights, softcap)
 
 
 # ------------------------------------------------------------- multi-head attention
@@ -309,8 +346,8 @@ def _multi_head_attention(x, p, mask, bias, H: int, K: int, kv=None, scale=None,
 # ------------------------------------------------------------- structured attention (accel twins)
 
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (Vaswani et al. 2017, eq. 1, with GQA heads and ALiBi, Press et al. 2022).
+                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), -inf where M[i, j] is False) V, p_i = S - T + i  (Vaswani et al. 2017, eq. 1, with GQA heads, ALiBi, Press et al. 2022, and Gemma-2's soft cap).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
     bool (True = real token); alibi_slopes [H] (m_h; ALiBi, Press et al. 2022, sec. 3).
@@ -324,19 +361,21 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     n_sink > 0 without a window (or without causal) is refused: under a plain causal mask the
     sinks are visible anyway, and StreamingLLM's pattern is causal.
     Notes: the ALiBi bias is added as written, -m_h (p_i - j), also for keys after the query
-    when causal=False (positive there). Fully masked rows give zeros (so does S = 0; T = 0 or
+    when causal=False (positive there). softcap=c caps each score to c tanh(s / c) after the scale and
+    the ALiBi term, before the mask (Gemma Team 2024, "Gemma 2", sec. 2; see soft_cap). Fully masked rows give zeros (so does S = 0; T = 0 or
     B = 0 give an empty result). This is the twin that
     accel's fused (never materialising T x S) attention kernels are proved against; here the
     boolean [.., T, S] mask is built with refimpl.masks and handed to grouped_query_attention.
     """
     q, k, v, causal, window, n_sink, key_mask, slopes = _check_masked_attention(
         q, k, v, causal, window, n_sink, key_mask, alibi_slopes, scale)
-    return _masked_attention(q, k, v, causal, window, n_sink, key_mask, slopes, scale)
+    return _masked_attention(q, k, v, causal, window, n_sink, key_mask, slopes, scale, _check_softcap(softcap))
 
 
-def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, key_mask, alibi_slopes, scale) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, key_mask, alibi_slopes, scale,
+                      softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """masked_attention with no checks: inputs already validated (_check_masked_attention: key_mask
-    bool [B, S] or None, alibi_slopes [H] in the result dtype or None)."""
+    bool [B, S] or None, alibi_slopes [H] in the result dtype or None; softcap None or a positive finite number)."""
     B, H, T, _ = q.shape
     S = k.shape[2]
     if T == 0 or S == 0 or B == 0:  # every row sees no key (zeros, the convention above), or there is no row
@@ -353,34 +392,53 @@ def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, ke
     if alibi_slopes is not None:
         distance = (_query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(alibi_slopes.dtype)  # [T, S]: p_i - j, exact ints first
         bias = -alibi_slopes[:, None, None] * distance  # [H, T, S]: -m_h (p_i - j)
-    return _grouped_query_attention(q, k, v, mask, bias, scale)
+    return _grouped_query_attention(q, k, v, mask, bias, scale, False, softcap)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}  (Vaswani et al. 2017, eq. 1, for the newest query over a KV cache).
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j}  (Vaswani et al. 2017, eq. 1, for the newest query over a KV cache).
 
     Shapes: q [B, H, D] (the newest query of each sequence), k [B, K, S, D], v [B, K, S, Dv]
-    (the cache, H % K == 0); key_lengths [B] ints in 0 .. S or None (all S entries valid).
-    Returns [B, H, Dv].
+    (the cache, H % K == 0); key_lengths [B] ints in 0 .. S or None (all S entries valid);
+    window a positive int or None; softcap a positive finite real or None. Returns [B, H, Dv].
     Notes: cache entries j >= L_b are ignored (right padding of the cache), whatever they hold:
     their keys and values are zeroed first, since a NaN or inf left in them would reach the
     output through the products (a zero weight times NaN or inf is NaN). The new token is the last query, so it sees every valid entry: no
     causal mask is needed. L_b = 0 gives a zero row. The twin of accel's decode-attention kernel.
+    window=w (a sliding window: Mistral, Gemma-2, Qwen): the new token sits at position p = L_b - 1
+    of its row and sees the keys with 0 <= p - j < w, the last w valid entries (masked_attention's
+    causal window convention, so this equals masked_attention(..., causal=True, window=w) at the
+    last query of a cache of length L_b); w >= L_b sees them all. softcap=c caps each score to
+    c tanh(s / c) after the scale (Gemma Team 2024, "Gemma 2", sec. 2; see soft_cap).
     """
     q, k, v, key_mask = check_decode_inputs(q, k, v, key_lengths)
     _check_scale(q.shape[2], scale)
-    return _decode_attention(q, k, v, key_mask, scale)
+    window = None if window is None else check_positive_int(window, "window")
+    return _decode_attention(q, k, v, key_mask, scale, window, _check_softcap(softcap))
 
 
-def _decode_attention(q, k, v, key_mask, scale) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
-    """decode_attention with no checks: inputs already validated (check_decode_inputs; scale None or a finite number)."""
+def _decode_attention(q, k, v, key_mask, scale, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
+    """decode_attention with no checks: inputs already validated (check_decode_inputs; scale None or a
+    finite number; window None or a positive int; softcap None or a positive finite number)."""
+    if window is not None:
+        key_mask = _decode_window(key_mask, k.shape[0], k.shape[2], window)
     mask = None
     if key_mask is not None:
         mask = _key_mask_to_attention_mask(key_mask)  # [B, 1, 1, S]
         valid = key_mask[:, None, :, None]  # [B, 1, S, 1]
         k, v = np.where(valid, k, k.dtype.type(0)), np.where(valid, v, v.dtype.type(0))  # ignored entries zeroed
-    out = _grouped_query_attention(q[:, :, None, :], k, v, mask, None, scale)  # [B, H, 1, Dv]
+    out = _grouped_query_attention(q[:, :, None, :], k, v, mask, None, scale, False, softcap)  # [B, H, 1, Dv]
     return out[:, :, 0, :]
+
+
+def _decode_window(key_mask, B: int, S: int, window: int) -> np.ndarray:  # [B, S] | None -> [B, S]
+    """The keys the newest query sees under a window w: j < L_b and (L_b - 1) - j < w, i.e. L_b - w <= j < L_b.
+
+    key_mask is the prefix mask j < L_b (padding_mask's right padding) or None (L_b = S), so
+    L_b = its row sum."""
+    lengths = np.full(B, S) if key_mask is None else key_mask.sum(axis=1)  # [B]
+    j = np.arange(S)[None, :]  # [1, S]
+    return (j < lengths[:, None]) & (j >= lengths[:, None] - window)  # [B, S]
 
 
 # ----------------------------------------------------------------------------- checks at the door
@@ -422,6 +480,18 @@ def _check_scale(D: int, scale) -> None:
             raise ValueError(f"q and k must have head dim D >= 1 for the default scale 1/sqrt(D); got D={D}")
     else:
         check_real(scale, "scale", what="a real number or None", finite=" (every weight would be NaN)")
+
+
+def _check_softcap(softcap, name: str = "softcap"):
+    """softcap None (no cap) or a positive finite real number, returned as a Python float (the accel kernels use
+    this check and its messages). A cap of 0 or inf is refused rather than read as "no cap": None says that."""
+    if softcap is None:
+        return None
+    check_real(softcap, name, what="a positive finite real number (the cap c of c tanh(s / c)) or None")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"{name} must be a positive finite real number (the cap c of c tanh(s / c)) or None; "
+                         f"got {softcap!r}")
+    return float(softcap)
 
 
 def _scale_for(D: int, scale, dtype) -> np.floating:

@@ -206,3 +206,30 @@ def seam_attention_problem(rng, B, H, T, S, D, kwargs: dict, n_pad: int):
     if "alibi_slopes" in kwargs:
         kwargs = {**kwargs, "alibi_slopes": np.array(kwargs["alibi_slopes"])}
     return q, k, v, kwargs
+
+
+# ---- Gemma-2 / Mistral options for the attention kernels (soft cap, decode window) ----------
+
+def softcaps() -> st.SearchStrategy:
+    """A soft cap c for c tanh(s / c): None (no cap), a strong one (scores here reach ~5), or Gemma-2's 50."""
+    return st.one_of(st.none(), st.sampled_from([0.5, 1.0, 3.0, 50.0]))
+
+
+@st.composite
+def attention_dims_softcap_BHKTSD(draw, tiny: bool = False, **kwargs) -> dict:
+    """attention_dims_BHKTSD's dims with a drawn `softcap` (None for about half the draws)."""
+    return dict(draw(attention_dims_BHKTSD(tiny, **kwargs)), softcap=draw(softcaps()))
+
+
+@st.composite
+def decode_dims_window_softcap_BHKSD(draw, tiny: bool = False, **kwargs) -> dict:
+    """decode_dims_BHKSD's dims with a drawn sliding `window` (None, or 1 .. S + 2: inside the cache and past it)
+    and `softcap`."""
+    d = draw(decode_dims_BHKSD(tiny, **kwargs))
+    return dict(d, window=draw(st.one_of(st.none(), dims(1, d["S"] + 2))), softcap=draw(softcaps()))
+
+
+# The differential suite (and tests/test_accel_cuda.py) draw these options for every backend's
+# attention kernels.
+KERNEL_DIMS["masked_attention"] = attention_dims_softcap_BHKTSD
+KERNEL_DIMS["decode_attention"] = decode_dims_window_softcap_BHKSD

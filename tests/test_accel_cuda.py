@@ -49,9 +49,10 @@ from refimpl import positional as ref_positional
 
 nc = pytest.importorskip("accel.numba_cuda", reason="numba.cuda is not importable (pip install numba)")
 from numba import cuda  # noqa: E402
+from accel.numba_cuda.attention import decode_split  # noqa: E402
 
 from report import MaxDiffs  # noqa: E402
-from strategies import attention_dims_BHKTSD, decode_dims_BHKSD, seam_attention_problem  # noqa: E402
+from strategies import attention_dims_softcap_BHKTSD, decode_dims_window_softcap_BHKSD, seam_attention_problem  # noqa: E402
 
 if not nc.SIMULATOR and not cuda.is_available():
     pytest.skip("no CUDA GPU and NUMBA_ENABLE_CUDASIM is not 1: nothing to run the Numba-CUDA kernels on",
@@ -235,6 +236,9 @@ ATTENTION_CASES = [
     ("padding with an empty sequence", (2, 2, 1, 4, 6, 3, 3), {"causal": True, "key_mask": "empty"}),
     ("everything", (2, 4, 1, 11, 14, 5, 2), {"causal": True, "window": 4, "n_sink": 1, "key_mask": "random",
                                               "alibi": True, "scale": 0.3}),
+    ("soft cap, causal", (1, 2, 1, 6, 9, 4, 3), {"causal": True, "softcap": 0.5}),
+    ("soft cap with everything", (2, 2, 1, 9, 11, 4, 2), {"causal": True, "window": 4, "n_sink": 1,
+                                                          "key_mask": "random", "alibi": True, "softcap": 2.0}),
 ]
 
 
@@ -342,7 +346,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
 
 # Drawn attention problems: tests/strategies.py's dims (the differential suite's, with this file's
 # larger T, S and head dims and random ALiBi slopes), built by accel.verify.make_case.
-ATTENTION_DIMS = attention_dims_BHKTSD(tiny=True, max_T=7, max_S=9, max_D=6, max_Dv=5, random_slopes=True)
+ATTENTION_DIMS = attention_dims_softcap_BHKTSD(tiny=True, max_T=7, max_S=9, max_D=6, max_Dv=5, random_slopes=True)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # inf - inf inside simulated threads
@@ -532,6 +536,33 @@ def test_decode_attention_matches_twin(dims, lengths, dtype):
         assert (out[lengths.index(0)] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window, softcap", [(1, None), (6, None), (7, 0.5), (3, 2.0), (40, 1.0)])
+def test_decode_attention_window_and_softcap_match_twin(window, softcap, dtype):
+    """A window over a ragged cache cut into splits of 4 keys (S = 23: six splits): windows ending inside a split,
+    starting on a split boundary (L = 23, w = 7: keys 16..22) and longer than the cache; splits wholly before the
+    window contribute nothing. With a soft cap too."""
+    rng = np.random.default_rng(15)
+    B, H, K, S, D, Dv = 3, 4, 2, 23, 5, 3
+    q, k, v = rand(rng, (B, H, D), dtype), rand(rng, (B, K, S, D), dtype), rand(rng, (B, K, S, Dv), dtype)
+    kw = {"key_lengths": np.array([23, 0, 10]), "window": window, "softcap": softcap}
+    with nc.launch_config(threads=4):
+        assert decode_split(B, H, S) == (6, 4)
+        assert_matches_twin("decode_attention", (q, k, v), kw)
+        out = nc.decode_attention(q, k, v, **kw)
+    assert (out[1] == 0).all()
+
+
+def test_windowed_decode_equals_last_row_of_causal_window_attention():
+    """decode(q_last, window=w) == masked_attention(causal=True, window=w)'s last row (p = S - 1 sees S - w .. S - 1)."""
+    rng = np.random.default_rng(16)
+    q, k, v = _qkv(rng, 2, 4, 2, 3, 13, 5, 3, np.float64)
+    with nc.launch_config(threads=4, q_tile=4, k_tile=4):
+        dec = nc.decode_attention(q[:, :, -1], k, v, window=5, softcap=1.5)
+        full = nc.masked_attention(q, k, v, causal=True, window=5, softcap=1.5)[:, :, -1]
+    np.testing.assert_allclose(dec, full, rtol=1e-13, atol=1e-14)
+
+
 def test_decode_attention_equals_last_row_of_causal_attention():
     """The newest query (position S-1) sees every key under the causal mask, so decode == masked_attention's last row."""
     rng = np.random.default_rng(13)
@@ -544,7 +575,7 @@ def test_decode_attention_equals_last_row_of_causal_attention():
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 @FEW
-@given(dims=decode_dims_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6), dtype=st.sampled_from(DTYPES),
+@given(dims=decode_dims_window_softcap_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6), dtype=st.sampled_from(DTYPES),
        seed=st.integers(0, 2**32 - 1))
 def test_decode_attention_matches_twin_hypothesis(dims, dtype, seed):
     """Drawn shapes and cache lengths (0 .. S, an empty row among them): decode attention equals its twin."""

@@ -42,7 +42,7 @@ from accel import registry
 from accel._common import check_close
 from accel.verify import VERIFY_DIMS, make_case, run_case
 from report import MaxDiffs
-from strategies import KERNEL_DIMS, attention_dims_BHKTSD, decode_dims_BHKSD
+from strategies import KERNEL_DIMS, attention_dims_softcap_BHKTSD, decode_dims_window_softcap_BHKSD
 
 AVAILABLE = registry.available_backends()
 TABLE = MaxDiffs("accel kernels vs float64 twins (differential suite): max errors seen")
@@ -188,6 +188,20 @@ BAD_CALLS = [
      {"causal": 1}),
     ("masked_attention", lambda: (np.zeros((1, 1, 2, 0)), np.zeros((1, 1, 3, 0)), np.zeros((1, 1, 3, 2))), {}),
     ("decode_attention", lambda: (np.zeros((1, 1, 0)), np.zeros((1, 1, 3, 0)), np.zeros((1, 1, 3, 2))), {}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"softcap": 0}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"softcap": "50"}),
+    ("masked_attention", lambda: (np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+     {"softcap": float("inf")}),
+    ("decode_attention", lambda: (np.zeros((1, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))),
+     {"softcap": -1.0}),
+    ("decode_attention", lambda: (np.zeros((1, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))),
+     {"softcap": True}),
+    ("decode_attention", lambda: (np.zeros((1, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))),
+     {"window": 0}),
+    ("decode_attention", lambda: (np.zeros((1, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4))),
+     {"window": 2.5}),
 ]
 CPU_AND_SIMULATED = [b for b in ("numba", "numba_cuda")]
 
@@ -256,6 +270,36 @@ def test_decode_attention_is_the_last_row_of_causal_attention():
     v = rng.standard_normal((2, 3, 150, 8))
     full = attend(q, k, v, causal=True)[:, :, -1, :]
     np.testing.assert_allclose(decode(q[:, :, -1, :], k, v), full, rtol=1e-12, atol=1e-12)
+
+
+def test_windowed_decode_attention_is_the_last_row_of_causal_window_attention():
+    """decode(q_last, window=w, key_lengths=L) == masked_attention(causal, window=w) over the first L_b keys, at
+    its last query (p = L_b - 1), for both CPU kernels, on the parallel split-S driver too (chunks before the
+    window skipped), with and without a soft cap."""
+    from accel.numba_cpu import attention as fused
+
+    decode, _ = _numba("decode_attention")
+    attend, _ = _numba("masked_attention")
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((3, 6, 4, 16))
+    k = rng.standard_normal((3, 3, 300, 16))
+    v = rng.standard_normal((3, 3, 300, 8))
+    lengths = np.array([300, 129, 0])
+    work = fused.DECODE_PARALLEL_WORK
+    for parallel in (False, True):
+        fused.DECODE_PARALLEL_WORK = 0 if parallel else 1 << 62
+        try:
+            for window, cap in ((1, None), (37, None), (64, 50.0), (500, 1.0)):
+                out = decode(q[:, :, -1], k, v, key_lengths=lengths, window=window, softcap=cap)
+                for b, L in enumerate(lengths):
+                    if L == 0:
+                        assert (out[b] == 0).all()
+                        continue
+                    full = attend(q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L], causal=True, window=window,
+                                  softcap=cap)[0, :, -1]
+                    np.testing.assert_allclose(out[b], full, rtol=1e-12, atol=1e-12)
+        finally:
+            fused.DECODE_PARALLEL_WORK = work
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -334,7 +378,7 @@ def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(dims=attention_dims_BHKTSD(tiny=False), bq=st.sampled_from([1, 2, 3, 7, 16]), bk=st.sampled_from([1, 2, 5, 8, 33]),
+@given(dims=attention_dims_softcap_BHKTSD(tiny=False), bq=st.sampled_from([1, 2, 3, 7, 16]), bk=st.sampled_from([1, 2, 5, 8, 33]),
        dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))
 def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype, seed):
     """The online softmax is tile-size independent: with tiles of 1 x 1 .. 16 x 33 (so a row spans many
@@ -524,7 +568,7 @@ def test_wide_vectors_reaches_the_compiled_code():
 
 
 @settings(max_examples=30, deadline=None)
-@given(dims=decode_dims_BHKSD(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
+@given(dims=decode_dims_window_softcap_BHKSD(tiny=False), parallel=st.booleans(), cache_len=st.integers(0, 7),
        dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))
 def test_decode_attention_reads_cache_views_in_place(dims, parallel, cache_len, dtype, seed):
     """decode_attention on k, v that are the filled prefix of a larger KV cache (strided [B, K, S, D]

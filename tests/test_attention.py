@@ -22,6 +22,7 @@ from refimpl.attention import (
     multi_head_attention,
     multi_query_attention,
     scaled_dot_product_attention,
+    soft_cap,
     softmax,
     split_heads,
 )
@@ -722,3 +723,202 @@ def test_a_non_finite_scale_is_refused(scale):
     q = np.ones((1, 2, 4))
     with pytest.raises(ValueError, match="scale must be finite"):
         scaled_dot_product_attention(q, q, q, scale=scale)
+
+
+# ============================================================================ soft-capping (Gemma-2)
+
+CAPS = st.floats(0.05, 20.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(data=st.data(), cap=CAPS)
+def test_soft_cap_lies_within_the_cap(dtype, data, cap):
+    """|c tanh(s / c)| <= c, strictly below c where |s| <= c; +-inf -> +-c, NaN -> NaN; dtype kept.
+
+    Proof: |tanh| < 1 on the reals; |s| <= c gives |tanh(s / c)| <= tanh(1) < 0.77. In floating point
+    tanh rounds to exactly 1 once |s / c| is large (~9 in float32), so only the closed bound holds there.
+    """
+    x = data.draw(finite_arrays((data.draw(dims(1, 30)),), dtype, scale=1e3))
+    out = soft_cap(x, cap)
+    c = dtype(cap)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert (np.abs(out) <= c).all()
+    inner = np.abs(x) <= c
+    assert (np.abs(out[inner]) < c).all()
+    special = soft_cap(np.array([np.inf, -np.inf, np.nan], dtype), cap)
+    assert special[0] == c and special[1] == -c and np.isnan(special[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(data=st.data(), cap=st.floats(0.05, 10.0), use_mask=st.booleans())
+def test_softcapped_weights_are_the_softmax_of_capped_scores(dtype, data, cap, use_mask):
+    """return_weights gives softmax(where(mask, c tanh((Q K^T scale + bias) / c), -inf)): the cap comes after the
+    bias and before the mask (Gemma-2). So any two visible weights of a row satisfy |log w_i - log w_j| <= 2c.
+
+    Proof: w_i / w_j = exp(s'_i - s'_j) for the capped scores s' in [-c, c].
+    """
+    q, k, v = data.draw(qkv_BHTD(dtype))
+    T, S = q.shape[2], k.shape[2]
+    bias = data.draw(random_arrays((1, 1, T, S), dtype, scale=3.0))
+    mask = data.draw(random_arrays((T, S), np.float64)) > -0.5 if use_mask else None
+    out, w = scaled_dot_product_attention(q, k, v, mask, bias, softcap=cap, return_weights=True)
+    scores = (q @ np.swapaxes(k, -1, -2)) * dtype(1 / math.sqrt(q.shape[-1])) + bias
+    capped = dtype(cap) * np.tanh(scores / dtype(cap))
+    expected = softmax(capped if mask is None else np.where(mask, capped, -np.inf))
+    assert w.dtype == out.dtype == dtype
+    close(w, expected, dtype)
+    close(out, expected @ v, dtype, factor=4)
+    visible = np.broadcast_to(True if mask is None else mask, w.shape) & (w > 0)
+    logw = np.where(visible, np.log(np.where(visible, w, 1)), np.nan)  # [B, H, T, S]
+    seen = visible.any(axis=-1)
+    spread = np.nanmax(logw, axis=-1, initial=-np.inf) - np.nanmin(logw, axis=-1, initial=np.inf)
+    assert (spread[seen] <= 2 * cap * (1 + 1e-6) + 64 * np.finfo(dtype).eps * S).all()
+
+
+@pytest.mark.parametrize("ratio", [10.0, 1e3, 1e6])
+@given(data=st.data())
+def test_a_large_cap_tends_to_no_cap(ratio, data):
+    """With c = ratio * max|s|, attention with softcap=c differs from attention without by at most
+    2 max|v| max|s|^3 / (3 c^2) (plus float64 rounding).
+
+    Proof: f(x) = x - tanh x has f(0) = 0 and f'(x) = tanh^2 x <= x^2, so 0 <= x - tanh x <= x^3 / 3 for
+    x >= 0 (odd for x < 0): |c tanh(s / c) - s| <= |s|^3 / (3 c^2) for every score. Softmax moves by at
+    most 2 ||ds||_inf in the 1-norm (its Jacobian diag(w) - w w^T maps ds to w_i (ds_i - <w, ds>),
+    whose 1-norm is <= 2 ||ds||_inf), and out = w V moves by at most that times max|v|.
+    """
+    q, k, v = data.draw(qkv_BHKTD(np.float64))
+    s = np.einsum("bkgtd,bksd->bkgts", q.reshape(q.shape[0], k.shape[1], -1, *q.shape[2:]), k) / math.sqrt(q.shape[-1])
+    s_max = float(np.abs(s).max())
+    if s_max == 0:
+        return
+    cap = ratio * s_max
+    for causal in (False, True):
+        ref = masked_attention(q, k, v, causal=causal)
+        out = masked_attention(q, k, v, causal=causal, softcap=cap)
+        v_max = float(np.abs(v).max())
+        bound = 2 * v_max * s_max ** 3 / (3 * cap ** 2) + 1e-13 * v_max * (1 + s_max) * k.shape[2]
+        assert np.abs(out - ref).max() <= bound
+
+
+def test_softcap_none_is_the_uncapped_equation_bit_for_bit():
+    """softcap=None runs exactly the NumPy operations of the uncapped equation (scale, bias, mask,
+    softmax, weights @ v), so the results are bit-identical to them; a huge cap is not (a tanh ran)."""
+    rng = np.random.default_rng(11)
+    q, k, v = rng.standard_normal((2, 3, 5, 8)), rng.standard_normal((2, 3, 7, 8)), rng.standard_normal((2, 3, 7, 4))
+    bias = rng.standard_normal((1, 3, 5, 7))
+    mask = rng.random((5, 7)) < 0.8
+    out, w = scaled_dot_product_attention(q, k, v, mask, bias, softcap=None, return_weights=True)
+    scores = np.where(mask, (q @ np.swapaxes(k, -1, -2)) * np.float64(1 / math.sqrt(8)) + bias, -np.inf)
+    w_ref = softmax(scores)
+    assert w.tobytes() == w_ref.tobytes() and out.tobytes() == (w_ref @ v).tobytes()
+    gqa = grouped_query_attention(q, k[:, :1], v[:, :1], mask, bias, softcap=None)
+    assert gqa.tobytes() == grouped_query_attention(q, k[:, :1], v[:, :1], mask, bias).tobytes()
+    capped = scaled_dot_product_attention(q, k, v, mask, bias, softcap=1e300)
+    assert np.abs(capped - out).max() < 1e-14
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_attention_function_takes_the_cap(dtype):
+    """sdpa, GQA, MQA, masked_attention and decode_attention all cap: each equals the explicit
+    capped computation of its equation (and differs from the uncapped one)."""
+    rng = np.random.default_rng(12)
+    B, H, K, T, S, D = 2, 4, 2, 3, 6, 5
+    q, k, v = (rng.standard_normal(sh).astype(dtype) * 2 for sh in ((B, H, T, D), (B, K, S, D), (B, K, S, D)))
+    cap = 0.7
+    krep, vrep = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
+    ref = scaled_dot_product_attention(q, krep, vrep, causal_mask(T, S), softcap=cap)
+    assert not np.allclose(ref, scaled_dot_product_attention(q, krep, vrep, causal_mask(T, S)), atol=1e-3)
+    close(grouped_query_attention(q, k, v, causal_mask(T, S), softcap=cap), ref, dtype)
+    close(masked_attention(q, k, v, causal=True, softcap=cap), ref, dtype)
+    close(multi_query_attention(q, k[:, 0], v[:, 0], causal_mask(T, S), softcap=cap),
+          scaled_dot_product_attention(q, k[:, :1], v[:, :1], causal_mask(T, S), softcap=cap), dtype)
+    close(decode_attention(q[:, :, -1], k, v, softcap=cap), ref[:, :, -1], dtype)
+
+
+def test_a_minus_inf_bias_is_capped_but_a_mask_is_not():
+    """The cap comes before the mask: a masked key keeps weight 0, while a key given bias -inf is capped to -c
+    and keeps the weight exp(-c - m) (bias is additive math, masks are what hide keys)."""
+    q, k, v = np.ones((1, 2)), np.zeros((2, 2)), np.array([[1.0], [3.0]])
+    bias = np.array([[0.0, -np.inf]])
+    _, w_masked = scaled_dot_product_attention(q, k, v, np.array([[True, False]]), softcap=1.0, return_weights=True)
+    _, w_bias = scaled_dot_product_attention(q, k, v, bias=bias, softcap=1.0, return_weights=True)
+    np.testing.assert_array_equal(w_masked, [[1.0, 0.0]])
+    np.testing.assert_allclose(w_bias, [[1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))]], rtol=1e-15)
+
+
+BAD_CAPS = [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+            (True, TypeError), ("1", TypeError)]
+CAP_CALLS = {
+    "scaled_dot_product_attention": lambda c: scaled_dot_product_attention(_q, _k[:, :1].repeat(4, 1), _v[:, :1].repeat(4, 1), softcap=c),
+    "grouped_query_attention": lambda c: grouped_query_attention(_q, _k, _v, softcap=c),
+    "multi_query_attention": lambda c: multi_query_attention(_q, _k[:, 0], _v[:, 0], softcap=c),
+    "masked_attention": lambda c: masked_attention(_q, _k, _v, softcap=c),
+    "decode_attention": lambda c: decode_attention(_q[:, :, 0], _k, _v, softcap=c),
+}
+
+
+@pytest.mark.parametrize("name", CAP_CALLS)
+@pytest.mark.parametrize("cap, error", BAD_CAPS, ids=[repr(c) for c, _ in BAD_CAPS])
+def test_a_bad_softcap_is_refused(name, cap, error):
+    """0, negatives, NaN, inf, bools and strings are refused by name (None, not 0 or inf, means "no cap")."""
+    with pytest.raises(error, match=r"softcap must be a positive finite real number \(the cap c of c tanh\(s / c\)\) or None"):
+        CAP_CALLS[name](cap)
+
+
+@pytest.mark.parametrize("cap", [0, -2.0, float("inf"), None, True])
+def test_soft_cap_refuses_a_bad_cap(cap):
+    with pytest.raises((ValueError, TypeError), match="cap must be"):
+        soft_cap(np.ones(3), cap)
+
+
+# ============================================================================ decode windows (Mistral, Gemma-2, Qwen)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(data=st.data())
+def test_windowed_decode_is_the_last_query_of_causal_window_attention(dtype, data):
+    """decode_attention(q_last, k, v, key_lengths=L, window=w) equals, for each row b, the last query of
+    masked_attention(q, k[:L_b], v[:L_b], causal=True, window=w): the newest token sits at p = L_b - 1 and
+    sees the keys 0 <= p - j < w, the last w valid entries. With a soft cap too; L_b = 0 gives zeros.
+
+    Proof: masked_attention's query T - 1 over L_b keys sits at p = L_b - T + (T - 1) = L_b - 1, and its causal
+    window pattern is 0 <= p - j < w (refimpl.masks.local_window_mask), which is decode's window on j < L_b.
+    """
+    q, k, v = data.draw(qkv_BHKTD(dtype))
+    B, S = q.shape[0], k.shape[2]
+    lengths = data.draw(st.lists(st.integers(0, S), min_size=B, max_size=B))
+    window = data.draw(dims(1, S + 2))
+    cap = data.draw(st.one_of(st.none(), st.floats(0.3, 50.0)))
+    out = decode_attention(q[:, :, -1], k, v, key_lengths=lengths, window=window, softcap=cap)
+    assert out.dtype == dtype
+    for b, L in enumerate(lengths):
+        if L == 0:
+            np.testing.assert_array_equal(out[b], 0)
+            continue
+        ref = masked_attention(q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L], causal=True, window=window,
+                               softcap=cap)[0, :, -1]
+        close(out[b], ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(data=st.data())
+def test_a_window_as_long_as_the_cache_is_no_window(dtype, data):
+    """window >= S (so >= every L_b) hides nothing: the result equals window=None bit for bit (the mask is all
+    True over the valid entries, and the same operations run). A window of 1 sees only the newest entry."""
+    q, k, v = data.draw(qkv_BHKTD(dtype))
+    B, S = q.shape[0], k.shape[2]
+    lengths = data.draw(st.one_of(st.none(), st.lists(st.integers(0, S), min_size=B, max_size=B)))
+    window = data.draw(dims(S, S + 5))
+    qd = q[:, :, -1]
+    full = decode_attention(qd, k, v, key_lengths=lengths if lengths is not None else [S] * B)
+    np.testing.assert_array_equal(decode_attention(qd, k, v, key_lengths=lengths, window=window), full)
+    last = decode_attention(qd, k, v, key_lengths=lengths, window=1)
+    G = q.shape[1] // k.shape[1]
+    for b, L in enumerate(lengths if lengths is not None else [S] * B):
+        expected = np.repeat(v[b, :, L - 1], G, axis=0) if L else np.zeros_like(last[b])
+        close(last[b], expected, dtype)
+
+
+@pytest.mark.parametrize("window, error", [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_a_bad_decode_window_is_refused(window, error):
+    with pytest.raises(error, match="window must be"):
+        decode_attention(_q[:, :, 0], _k, _v, window=window)

@@ -80,6 +80,28 @@ CASES = {
     "decode_attention": (
         lambda: A.decode_attention(qd, k, v, key_lengths=lengths),
         lambda: A._decode_attention(qd, k, v, M.padding_mask(lengths, S), None)),
+    "decode_attention window + softcap": (
+        lambda: A.decode_attention(qd, k, v, key_lengths=lengths, window=2, softcap=3.0),
+        lambda: A._decode_attention(qd, k, v, M.padding_mask(lengths, S), None, 2, 3.0)),
+    "decode_attention window, no lengths": (
+        lambda: A.decode_attention(qd, k, v, window=3, scale=0.4),
+        lambda: A._decode_attention(qd, k, v, None, 0.4, 3)),
+    "soft_cap": (lambda: A.soft_cap(x * 5, 2.0), lambda: A._soft_cap(x * 5, 2.0)),
+    "soft_cap float16": (lambda: A.soft_cap(x.astype(np.float16) * 5, 0.7),
+                         lambda: A._soft_cap(x.astype(np.float16) * 5, 0.7)),
+    "scaled_dot_product_attention softcap": (
+        lambda: A.scaled_dot_product_attention(q, k[:, :1], v[:, :1], mask, bias, softcap=1.5, return_weights=True),
+        lambda: A._scaled_dot_product_attention(q, k[:, :1], v[:, :1], mask, bias, None, True, 1.5)),
+    "grouped_query_attention softcap": (
+        lambda: A.grouped_query_attention(q, k, v, mask, bias, scale=0.3, softcap=0.5),
+        lambda: A._grouped_query_attention(q, k, v, mask, bias, 0.3, False, 0.5)),
+    "multi_query_attention softcap": (
+        lambda: A.multi_query_attention(q16, kv1.astype(np.float16), vv1.astype(np.float16), mask, softcap=2.0,
+                                        return_weights=True),
+        lambda: A._multi_query_attention(q16, kv1.astype(np.float16), vv1.astype(np.float16), mask, None, None, True, 2.0)),
+    "masked_attention softcap + window + alibi": (
+        lambda: A.masked_attention(q, k, v, causal=True, window=2, key_mask=key_mask, alibi_slopes=slopes, softcap=1.0),
+        lambda: A._masked_attention(q, k, v, True, 2, 0, key_mask, slopes, None, 1.0)),
     "layer_norm": (lambda: N.layer_norm(x, gamma, beta), lambda: N._layer_norm(x, gamma, beta, 1e-5)),
     "layer_norm float16": (lambda: N.layer_norm(x.astype(np.float16), gamma, beta, eps=1e-3),
                            lambda: N._layer_norm(x.astype(np.float16), gamma, beta, 1e-3)),

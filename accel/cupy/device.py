@@ -110,10 +110,11 @@ def _numba(x):  # a CuPy array (or None) -> a Numba device array on the same mem
 
 
 def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None,
-                     scale=None) -> cp.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+                     scale=None, softcap=None) -> cp.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel) on CuPy arrays; k, v may be strided cache views.
 
-    key_mask: CuPy bool/uint8 [B, S] or None; alibi_slopes: CuPy [H] in q's dtype or None.
+    key_mask: CuPy bool/uint8 [B, S] or None; alibi_slopes: CuPy [H] in q's dtype or None;
+    softcap: a positive float or None (scores capped to c tanh(s / c)).
     """
     from accel.numba_cuda.attention import masked_attention_device
 
@@ -123,12 +124,15 @@ def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=N
         key_mask = cp.ascontiguousarray(key_mask.astype(cp.uint8, copy=False))
     masked_attention_device(_numba(q), _numba(k), _numba(v), _numba(out), causal=causal, window=window,
                             n_sink=n_sink, key_mask=_numba(key_mask), alibi_slopes=_numba(alibi_slopes),
-                            scale=scale, stream=_numba_stream())
+                            scale=scale, softcap=softcap, stream=_numba_stream())
     return out
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None, partials=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None, partials=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """Split-S decode attention (Numba-CUDA kernels) on CuPy arrays; key_lengths CuPy int64 [B] or None.
+
+    window: a positive int or None (the newest query sees keys [L_b - window, L_b)); softcap: a
+    positive float or None (scores capped to c tanh(s / c)).
 
     partials: None, or decode_partials(B, H, S, Dv, dtype) (CuPy arrays the split results go
     through; given, the call allocates nothing but its output, as a CUDA-graph capture needs).
@@ -143,7 +147,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, partials=None) ->
     if partials is None:  # from CuPy's pool: Numba's own allocator would cuMemAlloc at every call
         partials = decode_partials(B, H, S, v.shape[3], q.dtype)
     decode_attention_device(_numba(q), _numba(k), _numba(v), _numba(key_lengths.astype(cp.int64, copy=False)),
-                            _numba(out), scale=None if scale is None else float(scale), stream=_numba_stream(),
+                            _numba(out), scale=None if scale is None else float(scale), window=window,
+                            softcap=None if softcap is None else float(softcap), stream=_numba_stream(),
                             partials=tuple(_numba(a) for a in partials))
     return out
 

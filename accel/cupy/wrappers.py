@@ -19,7 +19,8 @@ from accel._common import check_decode_attention_args, check_masked_attention_ar
 from accel.numba_cuda._common import check_eps, kernel_dtype
 from accel.numba_cuda.attention import _check_scale
 from accel.numba_cuda.norms import _check_param, _check_width
-from refimpl._checks import as_float, check_ndim
+from refimpl._checks import as_float, check_ndim, check_positive_int
+from refimpl.attention import _check_softcap
 from refimpl.linear import LinearParams
 
 from . import device
@@ -92,26 +93,32 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
 
 
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel on CuPy memory). Twin: refimpl.attention.masked_attention."""
     q, k, v, causal, window, n_sink, km, m = check_masked_attention_args(
         q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
     scale = _check_scale(scale)
+    softcap = _check_softcap(softcap)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
+    cap = None if softcap is None else float(out_dtype.type(softcap))  # rounded to the twin's dtype
     slopes = None
     if m is not None:
         slopes = _dev(m.astype(out_dtype), work)
     out = device.masked_attention(_dev(q, work), _dev(k, work), _dev(v, work), causal=causal, window=window,
                                   n_sink=n_sink, key_mask=None if km is None else cp.asarray(km),
-                                  alibi_slopes=slopes, scale=scale)
+                                  alibi_slopes=slopes, scale=scale, softcap=cap)
     return _host(out, out_dtype)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """Split-S decode attention (Numba-CUDA kernels on CuPy memory). Twin: refimpl.attention.decode_attention."""
     q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     lengths = cp.asarray(lengths)
     scale = _check_scale(scale)
+    window = None if window is None else check_positive_int(window, "window")
+    softcap = _check_softcap(softcap)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
-    out = device.decode_attention(_dev(q, work), _dev(k, work), _dev(v, work), key_lengths=lengths, scale=scale)
+    cap = None if softcap is None else float(out_dtype.type(softcap))  # rounded to the twin's dtype
+    out = device.decode_attention(_dev(q, work), _dev(k, work), _dev(v, work), key_lengths=lengths, scale=scale,
+                                  window=window, softcap=cap)
     return _host(out, out_dtype)

@@ -1,7 +1,8 @@
 """Fused attention with online softmax, and decode attention, on the CPU with Numba.
 
-out_i = sum_j softmax_j(q_i . k_j * scale - m_h (p_i - j), masked) v_j,  p_i = S - T + i
-(twins: refimpl.attention.masked_attention and refimpl.attention.decode_attention)
+out_i = sum_j softmax_j(cap(q_i . k_j * scale - m_h (p_i - j)), masked) v_j,  p_i = S - T + i
+(twins: refimpl.attention.masked_attention and refimpl.attention.decode_attention; cap(s) = c tanh(s / c),
+Gemma-2's logit soft-capping, Gemma Team 2024, sec. 2, when softcap=c is given, else cap(s) = s)
 
 Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022, sec. 3.1, Alg. 1):
 keys are visited in tiles; each query row keeps a running max m, a running sum l = sum_j
@@ -10,15 +11,17 @@ rescales both by exp(m - m') before adding its terms, and out = a / l. The T x S
 exist: a task holds one BQ x BK score tile and a BQ x Dv accumulator (memory linear in T and S).
 Per key tile S_tile = Q K^T and A += P V are BLAS ?gemm calls (accel.numba_cpu.blas, reading q, k
 and v in place where their rows allow, `_blas_rows`); the mask, the ALiBi term, row max, exp and
-float64 row sum run as vectorised Numba loops (`_softmax_tile`). Key tiles no query may see are
-skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128 below T * S = 2^20,
-128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
+float64 row sum run as vectorised Numba loops (`_softmax_tile`; a soft cap is applied to the tile's
+scores there, after the scale and the ALiBi term, before the mask and the running max). Key tiles
+no query may see are skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128
+below T * S = 2^20, 128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
 log2 e; `_exp2_f32`, <= 0.81 ulp) where that cannot overflow (`_base2_cannot_overflow`), else base e
 (`_exp_f32`, <= 1.02 ulp; float64: libm). Cost per head: 2 T S (D + Dv) flops (about half of it
 under a causal mask), two thirds of the time in the two products, the rest max / exp / sum.
 decode_attention: split-S ("flash-decoding"): a task is (b, key/value head g, chunk of S) and takes
 the G query heads of g together (P = Q_g K_chunk^T, A = P V_chunk: two gemm calls); the chunks'
-(m, l, a) are merged by the same rescaling. The KV cache's filled prefix is read in place.
+(m, l, a) are merged by the same rescaling. The KV cache's filled prefix is read in place. A window w
+narrows row b's keys to [L_b - w, L_b): chunks before it are skipped (their (m, l, a) stay empty).
 
 Versions (history and measurements: benchmarks/NOTES.md):
   v1 scalar loops, one task per (b, h, query tile), libm exp
@@ -36,7 +39,8 @@ softmax and a matmul. Here sums over keys run in tile order with the rescaling, 
 (float32 stays float32; the registry's tolerance accounts for it); dot products are BLAS's (its
 order and FMAs); a tile's row sum is float64 in a compiler-picked order (within (n - 1) u), l is
 float64; the scale multiplies q instead of every score when that is exact (a power of two, base e)
-or folds log2 e into q (one rounding per entry, base 2).
+or folds log2 e into q (one rounding per entry, base 2); a soft cap in base 2 uses c log2 e
+(c' tanh(s' / c') = log2 e * c tanh(s / c) for s' = s log2 e: the same function, one more rounding of c).
 Non-finite inputs: a NaN or +inf score a query may see makes its row NaN, as in the twin; masked
 scores are never looked at; a query that sees no key gets zeros whatever v holds. One difference,
 by design: the twin leaves hidden keys' terms (masked, or scored -inf) out of its sum, while here
@@ -55,7 +59,8 @@ from llvmlite import ir as llvm_ir
 from numba import njit, parallel_chunksize, prange, types
 from numba.extending import intrinsic
 
-from refimpl.attention import _scale_for
+from refimpl._checks import check_positive_int
+from refimpl.attention import _check_softcap, _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args, cpu_dtypes
 from ._launch import kernel_threads, one_blas_thread, run_parallel
@@ -226,12 +231,13 @@ def _row_sum(x):  # x [n] -> float64
 
 
 @njit(fastmath={"contract"})
-def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, key_ok, sk, lo, hi, base2, fast_exp,
-                  m, l, acc):
+def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, softcap, full, n_ok, key_ok, sk, lo, hi, base2,
+                  fast_exp, m, l, acc):
     # One tile's online-softmax update: rows r < nq of s_buf (each nk scores, contiguous) become
     # weights exp(s - m_new) (2^(s - m_new) when base2: the scores are then in base 2, s log2 e);
     # m, l and the rows of acc are brought to the new running max.
-    # p0: the position of the tile's first query; key_ok [S] bool (this sequence's keys).
+    # p0: the position of the tile's first query; key_ok [S] bool (this sequence's keys); softcap > 0:
+    # scores become softcap * tanh(s / softcap) (in the scores' base), 0: no cap.
     # A function of its own (not written in the parallel kernel's body), so that its loops are
     # compiled and vectorised as such.
     zero = s_buf.dtype.type(0)
@@ -245,6 +251,9 @@ def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, ke
             p = p0 + r
             for j in range(nk):
                 srow[j] -= slope * (p - j0 - j)
+        if softcap > 0:  # before the mask, as the twin: a -inf score becomes -softcap, masked keys stay -inf
+            for j in range(nk):
+                srow[j] = softcap * math.tanh(srow[j] / softcap)
         if not full:
             # This row sees the tile's keys [0, e_a) (sinks) and [b_lo, b_hi) (window), in
             # tile-local indices; the rest is masked by two contiguous fills.
@@ -281,15 +290,16 @@ def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, full, n_ok, ke
 
 
 @njit(cache=True, fastmath={"contract"})
-def _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2, fast_exp,
-                bq, bk, out):
+def _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, softcap, causal, window, n_sink, use_alibi, base2,
+                fast_exp, bq, bk, out):
     # One (b, h, tile of bq queries) task: out[b, h, i0:i0 + nq] from every key tile the rows may see.
     # q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv]: views whose rows (the D or Dv entries of one
     # query or key) are contiguous, other strides free (BLAS reads them in place), key_ok [B, S] bool,
     # key_count [B, S + 1] (prefix counts of key_ok), slopes [H] float64 (all zeros without ALiBi;
     # use_alibi: some slope is not 0), bq x bk: the tile -> out [B, H, T, Dv]. base2 (float32): q,
     # scale and slopes carry log2(e), the weights are 2^(s - m) by _exp2_f32; otherwise e^(s - m),
-    # by _exp_f32 when fast_exp (float32), by libm's exp for float64.
+    # by _exp_f32 when fast_exp (float32), by libm's exp for float64. softcap: the cap in the scores'
+    # base (0: none).
     H, T = q.shape[1], q.shape[2]
     K = k.shape[1]
     S = k.shape[2]
@@ -334,7 +344,7 @@ def _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window,
 
             s = s_buf[:nq * nk].reshape((nq, nk))
             gemm(s, q_tile, kbg[j0:j1], True, False)  # S_tile = Q_tile K_tile^T  (BLAS)
-            _softmax_tile(s_buf, nq, nk, j0, S - T + i0, scale, use_alibi, slope, full, n_ok,
+            _softmax_tile(s_buf, nq, nk, j0, S - T + i0, scale, use_alibi, slope, softcap, full, n_ok,
                           key_ok[b], sk, lo, hi, base2, fast_exp, m, l, acc)
             gemm(acc, s, vbg[j0:j1], False, True)  # A += P_tile V_tile  (BLAS, beta = 1)
 
@@ -349,31 +359,33 @@ def _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window,
 
 
 @njit(parallel=True, cache=True)
-def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2, fast_exp,
-                     bq, bk, out):
+def _flash_attention(q, k, v, key_ok, key_count, slopes, scale, softcap, causal, window, n_sink, use_alibi, base2,
+                     fast_exp, bq, bk, out):
     # Every (b, h, query tile) task of _flash_task, in parallel (prange: the caller's parallel_chunksize).
     n_tasks = q.shape[0] * q.shape[1] * ((q.shape[2] + bq - 1) // bq)
     for task in prange(n_tasks):
-        _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2,
-                    fast_exp, bq, bk, out)
+        _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, softcap, causal, window, n_sink, use_alibi,
+                    base2, fast_exp, bq, bk, out)
 
 
 @njit(cache=True)
-def _flash_attention_serial(q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2,
-                            fast_exp, bq, bk, out):
+def _flash_attention_serial(q, k, v, key_ok, key_count, slopes, scale, softcap, causal, window, n_sink, use_alibi,
+                            base2, fast_exp, bq, bk, out):
     # The same tasks in order on the calling thread (one Numba thread: no parallel launch).
     n_tasks = q.shape[0] * q.shape[1] * ((q.shape[2] + bq - 1) // bq)
     for task in range(n_tasks):
-        _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, causal, window, n_sink, use_alibi, base2,
-                    fast_exp, bq, bk, out)
+        _flash_task(task, q, k, v, key_ok, key_count, slopes, scale, softcap, causal, window, n_sink, use_alibi,
+                    base2, fast_exp, bq, bk, out)
 
 
 @njit(cache=True, fastmath={"contract"})
-def _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a):
+def _decode_chunk(task, q, k, v, lengths, scale, softcap, window, n_chunks, fast_exp, part_m, part_l, part_a):
     # One (b, key/value head g, chunk c of S) task: the G query heads that read head g, together.
     # q [B, H, D] (C-contiguous); k [B, K, S, D], v [B, K, S, Dv]: views whose rows (the D or Dv
     # entries of one key) are contiguous, other strides free (the KV cache's prefix, uncopied).
     # Writes (m, l, a) of each of the G heads for this chunk into part_m / part_l / part_a [b, h, c].
+    # The chunk's keys are [c chunk, (c + 1) chunk) cut to the row's [L_b - window, L_b) (window 0: [0, L_b));
+    # softcap > 0 caps the scores (0: none).
     K = k.shape[1]
     S = k.shape[2]
     G = q.shape[1] // K
@@ -385,6 +397,8 @@ def _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, par
     h0 = g * G  # query heads h0 .. h0 + G - 1
     j0 = c * chunk
     j1 = min(j0 + chunk, lengths[b])
+    if window > 0:
+        j0 = max(j0, lengths[b] - window)  # keys before the window: a chunk entirely before it stays empty
     for r in range(G):
         part_m[b, h0 + r, c] = -np.inf
         part_l[b, h0 + r, c] = 0.0
@@ -399,6 +413,9 @@ def _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, par
         if scale != 1:
             for j in range(n):
                 row[j] *= scale
+        if softcap > 0:
+            for j in range(n):
+                row[j] = softcap * math.tanh(row[j] / softcap)
         mx = _row_max(row)
         for j in range(n):  # a NaN score makes the max NaN (as np.max), so the head's output is NaN
             if row[j] != row[j]:
@@ -448,22 +465,23 @@ def _decode_merge(bh, part_m, part_l, part_a, out):
 
 
 @njit(parallel=True, cache=True)
-def _decode_attention(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
+def _decode_attention(q, k, v, lengths, scale, softcap, window, n_chunks, fast_exp, part_m, part_l, part_a, out):
     # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (rows contiguous, see _decode_chunk), lengths [B]
     # -> out [B, H, Dv]; part_m, part_l [B, H, n_chunks], part_a [B, H, n_chunks, Dv]: per-chunk (m, l, a).
     B, H = q.shape[0], q.shape[1]
     for task in prange(B * k.shape[1] * n_chunks):
-        _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a)
+        _decode_chunk(task, q, k, v, lengths, scale, softcap, window, n_chunks, fast_exp, part_m, part_l, part_a)
     for bh in prange(B * H):
         _decode_merge(bh, part_m, part_l, part_a, out)
 
 
 @njit(cache=True)
-def _decode_attention_serial(q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a, out):
+def _decode_attention_serial(q, k, v, lengths, scale, softcap, window, n_chunks, fast_exp, part_m, part_l, part_a,
+                             out):
     # The same tasks in order on the calling thread (no parallel launch: a short cache).
     B, H = q.shape[0], q.shape[1]
     for task in range(B * k.shape[1] * n_chunks):
-        _decode_chunk(task, q, k, v, lengths, scale, n_chunks, fast_exp, part_m, part_l, part_a)
+        _decode_chunk(task, q, k, v, lengths, scale, softcap, window, n_chunks, fast_exp, part_m, part_l, part_a)
     for bh in range(B * H):
         _decode_merge(bh, part_m, part_l, part_a, out)
 
@@ -488,13 +506,14 @@ def _base2_cannot_overflow(scale: float, slopes: np.ndarray, span: int) -> bool:
 
 
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(Q K^T * scale - m_h (p_i - j), masked) V by online softmax (Numba CPU; twin refimpl.attention.masked_attention).
+                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), masked) V by online softmax (Numba CPU; twin refimpl.attention.masked_attention).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
-    bool; alibi_slopes [H]. Returns [B, H, T, Dv] in the promoted dtype of q, k, v.
-    Notes: the masks, GQA grouping, position alignment (p_i = S - T + i) and zero rows are the
-    twin's; the arithmetic is FlashAttention's tiled online softmax (module header).
+    bool; alibi_slopes [H]; softcap a positive finite real or None. Returns [B, H, T, Dv] in the
+    promoted dtype of q, k, v.
+    Notes: the masks, GQA grouping, position alignment (p_i = S - T + i), soft cap c tanh(s / c) and
+    zero rows are the twin's; the arithmetic is FlashAttention's tiled online softmax (module header).
     """
     q, k, v, causal, window, n_sink, key_mask, slopes = check_masked_attention_args(
         q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
@@ -508,6 +527,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     else:
         slopes = np.zeros(H, dtype=np.float64)
     sc = work.type(_scale_for(D, scale, dtype))
+    softcap = _check_softcap(softcap)  # (after the scale, in the twin's order)
+    cap = 0.0 if softcap is None else float(work.type(dtype.type(softcap)))  # rounded to the twin's dtype (0: none)
 
     if key_mask is None:  # every key real: key_count[b, j] = j
         key_ok = np.ones((B, S), dtype=np.bool_)  # [B, S]
@@ -527,6 +548,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # relative, under the products' own error); the slopes stay float64 (rounding 2^-53).
         qw = qw * np.float32(float(sc) * _LOG2E_F64)
         slopes = slopes * _LOG2E_F64
+        cap *= _LOG2E_F64  # the cap of the base-2 scores s log2 e (module header)
         sc = work.type(1)
     elif 0 < sc <= 1 and math.frexp(sc)[0] == 0.5:
         # scale = 2^-e: (q 2^-e) . k = (q . k) 2^-e exactly (every rounding scales with it), so
@@ -540,8 +562,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # One BLAS thread per Numba task (gemm pins MKL to one thread per call; OpenBLAS, the fallback, is limited
         # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size); on one Numba thread the
         # serial driver runs the same tasks in order.
-        args = (qw, kw, vw, key_ok, key_count, slopes, sc, bool(causal), 0 if window is None else window, n_sink,
-                has_alibi, base2, work == np.float32, *_tiles(T, S), out)
+        args = (qw, kw, vw, key_ok, key_count, slopes, sc, work.type(cap), bool(causal), 0 if window is None else window,
+                n_sink, has_alibi, base2, work == np.float32, *_tiles(T, S), out)
         if kernel_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
             _flash_attention_serial(*args)
         else:  # one BLAS thread per Numba task (_launch.one_blas_thread)
@@ -560,18 +582,23 @@ def _blas_rows(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [B, K, S, D] -> 
     return x if in_place else np.ascontiguousarray(x, dtype=work)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j} by split-S online softmax (Numba CPU; twin refimpl.attention.decode_attention).
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j} by split-S online softmax (Numba CPU; twin refimpl.attention.decode_attention).
 
     Shapes: q [B, H, D], k [B, K, S, D], v [B, K, S, Dv], key_lengths [B] ints in 0 .. S or None
-    -> [B, H, Dv] in the promoted dtype of q, k, v.
-    Notes: chunks of the cache run in parallel and are merged by rescaling; see the module header.
+    -> [B, H, Dv] in the promoted dtype of q, k, v. window (w) a positive int or None (w = L_b);
+    softcap (c) a positive finite real or None: cap(s) = c tanh(s / c), else s.
+    Notes: chunks of the cache run in parallel and are merged by rescaling; chunks before the
+    window are skipped; see the module header.
     """
     q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     B, H, D = q.shape
     K, S = k.shape[1], k.shape[2]
     work, dtype = cpu_dtypes((q, k, v), ("q", "k", "v"))  # float16 runs in float32
     sc = work.type(_scale_for(D, scale, dtype))
+    window = 0 if window is None else check_positive_int(window, "window")  # (after the scale, in the twin's order)
+    softcap = _check_softcap(softcap)
+    cap = work.type(0 if softcap is None else dtype.type(softcap))  # rounded to the twin's dtype (0: none)
     Dv = v.shape[3]
     # Enough chunks to keep every thread busy when B*K is small, none shorter than 64 keys; a short
     # cache runs on the calling thread (a parallel launch costs ~30-60 us, more than its work).
@@ -583,8 +610,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  #
     part_a = np.empty((B, H, n_chunks, Dv), dtype=work)
     out = np.empty((B, H, Dv), dtype=work)
     if out.size:
-        args = (np.ascontiguousarray(q, dtype=work), _blas_rows(k, work), _blas_rows(v, work), lengths, sc,
-                n_chunks, work == np.float32, part_m, part_l, part_a, out)
+        args = (np.ascontiguousarray(q, dtype=work), _blas_rows(k, work), _blas_rows(v, work), lengths, sc, cap,
+                window, n_chunks, work == np.float32, part_m, part_l, part_a, out)
         if serial:
             _decode_attention_serial(*args)
         else:

@@ -268,8 +268,8 @@ def _decode_block(x, g1, b1, w_qkv, b_qkv, w_o, b_o, g2, b2, w_fc, b_fc, w_p, b_
     part_l = np.empty((B, H, 1), dtype=np.float64)
     part_a = np.empty((B, H, 1, D), dtype=x.dtype)
     y = np.empty((B, H, D), dtype=x.dtype)
-    _decode_attention_serial(q, k_cache[:, :, :pos + 1], v_cache[:, :, :pos + 1], lengths, scale, 1,
-                             x.itemsize == 4, part_m, part_l, part_a, y)
+    _decode_attention_serial(q, k_cache[:, :, :pos + 1], v_cache[:, :, :pos + 1], lengths, scale, 0.0, 0, 1,
+                             x.itemsize == 4, part_m, part_l, part_a, y)  # (no soft cap, no window)
     x += _linear_rows(y.reshape(B, C), w_o, b_o, threads)  # merge heads, W_O, residual
     for r in range(B):
         _layer_norm_row(x[r], g2, b2, eps, h[r])

@@ -10,7 +10,9 @@ Gimelshein 2018). A block takes a tile of queries of one (batch, head) and strea
 tiles through shared memory; per query row it keeps the running max m, sum l and accumulator
 acc[Dv], rescaled by exp(m_old - m_new) once per tile. The mask (causal, window, sinks, key
 padding) and the ALiBi bias are computed from (i, j) on the fly; key tiles no query of the block
-may see are skipped (exactly: their weights are 0). Head dims are zero-padded to a power of two
+may see are skipped (exactly: their weights are 0). With softcap=c each visible score becomes
+c tanh(s / c) (Gemma-2's logit soft-capping, Gemma Team 2024, sec. 2) right after the scale and
+the ALiBi term, before it enters the running max, as in the twin. Head dims are zero-padded to a power of two
 (constant trip counts). Cost: 2 T S (D + Dv) flops per head, one read of q, k, v, one write.
   rows  (v1, the default): one thread per query row, acc in local memory; the key tile halves
         until K and V tiles fit 48 KiB of static shared memory.
@@ -21,7 +23,10 @@ may see are skipped (exactly: their weights are 0). Head dims are zero-padded to
         products in the same order as rows.
 decode_attention: flash-decoding: one block per (chunk of S, head, batch) computes a partial
 (m, l, acc[Dv]) (threads over keys for the scores, over Dv for the weighted sum); a second kernel
-merges them: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+merges them: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c. A window w narrows row b's keys to
+[L_b - w, L_b): each split starts at the later of its first key and L_b - w, so a split entirely
+before the window computes nothing (m = -inf, l = 0) and the merge passes over it; the soft cap
+is applied to each score after the scale.
 
 Versions (register counts, instruction counts and timings: benchmarks/NOTES.md):
   softmax v1 (this)           one block per row, tree reductions
@@ -52,8 +57,8 @@ import math
 import numpy as np
 from numba import cuda, uint32
 
-from refimpl._checks import as_float
-from refimpl.attention import _scale_for
+from refimpl._checks import as_float, check_positive_int
+from refimpl.attention import _check_softcap, _scale_for
 
 from .._common import check_decode_attention_args, check_masked_attention_args
 from ._common import (
@@ -246,9 +251,9 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
     F = numba_float(dtype)
 
     @cuda.jit
-    def flash_attention(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
+    def flash_attention(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink, out):
         # q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv], key_mask [B, S] uint8 (read only if
-        # use_mask), slopes [H] (read only if use_alibi), window = 0: none.
+        # use_mask), slopes [H] (read only if use_alibi), softcap = 0: no cap, window = 0: none.
         # Grid (ceil(T / q_tile), H, B); block q_tile threads, one query each.
         k_sh = cuda.shared.array((k_tile, d_pad), dtype=F)
         v_sh = cuda.shared.array((k_tile, dv_pad), dtype=F)
@@ -316,6 +321,8 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
                     s = dot * scale
                     if use_alibi:
                         s += -slope * F(p - j)
+                    if softcap > F(0):  # c tanh(s / c): a -inf score becomes -c, as in the twin
+                        s = softcap * F(math.tanh(s / softcap))
                     any_key = True
                     m_tile = _max_keeping_nan(m_tile, s)  # a NaN score poisons the row, as in the twin
                 s_loc[jj] = s
@@ -393,7 +400,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     # four 128-thread blocks fit an SM's 64K registers instead of three. Larger micro-tiles: no cap.
     capped = dtype == np.float32 and RM * RN <= 16 and N_O <= 32 and not SIMULATOR
     @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if capped else {}))
-    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, causal, window, n_sink, out):
+    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink, out):
         # Same arguments and result as flash_attention (v1). Grid (ceil(T / br), H, B); block NT
         # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
         # columns c = bb * TC + tc (bb < RN) of each br x bc key tile and output columns
@@ -489,6 +496,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                         sc = s_loc[a * RN + bb] * scale
                         if use_alibi:
                             sc += -slope * F(p - j)
+                        if softcap > F(0):  # c tanh(s / c), as v1
+                            sc = softcap * F(math.tanh(sc / softcap))
                         mx = _max_keeping_nan(mx, sc)  # a NaN score poisons the row, as in the twin
                     s_loc[a * RN + bb] = sc
                 red[tr * RM + a, tc] = mx
@@ -545,12 +554,12 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
 
 
 def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0, key_mask=None,
-                            alibi_slopes=None, scale=None, stream=0) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
+                            alibi_slopes=None, scale=None, softcap=None, stream=0) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
     """Fused masked attention on C-contiguous device arrays of one float dtype, into `out`.
 
     key_mask: device uint8 [B, S] (nonzero = may attend) or None; alibi_slopes: device [H] or
-    None; scale: a float or None (1/sqrt(D)); stream: the Numba stream to launch on (0: the
-    default stream). No validation beyond what the wrapper does.
+    None; scale: a float or None (1/sqrt(D)); softcap: a positive float or None (no cap); stream:
+    the Numba stream to launch on (0: the default stream). No validation beyond what the wrapper does.
     """
     B, H, T, D = q.shape
     Dv = v.shape[3]
@@ -565,12 +574,13 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
     q_tile, k_tile = tiles()
     d_pad, dv_pad = pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR)
     scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
+    cap = dtype.type(0 if softcap is None else softcap)  # 0: no cap
     variant, (br, bc, rm, rn) = attention_variant()
     if variant == "tiled" and _tiled_fits(dtype, br, bc, rm, rn, d_pad, dv_pad):
         kernel = _flash_kernel_tiled(dtype, br, bc, rm, rn, d_pad, dv_pad)
         grid = ((T + br - 1) // br, H, B)
         kernel[grid, (br // rm) * (bc // rn), stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi,
-                                                      dtype.type(scale), bool(causal),
+                                                      dtype.type(scale), cap, bool(causal),
                                                       0 if window is None else int(window), int(n_sink), out)
         return
     # Static shared memory is capped at 48 KiB per block: halve the key tile until K and V fit.
@@ -578,8 +588,8 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
         k_tile //= 2
     kernel = _flash_kernel(dtype, q_tile, k_tile, d_pad, dv_pad)
     grid = ((T + q_tile - 1) // q_tile, H, B)
-    kernel[grid, q_tile, stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), bool(causal),
-                         0 if window is None else int(window), int(n_sink), out)
+    kernel[grid, q_tile, stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi, dtype.type(scale), cap,
+                                 bool(causal), 0 if window is None else int(window), int(n_sink), out)
 
 
 def _tiled_fits(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int) -> bool:
@@ -598,11 +608,12 @@ def _check_scale(scale):
 
 
 def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(Q K^T * scale - m_h (p_i - j), -inf where M[i, j] is False) V, p_i = S - T + i  (FlashAttention tiling, Dao et al. 2022), on the GPU.
+                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), -inf where M[i, j] is False) V, p_i = S - T + i  (FlashAttention tiling, Dao et al. 2022), on the GPU.
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
-    bool; alibi_slopes [H]. Returns [B, H, T, Dv] in the promoted dtype of q, k, v.
+    bool; alibi_slopes [H]; softcap a positive finite real or None (cap(s) = c tanh(s / c), Gemma 2
+    sec. 2). Returns [B, H, T, Dv] in the promoted dtype of q, k, v.
     Notes: the mask patterns are the twin's (causal, one- or two-sided window, sinks + causal
     window, key padding); fully masked rows give zeros. The T x S scores never exist.
     See also: refimpl.attention.masked_attention (the twin).
@@ -612,6 +623,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     B, H, T, D = q.shape
     mask_d = None
     scale = _check_scale(scale)
+    softcap = _check_softcap(softcap)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
     slopes_d = None
     if m is not None:
@@ -622,7 +634,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     if out.size:
         masked_attention_device(to_device(q, work), to_device(k, work), to_device(v, work), out,
                                 causal=causal, window=window, n_sink=n_sink, key_mask=mask_d,
-                                alibi_slopes=slopes_d, scale=scale)
+                                alibi_slopes=slopes_d, scale=scale,
+                                softcap=None if softcap is None else float(out_dtype.type(softcap)))  # rounded as the twin
     return out.copy_to_host().astype(out_dtype, copy=False)
 
 
@@ -634,8 +647,9 @@ def _decode_partial_kernel(dtype: np.dtype, tpb: int, d_pad: int, dv_pad: int):
     block_sum, block_max = block_reducers(tpb)
 
     @cuda.jit
-    def decode_partial(q, k, v, lengths, chunk, scale, part_m, part_l, part_acc):
-        # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv], lengths [B] int64, chunk: keys per split.
+    def decode_partial(q, k, v, lengths, chunk, scale, softcap, window, part_m, part_l, part_acc):
+        # q [B, H, D], k [B, K, S, D], v [B, K, S, Dv], lengths [B] int64, chunk: keys per split;
+        # softcap = 0: no cap; window = 0: none, else keys [L_b - window, L_b) only.
         # Writes this split's running max part_m [B, H, N], sum part_l [B, H, N] and
         # unnormalised output part_acc [B, H, N, Dv]. Grid (N, H, B); block tpb threads.
         scratch = cuda.shared.array(tpb, dtype=F)
@@ -651,6 +665,8 @@ def _decode_partial_kernel(dtype: np.dtype, tpb: int, d_pad: int, dv_pad: int):
         end = start + chunk
         if lengths[b] < end:
             end = lengths[b]
+        if window > 0 and start < lengths[b] - window:  # keys before the window (a split before it: start >= end)
+            start = lengths[b] - window
         for d in range(t, D, tpb):
             q_sh[d] = q[b, h, d]
         for d in range(t, Dv, tpb):
@@ -666,6 +682,8 @@ def _decode_partial_kernel(dtype: np.dtype, tpb: int, d_pad: int, dv_pad: int):
                 for d in range(D):
                     dot += q_sh[d] * k[b, g, j, d]
                 s = dot * scale
+                if softcap > F(0):  # c tanh(s / c), as the twin
+                    s = softcap * F(math.tanh(s / softcap))
             m_tile = block_max(scratch, t, s)
             if s != s:  # a NaN score: make the tile max NaN for everyone (max may drop it)
                 scratch[0] = s
@@ -770,11 +788,13 @@ def decode_partials(B: int, H: int, S: int, Dv: int, dtype, *, empty=None, strea
     return empty((B, H, n_split), dtype), empty((B, H, n_split), dtype), empty((B, H, n_split, Dv), dtype)
 
 
-def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0, partials=None) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
+def decode_attention_device(q, k, v, lengths, out, *, scale=None, window=None, softcap=None, stream=0,
+                            partials=None) -> None:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> out [B, H, Dv]
     """Split-S decode attention on C-contiguous device arrays, into `out`.
 
     lengths: device int64 [B] with 0 <= L_b <= S (cache entries j >= L_b are ignored);
-    stream: the Numba stream to launch on (0: the default stream); partials: the arrays of
+    window: a positive int or None (keys j < L_b - window are ignored too); softcap: a positive
+    float or None (no cap); stream: the Numba stream to launch on (0: the default stream); partials: the arrays of
     decode_partials(B, H, S, Dv, dtype) (allocated here when None).
     """
     B, H, D = q.shape
@@ -794,23 +814,30 @@ def decode_attention_device(q, k, v, lengths, out, *, scale=None, stream=0, part
                              f"dtypes {[str(p.dtype) for p in partials]}")
     scale = float(_scale_for(D, scale, np.dtype(dtype)))  # the twin's rule (and its error for D = 0)
     partial = _decode_partial_kernel(dtype, tpb, pow2_at_least(D, _PAD_FLOOR), pow2_at_least(Dv, _PAD_FLOOR))
-    partial[(n_split, H, B), tpb, stream](q, k, v, lengths, chunk, dtype.type(scale), part_m, part_l, part_acc)
+    partial[(n_split, H, B), tpb, stream](q, k, v, lengths, chunk, dtype.type(scale),
+                                          dtype.type(0 if softcap is None else softcap),
+                                          0 if window is None else int(window), part_m, part_l, part_acc)
     _decode_merge_kernel(dtype, tpb)[(H, B), tpb, stream](part_m, part_l, part_acc, lengths, chunk, out)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{j < L_b} softmax_j(q_bh . k_{b,g(h),j} * scale) v_{b,g(h),j}  (flash-decoding: split S, merge), on the GPU.
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j}  (flash-decoding: split S, merge), on the GPU.
 
     Shapes: q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (H % K == 0); key_lengths [B] ints
-    in 0 .. S or None (all S valid). Returns [B, H, Dv]; L_b = 0 gives a zero row.
+    in 0 .. S or None (all S valid); window (w) a positive int or None (w = L_b); softcap (c) a
+    positive finite real or None (cap(s) = c tanh(s / c), else s). Returns [B, H, Dv]; L_b = 0
+    gives a zero row.
     See also: refimpl.attention.decode_attention (the twin), masked_attention.
     """
     q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     B, H, D = q.shape
     scale = _check_scale(scale)
+    window = None if window is None else check_positive_int(window, "window")
+    softcap = _check_softcap(softcap)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))
     out = cuda.device_array((B, H, v.shape[3]), dtype=work)
     if out.size:
         decode_attention_device(to_device(q, work), to_device(k, work), to_device(v, work),
-                                cuda.to_device(lengths), out, scale=scale)
+                                cuda.to_device(lengths), out, scale=scale, window=window,
+                                softcap=None if softcap is None else float(out_dtype.type(softcap)))  # rounded as the twin
     return out.copy_to_host().astype(out_dtype, copy=False)
