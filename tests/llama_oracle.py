@@ -34,7 +34,8 @@ CASES = {
     "qwen2": ("qwen2", {}),  # q/k/v biases, window 5 on layers 3, 4, YaRN
     "qwen3": ("qwen3", {}),  # qk norm, D=16 != C/H=8, MQA, dynamic NTK
     "gemma": ("gemma", {}),  # (1 + w) norms, embed scale, GELU tanh, D=16
-    "gemma2_no_attn_softcap": ("gemma2", dict(attn_logit_softcapping=None)),  # sandwich norms, final soft-cap, windows
+    "gemma2": ("gemma2", {}),  # sandwich norms, attention soft-cap 20, final soft-cap 15, windows 6
+    "gemma2_tight_caps": ("gemma2", dict(attn_logit_softcapping=0.5, final_logit_softcapping=1.0)),  # caps that bite
     "phi3": ("phi3", {}),  # fused projections, half the head rotated, window 9, LongRoPE
 }
 

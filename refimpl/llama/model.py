@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_float_dtype, check_positive_int
-from ..attention import masked_attention
+from ..attention import _soft_cap, masked_attention
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
 from ..linear import _linear
 from ..norms import _rms_norm
@@ -169,16 +169,13 @@ def _rotate(x: np.ndarray, positions: np.ndarray, config: LlamaConfig) -> np.nda
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int) -> np.ndarray:
-    """softmax(q k^T * scale, causal, the layer's window, the key mask) v, H query heads sharing K key heads.
+    """softmax(softcap(q k^T * scale), causal, the layer's window, the key mask) v, H query heads sharing K key heads.
 
     Shapes: q [B, H, T, D], k and v [B, K, S, D], key_mask [B, S] bool or None -> [B, H, T, D].
+    softcap: Gemma-2's attn_logit_softcapping (cap tanh(s / cap) on the scaled scores), else none.
     """
-    if config.attn_logit_softcapping is not None:
-        raise NotImplementedError(f"{config.model_type} config attn_logit_softcapping="
-                                  f"{config.attn_logit_softcapping}: attention logit soft-capping is not implemented "
-                                  "in the forward")
     return masked_attention(q, k, v, causal=True, window=config.window(layer), key_mask=key_mask,
-                            scale=config.attention_scale)
+                            scale=config.attention_scale, softcap=config.attn_logit_softcapping)
 
 
 def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions: np.ndarray, *, key_mask=None,
@@ -277,11 +274,7 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
 def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarray:  # [..., C] -> [..., V]
     """logits = h E_out^T (E_out: lm_head, or the tied embedding); Gemma-2: cap tanh(logits / cap)."""
     z = h @ params.output_embedding.T
-    cap = config.final_logit_softcapping
-    if cap is not None:
-        cap = z.dtype.type(cap)
-        z = cap * np.tanh(z / cap)
-    return z
+    return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
 
 
 def forward(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
