@@ -14,6 +14,10 @@ import math
 import numpy as np
 
 __all__ = [
+    "check_token_ids",
+    "check_batch_of_ids",
+    "check_cache_room",
+    "check_key_mask",
     "as_float",
     "check_ndim",
     "check_axis",
@@ -171,6 +175,71 @@ def check_bool(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
     return bool(value)
+
+def check_token_ids(ids, vocab_size: int, *, name: str = "ids", ragged_hint: str = "left-pad shorter ones") -> np.ndarray:
+    """ids (any shape) as an int64 array after checking the dtype (integers, not bool) and the range 0 <= id < V.
+
+    Python integers too large for int64 (NumPy keeps them as objects) are range-checked as themselves;
+    an empty float array (np.asarray([])) is taken as no ids. ragged_hint: what the error for rows of
+    different lengths tells the caller to do.
+    """
+    try:
+        a = np.asarray(ids)
+    except ValueError:  # rows of different lengths
+        raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
+                         f"{ragged_hint}); got rows of different lengths") from None
+    if a.dtype == object and a.size and all(is_int(t) for t in a.flat):
+        _check_id_range(a, vocab_size, name)
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        if a.size == 0 and a.dtype.kind == "f":
+            a = a.astype(np.int64)
+        else:
+            raise TypeError(f"{name} must be integer token ids; got dtype {a.dtype}")
+    _check_id_range(a, vocab_size, name)
+    return a.astype(np.int64, copy=False)
+
+
+def _check_id_range(a: np.ndarray, vocab_size: int, name: str) -> None:
+    if a.size:
+        bad = (a < 0) | (a >= vocab_size)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name} has token id {int(a[where])} at index {where}, outside the "
+                             f"vocabulary [0, {vocab_size}) (vocab_size V={vocab_size})")
+
+def check_batch_of_ids(ids: np.ndarray) -> tuple[int, int]:
+    """(B, T) of checked token ids (check_token_ids) that must be [B, T] with T >= 1."""
+    if ids.ndim != 2:
+        raise ValueError(f"ids must have shape [B, T]; got shape {ids.shape}")
+    if ids.shape[1] == 0:
+        raise ValueError("ids must hold at least one token per sequence (T >= 1); got T=0")
+    return ids.shape
+
+
+def check_cache_room(cache, B: int, T: int, dtype) -> int:
+    """cache.length, after checking that a KV cache (batch_size, max_len, length, k) holds B sequences of
+    `dtype` and has room for T more tokens (full is an error, never a reallocation)."""
+    if cache.batch_size != B:
+        raise ValueError(f"cache holds B={cache.batch_size} sequences but ids has shape {(B, T)}")
+    if cache.k.dtype != dtype:
+        raise TypeError(f"cache dtype {cache.k.dtype} differs from the parameters' {dtype}: "
+                        "allocate it with KVCache.allocate(..., dtype=params.dtype)")
+    start = check_positive_int(cache.length, "cache.length", allow_zero=True)
+    if start + T > cache.max_len:
+        raise ValueError(f"KV cache is full: it holds at most {cache.max_len} tokens, has {start}, "
+                         f"cannot add T={T} more")
+    return start
+
+def check_key_mask(attention_mask, B: int, S: int) -> np.ndarray:
+    """attention_mask as a bool [B, S] key mask (1 / True = real token) after checking its shape and values."""
+    key_mask = np.asarray(attention_mask)
+    if key_mask.shape != (B, S):
+        raise ValueError(f"attention_mask must have shape [B, S] = [{B}, {S}] (cached + new tokens); "
+                         f"got shape {key_mask.shape}")
+    if key_mask.dtype.kind not in "biu" or (key_mask.dtype.kind != "b" and not np.isin(key_mask, (0, 1)).all()):
+        raise ValueError(f"attention_mask must hold booleans or 0/1 (1 = real token); got dtype {key_mask.dtype}")
+    return key_mask.astype(bool, copy=False)
 
 
 class _JsonConstant(Exception):

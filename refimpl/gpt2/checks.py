@@ -8,38 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_batch_of_ids, check_cache_room, check_key_mask
+from .._checks import check_token_ids as _check_token_ids
 from .config import GPT2Config
 
 __all__ = ["check_token_ids", "parse_token_ids", "check_forward_inputs"]
 
 
-def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray:  # [B, T] -> [B, T] int64
-    """Return ids as an int64 array after checking the dtype (integer) and the range 0 <= id < V."""
-    try:
-        a = np.asarray(ids)
-    except ValueError:  # rows of different lengths
-        raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
-                         "left-pad shorter prompts, or use generate_batch); got rows of different lengths") from None
-    if a.dtype == object and a.size and all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
-                                            for t in a.flat):
-        _check_id_range(a, config, name)  # Python integers too large for int64 (NumPy keeps them as objects)
-        a = a.astype(np.int64)
-    if a.dtype.kind not in "iu":
-        if a.size == 0 and a.dtype.kind == "f":
-            a = a.astype(np.int64)
-        else:
-            raise TypeError(f"{name} must be integer token ids; got dtype {a.dtype}")
-    _check_id_range(a, config, name)
-    return a.astype(np.int64, copy=False)
-
-
-def _check_id_range(a: np.ndarray, config: GPT2Config, name: str) -> None:
-    if a.size:
-        bad = (a < 0) | (a >= config.vocab_size)
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"{name} has token id {int(a[where])} at index {where}, outside the "
-                             f"vocabulary [0, {config.vocab_size}) (vocab_size V={config.vocab_size})")
+def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray:  # [...] -> [...] int64
+    """ids as an int64 array after checking the dtype (integers) and the range 0 <= id < V (refimpl._checks)."""
+    return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts, or use generate_batch")
 
 
 def parse_token_ids(text: str, vocab_size: int, *, flag: str = "--ids") -> list[int]:
@@ -69,36 +47,14 @@ def check_forward_inputs(params, config: GPT2Config, ids, *, cache, attention_ma
     positions [T] or [B, T].
     """
     ids = check_token_ids(ids, config)
-    if ids.ndim != 2:
-        raise ValueError(f"ids must have shape [B, T]; got shape {ids.shape}")
-    B, T = ids.shape
-    if T == 0:
-        raise ValueError("ids must hold at least one token per sequence (T >= 1); got T=0")
-    start = 0
-    if cache is not None:
-        if cache.batch_size != B:
-            raise ValueError(f"cache holds B={cache.batch_size} sequences but ids has shape {ids.shape}")
-        if cache.k.dtype != params.wte.dtype:
-            raise TypeError(f"cache dtype {cache.k.dtype} differs from the parameters' {params.wte.dtype}: "
-                            "allocate it with KVCache.allocate(..., dtype=params.dtype)")
-        start = cache.length
-        if start + T > cache.max_len:
-            raise ValueError(f"KV cache is full: it holds at most {cache.max_len} tokens, has {start}, "
-                             f"cannot add T={T} more")
+    B, T = check_batch_of_ids(ids)
+    start = 0 if cache is None else check_cache_room(cache, B, T, params.wte.dtype)
     S = start + T
     if S > config.n_positions:
         detail = "ids have" if cache is None else f"the cache ({start} tokens) plus ids ({T}) make"
         raise ValueError(f"{detail} {S} tokens, more than the model's context n_positions={config.n_positions} "
                          f"(GPT-2 has learned positions 0..{config.n_positions - 1} only)")
-    key_mask = None
-    if attention_mask is not None:
-        key_mask = np.asarray(attention_mask)
-        if key_mask.shape != (B, S):
-            raise ValueError(f"attention_mask must have shape [B, S] = [{B}, {S}] (cached + new tokens); "
-                             f"got shape {key_mask.shape}")
-        if key_mask.dtype.kind not in "biu" or (key_mask.dtype.kind != "b" and not np.isin(key_mask, (0, 1)).all()):
-            raise ValueError(f"attention_mask must hold booleans or 0/1 (1 = real token); got dtype {key_mask.dtype}")
-        key_mask = key_mask.astype(bool, copy=False)
+    key_mask = None if attention_mask is None else check_key_mask(attention_mask, B, S)
     if positions is not None:
         positions = np.asarray(positions)
         if positions.shape not in ((T,), (B, T)):

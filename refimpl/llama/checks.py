@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_bool_array, check_int_array, check_positive_int, check_type
+from .._checks import check_int_array, check_type
+from .._checks import check_batch_of_ids, check_cache_room, check_key_mask
+from .._checks import check_token_ids as _check_token_ids
 from .config import LlamaConfig
 from .params import LlamaParams
 
@@ -28,30 +30,8 @@ def context_limit(config: LlamaConfig) -> int | None:
 
 
 def check_token_ids(ids, config: LlamaConfig, *, name: str = "ids") -> np.ndarray:  # [...] -> [...] int64
-    """ids as an int64 array after checking the dtype (integer, not bool) and the range 0 <= id < V."""
-    try:
-        a = np.asarray(ids)
-    except ValueError:  # rows of different lengths
-        raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
-                         "left-pad shorter prompts and pass attention_mask); got rows of different lengths") from None
-    if a.dtype == object and a.size and all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
-                                            for t in a.flat):
-        _check_id_range(a, config, name)  # Python integers too large for int64 stay objects
-        a = a.astype(np.int64)
-    if a.dtype.kind == "f" and a.size == 0:
-        a = a.astype(np.int64)
-    a = check_int_array(a, name, what="be integer token ids")
-    _check_id_range(a, config, name)
-    return a.astype(np.int64, copy=False)
-
-
-def _check_id_range(a: np.ndarray, config: LlamaConfig, name: str) -> None:
-    if a.size:
-        bad = (a < 0) | (a >= config.vocab_size)
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"{name} has token id {int(a[where])} at index {where}, outside the vocabulary "
-                             f"[0, {config.vocab_size}) (vocab_size V={config.vocab_size})")
+    """ids as an int64 array after checking the dtype (integers) and the range 0 <= id < V (refimpl._checks)."""
+    return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts and pass attention_mask")
 
 
 def check_params(params, config) -> None:
@@ -85,41 +65,22 @@ def check_forward_inputs(params, config: LlamaConfig, ids, *, cache, attention_m
     """
     check_params(params, config)
     ids = check_token_ids(ids, config)
-    if ids.ndim != 2:
-        raise ValueError(f"ids must have shape [B, T]; got shape {ids.shape}")
-    B, T = ids.shape
-    if T == 0:
-        raise ValueError("ids must hold at least one token per sequence (T >= 1); got T=0")
+    B, T = check_batch_of_ids(ids)
     start = 0
     if cache is not None:
         c = config
         expected = (c.num_hidden_layers, B, c.num_key_value_heads, cache.max_len, c.head_dim)
-        if cache.batch_size != B:
-            raise ValueError(f"cache holds B={cache.batch_size} sequences but ids has shape {ids.shape}")
-        if cache.k.shape != expected or cache.v.shape != expected:
-            raise ValueError(f"cache k, v must have shape [L, B, K, S_max, D] = {list(expected)}; got "
-                             f"{list(cache.k.shape)} and {list(cache.v.shape)} (allocate it with KVCache.allocate)")
-        if cache.k.dtype != params.dtype or cache.v.dtype != params.dtype:
-            raise TypeError(f"cache dtype {cache.k.dtype} differs from the parameters' {params.dtype}: "
-                            "allocate it with KVCache.allocate(..., dtype=params.dtype)")
-        start = check_positive_int(cache.length, "cache.length", allow_zero=True)
-        if start + T > cache.max_len:
-            raise ValueError(f"KV cache is full: it holds at most {cache.max_len} tokens, has {start}, "
-                             f"cannot add T={T} more")
+        start = check_cache_room(cache, B, T, params.dtype)
+        if cache.k.shape != expected or cache.v.shape != expected or cache.v.dtype != params.dtype:
+            raise ValueError(f"cache k, v must be {params.dtype} of shape [L, B, K, S_max, D] = {list(expected)}; "
+                             f"got {cache.k.dtype} {list(cache.k.shape)} and {cache.v.dtype} {list(cache.v.shape)} "
+                             "(allocate it with KVCache.allocate)")
     S = start + T
     limit = context_limit(config)
     if limit is not None and S > limit:
         detail = "ids have" if cache is None else f"the cache ({start} tokens) plus ids ({T}) make"
         raise ValueError(f"{detail} {S} tokens, more than the model's context max_position_embeddings={limit}")
-    key_mask = None
-    if attention_mask is not None:
-        key_mask = np.asarray(attention_mask)
-        if key_mask.shape != (B, S):
-            raise ValueError(f"attention_mask must have shape [B, S] = [{B}, {S}] (cached + new tokens); "
-                             f"got shape {key_mask.shape}")
-        if key_mask.dtype.kind in "iu" and np.isin(key_mask, (0, 1)).all():
-            key_mask = key_mask.astype(bool)
-        key_mask = check_bool_array(key_mask, "attention_mask", what="booleans or 0/1 (1 = real token)")
+    key_mask = None if attention_mask is None else check_key_mask(attention_mask, B, S)
     if positions is not None:
         positions = check_int_array(positions, "positions", what="be integer position ids")
         if positions.shape not in ((T,), (B, T)):
