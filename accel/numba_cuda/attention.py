@@ -355,8 +355,12 @@ def _flash_kernel(dtype: np.dtype, q_tile: int, k_tile: int, d_pad: int, dv_pad:
 
 
 @functools.lru_cache(maxsize=None)
-def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int):
+def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_pad: int, dv_pad: int,
+                        capped: bool = False):
+    # capped is a compile-time constant: the kernel without a soft cap carries no tanh code, which at
+    # (64, 32, 4, 4, 64, 64) float32 would push it past its 128-register cap into spills.
     F = numba_float(dtype)
+    CAPPED = bool(capped)
     TC = bc // rn  # threads along a tile's keys; the TC consecutive threads with t // TC == tr share rows
     NT = (br // rm) * TC  # threads per block
     NE = dv_pad // TC if dv_pad >= TC else 1  # output columns per thread: oc = e * TC + tc
@@ -496,7 +500,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
                         sc = s_loc[a * RN + bb] * scale
                         if use_alibi:
                             sc += -slope * F(p - j)
-                        if softcap > F(0):  # c tanh(s / c), as v1
+                        if CAPPED:  # c tanh(s / c), as v1
                             sc = softcap * F(math.tanh(sc / softcap))
                         mx = _max_keeping_nan(mx, sc)  # a NaN score poisons the row, as in the twin
                     s_loc[a * RN + bb] = sc
@@ -577,7 +581,7 @@ def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0
     cap = dtype.type(0 if softcap is None else softcap)  # 0: no cap
     variant, (br, bc, rm, rn) = attention_variant()
     if variant == "tiled" and _tiled_fits(dtype, br, bc, rm, rn, d_pad, dv_pad):
-        kernel = _flash_kernel_tiled(dtype, br, bc, rm, rn, d_pad, dv_pad)
+        kernel = _flash_kernel_tiled(dtype, br, bc, rm, rn, d_pad, dv_pad, softcap is not None)
         grid = ((T + br - 1) // br, H, B)
         kernel[grid, (br // rm) * (bc // rn), stream](q, k, v, key_mask, use_mask, alibi_slopes, use_alibi,
                                                       dtype.type(scale), cap, bool(causal),
