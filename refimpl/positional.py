@@ -225,8 +225,19 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
 def _apply_rope(x: np.ndarray, pos: np.ndarray, w: np.ndarray, scale: float, interleaved: bool,
                 R: int) -> np.ndarray:  # [..., T, D], [..., T], [R/2] float64 -> [..., T, D]
     """RoPE with no checks: inputs already validated (check_rope_inputs; w the frequencies, scale the attention factor)."""
+    cos, sin = _rope_cos_sin(pos, w, scale, x.dtype)
+    return _rope_rotate(x, cos, sin, interleaved)
+
+
+def _rope_cos_sin(pos: np.ndarray, w: np.ndarray, scale: float, dtype) -> tuple[np.ndarray, np.ndarray]:  # [..., T], [R/2] -> 2 x [..., T, R/2]
+    """a cos(p w_i), a sin(p w_i) in `dtype`: angles and products in float64, rounded once (apply_rope's Precision note)."""
     angles = pos.astype(np.float64)[..., None] * w  # [..., T, R/2]
-    cos, sin = (scale * np.cos(angles)).astype(x.dtype), (scale * np.sin(angles)).astype(x.dtype)  # [..., T, R/2]
+    return (scale * np.cos(angles)).astype(dtype), (scale * np.sin(angles)).astype(dtype)
+
+
+def _rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
+    """Each pair (a, b) of the leading R = 2 * cos.shape[-1] dims -> (a cos - b sin, a sin + b cos); dims [R, D) unchanged."""
+    R = 2 * cos.shape[-1]
     x_rot, x_pass = x[..., :R], x[..., R:]  # [..., T, R], [..., T, D-R]
     if interleaved:
         a, b = x_rot[..., 0::2], x_rot[..., 1::2]  # pairs (2i, 2i+1): [..., T, R/2] each

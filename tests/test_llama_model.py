@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from refimpl.llama import load_weights
-from refimpl.llama.model import KVCache, LlamaModel, forward, hidden_states, lm_head, logits, no_hook, rms_norm
+from refimpl.llama.model import (NUMPY_OPS, KVCache, LlamaModel, LlamaOps, forward, get_ops, hidden_states, lm_head,
+                                 logits, no_hook, rms_norm)
 from llama_oracle import CASES, FLOAT32_STEPS, float64_throughout, hf_llama, hf_logits, max_rel_diff
 from report import MaxDiffs
 
@@ -289,3 +290,53 @@ def test_the_tight_soft_caps_bite(tmp_path_factory):
     assert np.abs(capped).max() <= 1.0 and np.abs(capped).max() > 0.5
     uncapped_scores = forward(params, dataclasses.replace(config, attn_logit_softcapping=None), ids)
     assert max_rel_diff(uncapped_scores, capped) > 1e-2
+
+
+# ----------------------------------------------------------------------------- the backend seam
+
+def test_every_hot_operation_goes_through_the_ops(tmp_path_factory):
+    """An LlamaOps whose operations record their calls sees every norm, product, rotation, attention and GLU of a forward."""
+    _, config, params = pair("qwen3", tmp_path_factory)  # q/k norms, biases off, a window: every op kind
+    calls: dict = {}
+
+    def counted(name, f):
+        def g(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return f(*a, **k)
+        return g
+
+    fields = ("rms_norm", "linear", "rope", "attention", "glu_hidden")
+    ops = dataclasses.replace(NUMPY_OPS, name="counting", **{f: counted(f, getattr(NUMPY_OPS, f)) for f in fields},
+                              lm_head=counted("lm_head", lm_head))
+    ids = rand_ids((2, 5))
+    np.testing.assert_array_equal(forward(params, config, ids, ops=ops), forward(params, config, ids))
+    L = config.num_hidden_layers
+    assert calls == {"rms_norm": L * (2 + 2 * config.qk_norm) + 1, "linear": 5 * L, "rope": 2 * L,
+                     "attention": L, "glu_hidden": L, "lm_head": 1}
+
+
+def test_backends_by_name_and_last_only(tmp_path_factory):
+    """get_ops resolves names (an unknown one lists the known); logits' backend= is that Ops; last_only is the last row."""
+    _, config, params = pair("llama", tmp_path_factory)
+    assert get_ops("numpy") is NUMPY_OPS and get_ops(NUMPY_OPS) is NUMPY_OPS
+    with pytest.raises(ValueError, match=r"unknown backend 'tpu'; available backends: \[.*'numpy'.*\]"):
+        get_ops("tpu")
+    model = LlamaModel(config, params)
+    ids = rand_ids((2, 6))
+    np.testing.assert_array_equal(logits(model, ids, backend=NUMPY_OPS), logits(model, ids))
+    with pytest.raises(ValueError, match="unknown backend"):
+        logits(model, ids, backend="tpu")
+    full = hidden_states(params, config, ids)
+    np.testing.assert_array_equal(hidden_states(params, config, ids, last_only=True), full[:, -1:])
+    assert isinstance(NUMPY_OPS, LlamaOps)
+
+
+def test_cache_reorder_moves_whole_rows(tmp_path_factory):
+    """reorder(rows): row b of every layer's filled cache becomes the old row rows[b] (beam search's step)."""
+    _, config, params = pair("llama", tmp_path_factory)
+    cache = KVCache.allocate(config, 3, max_len=8)
+    forward(params, config, rand_ids((3, 4), seed=3), cache=cache)
+    k, v = cache.k.copy(), cache.v.copy()
+    cache.reorder([2, 0, 0])
+    np.testing.assert_array_equal(cache.k[:, :, :, :4], k[:, [2, 0, 0], :, :4])
+    np.testing.assert_array_equal(cache.v[:, :, :, :4], v[:, [2, 0, 0], :, :4])

@@ -36,12 +36,12 @@ backend (refimpl.interp uses it).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from .._backends import resolve_backend
 from .._checks import check_positive_int
 from ..attention import masked_attention, scaled_dot_product_attention
 from ..ffn import _gelu_tanh_bias
@@ -166,19 +166,7 @@ BACKENDS: dict[str, str] = {
 
 def get_ops(backend: str | Ops = "numpy") -> Ops:
     """The `Ops` of a backend named in BACKENDS (or an `Ops` object, returned as is)."""
-    if isinstance(backend, Ops):
-        return backend
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; available backends: {sorted(BACKENDS)}")
-    module, attr = BACKENDS[backend].split(":")
-    try:
-        ops = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"backend {backend!r} is not usable here: {BACKENDS[backend]} failed to load "
-                         f"({type(e).__name__}: {e})") from e
-    if not isinstance(ops, Ops):
-        raise TypeError(f"backend {backend!r}: {BACKENDS[backend]} is a {type(ops).__name__}, not an Ops")
-    return ops
+    return resolve_backend(backend, BACKENDS, Ops)
 
 
 # ----------------------------------------------------------------------------- KV cache

@@ -22,8 +22,11 @@ float64 give float64. The KV cache holds the ROTATED keys (each key is rotated o
 own position); `forward` writes the new keys / values into it in place and advances
 `cache.length` after the last block; full is an error, never a reallocation. The inputs are
 checked once, at the door (refimpl.llama.checks); the equations call refimpl's unchecked
-bodies, except the two calls that carry the families' attention variants, `_rotate`
-(refimpl.positional.apply_rope) and `_attend` (refimpl.attention.masked_attention).
+bodies, through an `LlamaOps` object (`ops`, default NUMPY_OPS): the hot operations (norm,
+products, rotation, attention, the gated hidden layer, the LM head) are swappable, so the
+accel backends run this same forward; NUMPY_OPS's attention is refimpl.attention.masked_attention
+itself. The rotation's cos and sin are computed once per forward (`rope_cos_sin`), as Hugging
+Face's rotary embedding is.
 
 Hook points (as refimpl.gpt2.model): `hidden_states` / `forward` take `hook`, a callable
 hook(name, x) -> x' called at each named intermediate; what it returns replaces x. The
@@ -45,19 +48,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from typing import Callable
+
+from .._backends import resolve_backend
 from .._checks import check_float_dtype, check_positive_int
 from ..attention import _soft_cap, masked_attention
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
-from ..linear import _linear
+from ..linear import LinearParams, _linear
 from ..norms import _rms_norm
-from ..positional import _positions_from_attention_mask, apply_rope
+from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 from .checks import check_forward_inputs, check_params, check_token_ids, context_limit
 from .config import LlamaConfig
 from .params import LlamaBlockParams, LlamaParams
 
-__all__ = ["LlamaModel", "KVCache", "no_hook", "embed", "rms_norm", "attention", "mlp", "block", "hidden_states",
-           "lm_head", "forward", "logits"]
+__all__ = ["LlamaModel", "KVCache", "LlamaOps", "NUMPY_OPS", "BACKENDS", "get_ops", "no_hook", "embed", "rms_norm",
+           "rope_cos_sin", "attention", "mlp", "block", "hidden_states", "lm_head", "forward", "logits"]
 
 
 # ----------------------------------------------------------------------------- the loaded model
@@ -96,11 +102,12 @@ class KVCache:
 
     @classmethod
     def allocate(cls, config: LlamaConfig, batch_size: int, max_len: int | None = None, *,
-                 dtype=np.float32) -> "KVCache":
+                 dtype=np.float32, zeros=np.zeros) -> "KVCache":
         """An empty cache for `batch_size` sequences of up to `max_len` tokens (default and most: the context limit).
 
         The context limit is max_position_embeddings (refimpl.llama.checks); dynamic RoPE has
-        none, and then max_len must be given.
+        none, and then max_len must be given. zeros(shape, dtype) allocates the storage (a
+        backend's `LlamaOps.zeros` puts it on its device).
         """
         batch_size = check_positive_int(batch_size, "batch_size")
         dtype = check_float_dtype(dtype, "dtype")
@@ -114,7 +121,7 @@ class KVCache:
             raise ValueError(f"max_len must be at most max_position_embeddings={limit}; got {max_len}")
         c = config
         shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
-        return cls(np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype), 0)
+        return cls(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype), 0)
 
     @property
     def batch_size(self) -> int:
@@ -123,6 +130,96 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
+
+    def reorder(self, rows) -> None:
+        """Row b of every layer's cache <- row rows[b] (beam search: each beam takes its parent's cache), in place."""
+        rows = np.asarray(rows)
+        self.k[:, :, :, :self.length] = self.k[:, rows, :, :self.length]
+        self.v[:, :, :, :self.length] = self.v[:, rows, :, :self.length]
+
+
+# ----------------------------------------------------------------------------- backends
+
+@dataclass(frozen=True)
+class LlamaOps:
+    """The swappable hot operations of the LLaMA-family forward (one object per backend).
+
+    rms_norm(x [..., C], w [C], eps) -> [..., C]              x / sqrt(mean(x^2) + eps) * w
+        (w is the effective weight: Gemma's 1 + w is formed by the model before the call)
+    linear(x [..., in], p: LinearParams) -> [..., out]        y = x W (+ b)
+    rope(x [B, n, T, D], cos [B|1, 1, T, R/2], sin) -> [B, n, T, D]
+        half-split pairs (i, i + R/2) of the leading R dims rotated by the angles whose cos and
+        sin are given (from rope_cos_sin, in x's dtype); dims [R, D) unchanged
+    attention(q [B, H, T, D], k [B, K, S, D], v [B, K, S, D], *, causal, window, key_mask,
+              scale, softcap) -> [B, H, T, D]
+        refimpl.attention.masked_attention's meaning (NUMPY_OPS's is that function): queries
+        aligned to the end of the keys, a query that sees no key gets a zero row, key_mask
+        [B, S] a NumPy bool array or None, softcap Gemma-2's cap tanh(s / cap). A backend that
+        lacks a keyword's value must refuse it (ValueError), never ignore it.
+    glu_hidden(h [..., C], p: GLUParams, act: str) -> [..., F]   act(h W_gate + b) * (h W_up + b)
+        act a config.hidden_act name ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
+    lm_head(h [..., C], params, config) -> [..., V]          h E_out^T, Gemma-2's final soft-cap
+    embed(params, config, ids [B, T]) -> [B, T, C] (None: refimpl's `embed`)
+    prepare(params) -> params: move / lay out the weights for the backend (once per call of
+        `logits` or a decoding run; identity for NumPy)
+    zeros(shape, dtype): the KV cache's storage on the backend's device
+    to_numpy(x) -> np.ndarray: logits back to the host
+    decode_blocks(x [B, 1, C], params, config, cache, ops, positions [B|1, 1]) -> [B, 1, C] or None:
+        optional; every block at once for one new token per sequence with no key mask and the
+        default hook, writing the cache as `attention` does; None means "not here" and the
+        blocks run one operation at a time
+    """
+
+    name: str
+    rms_norm: Callable
+    linear: Callable
+    rope: Callable
+    attention: Callable
+    glu_hidden: Callable
+    lm_head: Callable = None  # None: refimpl's `lm_head` (defined below)
+    embed: Callable = None  # None: refimpl's `embed` (defined below)
+    prepare: Callable = lambda params: params
+    zeros: Callable = np.zeros
+    to_numpy: Callable = np.asarray
+    decode_blocks: Callable | None = None
+
+
+_ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh, "gelu_new": _gelu_tanh, "gelu": _gelu_erf}
+
+
+def _np_linear(x, p: LinearParams):  # [..., in] -> [..., out]
+    return _linear(x, p.w, p.b)
+
+
+def _np_rope(x, cos, sin):  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B, n, T, D]
+    return _rope_rotate(x, cos, sin, False)
+
+
+def _np_glu_hidden(h, p, act: str):  # [..., C] -> [..., F]
+    return _ACTIVATIONS[act](_linear(h, p.gate.w, p.gate.b)) * _linear(h, p.up.w, p.up.b)
+
+
+# The reference backend: refimpl's unchecked bodies (the forward checks its inputs once, at the door),
+# and masked_attention itself for attention (the twin every backend's attention is held to).
+NUMPY_OPS = LlamaOps(
+    name="numpy",
+    rms_norm=_rms_norm,
+    linear=_np_linear,
+    rope=_np_rope,
+    attention=masked_attention,
+    glu_hidden=_np_glu_hidden,
+)
+
+# name -> "module:attribute" of a LlamaOps object, imported only when asked for (refimpl never
+# imports accel at import time).
+BACKENDS: dict[str, str] = {
+    "numpy": "refimpl.llama.model:NUMPY_OPS",  # the reference: refimpl's own functions
+}
+
+
+def get_ops(backend: str | LlamaOps = "numpy") -> LlamaOps:
+    """The `LlamaOps` of a backend named in BACKENDS (or an `LlamaOps` object, returned as is)."""
+    return resolve_backend(backend, BACKENDS, LlamaOps)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -136,9 +233,6 @@ def _prefixed(hook, prefix: str):  # hook(name, x) -> hook(prefix + name, x); no
     return hook if hook is no_hook else lambda name, x: hook(prefix + name, x)
 
 
-_ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh, "gelu_new": _gelu_tanh, "gelu": _gelu_erf}
-
-
 def embed(params: LlamaParams, config: LlamaConfig, ids: np.ndarray) -> np.ndarray:  # [B, T] -> [B, T, C]
     """x_t = E[id_t], times sqrt(C) for Gemma (rounded to the parameters' dtype first, as Hugging Face rounds it)."""
     x = params.embed[ids]
@@ -147,79 +241,84 @@ def embed(params: LlamaParams, config: LlamaConfig, ids: np.ndarray) -> np.ndarr
     return x
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig) -> np.ndarray:  # [..., C], [C] -> [..., C]
+def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig, ops: LlamaOps = NUMPY_OPS) -> np.ndarray:  # [..., C], [C] -> [..., C]
     """x / sqrt(mean(x^2) + eps) * w; Gemma's weights are offsets from one: * (1 + w), 1 + w rounded first."""
-    return _rms_norm(x, w.dtype.type(1) + w if config.norm_plus_one else w, config.rms_norm_eps)
+    return ops.rms_norm(x, w.dtype.type(1) + w if config.norm_plus_one else w, config.rms_norm_eps)
 
 
-def _rotate(x: np.ndarray, positions: np.ndarray, config: LlamaConfig) -> np.ndarray:
-    """RoPE of each head at its row's positions: half-split pairs (Hugging Face's rotate_half), the leading rotary_dim dims.
+def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1, 1, T, R/2]
+    """a cos(p w_i), a sin(p w_i) for every position p of a forward, once for all its layers and heads.
 
-    Shapes: x [B, n, T, D] (n = H or K heads), positions [B|1, T] -> [B, n, T, D].
-    Frequencies: config.rope's scaling (refimpl.rope_scaling); the length-dependent ones (dynamic,
-    longrope) read the sequence length as Hugging Face does, max(positions) + 1 of this call, and
-    YaRN / LongRoPE's attention factor multiplies cos and sin.
+    Frequencies w: config.rope's scaling (refimpl.rope_scaling) over the leading rotary_dim dims
+    of a head (Phi-3 rotates part of it); the length-dependent ones (dynamic, longrope) read the
+    sequence length as Hugging Face does, max(positions) + 1 of this forward; a is YaRN /
+    LongRoPE's attention factor (1 otherwise). Angles in float64, rounded once to `dtype`
+    (refimpl.positional.apply_rope's Precision note).
     """
     rope = config.rope.to_dict()
     seq_len = int(np.max(positions)) + 1
     w = scaled_rope_frequencies(config.rotary_dim, max_position_embeddings=config.max_position_embeddings,
                                 seq_len=seq_len, **rope)
     a = rope_attention_factor(**rope, max_position_embeddings=config.max_position_embeddings)
-    return apply_rope(x, positions[:, None, :], rotary_dim=config.rotary_dim, frequencies=w, attention_factor=a)
+    return _rope_cos_sin(positions[:, None, :], w, a, dtype)  # [B|1, 1, T, R/2] each
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int) -> np.ndarray:
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int,
+            ops: LlamaOps) -> np.ndarray:
     """softmax(softcap(q k^T * scale), causal, the layer's window, the key mask) v, H query heads sharing K key heads.
 
     Shapes: q [B, H, T, D], k and v [B, K, S, D], key_mask [B, S] bool or None -> [B, H, T, D].
     softcap: Gemma-2's attn_logit_softcapping (cap tanh(s / cap) on the scaled scores), else none.
     """
-    return masked_attention(q, k, v, causal=True, window=config.window(layer), key_mask=key_mask,
-                            scale=config.attention_scale, softcap=config.attn_logit_softcapping)
+    return ops.attention(q, k, v, causal=True, window=config.window(layer), key_mask=key_mask,
+                         scale=config.attention_scale, softcap=config.attn_logit_softcapping)
 
 
-def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions: np.ndarray, *, key_mask=None,
-              cache: KVCache | None = None, layer: int = 0, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
+              cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
+              hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
 
-    Shapes: h [B, T, C] (normed), positions [B|1, T] ints, key_mask [B, S] bool or None.
+    Shapes: h [B, T, C] (normed), rope = rope_cos_sin(positions, ...) ([B|1, 1, T, R/2] each),
+    key_mask [B, S] bool or None.
     With a cache, the rotated k and v go to cache.k/v[layer] at [length, length + T) and
     attention reads the filled prefix [0, length + T) as views; the caller advances
     cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .out.
     """
     c, B, T = config, h.shape[0], h.shape[1]
     H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    q = _linear(h, p.attn.q.w, p.attn.q.b).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
-    k = _linear(h, p.attn.k.w, p.attn.k.b).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
-    v = _linear(h, p.attn.v.w, p.attn.v.b).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
+    q = ops.linear(h, p.attn.q).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    k = ops.linear(h, p.attn.k).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
+    v = ops.linear(h, p.attn.v).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
     if c.qk_norm:  # Qwen3: each head normed over D
-        q, k = rms_norm(q, p.q_norm, c), rms_norm(k, p.k_norm, c)
+        q, k = rms_norm(q, p.q_norm, c, ops), rms_norm(k, p.k_norm, c, ops)
     q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     start = 0 if cache is None else cache.length
     S = start + T
-    q, k = hook("attn.q_rot", _rotate(q, positions, c)), hook("attn.k_rot", _rotate(k, positions, c))
+    q, k = hook("attn.q_rot", ops.rope(q, *rope)), hook("attn.k_rot", ops.rope(k, *rope))
     if cache is not None:
         cache.k[layer, :, :, start:S] = k  # written in place
         cache.v[layer, :, :, start:S] = v
         k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
-    y = _attend(q, k, v, key_mask, c, layer)  # [B, H, T, D]
+    y = _attend(q, k, v, key_mask, c, layer, ops)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
-    return hook("attn.out", _linear(y, p.attn.o.w, p.attn.o.b))  # [B, T, C]
+    return hook("attn.out", ops.linear(y, p.attn.o))  # [B, T, C]
 
 
-def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, ops: LlamaOps = NUMPY_OPS,
+        hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """MLP(h) = (act(h W_gate) * (h W_up)) W_down  (Shazeer 2020, eq. 6: SwiGLU for act = SiLU, GeGLU for GELU).
 
     act: config.hidden_act (silu; gelu_pytorch_tanh / gelu_new the tanh form; gelu the erf form).
     hook sees mlp.hidden [B, T, F] and mlp.out [B, T, C].
     """
-    g = p.mlp
-    a = hook("mlp.hidden", _ACTIVATIONS[config.hidden_act](_linear(h, g.gate.w, g.gate.b)) * _linear(h, g.up.w, g.up.b))
-    return hook("mlp.out", _linear(a, g.down.w, g.down.b))
+    a = hook("mlp.hidden", ops.glu_hidden(h, p.mlp, config.hidden_act))  # [B, T, F]
+    return hook("mlp.out", ops.linear(a, p.mlp.down))
 
 
-def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions: np.ndarray, *, key_mask=None,
-          cache: KVCache | None = None, layer: int = 0, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
+          cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
+          hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """x <- x + Attn(norm(x)); x <- x + MLP(norm(x))  (pre-norm residual block; Gemma-2 norms each branch's output too).
 
     hook sees blocks.{layer}.resid_pre, .resid_mid, .resid_post and the attention / MLP names
@@ -227,19 +326,20 @@ def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, positions: np
     """
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
-    a = attention(rms_norm(x, p.attn_norm, config), p, config, positions, key_mask=key_mask, cache=cache,
-                  layer=layer, hook=local)
+    a = attention(rms_norm(x, p.attn_norm, config, ops), p, config, rope, key_mask=key_mask, cache=cache,
+                  layer=layer, ops=ops, hook=local)
     if config.sandwich_norms:
-        a = rms_norm(a, p.post_attn_norm, config)
+        a = rms_norm(a, p.post_attn_norm, config, ops)
     x = local("resid_mid", x + a)
-    m = mlp(rms_norm(x, p.mlp_norm, config), p, config, hook=local)
+    m = mlp(rms_norm(x, p.mlp_norm, config, ops), p, config, ops=ops, hook=local)
     if config.sandwich_norms:
-        m = rms_norm(m, p.post_mlp_norm, config)
+        m = rms_norm(m, p.post_mlp_norm, config, ops)
     return local("resid_post", x + m)
 
 
 def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
-                  attention_mask=None, positions=None, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, C]
+                  attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
+                  last_only: bool = False) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
     """h = norm(Block_L(... Block_1(E[ids])))  (the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token, 0 =
@@ -255,6 +355,10 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     - Context: S and the positions within max_position_embeddings (refimpl.llama.checks).
     - Cache: new rotated keys / values are written at [length, length + T); length advances by T.
     - hook: hook(name, x) -> x' at every named intermediate (module docstring); None is no_hook.
+    - ops: the backend's operations (LlamaOps; params as its `prepare` left them). With the
+      default hook, one new token per row and no key mask, a backend's decode_blocks may run
+      every block in one call.
+    - last_only: norm only the last position (what a decoding step needs): [B, 1, C].
     """
     hook = no_hook if hook is None else hook
     ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
@@ -263,12 +367,19 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     if positions is None:
         positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
                      else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
-    x = embed(params, config, ids)  # [B, T, C]
-    for layer, p in enumerate(params.blocks):
-        x = block(x, p, config, positions, key_mask=key_mask, cache=cache, layer=layer, hook=hook)
+    x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
+    fused = None
+    if ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook:
+        fused = ops.decode_blocks(x, params, config, cache, ops, positions)  # the same blocks, compiled whole
+    if fused is not None:
+        x = fused
+    else:
+        rope = rope_cos_sin(positions, config, params.dtype)  # once for every layer
+        for layer, p in enumerate(params.blocks):
+            x = block(x, p, config, rope, key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook)
     if cache is not None:
         cache.length = start + T
-    return hook("norm.out", rms_norm(x, params.norm, config))  # [B, T, C]
+    return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
 
 
 def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarray:  # [..., C] -> [..., V]
@@ -278,26 +389,29 @@ def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarr
 
 
 def forward(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = lm_head(norm(transformer(ids))): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype. See hidden_states for the
     cache, attention_mask, positions and hook.
     """
-    return lm_head(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                 positions=positions, hook=hook), params, config)
+    return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
+                                                  positions=positions, ops=ops, hook=hook), params, config)
 
 
-def logits(model: LlamaModel, ids, *, attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+def logits(model: LlamaModel, ids, *, backend: str | LlamaOps = "numpy",
+           attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
     """The model's next-token scores at every position (see forward).
 
     Shapes: ids [B, T] -> [B, T, V]; ids [T] -> [T, V]. attention_mask [B, T] (or [T]), 1 / True
     = real token, for left-padded batches (positions then come from the mask). Returns a NumPy
-    array in the parameters' dtype (float32 for load_weights' default).
+    array in the parameters' dtype (float32 for load_weights' default). backend: a name in
+    BACKENDS or an LlamaOps object; an unknown name is a ValueError listing the available ones.
     """
     if not isinstance(model, LlamaModel):
         raise TypeError(f"model must be a LlamaModel (LlamaModel(*refimpl.llama.load_weights(path))); "
                         f"got {type(model).__name__}")
+    ops = get_ops(backend)
     ids = check_token_ids(ids, model.config)
     if ids.ndim not in (1, 2):
         raise ValueError(f"ids must have shape [T] or [B, T]; got shape {ids.shape}")
@@ -306,5 +420,6 @@ def logits(model: LlamaModel, ids, *, attention_mask=None) -> np.ndarray:  # [B,
         attention_mask = np.asarray(attention_mask)
         if attention_mask.ndim == 1:
             attention_mask = attention_mask[None]
-    out = forward(model.params, model.config, ids[None] if single else ids, attention_mask=attention_mask)
+    out = ops.to_numpy(forward(ops.prepare(model.params), model.config, ids[None] if single else ids,
+                               attention_mask=attention_mask, ops=ops))
     return out[0] if single else out

@@ -1,0 +1,33 @@
+"""Backends by name: a table of "module:attribute" strings, imported only when asked for.
+
+refimpl never imports accel at import time; each model family keeps its own table of the
+objects (its Ops) that carry its hot operations, and `resolve_backend` turns a name from that
+table into the object, with an error that says why when a backend cannot load here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["resolve_backend"]
+
+
+def resolve_backend(backend, table: dict[str, str], ops_type: type):
+    """The `ops_type` object a backend name in `table` points at (an `ops_type` object is returned as is).
+
+    Errors: an unknown name is a ValueError listing the table's names; a module that cannot
+    load here (no Numba, no CUDA device) is a ValueError naming the module and the reason.
+    """
+    if isinstance(backend, ops_type):
+        return backend
+    if not isinstance(backend, str) or backend not in table:
+        raise ValueError(f"unknown backend {backend!r}; available backends: {sorted(table)}")
+    module, attr = table[backend].split(":")
+    try:
+        ops = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"backend {backend!r} is not usable here: {table[backend]} failed to load "
+                         f"({type(e).__name__}: {e})") from e
+    if not isinstance(ops, ops_type):
+        raise TypeError(f"backend {backend!r}: {table[backend]} is a {type(ops).__name__}, not {ops_type.__name__}")
+    return ops
