@@ -620,6 +620,9 @@ def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale) 
             raise ValueError(f"FusedQKVParams.qkv output width {p.qkv.n_out} must be (H + 2K)*D "
                              f"with H={H}, K={K}; it is not a multiple of {H + 2 * K}")
         D = p.qkv.n_out // (H + 2 * K)
+        if D == 0:
+            raise ValueError(f"FusedQKVParams.qkv output must be (H + 2K)*D wide with a head dim D >= 1; got width 0 "
+                             f"(qkv.w is {p.qkv.w.shape})")
         S, v_width = x.shape[1], K * D
     elif isinstance(p, AttentionParams):
         src = x if kv is None else as_float(kv, "kv")
@@ -631,6 +634,8 @@ def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale) 
             raise ValueError(f"{'kv' if kv is not None else 'x'} must have shape [B, S, Ckv] with Ckv={p.k.n_in} "
                              f"(k.w is {p.k.w.shape}); got shape {src.shape}")
         D = _divide(p.q.n_out, H, f"AttentionParams.q output must be H*D wide with H=n_head={H}")
+        if D == 0:
+            raise ValueError(f"AttentionParams.q output must be H*D wide with a head dim D >= 1; got width 0 (q.w is {p.q.w.shape})")
         K = _divide(p.k.n_out, D, f"AttentionParams.k output must be K*D wide with D={D}")
         if n_kv_head is not None and check_positive_int(n_kv_head, "n_kv_head") != K:
             raise ValueError(f"n_kv_head={n_kv_head} but the k projection has width {p.k.n_out} = {K} heads of D={D}")

@@ -922,3 +922,12 @@ def test_a_window_as_long_as_the_cache_is_no_window(dtype, data):
 def test_a_bad_decode_window_is_refused(window, error):
     with pytest.raises(error, match="window must be"):
         decode_attention(_q[:, :, 0], _k, _v, window=window)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_mha_zero_head_dim_is_an_error_naming_it(fused):
+    """Zero-width projections (head dim D = 0) are refused at the door with the width named, not a ZeroDivisionError."""
+    zero = LinearParams(np.zeros((0, 0)))
+    p = FusedQKVParams(zero, zero) if fused else AttentionParams(zero, zero, zero, zero)
+    with pytest.raises(ValueError, match="head dim D >= 1; got width 0"):
+        multi_head_attention(np.zeros((1, 2, 0)), p, n_head=1)
