@@ -8,6 +8,8 @@ and a file's failure is one `WeightFileError` naming the file and the tensor or 
     safetensors_source(path, stack, mmap)   one .safetensors file -> (its metadata, tensors)
     sharded_source(dir, canonical, check)   model.safetensors.index.json + its shards -> tensors
     config_object(text, where)              a config.json's text -> dict (JSON object, no NaN)
+    npz_member_header(zip, member)          a .npy member's shape and dtype, checked against its size
+    npz_read(zip, member)                   that member's array (never a pickle)
 
 Only regular files are read (a FIFO or device in a model's place is refused at once: reading
 one could block forever); a shard is opened only while its header or one tensor is read, so a
@@ -16,6 +18,7 @@ model in more shards than the open-file limit loads.
 
 from __future__ import annotations
 
+import zipfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +32,7 @@ from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, saf
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
-           "INDEX_NAME"]
+           "INDEX_NAME", "NPZ_ERRORS", "npz_member_header", "npz_read"]
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -178,3 +181,41 @@ def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
         except SafetensorsError as e:
             raise WeightFileError(f"shard {path.name}: {e}") from None
     return read
+
+
+# ----------------------------------------------------------------------------- .npz members
+
+NPZ_ERRORS = (Exception,)  # a damaged zip raises anything from zipfile / zlib / struct: each becomes one WeightFileError
+
+
+def npz_member_header(z: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a .npy member's header, checked against the member's size."""
+    info = z.getinfo(member)
+    with z.open(member) as fp:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(fp)
+        else:  # 3.0 is only written for structured dtypes with non-Latin-1 field names
+            raise WeightFileError(f"npz entry {member!r}: unsupported .npy format version {version}")
+        header_len = fp.tell()
+    if dt.hasobject:
+        raise WeightFileError(f"npz entry {member!r} holds Python objects (would need pickle); refused")
+    n = 1
+    for s in shape:
+        n *= s
+    if info.file_size != header_len + n * dt.itemsize:
+        raise WeightFileError(f"npz entry {member!r}: header says {dt} {list(shape)} "
+                              f"({n * dt.itemsize} bytes) but the entry holds {info.file_size - header_len}")
+    return tuple(shape), dt
+
+
+def npz_read(z: zipfile.ZipFile, member: str) -> np.ndarray:
+    try:
+        with z.open(member) as fp:
+            return np.lib.format.read_array(fp, allow_pickle=False)
+    except WeightFileError:
+        raise
+    except NPZ_ERRORS as e:
+        raise WeightFileError(f"npz entry {member!r} cannot be read: {type(e).__name__}: {e}") from None

@@ -64,7 +64,10 @@ from .._files import (check_replaceable_folder, read_regular_bytes, read_regular
                       write_bytes_atomic, write_text_atomic)
 from ..checkpoint import NotARegularWeightFile as _NotARegularFile
 from ..checkpoint import Tensor as _Tensor
+from ..checkpoint import NPZ_ERRORS as _NPZ_ERRORS
 from ..checkpoint import WeightFileError, read_checkpoint, safetensors_source, sharded_source
+from ..checkpoint import npz_member_header as _npz_member_header
+from ..checkpoint import npz_read as _npz_read
 from ..checkpoint import open_weights as _open_weights
 from ..checkpoint import read_small_file as _read_small_file
 from ..checkpoint import regular_file as _regular
@@ -423,42 +426,6 @@ def _sharded_source(directory: Path) -> dict[str, _Tensor]:
 # can fail in many ways: BadZipFile, zlib.error, EOFError, struct.error, UnicodeDecodeError,
 # SyntaxError, tokenize.TokenError, RecursionError, ... Every one of them means "not a readable
 # npz", so this boundary (and only this one) turns any Exception into a WeightFileError.
-_NPZ_ERRORS = (Exception,)
-
-
-def _npz_member_header(z: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype from a .npy member's header, checked against the member's size."""
-    info = z.getinfo(member)
-    with z.open(member) as fp:
-        version = np.lib.format.read_magic(fp)
-        if version == (1, 0):
-            shape, fortran, dt = np.lib.format.read_array_header_1_0(fp)
-        elif version == (2, 0):
-            shape, fortran, dt = np.lib.format.read_array_header_2_0(fp)
-        else:  # 3.0 is only written for structured dtypes with non-Latin-1 field names
-            raise WeightFileError(f"npz entry {member!r}: unsupported .npy format version {version}")
-        header_len = fp.tell()
-    if dt.hasobject:
-        raise WeightFileError(f"npz entry {member!r} holds Python objects (would need pickle); refused")
-    n = 1
-    for s in shape:
-        n *= s
-    if info.file_size != header_len + n * dt.itemsize:
-        raise WeightFileError(f"npz entry {member!r}: header says {dt} {list(shape)} "
-                              f"({n * dt.itemsize} bytes) but the entry holds {info.file_size - header_len}")
-    return tuple(shape), dt
-
-
-def _npz_read(z: zipfile.ZipFile, member: str) -> np.ndarray:
-    try:
-        with z.open(member) as fp:
-            return np.lib.format.read_array(fp, allow_pickle=False)
-    except WeightFileError:
-        raise
-    except _NPZ_ERRORS as e:
-        raise WeightFileError(f"npz entry {member!r} cannot be read: {type(e).__name__}: {e}") from None
-
-
 def _npz_source(path: Path, stack: ExitStack) -> tuple[dict | None, dict[str, _Tensor]]:
     f = stack.enter_context(_open_weights(path))
     try:
