@@ -9,6 +9,7 @@
     python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings} [--model PATH] [--out DIR]
+    python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR) [--json F] [--plot P]
     python -m refimpl demo
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
@@ -222,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("inspect", help="look inside a GPT-2: lens, attention, sinks, streaming, steer, patch, "
                    "encodings (see: python -m refimpl inspect --help)", add_help=False)
+    sub.add_parser("compare", help="is my port right? compare its activations with the reference's, point by point "
+                   "(see: python -m refimpl compare --help)", add_help=False)
 
     d = sub.add_parser("demo", help="a short tour of what refimpl computes, checked as it goes")
     d.set_defaults(func=cmd_demo)
@@ -237,6 +240,10 @@ def main(argv=None) -> int:
             return cli.main(argv[1:])
         if argv and argv[0] == "inspect":  # its own parser: refimpl.interp.cli
             from refimpl.interp import cli
+
+            return cli.main(argv[1:])
+        if argv and argv[0] == "compare":  # its own parser: refimpl.compare.cli
+            from refimpl.compare import cli
 
             return cli.main(argv[1:])
         args = build_parser().parse_args(argv)

@@ -1,0 +1,109 @@
+"""python -m refimpl compare: is my port right? The reference's activations against theirs, point by point.
+
+    python -m refimpl compare --model DIR --ids '1 2 3' --theirs acts.npz      # a dump of theirs
+    python -m refimpl compare --model DIR --prompt "Hello" --hf HF_DIR         # a live Hugging Face model
+    python -m refimpl compare --model DIR --ids '1 2 3' --write-reference ref.safetensors
+
+Options: --dtype float32|float64 (the reference's), --hf-dtype (the live model's), --their-dtype
+NAME (the precision their side computed in, when the file does not show it), --scale X (every
+tolerance times X), --json FILE ('-' for stdout), --plot PNG.
+Exit status: 0 when every compared point agrees, 1 on a divergence, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from .core import compare
+from .sources import dump, hf_activations, n_layers, read_activations, reference_activations
+
+
+class _Usage(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m refimpl compare",
+                                 description="compare a port's activations with the reference's, point by point")
+    ap.add_argument("--model", required=True, help="the reference: any model directory or file refimpl reads")
+    ap.add_argument("--ids", help="token ids, '1 2 3' (or taken from the dump's __ids__)")
+    ap.add_argument("--prompt", help="text, when the model has a tokenizer")
+    side = ap.add_mutually_exclusive_group(required=True)
+    side.add_argument("--theirs", help=".safetensors or .npz of their activations")
+    side.add_argument("--hf", help="a Hugging Face model directory to run live (needs transformers)")
+    side.add_argument("--write-reference", metavar="FILE", help="write the reference's activations and ids, then stop")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="the reference's dtype")
+    ap.add_argument("--hf-dtype", default=None, choices=["float32", "float64", "bfloat16", "float16"],
+                    help="the live model's dtype (default: --dtype)")
+    ap.add_argument("--their-dtype", default=None, choices=["float64", "float32", "float16", "bfloat16"],
+                    help="the precision their side computed in (default: what the file stores)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every tolerance by this")
+    ap.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    ap.add_argument("--plot", metavar="PNG", help="draw err / tol along the data flow")
+    return ap
+
+
+def _load(path: str, dtype: str):
+    from refimpl import gpt2
+
+    return gpt2.load(path, dtype=np.dtype(dtype))
+
+
+def _ids(args, model, stored_ids):
+    from refimpl.gpt2.checks import parse_token_ids
+
+    if args.ids is not None and args.prompt is not None:
+        raise _Usage("give either --ids or --prompt, not both")
+    if args.ids is not None:
+        ids = np.asarray(parse_token_ids(args.ids, model.config.vocab_size, flag="--ids"), dtype=np.int64)
+    elif args.prompt is not None:
+        if model.tokenizer is None:
+            raise _Usage("this model has no tokenizer this project reads; give token ids with --ids")
+        ids = np.asarray(model.tokenizer.encode(args.prompt), dtype=np.int64)
+    elif stored_ids is not None:
+        return np.asarray(stored_ids, dtype=np.int64)
+    else:
+        raise _Usage("give the token ids: --ids '1 2 3' or --prompt TEXT (or a dump that stores __ids__)")
+    if stored_ids is not None and not np.array_equal(np.asarray(stored_ids).reshape(-1), ids.reshape(-1)):
+        raise _Usage(f"the ids given ({ids.reshape(-1)[:8].tolist()}...) differ from the ids their dump was made "
+                     f"from ({np.asarray(stored_ids).reshape(-1)[:8].tolist()}...)")
+    return ids
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        model = _load(args.model, args.dtype)
+        if args.write_reference:
+            ids = _ids(args, model, None)
+            path = dump(args.write_reference, reference_activations(model, ids), ids=ids)
+            print(f"wrote {path}")
+            return 0
+        their_dtype = args.their_dtype
+        if args.theirs:
+            theirs, stored_ids, stored_dtype = read_activations(args.theirs)
+            ids = _ids(args, model, stored_ids)
+            their_dtype = their_dtype or stored_dtype
+        else:
+            ids = _ids(args, model, None)
+            theirs, hf_dtype = hf_activations(args.hf, ids, dtype=args.hf_dtype or args.dtype)
+            their_dtype = their_dtype or hf_dtype
+        report = compare(reference_activations(model, ids), theirs, n_layers=n_layers(model),
+                         their_dtype=their_dtype, scale=args.scale)
+    except (_Usage, ValueError, TypeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.table())
+    if args.json == "-":
+        print(report.to_json())
+    elif args.json:
+        from .._files import write_text_atomic
+
+        print(f"wrote {write_text_atomic(args.json, report.to_json())}")
+    if args.plot:
+        report.plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if report.ok else 1

@@ -1,0 +1,159 @@
+"""Where activations come from: the reference model, a file of theirs, a live Hugging Face model; and the dump writer.
+
+    reference_activations(model, ids)  {refimpl name: array} at every hook point, in data-flow
+                                       order, and "logits" (refimpl.interp.run_with_cache)
+    read_activations(path)             (arrays, ids or None, their stored dtype) from .safetensors
+                                       or .npz (never a pickle); ids under the key "__ids__"
+    dump(path, activations, ids=None)  write such a file (.safetensors or .npz by the suffix)
+    hf_activations(path, ids, dtype)   a Hugging Face *ForCausalLM directory run with
+                                       output_hidden_states / output_attentions (needs transformers)
+
+The file format is a plain dict of arrays so that any framework can write it; the README
+shows a five-line NumPy function for a porter's side that needs nothing from this package.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from .._files import write_bytes_atomic
+from ..checkpoint import NPZ_ERRORS, WeightFileError, npz_member_header, npz_read, open_weights
+from ..safetensors import SafetensorsError, read_header, read_tensor, save
+
+__all__ = ["IDS_KEY", "n_layers", "reference_activations", "read_activations", "dump", "hf_activations"]
+
+IDS_KEY = "__ids__"
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def n_layers(model) -> int:
+    """The number of blocks of a refimpl model (GPT-2's n_layer, the LLaMA family's num_hidden_layers)."""
+    c = model.config
+    return c.n_layer if hasattr(c, "n_layer") else c.num_hidden_layers
+
+
+def reference_activations(model, ids) -> dict[str, np.ndarray]:
+    """Every hook point of the reference run on ids ([T] or [B, T]), in the order the forward reaches them, then "logits"."""
+    from ..interp.capture import run_with_cache
+
+    logits, acts = run_with_cache(model, ids)
+    acts["logits"] = logits
+    return acts
+
+
+def read_activations(path) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+    """(name -> array, the token ids stored under "__ids__" or None, the least precise stored float dtype).
+
+    .safetensors (BF16 widened exactly to float32; the stored dtype is still reported as
+    bfloat16) or .npz (np.savez; members must be .npy arrays with no Python objects).
+    Errors: another suffix (a pickle is refused), a damaged file, ids that are not integers.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        try:
+            header = read_header(path)
+            arrays = {name: read_tensor(path, header, name) for name in header.tensors}
+        except (SafetensorsError, OSError) as e:
+            raise ValueError(f"{path}: not a readable .safetensors file: {e}") from None
+        stored = [_SAFETENSORS_DTYPES.get(info.dtype) for info in header.tensors.values()]
+    elif suffix == ".npz":
+        arrays = {}
+        with ExitStack() as stack:
+            try:
+                z = stack.enter_context(zipfile.ZipFile(stack.enter_context(open_weights(path, "activation file"))))
+                members = z.namelist()
+                if len(set(members)) != len(members):
+                    raise WeightFileError("an entry appears twice in the archive")
+                for m in members:
+                    if not m.endswith(".npy"):
+                        raise WeightFileError(f"npz entry {m!r} is not a .npy array")
+                    npz_member_header(z, m)  # shape and dtype checked against the entry's size before reading
+                    arrays[m[:-4]] = npz_read(z, m)
+            except WeightFileError as e:
+                raise ValueError(f"{path}: {e}") from None
+            except NPZ_ERRORS as e:
+                raise ValueError(f"{path}: not a readable .npz archive: {type(e).__name__}: {e}") from None
+        stored = [a.dtype.name for a in arrays.values()]
+    else:
+        raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got {suffix or 'no suffix'!r}")
+    ids = arrays.pop(IDS_KEY, None)
+    if ids is not None and ids.dtype.kind not in "iu":
+        raise ValueError(f"{path}: {IDS_KEY!r} must hold integer token ids; got dtype {ids.dtype}")
+    order = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+    floats = [s for s in stored if s in order]
+    return arrays, ids, (max(floats, key=order.get) if floats else None)
+
+
+def dump(path, activations: dict, ids=None) -> Path:
+    """Write {name: array} (and the token ids under "__ids__") to .safetensors or .npz, by the path's suffix.
+
+    Arrays must be floating-point NumPy arrays (or convertible: np.asarray); names any strings
+    (refimpl's, Hugging Face's or TransformerLens's, refimpl.compare.names). The write is atomic.
+    """
+    path = Path(path)
+    if not isinstance(activations, dict) or not activations:
+        raise ValueError("activations must be a non-empty dict of name -> array")
+    out: dict[str, np.ndarray] = {}
+    for name, a in activations.items():
+        if not isinstance(name, str) or name == IDS_KEY:
+            raise ValueError(f"activation names must be strings other than {IDS_KEY!r}; got {name!r}")
+        a = np.ascontiguousarray(np.asarray(a))
+        if a.dtype.kind != "f":
+            raise ValueError(f"activation {name!r} has dtype {a.dtype}; expected floating-point values")
+        out[name] = a
+    if ids is not None:
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"ids must be integer token ids; got dtype {ids.dtype}")
+        out[IDS_KEY] = np.ascontiguousarray(ids.astype(np.int64))
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        data = save(out)
+    elif suffix == ".npz":
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, **out)
+        data = buf.getvalue()
+    else:
+        raise ValueError(f"{path}: write .safetensors or .npz; got {suffix or 'no suffix'!r}")
+    return write_bytes_atomic(path, data)
+
+
+def hf_activations(path, ids, *, dtype: str = "float32") -> tuple[dict[str, np.ndarray], str]:
+    """({hidden_states.i, attentions.i, logits}, dtype) of the Hugging Face model in directory `path` on ids [T] or [B, T].
+
+    dtype: the torch dtype to load it in (float32, float64, bfloat16, float16); eager attention,
+    so the attention weights are returned. Needs torch and transformers (the test extra).
+    """
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        raise ValueError(f"--hf needs torch and transformers (pip install -e '.[test]'): {e}") from None
+    dtypes = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype must be one of {sorted(dtypes)}; got {dtype!r}")
+    if not Path(path).is_dir():
+        raise ValueError(f"{path}: a Hugging Face model directory (config.json + weights) is needed")
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtypes[dtype], attn_implementation="eager")
+    model.eval()
+    x = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    single = x.ndim == 1
+    with torch.no_grad():
+        out = model(x[None] if single else x, output_hidden_states=True, output_attentions=True, use_cache=False)
+
+    def host(t):
+        a = t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32).cpu().numpy()
+        return a[0] if single else a
+
+    acts = {f"hidden_states.{i}": host(h) for i, h in enumerate(out.hidden_states)}
+    acts.update({f"attentions.{i}": host(a) for i, a in enumerate(out.attentions)})
+    acts["logits"] = host(out.logits)
+    return acts, dtype

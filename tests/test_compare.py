@@ -1,0 +1,263 @@
+"""refimpl.compare: the error model, the first-divergence finder, the name map, dumps, the CLI, and a bug zoo.
+
+The bug zoo: a porter's own GPT-2 forward (written here from the equations, independently of
+refimpl.gpt2.model, naming its activations the Hugging Face / TransformerLens way), with one
+switch per mistake ports make. The clean port must agree at every point; each mistake must be
+caught at the point where it enters, with the points just before it agreeing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl import compare, gpt2
+from refimpl.compare.core import first_divergence, sum_length, tolerance, unit_roundoff
+from refimpl.compare.names import reference_name, to_reference
+from refimpl.gpt2 import GPT2Model
+from gpt2_oracle import ODD, oracle_pair
+from report import MaxDiffs
+
+DIFFS = MaxDiffs("refimpl.compare: max err / tol of correct implementations (must be <= 1; margin = 1 / it)")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- the error model
+
+def test_unit_roundoffs_and_the_tolerance_formula():
+    """u per dtype; tol = scale (d + 1) (8 u + 2 sqrt(n) min(u, 2^-24)); d = block index, L after the blocks."""
+    assert unit_roundoff(np.float64) == 2.0 ** -53 and unit_roundoff("bfloat16") == 2.0 ** -8
+    assert unit_roundoff(np.float32) == 2.0 ** -24 and unit_roundoff(np.float16) == 2.0 ** -11
+    with pytest.raises(ValueError, match="cannot compare dtype 'int32'"):
+        unit_roundoff(np.int32)
+    u = 2.0 ** -24
+    assert tolerance("blocks.3.attn.q", 5, u, 400) == pytest.approx(4 * (8 * u + 2 * 20 * u))
+    assert tolerance("logits", 5, u, 400, scale=2) == pytest.approx(2 * 6 * (8 * u + 40 * u))
+    ub = 2.0 ** -8  # bfloat16 stored, float32 accumulated
+    assert tolerance("blocks.0.resid_pre", 5, ub, 100) == pytest.approx(8 * ub + 20 * u)
+    assert sum_length({"a": np.zeros((3, 7)), "b": np.zeros((2, 5, 9)), "logits": np.zeros((3, 1000))}) == 9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(0, 10, allow_nan=False), st.just(math.nan), st.just(math.inf)), max_size=30))
+def test_first_divergence_is_the_earliest_ratio_above_one(ratios):
+    """For any sequence: the index of the first r > 1 (or NaN, or inf), every earlier one <= 1; None when all are <= 1."""
+    i = first_divergence(ratios)
+    if i is None:
+        assert all(r <= 1 for r in ratios)
+    else:
+        assert not ratios[i] <= 1 and all(r <= 1 for r in ratios[:i])
+
+
+# ----------------------------------------------------------------------------- the name map
+
+def test_names_map_hugging_face_and_transformer_lens_to_refimpl():
+    ref = [f"blocks.{i}.{p}" for i in range(3) for p in ("resid_pre", "attn.q", "attn.weights", "resid_post")]
+    ref += ["ln_f.out", "logits"]
+    assert reference_name("hidden_states.0", 3, ref) == ("blocks.0.resid_pre", False)
+    assert reference_name("hidden_states.2", 3, ref) == ("blocks.1.resid_post", False)
+    assert reference_name("hidden_states.3", 3, ref) == ("ln_f.out", False)  # HF: the last entry is normed
+    assert reference_name("hidden_states.4", 3, ref) is None
+    assert reference_name("attentions.1", 3, ref) == ("blocks.1.attn.weights", False)
+    assert reference_name("blocks.2.attn.hook_q", 3, ref) == ("blocks.2.attn.q", True)
+    assert reference_name("blocks.0.attn.hook_pattern", 3, ref) == ("blocks.0.attn.weights", False)
+    assert reference_name("norm.out", 3, ref + ["norm.out"]) == ("norm.out", False)
+    q = np.arange(2 * 5 * 3 * 4, dtype=np.float32).reshape(2, 5, 3, 4)  # TransformerLens [B, T, H, D]
+    out = to_reference({"blocks.1.attn.hook_q": q}, ref, 3)
+    np.testing.assert_array_equal(out["blocks.1.attn.q"][1], q.transpose(0, 2, 1, 3))  # refimpl [B, H, T, D]
+    with pytest.raises(ValueError, match=r"'blocks.1.attn.hook_qq' names no point .*closest: blocks.1.attn.hook_q"):
+        to_reference({"blocks.1.attn.hook_qq": q}, ref, 3)
+    with pytest.raises(ValueError, match="both name the point 'blocks.0.resid_post'"):
+        to_reference({"hidden_states.1": q, "blocks.0.resid_post": q}, ref, 3)
+
+
+# ----------------------------------------------------------------------------- a porter's GPT-2, with switches
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    """A random 5-layer GPT-2 (3 heads of 32, F = 384) saved as a Hugging Face directory, and the refimpl model."""
+    hf, _ = oracle_pair(ODD, seed=0)
+    d = tmp_path_factory.mktemp("odd")
+    hf.save_pretrained(d)
+    return d, gpt2.load(d)
+
+
+def _layer_norm(x, g, b, eps):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps) * g + b
+
+
+def _gelu(x, erf=False):
+    if erf:
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def porters_gpt2(model: GPT2Model, ids, *, scale_by_width=False, no_causal_mask=False, gelu_erf=False, eps=None,
+                 softmax_float16=False, position_offset=0, names="hf"):
+    """An independent GPT-2 forward on ids [T]; activations named as Hugging Face (names="hf") or TransformerLens ("tl")."""
+    p, c = model.params, model.config
+    T, C, H = len(ids), c.n_embd, c.n_head
+    D = C // H
+    eps = c.layer_norm_epsilon if eps is None else eps
+    x = p.wte[ids] + p.wpe[np.arange(T) + position_offset]
+    acts = {}
+    for i, b in enumerate(p.blocks):
+        acts[f"hidden_states.{i}" if names == "hf" else f"blocks.{i}.hook_resid_pre"] = x
+        h = _layer_norm(x, b.ln_1.g, b.ln_1.b, eps)
+        q, k, v = np.split(h @ b.attn_qkv.w + b.attn_qkv.b, 3, axis=-1)
+        q, k, v = (a.reshape(T, H, D) for a in (q, k, v))  # [T, H, D]: TransformerLens's layout
+        s = np.einsum("thd,shd->hts", q, k) / math.sqrt(C if scale_by_width else D)
+        if not no_causal_mask:
+            s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        if softmax_float16:  # no max subtracted, as a naive port does: exp overflows above 11.09
+            with np.errstate(over="ignore", invalid="ignore"):
+                e = np.exp(s.astype(np.float16))
+                w = (e / e.sum(-1, keepdims=True)).astype(np.float32)
+        else:
+            e = np.exp(s - s.max(-1, keepdims=True))
+            w = e / e.sum(-1, keepdims=True)
+        y = np.einsum("hts,shd->thd", w, v).reshape(T, C)
+        a = y @ b.attn_proj.w + b.attn_proj.b
+        if names == "tl":
+            acts.update({f"blocks.{i}.attn.hook_q": q, f"blocks.{i}.attn.hook_k": k, f"blocks.{i}.attn.hook_v": v,
+                         f"blocks.{i}.attn.hook_pattern": w, f"blocks.{i}.hook_attn_out": a})
+        else:
+            acts[f"attentions.{i}"] = w
+        x = x + a
+        m = _gelu(_layer_norm(x, b.ln_2.g, b.ln_2.b, eps) @ b.mlp_fc.w + b.mlp_fc.b, erf=gelu_erf)
+        if names == "tl":
+            acts.update({f"blocks.{i}.hook_resid_mid": x, f"blocks.{i}.mlp.hook_post": m})
+        x = x + m @ b.mlp_proj.w + b.mlp_proj.b
+        if names == "tl":
+            acts[f"blocks.{i}.hook_resid_post"] = x
+    h = _layer_norm(x, p.ln_f.g, p.ln_f.b, eps)
+    if names == "hf":
+        acts[f"hidden_states.{len(p.blocks)}"] = h
+    acts["logits"] = h @ p.wte.T
+    return {k: np.asarray(v, dtype=np.float32) for k, v in acts.items()}
+
+
+IDS = np.array([5, 17, 300, 2, 999, 41, 41, 8, 123, 64, 0, 77])
+
+# mistake -> (port keywords, the point where it must be caught, a point that must agree just before it)
+ZOO = {
+    "scale by sqrt(width)": (dict(scale_by_width=True), "blocks.0.attn.weights", "blocks.0.attn.v"),
+    "no causal mask": (dict(no_causal_mask=True), "blocks.0.attn.weights", "blocks.0.attn.k"),
+    "GELU erf for tanh": (dict(gelu_erf=True), "blocks.0.mlp.hidden", "blocks.0.resid_mid"),
+    "LayerNorm eps 1e-12 for 1e-5": (dict(eps=1e-12), "blocks.0.attn.q", None),
+    "softmax in float16": (dict(softmax_float16=True), "blocks.0.attn.weights", "blocks.0.attn.v"),
+    "positions off by one": (dict(position_offset=1), "blocks.0.resid_pre", None),
+}
+
+
+@pytest.mark.parametrize("names", ["hf", "tl"])
+def test_the_clean_port_agrees_everywhere(odd, names):
+    _, model = odd
+    report = compare.compare_model(model, IDS, porters_gpt2(model, IDS, names=names))
+    worst = max(r.ratio for r in report.rows)
+    DIFFS.show(f"clean GPT-2 port ({names} names), {len(report.rows)} points", max_rel=worst, tol=1.0)
+    assert report.ok, report.table()
+
+
+@pytest.mark.parametrize("mistake", list(ZOO))
+def test_each_mistake_is_caught_where_it_enters(odd, mistake):
+    _, model = odd
+    kw, where, agreed = ZOO[mistake]
+    report = compare.compare_model(model, IDS, porters_gpt2(model, IDS, names="tl", **kw))
+    first = report.rows[report.first]
+    print(f"\n[{mistake}] {report.summary()}")
+    assert not report.ok and first.name == where, report.table()
+    if agreed is not None:
+        assert agreed in [r.name for r in report.agreed_before()]
+
+
+def test_the_float16_softmax_overflow_is_reported_as_not_finite(odd):
+    """exp of a score above 11.09 overflows float16 (max 65504): inf / inf = NaN weights, reported as NOT FINITE.
+
+    Block 0's q/k/v weights times 30 make its scores ~900x larger (they are products of two of them).
+    """
+    import dataclasses
+
+    _, model = odd
+    b0 = model.params.blocks[0]
+    qkv = dataclasses.replace(b0.attn_qkv, w=b0.attn_qkv.w * 30)
+    blocks = (dataclasses.replace(b0, attn_qkv=qkv),) + model.params.blocks[1:]
+    big = dataclasses.replace(model, params=dataclasses.replace(model.params, blocks=blocks))
+    report = compare.compare_model(big, IDS, porters_gpt2(big, IDS, names="tl", softmax_float16=True))
+    first = report.rows[report.first]
+    assert first.name == "blocks.0.attn.weights" and first.verdict == "NOT FINITE", report.table()
+    assert "is not finite" in report.summary()
+
+
+# ----------------------------------------------------------------------------- Hugging Face, live and dumped
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_hugging_face_agrees_within_its_tolerance(odd, dtype):
+    """HF GPT-2 run live in float32, float64, and bfloat16 (a bfloat16 copy of the weights) against the reference."""
+    d, model = odd
+    ref_model = gpt2.load(d, dtype=np.float64) if dtype == "float64" else model
+    theirs, dt = compare.hf_activations(d, IDS, dtype=dtype)
+    report = compare.compare_model(ref_model, IDS, theirs, their_dtype=dt)
+    worst = max(r.ratio for r in report.rows)
+    DIFFS.show(f"HF GPT-2 {dtype} (u = {report.u:.3g})", max_rel=worst, tol=1.0)
+    assert report.ok, report.table()
+    assert report.to_dict()["tolerance"]["their_dtype"] == dtype
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_dump_round_trip_and_the_command_line(odd, tmp_path, suffix):
+    """dump -> read_activations is exact; the CLI agrees (exit 0), catches a mistake (exit 1), refuses bad input (exit 2)."""
+    d, model = odd
+    good = porters_gpt2(model, IDS)
+    f = compare.dump(tmp_path / f"good{suffix}", good, ids=IDS)
+    arrays, ids, dt = compare.read_activations(f)
+    assert dt == "float32" and list(ids) == list(IDS)
+    for k in good:
+        np.testing.assert_array_equal(arrays[k], good[k])
+    bad = compare.dump(tmp_path / f"bad{suffix}", porters_gpt2(model, IDS, gelu_erf=True, names="tl"), ids=IDS)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "refimpl", "compare", "--model", str(d), *map(str, args)],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+
+    ok = cli("--theirs", f, "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "all 12 points agree" in ok.stdout and json.loads((tmp_path / "r.json").read_text())["ok"]
+    assert (tmp_path / "r.png").stat().st_size > 1000
+    caught = cli("--theirs", bad)
+    assert caught.returncode == 1 and "first divergence: blocks.0.mlp.hidden" in caught.stdout, caught.stdout
+    wrong_ids = cli("--theirs", f, "--ids", "1 2 3")
+    assert wrong_ids.returncode == 2 and "differ from the ids their dump was made from" in wrong_ids.stderr
+    ref = cli("--ids", " ".join(map(str, IDS)), "--write-reference", tmp_path / f"ref{suffix}")
+    assert ref.returncode == 0, ref.stderr
+    again = cli("--theirs", tmp_path / f"ref{suffix}")
+    assert again.returncode == 0 and "err/tol" in again.stdout
+
+
+def test_bad_input_gets_a_clear_error(odd, tmp_path):
+    _, model = odd
+    good = porters_gpt2(model, IDS)
+    with pytest.raises(ValueError, match=r"their 'logits' has shape \[11, 1000\]; the reference's 'logits' is \[12, 1000\]"):
+        compare.compare_model(model, IDS, {"logits": good["logits"][:11]})
+    with pytest.raises(ValueError, match="has dtype int64: cannot compare"):
+        compare.compare_model(model, IDS, {"logits": np.zeros((12, 1000), np.int64)})
+    with pytest.raises(ValueError, match="must be a .safetensors or .npz file"):
+        compare.read_activations(tmp_path / "acts.pt")
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(ValueError, match="junk.npz"):
+        compare.read_activations(tmp_path / "junk.npz")
+    with pytest.raises(ValueError, match="expected floating-point values"):
+        compare.dump(tmp_path / "x.npz", {"a": np.zeros(3, np.int32)})
+    report = compare.compare_model(model, IDS, lambda ids: {"logits": porters_gpt2(model, ids)["logits"]})
+    assert report.ok and [r.name for r in report.rows] == ["logits"]
