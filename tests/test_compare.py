@@ -261,3 +261,117 @@ def test_bad_input_gets_a_clear_error(odd, tmp_path):
         compare.dump(tmp_path / "x.npz", {"a": np.zeros(3, np.int32)})
     report = compare.compare_model(model, IDS, lambda ids: {"logits": porters_gpt2(model, ids)["logits"]})
     assert report.ok and [r.name for r in report.rows] == ["logits"]
+
+
+# ----------------------------------------------------------------------------- a porter's LLaMA, with switches
+
+def _rms(x, w, eps, plus_one):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * ((1 + w) if plus_one else w)
+
+
+def porters_llama(model, ids, *, interleaved=False, forget_plus_one=False, tile_kv_heads=False, tie_head=False,
+                  position_offset=0):
+    """An independent LLaMA / Gemma forward on ids [T] (no window, no caps, no q/k norms), TransformerLens names.
+
+    The RoPE frequencies come from refimpl.rope_scaling (a porter copies them from the model's
+    config); everything else is written here from the equations.
+    """
+    from refimpl.rope_scaling import scaled_rope_frequencies
+
+    p, c = model.params, model.config
+    T, H, K, D = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    plus_one = c.norm_plus_one and not forget_plus_one
+    rope = c.rope.to_dict()
+    w = scaled_rope_frequencies(c.rotary_dim, max_position_embeddings=c.max_position_embeddings, seq_len=T, **rope)
+    angles = (np.arange(T) + position_offset)[:, None] * w  # [T, D/2]
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]  # [T, 1, D/2]
+
+    def rot(x):  # [T, n, D]
+        if interleaved:
+            a, b = x[..., 0::2], x[..., 1::2]
+            return np.stack([a * cos - b * sin, a * sin + b * cos], -1).reshape(x.shape)
+        a, b = x[..., :D // 2], x[..., D // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    act = {"silu": lambda z: z / (1 + np.exp(-z)),
+           "gelu_pytorch_tanh": lambda z: _gelu(z)}[c.hidden_act]
+    x = p.embed[ids].astype(np.float64) * (c.embed_scale or 1.0)
+    acts = {}
+    for i, b in enumerate(p.blocks):
+        acts[f"blocks.{i}.hook_resid_pre"] = x
+        h = _rms(x, b.attn_norm, c.rms_norm_eps, plus_one)
+
+        def proj(lp):
+            return h @ lp.w + (0 if lp.b is None else lp.b)
+
+        q, k, v = proj(b.attn.q).reshape(T, H, D), proj(b.attn.k).reshape(T, K, D), proj(b.attn.v).reshape(T, K, D)
+        qr, kr = rot(q), rot(k)
+        heads = np.tile(np.arange(K), H // K) if tile_kv_heads else np.repeat(np.arange(K), H // K)  # head h -> kv head
+        s = np.einsum("thd,shd->hts", qr, kr[:, heads]) * c.attention_scale
+        s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        wts = e / e.sum(-1, keepdims=True)
+        y = np.einsum("hts,shd->thd", wts, v[:, heads]).reshape(T, H * D)
+        a = y @ b.attn.o.w + (0 if b.attn.o.b is None else b.attn.o.b)
+        acts.update({f"blocks.{i}.attn.hook_q": q, f"blocks.{i}.attn.hook_k": k, f"blocks.{i}.attn.hook_v": v,
+                     f"blocks.{i}.attn.hook_rot_q": qr, f"blocks.{i}.attn.hook_rot_k": kr,
+                     f"blocks.{i}.hook_attn_out": a})
+        x = x + a
+        acts[f"blocks.{i}.hook_resid_mid"] = x
+        h = _rms(x, b.mlp_norm, c.rms_norm_eps, plus_one)
+        g, u = h @ b.mlp.gate.w + (0 if b.mlp.gate.b is None else b.mlp.gate.b), \
+            h @ b.mlp.up.w + (0 if b.mlp.up.b is None else b.mlp.up.b)
+        m = act(g) * u
+        acts[f"blocks.{i}.mlp.hook_post"] = m
+        x = x + m @ b.mlp.down.w + (0 if b.mlp.down.b is None else b.mlp.down.b)
+        acts[f"blocks.{i}.hook_resid_post"] = x
+    head = p.embed if tie_head else p.output_embedding
+    acts["logits"] = _rms(x, p.norm, c.rms_norm_eps, plus_one) @ head.T
+    return {k: np.asarray(v, dtype=np.float32) for k, v in acts.items()}
+
+
+@pytest.fixture(scope="module")
+def llamas(tmp_path_factory):
+    """Random Hugging Face llama (GQA 6/2, llama3 RoPE, biases), gemma (1 + w, sqrt(C) embed) and mistral (untied)."""
+    from llama_oracle import hf_llama
+
+    out = {}
+    for case in ("llama", "gemma", "mistral"):
+        d = tmp_path_factory.mktemp(case)
+        hf_llama(case).save_pretrained(d)
+        out[case] = d, refimpl_load(d)
+    return out
+
+
+def refimpl_load(d):
+    import refimpl
+
+    return refimpl.load(d)
+
+
+LLAMA_IDS = np.array([3, 50, 7, 96, 12, 12])  # 6 tokens: shorter than mistral's window of 7
+
+LLAMA_ZOO = {  # mistake -> (case, port keywords, the point where it must be caught)
+    "RoPE interleaved for half-split": ("llama", dict(interleaved=True), "blocks.0.attn.q_rot"),
+    "Gemma's RMSNorm without 1 + w": ("gemma", dict(forget_plus_one=True), "blocks.0.attn.q"),
+    "KV heads repeated in the wrong order": ("llama", dict(tile_kv_heads=True), "blocks.0.attn.out"),
+    "untied head loaded as tied": ("mistral", dict(tie_head=True), "logits"),
+    "RoPE positions off by one": ("llama", dict(position_offset=1), "blocks.0.attn.q_rot"),
+}
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma", "mistral"])
+def test_the_clean_llama_port_agrees_everywhere(llamas, case):
+    _, model = llamas[case]
+    report = compare.compare_model(model, LLAMA_IDS, porters_llama(model, LLAMA_IDS))
+    DIFFS.show(f"clean {case} port, {len(report.rows)} points", max_rel=max(r.ratio for r in report.rows), tol=1.0)
+    assert report.ok, report.table()
+
+
+@pytest.mark.parametrize("mistake", list(LLAMA_ZOO))
+def test_each_llama_mistake_is_caught_where_it_enters(llamas, mistake):
+    case, kw, where = LLAMA_ZOO[mistake]
+    _, model = llamas[case]
+    report = compare.compare_model(model, LLAMA_IDS, porters_llama(model, LLAMA_IDS, **kw))
+    print(f"\n[{mistake}] {report.summary()}")
+    assert not report.ok and report.rows[report.first].name == where, report.table()
