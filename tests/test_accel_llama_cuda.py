@@ -221,6 +221,31 @@ def test_key_mask_left_padded_and_cached():
     assert err <= 1e-5
 
 
+def test_rope_tables_and_ids_move_to_the_device_once_per_forward():
+    """The cos / sin tables arrive as host arrays at every rope call (2 per layer); the ops move them once per
+    forward, with the ids: 3 host-to-device copies per forward whatever the depth (weights: once, in prepare)."""
+    from accel.cupy.llama import make_ops
+
+    moved = []
+
+    def asarray(a):
+        moved.append(a.shape)
+        return np.asarray(a)
+
+    xp = SimpleNamespace(asarray=asarray, zeros=np.zeros, tanh=np.tanh)
+    model = tiny_model("llama")
+    ops = make_ops("counting", xp, sim_kernels())
+    dev = ops.prepare(model.params)
+    moved.clear()
+    ids = ids_of((1, 3))
+    with nc.launch_config(**SIM):
+        z = forward(dev, model.config, ids, ops=ops)
+        assert len(moved) == 3  # ids, cos, sin
+        forward(dev, model.config, ids, ops=ops)
+    assert len(moved) == 6 and model.config.num_hidden_layers == 2
+    assert rel(z, forward(model.params, model.config, ids)) <= 1e-5
+
+
 def test_gpu_ops_refuse_what_they_cannot_run():
     """Host weights that prepare() did not make, and an activation the fused gate lacks, are refused by name."""
     model = tiny_model("llama")
