@@ -6,7 +6,8 @@ A SmolLM-135M-shaped LlamaForCausalLM (C=576, 30 layers, 9 heads over 3 key / va
 D=64, F=1536, V=49152, tied head) built from its config with random weights (no download),
 float32, in HF transformers on the GPU (eager attention, greedy `generate`, EOS off) and in
 refimpl.llama on accel.cupy.llama.OPS (a prefill, then one forward per token with the KV cache
-on the device, argmax on the device). Validated first: the prompt's logits against HF on the
+on the device, argmax on the device; each step the graph-captured decode_step, and as a second
+variant op by op, decode_blocks off). Validated first: the prompt's logits against HF on the
 GPU and against the numpy backend (max rel diff = max|ours - ref| / max|ref|), and how many
 greedy tokens agree. Then one warm-up each and 3 interleaved rounds; the median time.
 Writes llama_gpu.json (versions, sizes, results) under --out (default benchmarks/results).
@@ -63,9 +64,11 @@ def greedy_ours(model, ids: np.ndarray, n_new: int, ops) -> list[int]:
 
 
 def run(n_new: int = 32, prompt_len: int = 16) -> dict:
+    import dataclasses
+
     import torch
 
-    from accel.cupy.llama import OPS
+    from accel.cupy.llama import CAPTURES, OPS
     from refimpl.llama.model import logits
 
     t0 = time.perf_counter()
@@ -96,7 +99,13 @@ def run(n_new: int = 32, prompt_len: int = 16) -> dict:
 
     ours_ids, hf_ids = run_ours(), run_hf()  # warm-up (kernel compiles) and parity
     same = next((i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b), min(len(ours_ids), len(hf_ids)))
-    variants = {"accel_cuda": run_ours, "hf_eager_generate": run_hf}
+    no_step = dataclasses.replace(OPS, decode_blocks=None)
+
+    def run_per_op():
+        return greedy_ours(model, ids, n_new, no_step)
+
+    same_per_op = run_per_op() == ours_ids
+    variants = {"accel_cuda": run_ours, "hf_eager_generate": run_hf, "accel_cuda_op_by_op": run_per_op}
     samples = {name: [] for name in variants}
     for _ in range(3):  # interleaved: each round times every variant once
         for name, fn in variants.items():
@@ -110,10 +119,12 @@ def run(n_new: int = 32, prompt_len: int = 16) -> dict:
            "identical_greedy_prefix_vs_hf": same, "n_new": n_new, "seconds": times,
            "ms_per_token": {k: 1e3 * v / n_new for k, v in times.items()},
            "tokens_per_s": {k: n_new / v for k, v in times.items()},
-           "speedup_vs_hf": times["hf_eager_generate"] / times["accel_cuda"]}
+           "speedup_vs_hf": times["hf_eager_generate"] / times["accel_cuda"],
+           "op_by_op_gives_same_tokens": same_per_op, "graph_captures": dict(CAPTURES)}
     print(f"SmolLM-135M-shaped decode: ours {rec['tokens_per_s']['accel_cuda']:.0f} tok/s, HF eager "
           f"{rec['tokens_per_s']['hf_eager_generate']:.0f} tok/s, speedup {rec['speedup_vs_hf']:.2f}x; "
-          f"identical greedy tokens {same}/{n_new} vs HF", flush=True)
+          f"identical greedy tokens {same}/{n_new} vs HF; op by op {rec['tokens_per_s']['accel_cuda_op_by_op']:.0f} "
+          f"tok/s (same tokens: {same_per_op}); graph captures {CAPTURES}", flush=True)
     return rec
 
 

@@ -66,6 +66,8 @@ def numba_kernels():
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, F, boolean, int64, int64, c4), name),
             ("decode_partial", attention._decode_partial_kernel(np.dtype(dt), 128, 64, 64),
              (a3, a4, a4, int64[::1], int64, F, F, int64, F[:, :, ::1], F[:, :, ::1], c4), name),
+            ("kv_write (strided k/v and caches)", attention._kv_write_kernel(np.dtype(dt)),
+             (a3, a3, int64[::1], a4, a4), name),
             ("decode_merge", attention._decode_merge_kernel(np.dtype(dt), 128),
              (F[:, :, ::1], F[:, :, ::1], c4, int64[::1], int64, F[:, :, ::1]), name),
         ]

@@ -14,6 +14,8 @@ device, activations never come back to the host between layers.
                      read on the device
   rope_rotate        the Numba-CUDA RoPE-from-tables kernel (accel.numba_cuda.positional)
   glu_gate           the Numba-CUDA fused act(g) * u kernel (accel.numba_cuda.ffn)
+  kv_write           the Numba-CUDA kernel writing one token's k, v [B, K, D] into the cache at
+                     positions read on the device (accel.numba_cuda.attention)
 
 Streams: every kernel here runs on CuPy's current stream (cupy.cuda.get_current_stream()), in
 order with the CuPy work around it. CuPy's own kernels and cuBLAS do that by themselves; the
@@ -37,7 +39,7 @@ from . import _kernels
 
 __all__ = [
     "linear", "matmul", "layer_norm", "rms_norm", "softmax", "gelu_tanh_bias",
-    "masked_attention", "decode_attention", "decode_partials", "kv_append", "rope_rotate", "glu_gate",
+    "masked_attention", "decode_attention", "decode_partials", "kv_append", "rope_rotate", "glu_gate", "kv_write",
 ]
 
 
@@ -192,6 +194,13 @@ def glu_gate(g: cp.ndarray, u: cp.ndarray, activation: str) -> cp.ndarray:  # [.
     out = cp.empty((math.prod(lead), F), dtype=g.dtype)
     glu_gate_device(_numba(g2), _numba(u2), _numba(out), activation=activation, stream=_numba_stream())
     return out.reshape(*lead, F)
+
+
+def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths: cp.ndarray) -> None:  # [B, K, D] x 2 -> caches [B, K, S, D]
+    """k_cache[b, :, L_b - 1] = k[b], v_cache[b, :, L_b - 1] = v[b] with L = lengths read on the device."""
+    from accel.numba_cuda.attention import kv_write_device
+
+    kv_write_device(_numba(k), _numba(v), _numba(lengths), _numba(k_cache), _numba(v_cache), stream=_numba_stream())
 
 
 def default_scale(D: int) -> float:
