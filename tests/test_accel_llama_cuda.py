@@ -5,9 +5,11 @@ Numba-CUDA kernels (rope_rotate, glu_gate, masked / decode attention, rms_norm) 
 backend's logits for a tiny model of each family (LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma-2,
 Phi-3: 2 layers, the families' features at small sizes: windows of 3 or 4, soft caps that bite,
 partial rotary, q/k norms, biases, tied and untied heads), with the cache one token at a time (the
-decode-attention path) and with a left-padding key mask. The two new kernels are checked against
-their refimpl twins (rope_rotate, glu_gate), strided device inputs included.
-On a GPU (CuPy): the same comparisons through the `cuda` backend itself; skipped, saying why, without CuPy.
+decode-attention path), through `decode_step` (what the cuda backend captures into a CUDA graph) as
+the ops' decode_blocks, and with a left-padding key mask. The new kernels are checked against
+their refimpl twins (rope_rotate, glu_gate), strided device inputs included, and kv_write against
+its host twin. On a GPU (CuPy): the same comparisons through the `cuda` backend itself, the
+graph-captured step against the eager one and op by op; skipped, saying why, without CuPy.
 
 Differences are max|ours - ref| / max|ref| over all logits (run with -s to read them).
 """
