@@ -214,6 +214,23 @@ KERNELS: list[KernelSpec] = [
              "differences",
     ),
     KernelSpec(
+        "rope_rotate", "numba_cuda", "accel.numba_cuda.positional:rope_rotate", "refimpl.positional:rope_rotate",
+        _F32_F64,
+        rtol={"float32": 1e-6, "float64": 1e-12}, atol={"float32": 1e-6, "float64": 1e-12}, sizes="tiny",
+        note="the twin's tables (cos, sin given, in the dtype) and its 2x2 rotation a cos - b sin, a sin + b cos in "
+             "the dtype (possibly FMA-contracted on a GPU: one rounding fewer): float32 differs from the float64 "
+             "twin by ~3 roundings of |a| + |b| (2^-24 relative each) and the tables' own float32 rounding; "
+             "float64 by the same at 2^-53",
+    ),
+    KernelSpec(
+        "glu_gate", "numba_cuda", "accel.numba_cuda.ffn:glu_gate", "refimpl.ffn:glu_gate", _F32_F64,
+        rtol={"float32": 2e-6, "float64": 1e-13}, atol={"float32": 1e-5, "float64": 1e-14}, sizes="tiny",
+        note="act(g) * u in the dtype: SiLU by the twin's stable sigmoid (libdevice exp, 2 ulp), tanh GELU by the "
+             "twin's clamped cubic (libdevice tanh, 2 ulp), erf GELU as g erfc(-g / sqrt 2) / 2 (libdevice erfc, "
+             "<= 5 ulp; the twin's Cody erfc): ~6 roundings relative; tanh GELU's 1 + tanh u cancels for g << 0, "
+             "an absolute error ~eps |g| |u| that atol covers (|g| <= 20, |u| <= ~4 here); float64 at 2^-53",
+    ),
+    KernelSpec(
         "masked_attention", "numba_cuda", "accel.numba_cuda.attention:masked_attention",
         "refimpl.attention:masked_attention", _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11}, sizes="tiny",

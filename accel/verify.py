@@ -140,6 +140,31 @@ def _case_apply_rope(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, in
     return Case((x, positions), kw, f"x{shape} pos{tuple(pos_shape)} " + label)
 
 
+def _case_rope_rotate(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, interleaved, per_row, factor
+    # The tables a cos(p w_i), a sin(p w_i) of random positions and RoPE frequencies (a: factor, 1 by default),
+    # [B, 1, T, R/2] per batch row (per_row) or [T, R/2] shared, in the dtype.
+    shape = (*d["lead"], d["T"], d["D"])
+    R = d.get("rotary_dim") or d["D"]
+    x = _normal(rng, shape, dtype)
+    lead = (*d["lead"][:1], *([1] * (len(d["lead"]) - 1))) if d.get("per_row") and d["lead"] else ()
+    pos = rng.integers(0, 2048, size=(*lead, d["T"]))
+    angles = pos[..., None] * 10000.0 ** (-np.arange(0, R, 2) / R)  # [..., T, R/2]
+    a = d.get("factor", 1.0)
+    cos, sin = (a * np.cos(angles)).astype(dtype), (a * np.sin(angles)).astype(dtype)
+    return Case((x, cos, sin), {"interleaved": d["interleaved"]},
+                f"x{shape} tables{cos.shape} interleaved={d['interleaved']} a={a:g}")
+
+
+def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, special
+    shape = (*d["lead"], d["F"])
+    g = _normal(rng, shape, dtype, d.get("scale", 3.0))
+    if d.get("special"):
+        g = _with_specials(rng, g)
+    u = _normal(rng, shape, dtype)
+    return Case((g, u), {"activation": d["activation"]},
+                f"g{shape} |g|~{d.get('scale', 3.0):g} {d['activation']}" + (" +inf/nan" if d.get("special") else ""))
+
+
 def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale softcap special
     # alibi: True (slopes 2^-h), "random" (squared normals), or False
     B, H, K, T, S, D, Dv = (d[c] for c in ("B", "H", "K", "T", "S", "D", "Dv"))
@@ -204,6 +229,8 @@ _BUILDERS = {
     "gelu_tanh_bias": _case_gelu_tanh_bias,
     "gelu_tanh": _case_gelu_tanh,
     "apply_rope": _case_apply_rope,
+    "rope_rotate": _case_rope_rotate,
+    "glu_gate": _case_glu_gate,
     "masked_attention": _case_masked_attention,
     "decode_attention": _case_decode_attention,
 }
@@ -247,6 +274,19 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
                  dict(lead=(2,), T=6, D=16, interleaved=False, rotary_dim=8, max_pos=10000, scaling="longrope")],
         "tiny": [dict(lead=(2,), T=3, D=6, interleaved=False), dict(lead=(2,), T=3, D=4, interleaved=True, per_row=True),
                  dict(lead=(2,), T=3, D=8, interleaved=False, rotary_dim=4, max_pos=10000, scaling="yarn")],
+    },
+    "rope_rotate": {
+        "full": [dict(lead=(2, 3), T=9, D=16, interleaved=False, per_row=True),
+                 dict(lead=(2, 3), T=5, D=12, interleaved=False, rotary_dim=6, factor=1.2),
+                 dict(lead=(2,), T=7, D=10, interleaved=True)],
+        "tiny": [dict(lead=(2, 2), T=3, D=6, interleaved=False, per_row=True),
+                 dict(lead=(2,), T=3, D=8, interleaved=False, rotary_dim=4, factor=1.2)],
+    },
+    "glu_gate": {
+        "full": [dict(lead=(8, 3), F=64, scale=3.0, activation=a) for a in ("silu", "gelu_tanh", "gelu_erf")]
+                + [dict(lead=(5,), F=40, scale=12.0, activation="silu", special=True)],
+        "tiny": [dict(lead=(3,), F=5, scale=4.0, activation=a) for a in ("silu", "gelu_tanh", "gelu_erf")]
+                + [dict(lead=(2,), F=9, scale=12.0, activation="gelu_tanh", special=True)],
     },
     "masked_attention": {
         "full": [

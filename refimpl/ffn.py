@@ -33,6 +33,7 @@ __all__ = [
     "ffn",
     "GLUParams",
     "glu",
+    "glu_gate",
     "swiglu",
     "geglu",
 ]
@@ -217,6 +218,21 @@ def _glu(x: np.ndarray, p: GLUParams, activation: Callable) -> np.ndarray:  # [.
     return _linear(h, p.down.w, p.down.b)  # [..., C]
 
 
+def glu_gate(gate, up, *, activation: str = "silu") -> np.ndarray:  # [..., F], [..., F] -> [..., F]
+    """act(g) * u: the gated hidden layer of GLU_act once the two products g = x W_gate, u = x W_up are made  (Shazeer 2020, eq. 5).
+
+    Shapes: gate, up [..., F] of one shape -> [..., F] in their common float dtype.
+    activation: a name, "silu" (SwiGLU), "gelu_tanh" or "gelu_erf" (GeGLU), so that a fused
+    kernel can take it as a compile-time choice.
+    See also: glu (the whole layer); accel twins glu_gate (one pass over g and u).
+    """
+    return _glu_gate(*_check_glu_gate(gate, up, activation))
+
+
+def _glu_gate(g: np.ndarray, u: np.ndarray, activation: str) -> np.ndarray:  # [..., F], [..., F] -> [..., F]; no checks
+    return _GATE_ACTIVATIONS[activation](g) * u
+
+
 def swiglu(x, p: GLUParams) -> np.ndarray:  # [..., C] -> [..., C]
     """SwiGLU(x) = (SiLU(x W_gate) * (x W_up)) W_down  (Shazeer 2020, eq. 6; LLaMA's FFN).
 
@@ -264,3 +280,16 @@ def _check_ffn(x, p, params_type, activation) -> np.ndarray:  # -> x as a float 
     check_type(p, params_type, "p")
     _check_activation(activation)
     return _check_linear(x, p.fc if params_type is FFNParams else p.gate)
+
+
+_GATE_ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "gelu_erf": _gelu_erf}
+
+
+def _check_glu_gate(gate, up, activation) -> tuple[np.ndarray, np.ndarray, str]:
+    g, u = as_float(gate, "gate"), as_float(up, "up")
+    check_ndim(g, "gate", 1, "[..., F]")
+    check_shape(u, "up", g.shape, f"gate's shape {list(g.shape)}")
+    if activation not in _GATE_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_GATE_ACTIVATIONS)}; got {activation!r}")
+    dtype = np.result_type(g, u)
+    return g.astype(dtype, copy=False), u.astype(dtype, copy=False), activation

@@ -36,6 +36,7 @@ __all__ = [
     "rope_frequencies",
     "rope_pair_permutation",
     "apply_rope",
+    "rope_rotate",
     "check_rope_inputs",
     "alibi_slopes",
     "alibi_bias",
@@ -227,6 +228,20 @@ def _apply_rope(x: np.ndarray, pos: np.ndarray, w: np.ndarray, scale: float, int
     """RoPE with no checks: inputs already validated (check_rope_inputs; w the frequencies, scale the attention factor)."""
     cos, sin = _rope_cos_sin(pos, w, scale, x.dtype)
     return _rope_rotate(x, cos, sin, interleaved)
+
+
+def rope_rotate(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
+    """(a, b) -> (a cos - b sin, a sin + b cos) on each pair of the leading R dims, given the angles' cos and sin  (Su et al. 2021, sec. 3.4.2).
+
+    apply_rope with the tables made beforehand: a model computes cos and sin once per forward
+    (for every layer and head) and rotates q and k with them, as Hugging Face's rotary embedding does.
+    Shapes: x [..., T, D]; cos, sin [..., T, R/2] of one shape, broadcasting to x's leading axes
+    (e.g. [B|1, 1, T, R/2] for x [B, H, T, D]), R <= D -> [..., T, D] in NumPy's promotion of
+    x, cos and sin. Dims [R, D) pass through unchanged. Pairing as apply_rope (interleaved=False:
+    (i, i + R/2)).
+    See also: apply_rope (its tables: a cos(p w_i), a sin(p w_i)); accel twins rope_rotate.
+    """
+    return _rope_rotate(*_check_rope_rotate(x, cos, sin, interleaved))
 
 
 def _rope_cos_sin(pos: np.ndarray, w: np.ndarray, scale: float, dtype) -> tuple[np.ndarray, np.ndarray]:  # [..., T], [R/2] -> 2 x [..., T, R/2]
@@ -452,6 +467,27 @@ def check_rope_inputs(x, positions, *, theta=10000.0, interleaved=False, rotary_
             raise ValueError(f"frequencies must be finite; got {w[~np.isfinite(w)][:4].tolist()} among them")
     scale = check_positive_real(attention_factor, "attention_factor")
     return x, pos, w, scale, interleaved, R
+
+
+def _check_rope_rotate(x, cos, sin, interleaved) -> tuple:  # -> (x, cos, sin, interleaved) as float arrays and a bool
+    x, cos, sin = as_float(x, "x"), as_float(cos, "cos"), as_float(sin, "sin")
+    check_ndim(x, "x", 2, "[..., T, D]")
+    interleaved = check_bool(interleaved, "interleaved")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have one shape [..., T, R/2]; got {cos.shape} and {sin.shape}")
+    check_ndim(cos, "cos", 2, "[..., T, R/2]")
+    T, D = x.shape[-2], x.shape[-1]
+    if cos.shape[-2] != T or not 1 <= 2 * cos.shape[-1] <= D:
+        raise ValueError(f"cos must have shape [..., T, R/2] with T={T} and 2 <= R <= D={D} (x has shape {x.shape}); "
+                         f"got shape {cos.shape}")
+    try:
+        lead = np.broadcast_shapes(cos.shape[:-2], x.shape[:-2])
+    except ValueError:
+        lead = None
+    if lead != x.shape[:-2]:
+        raise ValueError(f"cos leading axes {cos.shape[:-2]} must broadcast to x's leading axes {x.shape[:-2]}; "
+                         f"got cos shape {cos.shape}")
+    return x, cos, sin, interleaved
 
 
 def _check_alibi_bias(n_heads_or_slopes, T, S, dtype) -> tuple[np.ndarray, int, int, np.dtype]:  # -> (slopes [H], T, S, dtype)

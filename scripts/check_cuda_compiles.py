@@ -51,6 +51,10 @@ def numba_kernels():
             ("gelu_bias_flat", ffn._gelu_bias_kernel(np.dtype(dt)), (c1, c1, c1), name),
             ("rope_pairs", positional._rope_kernel(np.dtype(dt)),
              (F[:, :, ::1], float64[:, ::1], float64[::1], float64, boolean, F[:, :, ::1]), name),
+            ("rope_table_pairs (strided x)", positional._rope_table_kernel(np.dtype(dt)),
+             (a4, F[:, :, ::1], F[:, :, ::1], boolean, c4), name),
+            *((f"glu_gate_rows {act} (strided g/u)", ffn._glu_gate_kernel(np.dtype(dt), act), (F[:, :], F[:, :], c2), name)
+              for act in ffn.GATE_ACTIVATIONS),
             ("flash_attention (strided q/k/v)", attention._flash_kernel(np.dtype(dt), 64, 32, 64, 64),
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, F, boolean, int64, int64, c4), name),
             ("flash_attention_tiled (strided q/k/v)",  # at the largest heads its 48 KiB of shared memory takes
@@ -62,6 +66,8 @@ def numba_kernels():
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, F, boolean, int64, int64, c4), name),
             ("decode_partial", attention._decode_partial_kernel(np.dtype(dt), 128, 64, 64),
              (a3, a4, a4, int64[::1], int64, F, F, int64, F[:, :, ::1], F[:, :, ::1], c4), name),
+            ("kv_write (strided k/v and caches)", attention._kv_write_kernel(np.dtype(dt)),
+             (a3, a3, int64[::1], a4, a4), name),
             ("decode_merge", attention._decode_merge_kernel(np.dtype(dt), 128),
              (F[:, :, ::1], F[:, :, ::1], c4, int64[::1], int64, F[:, :, ::1]), name),
         ]

@@ -125,6 +125,25 @@ def rope_dims_NTD(draw, tiny: bool = False) -> dict:
 
 
 @st.composite
+def rope_table_dims_NTD(draw, tiny: bool = False) -> dict:
+    """x [..., T, D] (D even) with cos / sin tables [..., T, R/2] per batch row or shared, partial R,
+    both pairings, an attention factor a (the tables' scale) of 1 or more."""
+    D = 2 * draw(dims(1, 3 if tiny else 8))
+    rotary = draw(st.one_of(st.none(), dims(1, D // 2).map(lambda r: 2 * r)))
+    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), T=draw(dims(1, 4 if tiny else 9)), D=D,
+                rotary_dim=rotary, interleaved=draw(st.booleans()), per_row=draw(st.booleans()),
+                factor=draw(st.sampled_from([1.0, 1.3])))
+
+
+@st.composite
+def glu_gate_dims_NF(draw, tiny: bool = False) -> dict:
+    """g, u [..., F], g at a drawn scale (up to 20), each activation, NaN / inf in g (`special`)."""
+    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), F=draw(dims(1, 8 if tiny else 64)),
+                scale=draw(st.sampled_from([1.0, 5.0, 20.0])),
+                activation=draw(st.sampled_from(["silu", "gelu_tanh", "gelu_erf"])), special=draw(st.booleans()))
+
+
+@st.composite
 def attention_dims_BHKTSD(draw, tiny: bool = False, *, max_G: int | None = None, max_T: int | None = None,
                           max_S: int | None = None, max_D: int | None = None, max_Dv: int | None = None,
                           random_slopes: bool = False) -> dict:
@@ -163,6 +182,8 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "gelu_tanh_bias": gelu_dims_NF,
     "gelu_tanh": gelu_dims_NF,
     "apply_rope": rope_dims_NTD,
+    "rope_rotate": rope_table_dims_NTD,
+    "glu_gate": glu_gate_dims_NF,
     "masked_attention": attention_dims_BHKTSD,
     "decode_attention": decode_dims_BHKSD,
 }

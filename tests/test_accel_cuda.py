@@ -85,6 +85,8 @@ TWINS = {
     "gelu_tanh_bias": ref_ffn.gelu_tanh_bias,
     "gelu_tanh": ref_ffn.gelu_tanh,
     "apply_rope": ref_positional.apply_rope,
+    "rope_rotate": ref_positional.rope_rotate,
+    "glu_gate": ref_ffn.glu_gate,
     "masked_attention": ref_attention.masked_attention,
     "decode_attention": ref_attention.decode_attention,
 }
@@ -95,6 +97,8 @@ KERNEL_FNS = {
     "gelu_tanh_bias": nc.gelu_tanh_bias,
     "gelu_tanh": nc.gelu_tanh,
     "apply_rope": nc.apply_rope,
+    "rope_rotate": nc.rope_rotate,
+    "glu_gate": nc.glu_gate,
     "masked_attention": nc.masked_attention,
     "decode_attention": nc.decode_attention,
 }

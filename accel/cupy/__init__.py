@@ -8,6 +8,9 @@
                         once; its array-module-agnostic glue (`make_ops`, `decode_step`) is
                         tested on the CPU with NumPy arrays and the simulated Numba-CUDA kernels;
                         decoding replays `decode_step` as a CUDA graph
+  accel.cupy.llama      `OPS`, an `LlamaOps` for refimpl.llama (LLaMA, Mistral, Qwen2 / 3, Gemma / 2,
+                        Phi-3) with the weights moved to the device once; `make_ops` tested on the
+                        CPU as gpt2's is; decoding replays `decode_step` as a CUDA graph
   accel.cupy._cublas    cuBLAS GEMM called directly (ctypes), which may be captured into a graph
 
 The submodules that need CuPy (device, wrappers, _kernels, _cublas, gpt2.OPS) import it themselves,

@@ -12,6 +12,10 @@ device, activations never come back to the host between layers.
   decode_attention   CuPy memory through __cuda_array_interface__ (no copy)
   kv_append          ElementwiseKernel: a decode step's k, v into the cache at a position
                      read on the device
+  rope_rotate        the Numba-CUDA RoPE-from-tables kernel (accel.numba_cuda.positional)
+  glu_gate           the Numba-CUDA fused act(g) * u kernel (accel.numba_cuda.ffn)
+  kv_write           the Numba-CUDA kernel writing one token's k, v [B, K, D] into the cache at
+                     positions read on the device (accel.numba_cuda.attention)
 
 Streams: every kernel here runs on CuPy's current stream (cupy.cuda.get_current_stream()), in
 order with the CuPy work around it. CuPy's own kernels and cuBLAS do that by themselves; the
@@ -35,7 +39,7 @@ from . import _kernels
 
 __all__ = [
     "linear", "matmul", "layer_norm", "rms_norm", "softmax", "gelu_tanh_bias",
-    "masked_attention", "decode_attention", "decode_partials", "kv_append",
+    "masked_attention", "decode_attention", "decode_partials", "kv_append", "rope_rotate", "glu_gate", "kv_write",
 ]
 
 
@@ -168,6 +172,35 @@ def kv_append(qkv: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths
     B, H, S, D = k_cache.shape
     _kernels.kv_append_kernel()(qkv, lengths, np.int64(H), np.int64(S), np.int64(D), k_cache, v_cache,
                                 size=B * H * D)
+
+
+def rope_rotate(x: cp.ndarray, cos: cp.ndarray, sin: cp.ndarray) -> cp.ndarray:  # [B, n, T, D], 2 x [B|1, 1, T, R/2] -> [B, n, T, D]
+    """Half-split RoPE of x (a strided view is fine) by the given cos / sin tables (Numba-CUDA kernel); dims [R, D) copied."""
+    from accel.numba_cuda.positional import rope_rotate_device
+
+    B, n, T, D = x.shape
+    out = cp.empty((B, n, T, D), dtype=x.dtype)
+    tables = [cp.ascontiguousarray(a.reshape(a.shape[0], T, a.shape[-1])) for a in (cos, sin)]  # [B|1, T, R/2]
+    rope_rotate_device(_numba(x), _numba(tables[0]), _numba(tables[1]), _numba(out), stream=_numba_stream())
+    return out
+
+
+def glu_gate(g: cp.ndarray, u: cp.ndarray, activation: str) -> cp.ndarray:  # [..., F], [..., F] -> [..., F]
+    """act(g) * u in one Numba-CUDA kernel; g and u may be strided views (the halves of one fused product)."""
+    from accel.numba_cuda.ffn import glu_gate_device
+
+    lead, F = g.shape[:-1], g.shape[-1]
+    g2, u2 = g.reshape(math.prod(lead), F), u.reshape(math.prod(lead), F)  # views where the strides allow
+    out = cp.empty((math.prod(lead), F), dtype=g.dtype)
+    glu_gate_device(_numba(g2), _numba(u2), _numba(out), activation=activation, stream=_numba_stream())
+    return out.reshape(*lead, F)
+
+
+def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths: cp.ndarray) -> None:  # [B, K, D] x 2 -> caches [B, K, S, D]
+    """k_cache[b, :, L_b - 1] = k[b], v_cache[b, :, L_b - 1] = v[b] with L = lengths read on the device."""
+    from accel.numba_cuda.attention import kv_write_device
+
+    kv_write_device(_numba(k), _numba(v), _numba(lengths), _numba(k_cache), _numba(v_cache), stream=_numba_stream())
 
 
 def default_scale(D: int) -> float:

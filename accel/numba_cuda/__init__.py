@@ -15,7 +15,9 @@ Kernels (module: versions and how each deliberately differs from its twin in the
   norms.rms_norm               twin refimpl.norms.rms_norm
   ffn.gelu_tanh_bias           twin refimpl.ffn.gelu_tanh_bias (fused bias + GELU)
   ffn.gelu_tanh                twin refimpl.ffn.gelu_tanh
+  ffn.glu_gate                 twin refimpl.ffn.glu_gate (act(g) * u fused)
   positional.apply_rope        twin refimpl.positional.apply_rope
+  positional.rope_rotate       twin refimpl.positional.rope_rotate (cos / sin tables given)
 """
 
 from ._common import SIMULATOR, launch_config
@@ -27,9 +29,9 @@ from .attention import (
     softmax,
     softmax_device,
 )
-from .ffn import gelu_tanh, gelu_tanh_bias, gelu_tanh_bias_device
+from .ffn import gelu_tanh, gelu_tanh_bias, gelu_tanh_bias_device, glu_gate, glu_gate_device
 from .norms import layer_norm, layer_norm_device, rms_norm, rms_norm_device
-from .positional import apply_rope, apply_rope_device
+from .positional import apply_rope, apply_rope_device, rope_rotate, rope_rotate_device
 
 __all__ = [
     "SIMULATOR",
@@ -42,6 +44,8 @@ __all__ = [
     "gelu_tanh",
     "gelu_tanh_bias",
     "apply_rope",
+    "glu_gate",
+    "rope_rotate",
     "softmax_device",
     "masked_attention_device",
     "decode_attention_device",
@@ -49,4 +53,6 @@ __all__ = [
     "rms_norm_device",
     "gelu_tanh_bias_device",
     "apply_rope_device",
+    "glu_gate_device",
+    "rope_rotate_device",
 ]

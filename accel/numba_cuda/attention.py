@@ -80,6 +80,7 @@ __all__ = [
     "softmax_device",
     "masked_attention_device",
     "decode_attention_device",
+    "kv_write_device",
 ]
 
 _NEG_INF = -math.inf
@@ -845,3 +846,33 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, soft
                                 cuda.to_device(lengths), out, scale=scale, window=window,
                                 softcap=None if softcap is None else float(out_dtype.type(softcap)))  # rounded as the twin
     return out.copy_to_host().astype(out_dtype, copy=False)
+
+
+# ------------------------------------------------------------- a decoding step's keys / values into the cache
+
+@functools.lru_cache(maxsize=None)
+def _kv_write_kernel(dtype: np.dtype):
+    @cuda.jit
+    def kv_write(k, v, lengths, k_cache, v_cache):
+        # k, v [B, K, D] (any strides); k_cache, v_cache [B, K, S, D]; row b goes to position lengths[b] - 1.
+        B, K, D = k.shape[0], k.shape[1], k.shape[2]
+        start, step = cuda.grid(1), cuda.gridsize(1)
+        for idx in range(start, B * K * D, step):
+            d = idx % D
+            g = (idx // D) % K
+            b = idx // (D * K)
+            j = lengths[b] - 1
+            k_cache[b, g, j, d] = k[b, g, d]
+            v_cache[b, g, j, d] = v[b, g, d]
+
+    return kv_write
+
+
+def kv_write_device(k, v, lengths, k_cache, v_cache, *, stream=0) -> None:  # [B, K, D] x 2, [B] -> caches [B, K, S, D]
+    """k_cache[b, :, L_b - 1] = k[b], v_cache[b, :, L_b - 1] = v[b], L = lengths (device int64 [B], 1 <= L_b <= S,
+    read on the device: a launch that does not depend on the position, which a CUDA graph can replay)."""
+    n = k.shape[0] * k.shape[1] * k.shape[2]
+    if n == 0:
+        return
+    tpb = threads()
+    _kv_write_kernel(np.dtype(k.dtype))[min(4096, (n + tpb - 1) // tpb), tpb, stream](k, v, lengths, k_cache, v_cache)

@@ -214,6 +214,7 @@ NUMPY_OPS = LlamaOps(
 # imports accel at import time).
 BACKENDS: dict[str, str] = {
     "numpy": "refimpl.llama.model:NUMPY_OPS",  # the reference: refimpl's own functions
+    "cuda": "accel.cupy.llama:OPS",  # CuPy device arrays, cuBLAS, Numba-CUDA kernels (needs a CUDA GPU)
 }
 
 
