@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks, on a machine with a CUDA GPU. Runs in under 8 minutes:
+# GPU checks, on a machine with a CUDA GPU. Runs in under 8 minutes (the steps' limits add up to 475 s):
 #   1. every GPU test on real CUDA (no simulator): tests/test_accel_cuda.py (Numba-CUDA kernels,
 #      CuPy RawKernels, cuBLAS linear, GPT-2 `cuda` Ops parity) and the differential suite's
 #      numba_cuda / cupy entries; then (step llama-tests) tests/test_accel_llama_cuda.py: the LLaMA
@@ -54,15 +54,15 @@ PY
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-step bench 180 "$PY" -m benchmarks.gpu --quick --out "$OUT"
-step tests 180 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
+step bench 150 "$PY" -m benchmarks.gpu --quick --out "$OUT"
+step tests 140 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_cuda.py \
   tests/test_accel_differential.py -k "not differential or numba_cuda or cupy" -rs
-step llama-tests 120 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_llama_cuda.py -rs
-step verify 45 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
-step cli 60 bash -c "set -e; for b in numpy cuda; do
+step llama-tests 60 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_accel_llama_cuda.py -rs
+step verify 40 bash -c "'$PY' -m refimpl verify --backend numba_cuda && '$PY' -m refimpl verify --backend cupy"
+step cli 40 bash -c "set -e; for b in numpy cuda; do
     '$PY' -m refimpl generate --prompt 'ROMEO:' --max-new-tokens 40 --greedy --no-eos --backend \$b > /tmp/cli_\$b.txt
     echo \"--- --backend \$b:\"; cat /tmp/cli_\$b.txt; done
   cmp /tmp/cli_numpy.txt /tmp/cli_cuda.txt && echo 'cuda output identical to numpy output'"
-step llama 60 "$PY" -m benchmarks.llama_gpu --out "$OUT"
+step llama 45 "$PY" -m benchmarks.llama_gpu --out "$OUT"
 echo "gpu_check: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED); results in $OUT"
 exit $status
