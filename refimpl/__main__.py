@@ -31,14 +31,32 @@ class UsageError(Exception):
 
 # ----------------------------------------------------------------------------- generate
 
-def _load_model(path):
-    from refimpl import gpt2
+def _model_type(path) -> str | None:
+    """config.json's model_type for a model directory (or a weights file beside one); None when it has none."""
+    from refimpl.checkpoint import config_object, read_small_file
 
+    p = Path(path)
+    config_json = (p if p.is_dir() else p.parent) / "config.json"
+    if not config_json.is_file():
+        return None
+    model_type = config_object(read_small_file(config_json, "config"), config_json.name).get("model_type")
+    return model_type if isinstance(model_type, str) else None
+
+
+def _load_model(path):
+    """The model at `path` (None: the shipped GPT-2): a LLaMA-family model when config.json's model_type is one, else GPT-2."""
+    from refimpl import gpt2
+    from refimpl.llama import MODEL_TYPES
+
+    if path is not None and _model_type(path) in MODEL_TYPES:
+        from refimpl.llama import LlamaModel, load_weights
+
+        return LlamaModel(*load_weights(path))  # (no tokenizer: prompts as --ids)
     return gpt2.load(path)
 
 
 def cmd_generate(args) -> int:
-    from refimpl import gpt2
+    from refimpl import decoding
     from refimpl.gpt2.model import parse_token_ids
 
     model = _load_model(args.model)  # None: the shipped default model
@@ -81,7 +99,7 @@ def cmd_generate(args) -> int:
     written = False
     try:
         if model.tokenizer is not None and args.ids is None:
-            chunks = gpt2.stream_text(model, prompt, **kw)
+            chunks = decoding.stream_text(model, prompt, **kw)
             if isinstance(prompt, str):
                 out.write(prompt)
                 out.flush()
@@ -98,7 +116,7 @@ def cmd_generate(args) -> int:
                 print(f"note: the continuation is {len(text)} whitespace characters only; give --prompt, or sample "
                       "(--temperature 0.8 --top-k 40 --seed 1)", file=sys.stderr)
         else:
-            for tok in gpt2.stream(model, prompt, **kw):
+            for tok in decoding.stream(model, prompt, **kw):
                 out.write(f"{tok} ")
                 out.flush()
                 written = True
@@ -174,8 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                                  "inference, tokenization, export and kernel verification.")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="continue a prompt with a GPT-2 model, streaming tokens as they come")
-    g.add_argument("--model", help="a GPT-2 directory or weights file (see refimpl.gpt2.io); "
+    g = sub.add_parser("generate", help="continue a prompt with a GPT-2 or LLaMA-family model, streaming tokens "
+                       "as they come")
+    g.add_argument("--model", help="a GPT-2 directory or weights file (see refimpl.gpt2.io), or a Hugging Face "
+                   "LLaMA / Mistral / Qwen2 / Qwen3 / Gemma / Gemma-2 / Phi-3 directory (config.json's model_type); "
                    "default: the shipped model (a small GPT-2 trained on Shakespeare)")
     g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
     g.add_argument("--ids", help="the prompt as token ids ('1 2 3'), for models without tokenizer files")

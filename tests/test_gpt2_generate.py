@@ -249,7 +249,7 @@ def test_top_p_at_a_cumulative_sum_differs_only_by_softmax_rounding(monkeypatch)
     the float64 sum, the rounding and the comparison are the same); with NumPy's softmax the rows that differ are
     rows where our c_i and HF's agree to 1e-6 relative at the boundary tokens (measured: 39 of 100 rows differ;
     over the upper half of the ranks ours and HF's c are 1.3 ulps apart on average, 11 ulps at most)."""
-    G = sys.modules["refimpl.gpt2.generate"]  # (refimpl.gpt2.generate is also the name of the function)
+    G = sys.modules["refimpl.decoding"]  # where top_p_filter and its softmax live
 
     cases = []
     for seed in range(4):

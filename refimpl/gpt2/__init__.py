@@ -6,7 +6,7 @@
     for token_id in refimpl.gpt2.stream(model, "Hello", do_sample=True, seed=0): ...
 
 Modules, in the order the data flows: config, params, io (files), tokenizer (text <-> ids),
-model (forward pass, KV cache, backends), generate (decoding strategies).
+model (forward pass, KV cache, backends), generate (refimpl.decoding's strategies over GPT-2).
 """
 
 from __future__ import annotations

@@ -1,359 +1,33 @@
-"""Decoding: from next-token logits to a continuation.
+"""GPT-2's decoding: the adapter refimpl.decoding's strategies drive, and the entry points for a GPT2Model.
 
-Each step runs the model on the newest token(s) through the KV cache, takes the logits of
-the last position, reshapes them with the logits processors below (pure functions, each
-the same rule as its Hugging Face counterpart) and picks the next token:
-
-    logits [B, V] -> repetition penalty -> greedy argmax
-                                        -> temperature -> top-k -> top-p -> sample (seeded)
-
-Beam search (Hugging Face's algorithm and defaults) keeps num_beams partial sequences
-scored by their summed log-probabilities.
-
-Entry points: `generate` (all ids, and text when the model has a tokenizer), `stream`
-(a generator of token ids, as they come), `stream_text` (a generator of text chunks, with
-stop strings honoured), `generate_batch` (several prompts, left-padded, one forward per step).
-
-Policies, stated once:
-- Context limit: GPT-2 has n_positions learned positions. Generating N tokens after P prompt
-  tokens feeds P + N - 1 tokens through the model (the last one is never fed back), so that
-  must be at most n_positions (as in Hugging Face). A run that needs more raises a ValueError
-  naming the numbers before any work (on_context_limit="error", the default), also from
-  `stream` / `stream_text` at the call; on_context_limit="stop" generates as many tokens as fit
-  and ends with finish_reason "context". A prompt longer than n_positions is an error.
-- Vocabulary: ids below the model's V that the model's tokenizer assigns to no token are never
-  chosen (their logits are set to -inf before any processor, as llm.c's sampler does for a
-  padded vocabulary): the rows past the tokenizer's ids when V is padded for speed (e.g.
-  nanoGPT's 50304 rows for GPT-2's 50257 tokens), and any id a vocabulary file skips. Models
-  without a tokenizer choose among all V.
-- Sampling defaults: top_k=None and top_p=None mean no filter: do_sample=True samples from the
-  whole softmax. Hugging Face's GenerationConfig instead applies top_k=50 unless told
-  otherwise; pass top_k=50 for the same distribution as its generate(do_sample=True).
-- End of text: generation ends after eos_token_id (default config.eos_token_id; None
-  disables). The eos id is in `Generation.ids`, never in `Generation.text`.
-- Stop strings are matched on the decoded text of the generated tokens (not the prompt).
-  Generation ends at the token that completes the first match; that token is the last of
-  `ids` (and the last one `stream` yields), while `text` (and `stream_text`) end just
-  before the stop string. They need a tokenizer, and do not combine with beam search.
+The strategies (logits processors, greedy, seeded sampling, beam search, stop strings, the
+context-limit policy) are refimpl.decoding's, for every family; their names are re-exported
+here. What is GPT-2's own is `decoder(model, backend)`, the `refimpl.decoding.Decoder` of a
+GPT2Model: context n_positions (learned positions), the cache of refimpl.gpt2.model, prefill
+and step through hidden_states(last_only=True) and the tied LM head, and the logit bound of
+the final layer norm and the tied embedding (`_score_bound`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .._checks import is_int, is_real
-from ..attention import softmax
-from .model import GPT2Model, KVCache, check_token_ids, get_ops, hidden_states, lm_head
+from ..decoding import (_DEFAULT, Decoder, Generation, apply_repetition_penalty, apply_temperature,
+                        generate_batch_from, generate_from, log_softmax, sample_from_logits, stream_from,
+                        stream_text_from, top_k_filter, top_p_filter)
+from .model import GPT2Model, KVCache, get_ops, hidden_states, lm_head
 
 __all__ = [
     "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
     "log_softmax", "sample_from_logits",
-    "Generation", "generate", "generate_batch", "stream", "stream_text",
+    "Generation", "decoder", "generate", "generate_batch", "stream", "stream_text",
 ]
 
 
-# ----------------------------------------------------------------------------- logits processors
-
-def _check_logits(logits) -> np.ndarray:
-    x = np.asarray(logits)
-    if x.dtype.kind != "f":
-        raise TypeError(f"logits must be a floating array [..., V]; got dtype {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] == 0:
-        raise ValueError(f"logits must have shape [..., V] with V >= 1; got shape {x.shape}")
-    return x
-
-
-def _check_min_keep(n) -> int:
-    if not is_int(n) or n < 1:
-        raise ValueError(f"min_tokens_to_keep must be an integer >= 1; got {n!r}")
-    return int(n)
-
-
-def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [..., V], [..., N] -> [..., V]
-    """z_i <- z_i / theta if z_i > 0 else z_i * theta, for every token i already in `ids`  (CTRL, Keskar et al. 2019, sec. 4.1).
-
-    Shapes: logits [V] with ids [N], or logits [B, V] with ids [B, N] (row b penalises the
-    tokens of ids[b]) -> same shape and dtype as logits.
-    Notes: theta > 1 makes seen tokens less likely whatever the sign of their logit (the
-    paper divides positive logits; multiplying negative ones is Hugging Face's extension,
-    RepetitionPenaltyLogitsProcessor, copied here). A token counts once however often it
-    appears. theta = 1 is the identity. z_i = 0 stays 0.
-    The usable penalties, and why: theta is rounded to the logits' dtype, then applied in it.
-    It must be a normal number of that dtype, tiny <= theta <= max (float32: 1.2e-38 ..
-    3.4e38), else it is 0, inf or a subnormal that kept only a few bits of the value asked for
-    (0 would give 0 / 0 = NaN and z / 0 = inf), and a ValueError names it. Within that range,
-    z / theta (theta < 1) or z * theta (theta > 1) can still overflow for a large finite
-    logit. Clipping it to the dtype's max would be wrong: two seen tokens that both overflow
-    would tie, and greedy decoding (or top-k) would pick between them by index instead of by
-    logit. So a penalty that sends a finite logit to +-inf is refused (ValueError naming the
-    logit and the range of theta these logits allow: theta >= max_{z>0} z / max and
-    theta <= max / max_{z<0} |z|); every finite logit then stays finite. Non-finite logits stay
-    as they are (+-inf keeps its sign, NaN stays NaN). generate / stream / generate_batch check
-    repetition_penalty once more at the call, against a bound on every logit the model can
-    produce (|z| <= Z from the final layer norm and the tied embedding), so no run stops halfway.
-    """
-    x = _check_logits(logits)
-    ids = np.asarray(ids)
-    if ids.dtype.kind not in "iu" and ids.size:
-        raise TypeError(f"ids must be integer token ids; got dtype {ids.dtype}")
-    if ids.shape[:-1] != x.shape[:-1] or ids.ndim != x.ndim:
-        raise ValueError(f"ids must have shape [..., N] with the leading axes of logits {x.shape[:-1]}; got {ids.shape}")
-    V = x.shape[-1]
-    if ids.size and (ids.min() < 0 or ids.max() >= V):
-        raise ValueError(f"ids must lie in [0, V={V}); got values in [{ids.min()}, {ids.max()}]")
-    seen = np.zeros(x.shape, dtype=bool)  # [..., V]
-    np.put_along_axis(seen, ids.astype(np.intp), True, axis=-1)
-    return _penalize_seen(x, seen, penalty, "penalty")
-
-
-def _check_penalty(penalty, dtype, name: str) -> np.floating:
-    """theta as a number of `dtype`, after checking it is a normal number there (apply_repetition_penalty's Notes)."""
-    if not is_real(penalty) or not penalty > 0 or not np.isfinite(penalty):
-        raise ValueError(f"{name} must be a finite number > 0; got {penalty!r}")
-    dtype = np.dtype(dtype)
-    info = np.finfo(dtype)
-    with np.errstate(over="ignore", under="ignore"):
-        theta = dtype.type(penalty)
-    if not info.tiny <= theta <= info.max:
-        raise ValueError(f"{name}={penalty!r} is {float(theta):.3g} in the logits' dtype {dtype}: it must lie in "
-                         f"[{float(info.tiny):.3g}, {float(info.max):.3g}] (a normal {dtype} number)")
-    return theta
-
-
-def _penalize_seen(x: np.ndarray, seen: np.ndarray, penalty: float,
-                   name: str = "repetition_penalty") -> np.ndarray:  # [..., V], [..., V] bool -> [..., V]
-    theta = _check_penalty(penalty, x.dtype, name)
-    with np.errstate(over="ignore"):
-        out = np.where(seen, np.where(x < 0, x * theta, x / theta), x)
-    blown = seen & np.isfinite(x) & ~np.isfinite(out)
-    if blown.any():
-        where = tuple(int(i) for i in np.argwhere(blown)[0])
-        z = x[seen & np.isfinite(x)]
-        fmax = float(np.finfo(x.dtype).max)
-        lo = max(float(z.max(initial=0.0)) / fmax, float(np.finfo(x.dtype).tiny))
-        hi = fmax / max(-float(z.min(initial=0.0)), 1.0)
-        raise ValueError(f"{name}={penalty!r} sends the finite logit {float(x[where]):.6g} of token {where[-1]} "
-                         f"to {out[where]} in {x.dtype}: for these logits it must lie in about "
-                         f"[{lo:.3g}, {hi:.3g}]")
-    return out
-
-
-def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> [..., V]
-    """z / tau: tau < 1 sharpens softmax(z), tau > 1 flattens it  (Ackley, Hinton & Sejnowski 1985; Hugging Face's TemperatureLogitsWarper).
-
-    Shapes: logits [..., V] -> same shape and dtype.
-    Notes: any finite tau > 0 gives the distribution softmax(z / tau), rounded to the dtype.
-    - A row where z / tau is finite wherever z is (the usual case) is z / tau computed in the
-      logits' dtype with tau rounded to it: the same bits as TemperatureLogitsWarper.
-    - A row where it is not (tau so small that z / tau overflows, or tau 0, inf or subnormal
-      in the dtype) is (z - m) / tau with m = max_j z_j, computed in float64 (at least) and
-      rounded to the dtype. Proof that this is the right distribution: softmax is invariant to
-      adding a constant to a row, so softmax((z - m) / tau) = softmax(z / tau) exactly; every
-      entry is <= 0 and the argmax entries are exactly 0, so nothing overflows to +inf and the
-      row keeps a finite maximum; an entry that becomes -inf (below -1.8e308 in float64, or
-      below the dtype's -max when rounded) has true weight exp(-3.4e38) or less relative to
-      the maximum, which is 0 in every float format, so -inf (weight exactly 0) is its
-      correctly rounded weight. The other entries carry relative errors of a few units of the
-      dtype's rounding, as z / tau does in the first case. As tau -> 0 this is the uniform
-      distribution over the row's maximal logits (greedy decoding, ties shared); as
-      tau -> inf the uniform one over its finite logits.
-    - Rows with +inf or NaN logits, and rows of -inf only, have no distribution (the sampler
-      refuses them); they are divided by tau without a shift.
-    """
-    x = _check_logits(logits)
-    if not is_real(temperature) or not temperature > 0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
-    info = np.finfo(x.dtype)
-    with np.errstate(over="ignore", under="ignore"):
-        tau = x.dtype.type(temperature)
-        direct = x / tau if info.tiny <= tau <= info.max else None
-    if direct is not None:
-        ok = np.all(np.isfinite(direct) | ~np.isfinite(x), axis=-1, keepdims=True)  # [..., 1]
-        if ok.all():
-            return direct
-    wide = np.promote_types(x.dtype, np.float64)
-    xw = x.astype(wide)
-    m = np.max(xw, axis=-1, keepdims=True)  # [..., 1]
-    m = np.where(np.isfinite(m), m, wide.type(0))  # +inf / NaN / all -inf rows: no shift
-    with np.errstate(over="ignore", under="ignore"):
-        shifted = ((xw - m) / wide.type(temperature)).astype(x.dtype)
-    return shifted if direct is None else np.where(ok, direct, shifted)
-
-
-def top_k_filter(logits, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
-    """z_i <- -inf unless z_i >= the k-th largest logit  (top-k sampling; Fan, Lewis & Dauphin 2018, sec. 5.4).
-
-    Shapes: logits [..., V] -> same shape and dtype.
-    Notes: k is raised to min_tokens_to_keep and capped at V. Ties with the k-th value are
-    all kept, as Hugging Face's TopKLogitsWarper does (it compares with the k-th value).
-    """
-    x = _check_logits(logits)
-    if not is_int(k) or k < 1:
-        raise ValueError(f"top_k must be an integer >= 1; got {k!r}")
-    V = x.shape[-1]
-    k = min(max(int(k), _check_min_keep(min_tokens_to_keep)), V)
-    kth = np.partition(x, V - k, axis=-1)[..., V - k:V - k + 1]  # [..., 1]: the k-th largest
-    return np.where(x < kth, x.dtype.type(-np.inf), x)
-
-
-def top_p_filter(logits, p: float, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
-    """Keep the smallest set of most likely tokens whose probability mass reaches p; the rest -> -inf  (nucleus sampling; Holtzman et al. 2020, sec. 3.1).
-
-    Shapes: logits [..., V] -> same shape and dtype.
-    Notes: the rule, in Hugging Face's form (TopPLogitsWarper), step by step as it computes it:
-    sort ascending; softmax in the logits' dtype; the cumulative sum c of those probabilities,
-    accumulated in float64 and rounded to the dtype (torch's CPU cumsum accumulates float32
-    in double, at::acc_type); drop the tokens with c <= 1 - p, where 1 - p is formed in
-    float64 and rounded to the dtype for the comparison (their whole mass is at most 1 - p);
-    always keep the min_tokens_to_keep most likely. A float32 running sum instead drifts from
-    HF's c (median 10 ulps in the upper half of the ranks of GPT-2-sized rows, 50257 terms)
-    and kept one token more or fewer than Hugging Face in 4 of 300 such rows at a random p.
-    What remains is the softmax itself: NumPy's exp and pairwise row sum round differently from
-    torch's vectorised ones, which moves c by 1 ulp (median; 11 ulps, 7e-7 relative, at most
-    in 200 rows), so the kept sets can differ only when 1 - p lies that close to some c_i:
-    never at random p in the tests, in 39 of 100 rows with 1 - p put exactly on (or next to)
-    one of HF's c_i (tests/test_gpt2_generate.py). p = 1 keeps every token of nonzero probability.
-    """
-    x = _check_logits(logits)
-    if not is_real(p) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"top_p must be a number in [0, 1]; got {p!r}")
-    keep = _check_min_keep(min_tokens_to_keep)
-    order = np.argsort(x, axis=-1, kind="stable")  # ascending
-    probs = softmax(np.take_along_axis(x, order, axis=-1), axis=-1)  # [..., V] in the logits' dtype
-    cum = np.cumsum(probs, axis=-1, dtype=np.float64).astype(x.dtype)  # [..., V]
-    drop_sorted = cum <= x.dtype.type(1.0 - float(p))
-    drop_sorted[..., -keep:] = False  # the most likely tokens stay
-    drop = np.empty_like(drop_sorted)
-    np.put_along_axis(drop, order, drop_sorted, axis=-1)
-    return np.where(drop, x.dtype.type(-np.inf), x)
-
-
-def log_softmax(logits, axis: int = -1) -> np.ndarray:  # [..., V] -> [..., V]
-    """log softmax(z)_i = z_i - m - log sum_j exp(z_j - m), m = max_j z_j  (the log-probabilities beam search adds)."""
-    x = _check_logits(logits)
-    m = np.max(x, axis=axis, keepdims=True)
-    shifted = x - m
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
-
-
-def sample_from_logits(logits, rng: np.random.Generator) -> np.ndarray:  # [B, V] -> [B]
-    """i ~ Categorical(softmax(z)) by inverse transform: the first i with F(i) > u * F(V-1), u ~ U[0, 1).
-
-    Shapes: logits [B, V] -> token ids [B] int64.
-    Notes: one uniform draw per row from `rng`, so a seeded Generator reproduces the run.
-    Tokens with logit -inf have probability 0 and are never drawn. The cumulative sum is
-    taken in float64. A row with NaN or +inf logits, or only -inf ones, is a ValueError.
-    """
-    x = _check_logits(logits)
-    if x.ndim != 2:
-        raise ValueError(f"logits must have shape [B, V]; got shape {x.shape}")
-    with np.errstate(invalid="ignore"):  # a +inf logit: inf - inf = NaN, refused just below
-        cdf = np.cumsum(softmax(x, axis=-1), axis=-1, dtype=np.float64)  # [B, V]
-    total = cdf[:, -1]  # [B]: 1 up to rounding, unless a row has no distribution
-    bad = ~(total > 0.5)
-    if bad.any():
-        b = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"logits row {b} gives no probability distribution to sample from "
-                         f"({'NaN or +inf logits' if np.isnan(total[b]) else 'every logit is -inf'})")
-    u = rng.random(x.shape[0])[:, None] * cdf[:, -1:]  # [B, 1]
-    return np.minimum(np.sum(cdf <= u, axis=-1), x.shape[-1] - 1).astype(np.int64)
-
-
-# ----------------------------------------------------------------------------- settings
-
-@dataclass(frozen=True)
-class _Settings:
-    max_new_tokens: int
-    do_sample: bool
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    repetition_penalty: float
-    num_beams: int
-    length_penalty: float
-    early_stopping: bool | str
-    eos_ids: tuple[int, ...]
-    stop: tuple[str, ...]
-    on_context_limit: str
-    not_tokens: np.ndarray | None = None  # ids in [0, V) the tokenizer leaves unassigned (module docstring)
-
-
-_DEFAULT = object()
-
-
-def _settings(config, *, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
-              num_beams, length_penalty, early_stopping, eos_token_id, stop, on_context_limit) -> _Settings:
-    def is_num(v):
-        return is_real(v) and np.isfinite(v)
-
-    if not is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-    if not isinstance(do_sample, bool):
-        raise TypeError(f"do_sample must be True or False; got {do_sample!r}")
-    if not is_num(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
-    if top_k == 0:
-        top_k = None  # 0 = off, as in Hugging Face
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None; got {top_k!r}")
-    if top_p is not None and (not is_num(top_p) or not 0 <= top_p <= 1):
-        raise ValueError(f"top_p must be a number in [0, 1] or None; got {top_p!r}")
-    if not do_sample and (temperature != 1.0 or top_k is not None or top_p is not None):
-        raise ValueError("temperature, top_k and top_p shape sampling: pass do_sample=True with them "
-                         f"(got do_sample=False, temperature={temperature}, top_k={top_k}, top_p={top_p})")
-    if not is_num(repetition_penalty) or repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty must be a number > 0 (1.0 = off); got {repetition_penalty!r}")
-    if not is_int(num_beams) or num_beams < 1:
-        raise ValueError(f"num_beams must be an integer >= 1; got {num_beams!r}")
-    if num_beams > 1 and do_sample:
-        raise ValueError("beam search here is deterministic: do_sample=True needs num_beams=1")
-    if num_beams > 1 and 2 * num_beams > config.vocab_size:
-        raise ValueError(f"num_beams={num_beams} needs a vocabulary of at least 2*num_beams tokens; "
-                         f"V={config.vocab_size}")
-    if not is_num(length_penalty):
-        raise ValueError(f"length_penalty must be a finite number; got {length_penalty!r}")
-    if isinstance(early_stopping, (bool, np.bool_)):
-        early_stopping = bool(early_stopping)
-    elif early_stopping != "never":
-        raise ValueError(f"early_stopping must be True, False or 'never'; got {early_stopping!r}")
-    from_config = eos_token_id is _DEFAULT
-    if from_config:
-        eos_token_id = config.eos_token_id
-    if eos_token_id is None:
-        eos_ids = ()
-    elif is_int(eos_token_id):
-        eos_ids = (eos_token_id,)
-    elif isinstance(eos_token_id, (list, tuple)):
-        eos_ids = tuple(eos_token_id)
-    elif isinstance(eos_token_id, np.ndarray):
-        eos_ids = tuple(eos_token_id.reshape(-1).tolist())
-    else:
-        eos_ids = (eos_token_id,)  # refused just below, naming the value
-    for e in eos_ids:
-        if not is_int(e) or not 0 <= e < config.vocab_size:
-            if from_config:
-                raise ValueError(f"the config's eos_token_id={eos_token_id!r} lies outside the vocabulary "
-                                 f"[0, V={config.vocab_size}): pass eos_token_id=... (or None) explicitly")
-            raise ValueError(f"eos_token_id must be a token id in [0, V={config.vocab_size}) "
-                             f"(or a list of them, or None); got {eos_token_id!r}")
-    if num_beams > 1 and config.vocab_size - len(set(eos_ids)) < num_beams:
-        raise ValueError(f"num_beams={num_beams} needs at least num_beams tokens that are not eos; "
-                         f"V={config.vocab_size} with {len(set(eos_ids))} eos ids")
-    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if any(not isinstance(s, str) or not s for s in stop):
-        raise ValueError(f"stop must be a non-empty string or a list of them; got {stop!r}")
-    if stop and num_beams > 1:
-        raise ValueError("stop strings are not supported with beam search (num_beams > 1)")
-    if on_context_limit not in ("error", "stop"):
-        raise ValueError(f"on_context_limit must be 'error' or 'stop'; got {on_context_limit!r}")
-    return _Settings(int(max_new_tokens), do_sample, float(temperature), top_k, top_p,
-                     float(repetition_penalty), int(num_beams), float(length_penalty), early_stopping,
-                     tuple(int(e) for e in eos_ids), stop, on_context_limit)
-
+# ----------------------------------------------------------------------------- the adapter
 
 def _score_bound(params) -> float:
     """A bound on |z| for every logit z = ln_f(x) . w_i this model can produce, and on |log softmax(z)|.
@@ -378,331 +52,38 @@ def _score_bound(params) -> float:
     return 2 * Z * (1 + 4 * C * float(np.finfo(work).eps)) + math.log(V)
 
 
-def _check_penalty_for_model(penalty, params) -> None:
-    """repetition_penalty normal in the logits' dtype and unable to send any logit of this model to +-inf.
-
-    Checked before any token, so a caller (the command line) can refuse it before it prints: with |z| <= Z
-    (_score_bound) for every logit and log-probability, z / theta and z * theta stay finite for
-    Z / max <= theta <= max / Z, max the dtype's largest number.
-    """
-    dtype = params.wte.dtype
-    theta = float(_check_penalty(penalty, dtype, "repetition_penalty"))
-    Z = _score_bound(params)
-    fmax = float(np.finfo(dtype).max)
-    if math.isfinite(Z) and Z > 0 and not Z / fmax <= theta <= fmax / Z:
-        raise ValueError(f"repetition_penalty={penalty!r} could send a logit of this model to +-inf in {dtype}: its "
-                         f"logits and log-probabilities are bounded by |z| <= {Z:.4g} (final layer norm and tied "
-                         f"embedding), so it must lie in [{Z / fmax:.3g}, {fmax / Z:.3g}]")
-
-
-def _prompt_ids(model: GPT2Model, prompt) -> np.ndarray:  # str | ids [P] -> [P] int64
-    if isinstance(prompt, str):
-        if model.tokenizer is None:
-            raise ValueError("a text prompt needs a tokenizer, and this model has none: "
-                             "pass token ids, or load a model directory with tokenizer files")
-        prompt = model.tokenizer.encode(prompt)
-    ids = np.asarray(prompt)
-    ids = check_token_ids(ids if ids.size else ids.astype(np.int64), model.config, name="prompt")
-    if ids.ndim != 1:
-        raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}")
-    if ids.size == 0:
-        bos = model.config.bos_token_id
-        bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos
-        raise ValueError("prompt is empty: GPT-2 needs at least one token to condition on"
-                         + (f" (start with bos_token_id={bos}, '<|endoftext|>')"
-                            if isinstance(bos, int) and 0 <= bos < model.config.vocab_size else ""))
-    return ids
-
-
-def _n_steps(config, prompt_len: int, s: _Settings) -> int:
-    """How many tokens to generate under the context policy (see the module docstring)."""
-    n = config.n_positions
-    if prompt_len > n:
-        raise ValueError(f"the prompt has {prompt_len} tokens, more than the model's context "
-                         f"n_positions={n}; shorten it")
-    # N new tokens feed P + N - 1 tokens through the model: the last one is never fed back.
-    if s.max_new_tokens and prompt_len + s.max_new_tokens - 1 > n:
-        if s.on_context_limit == "error":
-            raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({s.max_new_tokens}) - 1 = "
-                f"{prompt_len + s.max_new_tokens - 1} tokens to feed exceeds the model's context n_positions={n}: "
-                f"lower max_new_tokens to at most {n - prompt_len + 1}, or pass on_context_limit='stop' "
-                "to stop when the context is full")
-        return n - prompt_len + 1
-    return s.max_new_tokens
-
-
-# ----------------------------------------------------------------------------- greedy / sampling
-
-def _choose(logits, seen, s: _Settings, rng) -> np.ndarray:  # [B, V], [B, V] bool -> [B]
-    """One decoding step's choice, in Hugging Face's processor order."""
-    logits = _only_tokens(logits, s)
-    if s.repetition_penalty != 1.0:
-        logits = _penalize_seen(logits, seen, s.repetition_penalty)
-    if not s.do_sample:
-        return np.argmax(logits, axis=-1)
-    if s.temperature != 1.0:
-        logits = apply_temperature(logits, s.temperature)
-    if s.top_k is not None:
-        logits = top_k_filter(logits, s.top_k)
-    if s.top_p is not None and s.top_p < 1.0:
-        logits = top_p_filter(logits, s.top_p)
-    return sample_from_logits(logits, rng)
-
-
-def _sample_steps(model: GPT2Model, ops, rows: list[np.ndarray], n_steps: int, s: _Settings,
-                  rng) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> yields next ids [B] per step
-    """Greedy / sampled decoding with a KV cache; prompts of different lengths are left-padded.
-
-    Yields the chosen token of every row at each of n_steps steps; the caller stops early
-    by closing the generator. Row b's padding is masked out of attention and its positions
-    start at 0 at its first real token, so each row decodes as it would alone.
-    """
-    config, params = model.config, ops.prepare(model.params)
-    B, P = len(rows), max(len(r) for r in rows)
-    pad = 0
-    ids = np.full((B, P), pad, dtype=np.int64)  # [B, P] left-padded
-    mask = np.zeros((B, P + n_steps), dtype=bool)  # [B, S_max]: 1 = real token
-    for b, r in enumerate(rows):
-        ids[b, P - len(r):] = r
-        mask[b, P - len(r):] = True  # generated tokens are real too
-    ragged = any(len(r) != P for r in rows)
-    seen = np.zeros((B, config.vocab_size), dtype=bool)  # tokens in each row so far (repetition penalty)
-    for b, r in enumerate(rows):
-        seen[b, r] = True
-    cache = KVCache.allocate(config, B, max_len=max(P + n_steps - 1, P), dtype=params.wte.dtype, zeros=ops.zeros)
-
-    h = hidden_states(params, config, ids, cache=cache, attention_mask=mask[:, :P] if ragged else None,
-                      ops=ops, last_only=True)[:, -1]  # [B, C]: the last position only
-    for step in range(n_steps):
-        logits = ops.to_numpy((ops.lm_head or lm_head)(h, params))  # [B, V]
-        nxt = _choose(logits, seen, s, rng)  # [B]
-        yield nxt
-        if step + 1 == n_steps:
-            return
-        seen[np.arange(B), nxt] = True
-        S = P + step + 1
-        h = hidden_states(params, config, nxt[:, None], cache=cache,
-                          attention_mask=mask[:, :S] if ragged else None, ops=ops)[:, -1]
-
-
-def _only_tokens(logits, s: _Settings) -> np.ndarray:  # [B, V] -> [B, V]
-    """Logits of the ids the tokenizer assigns to no token (s.not_tokens) set to -inf."""
-    if s.not_tokens is None:
-        return logits
-    logits = logits.copy()
-    logits[:, s.not_tokens] = -np.inf
-    return logits
-
-
-def _unassigned_ids(tokenizer, V: int) -> np.ndarray | None:  # -> [n] ids in [0, V), or None
-    """The ids below V that `tokenizer` names no token with; None when there are none (or no tokenizer)."""
-    token_ids = getattr(tokenizer, "token_ids", None)
-    if token_ids is None:
-        return None
-    ids = np.asarray(token_ids(), dtype=np.int64)
-    assigned = np.zeros(V, dtype=bool)
-    assigned[ids[(ids >= 0) & (ids < V)]] = True
-    if assigned.all() or not assigned.any():  # every id is a token; or the tokenizer is not this model's
-        return None
-    return np.flatnonzero(~assigned)
-
-
-class _StopMatcher:
-    """Decoded text of the generated tokens, and where the first stop string starts in it."""
-
-    def __init__(self, tokenizer, stop: tuple[str, ...], eos_ids: tuple[int, ...]):
-        self.decoder = tokenizer.stream_decoder()
-        self.stop, self.eos_ids = stop, eos_ids
-        self.text = ""
-        self.cut: int | None = None  # index of the first stop string in text, once found
-
-    def push(self, token: int) -> None:
-        if token not in self.eos_ids:
-            self.text += self.decoder.push(token)
-            self._find()
-
-    def flush(self) -> None:
-        if self.cut is None:
-            self.text += self.decoder.flush()
-            self._find()
-
-    def _find(self) -> None:
-        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            self.cut = min(hits)
-
-    def safe_end(self) -> int:
-        """Text up to here can be shown: nothing after it can start a stop string (held back otherwise)."""
-        if self.cut is not None:
-            return self.cut
-        hold = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(self.text)), hold, -1):
-                if self.text.endswith(s[:k]):
-                    hold = k
-                    break
-        return len(self.text) - hold
-
-
-def _run_one(model: GPT2Model, prompt: np.ndarray, s: _Settings, ops, rng, n_steps: int,
-             matcher: _StopMatcher | None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
-    """One prompt, greedy or sampled: yields (token id, None) and, with the last token, its finish reason."""
-    truncated = n_steps < s.max_new_tokens
-    if n_steps == 0:
-        return
-    steps = _sample_steps(model, ops, [prompt], n_steps, s, rng)
-    try:
-        for i, nxt in enumerate(steps):
-            tok = int(nxt[0])
-            if matcher is not None:
-                matcher.push(tok)
-            if tok in s.eos_ids:
-                yield tok, "eos"
-                return
-            if matcher is not None and matcher.cut is not None:
-                yield tok, "stop"
-                return
-            last = i + 1 == n_steps
-            yield tok, (("context" if truncated else "length") if last else None)
-    finally:
-        steps.close()
-
-
-# ----------------------------------------------------------------------------- beam search
-
-def _beam_search(model: GPT2Model, ops, prompt: np.ndarray, n_steps: int,
-                 s: _Settings) -> tuple[list[int], float]:  # [P] -> (generated ids, score)
-    """Beam search as Hugging Face's `generate(num_beams=N)` does it (transformers 5.x; checked against 5.24).
-
-    Each step, every running beam b (score = its summed log-probabilities) extends by each
-    token: candidate score = score_b + log softmax(z_b)_i (after the repetition penalty).
-    The best 2N candidates overall (more with several eos ids) are ranked. Those of rank < N
-    that end in eos, or that reach the length limit, become finished hypotheses with score
-    sum_logprobs / generated_len ** length_penalty, and the N best finished are kept. The N
-    best candidates that did not finish are the next running beams.
-    Stops when the length limit is reached; or, with early_stopping=True, once N hypotheses
-    are finished; or (default, early_stopping=False) once N are finished and the best running
-    beam, scored at its current length, cannot beat the worst of them ("never": for
-    length_penalty > 0, at the maximum length instead). Returns the best finished hypothesis.
-    At step 0 only one beam runs (all beams start from the same prompt).
-    """
-    config, params = model.config, ops.prepare(model.params)
-    N, V, P = s.num_beams, config.vocab_size, len(prompt)
-    lp = s.length_penalty
-    K = max(2, 1 + len(s.eos_ids)) * N
-    cache = KVCache.allocate(config, N, max_len=max(P + n_steps - 1, P), dtype=params.wte.dtype, zeros=ops.zeros)
-    first = KVCache(cache.k[:, :1], cache.v[:, :1], 0)  # row 0 as a view: prefill the prompt once
-    h = hidden_states(params, config, prompt[None], cache=first, ops=ops, last_only=True)[:, -1]  # [1, C]
-    cache.k[:, 1:, :, :P] = cache.k[:, :1, :, :P]
-    cache.v[:, 1:, :, :P] = cache.v[:, :1, :, :P]
-    cache.length = P
-
-    seqs = np.zeros((1, n_steps), dtype=np.int64)  # generated tokens of the running beams
-    scores = np.zeros(1)  # [n_running] summed log-probs (float64)
-    seen = np.zeros((1, V), dtype=bool)
-    seen[0, prompt] = True
-    finished: list[tuple[float, list[int]]] = []  # (penalized score, tokens), best first, at most N
-    for g in range(n_steps):
-        z = _only_tokens(ops.to_numpy((ops.lm_head or lm_head)(h, params)), s)  # [n_running, V]
-        logp = log_softmax(z)
-        if s.repetition_penalty != 1.0:
-            logp = _penalize_seen(logp, seen, s.repetition_penalty)
-        cand = (scores[:, None] + logp).reshape(-1)  # [n_running * V]
-        Kg = min(K, cand.size)  # (step 0: one beam's V candidates)
-        top = np.argpartition(-cand, Kg - 1)[:Kg]
-        top = top[np.argsort(-cand[top], kind="stable")]  # K best, best first
-        beam, tok, cand_score = top // V, top % V, cand[top]
-        at_limit = g + 1 == n_steps
-        hits = np.isin(tok, s.eos_ids) | at_limit  # [K]
-
-        new = [(float(cand_score[r]) / (g + 1) ** lp, [*seqs[beam[r], :g].tolist(), int(tok[r])])
-               for r in range(N) if hits[r]]
-        if new:
-            finished = sorted(finished + new, key=lambda f: -f[0])[:N]
-        if at_limit:
-            break
-        keep = np.flatnonzero(~hits)[:N]  # the N best that go on
-        beam, tok, scores = beam[keep], tok[keep], cand_score[keep]
-        seqs = seqs[beam]
-        seqs[:, g] = tok
-        seen = seen[beam]
-        seen[np.arange(N), tok] = True
-        cache.reorder(beam)  # row b of the cache <- the cache of the beam it extends (row 0 at g = 0)
-
-        if len(finished) == N:
-            if s.early_stopping is True:
-                break
-            length = (n_steps if (s.early_stopping == "never" and lp > 0) else g + 1)
-            if not scores[0] / length ** lp > finished[-1][0]:
-                break  # no running beam can beat the worst finished one
-        h = hidden_states(params, config, tok[:, None], cache=cache, ops=ops)[:, -1]  # [N, C]
-    score, tokens = finished[0]
-    return tokens, score
-
-
-# ----------------------------------------------------------------------------- public API
-
-@dataclass(frozen=True)
-class Generation:
-    """One generated continuation.
-
-    prompt_ids: the prompt's token ids. ids: the generated ids (an ending eos included).
-    text: the decoded generated text (None without a tokenizer), eos excluded, cut just
-    before the first stop string. finish_reason: "eos", "stop" (a stop string), "length"
-    (max_new_tokens reached) or "context" (the context was full, on_context_limit="stop").
-    score: beam search's length-penalized log-probability of this beam (None otherwise).
-    """
-
-    prompt_ids: list[int]
-    ids: list[int]
-    text: str | None
-    finish_reason: str
-    score: float | None = None
-
-
 def _check_model(model) -> None:
     if not isinstance(model, GPT2Model):
         raise TypeError(f"model must be a GPT2Model (from refimpl.gpt2.load); got {type(model).__name__}")
 
 
-def _rng(seed) -> np.random.Generator:
-    """np.random.default_rng(seed) for seed None or a non-negative integer; anything else is refused."""
-    if seed is not None and (not is_int(seed) or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
-    return np.random.default_rng(seed)
-
-
-def _model_settings(model, kw) -> _Settings:
-    s = _settings(model.config, **kw)
-    if s.repetition_penalty != 1.0:  # usable with this model's logits (apply_repetition_penalty's Notes)
-        _check_penalty_for_model(s.repetition_penalty, model.params)
-    if s.stop and model.tokenizer is None:
-        raise ValueError("stop strings are matched on decoded text and need a tokenizer; this model has none")
-    not_tokens = _unassigned_ids(model.tokenizer, model.config.vocab_size)
-    if not_tokens is not None:
-        s = replace(s, not_tokens=not_tokens)
-    return s
-
-
-def _make(model, prompt, kw):  # -> (prompt ids [P], settings, ops, rng, n_steps), every check done here
+def decoder(model: GPT2Model, backend="numpy") -> Decoder:
+    """The refimpl.decoding.Decoder of a GPT2Model run by `backend` (a name in BACKENDS or an Ops object)."""
     _check_model(model)
-    backend = kw.pop("backend", "numpy")
-    rng = _rng(kw.pop("seed", None))
-    s = _model_settings(model, kw)
     ops = get_ops(backend)
-    prompt_ids = _prompt_ids(model, prompt)
-    n_steps = _n_steps(model.config, len(prompt_ids), s)
-    return prompt_ids, s, ops, rng, n_steps
+    config, params = model.config, model.params
+    dtype = params.wte.dtype
+
+    def last_logits(h, weights):  # [B, 1, C] -> [B, V] on the host
+        return ops.to_numpy((ops.lm_head or lm_head)(h[:, -1], weights))
+
+    def prefill(weights, ids, cache, attention_mask):  # [B, P] -> [B, V]
+        return last_logits(hidden_states(weights, config, ids, cache=cache, attention_mask=attention_mask, ops=ops,
+                                         last_only=True), weights)
+
+    bos = config.bos_token_id
+    return Decoder(
+        family="GPT-2", vocab_size=config.vocab_size, eos_token_id=config.eos_token_id, bos_token_id=bos,
+        tokenizer=model.tokenizer, bos_text="'<|endoftext|>'", context_limit=config.n_positions,
+        context_name="n_positions", dtype=dtype, logit_bound=lambda: _score_bound(params),
+        bound_reason="final layer norm and tied embedding", prepare=lambda: ops.prepare(params),
+        allocate=lambda B, max_len: KVCache.allocate(config, B, max_len=max_len, dtype=dtype, zeros=ops.zeros),
+        prefill=prefill, step=lambda weights, ids, cache, mask: prefill(weights, ids[:, -1:], cache, mask),
+        first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
+        reorder=lambda cache, rows: cache.reorder(rows))
 
 
-def _text_of(model, ids, s: _Settings) -> str | None:
-    if model.tokenizer is None:
-        return None
-    text = model.tokenizer.decode([t for t in ids if t not in s.eos_ids])
-    cuts = [i for i in (text.find(x) for x in s.stop) if i >= 0]
-    return text[:min(cuts)] if cuts else text
-
+# ----------------------------------------------------------------------------- the entry points
 
 def generate(model: GPT2Model, prompt, *, max_new_tokens: int = 20, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -714,47 +95,16 @@ def generate(model: GPT2Model, prompt, *, max_new_tokens: int = 20, do_sample: b
     Strategy: greedy (default), sampling (do_sample=True with temperature, top_k, top_p;
     `seed` makes it reproducible), or beam search (num_beams > 1, length_penalty,
     early_stopping as Hugging Face). repetition_penalty applies to all of them.
-    eos_token_id defaults to the config's (None: never stop on a token). See the module
-    docstring for stop strings and the context-limit policy. Returns a Generation.
+    eos_token_id defaults to the config's (None: never stop on a token). See refimpl.decoding
+    for stop strings and the context-limit policy (n_positions here). Returns a Generation.
     """
-    kw = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
-              top_p=top_p, repetition_penalty=repetition_penalty, num_beams=num_beams,
-              length_penalty=length_penalty, early_stopping=early_stopping, eos_token_id=eos_token_id,
-              stop=stop, on_context_limit=on_context_limit, backend=backend, seed=seed)
-    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, kw)
-    if s.num_beams > 1:
-        if n_steps == 0:
-            return Generation(prompt_ids.tolist(), [], _text_of(model, [], s),
-                              "context" if s.max_new_tokens else "length", None)
-        ids, score = _beam_search(model, ops, prompt_ids, n_steps, s)
-        reason = "eos" if ids[-1] in s.eos_ids else ("context" if n_steps < s.max_new_tokens else "length")
-        return Generation(prompt_ids.tolist(), ids, _text_of(model, ids, s), reason, score)
-    matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
-    ids, reason = [], ("context" if s.max_new_tokens else "length")
-    for tok, why in _run_one(model, prompt_ids, s, ops, rng, n_steps, matcher):
-        ids.append(tok)
-        reason = why or reason
-    if matcher is not None and reason != "stop":
-        matcher.flush()  # a stop string completed by the held-back bytes of the last token
-        reason = "stop" if matcher.cut is not None else reason
-    return Generation(prompt_ids.tolist(), ids, _text_of(model, ids, s), reason, None)
+    return generate_from(decoder(model, backend), prompt, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                         temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                         num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+                         eos_token_id=eos_token_id, stop=stop, seed=seed, on_context_limit=on_context_limit)
 
 
-_STREAM_DEFAULTS = dict(max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
-                        repetition_penalty=1.0, num_beams=1, length_penalty=1.0, early_stopping=False,
-                        eos_token_id=_DEFAULT, stop=(), on_context_limit="error")
-
-
-def _stream_keywords(caller: str, kw: dict) -> dict:  # the defaults plus kw, whose names generate takes
-    """generate's keywords with their defaults, updated by kw; an unknown name is the TypeError Python
-    gives for a function with these keywords (naming the public function, not a helper)."""
-    for name in kw:
-        if name not in _STREAM_DEFAULTS and name not in ("seed", "backend"):
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
-    return {**_STREAM_DEFAULTS, **kw}
-
-
-def stream(model: GPT2Model, prompt, **kw) -> Iterator[int]:
+def stream(model: GPT2Model, prompt, *, backend="numpy", **kw) -> Iterator[int]:
     """Yield generated token ids one at a time, as `generate(model, prompt, **kw)` makes them.
 
     Same keywords as generate, checked at the call (not at the first `next`). The ids are
@@ -762,14 +112,10 @@ def stream(model: GPT2Model, prompt, **kw) -> Iterator[int]:
     stop string (use stream_text for text that stops before it). Beam search cannot know its
     best beam before the end: with num_beams > 1 the ids come all at once when the search ends.
     """
-    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, _stream_keywords("stream", kw))
-    if s.num_beams > 1:
-        return iter(generate(model, prompt_ids, **kw).ids)
-    matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None
-    return (tok for tok, _ in _run_one(model, prompt_ids, s, ops, rng, n_steps, matcher))
+    return stream_from(decoder(model, backend), prompt, **kw)
 
 
-def stream_text(model: GPT2Model, prompt, **kw) -> Iterator[str]:
+def stream_text(model: GPT2Model, prompt, *, backend="numpy", **kw) -> Iterator[str]:
     """Yield the generated text in chunks as tokens come (needs a tokenizer).
 
     Same keywords as generate, checked at the call; the chunks join to generate's `.text`.
@@ -777,28 +123,7 @@ def stream_text(model: GPT2Model, prompt, **kw) -> Iterator[str]:
     tail of the text that could be the beginning of a stop string; the text ends just before
     the stop string.
     """
-    _check_model(model)
-    if model.tokenizer is None:
-        raise ValueError("stream_text needs a tokenizer, and this model has none; use stream() for ids")
-    prompt_ids, s, ops, rng, n_steps = _make(model, prompt, _stream_keywords("stream_text", kw))
-    if s.num_beams > 1:
-        text = generate(model, prompt_ids, **kw).text
-        return iter([text] if text else [])
-    return _text_chunks(model, prompt_ids, s, ops, rng, n_steps)
-
-
-def _text_chunks(model, prompt_ids, s: _Settings, ops, rng, n_steps: int) -> Iterator[str]:
-    matcher = _StopMatcher(model.tokenizer, s.stop, s.eos_ids)
-    shown = 0
-    for _tok, _ in _run_one(model, prompt_ids, s, ops, rng, n_steps, matcher):
-        end = matcher.safe_end()
-        if end > shown:
-            yield matcher.text[shown:end]
-            shown = end
-    matcher.flush()
-    end = matcher.cut if matcher.cut is not None else len(matcher.text)
-    if end > shown:
-        yield matcher.text[shown:end]
+    return stream_text_from(decoder(model, backend), prompt, **kw)
 
 
 def generate_batch(model: GPT2Model, prompts: Sequence, *, max_new_tokens: int = 20, do_sample: bool = False,
@@ -814,47 +139,7 @@ def generate_batch(model: GPT2Model, prompts: Sequence, *, max_new_tokens: int =
     from one seeded Generator, so a row's samples differ from those of a single-prompt run
     with the same seed. Beam search is single-prompt (use generate).
     """
-    _check_model(model)
-    if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
-        prompts = list(prompts)  # rows of an id matrix [B, P]
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise ValueError("prompts must be a non-empty list of prompts (texts or token-id lists), "
-                         "or a 2-D array of token ids [B, P]")
-    kw = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
-              top_p=top_p, repetition_penalty=repetition_penalty, num_beams=1, length_penalty=1.0,
-              early_stopping=False, eos_token_id=eos_token_id, stop=stop, on_context_limit=on_context_limit)
-    rng = _rng(seed)
-    s = _model_settings(model, kw)
-    ops = get_ops(backend)
-    rows = [_prompt_ids(model, p) for p in prompts]
-    B = len(rows)
-    n_steps = _n_steps(model.config, max(len(r) for r in rows), s)
-    matchers = [_StopMatcher(model.tokenizer, s.stop, s.eos_ids) if s.stop else None for _ in rows]
-    out: list[list[int]] = [[] for _ in rows]
-    reasons: list[str | None] = [None] * B
-    if n_steps:
-        steps = _sample_steps(model, ops, rows, n_steps, s, rng)
-        for nxt in steps:
-            for b in range(B):
-                if reasons[b] is not None:
-                    continue
-                tok = int(nxt[b])
-                out[b].append(tok)
-                if matchers[b] is not None:
-                    matchers[b].push(tok)
-                if tok in s.eos_ids:
-                    reasons[b] = "eos"
-                elif matchers[b] is not None and matchers[b].cut is not None:
-                    reasons[b] = "stop"
-            if all(r is not None for r in reasons):
-                steps.close()
-                break
-    final = "context" if n_steps < s.max_new_tokens else "length"
-    results = []
-    for b in range(B):
-        reason = reasons[b]
-        if reason is None and matchers[b] is not None:
-            matchers[b].flush()
-            reason = "stop" if matchers[b].cut is not None else None
-        results.append(Generation(rows[b].tolist(), out[b], _text_of(model, out[b], s), reason or final))
-    return results
+    return generate_batch_from(decoder(model, backend), prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, stop=stop,
+                               seed=seed, on_context_limit=on_context_limit)

@@ -63,7 +63,7 @@ from .config import LlamaConfig
 from .params import LlamaBlockParams, LlamaParams
 
 __all__ = ["LlamaModel", "KVCache", "LlamaOps", "NUMPY_OPS", "BACKENDS", "get_ops", "no_hook", "embed", "rms_norm",
-           "rope_cos_sin", "attention", "mlp", "block", "hidden_states", "lm_head", "forward", "logits"]
+           "rope_cos_sin", "attention", "mlp", "block", "hidden_states", "prefill", "lm_head", "forward", "logits"]
 
 
 # ----------------------------------------------------------------------------- the loaded model
@@ -381,6 +381,53 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     if cache is not None:
         cache.length = start + T
     return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
+
+
+def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, chunk_size: int | None = None,
+            attention_mask=None, ops: LlamaOps = NUMPY_OPS) -> np.ndarray:  # [B, P] -> [B, 1, C]
+    """A prompt into the cache chunk_size tokens at a time: the last position's h, as hidden_states(last_only=True).
+
+    Shapes: ids [B, P]; attention_mask [B, S] over the cached tokens and the prompt (S =
+    cache.length + P), or None. Returns [B, 1, C]; the cache then holds the prompt's rotated
+    keys and values and cache.length has advanced by P. chunk_size None: one forward.
+    Why the chunks equal one forward: a chunk [s, e) writes its keys and values at [s, e) and its
+    queries read the cache's [0, e) with the mask that one forward gives them (causal, the
+    layer's window and the padding key mask are all functions of the cache indices, queries
+    aligned to the end of the keys), at the positions one forward gives them (from the mask's
+    cumulative sum up to e, else cache indices). A window a chunk boundary cuts still reaches
+    its keys in the earlier chunks' cache entries. The results differ from one forward only by
+    the rounding of products over fewer rows.
+    The exception is RoPE whose frequencies depend on the forward's length (dynamic, longrope:
+    max(positions) + 1, refimpl.llama.model.rope_cos_sin), as each decoding step's do: a chunk
+    that would see other frequencies than the whole prompt is refused (ValueError), before
+    anything is written. Everything is checked for the whole prompt before the first chunk.
+    """
+    if cache is None:
+        raise ValueError("prefill writes a KV cache: pass cache=KVCache.allocate(config, B, max_len)")
+    ids, key_mask, _, start = check_forward_inputs(params, config, ids, cache=cache, attention_mask=attention_mask,
+                                                   positions=None)
+    P = ids.shape[1]
+    chunk = P if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
+    ends = list(range(min(chunk, P), P, chunk)) + [P]
+    if len(ends) > 1:
+        positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
+                     else np.arange(start, start + P)[None, :])  # [B|1, P]
+        rope = config.rope.to_dict()
+
+        def frequencies(n):
+            return scaled_rope_frequencies(config.rotary_dim, max_position_embeddings=config.max_position_embeddings,
+                                           seq_len=n, **rope)
+        whole = frequencies(int(positions.max()) + 1)
+        for s, e in zip([0] + ends, ends):
+            if not np.array_equal(frequencies(int(positions[:, s:e].max()) + 1), whole):
+                raise ValueError(f"chunk_size={chunk} would rotate the chunk [{s}, {e}) with other RoPE frequencies "
+                                 f"than the whole prompt ({P} tokens): rope_type {config.rope.rope_type!r} reads the "
+                                 f"forward's length; prefill it with chunk_size=None")
+    h = None
+    for s, e in zip([0] + ends, ends):
+        h = hidden_states(params, config, ids[:, s:e], cache=cache, ops=ops, last_only=True,
+                          attention_mask=None if key_mask is None else key_mask[:, :start + e])
+    return h
 
 
 def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarray:  # [..., C] -> [..., V]
