@@ -13,6 +13,14 @@ also hold lm_head.weight; it must then equal the embedding. Constant RoPE buffer
 checkpoints carry (self_attn.rotary_emb.inv_freq) are computed from the config instead and
 ignored. Pickled PyTorch checkpoints (pytorch_model.bin, .pt, .pth) are refused: unpickling runs
 arbitrary code. Every failure is a WeightFileError (a ValueError) naming the file.
+
+`save_weights(config, params, path)` writes our format, a directory holding config.json
+(LlamaConfig.to_dict, which Hugging Face's config class of the model_type reads back) and
+model.safetensors (the checkpoint names of LlamaParams.to_checkpoint, metadata format "pt"), so
+that both `load_weights` and Hugging Face's AutoModelForCausalLM.from_pretrained read it.
+`export(source, out_dir)` is load_weights (keeping the stored float dtype) then save_weights,
+with the source's tokenizer files and generation_config.json copied. Both write the folder
+beside its target and swap it in whole (refimpl.gpt2.io.model_folder's rules).
 """
 
 from __future__ import annotations
@@ -29,8 +37,17 @@ from ..safetensors import _gc_paused
 from .config import LlamaConfig
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
-__all__ = ["load_weights", "load_config", "WeightFileError"]
+__all__ = ["load_weights", "load_config", "save_weights", "export", "WeightFileError", "ARCHITECTURES",
+           "COPIED_FILES"]
 
+# model_type -> the Hugging Face *ForCausalLM class that config.json's "architectures" names.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
+# Files export copies from the source folder when it has them: tokenizers (GPT-2-style ones, which
+# refimpl reads, and the SentencePiece tokenizer.model, kept for whoever reads it) and generation defaults.
+COPIED_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "added_tokens.json", "tokenizer.model", "generation_config.json")
 _BUFFER = re.compile(r"model\.layers\.[0-9]{1,9}\.self_attn\.rotary_emb\.inv_freq")
 _PICKLED = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
 _CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code); save the state dict as "
@@ -141,3 +158,50 @@ def _build(config: LlamaConfig, tensors: dict[str, Tensor], dtype) -> LlamaParam
             raise WeightFileError(f"tensor {LM_HEAD!r} differs from 'model.embed_tokens.weight' but config.json "
                                   "says tie_word_embeddings=true")
     return LlamaParams.from_checkpoint(arrays, config, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- save and export
+
+def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=None) -> Path:
+    """Write config.json + model.safetensors of (config, params) to the directory `path`, swapped in whole; return it.
+
+    copy_from: a folder whose COPIED_FILES (tokenizer files, generation_config.json) are copied
+    too. Arrays keep their dtype. An existing `path` must hold only a model's files
+    (refimpl.gpt2.io.model_folder), which are replaced entirely.
+    """
+    import json
+
+    from .._files import read_regular_bytes, write_bytes_atomic, write_text_atomic
+    from ..gpt2.io import model_folder
+    from ..safetensors import save_file
+    from .checks import check_params
+
+    check_params(params, config)
+    tensors = params.to_checkpoint(config)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"save_weights writes a directory; {out} is a file")
+    config_json = json.dumps({**config.to_dict(), "architectures": [ARCHITECTURES[config.model_type]]}, indent=2)
+    with model_folder(out, also=COPIED_FILES) as new:
+        save_file(tensors, new / "model.safetensors", metadata={"format": "pt"})
+        write_text_atomic(new / "config.json", config_json + "\n", fsync=False)
+        for name in COPIED_FILES if copy_from is not None else ():
+            src = Path(copy_from) / name
+            if src.exists():
+                write_bytes_atomic(new / name, read_regular_bytes(src, "file to copy"), fsync=False)
+    return out
+
+
+def export(source, out_dir) -> Path:
+    """Read the LLaMA-family checkpoint `source` (any layout load_weights reads) and write it to out_dir in our format.
+
+    Float tensors keep their stored dtype (bfloat16 widened exactly to float32). The output is
+    save_weights': config.json + model.safetensors, plus the source folder's COPIED_FILES.
+    out_dir is checked before the source is read (a refused folder does not wait for the read).
+    """
+    from ..gpt2.io import check_model_folder
+
+    src, out = Path(source), Path(out_dir)
+    check_model_folder(out, also=COPIED_FILES)
+    config, params = load_weights(src, dtype=None)
+    return save_weights(config, params, out, copy_from=src if src.is_dir() else src.parent)
