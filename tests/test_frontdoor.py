@@ -265,3 +265,35 @@ def test_export_copies_the_tokenizer_and_refuses_a_folder_of_other_files(llama_w
     with pytest.raises(ValueError, match="notes.txt"):
         export(d, tmp_path / "busy")
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("case", ["llama", "phi3"])  # tied head (its lm_head.weight is in the state dict); fused
+def test_export_reads_a_pickled_checkpoint_on_request(case, tmp_path_factory, tmp_path):
+    """A folder holding only pytorch_model.bin + config.json (and such a file itself) exports, through
+    torch.load(weights_only=True), to the model the safetensors folder holds."""
+    import torch
+
+    hf, d = llama_dir(case, tmp_path_factory)
+    src = tmp_path / "pickled"
+    src.mkdir()
+    shutil.copy(d / "config.json", src / "config.json")
+    torch.save(hf.state_dict(), src / "pytorch_model.bin")
+    with pytest.raises(WeightFileError, match="never unpickles.*refimpl export"):
+        refimpl.load(src)
+    ids = rand_ids((2, T))
+    want = refimpl.logits(refimpl.load(d), ids)
+    for source, out in ((src, tmp_path / "a"), (src / "pytorch_model.bin", tmp_path / "b")):
+        assert np.array_equal(refimpl.logits(refimpl.load(export(source, out)), ids), want)
+
+
+def test_export_refuses_a_pickle_of_more_than_tensors(tmp_path_factory, tmp_path):
+    import torch
+
+    _, d = llama_dir("mistral", tmp_path_factory)
+    src = tmp_path / "pickled"
+    src.mkdir()
+    shutil.copy(d / "config.json", src / "config.json")
+    torch.save({"model.norm.weight": torch.zeros(48), "step": Path("x")}, src / "pytorch_model.bin")
+    with pytest.raises(WeightFileError, match="not a plain state dict of tensors"):
+        export(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

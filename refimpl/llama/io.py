@@ -25,6 +25,7 @@ beside its target and swap it in whole (refimpl.gpt2.io.model_folder's rules).
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import ExitStack
 from pathlib import Path
@@ -52,7 +53,7 @@ _BUFFER = re.compile(r"model\.layers\.[0-9]{1,9}\.self_attn\.rotary_emb\.inv_fre
 _PICKLED = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
 _CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code); save the state dict as "
             "safetensors where you trust it (`model.save_pretrained(DIR, safe_serialization=True)` in "
-            "transformers) and load that")
+            "transformers, or `python -m refimpl export --model DIR --out NEW_DIR`) and load that")
 
 
 def load_config(path) -> LlamaConfig:
@@ -103,9 +104,7 @@ def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> d
         if pickled:
             raise WeightFileError(f"holds only the pickled PyTorch checkpoint {pickled[0]}. {_CONVERT}")
         raise WeightFileError(f"no weights found: looked for model.safetensors and {INDEX_NAME}")
-    with open_weights(path) as f:
-        head = f.read(9)
-    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":
+    if _is_pickle(path):
         raise WeightFileError(f"is a pickled (or zipped) PyTorch checkpoint, not safetensors. {_CONVERT}")
     _, raw = safetensors_source(path, stack, mmap)
     return _canonical(raw)
@@ -193,15 +192,52 @@ def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=No
 
 
 def export(source, out_dir) -> Path:
-    """Read the LLaMA-family checkpoint `source` (any layout load_weights reads) and write it to out_dir in our format.
+    """Read the LLaMA-family checkpoint `source` and write it to out_dir in our format; return out_dir.
 
-    Float tensors keep their stored dtype (bfloat16 widened exactly to float32). The output is
-    save_weights': config.json + model.safetensors, plus the source folder's COPIED_FILES.
-    out_dir is checked before the source is read (a refused folder does not wait for the read).
+    source: any layout load_weights reads (float tensors keep their stored dtype, bfloat16
+    widened exactly to float32), or, on this explicit request only, a pickled PyTorch
+    checkpoint: a folder holding only pytorch_model.bin (or model.pt / .pth / .ckpt) beside its
+    config.json, or such a file itself, read with torch.load(weights_only=True) and widened to
+    float32 (refimpl.checkpoint.read_pickled_state_dict). The output is save_weights':
+    config.json + model.safetensors, plus the source folder's COPIED_FILES. out_dir is checked
+    before the source is read (a refused folder does not wait for the read).
     """
+    from ..checkpoint import read_pickled_state_dict
     from ..gpt2.io import check_model_folder
 
     src, out = Path(source), Path(out_dir)
     check_model_folder(out, also=COPIED_FILES)
-    config, params = load_weights(src, dtype=None)
-    return save_weights(config, params, out, copy_from=src if src.is_dir() else src.parent)
+    folder = src if src.is_dir() else src.parent
+    pickled = _pickled_source(src)
+    if pickled is None:
+        config, params = load_weights(src, dtype=None)
+    else:
+        def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams]:
+            config = load_config(path)
+            return config, _build(config, _canonical(read_pickled_state_dict(pickled, folder / "config.json")), None)
+
+        config, params = read_checkpoint(src, None, read)
+    return save_weights(config, params, out, copy_from=folder)
+
+
+def _pickled_source(src: Path) -> Path | None:
+    """The pickled checkpoint export should read at `src`: a folder's only weights file, or the file itself; else None."""
+    if src.is_dir():
+        if (src / "model.safetensors").exists() or (src / INDEX_NAME).exists():
+            return None
+        return next((src / n for n in _PICKLED if (src / n).is_file()), None)
+    return src if src.is_file() and _is_pickle(src) else None
+
+
+def _is_pickle(path: Path) -> bool:
+    """True for a pickle (first byte 0x80, the PROTO opcode) or a zip (torch.save's default), by the first bytes.
+
+    A safetensors file starts with its header's length N (8 bytes, little-endian) and then '{';
+    its first byte is 0x80 for one N in 256, so that layout is recognised first.
+    """
+    with open_weights(path) as f:
+        head = f.read(9)
+        size = os.fstat(f.fileno()).st_size
+    if head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8:
+        return False
+    return head[:1] == b"\x80" or head[:4] == b"PK\x03\x04"
