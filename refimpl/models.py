@@ -32,6 +32,7 @@ files copied) for GPT-2 (refimpl.gpt2.io.export) and the LLaMA family (refimpl.l
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -197,7 +198,8 @@ def logits(model, ids, *, backend: str = "numpy", attention_mask=None) -> np.nda
         from .llama.model import logits as llama_logits
 
         return llama_logits(model, ids, backend=backend, attention_mask=attention_mask)
-    if type(model).__name__ == "BertModel" and type(model).__module__.startswith("refimpl.bert"):
+    bert = sys.modules.get("refimpl.bert.model")  # a BertModel exists only once that module is imported
+    if bert is not None and isinstance(model, bert.BertModel):
         raise TypeError("a BertModel is an encoder without a language-model head, so it has no next-token logits: "
                         "use refimpl.bert.embed(model, sentences) or refimpl.bert.hidden_states")
     raise TypeError(f"model must be a GPT2Model or a LlamaModel (from refimpl.load); got {type(model).__name__}")

@@ -298,3 +298,17 @@ def test_inspect_refuses_an_encoder(capsys, tmp_path):
         pytest.skip(f"all-MiniLM-L6-v2 is not fetched here ({e})")
     assert main(["inspect", "lens", "--model", str(d), "--out", str(tmp_path), "--ids", "1 2"]) == 2
     assert "inspect looks inside decoders" in capsys.readouterr().err
+
+
+def test_inspect_a_llama_folder_with_a_tokenizer_takes_text(llama_dirs, tmp_path, capsys):
+    import json
+
+    import refimpl
+
+    _, d = llama_dirs
+    out = tmp_path / "lens"
+    assert main(["inspect", "lens", "--model", str(d), "--out", str(out), "--text", "My lord, I love thee"]) == 0
+    model = refimpl.load(d)
+    ids = model.tokenizer.encode("My lord, I love thee")
+    data = json.loads((out / "lens.json").read_text())
+    assert data["ids"] == ids and data["tokens"] == [model.tokenizer.decode([i]) for i in ids]
