@@ -297,3 +297,27 @@ def test_export_refuses_a_pickle_of_more_than_tensors(tmp_path_factory, tmp_path
     with pytest.raises(WeightFileError, match="not a plain state dict of tensors"):
         export(src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_with_more_ids_than_the_model_is_an_error(tmp_path_factory, bpe_files, tmp_path):
+    _, d = llama_dir("mistral", tmp_path_factory)  # V = 97, the tokenizer has about 290 ids
+    shutil.copytree(d, tmp_path / "m")
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(bpe_files[0] / name, tmp_path / "m" / name)
+    with pytest.raises(ValueError, match="vocab_size is 97: it belongs to another model"):
+        refimpl.load(tmp_path / "m")
+
+
+def test_export_keeps_half_precision_as_stored(tmp_path_factory, tmp_path):
+    """float16 tensors are written as float16 (bit for bit), and transformers reads the export."""
+    import transformers
+
+    src = tmp_path / "half"
+    hf_llama("qwen3").half().save_pretrained(src)
+    out = export(src, tmp_path / "out")
+    _, stored = load_weights(src, dtype=None)
+    _, written = load_weights(out, dtype=None)
+    assert written.embed.dtype == np.float16 and np.array_equal(written.embed, stored.embed)
+    assert np.array_equal(written.blocks[3].attn.q.w, stored.blocks[3].attn.q.w)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="float16")
+    assert np.array_equal(back.model.embed_tokens.weight.detach().numpy(), stored.embed)
