@@ -153,15 +153,43 @@ def tokenizer_absence(directory) -> str | None:
         except (ValueError, OSError):
             return None  # broken: the loader's error names it
         if isinstance(data, dict):
-            model, pre, norm = data.get("model"), data.get("pre_tokenizer"), data.get("normalizer")
-            kind = model.get("type", "BPE") if isinstance(model, dict) else None
-            pre_kind = pre.get("type") if isinstance(pre, dict) else pre
-            if kind != "BPE" or pre_kind not in (None, "ByteLevel") or norm is not None:
-                parts = [f"model {kind!r:.30}"] + ([f"pre_tokenizer {pre_kind!r:.30}"] if pre_kind else []) + (
-                    [f"normalizer {norm.get('type') if isinstance(norm, dict) else norm!r:.30}"] if norm else [])
-                return (f"{d / 'tokenizer.json'}: a tokenizer of another kind ({', '.join(parts)}); refimpl reads "
-                        "GPT-2's byte-level BPE only (model BPE, pre_tokenizer ByteLevel, no normalizer)")
+            other = _other_kind(data)
+            if other:
+                return (f"{d / 'tokenizer.json'}: a tokenizer of another kind ({', '.join(other)}); refimpl reads "
+                        "GPT-2's byte-level BPE only (model BPE, pre_tokenizer ByteLevel, no normalizer, no "
+                        "tokens added to every encoding)")
     return None
+
+
+def _other_kind(data: dict) -> list[str]:
+    """What makes a tokenizer.json's tokenizer other than GPT-2's byte-level BPE ([] if nothing): its model type,
+    pre-tokenizer, normalizer, a post-processor that adds tokens (a BOS), or BPE options GPT-2 does not use."""
+    from .gpt2.tokenizer import _adds_no_tokens
+
+    model, pre, norm = data.get("model"), data.get("pre_tokenizer"), data.get("normalizer")
+    model = model if isinstance(model, dict) else {}
+    kind = model.get("type", "BPE")
+    pre_kind = pre.get("type") if isinstance(pre, dict) else pre
+    norm_kind = norm.get("type") if isinstance(norm, dict) else norm
+    found = []
+    if kind != "BPE":
+        found.append(f"model {kind!r:.30}")
+    if pre_kind not in (None, "ByteLevel"):
+        found.append(f"pre_tokenizer {pre_kind!r:.30}")
+    elif isinstance(pre, dict) and (pre.get("add_prefix_space") or pre.get("use_regex") is False):
+        found.append(f"ByteLevel with add_prefix_space={pre.get('add_prefix_space')}, use_regex={pre.get('use_regex')}")
+    decoder = data.get("decoder")
+    if decoder is not None and not (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"):
+        found.append(f"decoder {decoder.get('type') if isinstance(decoder, dict) else decoder!r:.30}")
+    if norm is not None:
+        found.append(f"normalizer {norm_kind!r:.30}")
+    if not _adds_no_tokens(data.get("post_processor")):
+        found.append("a post_processor that adds tokens")
+    for key, off in (("continuing_subword_prefix", (None, "")), ("end_of_word_suffix", (None, "")),
+                     ("byte_fallback", (None, False)), ("dropout", (None, 0, 0.0)), ("unk_token", (None,))):
+        if model.get(key) not in off:
+            found.append(f"model.{key} {model.get(key)!r:.30}")
+    return found
 
 
 def llama_tokenizer(directory, vocab_size: int):

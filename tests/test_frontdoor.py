@@ -321,3 +321,23 @@ def test_export_keeps_half_precision_as_stored(tmp_path_factory, tmp_path):
     assert np.array_equal(written.blocks[3].attn.q.w, stored.blocks[3].attn.q.w)
     back = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="float16")
     assert np.array_equal(back.model.embed_tokens.weight.detach().numpy(), stored.embed)
+
+
+def test_hugging_face_tokenizer_json_of_gpt2s_kind_is_read_and_one_adding_a_bos_is_not(llama_with_tokenizer, tmp_path):
+    """transformers' own GPT-2 tokenizer files (tokenizer.json, tokenizer_config.json) in a LLaMA folder are read;
+    the same tokenizer.json with a post-processor prepending a BOS is of another kind: tokenizer None, and why."""
+    import transformers
+
+    _, src = llama_with_tokenizer
+    d = tmp_path / "m"
+    shutil.copytree(src, d)
+    transformers.GPT2TokenizerFast.from_pretrained(str(d)).save_pretrained(d)
+    assert (d / "tokenizer.json").is_file()
+    model = refimpl.load(d)
+    assert model.tokenizer is not None and model.tokenizer.encode("my lord") == refimpl.load(src).tokenizer.encode("my lord")
+    data = json.loads((d / "tokenizer.json").read_text())
+    data["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                       {"Sequence": {"id": "A", "type_id": 0}}]}
+    (d / "tokenizer.json").write_text(json.dumps(data))
+    assert refimpl.load(d).tokenizer is None
+    assert "a post_processor that adds tokens" in tokenizer_absence(d)
