@@ -19,7 +19,14 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Decoder", "decoder_of", "decoder_for_config"]
+from ..gpt2 import model as gpt2_model
+from ..gpt2.config import GPT2Config
+from ..llama import checks as llama_checks
+from ..llama import model as llama_model
+from ..llama.config import LlamaConfig
+from ..norms import layer_norm
+
+__all__ = ["Decoder", "GPT2", "LLAMA", "decoder_of", "decoder_for_config", "as_batch"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +52,6 @@ class Decoder:
 
 
 def _gpt2() -> Decoder:
-    from ..gpt2.model import KVCache, check_token_ids, hidden_states, lm_head
-    from ..norms import layer_norm
-
     return Decoder(
         family="gpt2",
         block_points=("resid_pre", "attn.q", "attn.k", "attn.v", "attn.weights", "attn.out",
@@ -56,19 +60,16 @@ def _gpt2() -> Decoder:
         n_layers=lambda c: c.n_layer,
         width=lambda c: c.n_embd,
         context=lambda c: c.n_positions,
-        check_ids=check_token_ids,
-        hidden_states=hidden_states,
-        lm_head=lambda m, h: lm_head(h, m.params),
+        check_ids=gpt2_model.check_token_ids,
+        hidden_states=gpt2_model.hidden_states,
+        lm_head=lambda m, h: gpt2_model.lm_head(h, m.params),
         final_norm=lambda m, r: layer_norm(r, m.params.ln_f.g, m.params.ln_f.b, eps=m.config.layer_norm_epsilon),
-        allocate_cache=lambda m, B, n: KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
+        allocate_cache=lambda m, B, n: gpt2_model.KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
         dtype=lambda p: p.wte.dtype,
     )
 
 
 def _llama() -> Decoder:
-    from ..llama.checks import check_token_ids, context_limit
-    from ..llama.model import KVCache, hidden_states, lm_head, rms_norm
-
     return Decoder(
         family="llama",
         block_points=("resid_pre", "attn.q", "attn.k", "attn.v", "attn.q_rot", "attn.k_rot", "attn.weights",
@@ -76,46 +77,35 @@ def _llama() -> Decoder:
         final_point="norm.out",
         n_layers=lambda c: c.num_hidden_layers,
         width=lambda c: c.hidden_size,
-        context=context_limit,
-        check_ids=check_token_ids,
-        hidden_states=hidden_states,
-        lm_head=lambda m, h: lm_head(h, m.params, m.config),
-        final_norm=lambda m, r: rms_norm(r, m.params.norm, m.config),
-        allocate_cache=lambda m, B, n: KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
+        context=llama_checks.context_limit,
+        check_ids=llama_checks.check_token_ids,
+        hidden_states=llama_model.hidden_states,
+        lm_head=lambda m, h: llama_model.lm_head(h, m.params, m.config),
+        final_norm=lambda m, r: llama_model.rms_norm(r, m.params.norm, m.config),
+        allocate_cache=lambda m, B, n: llama_model.KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
         dtype=lambda p: p.dtype,
     )
 
 
-_MADE: dict[str, Decoder] = {}
-
-
-def _get(family: str) -> Decoder:
-    if family not in _MADE:
-        _MADE[family] = _gpt2() if family == "gpt2" else _llama()
-    return _MADE[family]
+GPT2 = _gpt2()
+LLAMA = _llama()
 
 
 def decoder_for_config(config) -> Decoder:
     """The Decoder of a GPT2Config or a LlamaConfig (TypeError for anything else)."""
-    from ..gpt2.config import GPT2Config
-    from ..llama.config import LlamaConfig
-
     if isinstance(config, GPT2Config):
-        return _get("gpt2")
+        return GPT2
     if isinstance(config, LlamaConfig):
-        return _get("llama")
+        return LLAMA
     raise TypeError(f"config must be a GPT2Config or a LlamaConfig; got {type(config).__name__}")
 
 
 def decoder_of(model) -> Decoder:
     """The Decoder of a GPT2Model or a LlamaModel (TypeError naming what came otherwise)."""
-    from ..gpt2.model import GPT2Model
-    from ..llama.model import LlamaModel
-
-    if isinstance(model, GPT2Model):
-        return _get("gpt2")
-    if isinstance(model, LlamaModel):
-        return _get("llama")
+    if isinstance(model, gpt2_model.GPT2Model):
+        return GPT2
+    if isinstance(model, llama_model.LlamaModel):
+        return LLAMA
     raise TypeError(f"model must be a GPT2Model or a LlamaModel (from refimpl.load); got {type(model).__name__}")
 
 
