@@ -19,9 +19,9 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
 
 Tokenizer of a LLaMA-family model (`llama_tokenizer`): the one tokenizer format refimpl reads
 today is GPT-2's byte-level BPE (refimpl.gpt2.tokenizer). A directory whose tokenizer is of
-another kind (a SentencePiece tokenizer.model, a tokenizer.json with a normalizer or a
-non-ByteLevel pre-tokenizer, a tokenizer_config.json naming another tokenizer class) gets
-tokenizer None, and prompts are then token ids; `tokenizer_absence(directory)` says why in
+another kind (a SentencePiece tokenizer.model, a tokenizer.json with a normalizer, a
+non-ByteLevel pre-tokenizer or a post-processor that adds a BOS, a tokenizer_config.json naming
+another tokenizer class; `_other_kind` lists every kind) gets tokenizer None, and prompts are then token ids; `tokenizer_absence(directory)` says why in
 one sentence. Tokenizer files that claim to be GPT-2's but are broken are an error naming the
 file, as for GPT-2.
 
