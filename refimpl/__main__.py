@@ -132,15 +132,31 @@ def cmd_generate(args) -> int:
 
 # ----------------------------------------------------------------------------- tokenize
 
+def _llama_tokenizer(path: Path):
+    """The tokenizer of a LLaMA-family model folder (refimpl.models.llama_tokenizer), or a UsageError saying what is missing."""
+    from refimpl.llama.io import load_config
+    from refimpl.models import llama_tokenizer, tokenizer_absence
+
+    why = tokenizer_absence(path)
+    if why is not None:
+        raise UsageError(f"{why}. Without a tokenizer, give prompts as token ids: generate --ids '1 2 3', "
+                         "inspect ... --ids '1 2 3'")
+    return llama_tokenizer(path, load_config(path).vocab_size)
+
+
 def cmd_tokenize(args) -> int:
     from refimpl.gpt2 import load_tokenizer
 
     from refimpl.gpt2 import DEFAULT_MODEL_DIR
+    from refimpl.models import family_of
 
     path = Path(args.model) if args.model is not None else DEFAULT_MODEL_DIR
     if path.is_file() and path.suffix in (".safetensors", ".npz", ".bin"):  # a weights file: its directory's tokenizer
         path = path.parent                                                       # (as `generate --model FILE` finds it)
-    tok = load_tokenizer(path)
+    if path.is_dir() and family_of(path) == "llama":
+        tok = _llama_tokenizer(path)
+    else:
+        tok = load_tokenizer(path)
     ids = tok.encode(args.text, allowed_special="all" if args.allow_special else ())
     print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
@@ -151,7 +167,7 @@ def cmd_tokenize(args) -> int:
 # ----------------------------------------------------------------------------- export
 
 def cmd_export(args) -> int:
-    from refimpl.gpt2.io import export
+    from refimpl.models import export
 
     out = export(args.model, args.out)
     print(f"wrote {out}")
@@ -220,13 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("tokenize", help="print the token ids and pieces of a text")
-    t.add_argument("--model", help="a model directory, weights file or tokenizer file (default: the shipped model's)")
+    t.add_argument("--model", help="a model directory (GPT-2 or LLaMA family), weights file or tokenizer file "
+                   "(default: the shipped model's)")
     t.add_argument("text")
     t.add_argument("--allow-special", action="store_true", help="treat special-token text as special tokens")
     t.set_defaults(func=cmd_tokenize)
 
-    e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model")
-    e.add_argument("--model", required=True, help="a local Hugging Face directory, or a hub name (needs a network)")
+    e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model: "
+                       "GPT-2 or the LLaMA family")
+    e.add_argument("--model", required=True, help="a local Hugging Face directory (GPT-2, or a LLaMA-family "
+                   "model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3), or a GPT-2 hub name "
+                   "(needs a network)")
     e.add_argument("--out", required=True, help="output directory")
     e.set_defaults(func=cmd_export)
 
@@ -241,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("embed", help="sentence embeddings with all-MiniLM-L6-v2 (see: python -m refimpl embed --help)",
                    add_help=False)
 
-    sub.add_parser("inspect", help="look inside a GPT-2: lens, attention, sinks, streaming, steer, patch, "
+    sub.add_parser("inspect", help="look inside a GPT-2 or LLaMA-family model: lens, attention, sinks, streaming, "
+                   "steer, patch, "
                    "encodings (see: python -m refimpl inspect --help)", add_help=False)
     sub.add_parser("compare", help="is my port right? compare its activations with the reference's, point by point "
                    "(see: python -m refimpl compare --help)", add_help=False)

@@ -10,6 +10,7 @@ and a file's failure is one `WeightFileError` naming the file and the tensor or 
     config_object(text, where)              a config.json's text -> dict (JSON object, no NaN)
     npz_member_header(zip, member)          a .npy member's shape and dtype, checked against its size
     npz_read(zip, member)                   that member's array (never a pickle)
+    read_pickled_state_dict(file, config)   a pickled PyTorch state dict (export only, on request)
 
 Only regular files are read (a FIFO or device in a model's place is refused at once: reading
 one could block forever); a shard is opened only while its header or one tensor is read, so a
@@ -32,7 +33,8 @@ from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, saf
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
-           "INDEX_NAME", "NPZ_ERRORS", "npz_member_header", "npz_read"]
+           "INDEX_NAME", "NPZ_ERRORS", "npz_member_header", "npz_read", "torch_state_dict_tensors",
+           "read_pickled_state_dict"]
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -219,3 +221,71 @@ def npz_read(z: zipfile.ZipFile, member: str) -> np.ndarray:
         raise
     except NPZ_ERRORS as e:
         raise WeightFileError(f"npz entry {member!r} cannot be read: {type(e).__name__}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- pickled PyTorch checkpoints (export only)
+
+def torch_state_dict_tensors(sd, where: str) -> dict[str, Tensor]:
+    """A torch state dict (name -> tensor) as Tensors of NumPy arrays, floating point widened to float32."""
+    import torch
+    if not isinstance(sd, dict):
+        raise WeightFileError(f"{where} does not hold a state dict (name -> tensor); got {type(sd).__name__}")
+    out = {}
+    for name, t in sd.items():
+        if not (isinstance(name, str) and isinstance(t, torch.Tensor)):
+            raise WeightFileError(f"{where}: entry {name!r} is not a named tensor")
+        t = t.detach().cpu()
+        a = t.to(torch.float32).numpy() if t.is_floating_point() else t.numpy()
+        out[name] = Tensor(tuple(a.shape), (lambda a=a: a), a.dtype.kind)
+    return out
+
+
+def read_pickled_state_dict(file: Path, config_json: Path) -> dict[str, Tensor]:
+    """The one place a pickle is read: torch.load(weights_only=True), for an export the user asked for.
+
+    Needs PyTorch and the model's config.json (`config_json`, checked to exist first); a pickle
+    holding more than tensors is refused, naming what it refers to.
+    """
+    import pickle
+    import warnings
+
+    try:
+        import torch
+    except ImportError:
+        raise WeightFileError(f"{file}: exporting a pickled PyTorch checkpoint needs PyTorch "
+                              "(pip install torch)") from None
+    if not config_json.exists():
+        raise WeightFileError(f"{file}: needs the model's config.json beside it ({config_json} not found)")
+    try:
+        with open_weights(file) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own notes (e.g. on the pickle protocol) are not ours
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+    except NotARegularWeightFile:
+        raise
+    except pickle.UnpicklingError as e:  # an object other than tensors, or not a pickle at all
+        raise WeightFileError(_pickle_refusal(file, e)) from None
+    except Exception as e:  # torch raises many types for a broken file; one line of what it said
+        raise WeightFileError(f"{file}: cannot be read as a PyTorch checkpoint: {type(e).__name__}: "
+                              f"{_first_line(e)}") from None
+    return torch_state_dict_tensors(sd, str(file))
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of what torch said, unless it is advice about weights_only (never repeated)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines or "weights_only" in lines[0]:
+        return "(not a readable checkpoint)"
+    return lines[0][:200]
+
+
+def _pickle_refusal(file: Path, e: Exception) -> str:
+    """One line: the pickle holds more than tensors, so refimpl does not read it. What torch says
+    after its weights-only refusal (how to load the file anyway, by running its code) is left out;
+    only the name of the object it met, when it gives one, is kept."""
+    import re
+
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+    what = f" (it refers to {found[1]})" if found else ""
+    return (f"{file}: refused: it is not a plain state dict of tensors{what}, and refimpl never unpickles "
+            "arbitrary objects (unpickling can run any code). Save its tensors as safetensors where "
+            "you trust the file, and export that")

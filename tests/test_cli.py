@@ -181,3 +181,134 @@ def test_verify_numba_prints_a_passing_table(capsys):
                  "decode_attention"):
         assert name in out
     assert " 0 failed" in out
+
+
+# ----------------------------------------------------------------------------- the LLaMA family
+
+@pytest.fixture(scope="module")
+def llama_dirs(tmp_path_factory):
+    """(a random gemma2 folder without a tokenizer, a random qwen2 folder with a GPT-2-style BPE tokenizer)."""
+    from llama_oracle import hf_llama
+    from refimpl.gpt2.bpe_train import save_bpe, train_bpe
+
+    bare = tmp_path_factory.mktemp("gemma2")
+    hf_llama("gemma2").save_pretrained(bare)
+    tok = tmp_path_factory.mktemp("qwen2_tok")
+    vocab = train_bpe(["My lord, I love thee; I come to bury Caesar, not to praise him. " * 4], 290)
+    save_bpe(tok, vocab)
+    hf_llama("qwen2", vocab_size=len(vocab.encoder()) + len(vocab.special_tokens)).save_pretrained(tok)
+    return bare, tok
+
+
+def test_tokenize_a_llama_folder_with_a_tokenizer_refimpl_reads(llama_dirs, capsys):
+    import refimpl
+
+    _, d = llama_dirs
+    assert main(["tokenize", "--model", str(d), "My lord, I love thee"]) == 0
+    ids = refimpl.load(d).tokenizer.encode("My lord, I love thee")
+    out = capsys.readouterr().out
+    assert f"{len(ids)} tokens" in out and "ids:    " + " ".join(map(str, ids)) in out
+
+
+def test_tokenize_a_llama_folder_without_one_names_what_is_missing(llama_dirs, tmp_path, capsys):
+    bare, _ = llama_dirs
+    assert main(["tokenize", "--model", str(bare), "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bare}: no tokenizer refimpl reads") and "vocab.json + merges.txt" in err
+    assert "--ids '1 2 3'" in err and "Traceback" not in err and err.count("\n") == 1
+    (tmp_path / "sp").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "sp" / name).write_bytes((bare / name).read_bytes())
+    (tmp_path / "sp" / "tokenizer.model").write_bytes(b"\x0a\x05hello")
+    assert main(["tokenize", "--model", str(tmp_path / "sp"), "hello"]) == 2
+    assert "tokenizer.model, a SentencePiece model" in capsys.readouterr().err
+
+
+def test_export_a_llama_folder_then_load_it(llama_dirs, tmp_path, capsys):
+    import refimpl
+
+    _, d = llama_dirs
+    out = tmp_path / "ours"
+    assert main(["export", "--model", str(d), "--out", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert {"config.json", "model.safetensors", "vocab.json", "merges.txt"} <= {p.name for p in out.iterdir()}
+    ids = np.arange(10) % 50
+    assert np.array_equal(refimpl.logits(refimpl.load(out), ids), refimpl.logits(refimpl.load(d), ids))
+
+
+@pytest.mark.parametrize("sub, extra, files", [
+    ("lens", ["--ids", "5 6 7 8 9 10"], ["lens.png", "lens.json"]),
+    ("attention", ["--ids", "5 6 7 8 9 10 11 12"], ["attention.png", "attention.json"]),
+    ("sinks", ["--ids", " ".join(map(str, range(3, 23))), "--k", "2"], ["sinks.png", "sinks.json"]),
+    ("steer", ["--pos-ids", "1 2 3", "--pos-ids", "4 5", "--neg-ids", "7 8 9", "--prompt-ids", "10 11",
+               "--target", "12", "--alpha", "2", "--max-new-tokens", "3"], ["steer.png", "steer.json"]),
+    ("patch", ["--source-ids", "10 11 12 13", "--target-ids", "10 11 14 13", "--answer-a", "3",
+               "--answer-b", "4"], ["patch.png", "patch.json"]),
+])
+def test_inspect_a_llama_folder_without_a_tokenizer_by_ids(sub, extra, files, llama_dirs, tmp_path, capsys):
+    import json
+
+    import refimpl
+    from refimpl.interp import attention_weights, logit_lens
+
+    bare, _ = llama_dirs
+    out = tmp_path / sub
+    assert main(["inspect", sub, "--model", str(bare), "--out", str(out)] + extra) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    for f in files:
+        assert (out / f).stat().st_size > 100 and f"wrote {out / f}" in printed
+    model = refimpl.load(bare)
+    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    if sub == "lens":
+        data = json.loads((out / "lens.json").read_text())
+        lens = logit_lens(model, [5, 6, 7, 8, 9, 10])
+        assert len(data["rows"]) == L + 1 and data["top_ids"][-1] == [list(np.argsort(-r, kind="stable")[:5])
+                                                                      for r in lens[-1]]
+    if sub == "attention":
+        w = np.array(json.loads((out / "attention.json").read_text())["weights"])
+        assert w.shape == (L, H, 8, 8) and np.max(np.abs(w - attention_weights(model, range(5, 13)))) <= 1e-5
+    if sub == "steer":
+        data = json.loads((out / "steer.json").read_text())
+        assert data["layer"] == L // 2 and data["prompt"] == [10, 11] and len(data["generations"]["2.0"]) == 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["inspect", "lens", "--text", "hello"], "no tokenizer refimpl reads; it reads GPT-2-style"),
+    (["inspect", "lens", "--text", "hello"], "give the input as token ids with --ids"),
+    (["inspect", "steer", "--pos", "I love"], "with --pos-ids"),
+    (["inspect", "steer", "--pos-ids", "1 2", "--neg-ids", "3"], "with --prompt-ids"),
+    (["inspect", "steer", "--pos-ids", "1 2", "--neg-ids", "3", "--prompt-ids", "4"],
+     "--target must be a token id (this model has no tokenizer)"),
+    (["inspect", "patch"], "with --source-ids"),
+    (["inspect", "streaming", "--ids", "1 2 3"], "streaming is implemented for GPT-2"),
+])
+def test_inspect_a_llama_folder_errors_name_the_flag(argv, message, llama_dirs, tmp_path, capsys):
+    bare, _ = llama_dirs
+    assert main(argv[:2] + ["--model", str(bare), "--out", str(tmp_path / "o")] + argv[2:]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_inspect_refuses_an_encoder(capsys, tmp_path):
+    from refimpl import bert
+
+    try:
+        d = bert.default_model_dir()
+    except FileNotFoundError as e:
+        pytest.skip(f"all-MiniLM-L6-v2 is not fetched here ({e})")
+    assert main(["inspect", "lens", "--model", str(d), "--out", str(tmp_path), "--ids", "1 2"]) == 2
+    assert "inspect looks inside decoders" in capsys.readouterr().err
+
+
+def test_inspect_a_llama_folder_with_a_tokenizer_takes_text(llama_dirs, tmp_path, capsys):
+    import json
+
+    import refimpl
+
+    _, d = llama_dirs
+    out = tmp_path / "lens"
+    assert main(["inspect", "lens", "--model", str(d), "--out", str(out), "--text", "My lord, I love thee"]) == 0
+    model = refimpl.load(d)
+    ids = model.tokenizer.encode("My lord, I love thee")
+    data = json.loads((out / "lens.json").read_text())
+    assert data["ids"] == ids and data["tokens"] == [model.tokenizer.decode([i]) for i in ids]

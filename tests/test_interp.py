@@ -582,3 +582,142 @@ def test_library_checks_of_the_interp_tools(m64):
         steered_generate(m64, [1, 2], d, layer=0, alpha=1.0, max_new_tokens=-3)
     with pytest.raises(ValueError, match="alpha must be a finite number"):
         steered_logprobs(m64, [1, 2], d, layer=0, alpha=float("nan"))
+
+
+# ----------------------------------------------------------------------------- the LLaMA family
+
+LLAMA_T = 12  # longer than every case's sliding window
+
+
+@pytest.fixture(scope="module")
+def llama_models(tmp_path_factory):
+    """case -> (Hugging Face model float32, our LlamaModel float64, our LlamaModel float32), read from save_pretrained."""
+    from llama_oracle import CASES, hf_llama
+
+    import refimpl
+
+    out = {}
+    for case in CASES:
+        hf = hf_llama(case)
+        d = tmp_path_factory.mktemp(f"interp_{case}")
+        hf.save_pretrained(d)
+        out[case] = hf, refimpl.load(d, dtype=np.float64), refimpl.load(d)
+    return out
+
+
+LLAMA_CASES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma2_tight_caps", "phi3")
+
+
+@pytest.mark.parametrize("case", LLAMA_CASES)
+def test_llama_capture_of_every_hook_point_leaves_the_logits_bit_for_bit(case, llama_models):
+    """With every hook point captured (attn.weights included, which makes the weights explicit) the logits are the
+    plain forward's exactly, in float32 and float64: the hooked attention is the same arithmetic."""
+    import refimpl
+
+    _, m64, m32 = llama_models[case]
+    ids = ids_of(LLAMA_T, V=97)
+    c = m64.config
+    for model in (m64, m32):
+        z, acts = run_with_cache(model, ids)
+        assert np.array_equal(z, refimpl.logits(model, ids)) and z.dtype == model.params.dtype
+        assert list(acts) == hook_names(c) and hook_names(c)[-1] == "norm.out"
+    H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    assert acts["blocks.0.attn.q"].shape == acts["blocks.0.attn.q_rot"].shape == (H, LLAMA_T, D)
+    assert acts["blocks.0.attn.k"].shape == acts["blocks.0.attn.k_rot"].shape == (K, LLAMA_T, D)
+    assert acts["blocks.0.attn.weights"].shape == (H, LLAMA_T, LLAMA_T)
+    assert not np.array_equal(acts["blocks.0.attn.q"], acts["blocks.0.attn.q_rot"])  # RoPE between them
+
+
+@pytest.mark.parametrize("case", LLAMA_CASES)
+def test_llama_attention_maps_equal_hugging_face_attentions(case, llama_models):
+    """attention_weights are the model's softmax weights: transformers' eager output_attentions (float32) per layer
+    and query head, rows summing to 1, zero after the query and outside each sliding window."""
+    import torch
+
+    hf, _, m32 = llama_models[case]
+    ids = ids_of(LLAMA_T, V=97)
+    w = attention_weights(m32, ids)  # [L, H, T, T]
+    with torch.no_grad():
+        ref = np.stack([a[0].numpy() for a in hf(torch.as_tensor(ids[None]), output_attentions=True,
+                                                  use_cache=False).attentions])
+    assert w.shape == ref.shape == (m32.config.num_hidden_layers, m32.config.num_attention_heads, LLAMA_T, LLAMA_T)
+    err = float(np.max(np.abs(w - ref)))
+    print(f"{case}: attention maps vs HF max abs diff {err:.3g}")
+    assert err <= 2e-6
+    assert np.allclose(w.sum(-1), 1.0, atol=1e-6)
+    i, j = np.arange(LLAMA_T)[:, None], np.arange(LLAMA_T)[None, :]
+    for layer in range(w.shape[0]):
+        window = m32.config.window(layer)
+        hidden = (j > i) | ((i - j >= window) if window is not None else False)
+        assert np.all(w[layer][:, hidden] == 0.0)
+
+
+def test_llama_replaced_attention_weights_feed_the_values_of_their_group(llama_models):
+    """With blocks.0.attn.weights replaced by the identity (each query sees only itself), head h's output is the
+    value of key head h // (H / K) at its own position, so attn.out = merge(v repeated over the group) W_o."""
+    _, m64, _ = llama_models["llama"]  # GQA: 6 query heads, 2 key/value heads
+    c, ids = m64.config, ids_of(LLAMA_T, V=97)
+    H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    eye = np.broadcast_to(np.eye(LLAMA_T), (H, LLAMA_T, LLAMA_T))
+    _, acts = run_with_cache(m64, ids, names=["blocks.0.attn.v", "blocks.0.attn.out"],
+                             interventions={"blocks.0.attn.weights": replace(eye)})
+    v = np.repeat(acts["blocks.0.attn.v"], H // K, axis=0)  # [H, T, D]: head h reads key head h // G
+    o = m64.params.blocks[0].attn.o
+    want = v.transpose(1, 0, 2).reshape(LLAMA_T, H * D) @ o.w + (0 if o.b is None else o.b)
+    assert np.max(np.abs(acts["blocks.0.attn.out"] - want)) <= 1e-12
+
+
+@pytest.mark.parametrize("case", LLAMA_CASES)
+def test_llama_logit_lens_uses_the_final_norm_and_head(case, llama_models):
+    """Row L is the model's logits exactly; row 0 is head(norm(E[ids])) written out (Gemma: * sqrt(C), 1 + w;
+    Gemma-2: cap tanh(z / cap)); with the tight final cap every lens entry lies within (-1, 1)."""
+    import refimpl
+
+    _, m64, _ = llama_models[case]
+    c, p, ids = m64.config, m64.params, ids_of(LLAMA_T, V=97)
+    lens = logit_lens(m64, ids)
+    assert lens.shape == (c.num_hidden_layers + 1, LLAMA_T, c.vocab_size)
+    assert np.array_equal(lens[-1], refimpl.logits(m64, ids))
+    x = p.embed[ids] * (np.sqrt(c.hidden_size) if c.model_type in ("gemma", "gemma2") else 1.0)
+    g = (1.0 + p.norm) if c.model_type in ("gemma", "gemma2") else p.norm
+    z = (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + c.rms_norm_eps) * g) @ p.output_embedding.T
+    if c.final_logit_softcapping is not None:
+        z = c.final_logit_softcapping * np.tanh(z / c.final_logit_softcapping)
+    assert np.max(np.abs(lens[0] - z)) <= 1e-12
+    if case == "gemma2_tight_caps":
+        assert np.max(np.abs(lens)) < 1.0
+
+
+def test_llama_patching_recovers_the_source_where_it_must(llama_models):
+    """As test_patching_recovers_the_source_where_it_must, for a LLaMA-family model (RoPE positions, GQA, windows)."""
+    _, m64, _ = llama_models["mistral"]
+    tgt = ids_of(6, V=97)
+    src = tgt.copy()
+    src[2] = (src[2] + 1) % 97
+    metric = logit_diff_metric(3, 4)
+    assert np.all(patch_sweep(m64, tgt, tgt, metric) == 0.0)
+    e = patch_sweep(m64, src, tgt, metric)
+    full = metric(run_with_interventions(m64, src, {})) - metric(run_with_interventions(m64, tgt, {}))
+    assert e.shape == (m64.config.num_hidden_layers + 1, 6) and abs(full) > 1e-3
+    assert e[0, 2] == pytest.approx(full, abs=1e-12) and e[-1, -1] == pytest.approx(full, abs=1e-12)
+    assert np.all(e[:, :2] == 0.0) and np.all(e[0, [0, 1, 3, 4, 5]] == 0.0)
+
+
+@pytest.mark.parametrize("case", ["qwen2", "gemma2"])
+def test_llama_steering_with_alpha_zero_is_greedy_decoding_and_the_vector_a_difference_of_means(case, llama_models):
+    import refimpl
+
+    _, m64, _ = llama_models[case]
+    prompts_a, prompts_b = [ids_of(5, seed=s, V=97) for s in (1, 2)], [ids_of(4, seed=s, V=97) for s in (3, 4)]
+    d = steering_vector(m64, prompts_a, prompts_b, layer=2)
+    r = [run_with_cache(m64, q, names=["blocks.2.resid_pre"])[1]["blocks.2.resid_pre"][-1]
+         for q in prompts_a + prompts_b]
+    assert np.max(np.abs(d - (np.mean(r[:2], axis=0) - np.mean(r[2:], axis=0)))) <= 1e-12
+    prompt = ids_of(4, seed=5, V=97)
+    ids = list(prompt)
+    for _ in range(6):  # greedy decoding by full recomputation
+        ids.append(int(np.argmax(refimpl.logits(m64, np.array(ids))[-1])))
+    assert steered_generate(m64, prompt, d, layer=2, alpha=0.0, max_new_tokens=6) == ids[len(prompt):]
+    assert steered_generate(m64, prompt, 50 * d, layer=2, alpha=1.0, max_new_tokens=6) != ids[len(prompt):]
+    rows = steering_effect(m64, prompt, d, layer=2, alphas=[0.0, 4.0], target=ids[len(prompt)])
+    assert rows[0]["delta_logprob"] == 0.0 and rows[1]["delta_logprob"] != 0.0

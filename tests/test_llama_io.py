@@ -163,3 +163,21 @@ def test_pickles_and_missing_files_are_refused(saved, tmp_path):
         load_weights(bare)
     with pytest.raises(WeightFileError, match="no such file or directory"):
         load_weights(tmp_path / "nothing")
+
+
+def test_a_safetensors_file_whose_first_byte_is_0x80_is_not_taken_for_a_pickle(saved, tmp_path):
+    """The first 8 bytes of a safetensors file are its header length N; for N = 128 mod 256 the first byte is 0x80,
+    pickle's PROTO opcode. The layout (N, then '{') is recognised before the pickle test."""
+    d, state = saved["llama"]
+    tensors = load_file(d / "model.safetensors")
+    for pad in range(300):
+        f = tmp_path / "model.safetensors"
+        save_file(tensors, f, metadata={"format": "pt", "pad": "x" * pad})
+        if f.read_bytes()[:1] == b"\x80":
+            break
+    assert f.read_bytes()[:1] == b"\x80" and f.read_bytes()[8:9] == b"{"
+    shutil.copy(d / "config.json", tmp_path / "config.json")
+    _, params = load_weights(f)
+    assert np.array_equal(params.embed, state["model.embed_tokens.weight"])
+    _, params = load_weights(tmp_path)
+    assert np.array_equal(params.embed, state["model.embed_tokens.weight"])

@@ -191,12 +191,13 @@ def test_hooks_see_every_point_and_replace_what_they_return(tmp_path_factory):
 
     plain = forward(params, config, ids)
     assert np.array_equal(forward(params, config, ids, hook=look), plain)
-    per_block = ["resid_pre", "attn.q", "attn.k", "attn.v", "attn.q_rot", "attn.k_rot", "attn.out", "resid_mid",
-                 "mlp.hidden", "mlp.out", "resid_post"]
+    per_block = ["resid_pre", "attn.q", "attn.k", "attn.v", "attn.q_rot", "attn.k_rot", "attn.weights", "attn.out",
+                 "resid_mid", "mlp.hidden", "mlp.out", "resid_post"]
     assert names == [f"blocks.{i}.{n}" for i in range(config.num_hidden_layers) for n in per_block] + ["norm.out"]
     H, K, D, C, F = 6, 1, 16, 48, 72
     assert shapes["blocks.0.attn.q"] == shapes["blocks.0.attn.q_rot"] == (1, H, 5, D)
     assert shapes["blocks.0.attn.k"] == shapes["blocks.0.attn.v"] == (1, K, 5, D)
+    assert shapes["blocks.0.attn.weights"] == (1, H, 5, 5)
     assert shapes["blocks.2.mlp.hidden"] == (1, 5, F) and shapes["norm.out"] == (1, 5, C)
 
     def zero_mlp(name, x):

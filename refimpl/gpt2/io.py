@@ -48,11 +48,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import re
 import struct
 import tempfile
-import warnings
 import zipfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -62,10 +60,10 @@ import numpy as np
 from .._checks import json_object
 from .._files import (check_replaceable_folder, read_regular_bytes, read_regular_text, replace_folder,
                       write_bytes_atomic, write_text_atomic)
-from ..checkpoint import NotARegularWeightFile as _NotARegularFile
 from ..checkpoint import Tensor as _Tensor
 from ..checkpoint import NPZ_ERRORS as _NPZ_ERRORS
-from ..checkpoint import WeightFileError, read_checkpoint, safetensors_source, sharded_source
+from ..checkpoint import (WeightFileError, read_checkpoint, read_pickled_state_dict, safetensors_source,
+                          sharded_source, torch_state_dict_tensors)
 from ..checkpoint import npz_member_header as _npz_member_header
 from ..checkpoint import npz_read as _npz_read
 from ..checkpoint import open_weights as _open_weights
@@ -706,65 +704,14 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
 # ---- export -------------------------------------------------------------------------------------
 
 
-def _torch_state_dict_to_numpy(sd, where: str) -> dict[str, _Tensor]:
-    import torch
-    if not isinstance(sd, dict):
-        raise WeightFileError(f"{where} does not hold a state dict (name -> tensor); got {type(sd).__name__}")
-    out = {}
-    for name, t in sd.items():
-        if not (isinstance(name, str) and isinstance(t, torch.Tensor)):
-            raise WeightFileError(f"{where}: entry {name!r} is not a named tensor")
-        t = t.detach().cpu()
-        a = t.to(torch.float32).numpy() if t.is_floating_point() else t.numpy()
-        out[name] = _Tensor(tuple(a.shape), (lambda a=a: a), a.dtype.kind)
-    return out
-
-
 def _load_pickled_checkpoint(file: Path, config_json: Path) -> tuple[GPT2Config, GPT2Params]:
-    """The one place a pickle is read: torch.load(weights_only=True), on the user's request."""
-    try:
-        import torch
-    except ImportError:
-        raise WeightFileError(f"{file}: exporting a pickled PyTorch checkpoint needs PyTorch "
-                              "(pip install torch)") from None
-    if not config_json.exists():
-        raise WeightFileError(f"{file}: needs the model's config.json beside it ({config_json} not found)")
-    try:
-        with _open_weights(file) as f, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's own notes (e.g. on the pickle protocol) are not ours
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-    except _NotARegularFile:
-        raise
-    except pickle.UnpicklingError as e:  # an object other than tensors, or not a pickle at all
-        raise WeightFileError(_pickle_refusal(file, e)) from None
-    except Exception as e:  # torch raises many types for a broken file; one line of what it said
-        raise WeightFileError(f"{file}: cannot be read as a PyTorch checkpoint: {type(e).__name__}: "
-                              f"{_first_line(e)}") from None
-    tensors = _canonical_names(_torch_state_dict_to_numpy(sd, str(file)))
+    """The pickled checkpoint's tensors (refimpl.checkpoint.read_pickled_state_dict, on the user's request) as GPT-2."""
+    tensors = _canonical_names(read_pickled_state_dict(file, config_json))
     try:
         config = _resolve_config(None, "", config_json, tensors)
         return config, _build_params(config, tensors, np.float32)
     except WeightFileError as e:
         raise WeightFileError(f"{file}: {e}") from None
-
-
-def _first_line(e: Exception) -> str:
-    """The first line of what torch said, unless it is advice about weights_only (never repeated)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    if not lines or "weights_only" in lines[0]:
-        return "(not a readable checkpoint)"
-    return lines[0][:200]
-
-
-def _pickle_refusal(file: Path, e: Exception) -> str:
-    """One line: the pickle holds more than tensors, so refimpl does not read it. What torch says
-    after its weights-only refusal (how to load the file anyway, by running its code) is left out;
-    only the name of the object it met, when it gives one, is kept."""
-    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-    what = f" (it refers to {found[1]})" if found else ""
-    return (f"{file}: refused: it is not a plain state dict of tensors{what}, and refimpl never unpickles "
-            "arbitrary objects (unpickling can run any code). Save its tensors as safetensors where "
-            "you trust the file, and export that")
 
 
 def _looks_like_path(source: str) -> bool:
@@ -791,7 +738,7 @@ def _from_hub(name: str, tmp: Path) -> tuple[GPT2Config, GPT2Params, Path | None
             f"or there is no such GPT-2 model ({type(e).__name__}: {' '.join(str(e).split())[:300]}). "
             f"{hint}") from None
     hf_config = model.config.to_dict()
-    tensors = _canonical_names(_torch_state_dict_to_numpy(model.state_dict(), name))
+    tensors = _canonical_names(torch_state_dict_tensors(model.state_dict(), name))
     config = _config_from_dict(hf_config, f"config of {name}")
     _check_config_against_shapes(config, {n: t.shape for n, t in tensors.items()}, f"config of {name}")
     params = _build_params(config, tensors, np.float32)

@@ -1,16 +1,17 @@
-"""Looking inside GPT-2: activation capture, logit lens, attention maps and sinks, StreamingLLM, steering, patching.
+"""Looking inside a decoder (GPT-2, the LLaMA family): capture, logit lens, attention maps and sinks, StreamingLLM, steering, patching.
 
 Modules, each a short read:
     capture         run_with_cache / run_with_interventions over the model's hook points
-    logit_lens      every layer's residual through LN_f and the tied unembedding
+    logit_lens      every layer's residual through the final norm and the LM head
     attention_maps  attention weights per layer and head; attention-sink statistics
-    streaming       StreamingLLM cache (sinks + rolling window) and its perplexity comparison
+    streaming       StreamingLLM cache (sinks + rolling window) and its perplexity comparison (GPT-2)
     steering        mean-difference directions added to the residual stream
     patching        copy a hidden state from a source run into a target run, per layer and position
     pictures        sinusoidal, RoPE and ALiBi pictures
     cli             `python -m refimpl inspect SUBCOMMAND` (writes PNG + JSON)
 
-Everything runs the model's own forward (refimpl.gpt2.model) through its `hook` argument.
+Everything runs the model's own forward (refimpl.gpt2.model, refimpl.llama.model) through its `hook`
+argument; the family-specific parts (hook names, final norm, LM head, cache) are in _family.py.
 """
 
 from __future__ import annotations

@@ -25,20 +25,26 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import is_int
-from ..gpt2.model import GPT2Model
 from ..masks import query_positions
+from ._family import decoder_of
 from .capture import run_with_cache
 
 __all__ = ["attention_weights", "sink_share", "uniform_sink_share", "sink_table", "plot_attention_maps",
            "plot_sink_statistics"]
 
 
-def attention_weights(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L, H, T, T]
-    """w[l, h, i, j] = softmax_j(q_i . k_j / sqrt(D), causal) of block l, head h (captured from the forward)."""
+def attention_weights(model, ids) -> np.ndarray:  # [T] -> [L, H, T, T]
+    """w[l, h, i, j] = softmax_j(q_i . k_j * scale, masked) of block l, head h (captured from the forward).
+
+    GPT-2: scale 1/sqrt(D), causal. LLaMA family: the model's own scores (RoPE'd q and k, its
+    scale, Gemma-2's soft-cap, each layer's sliding window); query head h reads key head
+    h // (H / K), and the map is per query head.
+    """
+    dec = decoder_of(model)
     ids = np.asarray(ids)
     if ids.ndim != 1:
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
-    L = model.config.n_layer
+    L = dec.n_layers(model.config)
     names = [f"blocks.{i}.attn.weights" for i in range(L)]
     _, acts = run_with_cache(model, ids, names=names)
     return np.stack([acts[n] for n in names])  # [L, H, T, T]
@@ -84,7 +90,7 @@ def sink_table(weights, k: int = 1) -> list[dict]:  # [L, H, T, S] -> L*H rows
             for l in range(w.shape[0]) for h in range(w.shape[1])]
 
 
-def plot_attention_maps(model: GPT2Model, ids, weights, path, *, max_tokens_labelled: int = 24):
+def plot_attention_maps(model, ids, weights, path, *, max_tokens_labelled: int = 24):
     """One heatmap per layer (rows) and head (columns) of w[l, h] (query i down, key j across); returns the path."""
     from ._plot import pyplot, save, token_labels
 

@@ -1,13 +1,14 @@
-"""Activation capture and interventions: run GPT-2 and keep (or change) its named intermediates.
+"""Activation capture and interventions: run a decoder (GPT-2 or the LLaMA family) and keep (or change) its named intermediates.
 
     logits, acts = run_with_cache(model, ids)                             # every hook point
     logits, acts = run_with_cache(model, ids, names=["blocks.*.resid_post"])
     acts["blocks.2.attn.weights"]                                         # [H, T, T] for ids [T]
     logits = run_with_interventions(model, ids, {"blocks.1.resid_pre": add(delta, positions=[3])})
 
-The names are the hook points of refimpl.gpt2.model (see `hook_names`); the forward is the
-model's own code (refimpl.gpt2.model.hidden_states with hook=...), so what is captured is what
-the plain forward computes, and without a hook the forward does no extra work.
+The names are the hook points of the model's forward (refimpl.gpt2.model, refimpl.llama.model;
+see `hook_names`: the same block names for both families, refimpl.interp._family); the forward
+is the model's own code (its hidden_states with hook=...), so what is captured is what the plain
+forward computes, and without a hook the forward does no extra work.
 
 An intervention at a name is a callable x -> x' (it must return an array of x's shape), or
 one of the helpers `replace(value, positions=None)` / `add(delta, positions=None)`. `positions`
@@ -23,25 +24,20 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..gpt2.config import GPT2Config
-from ..gpt2.model import GPT2Model, KVCache, check_token_ids, hidden_states, lm_head
+from ._family import as_batch, decoder_for_config, decoder_of
 
 __all__ = ["hook_names", "select_names", "Intervention", "replace", "add",
            "make_hook", "run_with_cache", "run_with_interventions"]
 
-_BLOCK_POINTS = ("resid_pre", "attn.q", "attn.k", "attn.v", "attn.weights", "attn.out",
-                 "resid_mid", "mlp.hidden", "mlp.out", "resid_post")
+def hook_names(config) -> list[str]:
+    """Every hook point of a model with this config (GPT2Config or LlamaConfig), in the order the forward reaches them."""
+    return decoder_for_config(config).hook_names(config)
 
 
-def hook_names(config: GPT2Config) -> list[str]:
-    """Every hook point of a GPT-2 with this config, in the order the forward reaches them."""
-    names = [f"blocks.{i}.{p}" for i in range(config.n_layer) for p in _BLOCK_POINTS]
-    return names + ["ln_f.out"]
-
-
-def select_names(config: GPT2Config, names) -> list[str]:
+def select_names(config, names) -> list[str]:
     """Expand names and shell-style patterns ("blocks.*.resid_post") to hook points; unknown ones are an error."""
-    every = hook_names(config)
+    dec = decoder_for_config(config)
+    every = dec.hook_names(config)
     if names is None:
         return every
     if isinstance(names, str):
@@ -53,8 +49,8 @@ def select_names(config: GPT2Config, names) -> list[str]:
         hits = [e for e in every if fnmatch.fnmatchcase(e, n)]
         if not hits:
             raise ValueError(f"{n!r} matches no hook point of this model; names look like "
-                             f"'blocks.0.resid_pre' (blocks 0..{config.n_layer - 1}; points {list(_BLOCK_POINTS)}) "
-                             f"or 'ln_f.out'")
+                             f"'blocks.0.resid_pre' (blocks 0..{dec.n_layers(config) - 1}; points "
+                             f"{list(dec.block_points)}) or {dec.final_point!r}")
         out += [h for h in hits if h not in out]
     return [e for e in every if e in out]  # forward order
 
@@ -104,9 +100,9 @@ def add(delta, *, positions=None) -> Intervention:
     return Intervention("add", np.asarray(delta), positions)
 
 
-def make_hook(config: GPT2Config, *, names=(), interventions: Mapping[str, Callable] | None = None,
+def make_hook(config, *, names=(), interventions: Mapping[str, Callable] | None = None,
               store: dict | None = None) -> Callable:
-    """hook(name, x) -> x' for refimpl.gpt2.model: apply interventions[name], then copy x' into store[name] if selected."""
+    """hook(name, x) -> x' for the model's forward: apply interventions[name], then copy x' into store[name] if selected."""
     keep = set(select_names(config, names)) if names != () else set()
     interventions = dict(interventions or {})
     every = set(hook_names(config))
@@ -133,39 +129,31 @@ def make_hook(config: GPT2Config, *, names=(), interventions: Mapping[str, Calla
     return hook
 
 
-def _ids_2d(model: GPT2Model, ids) -> tuple[np.ndarray, bool]:  # [T] or [B, T] -> [B, T], single?
-    if not isinstance(model, GPT2Model):
-        raise TypeError(f"model must be a GPT2Model (from refimpl.gpt2.load); got {type(model).__name__}")
-    ids = check_token_ids(ids, model.config)
-    if ids.ndim not in (1, 2):
-        raise ValueError(f"ids must have shape [T] or [B, T]; got shape {ids.shape}")
-    return (ids[None], True) if ids.ndim == 1 else (ids, False)
+def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callable] | None = None,
+                   positions=None, cache=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
+    """logits = model(ids), and acts[name] = the intermediate at each selected hook point.
 
-
-def run_with_cache(model: GPT2Model, ids, *, names=None, interventions: Mapping[str, Callable] | None = None,
-                   positions=None, cache: KVCache | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
-    """logits = GPT-2(ids), and acts[name] = the intermediate at each selected hook point.
-
-    Shapes: ids [B, T] -> logits [B, T, V]; acts as listed in refimpl.gpt2.model (e.g.
-    resid [B, T, C], attn.weights [B, H, T, S]). ids [T] gives logits [T, V] and every
-    activation without its leading batch axis.
+    model: a GPT2Model or a LlamaModel. Shapes: ids [B, T] -> logits [B, T, V]; acts as listed
+    in the model's module docstring (e.g. resid [B, T, C], attn.weights [B, H, T, S]). ids [T]
+    gives logits [T, V] and every activation without its leading batch axis.
     names: None (every hook point), or names / shell patterns ("blocks.*.attn.weights").
     interventions: {exact name: callable or replace()/add()} applied during the run.
-    positions / cache: passed to refimpl.gpt2.model.hidden_states (for cached decoding).
+    positions / cache: passed to the model's hidden_states (for cached decoding; a KVCache of its family).
     Notes: the logits come from the model's own forward through the hook, so with no
-    interventions they equal refimpl.gpt2.logits(model, ids) bit for bit.
+    interventions they equal refimpl.logits(model, ids) bit for bit.
     """
-    ids2, single = _ids_2d(model, ids)
+    dec = decoder_of(model)
+    ids2, single = as_batch(dec, model, ids)
     store: dict[str, np.ndarray] = {}
     hook = make_hook(model.config, names=names, interventions=interventions, store=store)
-    h = hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook)
-    logits = lm_head(h, model.params)
+    h = dec.hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook)
+    logits = dec.lm_head(model, h)
     if single:
         return logits[0], {k: v[0] for k, v in store.items()}
     return logits, store
 
 
-def run_with_interventions(model: GPT2Model, ids, interventions: Mapping[str, Callable], *,
-                           positions=None, cache: KVCache | None = None) -> np.ndarray:  # [B, T] -> [B, T, V]
-    """logits of GPT-2(ids) with interventions[name] applied at each named hook point (nothing captured)."""
+def run_with_interventions(model, ids, interventions: Mapping[str, Callable], *,
+                           positions=None, cache=None) -> np.ndarray:  # [B, T] -> [B, T, V]
+    """logits of model(ids) with interventions[name] applied at each named hook point (nothing captured)."""
     return run_with_cache(model, ids, names=(), interventions=interventions, positions=positions, cache=cache)[0]

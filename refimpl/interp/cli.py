@@ -1,4 +1,4 @@
-"""python -m refimpl inspect SUBCOMMAND [--model PATH] [--out DIR] ...: pictures and tables of what GPT-2 does inside.
+"""python -m refimpl inspect SUBCOMMAND [--model PATH] [--out DIR] ...: pictures and tables of what a decoder does inside.
 
     python -m refimpl inspect lens      --text "Friends, Romans, countrymen"      # logit lens
     python -m refimpl inspect attention --text "..."                             # attention heatmaps
@@ -8,9 +8,12 @@
     python -m refimpl inspect patch     [--source TEXT --target TEXT --answer-a TOKEN --answer-b TOKEN]
     python -m refimpl inspect encodings                                          # sinusoidal, RoPE, ALiBi
 
---model PATH is any model refimpl.gpt2.load reads (default: the model shipped with the package).
-Input text comes from --text, --file or --ids ("1 2 3", for models without a tokenizer);
-lens / attention / sinks / steer / patch have built-in default texts. Every subcommand writes
+--model PATH is any decoder refimpl.load reads: GPT-2 or a LLaMA-family directory (default:
+the GPT-2 shipped with the package); `streaming` is GPT-2's only (learned positions).
+Input text comes from --text, --file or --ids ("1 2 3", for models without a tokenizer; steer
+takes --pos-ids / --neg-ids / --prompt-ids, patch --source-ids / --target-ids, and a target or
+answer token may be given as its id); lens / attention / sinks / steer / patch have built-in
+default texts. Every subcommand writes
 PNG + JSON files under --out (default ./inspect_out), prints a short table and the paths
 written. Errors print one line and return 2.
 
@@ -47,6 +50,7 @@ DEFAULT_TEXT = ("Friends, Romans, countrymen, lend me your ears; I come to bury 
                 "if it were so, it was a grievous fault, and grievously hath Caesar answer'd it.")
 DEFAULT_POS = ["I love thee", "O my sweet love", "My gentle love, my dear", "How I do love thee",
                "Sweet love, kind heart"]
+DEFAULT_PROMPT = "My lord, I"
 DEFAULT_NEG = ["I hate thee", "O my bitter foe", "My cruel foe, my enemy", "How I do hate thee",
                "Vile hate, cold heart"]
 # Patching default: the runs differ in one name; does the model copy it at the end, and through which layers?
@@ -61,9 +65,45 @@ class _Usage(Exception):
 # ----------------------------------------------------------------------------- shared helpers
 
 def _load(path):
-    from refimpl import gpt2
+    """The decoder at `path` (refimpl.load): a GPT2Model or a LlamaModel; a BERT encoder is refused."""
+    from refimpl.models import load
 
-    return gpt2.load(path)
+    from ._family import decoder_of
+
+    model = load(path)
+    try:
+        decoder_of(model)
+    except TypeError:
+        raise _Usage(f"inspect looks inside decoders (GPT-2, the LLaMA family); {path} holds a "
+                     f"{type(model).__name__} (for a BERT encoder see: python -m refimpl embed --help)") from None
+    return model
+
+
+def _context(model, default: int = 10**9) -> int:
+    """The most positions one sequence may span (`default` where the model sets no limit)."""
+    from ._family import decoder_of
+
+    limit = decoder_of(model).context(model.config)
+    return default if limit is None else limit
+
+
+def _n_layers(model) -> int:
+    from ._family import decoder_of
+
+    return decoder_of(model).n_layers(model.config)
+
+
+def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> _Usage:
+    """The error for text given to a model without a tokenizer: why it has none, and the flag to use instead."""
+    from refimpl.llama import LlamaModel
+
+    why = "this model has no tokenizer files"
+    if isinstance(model, LlamaModel) and path is not None:
+        from refimpl.models import tokenizer_absence
+
+        p = Path(path)
+        why = tokenizer_absence(p if p.is_dir() else p.parent) or why
+    return _Usage(f"{why}; give {what} as token ids with {flag}")
 
 
 def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None = None,
@@ -86,7 +126,7 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
         else:
             raise _Usage("give the input: --file PATH, --text TEXT or --ids '1 2 3'")
         if model.tokenizer is None:
-            raise _Usage("this model has no tokenizer files; give the input as token ids with --ids")
+            raise _no_tokenizer(model, getattr(args, "model", None), flag=flag)
         ids = model.tokenizer.encode(text)
     if not ids:
         raise _Usage("the input has no tokens")
@@ -147,7 +187,7 @@ def cmd_lens(args) -> int:
     from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
 
     model = _load(args.model)
-    ids = _ids(model, args, limit=min(args.max_tokens, model.config.n_positions))
+    ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
     lens = logit_lens(model, ids)
     top, prob = lens_top_tokens(lens, args.top_k)
     n_rows = lens.shape[0]
@@ -168,7 +208,7 @@ def cmd_attention(args) -> int:
     from .attention_maps import attention_weights, plot_attention_maps
 
     model = _load(args.model)
-    ids = _ids(model, args, limit=min(args.max_tokens, model.config.n_positions))
+    ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
     w = attention_weights(model, ids)  # [L, H, T, T]
     L, H, T, _ = w.shape
     ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
@@ -188,7 +228,7 @@ def cmd_sinks(args) -> int:
     from .attention_maps import attention_weights, plot_sink_statistics, sink_share, sink_table, uniform_sink_share
 
     model = _load(args.model)
-    T = min(args.max_tokens, model.config.n_positions)
+    T = min(args.max_tokens, _context(model, default=1024))
     if args.chunks < 1:
         raise _Usage(f"--chunks must be >= 1; got {args.chunks}")
     ids = _ids(model, args, limit=args.chunks * T)
@@ -220,7 +260,12 @@ def cmd_streaming(args) -> int:
     from ._plot import pyplot, save
     from .streaming import streaming_perplexity
 
+    from refimpl.gpt2 import GPT2Model
+
     model = _load(args.model)
+    if not isinstance(model, GPT2Model):
+        raise _Usage(f"streaming is implemented for GPT-2 (its positions are learned and absolute; "
+                     f"refimpl.interp.streaming); {args.model} is a {model.config.model_type} model")
     P = model.config.n_positions
     if args.window is None and not 0 <= args.n_sink < P:
         raise _Usage(f"--n-sink must lie in 0 .. n_positions - 1 = {P - 1} (the window gets the rest of the "
@@ -270,15 +315,20 @@ def cmd_steer(args) -> int:
         raise _Usage(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
     model = _load(args.model)
 
-    def prompts(texts):
-        return [np.asarray(_ids(model, argparse.Namespace(ids=None, text=t, file=None))) for t in texts]
+    def prompts(texts, id_lists, flag):  # each text, then each id list: token ids [T] per prompt
+        return ([_ids(model, argparse.Namespace(ids=None, text=t, file=None, model=args.model), flag=flag)
+                 for t in texts or ()] +
+                [_ids(model, argparse.Namespace(ids=i, text=None, file=None), flag=flag) for i in id_lists or ()])
 
-    if model.tokenizer is None and (args.pos is None or args.neg is None):
-        raise _Usage("this model has no tokenizer: give --pos/--neg/--prompt as texts only with a tokenizer")
-    pos, neg = prompts(args.pos or DEFAULT_POS), prompts(args.neg or DEFAULT_NEG)
-    layer = model.config.n_layer // 2 if args.layer is None else args.layer
+    pos = prompts(args.pos if args.pos or args.pos_ids else DEFAULT_POS, args.pos_ids, "--pos-ids")
+    neg = prompts(args.neg if args.neg or args.neg_ids else DEFAULT_NEG, args.neg_ids, "--neg-ids")
+    layer = _n_layers(model) // 2 if args.layer is None else args.layer
     d = steering_vector(model, pos, neg, layer=layer)
-    prompt = _ids(model, argparse.Namespace(ids=None, text=args.prompt, file=None))
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise _Usage("give one of --prompt TEXT or --prompt-ids IDS, not both")
+    text = DEFAULT_PROMPT if args.prompt is None and args.prompt_ids is None else args.prompt
+    prompt = _ids(model, argparse.Namespace(ids=args.prompt_ids, text=text, file=None, model=args.model),
+                  flag="--prompt-ids")
     target = _token(model, args.target, "--target")
     alphas = args.alpha or [0.0, 1.0, 2.0, 4.0, 8.0]
     if 0.0 not in alphas:
@@ -317,7 +367,8 @@ def cmd_patch(args) -> int:
             raise _Usage(f"give one of --{what} TEXT or --{what}-ids IDS, not both")
         if text is None and ids_text is None:
             text = default
-        return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None), flag=f"--{what}-ids")
+        return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model),
+                    flag=f"--{what}-ids")
 
     src = seq(args.source, args.source_ids, "source", DEFAULT_SOURCE)
     tgt = seq(args.target, args.target_ids, "target", DEFAULT_TARGET)
@@ -381,11 +432,13 @@ def cmd_encodings(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refimpl inspect",
-                                 description="Pictures and tables of GPT-2's insides (refimpl.interp).")
+                                 description="Pictures and tables of a decoder's insides, GPT-2 or the LLaMA "
+                                 "family (refimpl.interp).")
     sub = ap.add_subparsers(dest="sub", required=True)
 
     def common(p, *, text=True, max_tokens=True):
-        p.add_argument("--model", default=None, metavar="PATH", help="model to load (default: the shipped model)")
+        p.add_argument("--model", default=None, metavar="PATH", help="GPT-2 or LLaMA-family model to load "
+                       "(refimpl.load; default: the shipped GPT-2)")
         p.add_argument("--out", default="inspect_out", metavar="DIR", help="output folder (default ./inspect_out)")
         if text:
             p.add_argument("--text", help="input text")
@@ -424,9 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, text=False, max_tokens=False)
     p.add_argument("--pos", action="append", help="prompt of the 'towards' set (repeatable)")
     p.add_argument("--neg", action="append", help="prompt of the 'away from' set (repeatable)")
-    p.add_argument("--prompt", default="My lord, I", help="prompt to steer")
+    p.add_argument("--prompt", help=f"prompt to steer (default {DEFAULT_PROMPT!r})")
+    p.add_argument("--pos-ids", action="append", help="a 'towards' prompt as token ids '1 2 3' (repeatable)")
+    p.add_argument("--neg-ids", action="append", help="an 'away from' prompt as token ids (repeatable)")
+    p.add_argument("--prompt-ids", help="the prompt to steer as token ids")
     p.add_argument("--target", default=" love", help="target token (text of one token, or an id)")
-    p.add_argument("--layer", type=int, help="block whose input is steered (default n_layer // 2)")
+    p.add_argument("--layer", type=int, help="block whose input is steered (default: number of blocks // 2)")
     p.add_argument("--alpha", type=float, action="append", help="steering strength (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=20)
     p.set_defaults(func=cmd_steer)

@@ -5,9 +5,11 @@
     plot_logit_lens(model, ids, lens, "lens.png")
 
 Row l puts the residual stream entering block l (row L: leaving the last block) through the
-final LayerNorm, with the mean and variance of that residual itself, and the tied
-unembedding W_te^T (nostalgebraist 2020, "interpreting GPT: the logit lens"). Row L is then
-exactly the model's logits: the same LN_f and lm_head on the same residual.
+model's final norm, with the statistics of that residual itself, and its LM head
+(nostalgebraist 2020, "interpreting GPT: the logit lens"): for GPT-2 LayerNorm ln_f and the
+tied unembedding W_te^T; for the LLaMA family RMSNorm (Gemma: 1 + w) and lm_head (or the tied
+embedding), then Gemma-2's final soft-cap. Row L is then exactly the model's logits: the same
+norm and head on the same residual.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ import numpy as np
 
 from .._checks import is_int
 from ..attention import softmax
-from ..gpt2.model import GPT2Model, lm_head
-from ..norms import layer_norm
+from ._family import decoder_of
 from .capture import run_with_cache
 
 __all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens"]
 
 
-def residual_stream(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L + 1, T, C]
+def residual_stream(model, ids) -> np.ndarray:  # [T] -> [L + 1, T, C]
     """r_0 = embeddings, r_l = the residual after block l-1 (resid_pre of block l; r_L = resid_post of the last)."""
-    L = model.config.n_layer
+    L = decoder_of(model).n_layers(model.config)
     names = [f"blocks.{i}.resid_pre" for i in range(L)] + [f"blocks.{L - 1}.resid_post"]
     ids = np.asarray(ids)
     if ids.ndim != 1:
@@ -34,15 +35,16 @@ def residual_stream(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L + 1, T, C
     return np.stack([acts[n] for n in names])  # [L + 1, T, C]
 
 
-def logit_lens(model: GPT2Model, ids) -> np.ndarray:  # [T] -> [L + 1, T, V]
-    """lens[l] = LN_f(r_l) W_te^T, LN_f with r_l's own statistics  (nostalgebraist 2020, the logit lens).
+def logit_lens(model, ids) -> np.ndarray:  # [T] -> [L + 1, T, V]
+    """lens[l] = head(norm_f(r_l)), norm_f with r_l's own statistics  (nostalgebraist 2020, the logit lens).
 
+    norm_f, head: the model's final norm and LM head (module docstring; GPT-2: LN_f and W_te^T).
     Shapes: ids [T] -> [L + 1, T, V] in the parameters' dtype; row 0 reads the embeddings,
     row l the residual entering block l, row L the model's output (equal to its logits).
     """
+    dec = decoder_of(model)
     r = residual_stream(model, ids)  # [L + 1, T, C]
-    p = model.params
-    return lm_head(layer_norm(r, p.ln_f.g, p.ln_f.b, eps=model.config.layer_norm_epsilon), p)
+    return dec.lm_head(model, dec.final_norm(model, r))
 
 
 def lens_top_tokens(lens: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:  # [L+1, T, V] -> [L+1, T, k] x 2
@@ -57,7 +59,7 @@ def lens_top_tokens(lens: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarra
     return top.astype(np.int64), np.take_along_axis(probs, top, axis=-1)
 
 
-def plot_logit_lens(model: GPT2Model, ids, lens: np.ndarray, path, *, title: str | None = None):
+def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = None):
     """Heatmap (layers x positions) of each lens row's top-1 probability, annotated with its token; returns the path."""
     from ._plot import pyplot, save, token_labels
 

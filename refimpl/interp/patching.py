@@ -21,15 +21,15 @@ from typing import Callable
 import numpy as np
 
 from .._checks import is_int
-from ..gpt2.model import GPT2Model, check_token_ids
+from ._family import decoder_of
 from .capture import replace, run_with_cache, run_with_interventions
 
 __all__ = ["patch_points", "logit_diff_metric", "patch_sweep", "plot_patching"]
 
 
-def patch_points(model: GPT2Model) -> list[str]:
+def patch_points(model) -> list[str]:
     """The L + 1 residual-stream hook names patched, input of block 0 first, output of the last block last."""
-    L = model.config.n_layer
+    L = decoder_of(model).n_layers(model.config)
     return [f"blocks.{i}.resid_pre" for i in range(L)] + [f"blocks.{L - 1}.resid_post"]
 
 
@@ -50,15 +50,16 @@ def logit_diff_metric(a: int, b: int, *, position: int = -1) -> Callable[[np.nda
     return metric
 
 
-def patch_sweep(model: GPT2Model, source_ids, target_ids, metric: Callable[[np.ndarray], float]) -> np.ndarray:  # [T], [T] -> [L + 1, T]
+def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], float]) -> np.ndarray:  # [T], [T] -> [L + 1, T]
     """effect[r, t] = metric(target with h_r[t] from the source) - metric(target): one patched run per (r, t).
 
     Shapes: source_ids, target_ids [T] (same T) -> [L + 1, T] float64 (rows as patch_points).
     Notes: patching the target with its own activations gives exactly 0 everywhere (the
     replaced value equals the one computed).
     """
-    src = check_token_ids(source_ids, model.config, name="source_ids")
-    tgt = check_token_ids(target_ids, model.config, name="target_ids")
+    dec = decoder_of(model)
+    src = dec.check_ids(source_ids, model.config, name="source_ids")
+    tgt = dec.check_ids(target_ids, model.config, name="target_ids")
     if src.ndim != 1 or tgt.ndim != 1 or src.shape != tgt.shape:
         raise ValueError(f"source_ids and target_ids must be [T] with the same T; got {src.shape} and {tgt.shape}")
     points = patch_points(model)
@@ -73,7 +74,7 @@ def patch_sweep(model: GPT2Model, source_ids, target_ids, metric: Callable[[np.n
     return effects
 
 
-def plot_patching(model: GPT2Model, target_ids, effects: np.ndarray, path, *, source_ids=None,
+def plot_patching(model, target_ids, effects: np.ndarray, path, *, source_ids=None,
                   title: str | None = None):
     """Heatmap of effect[r, t] (rows: block inputs then the final residual; columns: target tokens); returns the path."""
     from ._plot import pyplot, save, token_labels

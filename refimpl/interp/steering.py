@@ -24,31 +24,32 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int, is_real
 from ..gpt2.generate import log_softmax
-from ..gpt2.model import GPT2Model, KVCache, check_token_ids, hidden_states, lm_head
+from ._family import decoder_of
 from .capture import add, make_hook, run_with_cache
 
 __all__ = ["steering_vector", "steered_generate", "steered_logprobs", "steering_effect"]
 
 
-def _to_ids(model: GPT2Model, prompt, name: str = "prompt") -> np.ndarray:  # -> [T]
+def _to_ids(model, prompt, name: str = "prompt") -> np.ndarray:  # -> [T]
+    dec = decoder_of(model)
     if isinstance(prompt, str):
         if model.tokenizer is None:
             raise ValueError(f"a text {name} needs a tokenizer, and this model has none; pass token ids")
         prompt = model.tokenizer.encode(prompt)
-    ids = check_token_ids(prompt, model.config, name=name)
+    ids = dec.check_ids(prompt, model.config, name=name)
     if ids.ndim != 1 or ids.size == 0:
         raise ValueError(f"{name} must be text or token ids [T] with T >= 1; got shape {ids.shape}")
     return ids
 
 
-def _check_layer(model: GPT2Model, layer) -> int:
-    L = model.config.n_layer
+def _check_layer(model, layer) -> int:
+    L = decoder_of(model).n_layers(model.config)
     if not is_int(layer) or not 0 <= layer < L:
         raise ValueError(f"layer must be a block index in [0, {L}); got {layer!r}")
     return int(layer)
 
 
-def steering_vector(model: GPT2Model, prompts_a: Sequence, prompts_b: Sequence, *, layer: int,
+def steering_vector(model, prompts_a: Sequence, prompts_b: Sequence, *, layer: int,
                     position: str = "last") -> np.ndarray:  # -> [C]
     """d = mean_A r_layer - mean_B r_layer, r_layer = blocks.{layer}.resid_pre at the last token (or token mean)."""
     layer = _check_layer(model, layer)
@@ -65,56 +66,59 @@ def steering_vector(model: GPT2Model, prompts_a: Sequence, prompts_b: Sequence, 
             acts.append(r[-1] if position == "last" else r.mean(axis=0))
         return np.mean(acts, axis=0)
 
-    return (mean_of(prompts_a, "a") - mean_of(prompts_b, "b")).astype(model.params.wte.dtype)
+    return (mean_of(prompts_a, "a") - mean_of(prompts_b, "b")).astype(decoder_of(model).dtype(model.params))
 
 
-def _steer_hook(model: GPT2Model, direction, layer: int, alpha: float):
+def _steer_hook(model, direction, layer: int, alpha: float):
+    dec = decoder_of(model)
     d = np.asarray(direction)
-    C = model.config.n_embd
+    C, dtype = dec.width(model.config), dec.dtype(model.params)
     if d.shape != (C,) or d.dtype.kind != "f":
         raise ValueError(f"direction must be a float vector of shape [C] = [{C}]; got {d.dtype} {d.shape}")
     if not is_real(alpha) or not np.isfinite(alpha):
         raise ValueError(f"alpha must be a finite number; got {alpha!r}")
-    delta = (model.params.wte.dtype.type(alpha) * d.astype(model.params.wte.dtype))
+    delta = dtype.type(alpha) * d.astype(dtype)
     return make_hook(model.config, interventions={f"blocks.{layer}.resid_pre": add(delta)})
 
 
-def steered_generate(model: GPT2Model, prompt, direction, *, layer: int, alpha: float,
+def steered_generate(model, prompt, direction, *, layer: int, alpha: float,
                      max_new_tokens: int = 20) -> list[int]:  # -> generated ids
     """Greedy continuation with alpha * direction added to blocks.{layer}.resid_pre at every position.
 
     Uses a KV cache (the prompt once, then one token per step); the steering is applied to
     the prompt and to every generated token. Stops at max_new_tokens or the context end.
     """
+    dec = decoder_of(model)
     layer = _check_layer(model, layer)
     ids = _to_ids(model, prompt)
     hook = _steer_hook(model, direction, layer, alpha)
     max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens", allow_zero=True)
-    n = min(max_new_tokens, model.config.n_positions - len(ids))
+    limit = dec.context(model.config)
+    n = max_new_tokens if limit is None else min(max_new_tokens, limit - len(ids))
     if n <= 0:
         return []
-    cache = KVCache.allocate(model.config, 1, max_len=len(ids) + n - 1 if n > 1 else len(ids),
-                             dtype=model.params.wte.dtype)
-    h = hidden_states(model.params, model.config, ids[None], cache=cache, hook=hook)[:, -1]  # [1, C]
+    cache = dec.allocate_cache(model, 1, len(ids) + n - 1 if n > 1 else len(ids))
+    h = dec.hidden_states(model.params, model.config, ids[None], cache=cache, hook=hook)[:, -1]  # [1, C]
     out: list[int] = []
     for i in range(n):
-        nxt = int(np.argmax(lm_head(h, model.params)[0]))
+        nxt = int(np.argmax(dec.lm_head(model, h)[0]))
         out.append(nxt)
         if i + 1 < n:
-            h = hidden_states(model.params, model.config, np.array([[nxt]]), cache=cache, hook=hook)[:, -1]
+            h = dec.hidden_states(model.params, model.config, np.array([[nxt]]), cache=cache, hook=hook)[:, -1]
     return out
 
 
-def steered_logprobs(model: GPT2Model, prompt, direction, *, layer: int, alpha: float) -> np.ndarray:  # -> [V]
+def steered_logprobs(model, prompt, direction, *, layer: int, alpha: float) -> np.ndarray:  # -> [V]
     """log p(next token | prompt) at the last position, with alpha * direction added at blocks.{layer}.resid_pre."""
+    dec = decoder_of(model)
     layer = _check_layer(model, layer)
     ids = _to_ids(model, prompt)
     hook = _steer_hook(model, direction, layer, alpha)
-    h = hidden_states(model.params, model.config, ids[None], hook=hook)[0, -1]  # [C]
-    return log_softmax(lm_head(h, model.params).astype(np.float64))
+    h = dec.hidden_states(model.params, model.config, ids[None], hook=hook)[0, -1]  # [C]
+    return log_softmax(dec.lm_head(model, h).astype(np.float64))
 
 
-def steering_effect(model: GPT2Model, prompt, direction, *, layer: int, alphas: Sequence[float],
+def steering_effect(model, prompt, direction, *, layer: int, alphas: Sequence[float],
                     target) -> list[dict]:
     """For each alpha: log p(target) at the prompt's end and its change from alpha = 0 (target: id or text of one token)."""
     if isinstance(target, str):
@@ -124,7 +128,7 @@ def steering_effect(model: GPT2Model, prompt, direction, *, layer: int, alphas: 
         if len(t) != 1:
             raise ValueError(f"target {target!r} must be one token; it is {len(t)} tokens {t}")
         target = t[0]
-    target = int(check_token_ids(np.array([target]), model.config, name="target")[0])
+    target = int(decoder_of(model).check_ids(np.array([target]), model.config, name="target")[0])
     base = steered_logprobs(model, prompt, direction, layer=layer, alpha=0.0)[target]
     rows = []
     for a in alphas:

@@ -13,10 +13,19 @@ also hold lm_head.weight; it must then equal the embedding. Constant RoPE buffer
 checkpoints carry (self_attn.rotary_emb.inv_freq) are computed from the config instead and
 ignored. Pickled PyTorch checkpoints (pytorch_model.bin, .pt, .pth) are refused: unpickling runs
 arbitrary code. Every failure is a WeightFileError (a ValueError) naming the file.
+
+`save_weights(config, params, path)` writes our format, a directory holding config.json
+(LlamaConfig.to_dict, which Hugging Face's config class of the model_type reads back) and
+model.safetensors (the checkpoint names of LlamaParams.to_checkpoint, metadata format "pt"), so
+that both `load_weights` and Hugging Face's AutoModelForCausalLM.from_pretrained read it.
+`export(source, out_dir)` is load_weights (keeping the stored float dtype) then save_weights,
+with the source's tokenizer files and generation_config.json copied. Both write the folder
+beside its target and swap it in whole (refimpl.gpt2.io.model_folder's rules).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,13 +38,22 @@ from ..safetensors import _gc_paused
 from .config import LlamaConfig
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
-__all__ = ["load_weights", "load_config", "WeightFileError"]
+__all__ = ["load_weights", "load_config", "save_weights", "export", "WeightFileError", "ARCHITECTURES",
+           "COPIED_FILES"]
 
+# model_type -> the Hugging Face *ForCausalLM class that config.json's "architectures" names.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
+# Files export copies from the source folder when it has them: tokenizers (GPT-2-style ones, which
+# refimpl reads, and the SentencePiece tokenizer.model, kept for whoever reads it) and generation defaults.
+COPIED_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "added_tokens.json", "tokenizer.model", "generation_config.json")
 _BUFFER = re.compile(r"model\.layers\.[0-9]{1,9}\.self_attn\.rotary_emb\.inv_freq")
 _PICKLED = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
 _CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code); save the state dict as "
             "safetensors where you trust it (`model.save_pretrained(DIR, safe_serialization=True)` in "
-            "transformers) and load that")
+            "transformers, or `python -m refimpl export --model DIR --out NEW_DIR`) and load that")
 
 
 def load_config(path) -> LlamaConfig:
@@ -86,9 +104,7 @@ def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> d
         if pickled:
             raise WeightFileError(f"holds only the pickled PyTorch checkpoint {pickled[0]}. {_CONVERT}")
         raise WeightFileError(f"no weights found: looked for model.safetensors and {INDEX_NAME}")
-    with open_weights(path) as f:
-        head = f.read(9)
-    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":
+    if _is_pickle(path):
         raise WeightFileError(f"is a pickled (or zipped) PyTorch checkpoint, not safetensors. {_CONVERT}")
     _, raw = safetensors_source(path, stack, mmap)
     return _canonical(raw)
@@ -141,3 +157,87 @@ def _build(config: LlamaConfig, tensors: dict[str, Tensor], dtype) -> LlamaParam
             raise WeightFileError(f"tensor {LM_HEAD!r} differs from 'model.embed_tokens.weight' but config.json "
                                   "says tie_word_embeddings=true")
     return LlamaParams.from_checkpoint(arrays, config, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- save and export
+
+def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=None) -> Path:
+    """Write config.json + model.safetensors of (config, params) to the directory `path`, swapped in whole; return it.
+
+    copy_from: a folder whose COPIED_FILES (tokenizer files, generation_config.json) are copied
+    too. Arrays keep their dtype. An existing `path` must hold only a model's files
+    (refimpl.gpt2.io.model_folder), which are replaced entirely.
+    """
+    import json
+
+    from .._files import read_regular_bytes, write_bytes_atomic, write_text_atomic
+    from ..gpt2.io import model_folder
+    from ..safetensors import save_file
+    from .checks import check_params
+
+    check_params(params, config)
+    tensors = params.to_checkpoint(config)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"save_weights writes a directory; {out} is a file")
+    config_json = json.dumps({**config.to_dict(), "architectures": [ARCHITECTURES[config.model_type]]}, indent=2)
+    with model_folder(out, also=COPIED_FILES) as new:
+        save_file(tensors, new / "model.safetensors", metadata={"format": "pt"})
+        write_text_atomic(new / "config.json", config_json + "\n", fsync=False)
+        for name in COPIED_FILES if copy_from is not None else ():
+            src = Path(copy_from) / name
+            if src.exists():
+                write_bytes_atomic(new / name, read_regular_bytes(src, "file to copy"), fsync=False)
+    return out
+
+
+def export(source, out_dir) -> Path:
+    """Read the LLaMA-family checkpoint `source` and write it to out_dir in our format; return out_dir.
+
+    source: any layout load_weights reads (float tensors keep their stored dtype, bfloat16
+    widened exactly to float32), or, on this explicit request only, a pickled PyTorch
+    checkpoint: a folder holding only pytorch_model.bin (or model.pt / .pth / .ckpt) beside its
+    config.json, or such a file itself, read with torch.load(weights_only=True) and widened to
+    float32 (refimpl.checkpoint.read_pickled_state_dict). The output is save_weights':
+    config.json + model.safetensors, plus the source folder's COPIED_FILES. out_dir is checked
+    before the source is read (a refused folder does not wait for the read).
+    """
+    from ..checkpoint import read_pickled_state_dict
+    from ..gpt2.io import check_model_folder
+
+    src, out = Path(source), Path(out_dir)
+    check_model_folder(out, also=COPIED_FILES)
+    folder = src if src.is_dir() else src.parent
+    pickled = _pickled_source(src)
+    if pickled is None:
+        config, params = load_weights(src, dtype=None)
+    else:
+        def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams]:
+            config = load_config(path)
+            return config, _build(config, _canonical(read_pickled_state_dict(pickled, folder / "config.json")), None)
+
+        config, params = read_checkpoint(src, None, read)
+    return save_weights(config, params, out, copy_from=folder)
+
+
+def _pickled_source(src: Path) -> Path | None:
+    """The pickled checkpoint export should read at `src`: a folder's only weights file, or the file itself; else None."""
+    if src.is_dir():
+        if (src / "model.safetensors").exists() or (src / INDEX_NAME).exists():
+            return None
+        return next((src / n for n in _PICKLED if (src / n).is_file()), None)
+    return src if src.is_file() and _is_pickle(src) else None
+
+
+def _is_pickle(path: Path) -> bool:
+    """True for a pickle (first byte 0x80, the PROTO opcode) or a zip (torch.save's default), by the first bytes.
+
+    A safetensors file starts with its header's length N (8 bytes, little-endian) and then '{';
+    its first byte is 0x80 for one N in 256, so that layout is recognised first.
+    """
+    with open_weights(path) as f:
+        head = f.read(9)
+        size = os.fstat(f.fileno()).st_size
+    if head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8:
+        return False
+    return head[:1] == b"\x80" or head[:4] == b"PK\x03\x04"

@@ -35,11 +35,17 @@ default, `no_hook`, is the identity. Names, with i the block index (shapes for i
     blocks.i.resid_pre [B, T, C]
     blocks.i.attn.q [B, H, T, D], .k / .v [B, K, T, D]   projected (Qwen3: after q_norm / k_norm), before RoPE
     blocks.i.attn.q_rot [B, H, T, D], .k_rot [B, K, T, D]  after RoPE (k_rot is what the cache stores)
+    blocks.i.attn.weights [B, H, T, S]  softmax weights (S = keys seen; see below)
     blocks.i.attn.out [B, T, C]      after W_o (before Gemma-2's post_attn_norm)
     blocks.i.resid_mid [B, T, C]
     blocks.i.mlp.hidden [B, T, F]    act(h W_gate) * h W_up
     blocks.i.mlp.out [B, T, C]       after W_down (before Gemma-2's post_mlp_norm)
     blocks.i.resid_post [B, T, C]    norm.out [B, T, C]
+
+"attn.weights" is the one point that changes the arithmetic's route (as in refimpl.gpt2.model):
+with no_hook, attention is `ops.attention` (no weights materialised); with another hook, the
+weights are computed as NUMPY_OPS.attention computes them and y = weights @ v, so they exist
+for the hook to see or replace. Hooks see NumPy arrays and are meant for the NumPy backend.
 """
 
 from __future__ import annotations
@@ -52,9 +58,10 @@ from typing import Callable
 
 from .._backends import resolve_backend
 from .._checks import check_float_dtype, check_positive_int
-from ..attention import _soft_cap, masked_attention
+from ..attention import _grouped_query_attention, _soft_cap, masked_attention
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
 from ..linear import LinearParams, _linear
+from ..masks import _causal_mask, _combine_masks, _key_mask_to_attention_mask, _local_window_mask
 from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
@@ -265,14 +272,28 @@ def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype) -> tuple[np.
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int,
-            ops: LlamaOps) -> np.ndarray:
+            ops: LlamaOps, hook=no_hook) -> np.ndarray:
     """softmax(softcap(q k^T * scale), causal, the layer's window, the key mask) v, H query heads sharing K key heads.
 
     Shapes: q [B, H, T, D], k and v [B, K, S, D], key_mask [B, S] bool or None -> [B, H, T, D].
     softcap: Gemma-2's attn_logit_softcapping (cap tanh(s / cap) on the scaled scores), else none.
+    With no_hook this is `ops.attention` (no weights materialised). With another hook the
+    weights w [B, H, T, S] are made explicit, by the arithmetic of NUMPY_OPS.attention
+    (refimpl.attention.masked_attention: the same mask, scale, cap and softmax, query head h
+    reading key head h // (H / K)), handed to hook("attn.weights", w), and y = w v per group.
     """
-    return ops.attention(q, k, v, causal=True, window=config.window(layer), key_mask=key_mask,
-                         scale=config.attention_scale, softcap=config.attn_logit_softcapping)
+    c, window = config, config.window(layer)
+    if hook is no_hook:
+        return ops.attention(q, k, v, causal=True, window=window, key_mask=key_mask,
+                             scale=c.attention_scale, softcap=c.attn_logit_softcapping)
+    B, H, T, D = q.shape
+    K, S = k.shape[1], k.shape[2]
+    pattern = _causal_mask(T, S) if window is None else _local_window_mask(T, S, window, True)  # [T, S]
+    mask = _combine_masks(pattern, None if key_mask is None else _key_mask_to_attention_mask(key_mask))
+    _, w = _grouped_query_attention(q, k, v, mask, None, c.attention_scale, True, c.attn_logit_softcapping)
+    w = hook("attn.weights", w)  # [B, H, T, S]
+    y = w.reshape(B, K, H // K, T, S) @ v[:, :, None]  # [B, K, G, T, D]: group g reads key/value head g
+    return y.reshape(B, H, T, v.shape[3])
 
 
 def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
@@ -284,7 +305,7 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     key_mask [B, S] bool or None.
     With a cache, the rotated k and v go to cache.k/v[layer] at [length, length + T) and
     attention reads the filled prefix [0, length + T) as views; the caller advances
-    cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .out.
+    cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .weights, .out.
     """
     c, B, T = config, h.shape[0], h.shape[1]
     H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -301,7 +322,7 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
         cache.k[layer, :, :, start:S] = k  # written in place
         cache.v[layer, :, :, start:S] = v
         k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
-    y = _attend(q, k, v, key_mask, c, layer, ops)  # [B, H, T, D]
+    y = _attend(q, k, v, key_mask, c, layer, ops, hook)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
     return hook("attn.out", ops.linear(y, p.attn.o))  # [B, T, C]
 

@@ -1,0 +1,256 @@
+"""The front door: load(path) reads a model of any family refimpl implements; logits(model, ids) runs it.
+
+    model = refimpl.load("path/to/model")     # a GPT2Model, LlamaModel or BertModel
+    z = refimpl.logits(model, ids)            # ids [B, T] -> [B, T, V] float32; [T] -> [T, V]
+
+Which family reads `path` (`family_of`) is decided by the files, in this order:
+
+    config.json's model_type    (in the directory, or beside a weights file)
+        "gpt2"                  -> refimpl.gpt2.load    (every format it reads)
+        refimpl.llama.MODEL_TYPES (llama, mistral, qwen2, qwen3, gemma, gemma2, phi3)
+                                -> refimpl.llama.load_weights + the tokenizer rule below
+        "bert"                  -> refimpl.bert.load    (MiniLM / sentence-transformers directories)
+        anything else           -> an error listing the supported model types
+    no config.json, or one without model_type
+                                -> GPT-2 (its own layouts carry their config: model.npz,
+                                   safetensors metadata, llm.c's .bin; GPT-2's config.json
+                                   may omit model_type, and GPT-2's reader assumes it)
+    path None                   -> the GPT-2 shipped with the package
+
+Tokenizer of a LLaMA-family model (`llama_tokenizer`): the one tokenizer format refimpl reads
+today is GPT-2's byte-level BPE (refimpl.gpt2.tokenizer). A directory whose tokenizer is of
+another kind (a SentencePiece tokenizer.model, a tokenizer.json with a normalizer, a
+non-ByteLevel pre-tokenizer or a post-processor that adds a BOS, a tokenizer_config.json naming
+another tokenizer class; `_other_kind` lists every kind) gets tokenizer None, and prompts are then token ids; `tokenizer_absence(directory)` says why in
+one sentence. Tokenizer files that claim to be GPT-2's but are broken are an error naming the
+file, as for GPT-2.
+
+`export(source, out_dir)` writes our format (config.json + model.safetensors, tokenizer
+files copied) for GPT-2 (refimpl.gpt2.io.export) and the LLaMA family (refimpl.llama.io.export).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import WeightFileError, config_object, read_small_file
+
+__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "SUPPORTED_MODEL_TYPES"]
+
+
+def _llama_types() -> tuple[str, ...]:
+    from .llama.config import MODEL_TYPES
+
+    return MODEL_TYPES
+
+
+SUPPORTED_MODEL_TYPES = ("gpt2", *_llama_types(), "bert")
+
+# Tokenizer classes of tokenizer_config.json that are GPT-2's byte-level BPE with GPT-2's pre-tokenizer.
+_GPT2_TOKENIZER_CLASSES = ("GPT2Tokenizer", "GPT2TokenizerFast")
+
+
+# ----------------------------------------------------------------------------- which family
+
+def _config_json(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / "config.json"
+
+
+def family_of(path) -> str:
+    """"gpt2", "llama" or "bert": the family whose loader reads `path` (module docstring: the rule).
+
+    An unknown model_type in config.json is a WeightFileError (a ValueError) naming the file and
+    listing the supported model types; a missing path is a WeightFileError naming it.
+    """
+    if path is None:
+        return "gpt2"
+    p = Path(os.fspath(path))
+    if not p.exists():
+        raise WeightFileError(f"{p}: no such file or directory")
+    config_json = _config_json(p)
+    if not config_json.exists():
+        return "gpt2"
+    d = config_object(read_small_file(config_json, "config"), str(config_json))
+    model_type = d.get("model_type")
+    if model_type is None or model_type == "gpt2":
+        return "gpt2"
+    if model_type in _llama_types():
+        return "llama"
+    if model_type == "bert":
+        return "bert"
+    raise WeightFileError(f"{config_json}: model_type {model_type!r:.60} is not supported; refimpl reads "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+
+
+# ----------------------------------------------------------------------------- load
+
+_KEYWORDS = {"gpt2": ("dtype",), "llama": ("dtype", "mmap"), "bert": ("dtype", "flavor")}
+
+
+def load(path=None, **kw):
+    """The model at `path`: a GPT2Model, a LlamaModel or a BertModel, chosen by family_of(path).
+
+    kw: passed to the family's loader: dtype (every family; float32 by default), mmap (LLaMA
+    family: map single safetensors files), flavor (BERT's tokenizer flavor). A keyword the
+    family's loader does not take is a TypeError naming it.
+    path=None: the GPT-2 shipped with the package (refimpl.gpt2.load()).
+    """
+    family = family_of(path)
+    unknown = sorted(set(kw) - set(_KEYWORDS[family]))
+    if unknown:
+        raise TypeError(f"load() of a {family} model takes the keywords {list(_KEYWORDS[family])}; got {unknown}")
+    if family == "gpt2":
+        from . import gpt2
+
+        return gpt2.load(path, **kw)
+    if family == "bert":
+        from . import bert
+
+        return bert.load(path, **kw)
+    from .llama import LlamaModel, load_weights
+
+    p = Path(os.fspath(path))
+    config, params = load_weights(p, **kw)
+    return LlamaModel(config, params, llama_tokenizer(p if p.is_dir() else p.parent, config.vocab_size))
+
+
+# ----------------------------------------------------------------------------- the LLaMA family's tokenizer
+
+def tokenizer_absence(directory) -> str | None:
+    """Why the directory has no tokenizer refimpl reads (one sentence), or None when GPT-2's loader applies.
+
+    GPT-2's loader applies when the directory holds GPT-2-style tokenizer files
+    (refimpl.gpt2.tokenizer.tokenizer_files) and nothing says they are of another kind:
+    tokenizer_config.json's tokenizer_class, if given, is GPT-2's, and tokenizer.json, if
+    there, is a BPE model with a ByteLevel pre-tokenizer (or none) and no normalizer. A
+    tokenizer.json that is not valid JSON is left to the loader, which names the broken file.
+    """
+    import json
+
+    from .gpt2.tokenizer import tokenizer_files
+
+    d = Path(directory)
+    if (d / "tokenizer_config.json").is_file():
+        try:
+            cls = json.loads(read_small_file(d / "tokenizer_config.json", "tokenizer config")).get("tokenizer_class")
+        except (ValueError, AttributeError, OSError):
+            cls = None
+        if isinstance(cls, str) and cls not in _GPT2_TOKENIZER_CLASSES:
+            return (f"{d}: its tokenizer_config.json names tokenizer_class {cls!r:.60}; refimpl reads GPT-2's "
+                    f"byte-level BPE only ({', '.join(_GPT2_TOKENIZER_CLASSES)})")
+    if not tokenizer_files(d):
+        spm = " (tokenizer.model, a SentencePiece model, is there: refimpl does not read it)" if (
+            d / "tokenizer.model").exists() else ""
+        return (f"{d}: no tokenizer refimpl reads{spm}; it reads GPT-2-style byte-level BPE files "
+                "(vocab.json + merges.txt, or a ByteLevel tokenizer.json)")
+    if (d / "tokenizer.json").is_file():
+        try:
+            data = json.loads(read_small_file(d / "tokenizer.json", "tokenizer file"))
+        except (ValueError, OSError):
+            return None  # broken: the loader's error names it
+        if isinstance(data, dict):
+            other = _other_kind(data)
+            if other:
+                return (f"{d / 'tokenizer.json'}: a tokenizer of another kind ({', '.join(other)}); refimpl reads "
+                        "GPT-2's byte-level BPE only (model BPE, pre_tokenizer ByteLevel, no normalizer, no "
+                        "tokens added to every encoding)")
+    return None
+
+
+def _other_kind(data: dict) -> list[str]:
+    """What makes a tokenizer.json's tokenizer other than GPT-2's byte-level BPE ([] if nothing): its model type,
+    pre-tokenizer, normalizer, a post-processor that adds tokens (a BOS), or BPE options GPT-2 does not use."""
+    from .gpt2.tokenizer import _adds_no_tokens
+
+    model, pre, norm = data.get("model"), data.get("pre_tokenizer"), data.get("normalizer")
+    model = model if isinstance(model, dict) else {}
+    kind = model.get("type", "BPE")
+    pre_kind = pre.get("type") if isinstance(pre, dict) else pre
+    norm_kind = norm.get("type") if isinstance(norm, dict) else norm
+    found = []
+    if kind != "BPE":
+        found.append(f"model {kind!r:.30}")
+    if pre_kind not in (None, "ByteLevel"):
+        found.append(f"pre_tokenizer {pre_kind!r:.30}")
+    elif isinstance(pre, dict) and (pre.get("add_prefix_space") or pre.get("use_regex") is False):
+        found.append(f"ByteLevel with add_prefix_space={pre.get('add_prefix_space')}, use_regex={pre.get('use_regex')}")
+    decoder = data.get("decoder")
+    if decoder is not None and not (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"):
+        found.append(f"decoder {decoder.get('type') if isinstance(decoder, dict) else decoder!r:.30}")
+    if norm is not None:
+        found.append(f"normalizer {norm_kind!r:.30}")
+    if not _adds_no_tokens(data.get("post_processor")):
+        found.append("a post_processor that adds tokens")
+    for key, off in (("continuing_subword_prefix", (None, "")), ("end_of_word_suffix", (None, "")),
+                     ("byte_fallback", (None, False)), ("dropout", (None, 0, 0.0)), ("unk_token", (None,))):
+        if model.get(key) not in off:
+            found.append(f"model.{key} {model.get(key)!r:.30}")
+    return found
+
+
+def llama_tokenizer(directory, vocab_size: int):
+    """The tokenizer of a LLaMA-family model folder, or None when it has none refimpl reads (tokenizer_absence).
+
+    Read with refimpl.gpt2.tokenizer.load_model_tokenizer: its ids must fit vocab_size, and broken
+    files are an error naming the file.
+    """
+    from .gpt2.tokenizer import load_model_tokenizer
+
+    if tokenizer_absence(directory) is not None:
+        return None
+    return load_model_tokenizer(directory, vocab_size)
+
+
+# ----------------------------------------------------------------------------- logits
+
+def logits(model, ids, *, backend: str = "numpy", attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+    """Next-token scores at every position, by the model's family (refimpl.gpt2.logits, refimpl.llama.logits).
+
+    Shapes: ids [B, T] -> [B, T, V]; [T] -> [T, V], in the parameters' dtype (float32 for
+    load()ed models). attention_mask [B, T] (or [T]), 1 / True = real token, for left-padded
+    batches. backend: a name in the family's BACKENDS (an unknown one is a ValueError listing them).
+    A BertModel is an encoder without a language-model head: a TypeError says what to call instead.
+    """
+    from .gpt2 import GPT2Model
+    from .llama.model import LlamaModel
+
+    if isinstance(model, GPT2Model):
+        from . import gpt2
+
+        return gpt2.logits(model, ids, backend=backend, attention_mask=attention_mask)
+    if isinstance(model, LlamaModel):
+        from .llama.model import logits as llama_logits
+
+        return llama_logits(model, ids, backend=backend, attention_mask=attention_mask)
+    bert = sys.modules.get("refimpl.bert.model")  # a BertModel exists only once that module is imported
+    if bert is not None and isinstance(model, bert.BertModel):
+        raise TypeError("a BertModel is an encoder without a language-model head, so it has no next-token logits: "
+                        "use refimpl.bert.embed(model, sentences) or refimpl.bert.hidden_states")
+    raise TypeError(f"model must be a GPT2Model or a LlamaModel (from refimpl.load); got {type(model).__name__}")
+
+
+# ----------------------------------------------------------------------------- export
+
+def export(source, out_dir) -> Path:
+    """Write `source` in our format (config.json + model.safetensors, tokenizer files copied) to out_dir.
+
+    A local source whose config.json names a LLaMA-family model_type is exported by
+    refimpl.llama.io.export; every other source (GPT-2 files, a pickled GPT-2 checkpoint, a
+    hub name) by refimpl.gpt2.io.export. A BERT directory is refused: it is already in the
+    format refimpl reads.
+    """
+    src = Path(os.path.expanduser(os.fspath(source)))
+    family = family_of(src) if src.exists() else "gpt2"
+    if family == "llama":
+        from .llama.io import export as llama_export
+
+        return llama_export(src, out_dir)
+    if family == "bert":
+        raise WeightFileError(f"{src}: a BERT directory is read as it is by refimpl.load; there is nothing to export")
+    from .gpt2.io import export as gpt2_export
+
+    return gpt2_export(source, out_dir)
