@@ -16,9 +16,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "refimpl.models",
     "logits": "refimpl.models",
+    "generate": "refimpl.decoding",
 }
 
-__all__ = ["load", "logits"]
+__all__ = ["load", "logits", "generate"]
 
 
 def __getattr__(name: str):

@@ -894,8 +894,8 @@ def _family(model):
         return import_module("refimpl.gpt2.generate")  # (the package's `generate` attribute is the function)
     if isinstance(model, LlamaModel):
         return import_module("refimpl.llama.generate")
-    raise TypeError(f"model must be a GPT2Model (refimpl.gpt2.load) or a LlamaModel "
-                    f"(refimpl.llama.LlamaModel(*refimpl.llama.load_weights(path))); got {type(model).__name__}")
+    raise TypeError(f"model must be a GPT2Model or a LlamaModel (both from refimpl.load(path)); "
+                    f"got {type(model).__name__}")
 
 
 def generate(model, prompt_or_ids, **kw) -> Generation:

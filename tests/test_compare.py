@@ -315,7 +315,7 @@ def porters_llama(model, ids, *, interleaved=False, forget_plus_one=False, tile_
         a = y @ b.attn.o.w + (0 if b.attn.o.b is None else b.attn.o.b)
         acts.update({f"blocks.{i}.attn.hook_q": q, f"blocks.{i}.attn.hook_k": k, f"blocks.{i}.attn.hook_v": v,
                      f"blocks.{i}.attn.hook_rot_q": qr, f"blocks.{i}.attn.hook_rot_k": kr,
-                     f"blocks.{i}.hook_attn_out": a})
+                     f"blocks.{i}.attn.hook_pattern": wts, f"blocks.{i}.hook_attn_out": a})
         x = x + a
         acts[f"blocks.{i}.hook_resid_mid"] = x
         h = _rms(x, b.mlp_norm, c.rms_norm_eps, plus_one)
@@ -354,7 +354,7 @@ LLAMA_IDS = np.array([3, 50, 7, 96, 12, 12])  # 6 tokens: shorter than mistral's
 LLAMA_ZOO = {  # mistake -> (case, port keywords, the point where it must be caught)
     "RoPE interleaved for half-split": ("llama", dict(interleaved=True), "blocks.0.attn.q_rot"),
     "Gemma's RMSNorm without 1 + w": ("gemma", dict(forget_plus_one=True), "blocks.0.attn.q"),
-    "KV heads repeated in the wrong order": ("llama", dict(tile_kv_heads=True), "blocks.0.attn.out"),
+    "KV heads repeated in the wrong order": ("llama", dict(tile_kv_heads=True), "blocks.0.attn.weights"),
     "untied head loaded as tied": ("mistral", dict(tie_head=True), "logits"),
     "RoPE positions off by one": ("llama", dict(position_offset=1), "blocks.0.attn.q_rot"),
 }
@@ -375,3 +375,40 @@ def test_each_llama_mistake_is_caught_where_it_enters(llamas, mistake):
     report = compare.compare_model(model, LLAMA_IDS, porters_llama(model, LLAMA_IDS, **kw))
     print(f"\n[{mistake}] {report.summary()}")
     assert not report.ok and report.rows[report.first].name == where, report.table()
+
+
+def test_what_agreed_before_is_the_diverging_points_neighbourhood(llamas):
+    """For the logits: the final norm's group and one point before it, not the whole model."""
+    _, model = llamas["mistral"]
+    report = compare.compare_model(model, LLAMA_IDS, porters_llama(model, LLAMA_IDS, tie_head=True))
+    assert [r.name for r in report.agreed_before()] == [f"blocks.{model.config.num_hidden_layers - 1}.resid_post"]
+
+
+@pytest.mark.parametrize("case", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"])
+def test_hugging_face_llama_family_agrees_live(llamas, case, tmp_path, monkeypatch):
+    """Each LLaMA-family type, live: float32 agrees; float64 agrees once HF's float32-only steps are lifted.
+
+    As shipped, HF's float64 model runs RMSNorm, the RoPE frequencies and the softmax in float32:
+    compared in float64 it parts at the first point those reach, and the report says so.
+    """
+    from llama_oracle import float64_throughout, hf_llama
+
+    import refimpl
+
+    hf = hf_llama(case)
+    d = tmp_path / case
+    hf.save_pretrained(d)
+    model = refimpl.load(d)
+    theirs, dt = compare.hf_activations(hf, LLAMA_IDS)
+    r32 = compare.compare_model(model, LLAMA_IDS, theirs, their_dtype=dt)
+    DIFFS.show(f"HF {case} float32, {len(r32.rows)} points", max_rel=max(r.ratio for r in r32.rows), tol=1.0)
+    assert r32.ok, r32.table()
+    model64 = refimpl.load(d, dtype=np.float64)
+    shipped, _ = compare.hf_activations(hf_llama(case).double(), LLAMA_IDS, dtype="float64")
+    r_shipped = compare.compare_model(model64, LLAMA_IDS, shipped, their_dtype="float64")
+    print(f"\n[HF {case} float64 as shipped] {r_shipped.summary()[:160]}")
+    assert not r_shipped.ok  # the float32 steps are 1e-8 errors, far above float64's tolerance
+    lifted, _ = compare.hf_activations(float64_throughout(hf_llama(case), monkeypatch), LLAMA_IDS, dtype="float64")
+    r64 = compare.compare_model(model64, LLAMA_IDS, lifted, their_dtype="float64")
+    DIFFS.show(f"HF {case} float64 lifted", max_rel=max(r.ratio for r in r64.rows), tol=1.0)
+    assert r64.ok, r64.table()

@@ -85,7 +85,7 @@ def test_import_refimpl_loads_no_heavy_module_and_the_front_door_lazily():
 
 
 def test_refimpl_names_the_front_door_and_refuses_other_names():
-    assert {"load", "logits"} <= set(dir(refimpl)) and refimpl.__all__ == ["load", "logits"]
+    assert {"load", "logits", "generate"} <= set(dir(refimpl)) and refimpl.__all__ == ["load", "logits", "generate"]
     with pytest.raises(AttributeError, match="no attribute 'lod'"):
         refimpl.lod
 
@@ -341,3 +341,18 @@ def test_hugging_face_tokenizer_json_of_gpt2s_kind_is_read_and_one_adding_a_bos_
     (d / "tokenizer.json").write_text(json.dumps(data))
     assert refimpl.load(d).tokenizer is None
     assert "a post_processor that adds tokens" in tokenizer_absence(d)
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma2"])
+def test_refimpl_generate_continues_either_family(case, tmp_path_factory):
+    """refimpl.generate(refimpl.load(dir), ids) is the family's own generate: the same tokens, greedy, for LLaMA and GPT-2."""
+    from refimpl.llama.generate import generate as llama_generate
+
+    _, d = llama_dir(case, tmp_path_factory)
+    model = refimpl.load(d)
+    out = refimpl.generate(model, [1, 2, 3], max_new_tokens=8, eos_token_id=None)
+    assert out.ids == llama_generate(model, [1, 2, 3], max_new_tokens=8, eos_token_id=None).ids and len(out.ids) == 8
+    gpt = refimpl.load()  # the shipped GPT-2
+    assert refimpl.generate(gpt, "ROMEO:", max_new_tokens=5).ids == gpt2.generate(gpt, "ROMEO:", max_new_tokens=5).ids
+    with pytest.raises(TypeError, match=r"model must be a GPT2Model or a LlamaModel \(both from refimpl.load\(path\)\); got object"):
+        refimpl.generate(object(), [1, 2])

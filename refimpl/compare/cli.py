@@ -47,9 +47,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str, dtype: str):
-    from refimpl import gpt2
+    import refimpl
 
-    return gpt2.load(path, dtype=np.dtype(dtype))
+    return refimpl.load(path, dtype=np.dtype(dtype))
 
 
 def _ids(args, model, stored_ids):

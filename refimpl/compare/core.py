@@ -159,18 +159,18 @@ class Report:
         return self.first is None
 
     def agreed_before(self) -> list[Row]:
-        """The agreeing rows of the diverging point's block (or the top) just before it, in order."""
+        """The agreeing rows just before the diverging point, in order: those of its own block (a point
+        after the blocks: the other points after the blocks), then the one point that precedes them."""
         if self.first is None:
             return []
-        name = self.rows[self.first].name
-        m = _BLOCK.match(name)
+        m = _BLOCK.match(self.rows[self.first].name)
         prefix = m.group(0) if m else None
         before = []
         for r in reversed(self.rows[:self.first]):
-            if prefix is not None and not r.name.startswith(prefix):
-                before.append(r)  # the last point of the previous block, then stop
-                break
+            same = r.name.startswith(prefix) if prefix is not None else _BLOCK.match(r.name) is None
             before.append(r)
+            if not same:
+                break  # the last point of the previous group, then stop
         return list(reversed(before))
 
     def summary(self) -> str:

@@ -126,11 +126,12 @@ def dump(path, activations: dict, ids=None) -> Path:
     return write_bytes_atomic(path, data)
 
 
-def hf_activations(path, ids, *, dtype: str = "float32") -> tuple[dict[str, np.ndarray], str]:
-    """({hidden_states.i, attentions.i, logits}, dtype) of the Hugging Face model in directory `path` on ids [T] or [B, T].
+def hf_activations(model, ids, *, dtype: str = "float32") -> tuple[dict[str, np.ndarray], str]:
+    """({hidden_states.i, attentions.i, logits}, dtype) of a Hugging Face *ForCausalLM on ids [T] or [B, T].
 
-    dtype: the torch dtype to load it in (float32, float64, bfloat16, float16); eager attention,
-    so the attention weights are returned. Needs torch and transformers (the test extra).
+    model: a directory to load (in `dtype`: float32, float64, bfloat16, float16; eager attention,
+    so the attention weights are returned), or a loaded torch model (run as it is; `dtype` is
+    then what is reported). Needs torch and transformers (the test extra).
     """
     try:
         import torch
@@ -140,9 +141,10 @@ def hf_activations(path, ids, *, dtype: str = "float32") -> tuple[dict[str, np.n
     dtypes = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
         raise ValueError(f"dtype must be one of {sorted(dtypes)}; got {dtype!r}")
-    if not Path(path).is_dir():
-        raise ValueError(f"{path}: a Hugging Face model directory (config.json + weights) is needed")
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtypes[dtype], attn_implementation="eager")
+    if isinstance(model, (str, Path)):
+        if not Path(model).is_dir():
+            raise ValueError(f"{model}: a Hugging Face model directory (config.json + weights) is needed")
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=dtypes[dtype], attn_implementation="eager")
     model.eval()
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64))
     single = x.ndim == 1
