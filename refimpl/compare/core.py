@@ -233,8 +233,10 @@ class Report:
         ax.set_xticks(range(0, len(self.rows), step))
         ax.set_xticklabels([self.rows[i].name for i in range(0, len(self.rows), step)], rotation=70, fontsize=6,
                            ha="right")
-        ax.set_ylabel("err / tol")
-        ax.set_title(self.summary()[:110], fontsize=8)
+        ax.set_ylabel(f"err / tol (0 drawn at {floor:g})")
+        title = ("all points agree" if self.first is None else
+                 f"first divergence: {self.rows[self.first].name} (err / tol {self.rows[self.first].ratio:.3g})")
+        ax.set_title(f"{title}; {self.dtypes[1]} vs {self.dtypes[0]} reference", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
         save(fig, path)
