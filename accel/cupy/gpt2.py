@@ -189,66 +189,38 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
     )
 
 
-class _DecodeGraph:
-    """decode_step for one (device params, config, KV cache), replayed as a CUDA graph (CuPy).
+class GraphedStep:
+    """The replay of a decoding step as a CUDA graph, shared by the families' steps (subclasses: `_run`, inputs).
 
-    Call 1 runs the step eagerly; its temporaries, freed into this object's private memory
-    pool, seed the pool. Call 2 captures the same launches on the shared decode stream (every
-    temporary and the output then come from that pool, which nothing else allocates from, so
-    the graph's addresses are never handed to anyone else) and launches the graph; later calls
-    only launch it. The weights, the cache, the input buffers and the attention scratch stay
-    valid because this object holds them. A cache used for one step only (a beam search's
-    first step) is never captured. Each call copies the new token's embedding and the lengths
-    into the input buffers on the decode stream, after it waited for the caller's stream; the
-    caller's stream waits for the step before the result is copied out into the caller's memory.
-    With ACCEL_CUDA_GRAPHS=0 at its second call, or if the capture fails (`failure` says why),
-    every step runs eagerly, the same launches one by one.
+    `_start()` takes the process's decode stream and GEMM (returns the GEMM, or None where the
+    direct cuBLAS GEMM cannot be loaded) and makes this step's private memory pool and events.
+    `_step(x, inputs)`: on the decode stream, after it waited for the caller's stream and inside
+    this step's pool, `inputs()` copies the new inputs into the step's buffers; call 1 runs
+    `_run()` eagerly (seeding the pool), call 2 captures it into a graph (unless
+    ACCEL_CUDA_GRAPHS=0 or an earlier failure) and launches it, later calls only launch it; the
+    caller's stream waits for the step, and the result is copied out on it as [B, 1, C].
     """
 
-    def __init__(self, params: DeviceParams, config, cache, device):
+    def _start(self):
         import cupy as cp
 
-        from accel.numba_cuda.attention import decode_split
-
-        self.params, self.k, self.v, self.config = params, cache.k, cache.v, config
-        _, B, H, S, D = cache.k.shape
-        self.split = decode_split(B, H, S)
         self.stream, matmul, self.failure = _decode_resources()
-        if matmul is None:
-            matmul = device.matmul
         self.pool = cp.cuda.MemoryPool()
-        with self.stream:  # freed, these go back to the decode stream's free list: ordered after its work
-            self.x_in = cp.empty((B, config.n_embd), cache.k.dtype)
-            self.lengths = cp.empty(B, cp.int64)
-            partials = device.decode_partials(B, H, S, D, cache.k.dtype)
         self.events = (cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
         self.graph, self.x_out, self.calls = None, None, 0
+        return matmul
 
-        def linear(x, w, b):  # x W + b
-            y = matmul(x, w)
-            y += b
-            return y
+    def _run(self):  # -> [B, C] on the device
+        raise NotImplementedError
 
-        self.kernels = SimpleNamespace(
-            layer_norm=device.layer_norm, linear=linear, matmul=matmul,
-            gelu_tanh_bias=device.gelu_tanh_bias, kv_append=device.kv_append,
-            decode_attention=lambda q, k, v, lengths: device.decode_attention(q, k, v, key_lengths=lengths,
-                                                                               partials=partials))
-
-    def _run(self):
-        import cupy as cp
-
-        return decode_step(self.x_in, self.params, self.config, self.k, self.v, self.lengths, self.kernels, cp)
-
-    def __call__(self, x, length: int):  # x [B, 1, C] (device), length = cached tokens before this one -> [B, 1, C]
+    def _step(self, x, inputs):  # x [B, 1, C] (device) -> [B, 1, C]
         import cupy as cp
 
         caller = cp.cuda.get_current_stream()
         B, _, C = x.shape
         self.stream.wait_event(caller.record(self.events[0]))
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self.x_in[...] = x.reshape(B, C)
-            self.lengths.fill(length + 1)
+            inputs()
             self.calls += 1
             if self.graph is None and self.calls == 2 and self.failure is None and _use_graphs():
                 self._capture()
@@ -281,6 +253,60 @@ class _DecodeGraph:
         finally:
             if gc_was_enabled:
                 gc.enable()
+
+
+class _DecodeGraph(GraphedStep):
+    """decode_step for one (device params, config, KV cache), replayed as a CUDA graph (CuPy).
+
+    Call 1 runs the step eagerly; its temporaries, freed into this object's private memory
+    pool, seed the pool. Call 2 captures the same launches on the shared decode stream (every
+    temporary and the output then come from that pool, which nothing else allocates from, so
+    the graph's addresses are never handed to anyone else) and launches the graph; later calls
+    only launch it. The weights, the cache, the input buffers and the attention scratch stay
+    valid because this object holds them. A cache used for one step only (a beam search's
+    first step) is never captured. Each call copies the new token's embedding and the lengths
+    into the input buffers on the decode stream, after it waited for the caller's stream; the
+    caller's stream waits for the step before the result is copied out into the caller's memory.
+    With ACCEL_CUDA_GRAPHS=0 at its second call, or if the capture fails (`failure` says why),
+    every step runs eagerly, the same launches one by one.
+    """
+
+    def __init__(self, params: DeviceParams, config, cache, device):
+        import cupy as cp
+
+        from accel.numba_cuda.attention import decode_split
+
+        self.params, self.k, self.v, self.config = params, cache.k, cache.v, config
+        _, B, H, S, D = cache.k.shape
+        self.split = decode_split(B, H, S)
+        matmul = self._start() or device.matmul
+        with self.stream:  # freed, these go back to the decode stream's free list: ordered after its work
+            self.x_in = cp.empty((B, config.n_embd), cache.k.dtype)
+            self.lengths = cp.empty(B, cp.int64)
+            partials = device.decode_partials(B, H, S, D, cache.k.dtype)
+
+        def linear(x, w, b):  # x W + b
+            y = matmul(x, w)
+            y += b
+            return y
+
+        self.kernels = SimpleNamespace(
+            layer_norm=device.layer_norm, linear=linear, matmul=matmul,
+            gelu_tanh_bias=device.gelu_tanh_bias, kv_append=device.kv_append,
+            decode_attention=lambda q, k, v, lengths: device.decode_attention(q, k, v, key_lengths=lengths,
+                                                                               partials=partials))
+
+    def _run(self):
+        import cupy as cp
+
+        return decode_step(self.x_in, self.params, self.config, self.k, self.v, self.lengths, self.kernels, cp)
+
+    def __call__(self, x, length: int):  # x [B, 1, C] (device), length = cached tokens before this one -> [B, 1, C]
+        def inputs():
+            self.x_in[...] = x.reshape(self.x_in.shape)
+            self.lengths.fill(length + 1)
+
+        return self._step(x, inputs)
 
 
 CAPTURES = {"captured": 0, "failures": []}  # decode-step graphs captured in this process; the last 10 failures

@@ -33,7 +33,6 @@ is it over CuPy with accel.cupy.device's kernels, built on first access. The gra
 
 from __future__ import annotations
 
-import gc
 import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -44,7 +43,7 @@ from refimpl._checks import check_bool
 from refimpl.llama.model import LlamaOps, rope_cos_sin
 from refimpl.llama.params import LlamaBlockParams, LlamaParams
 
-from .gpt2 import CAPTURES, _decode_resources, _use_graphs  # one decode stream, cuBLAS handle and count per process
+from .gpt2 import CAPTURES, GraphedStep  # one decode stream, cuBLAS handle and capture count per process
 
 __all__ = ["make_ops", "decode_step", "eager_decode_blocks", "GATE_ACTIVATION", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
 
@@ -263,7 +262,7 @@ def _is_prepared(params) -> bool:
     return isinstance(params, LlamaParams) and all(isinstance(b.mlp, _GLU) for b in params.blocks)
 
 
-class _DecodeGraph:
+class _DecodeGraph(GraphedStep):
     """decode_step for one (device params, config, KV cache, table shape), replayed as a CUDA graph (CuPy).
 
     As accel.cupy.gpt2's _DecodeGraph: call 1 runs the step eagerly on the shared decode stream
@@ -284,10 +283,7 @@ class _DecodeGraph:
         _, B, K, S, D = cache.k.shape
         H = config.num_attention_heads
         self.split = decode_split(B, H, S)
-        self.stream, matmul, self.failure = _decode_resources()
-        if matmul is None:
-            matmul = device.matmul
-        self.pool = cp.cuda.MemoryPool()
+        matmul = self._start() or device.matmul
         dtype = cache.k.dtype
         with self.stream:
             self.x_in = cp.empty((B, config.hidden_size), dtype)
@@ -295,8 +291,6 @@ class _DecodeGraph:
             self.cos, self.sin = cp.empty(table_shape, dtype), cp.empty(table_shape, dtype)
             partials = device.decode_partials(B, H, S, D, dtype)
             self.norms = effective_norms(params, config)
-        self.events = (cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
-        self.graph, self.x_out, self.calls = None, None, 0
 
         def linear(x, w, b):  # x W (+ b)
             y = matmul(x, w)
@@ -317,48 +311,13 @@ class _DecodeGraph:
                            self.norms, self.kernels, cp)
 
     def __call__(self, x, length: int, cos: np.ndarray, sin: np.ndarray):  # x [B, 1, C] (device) -> [B, 1, C]
-        import cupy as cp
-
-        caller = cp.cuda.get_current_stream()
-        B, _, C = x.shape
-        self.stream.wait_event(caller.record(self.events[0]))
-        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self.x_in[...] = x.reshape(B, C)
+        def inputs():
+            self.x_in[...] = x.reshape(self.x_in.shape)
             self.lengths.fill(length + 1)
             self.cos.set(np.ascontiguousarray(cos), stream=self.stream)
             self.sin.set(np.ascontiguousarray(sin), stream=self.stream)
-            self.calls += 1
-            if self.graph is None and self.calls == 2 and self.failure is None and _use_graphs():
-                self._capture(CAPTURES)
-            if self.graph is not None:
-                self.graph.launch(self.stream)
-                out = self.x_out
-            else:
-                out = self._run()
-        caller.wait_event(self.stream.record(self.events[1]))
-        return out.reshape(B, 1, C).copy()  # on the caller's stream, in the caller's memory
 
-    def _capture(self, captures: dict) -> None:
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # a finalizer freeing device memory mid-capture would break it
-        try:
-            self.stream.begin_capture()
-            try:
-                x_out = self._run()
-            except BaseException:
-                try:
-                    self.stream.end_capture()
-                except Exception:  # pragma: no cover - the capture is already broken
-                    pass
-                raise
-            self.graph, self.x_out = self.stream.end_capture(), x_out
-            captures["captured"] += 1
-        except Exception as e:  # noqa: BLE001 - any failure: eager steps from now on, and say why
-            self.failure = f"{type(e).__name__}: {e}"
-            captures["failures"] = (captures["failures"] + [self.failure])[-10:]
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        return self._step(x, inputs)
 
 
 def __getattr__(name: str):  # OPS is built on first use, so importing this module needs no CuPy
