@@ -519,3 +519,64 @@ def test_malformed_tekken(tmp_path):
     vocab[7]["token_bytes"] = vocab[8]["token_bytes"]
     with pytest.raises(TokenizerFileError, match="twice"):
         load(write_json(path, data))
+
+
+# --------------------------------------------------------------------------------------
+# The pre-tokenizer translation and the engine
+# --------------------------------------------------------------------------------------
+
+
+def test_translated_patterns_split_like_the_regex_module():
+    """Every named pattern, Qwen 3.5's and Tekken's, translated for `re`, finds the same pieces as the
+    `regex` module (which has \\p{..} natively) on every corpus text and random mixes."""
+    regex = pytest.importorskip("regex", reason="the regex module is an oracle (extra 'oracle')")
+    from refimpl.tokenizers.pretokenize import compile_pattern
+    tekken = json.loads(cached("mistral-common-data/tekken_240911.json").read_text())["config"]["pattern"]
+    rng = random.Random(0)
+    chars = [chr(c) for c in range(0x20000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    mixes = ["".join(rng.choice(chars) if rng.random() < 0.4 else rng.choice(" \t\n\r'sSdD1aA!\u0301")
+                     for _ in range(rng.randrange(40))) for _ in range(500)]
+    for name, source in [*PATTERNS.items(), ("qwen3.5", QWEN35_PATTERN), ("tekken", tekken)]:
+        ours, theirs = compile_pattern(source), regex.compile(source)
+        for s in TEXTS + mixes:
+            assert ours.findall(s) == theirs.findall(s), (name, s)
+
+
+def test_untranslatable_patterns_are_refused():
+    from refimpl.tokenizers.pretokenize import translate
+    with pytest.raises(ValueError, match="negated property"):
+        translate(r"[\P{L}x]")
+    with pytest.raises(ValueError, match="unknown Unicode property"):
+        translate(r"\p{Greek}")
+    assert translate("a$") == r"a\Z"
+
+
+def test_cl100k_pattern_on_gpt2_ranks_matches_tiktoken(gpt2):
+    """The cl100k pre-tokenizer (possessive quantifiers, \\s++$, {1,3} digits) over GPT-2's ranks."""
+    path = cached("gpt2.tiktoken")
+    enc = tiktoken.Encoding("cl100k-on-gpt2", pat_str=PATTERNS["cl100k"], mergeable_ranks=tiktoken_ranks(path),
+                            special_tokens={})
+    compare("cl100k pattern, gpt2 ranks", load(path, pattern="cl100k").encode, enc.encode_ordinary, TEXTS)
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_heap_merge_equals_the_textbook_loop(data):
+    """engine.merge's two paths (the list scan for short pieces, the heap for long ones) give the same
+    parts on random tables, equal ranks included (leftmost first)."""
+    from refimpl.tokenizers import engine
+    n_symbols = data.draw(st.integers(2, 6))
+    table = engine.PairTable()
+    next_id = n_symbols
+    for _ in range(data.draw(st.integers(0, 30))):
+        a, b = data.draw(st.integers(0, next_id - 1)), data.draw(st.integers(0, next_id - 1))
+        table.add(a, b, data.draw(st.integers(0, 10)), next_id)
+        next_id += 1
+    ids = data.draw(st.lists(st.integers(0, n_symbols - 1), min_size=2, max_size=400))
+    assert engine._heap_merge(list(ids), table) == engine._scan_merge(list(ids), table)
+
+
+def test_long_pieces_match_tiktoken(gpt2):
+    tok, enc = gpt2
+    for text in ["a" * 5000, "ab" * 3000, " " * 4000 + "x", "😀" * 1000, "".join(chr(0x4e00 + k) for k in range(3000))]:
+        assert tok.encode(text) == enc.encode_ordinary(text)

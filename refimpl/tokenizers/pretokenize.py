@@ -79,56 +79,106 @@ def _range(a: int, b: int) -> str:
     return f"\\U{a:08x}-\\U{b:08x}" if b > a else f"\\U{a:08x}"
 
 
-_SPACE_BODY = "".join(_range(ord(c), ord(c)) for c in WHITE_SPACE)
+@functools.cache
+def _class_parts(prop: str) -> tuple[str, str]:
+    """_class_body(prop) split into its BMP ranges and its astral ranges (from U+10000)."""
+    body = _class_body(prop)
+    bmp, astral = [], []
+    for a, b in re.findall(r"\\U([0-9a-f]{8})(?:-\\U([0-9a-f]{8}))?", body):
+        a, b = int(a, 16), int(b or a, 16)
+        if a < 0x10000:
+            bmp.append(_range(a, min(b, 0xFFFF)))
+        if b >= 0x10000:
+            astral.append(_range(max(a, 0x10000), b))
+    return "".join(bmp), "".join(astral)
+
+
+_SPACE_BODY = "".join(_range(ord(c), ord(c)) for c in WHITE_SPACE)  # all in the BMP
+_ASTRAL = r"[\U00010000-\U0010ffff]"
 _PROPERTY = re.compile(r"\\([pP])\{(\^?)([A-Za-z_&]+)\}|\\([pP])([A-Za-z])")
+
+
+def _one_char(negate: bool, bmp: str, astral: str) -> str:
+    """A class matching one character, as a BMP half and an astral half.
+
+    `re` tests a BMP character against a bitmap but the astral ranges of a class one by one,
+    so a class mixing both (\\p{L} has hundreds of astral ranges) costs every non-member BMP
+    character a walk through all of them. Split, each character meets only its own half."""
+    hat = "^" if negate else ""
+    bmp_half = f"(?!{_ASTRAL})[{hat}{bmp}]" if bmp else ("" if not negate else f"(?!{_ASTRAL})[\\s\\S]")
+    astral_half = f"(?={_ASTRAL})[{hat}{astral}]" if astral else ("" if not negate else _ASTRAL)
+    halves = [h for h in (bmp_half, astral_half) if h]
+    if not halves:
+        raise ValueError("pattern: an empty character class")
+    return f"(?:{'|'.join(halves)})"
+
+
+def _bracket(pattern: str, i: int) -> tuple[str, int]:
+    """The class pattern[i] == '[' ... ']' translated; returns (text, index after it)."""
+    n, j = len(pattern), i + 1
+    negate = pattern.startswith("^", j)
+    j += negate
+    bmp, astral, has_property, first = [], [], False, True
+    while True:
+        if j >= n:
+            raise ValueError(f"pattern: unterminated [ at {i}")
+        c = pattern[j]
+        if c == "]" and not first:
+            break
+        first = False
+        if c == "[":
+            raise ValueError(f"pattern: a nested class [ at {j} is not supported")
+        if c == "\\" and j + 1 < n:
+            m = _PROPERTY.match(pattern, j)
+            if m:
+                if (m.group(1) or m.group(4)) == "P" or m.group(2):
+                    raise ValueError(f"pattern: a negated property {m.group()!r} inside [...] is not supported")
+                b, a = _class_parts(m.group(3) or m.group(5))
+                bmp.append(b)
+                astral.append(a)
+                has_property, j = True, m.end()
+                continue
+            e = pattern[j + 1]
+            if e == "S":
+                raise ValueError("pattern: \\S inside [...] is not supported")
+            item = _SPACE_BODY if e == "s" else pattern[j:j + 2]
+            j += 2
+        else:
+            item, j = c, j + 1
+        bmp.append(item)
+        astral.append(item)
+    if not has_property:
+        return f"[{'^' if negate else ''}{''.join(bmp)}]", j + 1
+    return _one_char(negate, "".join(bmp), "".join(astral)), j + 1
 
 
 def translate(pattern: str) -> str:
     """`pattern` (Rust regex / Oniguruma syntax) rewritten for Python's `re`: \\p{X}, \\P{X},
     \\s, \\S and $ as described in the module docstring; everything else is passed as it is.
+    A class holding a property becomes a group of two one-character classes (see `_one_char`).
 
     Raises ValueError naming the construct for what has no exact `re` form here: a negated
-    property or \\S inside a [...] class, and an unknown property name.
+    property or \\S inside a [...] class, a nested class, and an unknown property name.
     """
-    out, i, n, in_class = [], 0, len(pattern), False
+    out, i, n = [], 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\" and i + 1 < n:
             m = _PROPERTY.match(pattern, i)
             if m:
-                kind = m.group(1) or m.group(4)
-                negate = (kind == "P") != bool(m.group(2))
-                body = _class_body(m.group(3) or m.group(5))
-                if in_class and negate:
-                    raise ValueError(f"pattern: a negated property {m.group()!r} inside [...] is not supported")
-                out.append(body if in_class else f"[{'^' if negate else ''}{body}]")
+                negate = ((m.group(1) or m.group(4)) == "P") != bool(m.group(2))
+                out.append(_one_char(negate, *_class_parts(m.group(3) or m.group(5))))
                 i = m.end()
                 continue
             e = pattern[i + 1]
-            if e in "sS":
-                if in_class and e == "S":
-                    raise ValueError("pattern: \\S inside [...] is not supported")
-                out.append(_SPACE_BODY if in_class else f"[{'^' if e == 'S' else ''}{_SPACE_BODY}]")
-            else:
-                out.append(pattern[i:i + 2])
+            out.append(f"[{'^' if e == 'S' else ''}{_SPACE_BODY}]" if e in "sS" else pattern[i:i + 2])
             i += 2
-            continue
-        if in_class:
-            if c == "]" and not (out[-1] == "[" or out[-1] == "[^"):
-                in_class = False
-            out.append(c)
         elif c == "[":
-            in_class = True
-            if pattern.startswith("[^", i):
-                out.append("[^")
-                i += 2
-                continue
-            out.append(c)
-        elif c == "$":
-            out.append(r"\Z")
+            text, i = _bracket(pattern, i)
+            out.append(text)
         else:
-            out.append(c)
-        i += 1
+            out.append(r"\Z" if c == "$" else c)
+            i += 1
     return "".join(out)
 
 
