@@ -371,9 +371,32 @@ def test_decode_errors_name_the_id(gpt2):
         tok.decode("abc")
 
 
+def test_gpt2_model_directory_matches_the_gpt2_tokenizer():
+    """The shipped default model's vocab.json + merges.txt (a directory without tokenizer.json) read by
+    the new loader encode like refimpl.gpt2's tokenizer of the same model."""
+    from refimpl import gpt2
+    old = gpt2.load().tokenizer
+    new = load(Path(gpt2.__file__).parent.parent / "data" / "default")
+    compare("default model vocab.json + merges.txt", new.encode, old.encode, TEXTS)
+    assert new.special_tokens == old.special_tokens
+
+
+def test_truncated_merges_txt_is_an_error(tmp_path):
+    from refimpl import gpt2
+    src = Path(gpt2.__file__).parent.parent / "data" / "default"
+    (tmp_path / "vocab.json").write_bytes((src / "vocab.json").read_bytes())
+    lines = (src / "merges.txt").read_text().split("\n")
+    (tmp_path / "merges.txt").write_text("\n".join(lines[:len(lines) // 2]))
+    with pytest.raises(TokenizerFileError, match="truncated"):
+        load(tmp_path)
+    (tmp_path / "merges.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="merges.txt"):
+        load(tmp_path)
+
+
 def test_load_a_model_directory(tmp_path, llama2):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="tokenizer.json, tokenizer.model"):
+    with pytest.raises(FileNotFoundError, match="tokenizer.json, tokenizer.model, tekken.json, vocab.json"):
         load(tmp_path / "empty")
     sp_dir = tmp_path / "sp"
     sp_dir.mkdir()

@@ -7,6 +7,7 @@
                       byte_fallback); added_tokens with their flags
     *.model           SentencePiece ModelProto of model_type BPE (protobuf.py reads it)
     tekken.json       Mistral's Tekken: tiktoken ranks in JSON, special tokens first in the ids
+    vocab.json + merges.txt   GPT-2's Hugging Face pair, read as a byte-level tokenizer.json
 
 Every merge rule becomes engine.PairTable (see engine.py for why one table serves all).
 Malformed files raise TokenizerFileError naming the file and what is wrong; components
@@ -30,7 +31,7 @@ from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
 __all__ = ["TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece",
-           "load_tekken", "byte_to_unicode"]
+           "load_tekken", "load_vocab_merges", "byte_to_unicode"]
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
 
@@ -45,13 +46,14 @@ class TokenizerFileError(ValueError):
 # The front door
 # --------------------------------------------------------------------------------------
 
-_DIRECTORY_FILES = ("tokenizer.json", "tokenizer.model", "tekken.json")
+_DIRECTORY_FILES = ("tokenizer.json", "tokenizer.model", "tekken.json", "vocab.json")
 
 
 def load(path, *, pattern: str | None = None, special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
     """Load a tokenizer from a file or a model directory.
 
-    A directory: its tokenizer.json, else tokenizer.model, else tekken.json. A file, by name:
+    A directory: its tokenizer.json, else tokenizer.model, else tekken.json, else vocab.json with
+    merges.txt beside it (GPT-2's Hugging Face files). A file, by name:
     *.tiktoken (needs `pattern`: "gpt2" | "cl100k" | "llama3" | "qwen2" or a regex), *.json
     (tokenizer.json or Tekken, told apart by their keys), anything else with ".model" in its
     name (tokenizer.model, tokenizer.model.v3, ...) as SentencePiece.
@@ -74,6 +76,8 @@ def load(path, *, pattern: str | None = None, special_tokens: Mapping[str, int] 
         return load_tiktoken(p, pattern=pattern, special_tokens=special_tokens or {})
     if pattern is not None:
         raise ValueError(f"{p}: pattern= is only for .tiktoken files; this file names its own pre-tokenizer")
+    if p.name == "vocab.json":
+        return _with_specials(load_vocab_merges(p, p.with_name("merges.txt")), special_tokens or {})
     if p.suffix == ".json":
         data = _read_json(p)
         if isinstance(data, dict) and "model" in data:
@@ -92,6 +96,8 @@ def load(path, *, pattern: str | None = None, special_tokens: Mapping[str, int] 
 
 
 def _with_specials(tok: Tokenizer, special_tokens: Mapping[str, int]) -> Tokenizer:
+    if not special_tokens:
+        return tok
     added = list(tok.added_tokens)
     for text, i in special_tokens.items():
         if text in tok.special_tokens and tok.special_tokens[text] != i:
@@ -425,6 +431,42 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
     byte_ids = {int(m.group(1), 16): i for t, i in vocab.items() if (m := _BYTE_PIECE.fullmatch(t))}
     return _sentencepiece_style(where, ids, pairs, added, byte_fallback_decode=config.pop("byte_decode"),
                                 merge_results=_merge_results(ids, pairs), byte_ids=byte_ids, **config)
+
+
+_SPECIAL_SPELLING = re.compile(r"<\|[^\s]*\|>|<[^\s<>]+>|\[[A-Z][A-Z0-9_]*\]")
+
+
+def load_vocab_merges(vocab_path, merges_path) -> Tokenizer:
+    """GPT-2's Hugging Face pair: vocab.json (byte-level token -> id) and merges.txt ('#version'
+    line, then 'a b' per line, highest priority first), read as the equivalent tokenizer.json.
+
+    Entries that are neither single bytes nor built by a merge are special tokens when spelled
+    like one (<|endoftext|>, <s>, [CLS]); any other such entry means truncated merges: an error."""
+    vocab_path, merges_path = Path(vocab_path), Path(merges_path)
+    if not merges_path.is_file():
+        raise FileNotFoundError(f"{merges_path}: needed beside {vocab_path.name}")
+    vocab = _read_json(vocab_path)
+    if not isinstance(vocab, dict):
+        raise TokenizerFileError(f"{vocab_path}: expected a JSON object token -> id")
+    lines = [line.removesuffix("\r") for line in _read_text(merges_path).split("\n")]
+    merges = [line for line in lines[1 if lines and lines[0].startswith("#version") else 0:] if line.strip()]
+    built = set()
+    for m in merges:
+        halves = m.split(" ")
+        if len(halves) == 2:
+            built.add(halves[0] + halves[1])
+    single = set(byte_to_unicode().values())
+    added = []
+    for token, i in vocab.items():
+        if token not in single and token not in built:
+            if not (isinstance(token, str) and _SPECIAL_SPELLING.fullmatch(token)):
+                raise TokenizerFileError(f"{vocab_path}: token {token!r:.60} (id {i!r:.20}) is built by no merge "
+                                         f"and is not spelled like a special token: is {merges_path.name} truncated?")
+            added.append({"id": i, "content": token, "special": True})
+    data = {"model": {"type": "BPE", "vocab": vocab, "merges": merges}, "added_tokens": added,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+            "decoder": {"type": "ByteLevel"}}
+    return load_tokenizer_json(vocab_path, data=data)
 
 
 def _byte_level_token(where):
