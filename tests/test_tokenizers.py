@@ -601,5 +601,19 @@ def test_heap_merge_equals_the_textbook_loop(data):
 
 def test_long_pieces_match_tiktoken(gpt2):
     tok, enc = gpt2
-    for text in ["a" * 5000, "ab" * 3000, " " * 4000 + "x", "😀" * 1000, "".join(chr(0x4e00 + k) for k in range(3000))]:
+    han = "".join(chr(0x4e00 + k) for k in range(3000))
+    for text in ["a" * 5000, "ab" * 3000, " " * 4000 + "x", "😀" * 1000, han]:
         assert tok.encode(text) == enc.encode_ordinary(text)
+
+
+def test_special_tokens_given_to_a_file_with_its_own(tmp_path, llama2):
+    """load(..., special_tokens=) adds to a file's own special tokens; a clash is an error."""
+    tokens, merges = js_vocabulary(cached("llama-tokenizer-js.js"), 16)
+    path = write_json(tmp_path / "tokenizer.json", llama2_tokenizer_json(tokens, merges))
+    tok = load(path, special_tokens={"<|pad|>": 32000})
+    assert tok.encode("a<|pad|>", allowed_special={"<|pad|>"})[-1] == 32000 and tok.special_tokens["</s>"] == 2
+    assert tok.encode("a<|pad|>") == llama2[0].encode("a<|pad|>")
+    with pytest.raises(TokenizerFileError, match="already used"):
+        load(path, special_tokens={"<|pad|>": 5})
+    with pytest.raises(TokenizerFileError, match="has id 2, not 7"):
+        load(path, special_tokens={"</s>": 7})

@@ -92,18 +92,16 @@ def load(path, *, pattern: str | None = None, special_tokens: Mapping[str, int] 
     else:
         raise TokenizerFileError(f"{p}: unknown tokenizer file type (expected *.tiktoken, *.json, or a "
                                  "SentencePiece *.model)")
-    return _with_specials(tok, special_tokens) if special_tokens else tok
+    return _with_specials(tok, special_tokens)
 
 
-def _with_specials(tok: Tokenizer, special_tokens: Mapping[str, int]) -> Tokenizer:
+def _with_specials(tok: Tokenizer, special_tokens: Mapping[str, int] | None) -> Tokenizer:
     if not special_tokens:
         return tok
-    added = list(tok.added_tokens)
-    for text, i in special_tokens.items():
-        if text in tok.special_tokens and tok.special_tokens[text] != i:
-            raise ValueError(f"special token {text!r} has id {tok.special_tokens[text]} in {tok.name}, not {i}")
-        added.append(AddedToken(text, int(i)))
-    return _build(tok.name, **{**tok._config, "added": _unique_added(added, tok.name)})
+    try:
+        return tok.with_special_tokens(special_tokens)
+    except ValueError as e:
+        raise TokenizerFileError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------
@@ -144,11 +142,9 @@ def _read_json(path: Path):
 
 def _build(name, **config) -> Tokenizer:
     try:
-        tok = Tokenizer(**config, name=str(name))
+        return Tokenizer(**config, name=str(name))
     except ValueError as e:
         raise TokenizerFileError(str(e)) from None
-    tok._config = config
-    return tok
 
 
 def _unique_added(added: list[AddedToken], where) -> list[AddedToken]:

@@ -90,6 +90,7 @@ class Tokenizer:
                  whole_words: bool = False,
                  strip_leading_space: bool = False, normalize: str | None = None, bos_token: int | None = None,
                  eos_token: int | None = None, name: str = "bpe"):
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "name")}  # for with_special_tokens
         if symbols not in ("bytes", "chars"):
             raise ValueError(f"symbols must be 'bytes' or 'chars'; got {symbols!r}")
         if prefix not in ("text", "first", "always", "never"):
@@ -130,8 +131,19 @@ class Tokenizer:
         self.vocab_size: int = max(decoder) + 1
         self.bos_token, self.eos_token = bos_token, eos_token
         self._always = [t for t in self.added_tokens if not t.special]
-        self._splitters: dict[frozenset, re.Pattern | None] = {}
+        self._splitters: dict[frozenset, tuple[re.Pattern, list[int]] | None] = {}
         self._cache: dict[str, tuple[int, ...]] = {}
+
+    def with_special_tokens(self, special_tokens: Mapping[str, int]) -> Tokenizer:
+        """A copy with more special tokens (text -> id); an id already used by another token is an error."""
+        added = list(self.added_tokens)
+        for text, i in special_tokens.items():
+            if text in self.special_tokens:
+                if self.special_tokens[text] != i:
+                    raise ValueError(f"{self.name}: special token {text!r} has id {self.special_tokens[text]}, not {i}")
+                continue
+            added.append(AddedToken(text, int(i)))
+        return Tokenizer(**{**self._args, "added": added}, name=self.name)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, "
@@ -211,12 +223,13 @@ class Tokenizer:
         splitter = self._splitter(allowed)
         if splitter is None:
             return self._encode_segment(text, True)
+        pattern, id_of_group = splitter
         ids: list[int] = []
         start = 0
-        for m in splitter.finditer(text):
+        for m in pattern.finditer(text):
             if m.start() > start:
                 ids.extend(self._encode_segment(text[start:m.start()], start == 0))
-            ids.append(self._token_of[m.group("t")])
+            ids.append(id_of_group[m.lastindex - 1])
             start = m.end()
         if start < len(text):
             ids.extend(self._encode_segment(text[start:], start == 0))
@@ -235,27 +248,22 @@ class Tokenizer:
                              f"this tokenizer has {len(self.special_tokens)}, e.g. {sorted(self.special_tokens)[:5]}")
         return allowed
 
-    def _splitter(self, allowed: frozenset) -> re.Pattern | None:
+    def _splitter(self, allowed: frozenset) -> tuple[re.Pattern, list[int]] | None:
         """One regex matching every always-matched added token and every allowed special token,
-        longest first (leftmost-longest, as Hugging Face's matcher), with the flags' context."""
-        if allowed in self._splitters:
-            return self._splitters[allowed]
-        tokens = [t for t in self.added_tokens if not t.special or t.content in allowed]
-        if not tokens:
-            self._splitters[allowed] = None
-            return None
-        self._token_of = {t.content: t.id for t in self.added_tokens}
-        space = "[" + re.escape(WHITE_SPACE) + "]*"
-        alternatives = []
-        for t in sorted(tokens, key=lambda t: len(t.content), reverse=True):
-            body = re.escape(t.content)
-            if t.single_word:
-                body = rf"(?<!\w){body}(?!\w)"
-            alternatives.append((space if t.lstrip else "") + f"(?:{body})" + (space if t.rstrip else ""))
-        # A match's token text, without the whitespace its flags take, is found by a second match.
-        pattern = re.compile("|".join(alternatives))
-        contents = re.compile("|".join(re.escape(t.content) for t in sorted(tokens, key=lambda t: -len(t.content))))
-        self._splitters[allowed] = _Splitter(pattern, contents)
+        longest first (leftmost-longest, as Hugging Face's matcher), each alternative with the
+        whitespace its flags take and one group around the token itself; and the id of each
+        group. Cached per set of allowed tokens."""
+        if allowed not in self._splitters:
+            tokens = sorted((t for t in self.added_tokens if not t.special or t.content in allowed),
+                            key=lambda t: len(t.content), reverse=True)
+            space = "[" + re.escape(WHITE_SPACE) + "]*"
+            alternatives = []
+            for t in tokens:
+                body = f"({re.escape(t.content)})"
+                if t.single_word:
+                    body = rf"(?<!\w){body}(?!\w)"
+                alternatives.append((space if t.lstrip else "") + body + (space if t.rstrip else ""))
+            self._splitters[allowed] = (re.compile("|".join(alternatives)), [t.id for t in tokens]) if tokens else None
         return self._splitters[allowed]
 
     # ---- decoding ----------------------------------------------------------------------
@@ -284,7 +292,10 @@ class Tokenizer:
         return b"".join(self._decoder[self._check_id(i)] for i in _id_list(ids))
 
     def decode(self, ids: Iterable[int], *, errors: str = "replace") -> str:  # ids [T] -> text
-        """text = utf8_decode(concat of token_bytes(i)), less the dummy-prefix space; invalid bytes -> U+FFFD."""
+        """text = utf8_decode(concat of token_bytes(i)), less the dummy-prefix space; invalid bytes -> U+FFFD.
+
+        A special token decodes to its text, in every format, as tiktoken's do (sentencepiece
+        decodes control pieces to "" and <unk> to " \u2047 ")."""
         text = self.decode_bytes(ids).decode("utf-8", errors=errors)
         if self._strip_leading_space and text.startswith(" "):
             text = text[1:]
@@ -297,34 +308,6 @@ class Tokenizer:
         """Yield text as ids arrive, never splitting a UTF-8 character; "".join(...) == decode(ids)."""
         _check_id_sequence(ids)
         return StreamDecoder(self)._chunks(ids)
-
-
-class _Splitter:
-    """finditer over the added tokens, yielding matches whose group 't' is the token's own text."""
-
-    def __init__(self, pattern: re.Pattern, contents: re.Pattern):
-        self.pattern, self.contents = pattern, contents
-
-    def finditer(self, text: str) -> Iterator[_Match]:
-        for m in self.pattern.finditer(text):
-            inner = self.contents.search(m.group())
-            yield _Match(m.start(), m.end(), inner.group())
-
-
-@dataclass(frozen=True)
-class _Match:
-    _start: int
-    _end: int
-    _text: str
-
-    def start(self) -> int:
-        return self._start
-
-    def end(self) -> int:
-        return self._end
-
-    def group(self, _name: str) -> str:
-        return self._text
 
 
 class StreamDecoder:
