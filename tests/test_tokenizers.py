@@ -219,6 +219,7 @@ def test_hypothesis_text_matches_every_oracle(gpt2, qwen, llama3, llama2, text):
     assert tok.encode(text) == enc.encode_ordinary(text)
     ours_json, table, ours_tiktoken, enc = llama3
     assert ours_json.encode(text) == table.encode(text, add_special_tokens=False).ids == enc.encode_ordinary(text)
+    assert ours_tiktoken.encode(text) == enc.encode_ordinary(text)
     tok, table = llama2
     ids = tok.encode(text)
     assert ids == table.encode(text, add_special_tokens=False).ids
@@ -234,6 +235,15 @@ def test_hypothesis_text_matches_sentencepiece(text):
     assert tok.encode(text) == sp.encode(text)
     if "\u2581" not in text:
         assert tok.decode(tok.encode(text)) == text
+
+
+@settings(max_examples=30)
+@given(text=st.one_of(assigned_text, tricky_text))
+def test_hypothesis_text_matches_tekken(tekken, text):
+    name, tok, enc, n_special = tekken
+    ids = tok.encode(text)
+    assert ids == [i + n_special for i in enc.encode_ordinary(text)]
+    assert tok.decode(ids) == text
 
 
 def _v3(cache={}):
