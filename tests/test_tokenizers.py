@@ -283,18 +283,19 @@ def _trained(kind: str, tmp_path) -> tuple[Path, object]:
     t.train_from_iterator(TRAIN, trainer)
     path = tmp_path / "tokenizer.json"
     t.save(str(path))
-    if kind == "byte-fallback":  # add the <0xNN> tokens to the vocabulary, as converted Llama files have
+    if kind.startswith("byte-fallback"):  # add the <0xNN> tokens to the vocabulary, as converted Llama files have
         data = json.loads(path.read_text())
         vocab = data["model"]["vocab"]
         for b in range(256):
             vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+        data["model"]["ignore_merges"] = kind.endswith("ignore-merges")
         path.write_text(json.dumps(data, ensure_ascii=False))
         t = hf.Tokenizer.from_file(str(path))
     t.encode_special_tokens = True
     return path, t
 
 
-@pytest.mark.parametrize("kind", ["byte-level", "metaspace", "byte-fallback"])
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace", "byte-fallback", "byte-fallback-ignore-merges"])
 def test_tokenizer_json_built_by_tokenizers_agrees(kind, tmp_path):
     path, table = _trained(kind, tmp_path)
     tok = load(path)

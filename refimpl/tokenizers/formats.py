@@ -602,7 +602,8 @@ def _sentencepiece_style(where, ids: dict[str, int], pairs: PairTable, added: li
     initial = {p: i for p, i in ids.items() if len(p) == 1}
     if metaspace_split:
         pattern = f"{SPACE}[^{SPACE}]*|[^{SPACE}]+"
-    elif not any(re.search(f"[^{SPACE}]{SPACE}", p) for p in merge_results):
+    elif not whole_words and not any(re.search(f"[^{SPACE}]{SPACE}", p) for p in merge_results):
+        # (not with ignore_merges: its whole-word rule applies to the pre-tokenizer's pieces only)
         pattern = f"{SPACE}*[^{SPACE}]+|{SPACE}+"
     else:
         pattern = None

@@ -116,7 +116,10 @@ class Tokenizer:
             raise ValueError(f"normalize must be None or a Unicode normal form (NFC, NFKC, NFD, NFKD); "
                              f"got {normalize!r}")
         self._normalize = normalize
-        self._whole = {self._piece_key(t): i for i, t in self._vocab.items()} if whole_words else None
+        # ignore_merges: a piece that is a token is that token. Single bytes are left to the merge
+        # (their initial id), so a byte-fallback token <0x41> never stands in for the piece "A".
+        self._whole = ({self._piece_key(t): i for i, t in self._vocab.items() if len(t) > 1}
+                       if whole_words else None)
         self.added_tokens: tuple[AddedToken, ...] = tuple(added)
         decoder = dict(self._vocab)
         for t in self.added_tokens:
