@@ -628,3 +628,22 @@ def test_special_tokens_given_to_a_file_with_its_own(tmp_path, llama2):
         load(path, special_tokens={"<|pad|>": 5})
     with pytest.raises(TokenizerFileError, match="has id 2, not 7"):
         load(path, special_tokens={"</s>": 7})
+
+
+def test_ignore_merges_with_byte_fallback_like_tokenizers(tmp_path):
+    """ignore_merges looks a whole piece up in the vocabulary: a one-byte piece "A" is the token "A",
+    never the byte-fallback token <0x41> with the same bytes; and a segment without a pre-tokenizer is
+    one piece (the whole-word rule does not see the cuts made for caching)."""
+    tokens = ["<unk>", "<s>", "</s>", "A", "b", "▁", "Ab", "▁A", "▁Ab", "bA", "▁AbbA",
+              *(f"<0x{b:02X}>" for b in range(256))]
+    merges = [(3, 4), (5, 3), (5, 6), (4, 3)]
+    for pre in ({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never", "split": True}, None):
+        data = llama2_tokenizer_json(tokens, merges)
+        data["model"]["ignore_merges"] = True
+        if pre is not None:
+            data["normalizer"], data["pre_tokenizer"] = None, pre
+        path = write_json(tmp_path / "tokenizer.json", data)
+        table = hf.Tokenizer.from_file(str(path))
+        texts = ["A", "Ab", "A Ab", "AbbA", " AbbA", "AbbA AbbA", "bA", "x A"]
+        compare(f"ignore_merges, pre_tokenizer {pre and pre['type']}", load(path).encode,
+                lambda s: table.encode(s, add_special_tokens=False).ids, texts)
