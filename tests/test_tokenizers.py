@@ -647,3 +647,68 @@ def test_ignore_merges_with_byte_fallback_like_tokenizers(tmp_path):
         texts = ["A", "Ab", "A Ab", "AbbA", " AbbA", "AbbA AbbA", "bA", "x A"]
         compare(f"ignore_merges, pre_tokenizer {pre and pre['type']}", load(path).encode,
                 lambda s: table.encode(s, add_special_tokens=False).ids, texts)
+
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(allow_nan=False), st.text(max_size=5),
+                  st.lists(st.integers(0, 5), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(0, 5),
+                                                                             max_size=2))
+
+
+def _paths(value, prefix=()):
+    """Every (path, value) inside a JSON value, the root included."""
+    yield prefix, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for k, v in enumerate(value[:6]):
+            yield from _paths(v, prefix + (k,))
+
+
+@settings(max_examples=200)
+@given(data=st.data())
+def test_mutated_json_files_load_or_give_our_error(data, tmp_path_factory):
+    """Any value of a small tokenizer.json or Tekken file replaced by junk of another type: the file
+    loads, or TokenizerFileError names the problem; nothing else escapes."""
+    tekken = {"config": {"pattern": PATTERNS["gpt2"], "default_vocab_size": 286, "default_num_special_tokens": 30},
+              "vocab": [{"rank": b, "token_bytes": base64.b64encode(bytes([b])).decode()} for b in range(256)],
+              "special_tokens": [{"rank": 0, "token_str": "<unk>"}]}
+    hf_json = llama2_tokenizer_json(["<unk>", "<s>", "</s>", "a", "b", "ab", "▁", "▁ab"], [(3, 4), (6, 5)])
+    hf_json["model"]["vocab"].update({f"<0x{b:02X}>": 8 + b for b in range(256)})
+    doc = data.draw(st.sampled_from([tekken, hf_json]))
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from([p for p, _ in _paths(doc) if p]))
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = data.draw(_JUNK)
+    file = tmp_path_factory.mktemp("mutated") / "tok.json"
+    file.write_text(json.dumps(doc))
+    try:
+        tok = load(file)
+    except TokenizerFileError:
+        return
+    try:
+        tok.decode(tok.encode("ab a\u00e9"))
+    except ValueError as e:  # a loaded vocabulary without the characters: our encode error
+        assert "is not in the vocabulary" in str(e)
+
+
+@settings(max_examples=300)
+@given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4), cut=st.integers(0, 10**6))
+def test_mutated_sentencepiece_model_loads_or_gives_our_error(edits, cut, tmp_path_factory):
+    """A small .model with bytes overwritten and its end cut off: it loads and encodes, or
+    TokenizerFileError names the problem; nothing else escapes."""
+    proto = bytearray(sentencepiece_model(TINY))
+    for at, value in edits:
+        proto[at % len(proto)] = value
+    path = tmp_path_factory.mktemp("mutated") / "m.model"
+    path.write_bytes(bytes(proto[:len(proto) - cut % 40]))
+    try:
+        tok = load(path)
+    except TokenizerFileError:
+        return
+    try:
+        tok.decode(tok.encode("the ab [U] zz"))
+    except ValueError as e:  # unk_id edited away: an unknown character is then our encode error
+        assert "is not in the vocabulary" in str(e)

@@ -396,12 +396,14 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
     added = _unique_added(added, where)
     added_ids = {t.id for t in added}
     byte_level = any(_kind(c) == "ByteLevel" for c in pre)
-    if byte_level:
-        config = _hf_byte_level(where, pre, norm, dec, model)
-        to_bytes = _byte_level_token(where)
-    else:
-        config = _hf_metaspace(where, pre, norm, dec, model)
-        to_bytes = None
+    try:  # the components' fields, read with their expected types
+        config = (_hf_byte_level if byte_level else _hf_metaspace)(where, pre, norm, dec, model)
+    except (TypeError, AttributeError, KeyError, ValueError) as e:
+        if isinstance(e, TokenizerFileError):
+            raise
+        raise TokenizerFileError(f"{where}: a normalizer, pre_tokenizer, decoder or model field has the wrong "
+                                 f"type ({type(e).__name__}: {e})") from None
+    to_bytes = _byte_level_token(where) if byte_level else None
     # The vocabulary and merges, as ids.
     ids = {tok: i for tok, i in vocab.items() if i not in added_ids}
     merges = model.get("merges", [])
