@@ -183,6 +183,9 @@ def test_llama3_matches_tiktoken_and_tokenizers(llama3):
     compare("llama3 .tiktoken vs tiktoken", ours_tiktoken.encode, enc.encode_ordinary, TEXTS)
     compare("llama3 allowed", lambda s: ours_json.encode(s, allowed_special="all"),
             lambda s: enc.encode(s, allowed_special="all"), TEXTS)
+    # The post_processor's BOS is reported, not added: the library adds it with add_special_tokens.
+    assert table.encode("x").ids == [ours_json.bos_token, *ours_json.encode("x")] and ours_json.bos_token == 128000
+    assert ours_json.eos_token is None
 
 
 def test_llama2_sentencepiece_style_json_matches_tokenizers(llama2):
@@ -192,6 +195,7 @@ def test_llama2_sentencepiece_style_json_matches_tokenizers(llama2):
     for s in TEXTS:
         ids = tok.encode(s)
         assert tok.decode(ids) == table.decode(ids, skip_special_tokens=False) == s
+    assert (tok.bos_token, tok.eos_token) == (1, None) and table.encode("x").ids == [1, *tok.encode("x")]
 
 
 def test_mistral_sentencepiece_models_match_sentencepiece(mistral_sp):

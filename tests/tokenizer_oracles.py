@@ -78,7 +78,9 @@ def llama3_tokenizer_json(tokens: list[str], merges: list[tuple[int, int]]) -> d
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-        "post_processor": None,
+        "post_processor": {"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            _bos_template("<|begin_of_text|>", 128000)]},
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
@@ -96,7 +98,7 @@ def llama2_tokenizer_json(tokens: list[str], merges: list[tuple[int, int]]) -> d
         "normalizer": {"type": "Sequence", "normalizers": [
             {"type": "Prepend", "prepend": "\u2581"},
             {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
-        "pre_tokenizer": None, "post_processor": None,
+        "pre_tokenizer": None, "post_processor": _bos_template("<s>", 1),
         "decoder": {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
             {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
@@ -105,6 +107,15 @@ def llama2_tokenizer_json(tokens: list[str], merges: list[tuple[int, int]]) -> d
                   "vocab": {t: i for i, t in enumerate(tokens)},
                   "merges": [f"{tokens[a]} {tokens[b]}" for a, b in merges]},
     }
+
+
+def _bos_template(bos: str, i: int) -> dict:
+    """The TemplateProcessing post_processor that puts `bos` before each sequence."""
+    return {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [i], "tokens": [bos]}}}
 
 
 def write_json(path: Path, data: dict) -> Path:

@@ -12,9 +12,10 @@ of SentencePiece's model files.
 """
 
 from .formats import (TokenizerFileError, load, load_sentencepiece, load_tekken, load_tiktoken,
-                      load_tokenizer_json)
+                      load_tokenizer_json, load_vocab_merges)
 from .pretokenize import PATTERNS
 from .tokenizer import AddedToken, StreamDecoder, Tokenizer
 
-__all__ = ["load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece", "load_tekken", "Tokenizer",
+__all__ = ["load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece", "load_tekken", "load_vocab_merges",
+           "Tokenizer",
            "StreamDecoder", "AddedToken", "TokenizerFileError", "PATTERNS"]

@@ -404,6 +404,7 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
         raise TokenizerFileError(f"{where}: a normalizer, pre_tokenizer, decoder or model field has the wrong "
                                  f"type ({type(e).__name__}: {e})") from None
     to_bytes = _byte_level_token(where) if byte_level else None
+    config["bos_token"], config["eos_token"] = _template_ends(where, data.get("post_processor"))
     # The vocabulary and merges, as ids.
     ids = {tok: i for tok, i in vocab.items() if i not in added_ids}
     merges = model.get("merges", [])
@@ -467,6 +468,31 @@ def load_vocab_merges(vocab_path, merges_path) -> Tokenizer:
     return load_tokenizer_json(vocab_path, data=data)
 
 
+def _template_ends(where, post) -> tuple[int | None, int | None]:
+    """(BOS id, EOS id) that a TemplateProcessing post_processor puts around a single sequence
+    (Llama's "<s> $A", Llama 3's "<|begin_of_text|> $A"), None where it adds nothing. Only
+    reported (Tokenizer.bos_token / eos_token): encode never adds them."""
+    procs = _flatten(post, "processors") if isinstance(post, dict) else []
+    for p in procs:
+        if _kind(p) != "TemplateProcessing":
+            continue
+        single, table = p.get("single"), p.get("special_tokens") or {}
+        if not isinstance(single, list) or not isinstance(table, dict):
+            raise TokenizerFileError(f"{where}: post_processor TemplateProcessing needs 'single' and 'special_tokens'")
+
+        def id_of(item) -> int | None:
+            name = item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
+            ids = table.get(name, {}).get("ids") if isinstance(table.get(name), dict) else None
+            if name is None:
+                return None
+            if not (isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], int)):
+                raise TokenizerFileError(f"{where}: post_processor special token {name!r:.40} needs one integer id")
+            return ids[0]
+
+        return (id_of(single[0]) if single else None), (id_of(single[-1]) if len(single) > 1 else None)
+    return None, None
+
+
 def _byte_level_token(where):
     table = _unicode_to_byte()
 
@@ -479,7 +505,7 @@ def _byte_level_token(where):
     return to_bytes
 
 
-def _hf_byte_level(where, pre, norm, dec, model) -> dict:
+def _hf_byte_level(where, pre, norm, dec, model) -> dict:  # -> Tokenizer arguments
     """pre_tokenizer ByteLevel (GPT-2's regex) or [Split(regex, Isolated), ByteLevel(use_regex=False)]."""
     pattern = None
     for c in pre:
