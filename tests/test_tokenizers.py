@@ -422,6 +422,12 @@ def test_load_a_model_directory(tmp_path, llama2):
     assert load(sp_dir).encode("Hello world") == llama2[0].encode("Hello world")  # tokenizer.json first
     with pytest.raises(ValueError, match="pattern"):
         load(cached("gpt2.tiktoken"))
+    with pytest.raises(TypeError, match="pattern must be"):
+        load(cached("gpt2.tiktoken"), pattern=["gpt2"])
+    with pytest.raises(TypeError, match="special_tokens must map"):
+        load(cached("gpt2.tiktoken"), pattern="gpt2", special_tokens={"<|endoftext|>": "50256"})
+    with pytest.raises(ValueError, match="only for .tiktoken"):
+        load(sp_dir, pattern="gpt2")
 
 
 # --------------------------------------------------------------------------------------

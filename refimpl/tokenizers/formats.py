@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .._files import NotARegularFileError, read_regular_bytes
 from .engine import PairTable
+from .pretokenize import PATTERNS, compile_pattern
 from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
@@ -61,6 +62,15 @@ def load(path, *, pattern: str | None = None, special_tokens: Mapping[str, int] 
     special_tokens: text -> id, added to the file's own (a .tiktoken file has none).
     Raises FileNotFoundError for a missing path, TokenizerFileError for bad contents.
     """
+    if pattern is not None and not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a name ({', '.join(PATTERNS)}) or a regex string; "
+                        f"got {type(pattern).__name__}")
+    if special_tokens is not None:
+        if not isinstance(special_tokens, Mapping) or not all(
+                isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in special_tokens.items()):
+            raise TypeError(f"special_tokens must map non-empty strings to non-negative integer ids; "
+                            f"got {special_tokens!r:.80}")
     p = Path(os.fspath(path))
     if p.is_dir():
         for name in _DIRECTORY_FILES:
@@ -222,7 +232,6 @@ def _byte_level(name, encoder: dict[bytes, int], pairs: PairTable, pattern: str,
         raise TokenizerFileError(f"{name}: byte-level BPE needs a token for each of the 256 bytes; missing "
                                  f"{len(missing)}, e.g. byte 0x{missing[0]:02x}")
     try:
-        from .pretokenize import compile_pattern
         compile_pattern(pattern)
     except ValueError as e:
         raise TokenizerFileError(f"{name}: {e}") from None
