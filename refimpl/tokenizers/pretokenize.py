@@ -1,0 +1,194 @@
+"""Pre-tokenizer regular expressions: the named patterns, and a translation to Python's `re`.
+
+A byte-level BPE tokenizer first cuts text into pieces with one regular expression, and
+merges never cross a piece boundary (Radford et al. 2019, sec. 2.2). Every model family
+has its own expression, written for an engine with Unicode properties (tiktoken's Rust
+fancy-regex, Hugging Face's Oniguruma):
+
+    gpt2    's|'t|... ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+   (GPT-2, r50k/p50k)
+    cl100k  digits in runs of at most three, one non-letter may lead a word   (GPT-3.5/4)
+    llama3  cl100k's rules, without possessive quantifiers                   (Llama 3)
+    qwen2   like llama3 but every digit is its own piece                     (Qwen, Qwen2)
+
+Python's `re` (3.11+) has possessive quantifiers, atomic groups and scoped flags, but no
+\\p{..}, and its \\s and $ mean other things. `translate` rewrites exactly those:
+
+    \\p{X} / \\P{X}   -> the explicit class of General_Category X (L, Lu, N, M, ...)
+    \\s / \\S         -> Unicode White_Space (re's \\s also takes U+001C..U+001F)
+    $               -> \\Z (re's $ also matches before a final newline)
+
+inside and outside [...] classes. The classes come from Python's `unicodedata`, so a code
+point that is unassigned in its Unicode version but assigned in the oracle's counts as
+"other" here (see refimpl.gpt2.bpe.UNICODE_VERSION); text of assigned characters splits
+identically (tested against tiktoken and tokenizers).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import unicodedata
+
+__all__ = ["PATTERNS", "WHITE_SPACE", "translate", "compile_pattern"]
+
+PATTERNS = {
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+    "cl100k": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+              r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    "llama3": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+              r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",
+}
+"""The pre-tokenizer of each named family, as its own sources spell it (tiktoken's
+openai_public.py for gpt2 and cl100k; the tokenizer.json Split regex of Llama 3 and Qwen2)."""
+
+# Unicode's White_Space property (PropList.txt), what \s means in the oracles' engines.
+WHITE_SPACE = ("\u0009\u000a\u000b\u000c\u000d\u0020\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004"
+               "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+@functools.cache
+def _categories() -> bytes:
+    """General_Category of every code point, one byte each (an index into _CATS): 1.1 MB, built once."""
+    index = {c: i for i, c in enumerate(_CATS)}
+    return bytes(map(index.__getitem__, map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
+
+
+_CATS = ("Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf",
+         "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Co", "Cn")
+
+
+@functools.cache
+def _class_body(prop: str) -> str:
+    """The body of an `re` class (\\U ranges) holding the code points of General_Category `prop`
+    ("L" for all letters, "Lu" for one category, ...), longest ranges first: `re` tests ranges in
+    order, so common characters are found early."""
+    wanted = {i for i, c in enumerate(_CATS) if c == prop or c[0] == prop}
+    if not wanted:
+        raise ValueError(f"pattern: unknown Unicode property \\p{{{prop}}}; known: one- or two-letter "
+                         f"General_Category names such as L, Lu, N, Nd, M, P, S, Z, C")
+    inside = _categories().translate(bytes(1 if i in wanted else 0 for i in range(256)))
+    ranges = [(m.start(), m.end() - 1) for m in re.finditer(b"\x01+", inside)]
+    ranges.sort(key=lambda r: r[0] - r[1])
+    return "".join(_range(a, b) for a, b in ranges)
+
+
+def _range(a: int, b: int) -> str:
+    return f"\\U{a:08x}-\\U{b:08x}" if b > a else f"\\U{a:08x}"
+
+
+@functools.cache
+def _class_parts(prop: str) -> tuple[str, str]:
+    """_class_body(prop) split into its BMP ranges and its astral ranges (from U+10000)."""
+    body = _class_body(prop)
+    bmp, astral = [], []
+    for a, b in re.findall(r"\\U([0-9a-f]{8})(?:-\\U([0-9a-f]{8}))?", body):
+        a, b = int(a, 16), int(b or a, 16)
+        if a < 0x10000:
+            bmp.append(_range(a, min(b, 0xFFFF)))
+        if b >= 0x10000:
+            astral.append(_range(max(a, 0x10000), b))
+    return "".join(bmp), "".join(astral)
+
+
+_SPACE_BODY = "".join(_range(ord(c), ord(c)) for c in WHITE_SPACE)  # all in the BMP
+_ASTRAL = r"[\U00010000-\U0010ffff]"
+_PROPERTY = re.compile(r"\\([pP])\{(\^?)([A-Za-z_&]+)\}|\\([pP])([A-Za-z])")
+
+
+def _one_char(negate: bool, bmp: str, astral: str) -> str:
+    """A class matching one character, as a BMP half and an astral half.
+
+    `re` tests a BMP character against a bitmap but the astral ranges of a class one by one,
+    so a class mixing both (\\p{L} has hundreds of astral ranges) costs every non-member BMP
+    character a walk through all of them. Split, each character meets only its own half."""
+    hat = "^" if negate else ""
+    bmp_half = f"(?!{_ASTRAL})[{hat}{bmp}]" if bmp else ("" if not negate else f"(?!{_ASTRAL})[\\s\\S]")
+    astral_half = f"(?={_ASTRAL})[{hat}{astral}]" if astral else ("" if not negate else _ASTRAL)
+    halves = [h for h in (bmp_half, astral_half) if h]
+    if not halves:
+        raise ValueError("pattern: an empty character class")
+    return f"(?:{'|'.join(halves)})"
+
+
+def _bracket(pattern: str, i: int) -> tuple[str, int]:
+    """The class pattern[i] == '[' ... ']' translated; returns (text, index after it)."""
+    n, j = len(pattern), i + 1
+    negate = pattern.startswith("^", j)
+    j += negate
+    bmp, astral, has_property, first = [], [], False, True
+    while True:
+        if j >= n:
+            raise ValueError(f"pattern: unterminated [ at {i}")
+        c = pattern[j]
+        if c == "]" and not first:
+            break
+        first = False
+        if c == "[":
+            raise ValueError(f"pattern: a nested class [ at {j} is not supported")
+        if c == "\\" and j + 1 < n:
+            m = _PROPERTY.match(pattern, j)
+            if m:
+                if (m.group(1) or m.group(4)) == "P" or m.group(2):
+                    raise ValueError(f"pattern: a negated property {m.group()!r} inside [...] is not supported")
+                b, a = _class_parts(m.group(3) or m.group(5))
+                bmp.append(b)
+                astral.append(a)
+                has_property, j = True, m.end()
+                continue
+            e = pattern[j + 1]
+            if e == "S":
+                raise ValueError("pattern: \\S inside [...] is not supported")
+            item = _SPACE_BODY if e == "s" else pattern[j:j + 2]
+            j += 2
+        else:
+            item, j = c, j + 1
+        bmp.append(item)
+        astral.append(item)
+    if not has_property:
+        return f"[{'^' if negate else ''}{''.join(bmp)}]", j + 1
+    return _one_char(negate, "".join(bmp), "".join(astral)), j + 1
+
+
+def translate(pattern: str) -> str:
+    """`pattern` (Rust regex / Oniguruma syntax) rewritten for Python's `re`: \\p{X}, \\P{X},
+    \\s, \\S and $ as described in the module docstring; everything else is passed as it is.
+    A class holding a property becomes a group of two one-character classes (see `_one_char`).
+
+    Raises ValueError naming the construct for what has no exact `re` form here: a negated
+    property or \\S inside a [...] class, a nested class, and an unknown property name.
+    """
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            m = _PROPERTY.match(pattern, i)
+            if m:
+                negate = ((m.group(1) or m.group(4)) == "P") != bool(m.group(2))
+                out.append(_one_char(negate, *_class_parts(m.group(3) or m.group(5))))
+                i = m.end()
+                continue
+            e = pattern[i + 1]
+            out.append(f"[{'^' if e == 'S' else ''}{_SPACE_BODY}]" if e in "sS" else pattern[i:i + 2])
+            i += 2
+        elif c == "[":
+            text, i = _bracket(pattern, i)
+            out.append(text)
+        else:
+            out.append(r"\Z" if c == "$" else c)
+            i += 1
+    return "".join(out)
+
+
+@functools.cache
+def compile_pattern(pattern: str) -> re.Pattern:
+    """A named pattern ("gpt2", "cl100k", "llama3", "qwen2") or a regex string, compiled for `re`."""
+    source = PATTERNS.get(pattern, pattern)
+    translated = translate(source)
+    try:
+        return re.compile(translated)
+    except re.error as e:
+        raise ValueError(f"pattern {pattern!r:.80} does not compile as a Python regex after "
+                         f"translation ({e})") from None

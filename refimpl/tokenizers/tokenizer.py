@@ -1,0 +1,368 @@
+"""The tokenizer object every format loads into: one pipeline, configured per format.
+
+    encode: text -> cut at added / allowed special tokens -> per segment: normalize
+                 -> pre-tokenize into pieces -> initial symbols (bytes or characters) as ids
+                 -> BPE merges (engine.py) -> ids
+    decode: ids -> bytes of each token, joined -> UTF-8 text (invalid sequences become U+FFFD)
+                 -> for SentencePiece-style vocabularies, one leading space removed
+
+The parts that differ between formats are data, not code paths:
+
+    symbols     "bytes": each UTF-8 byte is a token (byte-level BPE: GPT-2, Llama 3, Qwen, Tekken)
+                "chars": each character is a token if the vocabulary has it, else its UTF-8
+                bytes as byte-fallback tokens <0xNN> if it has those, else the unknown token
+    pattern     the pre-tokenizer regex (pretokenize.py), or None: the whole segment is one piece
+    space       SentencePiece's whitespace rule: spaces become this character ("▁"), and a
+                prefix "▁" is added ("text": once, at the start of the text; "first": to a
+                segment starting the text; "always": to every segment; "never"), for
+                Metaspace only to a segment that does not start with a space already
+
+Special tokens are like tiktoken's: text that spells one is ordinary text unless the caller
+allows it (`allowed_special`), whatever the format. Added tokens that are not special (a
+tokenizer.json's added_tokens with "special": false, a SentencePiece model's user-defined
+symbols) are matched in every text, as their libraries do. `encode` never adds BOS / EOS
+tokens; `bos_token` / `eos_token` say which ids a model expects there.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._checks import is_int
+from .engine import PairTable, merge
+from .pretokenize import WHITE_SPACE, compile_pattern
+
+__all__ = ["AddedToken", "Tokenizer", "StreamDecoder"]
+
+
+@dataclass(frozen=True)
+class AddedToken:
+    """A token matched in raw text before any splitting (Hugging Face's AddedToken flags).
+
+    lstrip / rstrip: the match also takes the whitespace on its left / right. single_word:
+    it matches only where no word character (letter, digit, _) touches it on either side."""
+    content: str
+    id: int
+    special: bool = True
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+
+
+class Tokenizer:
+    """BPE tokenizer: `encode(text) -> list[int]`, `decode(ids) -> str`, `stream_decoder()`.
+
+    Built by the loaders (`refimpl.tokenizers.load`); the arguments are the data of the
+    pipeline in the module docstring:
+
+      vocab          id -> bytes the token decodes to, for every ordinary token
+      pairs          the merge table (engine.PairTable)
+      symbols        "bytes" or "chars"
+      initial        "bytes": {byte value: id} for all 256; "chars": {character: id}
+      pattern        pre-tokenizer (name or regex string) or None
+      added          AddedToken list: special ones need `allowed_special`, others always match
+      byte_fallback  "chars": {byte value: id} of the <0xNN> tokens, or None; a character with a
+                     byte missing there is the unknown token (as in Hugging Face's BPE)
+      unk            "chars": id of the unknown token, or None (then an unknown character is an error)
+      fuse_unk       consecutive unknown characters give one unknown token
+      space          "▁" (SentencePiece-style) or None; prefix "text" | "first" | "always" | "never"
+      prefix_unless_space  no prefix for a segment that starts with a space (Metaspace's rule)
+      collapse_spaces  SentencePiece's remove_extra_whitespaces (strip, and runs of ' ' become one)
+      whole_words    ignore_merges: a piece that is itself a vocabulary token is that token
+      strip_leading_space  decode drops one leading space (the dummy prefix)
+      normalize      a Unicode normal form applied to each segment (Qwen2's NFC), or None
+      bos_token, eos_token  ids a model expects at the ends, or None (never added by encode)
+    """
+
+    _CACHED_PIECE = 64      # pieces of at most this many characters are cached ...
+    _CACHE_SIZE = 1 << 20   # ... up to this many of them
+
+    def __init__(self, *, vocab: Mapping[int, bytes], pairs: PairTable, symbols: str, initial: Mapping,
+                 pattern: str | None = None, added: Iterable[AddedToken] = (), byte_fallback=None,
+                 unk: int | None = None, fuse_unk: bool = False, space: str | None = None,
+                 prefix: str = "never", prefix_unless_space: bool = False, collapse_spaces: bool = False,
+                 whole_words: bool = False,
+                 strip_leading_space: bool = False, normalize: str | None = None, bos_token: int | None = None,
+                 eos_token: int | None = None, name: str = "bpe"):
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "name")}  # for with_special_tokens
+        if symbols not in ("bytes", "chars"):
+            raise ValueError(f"symbols must be 'bytes' or 'chars'; got {symbols!r}")
+        if prefix not in ("text", "first", "always", "never"):
+            raise ValueError(f"prefix must be 'text', 'first', 'always' or 'never'; got {prefix!r}")
+        if symbols == "bytes":
+            missing = [b for b in range(256) if b not in initial]
+            if missing:
+                raise ValueError(f"{name}: byte-level BPE needs a token for each of the 256 bytes; "
+                                 f"missing {len(missing)}, e.g. byte 0x{missing[0]:02x}")
+        self.name = name
+        self._vocab = dict(vocab)
+        self._pairs = pairs
+        self._symbols = symbols
+        self._initial = dict(initial)
+        self._byte_ids = [self._initial[b] for b in range(256)] if symbols == "bytes" else None
+        self._fallback = dict(byte_fallback) if byte_fallback else None
+        self._unk, self._fuse_unk = unk, fuse_unk
+        self._pattern = compile_pattern(pattern) if pattern is not None else None
+        self._space, self._prefix, self._collapse = space, prefix, collapse_spaces
+        self._prefix_unless_space = prefix_unless_space
+        self._strip_leading_space = strip_leading_space
+        if normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
+            raise ValueError(f"normalize must be None or a Unicode normal form (NFC, NFKC, NFD, NFKD); "
+                             f"got {normalize!r}")
+        self._normalize = normalize
+        # ignore_merges: a piece that is a token is that token. Single bytes are left to the merge
+        # (their initial id), so a byte-fallback token <0x41> never stands in for the piece "A".
+        self._whole = ({self._piece_key(t): i for i, t in self._vocab.items() if len(t) > 1}
+                       if whole_words else None)
+        self.added_tokens: tuple[AddedToken, ...] = tuple(added)
+        decoder = dict(self._vocab)
+        for t in self.added_tokens:
+            if not t.content:
+                raise ValueError(f"{name}: an added token has empty text (id {t.id})")
+            known = decoder.get(t.id)
+            if known is not None and known != t.content.encode("utf-8"):
+                raise ValueError(f"{name}: added token {t.content!r} has id {t.id}, already used by {known!r}")
+            decoder[t.id] = t.content.encode("utf-8")
+        self._decoder = decoder
+        self.special_tokens: dict[str, int] = {t.content: t.id for t in self.added_tokens if t.special}
+        self.vocab_size: int = max(decoder) + 1
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self._always = [t for t in self.added_tokens if not t.special]
+        self._splitters: dict[frozenset, tuple[re.Pattern, list[int]] | None] = {}
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def with_special_tokens(self, special_tokens: Mapping[str, int]) -> Tokenizer:
+        """A copy with more special tokens (text -> id); an id already used by another token is an error."""
+        added = list(self.added_tokens)
+        for text, i in special_tokens.items():
+            if text in self.special_tokens:
+                if self.special_tokens[text] != i:
+                    raise ValueError(f"{self.name}: special token {text!r} has id {self.special_tokens[text]}, not {i}")
+                continue
+            added.append(AddedToken(text, int(i)))
+        return Tokenizer(**{**self._args, "added": added}, name=self.name)
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, "
+                f"special_tokens={len(self.special_tokens)})")
+
+    # ---- encoding ----------------------------------------------------------------------
+
+    def _piece_key(self, token: bytes) -> bytes:
+        """How a vocabulary entry is spelled as a piece: its bytes, with ' ' as the space character."""
+        if self._space is None:
+            return token
+        return token.replace(b" ", self._space.encode("utf-8"))
+
+    def _initial_ids(self, piece: str) -> list[int]:
+        if self._byte_ids is not None:
+            table = self._byte_ids
+            return [table[b] for b in piece.encode("utf-8")]
+        ids: list[int] = []
+        get, fallback, unk = self._initial.get, self._fallback, self._unk
+        for ch in piece:
+            i = get(ch)
+            if i is not None:
+                ids.append(i)
+            elif fallback is not None and all(b in fallback for b in ch.encode("utf-8")):
+                ids.extend(fallback[b] for b in ch.encode("utf-8"))
+            elif unk is not None:
+                if not (self._fuse_unk and ids and ids[-1] == unk):
+                    ids.append(unk)
+            else:
+                raise ValueError(f"{self.name}: character {ch!r} (U+{ord(ch):04X}) is not in the vocabulary, "
+                                 "which has neither byte-fallback tokens nor an unknown token")
+        return ids
+
+    def _encode_piece(self, piece: str) -> tuple[int, ...]:
+        ids = self._cache.get(piece)
+        if ids is None:
+            whole = self._whole.get(piece.encode("utf-8")) if self._whole is not None else None
+            ids = (whole,) if whole is not None else tuple(merge(self._initial_ids(piece), self._pairs))
+            if len(piece) <= self._CACHED_PIECE and len(self._cache) < self._CACHE_SIZE:
+                self._cache[piece] = ids
+        return ids
+
+    def _encode_segment(self, text: str, at_start: bool) -> list[int]:
+        """Ids of text that holds no added or allowed special token; at_start: it begins the text."""
+        if self._normalize is not None:
+            text = unicodedata.normalize(self._normalize, text)
+        if self._space is not None:
+            if (self._prefix == "always" or (self._prefix == "first" and at_start)) and text:
+                if not (self._prefix_unless_space and text.startswith(" ")):
+                    text = " " + text
+            text = text.replace(" ", self._space)
+        pieces = self._pattern.findall(text) if self._pattern is not None else [text] if text else []
+        ids: list[int] = []
+        for piece in pieces:
+            ids.extend(self._encode_piece(piece))
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:  # text -> ids [T]
+        """Encode `text` with every special-token string treated as plain text."""
+        return self.encode(text)
+
+    def encode(self, text: str, *, allowed_special: Iterable[str] | str = ()) -> list[int]:  # text -> ids [T]
+        """ids = concat over segments (between added / allowed special tokens) of BPE(pieces of segment).
+
+        allowed_special: special-token strings to recognise in `text`, or "all"; any other text
+        that spells a special token is encoded as ordinary text. Lone surrogates become U+FFFD
+        first (they have no UTF-8 form).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str; got {type(text).__name__}")
+        allowed = self._allowed(allowed_special)
+        text = _replace_lone_surrogates(text)
+        if self._collapse:
+            text = re.sub(" +", " ", text.strip(" "))
+        if self._space is not None and self._prefix == "text" and text:
+            text = " " + text
+        splitter = self._splitter(allowed)
+        if splitter is None:
+            return self._encode_segment(text, True)
+        pattern, id_of_group = splitter
+        ids: list[int] = []
+        start = 0
+        for m in pattern.finditer(text):
+            if m.start() > start:
+                ids.extend(self._encode_segment(text[start:m.start()], start == 0))
+            ids.append(id_of_group[m.lastindex - 1])
+            start = m.end()
+        if start < len(text):
+            ids.extend(self._encode_segment(text[start:], start == 0))
+        return ids
+
+    def _allowed(self, allowed_special) -> frozenset[str]:
+        if isinstance(allowed_special, str):
+            if allowed_special == "all":
+                return frozenset(self.special_tokens)
+            raise TypeError(f"allowed_special must be 'all' or a collection of special-token strings; "
+                            f"got the string {allowed_special!r} (wrap one token in a set)")
+        allowed = frozenset(allowed_special)
+        unknown = sorted(s for s in allowed if s not in self.special_tokens)
+        if unknown:
+            raise ValueError(f"allowed_special names unknown special tokens {unknown[:5]}; "
+                             f"this tokenizer has {len(self.special_tokens)}, e.g. {sorted(self.special_tokens)[:5]}")
+        return allowed
+
+    def _splitter(self, allowed: frozenset) -> tuple[re.Pattern, list[int]] | None:
+        """One regex matching every always-matched added token and every allowed special token,
+        longest first (leftmost-longest, as Hugging Face's matcher), each alternative with the
+        whitespace its flags take and one group around the token itself; and the id of each
+        group. Cached per set of allowed tokens."""
+        if allowed not in self._splitters:
+            tokens = sorted((t for t in self.added_tokens if not t.special or t.content in allowed),
+                            key=lambda t: len(t.content), reverse=True)
+            space = "[" + re.escape(WHITE_SPACE) + "]*"
+            alternatives = []
+            for t in tokens:
+                body = f"({re.escape(t.content)})"
+                if t.single_word:
+                    body = rf"(?<!\w){body}(?!\w)"
+                alternatives.append((space if t.lstrip else "") + body + (space if t.rstrip else ""))
+            self._splitters[allowed] = (re.compile("|".join(alternatives)), [t.id for t in tokens]) if tokens else None
+        return self._splitters[allowed]
+
+    # ---- decoding ----------------------------------------------------------------------
+
+    def _check_id(self, i) -> int:
+        if not is_int(i):
+            raise TypeError(f"token ids must be integers; got {i!r:.40} of type {type(i).__name__} "
+                            f"(vocab_size {self.vocab_size})")
+        i = int(i)
+        if i not in self._decoder:
+            if 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is not assigned to any token in this vocabulary "
+                                 f"(vocab_size {self.vocab_size})")
+            raise ValueError(f"token id {i} is out of range; valid ids are 0 .. {self.vocab_size - 1}")
+        return i
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token `i` decodes to (a special or added token's UTF-8 text)."""
+        return self._decoder[self._check_id(i)]
+
+    def token_ids(self) -> np.ndarray:  # -> [n] int64, sorted
+        """Every id that names a token (ordinary, added or special)."""
+        return np.array(sorted(self._decoder), dtype=np.int64)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:  # ids [T] -> bytes
+        return b"".join(self._decoder[self._check_id(i)] for i in _id_list(ids))
+
+    def decode(self, ids: Iterable[int], *, errors: str = "replace") -> str:  # ids [T] -> text
+        """text = utf8_decode(concat of token_bytes(i)), less the dummy-prefix space; invalid bytes -> U+FFFD.
+
+        A special token decodes to its text, in every format, as tiktoken's do (sentencepiece
+        decodes control pieces to "" and <unk> to " \u2047 ")."""
+        text = self.decode_bytes(ids).decode("utf-8", errors=errors)
+        if self._strip_leading_space and text.startswith(" "):
+            text = text[1:]
+        return text
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self)
+
+    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:  # ids [T] -> text chunks
+        """Yield text as ids arrive, never splitting a UTF-8 character; "".join(...) == decode(ids)."""
+        _check_id_sequence(ids)
+        return StreamDecoder(self)._chunks(ids)
+
+
+class StreamDecoder:
+    """Decode ids one at a time, holding back the bytes of an unfinished UTF-8 character.
+
+    `push(id)` returns the text that is complete so far (possibly ""); `flush()` what is
+    left (an unfinished character becomes U+FFFD). Everything returned, joined, equals
+    `tokenizer.decode(all_ids)`, the dummy-prefix space removed once at the start."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._at_start = tokenizer._strip_leading_space
+
+    def _emit(self, text: str) -> str:
+        if self._at_start and text:
+            self._at_start = False
+            if text.startswith(" "):
+                text = text[1:]
+        return text
+
+    def push(self, token_id: int) -> str:
+        return self._emit(self._utf8.decode(self.tokenizer.token_bytes(token_id), final=False))
+
+    def flush(self) -> str:
+        return self._emit(self._utf8.decode(b"", final=True))
+
+    def _chunks(self, ids: Iterable[int]) -> Iterator[str]:
+        for i in ids:
+            text = self.push(i)
+            if text:
+                yield text
+        rest = self.flush()
+        if rest:
+            yield rest
+
+
+def _check_id_sequence(ids) -> None:  # ids [T]
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"ids must be a sequence of integers; got {type(ids).__name__}")
+    if isinstance(ids, np.ndarray) and ids.ndim != 1:
+        raise ValueError(f"ids must be one sequence, shape [T]; got an array of shape {ids.shape}")
+
+
+def _id_list(ids) -> list:
+    _check_id_sequence(ids)
+    return list(ids)
+
+
+def _replace_lone_surrogates(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
