@@ -49,9 +49,9 @@ def _load_model(path):
     from refimpl.llama import MODEL_TYPES
 
     if path is not None and _model_type(path) in MODEL_TYPES:
-        from refimpl.llama import LlamaModel, load_weights
+        import refimpl
 
-        return LlamaModel(*load_weights(path))  # (no tokenizer: prompts as --ids)
+        return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
     return gpt2.load(path)
 
 

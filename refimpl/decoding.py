@@ -38,6 +38,9 @@ Policies, stated once:
   otherwise; pass top_k=50 for the same distribution as its generate(do_sample=True).
 - End of text: generation ends after eos_token_id (default the config's; None disables).
   The eos id is in `Generation.ids`, never in `Generation.text`.
+- Text prompts are encoded by the model's tokenizer, with the BOS id its files say it puts
+  first (refimpl.tokenizers: a tokenizer.json post-processor's, a SentencePiece model's <s>)
+  prepended when the text does not start with it; GPT-2's tokenizer adds none.
 - Stop strings are matched on the decoded text of the generated tokens (not the prompt).
   Generation ends at the token that completes the first match; that token is the last of
   `ids` (and the last one `stream` yields), while `text` (and `stream_text`) end just
@@ -439,6 +442,9 @@ def _prompt_ids(dec: Decoder, prompt) -> np.ndarray:  # str | ids [P] -> [P] int
             raise ValueError("a text prompt needs a tokenizer, and this model has none: "
                              "pass token ids, or load a model directory with tokenizer files")
         prompt = dec.tokenizer.encode(prompt)
+        bos = getattr(dec.tokenizer, "bos_token", None)  # the BOS the model's tokenizer puts first (refimpl.tokenizers)
+        if bos is not None and (not prompt or prompt[0] != bos):
+            prompt = [bos] + list(prompt)
     ids = np.asarray(prompt)
     ids = check_token_ids(ids if ids.size else ids.astype(np.int64), dec.vocab_size, name="prompt",
                           ragged_hint="left-pad shorter prompts, or use generate_batch")

@@ -121,7 +121,26 @@ def load(path=None, **kw):
 # ----------------------------------------------------------------------------- the LLaMA family's tokenizer
 
 def tokenizer_absence(directory) -> str | None:
-    """Why the directory has no tokenizer refimpl reads (one sentence), or None when GPT-2's loader applies.
+    """Why the directory has no tokenizer refimpl reads (one sentence), or None when it has one (llama_tokenizer).
+
+    GPT-2's loader reads GPT-2-style files (`_gpt2_tokenizer_absence`); refimpl.tokenizers
+    reads the rest (tokenizer.json of any BPE kind, a SentencePiece BPE tokenizer.model,
+    tekken.json).
+    """
+    why = _gpt2_tokenizer_absence(directory)
+    if why is None:
+        return None
+    from .tokenizers import TokenizerFileError, load as load_tokenizer
+
+    try:
+        load_tokenizer(directory)
+    except (FileNotFoundError, TokenizerFileError) as e:
+        return f"{why}; refimpl.tokenizers: {e}"
+    return None
+
+
+def _gpt2_tokenizer_absence(directory) -> str | None:
+    """Why GPT-2's tokenizer loader does not apply to the directory (one sentence), or None when it does.
 
     GPT-2's loader applies when the directory holds GPT-2-style tokenizer files
     (refimpl.gpt2.tokenizer.tokenizer_files) and nothing says they are of another kind:
@@ -195,14 +214,25 @@ def _other_kind(data: dict) -> list[str]:
 def llama_tokenizer(directory, vocab_size: int):
     """The tokenizer of a LLaMA-family model folder, or None when it has none refimpl reads (tokenizer_absence).
 
-    Read with refimpl.gpt2.tokenizer.load_model_tokenizer: its ids must fit vocab_size, and broken
-    files are an error naming the file.
+    GPT-2-style byte-level files: refimpl.gpt2.tokenizer.load_model_tokenizer (broken files are an
+    error naming the file). Otherwise refimpl.tokenizers.load (tokenizer.json, then
+    tokenizer.model, then tekken.json); a folder where it finds none, or only components it does
+    not implement, gets None. Either way the tokenizer's ids must fit vocab_size.
     """
     from .gpt2.tokenizer import load_model_tokenizer
 
-    if tokenizer_absence(directory) is not None:
+    if _gpt2_tokenizer_absence(directory) is None:
+        return load_model_tokenizer(directory, vocab_size)
+    from .tokenizers import TokenizerFileError, load as load_tokenizer
+
+    try:
+        tok = load_tokenizer(directory)
+    except (FileNotFoundError, TokenizerFileError):
         return None
-    return load_model_tokenizer(directory, vocab_size)
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"{directory}: the tokenizer has ids up to {tok.vocab_size - 1}, more than the model's "
+                         f"vocab_size {vocab_size}")
+    return tok
 
 
 # ----------------------------------------------------------------------------- logits

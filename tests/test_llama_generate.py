@@ -490,3 +490,40 @@ def test_cli_generate_on_a_llama_directory(tmp_path_factory, capsys):
         assert main(["generate", "--model", d, *argv]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.startswith("error: ") and message in captured.err, captured
+
+
+# ----------------------------------------------------------------------------- text in, text out
+
+def test_a_sentencepiece_mistral_generates_from_text_like_hugging_face(tmp_path):
+    """A Mistral folder with the real tokenizer.model (v1, 32,000 pieces): refimpl.load reads it; generate from text
+    encodes as sentencepiece does with its BOS, continues as HF generate does, and the CLI prints the same text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import refimpl
+    from tokenizer_oracles import cached
+
+    spm = pytest.importorskip("sentencepiece", reason="the SentencePiece oracle (pip install -e .[oracle])")
+    model_file = cached("mistral-common-data/tokenizer.model.v1")
+    hf = hf_llama("mistral", vocab_size=32000, bos_token_id=1, eos_token_id=2)
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.model").write_bytes(model_file.read_bytes())
+    model = refimpl.load(tmp_path)
+    assert model.tokenizer is not None
+    text = "Friends, Romans, countrymen, lend me your ears"
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    want = [1] + sp.encode(text)
+    out = refimpl.generate(model, text, max_new_tokens=12, eos_token_id=None)
+    assert model.tokenizer.encode(text) == want[1:] and model.tokenizer.bos_token == 1  # generate puts the BOS first
+    import torch
+
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([want]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(want):].tolist()
+    assert out.ids == ref
+    cli = subprocess.run([sys.executable, "-m", "refimpl", "generate", "--model", str(tmp_path), "--prompt", text,
+                          "--max-new-tokens", "12", "--greedy", "--no-eos"], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.startswith(text) and out.text in cli.stdout

@@ -287,6 +287,10 @@ class Tokenizer:
         """The bytes token `i` decodes to (a special or added token's UTF-8 text)."""
         return self._decoder[self._check_id(i)]
 
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """Each token's text for display: its bytes as UTF-8, bytes that are not whole characters shown as \\xNN."""
+        return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in _id_list(ids)]
+
     def token_ids(self) -> np.ndarray:  # -> [n] int64, sorted
         """Every id that names a token (ordinary, added or special)."""
         return np.array(sorted(self._decoder), dtype=np.int64)
