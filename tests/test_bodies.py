@@ -113,6 +113,7 @@ CASES = {
     "relu": (lambda: F.relu(x), lambda: F._relu(x)),
     "sigmoid": (lambda: F.sigmoid(x), lambda: F._sigmoid(x)),
     "silu": (lambda: F.silu(x), lambda: F._silu(x)),
+    "silu_gate": (lambda: F.silu_gate(x, 2 * x + 1), lambda: F._silu_gate(x, 2 * x + 1)),
     "ffn": (lambda: F.ffn(x, ffp), lambda: F._ffn(x, ffp, F.gelu_tanh)),
     "glu": (lambda: F.glu(x, glp, activation=F.relu), lambda: F._glu(x, glp, F.relu)),
     "swiglu": (lambda: F.swiglu(x, glp), lambda: F._swiglu(x, glp)),
