@@ -281,3 +281,22 @@ def test_ops_lm_head_applies_the_final_soft_cap(tmp_path_factory):
     out, ref = OPS.lm_head(h, params, config), lm_head(h, params, config)
     assert np.abs(out).max() <= config.final_logit_softcapping
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_the_benchmarks_model_and_greedy_loop_agree_with_hugging_face():
+    """benchmarks.llama at a tiny size: its refimpl params (views of HF's tensors) give HF's logits, its
+    parameter count is HF's, and its greedy loop (both backends) gives HF generate's tokens."""
+    torch = pytest.importorskip("torch", reason="the benchmark's peer is PyTorch")
+    from benchmarks import llama as bench
+
+    hf, config, params = bench.build_models(hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                                            num_key_value_heads=2, head_dim=8, intermediate_size=72, vocab_size=97)
+    assert bench.param_bytes(params) == 4 * sum(p.numel() for p in hf.parameters())
+    prompt = rand_ids(5, seed=8)
+    tp = torch.from_numpy(prompt[None])
+    with torch.no_grad():
+        ref = hf.generate(tp, attention_mask=torch.ones_like(tp), max_new_tokens=10, min_new_tokens=10,
+                          do_sample=False, pad_token_id=0)[0, 5:].tolist()
+    for ops in (NUMPY_OPS, OPS):
+        assert bench.validate(hf, config, params, ops, T=8) <= 1e-5
+        assert bench.greedy(ops.prepare(params), config, ops, prompt, 10) == ref
