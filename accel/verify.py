@@ -103,6 +103,20 @@ def _case_gelu_tanh_bias(rng, dtype, d) -> Case:  # dims: lead, F, scale, specia
     return Case((x, b), {}, f"x{shape} |x|~{d.get('scale', 3.0):g}" + (" +inf/nan" if d.get("special") else ""))
 
 
+def _case_silu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, special, strided
+    # strided: g and u the two halves of one [..., 2F] array (a packed gate | up product's rows)
+    shape = (*d["lead"], d["F"])
+    if d.get("strided"):
+        both = _normal(rng, (*d["lead"], 2 * d["F"]), dtype, d.get("scale", 3.0))
+        g, u = both[..., :d["F"]], both[..., d["F"]:]
+    else:
+        g, u = _normal(rng, shape, dtype, d.get("scale", 3.0)), _normal(rng, shape, dtype)
+    if d.get("special"):
+        g, u = _with_specials(rng, g), _with_specials(rng, u, 0.05)
+    label = f"g, u{shape} |g|~{d.get('scale', 3.0):g}" + (" (halves of one array)" if d.get("strided") else "")
+    return Case((g, u), {}, label + (" +inf/nan" if d.get("special") else ""))
+
+
 def _case_gelu_tanh(rng, dtype, d) -> Case:  # dims: lead, F, scale, special (GELU alone: x only)
     case = _case_gelu_tanh_bias(rng, dtype, d)
     return Case(case.args[:1], {}, case.shapes)
@@ -228,6 +242,7 @@ _BUILDERS = {
     "rms_norm": _case_rms_norm,
     "gelu_tanh_bias": _case_gelu_tanh_bias,
     "gelu_tanh": _case_gelu_tanh,
+    "silu_gate": _case_silu_gate,
     "apply_rope": _case_apply_rope,
     "rope_rotate": _case_rope_rotate,
     "glu_gate": _case_glu_gate,
@@ -264,6 +279,11 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
     },
     "gelu_tanh": {
         "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=12.0, special=True)],
+        "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
+    },
+    "silu_gate": {
+        "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=800.0, special=True),
+                 dict(lead=(4,), F=33, scale=5.0, strided=True)],
         "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
     },
     "apply_rope": {

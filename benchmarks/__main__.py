@@ -5,6 +5,7 @@ One run measures, in one process (memory probes in child processes):
   kernels   each accel kernel vs its refimpl twin vs the PyTorch function
   scaling   causal attention time and peak memory over T (naive vs fused vs torch SDPA)
   gpt2      GPT-2 small prefill and decoding vs Hugging Face transformers
+  llama     a LLaMA decoder at SmolLM-135M's shapes: decoding and prefill vs Hugging Face transformers
 Quick mode (default) takes a few minutes; --full takes longer (bigger sizes, more runs).
 Results: benchmarks/results/<section>.json (machine, versions, sizes, medians, ratios),
 PNG plots beside them, and `python -m benchmarks.report` prints the README table.
@@ -23,7 +24,7 @@ import time
 
 from . import harness
 
-SECTIONS = ("ceilings", "kernels", "scaling", "gpt2")
+SECTIONS = ("ceilings", "kernels", "scaling", "gpt2", "llama")
 
 
 def main(argv=None) -> int:
@@ -71,6 +72,13 @@ def main(argv=None) -> int:
         res = gpt2.run(quick, backends=backends, threads=args.threads)
         path = harness.write_results("gpt2", {"machine": info, "ceilings": ceilings, **res}, out_dir)
         print(f"gpt2 -> {path}", flush=True)
+    if "llama" in sections:
+        from . import llama
+        from refimpl.llama.model import BACKENDS as LLAMA_BACKENDS
+        backends = tuple(b for b in ("numpy", "numba") if b in LLAMA_BACKENDS)
+        res = llama.run(quick, backends=backends, threads=args.threads)
+        path = harness.write_results("llama", {"machine": info, "ceilings": ceilings, **res}, out_dir)
+        print(f"llama -> {path}", flush=True)
 
     from . import report
     print()

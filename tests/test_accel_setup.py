@@ -41,7 +41,7 @@ IMPORT_SCRIPT = textwrap.dedent("""
     for name in ("accel", "accel.registry", "accel.verify", "accel.numba_cpu", "accel.numba_cpu._launch",
                  "accel.numba_cpu.blas", "accel.numba_cpu._blas_libs", "accel.numba_cpu.attention",
                  "accel.numba_cpu.softmax", "accel.numba_cpu.norms", "accel.numba_cpu.ffn",
-                 "accel.numba_cpu.positional", "accel.numba_cpu.gpt2"):
+                 "accel.numba_cpu.positional", "accel.numba_cpu.gpt2", "accel.numba_cpu.llama"):
         importlib.import_module(name)
     from accel.numba_cpu import _launch, layer_norm, softmax
     new = sorted(lib for lib in libraries() - libs_before

@@ -5,10 +5,12 @@ Kernels (module: versions and how each deliberately differs from its twin in its
   norms.layer_norm              twin refimpl.norms.layer_norm           (rows in float64)
   norms.rms_norm                twin refimpl.norms.rms_norm             (rows in float64)
   ffn.gelu_tanh_bias            twin refimpl.ffn.gelu_tanh_bias         (fused bias + GELU)
+  ffn.silu_gate                 twin refimpl.ffn.silu_gate              (fused SiLU(g) * u)
   positional.apply_rope         twin refimpl.positional.apply_rope      (fused rotation, both pairings)
   attention.masked_attention    twin refimpl.attention.masked_attention (FlashAttention online softmax)
   attention.decode_attention    twin refimpl.attention.decode_attention (split-S, merged)
-Helpers: blas (BLAS ?gemm inside kernels, threaded and packed X W for the GPT-2 backend, gpt2.OPS)
+Helpers: blas (BLAS ?gemm inside kernels, threaded and packed X W for the GPT-2 backend, gpt2.OPS;
+the LLaMA family's backend is llama.OPS)
 and _simd.wide_vectors (512-bit vectors in row loops on AVX-512 CPUs).
 
 Every kernel takes and returns NumPy arrays; threads follow numba.set_num_threads. Importing the
@@ -26,12 +28,12 @@ from pathlib import Path
 from . import _launch
 from ._launch import setup
 from .attention import decode_attention, masked_attention
-from .ffn import gelu_tanh_bias
+from .ffn import gelu_tanh_bias, silu_gate
 from .norms import layer_norm, rms_norm
 from .positional import apply_rope
 from .softmax import softmax
 
-__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "apply_rope", "masked_attention", "decode_attention",
+__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "silu_gate", "apply_rope", "masked_attention", "decode_attention",
            "setup"]
 
 

@@ -1,4 +1,4 @@
-"""Bias add fused with GPT-2's tanh GELU on the CPU with Numba.
+"""Bias add fused with GPT-2's tanh GELU, and SwiGLU's SiLU gate, on the CPU with Numba.
 
 gelu_tanh_bias(x, b) = z/2 (1 + tanh(u)),  z = x + b,  u = sqrt(2/pi) (z + 0.044715 z^3)
 (Hendrycks & Gimpel 2016, sec. 2; twin: refimpl.ffn.gelu_tanh_bias)
@@ -26,6 +26,16 @@ How it differs from the twin:
     limits the twin reaches with its clamp at |z| = 20.
   Non-finite inputs: z = +inf -> +inf, z = -inf -> -inf / inf = NaN (the twin: -inf * 0 = NaN),
   NaN -> NaN, exactly as the twin.
+
+silu_gate(g, u) = g sigma(g) u  (SiLU(g) * u, SwiGLU's hidden layer; twin: refimpl.ffn.silu_gate)
+One pass over [N, F] rows (g and u may be strided row views, e.g. the halves of one [N, 2F]
+product): the twin materialises exp(-|g|), the sigmoid, SiLU and the product as arrays. The formula
+is the twin's, sigma(g) = (1 if g >= 0 else e) / (1 + e) with e = exp(-|g|), then (g sigma(g)) u, but
+in float64 whatever the dtype and rounded once; float32 rows take `_exp_f64_f32`, whose 0 below
+-708 is avoided by evaluating e^t as e^(t + 64) 2^-64 there (so g sigma(g) stays nonzero, and
+inf * it infinite, as in the float64 twin, down to g = -745, where exp itself underflows). Non-finite
+inputs give the twin's values: g = +inf -> inf * u, g = -inf -> -inf * 0 = NaN, NaN -> NaN.
+  v1 (this) the fused pass, vectorised row loops, a serial driver for small calls
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ from .._common import cpu_dtypes
 from ._simd import wide_vectors
 from .norms import parallel_or_serial
 
-__all__ = ["gelu_tanh_bias"]
+__all__ = ["gelu_tanh_bias", "silu_gate"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -173,3 +183,94 @@ def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
                   parallel_or_serial(out.size, _gelu_tanh_bias_rows, _gelu_tanh_bias_rows_serial))
         kernel(np.ascontiguousarray(x, dtype=work).reshape(out.shape), np.ascontiguousarray(b, dtype=work), out)
     return out.reshape(x.shape).astype(out_dtype, copy=False)
+
+
+_TWO_M64 = 2.0 ** -64
+
+
+@njit(inline="always", fastmath={"contract"})
+def _silu_f64_f32(z):  # float64 -> z sigma(z) in float64, for results rounded to float32
+    """z sigma(z) as the twin forms it (sigma from e = exp(-|z|)); e by `_exp_f64_f32`, shifted below -700 (module header)."""
+    t = -abs(z)
+    low = t < -700.0
+    e = _exp_f64_f32(t + 64.0 if low else t) * (_TWO_M64 if low else 1.0)
+    return z * ((1.0 if z >= 0 else e) / (1.0 + e))
+
+
+@njit(inline="always")
+def _silu_f64(z):  # float64 -> z sigma(z), libm's exp
+    e = math.exp(-abs(z))
+    return z * ((1.0 if z >= 0 else e) / (1.0 + e))
+
+
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
+def _silu_gate_row_f32(g, u, out):  # [F] float32 x2 -> [F]
+    wide_vectors()
+    for c in range(g.shape[0]):
+        out[c] = _silu_f64_f32(np.float64(g[c])) * np.float64(u[c])
+
+
+@njit(cache=True, error_model="numpy")
+def _silu_gate_row(g, u, out):  # [F] x2 -> [F]
+    wide_vectors()
+    for c in range(g.shape[0]):
+        out[c] = _silu_f64(np.float64(g[c])) * np.float64(u[c])
+
+
+@njit(parallel=True, cache=True)
+def _silu_gate_rows_f32(g, u, out):  # [N, F] float32 x2 -> [N, F]
+    for r in prange(g.shape[0]):
+        _silu_gate_row_f32(g[r], u[r], out[r])
+
+
+@njit(cache=True)
+def _silu_gate_rows_f32_serial(g, u, out):  # the same, on the calling thread
+    for r in range(g.shape[0]):
+        _silu_gate_row_f32(g[r], u[r], out[r])
+
+
+@njit(parallel=True, cache=True)
+def _silu_gate_rows(g, u, out):  # [N, F] x2 -> [N, F]
+    for r in prange(g.shape[0]):
+        _silu_gate_row(g[r], u[r], out[r])
+
+
+@njit(cache=True)
+def _silu_gate_rows_serial(g, u, out):  # the same, on the calling thread
+    for r in range(g.shape[0]):
+        _silu_gate_row(g[r], u[r], out[r])
+
+
+def _row_view(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [..., F] -> [N, F]
+    """x's rows as [N, F] without a copy where each row's entries are adjacent (a view of a wider product), else copied."""
+    if x.dtype == work and x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize):
+        return x
+    return np.ascontiguousarray(x, dtype=work).reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def silu_gate_rows(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:  # [N, F] x2 (work dtype) -> out [N, F]
+    """out <- SiLU(g) * u for [N, F] arrays of one dtype (float32 or float64) with adjacent entries in each row; no checks."""
+    if g.dtype == np.float32:
+        kernel = parallel_or_serial(out.size, _silu_gate_rows_f32, _silu_gate_rows_f32_serial)
+    else:
+        kernel = parallel_or_serial(out.size, _silu_gate_rows, _silu_gate_rows_serial)
+    kernel(g, u, out)
+
+
+def silu_gate(g, u) -> np.ndarray:  # [..., F], [..., F] -> [..., F]
+    """SiLU(g) * u = g / (1 + exp(-g)) * u, fused (Numba CPU; twin refimpl.ffn.silu_gate).
+
+    Shapes: g, u of one shape [..., F] -> [..., F] in NumPy's promotion of their dtypes.
+    Notes: float64 inside, one rounding; see the module header.
+    """
+    g, u = as_float(g, "g"), as_float(u, "u")
+    if u.shape != g.shape:
+        raise ValueError(f"u must have shape {g.shape} (g's shape); got shape {u.shape}")
+    if g.ndim == 0:
+        return silu_gate(g[None], u[None])[0]
+    work, out_dtype = cpu_dtypes((g, u), ("g", "u"))  # float16 runs in float32 (Numba has no CPU float16)
+    F = g.shape[-1]
+    out = np.empty((math.prod(g.shape[:-1]), F), dtype=work)  # [N, F]
+    if out.size:
+        silu_gate_rows(_row_view(g, work), _row_view(u, work), out)
+    return out.reshape(g.shape).astype(out_dtype, copy=False)

@@ -221,6 +221,7 @@ NUMPY_OPS = LlamaOps(
 # imports accel at import time).
 BACKENDS: dict[str, str] = {
     "numpy": "refimpl.llama.model:NUMPY_OPS",  # the reference: refimpl's own functions
+    "numba": "accel.numba_cpu.llama:OPS",  # Numba CPU kernels and the threaded BLAS (accel.numba_cpu.llama)
     "cuda": "accel.cupy.llama:OPS",  # CuPy device arrays, cuBLAS, Numba-CUDA kernels (needs a CUDA GPU)
 }
 
