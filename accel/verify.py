@@ -103,20 +103,6 @@ def _case_gelu_tanh_bias(rng, dtype, d) -> Case:  # dims: lead, F, scale, specia
     return Case((x, b), {}, f"x{shape} |x|~{d.get('scale', 3.0):g}" + (" +inf/nan" if d.get("special") else ""))
 
 
-def _case_silu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, special, strided
-    # strided: g and u the two halves of one [..., 2F] array (a packed gate | up product's rows)
-    shape = (*d["lead"], d["F"])
-    if d.get("strided"):
-        both = _normal(rng, (*d["lead"], 2 * d["F"]), dtype, d.get("scale", 3.0))
-        g, u = both[..., :d["F"]], both[..., d["F"]:]
-    else:
-        g, u = _normal(rng, shape, dtype, d.get("scale", 3.0)), _normal(rng, shape, dtype)
-    if d.get("special"):
-        g, u = _with_specials(rng, g), _with_specials(rng, u, 0.05)
-    label = f"g, u{shape} |g|~{d.get('scale', 3.0):g}" + (" (halves of one array)" if d.get("strided") else "")
-    return Case((g, u), {}, label + (" +inf/nan" if d.get("special") else ""))
-
-
 def _case_gelu_tanh(rng, dtype, d) -> Case:  # dims: lead, F, scale, special (GELU alone: x only)
     case = _case_gelu_tanh_bias(rng, dtype, d)
     return Case(case.args[:1], {}, case.shapes)
@@ -169,14 +155,21 @@ def _case_rope_rotate(rng, dtype, d) -> Case:  # dims: lead, T, D, rotary_dim, i
                 f"x{shape} tables{cos.shape} interleaved={d['interleaved']} a={a:g}")
 
 
-def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, special
+def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, special, strided
+    # strided: g and u the two halves of one [..., 2F] array (a packed gate | up product's rows)
     shape = (*d["lead"], d["F"])
-    g = _normal(rng, shape, dtype, d.get("scale", 3.0))
-    if d.get("special"):
-        g = _with_specials(rng, g)
-    u = _normal(rng, shape, dtype)
-    return Case((g, u), {"activation": d["activation"]},
-                f"g{shape} |g|~{d.get('scale', 3.0):g} {d['activation']}" + (" +inf/nan" if d.get("special") else ""))
+    if d.get("strided"):
+        both = _normal(rng, (*d["lead"], 2 * d["F"]), dtype, d.get("scale", 3.0))
+        g, u = both[..., :d["F"]], both[..., d["F"]:]
+    else:
+        g, u = _normal(rng, shape, dtype, d.get("scale", 3.0)), _normal(rng, shape, dtype)
+    if d.get("special"):  # inf / nan in u for SiLU only: where a GELU twin rounds gelu(g << 0) to 0, the
+        g = _with_specials(rng, g)  # kernel keeps it tiny (float64 inside), and 0 * inf = nan differs from tiny * inf
+        if d["activation"] == "silu":
+            u = _with_specials(rng, u, 0.05)
+    label = (f"g, u{shape} |g|~{d.get('scale', 3.0):g} {d['activation']}"
+             + (" (halves of one array)" if d.get("strided") else ""))
+    return Case((g, u), {"activation": d["activation"]}, label + (" +inf/nan" if d.get("special") else ""))
 
 
 def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale softcap special
@@ -242,7 +235,6 @@ _BUILDERS = {
     "rms_norm": _case_rms_norm,
     "gelu_tanh_bias": _case_gelu_tanh_bias,
     "gelu_tanh": _case_gelu_tanh,
-    "silu_gate": _case_silu_gate,
     "apply_rope": _case_apply_rope,
     "rope_rotate": _case_rope_rotate,
     "glu_gate": _case_glu_gate,
@@ -281,11 +273,6 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
         "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=12.0, special=True)],
         "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
     },
-    "silu_gate": {
-        "full": [dict(lead=(8, 3), F=64, scale=3.0), dict(lead=(5,), F=40, scale=800.0, special=True),
-                 dict(lead=(4,), F=33, scale=5.0, strided=True)],
-        "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
-    },
     "apply_rope": {
         "full": [dict(lead=(2, 3), T=17, D=16, interleaved=False), dict(lead=(2, 3), T=9, D=10, interleaved=True, per_row=True),
                  dict(lead=(2,), T=5, D=12, interleaved=False, rotary_dim=8, max_pos=10000),
@@ -304,7 +291,9 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
     },
     "glu_gate": {
         "full": [dict(lead=(8, 3), F=64, scale=3.0, activation=a) for a in ("silu", "gelu_tanh", "gelu_erf")]
-                + [dict(lead=(5,), F=40, scale=12.0, activation="silu", special=True)],
+                + [dict(lead=(5,), F=40, scale=12.0, activation="silu", special=True),
+                   dict(lead=(5,), F=40, scale=800.0, activation="silu", special=True),
+                   dict(lead=(4,), F=33, scale=5.0, activation="gelu_erf", strided=True)],
         "tiny": [dict(lead=(3,), F=5, scale=4.0, activation=a) for a in ("silu", "gelu_tanh", "gelu_erf")]
                 + [dict(lead=(2,), F=9, scale=12.0, activation="gelu_tanh", special=True)],
     },

@@ -29,7 +29,6 @@ __all__ = [
     "relu",
     "sigmoid",
     "silu",
-    "silu_gate",
     "FFNParams",
     "ffn",
     "GLUParams",
@@ -144,23 +143,6 @@ def silu(x) -> np.ndarray:  # [...] -> [...]
 
 def _silu(x: np.ndarray) -> np.ndarray:  # [...] -> [...]; no checks: x is a float array
     return x * _sigmoid(x)
-
-
-def silu_gate(g, u) -> np.ndarray:  # [..., F], [..., F] -> [..., F]
-    """SiLU(g) * u: SwiGLU's gated hidden layer, g = x W_gate, u = x W_up  (Shazeer 2020, eq. 6).
-
-    Shapes: g and u of one shape -> that shape, in NumPy's promotion of their dtypes.
-    Notes: the elementwise half of `swiglu` (the part a backend can fuse into one pass); g = -inf
-    gives NaN, as `silu` does.
-    See also: accel.numba_cpu.ffn.silu_gate.
-    """
-    g, u = as_float(g, "g"), as_float(u, "u")
-    check_shape(u, "u", g.shape, f"{g.shape} (g's shape)")
-    return _silu_gate(g, u)
-
-
-def _silu_gate(g: np.ndarray, u: np.ndarray) -> np.ndarray:  # [..., F] x2 -> [..., F]; no checks
-    return _silu(g) * u
 
 
 @dataclass(frozen=True)

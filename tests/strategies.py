@@ -113,14 +113,6 @@ def gelu_dims_NF(draw, tiny: bool = False) -> dict:
 
 
 @st.composite
-def silu_gate_dims_NF(draw, tiny: bool = False) -> dict:
-    """g, u [..., F] at a drawn scale of g (800: exp(-g) overflows for g < -708), maybe the halves of one [..., 2F] array."""
-    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), F=draw(dims(1, 8 if tiny else 64)),
-                scale=draw(st.sampled_from([1.0, 5.0, 20.0, 800.0])), special=draw(st.booleans()),
-                strided=draw(st.booleans()))
-
-
-@st.composite
 def rope_dims_NTD(draw, tiny: bool = False) -> dict:
     """x [..., T, D] (D even), positions [T] or per batch row, partial rotary_dim, both pairings, and
     scaled frequencies with an attention factor (accel.verify's `scaling`) or none."""
@@ -145,10 +137,13 @@ def rope_table_dims_NTD(draw, tiny: bool = False) -> dict:
 
 @st.composite
 def glu_gate_dims_NF(draw, tiny: bool = False) -> dict:
-    """g, u [..., F], g at a drawn scale (up to 20), each activation, NaN / inf in g (`special`)."""
+    """g, u [..., F], each activation, g at a drawn scale (SiLU up to 800: exp(-g) overflows for g < -708),
+    NaN / inf in g and u (`special`), maybe the two halves of one [..., 2F] array (`strided`)."""
+    activation = draw(st.sampled_from(["silu", "gelu_tanh", "gelu_erf"]))
+    scales = [1.0, 5.0, 20.0] + ([800.0] if activation == "silu" else [])
     return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), F=draw(dims(1, 8 if tiny else 64)),
-                scale=draw(st.sampled_from([1.0, 5.0, 20.0])),
-                activation=draw(st.sampled_from(["silu", "gelu_tanh", "gelu_erf"])), special=draw(st.booleans()))
+                scale=draw(st.sampled_from(scales)), activation=activation, special=draw(st.booleans()),
+                strided=draw(st.booleans()))
 
 
 @st.composite
@@ -189,7 +184,6 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "rms_norm": rms_norm_dims_NC,
     "gelu_tanh_bias": gelu_dims_NF,
     "gelu_tanh": gelu_dims_NF,
-    "silu_gate": silu_gate_dims_NF,
     "apply_rope": rope_dims_NTD,
     "rope_rotate": rope_table_dims_NTD,
     "glu_gate": glu_gate_dims_NF,

@@ -144,7 +144,7 @@ def test_registry_lookups_and_backend_reasons():
     with pytest.raises(ValueError, match="backend"):
         registry.kernels("fortran")
     assert {s.name for s in registry.kernels("numba")} == {
-        "softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "silu_gate", "apply_rope", "masked_attention",
+        "softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention",
         "decode_attention"}
     avail = registry.available_backends()
     assert set(avail) == set(registry.BACKENDS)
@@ -167,7 +167,7 @@ BAD_CALLS = [
     ("layer_norm", lambda: (np.zeros((2, 3)), np.ones(4), np.zeros(3)), {}),
     ("rms_norm", lambda: (np.zeros((2, 3)), np.ones(3)), {"eps": -1.0}),
     ("gelu_tanh_bias", lambda: (np.zeros((2, 3)), np.zeros(2)), {}),
-    ("silu_gate", lambda: (np.zeros((2, 3)), np.zeros((2, 2))), {}),
+    ("glu_gate", lambda: (np.zeros((2, 3)), np.zeros((2, 2))), {}),
     ("apply_rope", lambda: (np.zeros((2, 5)), np.arange(2)), {}),
     ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(3)), {}),
     ("apply_rope", lambda: (np.zeros((2, 4)), np.arange(2)), {"frequencies": np.ones(4)}),
@@ -238,7 +238,7 @@ def test_softmax_over_empty_shapes(shape, axis, backend):
     assert out.shape == twin(x, axis=axis).shape == shape and out.dtype == np.float32
 
 
-@pytest.mark.parametrize("name", ["softmax", "layer_norm", "gelu_tanh_bias", "silu_gate", "masked_attention"])
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "gelu_tanh_bias", "glu_gate", "masked_attention"])
 def test_float16_in_float16_out(name):
     """Dtype in = dtype out also for float16 (computed wider inside, as the module headers say)."""
     fn, _ = _numba(name)

@@ -249,7 +249,7 @@ def test_ops_attention_equals_the_twin(B, K, G, T_, S, D, window, softcap, padde
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_ops_glu_hidden_equals_numpys(N, C, F, bias, act, dtype, seed):
     """OPS.glu_hidden (BLAS products, then the fused SiLU gate; GELU through refimpl's) equals NUMPY_OPS's
-    within the products' bound (2 gamma_{C+1} |h| |W| per factor, tests/bounds.py) plus silu_gate's rounding."""
+    within the products' bound (2 gamma_{C+1} |h| |W| per factor, tests/bounds.py) plus glu_gate's rounding."""
     rng = np.random.default_rng(seed)
     h = rng.standard_normal((N, C)).astype(dtype)
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.ffn import (
-    silu_gate,
+    glu_gate,
     FFNParams,
     GLUParams,
     ffn,
@@ -65,21 +65,21 @@ def test_gelu_erf_matches_its_formula_pointwise():
     assert d <= 8 * EPS[np.float64] * 12
 
 
-def test_silu_gate_is_swiglus_hidden_layer():
-    """silu_gate(g, u) = silu(g) * u, dtype kept; swiglu(x) = silu_gate(x W_gate, x W_up) W_down; u's shape must be g's."""
+def test_glu_gate_silu_is_swiglus_hidden_layer():
+    """glu_gate(g, u) = silu(g) * u, dtype kept; swiglu(x) = glu_gate(x W_gate, x W_up) W_down; up's shape must be gate's."""
     rng = np.random.default_rng(4)
     g, u = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float32)
-    out = silu_gate(g, u)
+    out = glu_gate(g, u)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, silu(g) * u)
     x = rng.standard_normal((2, 4))
     p = GLUParams(*(LinearParams(rng.standard_normal(s)) for s in ((4, 6), (4, 6), (6, 4))))
-    np.testing.assert_allclose(swiglu(x, p), linear(silu_gate(linear(x, p.gate), linear(x, p.up)), p.down),
+    np.testing.assert_allclose(swiglu(x, p), linear(glu_gate(linear(x, p.gate), linear(x, p.up)), p.down),
                                rtol=1e-14, atol=1e-14)
     with np.errstate(invalid="ignore"):  # -inf * 0, as silu's
-        assert np.isnan(silu_gate(np.array([-np.inf]), np.array([1.0]))[0])
-    with pytest.raises(ValueError, match=r"u must have shape \(3, 5\) \(g's shape\); got shape \(3, 4\)"):
-        silu_gate(g, u[:, :4])
+        assert np.isnan(glu_gate(np.array([-np.inf]), np.array([1.0]))[0])
+    with pytest.raises(ValueError, match=r"up must have shape"):
+        glu_gate(g, u[:, :4])
 
 
 def test_relu_sigmoid_silu_by_definition():

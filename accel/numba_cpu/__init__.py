@@ -5,7 +5,7 @@ Kernels (module: versions and how each deliberately differs from its twin in its
   norms.layer_norm              twin refimpl.norms.layer_norm           (rows in float64)
   norms.rms_norm                twin refimpl.norms.rms_norm             (rows in float64)
   ffn.gelu_tanh_bias            twin refimpl.ffn.gelu_tanh_bias         (fused bias + GELU)
-  ffn.silu_gate                 twin refimpl.ffn.silu_gate              (fused SiLU(g) * u)
+  ffn.glu_gate                  twin refimpl.ffn.glu_gate               (fused act(g) * u: SiLU, GELU)
   positional.apply_rope         twin refimpl.positional.apply_rope      (fused rotation, both pairings)
   attention.masked_attention    twin refimpl.attention.masked_attention (FlashAttention online softmax)
   attention.decode_attention    twin refimpl.attention.decode_attention (split-S, merged)
@@ -28,12 +28,12 @@ from pathlib import Path
 from . import _launch
 from ._launch import setup
 from .attention import decode_attention, masked_attention
-from .ffn import gelu_tanh_bias, silu_gate
+from .ffn import gelu_tanh_bias, glu_gate
 from .norms import layer_norm, rms_norm
 from .positional import apply_rope
 from .softmax import softmax
 
-__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "silu_gate", "apply_rope", "masked_attention", "decode_attention",
+__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention", "decode_attention",
            "setup"]
 
 

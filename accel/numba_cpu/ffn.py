@@ -27,15 +27,16 @@ How it differs from the twin:
   Non-finite inputs: z = +inf -> +inf, z = -inf -> -inf / inf = NaN (the twin: -inf * 0 = NaN),
   NaN -> NaN, exactly as the twin.
 
-silu_gate(g, u) = g sigma(g) u  (SiLU(g) * u, SwiGLU's hidden layer; twin: refimpl.ffn.silu_gate)
-One pass over [N, F] rows (g and u may be strided row views, e.g. the halves of one [N, 2F]
+glu_gate(g, u, activation) = act(g) u  (the GLU families' hidden layer; twin: refimpl.ffn.glu_gate)
+activation "silu" (SwiGLU: g sigma(g) u), "gelu_tanh" or "gelu_erf" (GeGLU). One pass over [N, F] rows (g and u may be strided row views, e.g. the halves of one [N, 2F]
 product): the twin materialises exp(-|g|), the sigmoid, SiLU and the product as arrays. The formula
 is the twin's, sigma(g) = (1 if g >= 0 else e) / (1 + e) with e = exp(-|g|), then (g sigma(g)) u, but
 in float64 whatever the dtype and rounded once; float32 rows take `_exp_f64_f32`, whose 0 below
 -708 is avoided by evaluating e^t as e^(t + 64) 2^-64 there (so g sigma(g) stays nonzero, and
 inf * it infinite, as in the float64 twin, down to g = -745, where exp itself underflows). Non-finite
 inputs give the twin's values: g = +inf -> inf * u, g = -inf -> -inf * 0 = NaN, NaN -> NaN.
-  v1 (this) the fused pass, vectorised row loops, a serial driver for small calls
+The GELUs: the tanh form as z / (1 + exp(-2 sqrt(2/pi)(z + 0.044715 z^3))) (= 0.5 z (1 + tanh(.))),
+the erf form as 0.5 z erfc(-z / sqrt 2) (no cancellation for z < 0), each in float64 and rounded once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from refimpl.ffn import _check_glu_gate
 from numba import njit, prange
 
 from refimpl._checks import as_float, check_ndim
@@ -51,7 +54,7 @@ from .._common import cpu_dtypes
 from ._simd import wide_vectors
 from .norms import parallel_or_serial
 
-__all__ = ["gelu_tanh_bias", "silu_gate"]
+__all__ = ["gelu_tanh_bias", "glu_gate"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -203,42 +206,41 @@ def _silu_f64(z):  # float64 -> z sigma(z), libm's exp
     return z * ((1.0 if z >= 0 else e) / (1.0 + e))
 
 
+# act(g) * u for the GLU families: the activation a compile-time-like code, every product in float64, rounded once.
+GATE_SILU, GATE_GELU_TANH, GATE_GELU_ERF = 0, 1, 2
+GATE_CODES = {"silu": GATE_SILU, "gelu_tanh": GATE_GELU_TANH, "gelu_erf": GATE_GELU_ERF}  # refimpl.ffn.glu_gate's names
+
+
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")
-def _silu_gate_row_f32(g, u, out):  # [F] float32 x2 -> [F]
-    wide_vectors()
-    for c in range(g.shape[0]):
-        out[c] = _silu_f64_f32(np.float64(g[c])) * np.float64(u[c])
-
-
-@njit(cache=True, error_model="numpy")
-def _silu_gate_row(g, u, out):  # [F] x2 -> [F]
-    wide_vectors()
-    for c in range(g.shape[0]):
-        out[c] = _silu_f64(np.float64(g[c])) * np.float64(u[c])
-
-
-@njit(parallel=True, cache=True)
-def _silu_gate_rows_f32(g, u, out):  # [N, F] float32 x2 -> [N, F]
-    for r in prange(g.shape[0]):
-        _silu_gate_row_f32(g[r], u[r], out[r])
-
-
-@njit(cache=True)
-def _silu_gate_rows_f32_serial(g, u, out):  # the same, on the calling thread
-    for r in range(g.shape[0]):
-        _silu_gate_row_f32(g[r], u[r], out[r])
+def gate_row(g, u, act, out):  # [F] x2 -> out [F]: act(g) * u in float64, rounded once
+    if act == GATE_SILU:
+        if out.itemsize == 4:
+            for c in range(g.shape[0]):
+                out[c] = _silu_f64_f32(np.float64(g[c])) * np.float64(u[c])
+        else:
+            for c in range(g.shape[0]):
+                out[c] = _silu_f64(np.float64(g[c])) * np.float64(u[c])
+    elif act == GATE_GELU_TANH:  # z / (1 + exp(-2 sqrt(2/pi)(z + 0.044715 z^3))) = 0.5 z (1 + tanh(...))
+        for c in range(g.shape[0]):
+            z = np.float64(g[c])
+            t = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
+            out[c] = z / (1.0 + math.exp(-2.0 * t)) * np.float64(u[c])
+    else:  # the erf GELU: z Phi(z) = 0.5 z erfc(-z / sqrt 2), no cancellation for z < 0
+        for c in range(g.shape[0]):
+            z = np.float64(g[c])
+            out[c] = 0.5 * z * math.erfc(-z / math.sqrt(2.0)) * np.float64(u[c])
 
 
 @njit(parallel=True, cache=True)
-def _silu_gate_rows(g, u, out):  # [N, F] x2 -> [N, F]
+def _gate_rows(g, u, act, out):  # [N, F] x2 -> [N, F]
     for r in prange(g.shape[0]):
-        _silu_gate_row(g[r], u[r], out[r])
+        gate_row(g[r], u[r], act, out[r])
 
 
 @njit(cache=True)
-def _silu_gate_rows_serial(g, u, out):  # the same, on the calling thread
+def _gate_rows_serial(g, u, act, out):  # the same, on the calling thread
     for r in range(g.shape[0]):
-        _silu_gate_row(g[r], u[r], out[r])
+        gate_row(g[r], u[r], act, out[r])
 
 
 def _row_view(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [..., F] -> [N, F]
@@ -248,29 +250,21 @@ def _row_view(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [..., F] -> [N, F
     return np.ascontiguousarray(x, dtype=work).reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
-def silu_gate_rows(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:  # [N, F] x2 (work dtype) -> out [N, F]
-    """out <- SiLU(g) * u for [N, F] arrays of one dtype (float32 or float64) with adjacent entries in each row; no checks."""
-    if g.dtype == np.float32:
-        kernel = parallel_or_serial(out.size, _silu_gate_rows_f32, _silu_gate_rows_f32_serial)
-    else:
-        kernel = parallel_or_serial(out.size, _silu_gate_rows, _silu_gate_rows_serial)
-    kernel(g, u, out)
+def gate_rows(g: np.ndarray, u: np.ndarray, act: int, out: np.ndarray) -> None:  # [N, F] x2 (work dtype) -> out [N, F]
+    """out <- act(g) * u (act a GATE_CODES value) for [N, F] arrays of one dtype with adjacent entries in each row; no checks."""
+    parallel_or_serial(out.size, _gate_rows, _gate_rows_serial)(g, u, act, out)
 
 
-def silu_gate(g, u) -> np.ndarray:  # [..., F], [..., F] -> [..., F]
-    """SiLU(g) * u = g / (1 + exp(-g)) * u, fused (Numba CPU; twin refimpl.ffn.silu_gate).
+def glu_gate(gate, up, *, activation: str = "silu") -> np.ndarray:  # [..., F], [..., F] -> [..., F]
+    """act(g) * u fused in one pass: SiLU (SwiGLU) or the tanh / erf GELU (GeGLU) (Numba CPU; twin refimpl.ffn.glu_gate).
 
-    Shapes: g, u of one shape [..., F] -> [..., F] in NumPy's promotion of their dtypes.
-    Notes: float64 inside, one rounding; see the module header.
+    Shapes: gate, up of one shape [..., F] -> [..., F] in their common float dtype.
+    Notes: float64 inside, one rounding; see the module header. The twin's checks.
     """
-    g, u = as_float(g, "g"), as_float(u, "u")
-    if u.shape != g.shape:
-        raise ValueError(f"u must have shape {g.shape} (g's shape); got shape {u.shape}")
-    if g.ndim == 0:
-        return silu_gate(g[None], u[None])[0]
-    work, out_dtype = cpu_dtypes((g, u), ("g", "u"))  # float16 runs in float32 (Numba has no CPU float16)
+    g, u, activation = _check_glu_gate(gate, up, activation)
+    work, out_dtype = cpu_dtypes((g, u), ("gate", "up"))  # float16 runs in float32 (Numba has no CPU float16)
     F = g.shape[-1]
     out = np.empty((math.prod(g.shape[:-1]), F), dtype=work)  # [N, F]
     if out.size:
-        silu_gate_rows(_row_view(g, work), _row_view(u, work), out)
+        gate_rows(_row_view(g, work), _row_view(u, work), GATE_CODES[activation], out)
     return out.reshape(g.shape).astype(out_dtype, copy=False)

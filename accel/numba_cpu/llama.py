@@ -8,7 +8,7 @@
   attention   the twin's keywords (causal, window, key_mask, scale, softcap): one query with no key mask
               takes split-S decode_attention (with the window and the soft cap), everything else the
               fused masked_attention kernel
-  glu_hidden  the gate and up products on BLAS, then SiLU(g) * u in one pass (ffn.silu_gate); the GELU
+  glu_hidden  the gate and up products on BLAS, then SiLU(g) * u in one pass (ffn.glu_gate); the GELU
               activations (Gemma) take refimpl's elementwise functions after the products
   decode_blocks  one compiled call per block (`_decode_block`) for a step of one new token per sequence
               with no key mask: the per-operation path's operations in its order, without the Python
@@ -39,7 +39,7 @@ from refimpl.positional import _rope_rotate
 
 from ._launch import kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
-from .ffn import _silu_f64, _silu_f64_f32, silu_gate_rows
+from .ffn import GATE_CODES, gate_row, gate_rows
 from .gpt2 import _linear_rows, _product
 from .norms import _rms_norm_row, _rms_norm_rows, _rms_norm_rows_serial, parallel_or_serial
 from .positional import _rope_rows, _rope_rows_serial
@@ -108,15 +108,16 @@ def attention(q, k, v, *, causal: bool = False, window: int | None = None, key_m
 
 
 def _glu_hidden(h, p, act: str) -> np.ndarray:  # [..., C] -> [..., F]
-    """act(h W_gate + b) * (h W_up + b): the products on BLAS; SiLU's gate fused (ffn.silu_gate) where the
+    """act(h W_gate + b) * (h W_up + b): the products on BLAS, then act(g) * u in one pass (ffn.glu_gate) where the
     two products are NumPy arrays of one float dtype, else refimpl's elementwise act(g) * u."""
     g, u = _linear_op(h, p.gate), _linear_op(h, p.up)
-    if act != "silu" or not (isinstance(g, np.ndarray) and isinstance(u, np.ndarray) and g.dtype in _FLOATS
-                             and u.dtype == g.dtype and g.shape == u.shape and g.size):
+    if not (isinstance(g, np.ndarray) and isinstance(u, np.ndarray) and g.dtype in _FLOATS
+            and u.dtype == g.dtype and g.shape == u.shape and g.size):
         return _ACTIVATIONS[act](g) * u
     F = g.shape[-1]
     out = np.empty((g.size // F, F), dtype=g.dtype)
-    silu_gate_rows(np.ascontiguousarray(g).reshape(out.shape), np.ascontiguousarray(u).reshape(out.shape), out)
+    gate_rows(np.ascontiguousarray(g).reshape(out.shape), np.ascontiguousarray(u).reshape(out.shape),
+              _ACT_CODES[act], out)
     return out.reshape(g.shape)
 
 
@@ -130,9 +131,9 @@ def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
 
 # ----------------------------------------------------------------------------- one token, every block compiled
 
-_SILU, _GELU_TANH, _GELU_ERF = 0, 1, 2
-_ACT_CODES = {"silu": _SILU, "gelu_pytorch_tanh": _GELU_TANH, "gelu_new": _GELU_TANH, "gelu": _GELU_ERF}
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+# config.hidden_act -> the fused gate's activation code (accel.numba_cpu.ffn.GATE_CODES)
+_ACT_CODES = {"silu": GATE_CODES["silu"], "gelu_pytorch_tanh": GATE_CODES["gelu_tanh"],
+              "gelu_new": GATE_CODES["gelu_tanh"], "gelu": GATE_CODES["gelu_erf"]}
 
 
 @njit(cache=True, error_model="numpy")
@@ -169,26 +170,6 @@ def _rotate_heads(y, cos, sin, D):  # y [B, n D] <- each head's pairs (i, i + R/
                 b = y[r, base + i + half]
                 y[r, base + i] = a * c - b * s
                 y[r, base + i + half] = a * s + b * c
-
-
-@njit(cache=True, fastmath={"contract"}, error_model="numpy")
-def _gate_row(g, u, act, out):  # [F] x2 -> out [F]: act(g) * u in float64, rounded once
-    if act == 0:  # SiLU, as ffn.silu_gate
-        if out.itemsize == 4:
-            for c in range(g.shape[0]):
-                out[c] = _silu_f64_f32(np.float64(g[c])) * np.float64(u[c])
-        else:
-            for c in range(g.shape[0]):
-                out[c] = _silu_f64(np.float64(g[c])) * np.float64(u[c])
-    elif act == 1:  # the tanh GELU, as ffn.gelu_tanh_bias: z / (1 + exp(-2 sqrt(2/pi)(z + 0.044715 z^3)))
-        for c in range(g.shape[0]):
-            z = np.float64(g[c])
-            t = _SQRT_2_OVER_PI * (z + 0.044715 * (z * z * z))
-            out[c] = z / (1.0 + math.exp(-2.0 * t)) * np.float64(u[c])
-    else:  # the erf GELU: z Phi(z)
-        for c in range(g.shape[0]):
-            z = np.float64(g[c])
-            out[c] = 0.5 * z * (1.0 + math.erf(z / math.sqrt(2.0))) * np.float64(u[c])
 
 
 @needs_setup
@@ -234,7 +215,7 @@ def _decode_block(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, 
     up = _linear_rows(h, wu, bu, threads)  # [B, F]
     hid = np.empty_like(gt)
     for r in range(B):
-        _gate_row(gt[r], up[r], act, hid[r])
+        gate_row(gt[r], up[r], act, hid[r])
     m = _linear_rows(hid, wd, bd, threads)  # [B, C]
     if post_mlp_norm.shape[0]:
         _norm_rows_into(m, post_mlp_norm, eps, m)
