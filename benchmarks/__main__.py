@@ -6,6 +6,7 @@ One run measures, in one process (memory probes in child processes):
   scaling   causal attention time and peak memory over T (naive vs fused vs torch SDPA)
   gpt2      GPT-2 small prefill and decoding vs Hugging Face transformers
   llama     a LLaMA decoder at SmolLM-135M's shapes: decoding and prefill vs Hugging Face transformers
+  tokenizers  refimpl.tokenizers' encode MB/s vs tiktoken / sentencepiece, per format
 Quick mode (default) takes a few minutes; --full takes longer (bigger sizes, more runs).
 Results: benchmarks/results/<section>.json (machine, versions, sizes, medians, ratios),
 PNG plots beside them, and `python -m benchmarks.report` prints the README table.
@@ -24,7 +25,7 @@ import time
 
 from . import harness
 
-SECTIONS = ("ceilings", "kernels", "scaling", "gpt2", "llama")
+SECTIONS = ("ceilings", "kernels", "scaling", "gpt2", "llama", "tokenizers")
 
 
 def main(argv=None) -> int:
@@ -79,6 +80,11 @@ def main(argv=None) -> int:
         res = llama.run(quick, backends=backends, threads=args.threads)
         path = harness.write_results("llama", {"machine": info, "ceilings": ceilings, **res}, out_dir)
         print(f"llama -> {path}", flush=True)
+    if "tokenizers" in sections:
+        from . import tokenizers
+        res = tokenizers.run(quick)
+        path = harness.write_results("tokenizers", {"machine": info, **res}, out_dir)
+        print(f"tokenizers -> {path}", flush=True)
 
     from . import report
     print()

@@ -386,7 +386,8 @@ def test_what_agreed_before_is_the_diverging_points_neighbourhood(llamas):
 
 @pytest.mark.parametrize("case", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"])
 def test_hugging_face_llama_family_agrees_live(llamas, case, tmp_path, monkeypatch):
-    """Each LLaMA-family type, live: float32 agrees; float64 agrees once HF's float32-only steps are lifted.
+    """Each LLaMA-family type, live: float32 and a bfloat16 copy of the weights agree (each within its own
+    tolerance); float64 agrees once HF's float32-only steps are lifted.
 
     As shipped, HF's float64 model runs RMSNorm, the RoPE frequencies and the softmax in float32:
     compared in float64 it parts at the first point those reach, and the report says so.
@@ -408,6 +409,12 @@ def test_hugging_face_llama_family_agrees_live(llamas, case, tmp_path, monkeypat
     r_shipped = compare.compare_model(model64, LLAMA_IDS, shipped, their_dtype="float64")
     print(f"\n[HF {case} float64 as shipped] {r_shipped.summary()[:160]}")
     assert not r_shipped.ok  # the float32 steps are 1e-8 errors, far above float64's tolerance
+    import torch
+
+    bf16, _ = compare.hf_activations(hf_llama(case).to(torch.bfloat16), LLAMA_IDS, dtype="bfloat16")
+    r16 = compare.compare_model(model, LLAMA_IDS, bf16, their_dtype="bfloat16")
+    DIFFS.show(f"HF {case} bfloat16 copy (u = {r16.u:.3g})", max_rel=max(r.ratio for r in r16.rows), tol=1.0)
+    assert r16.ok and r16.to_dict()["tolerance"]["their_dtype"] == "bfloat16", r16.table()
     lifted, _ = compare.hf_activations(float64_throughout(hf_llama(case), monkeypatch), LLAMA_IDS, dtype="float64")
     r64 = compare.compare_model(model64, LLAMA_IDS, lifted, their_dtype="float64")
     DIFFS.show(f"HF {case} float64 lifted", max_rel=max(r.ratio for r in r64.rows), tol=1.0)
