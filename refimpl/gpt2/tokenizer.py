@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import codecs
 import json
 import os
 import re
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._stream import StreamDecoder
+from .._stream import check_id_sequence as _check_id_sequence
 from .._checks import is_int
 from .._files import NotARegularFileError, read_regular_bytes, write_files_together
 from .bpe import MergeTable, bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
@@ -287,47 +288,6 @@ class Tokenizer:
                 raise ValueError(f"{self.name}: token {token!r} (rank {r}) is not the merge of two "
                                  f"lower-ranked tokens (BPE gives {len(parts)} parts); no merges.txt form")
             yield parts[0], parts[1]
-
-
-class StreamDecoder:
-    """Decode ids one at a time, holding back bytes of an unfinished UTF-8 character.
-
-    `push(id)` returns the text that is complete so far (possibly ""); `flush()` returns
-    what is left at the end (an unfinished sequence becomes U+FFFD). The concatenation of
-    everything returned equals `tokenizer.decode(all_ids)`: Python's incremental UTF-8
-    decoder replaces exactly the same invalid sequences as the one-shot decoder.
-    """
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token_id: int) -> str:
-        return self._utf8.decode(self.tokenizer.token_bytes(token_id), final=False)
-
-    def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
-
-    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
-        """Yield non-empty text chunks for `ids`, then what `flush` gives."""
-        _check_id_sequence(ids)
-        return self._decode_stream(ids)
-
-    def _decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
-        for i in ids:
-            text = self.push(i)
-            if text:
-                yield text
-        rest = self.flush()
-        if rest:
-            yield rest
-
-
-def _check_id_sequence(ids) -> None:  # ids [T]
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"ids must be a sequence of integers; got {type(ids).__name__}")
-    if isinstance(ids, np.ndarray) and ids.ndim != 1:
-        raise ValueError(f"ids must be one sequence, shape [T]; got an array of shape {ids.shape}")
 
 
 def _id_list(ids) -> list:  # ids [T]

@@ -26,7 +26,6 @@ tokens; `bos_token` / `eos_token` say which ids a model expects there.
 
 from __future__ import annotations
 
-import codecs
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._stream import StreamDecoder
+from .._stream import check_id_sequence as _check_id_sequence
 from .._checks import is_int
 from .engine import PairTable, merge
 from .pretokenize import WHITE_SPACE, compile_pattern
@@ -315,48 +316,6 @@ class Tokenizer:
         """Yield text as ids arrive, never splitting a UTF-8 character; "".join(...) == decode(ids)."""
         _check_id_sequence(ids)
         return StreamDecoder(self)._chunks(ids)
-
-
-class StreamDecoder:
-    """Decode ids one at a time, holding back the bytes of an unfinished UTF-8 character.
-
-    `push(id)` returns the text that is complete so far (possibly ""); `flush()` what is
-    left (an unfinished character becomes U+FFFD). Everything returned, joined, equals
-    `tokenizer.decode(all_ids)`, the dummy-prefix space removed once at the start."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._at_start = tokenizer._strip_leading_space
-
-    def _emit(self, text: str) -> str:
-        if self._at_start and text:
-            self._at_start = False
-            if text.startswith(" "):
-                text = text[1:]
-        return text
-
-    def push(self, token_id: int) -> str:
-        return self._emit(self._utf8.decode(self.tokenizer.token_bytes(token_id), final=False))
-
-    def flush(self) -> str:
-        return self._emit(self._utf8.decode(b"", final=True))
-
-    def _chunks(self, ids: Iterable[int]) -> Iterator[str]:
-        for i in ids:
-            text = self.push(i)
-            if text:
-                yield text
-        rest = self.flush()
-        if rest:
-            yield rest
-
-
-def _check_id_sequence(ids) -> None:  # ids [T]
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"ids must be a sequence of integers; got {type(ids).__name__}")
-    if isinstance(ids, np.ndarray) and ids.ndim != 1:
-        raise ValueError(f"ids must be one sequence, shape [T]; got an array of shape {ids.shape}")
 
 
 def _id_list(ids) -> list:
