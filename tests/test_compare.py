@@ -203,8 +203,8 @@ def test_the_float16_softmax_overflow_is_reported_as_not_finite(odd):
 # ----------------------------------------------------------------------------- Hugging Face, live and dumped
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
-def test_hugging_face_agrees_within_its_tolerance(odd, dtype):
-    """HF GPT-2 run live in float32, float64, and bfloat16 (a bfloat16 copy of the weights) against the reference."""
+def test_hugging_face_agrees_within_its_tolerance(odd, dtype, tmp_path):
+    """HF GPT-2 run live in float32, float64, and bfloat16 (a bfloat16 copy of the weights) against the reference; the same through a dump file."""
     d, model = odd
     ref_model = gpt2.load(d, dtype=np.float64) if dtype == "float64" else model
     theirs, dt = compare.hf_activations(d, IDS, dtype=dtype)
@@ -213,6 +213,9 @@ def test_hugging_face_agrees_within_its_tolerance(odd, dtype):
     DIFFS.show(f"HF GPT-2 {dtype} (u = {report.u:.3g})", max_rel=worst, tol=1.0)
     assert report.ok, report.table()
     assert report.to_dict()["tolerance"]["their_dtype"] == dtype
+    arrays, ids, _ = compare.read_activations(compare.dump(tmp_path / "hf.safetensors", theirs, ids=IDS))  # through a dump
+    again = compare.compare_model(ref_model, ids, arrays, their_dtype=dt)
+    assert [(r.name, r.max_abs) for r in again.rows] == [(r.name, r.max_abs) for r in report.rows]
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
