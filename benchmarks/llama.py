@@ -32,7 +32,6 @@ BLAS: what a decoder that did nothing else would take. Times are interleaved rou
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 

@@ -25,7 +25,6 @@ Use: refimpl.llama.model.logits(model, ids, backend="numba"), or forward(..., op
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit
