@@ -513,7 +513,7 @@ def test_malformed_tiktoken_files(tmp_path):
     good = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
     assert load(_tiny_tiktoken(tmp_path, good), pattern="gpt2").encode("hi") == [104, 105]
     for lines, message in [(good + ["!!!! 256"], "bad base64"), (good + [good[5].split()[0] + " 300"], "twice"),
-                           (good + ["aGk= 5"], "rank 5 is given twice"), (good + ["aGk="], "expected"),
+                           (good + ["aGk= 5"], "rank 5 given twice"), (good + ["aGk="], "expected"),
                            (good[:100], "256 bytes"), ([], "no tokens"), (good + ["aGk= -1"], "rank")]:
         with pytest.raises(TokenizerFileError, match=message):
             load(_tiny_tiktoken(tmp_path, lines), pattern="gpt2")

@@ -27,8 +27,6 @@ such text is encoded as ordinary text (tiktoken's `encode_ordinary`).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 import re
@@ -37,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._stream import StreamDecoder
-from .._stream import check_id_sequence as _check_id_sequence
+from .._tokens import StreamDecoder, allowed_specials, read_tiktoken_ranks
+from .._tokens import check_id_sequence as _check_id_sequence
 from .._checks import is_int
 from .._files import NotARegularFileError, read_regular_bytes, write_files_together
 from .bpe import MergeTable, bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
@@ -201,17 +199,7 @@ class Tokenizer:
         return ids
 
     def _allowed(self, allowed_special) -> frozenset[str]:
-        if isinstance(allowed_special, str):
-            if allowed_special == "all":
-                return frozenset(self.special_tokens)
-            raise TypeError(f"allowed_special must be 'all' or a collection of special-token strings; "
-                            f"got the string {allowed_special!r} (wrap one token in a set)")
-        allowed = frozenset(allowed_special)
-        unknown = sorted(s for s in allowed if s not in self.special_tokens)
-        if unknown:
-            raise ValueError(f"allowed_special names unknown special tokens {unknown}; "
-                             f"this tokenizer has {sorted(self.special_tokens)}")
-        return allowed
+        return allowed_specials(allowed_special, self.special_tokens)
 
     # ---- decoding ----------------------------------------------------------------------
 
@@ -391,35 +379,9 @@ def load_tiktoken_file(path, special_tokens: Mapping[str, int] | None = None) ->
     to choose others ({} for none).
     """
     path = Path(path)
-    ranks: dict[bytes, int] = {}
-    token_of_rank: dict[int, bytes] = {}
-    for lineno, line in enumerate(_lines(path), start=1):
-        if not line.strip():
-            continue
-        fields = line.split()
-        if len(fields) != 2:
-            raise TokenizerFileError(f"{path}:{lineno}: expected 'base64-token rank'; got {line!r:.80}")
-        b64, rank_text = fields
-        try:
-            token = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError) as e:
-            raise TokenizerFileError(f"{path}:{lineno}: bad base64 {b64!r:.60} ({e})") from None
-        if not token:
-            raise TokenizerFileError(f"{path}:{lineno}: empty token")
-        if not rank_text.isascii() or not rank_text.isdigit() or len(rank_text) > 18:
-            raise TokenizerFileError(f"{path}:{lineno}: rank must be a non-negative integer "
-                                     f"of at most 18 digits; got {rank_text!r:.40}")
-        rank = int(rank_text)
-        if token in ranks:
-            raise TokenizerFileError(f"{path}:{lineno}: token {token!r} appears twice (ranks {ranks[token]} and {rank})")
-        if rank in token_of_rank:
-            raise TokenizerFileError(f"{path}:{lineno}: rank {rank} given twice ({token_of_rank[rank]!r} and {token!r})")
-        ranks[token] = rank
-        token_of_rank[rank] = token
-    if not ranks:
-        raise TokenizerFileError(f"{path}: no tokens")
+    ranks = read_tiktoken_ranks(path, _lines(path), TokenizerFileError)
     if special_tokens is None:
-        special_tokens = {ENDOFTEXT: max(token_of_rank) + 1}
+        special_tokens = {ENDOFTEXT: max(ranks.values()) + 1}
     multi_byte = {t: r for t, r in ranks.items() if len(t) > 1}
     return _build(path, ranks, multi_byte, special_tokens)
 

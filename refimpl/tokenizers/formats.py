@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from .._tokens import read_tiktoken_ranks
 from .._files import NotARegularFileError, read_regular_bytes
 from .engine import PairTable
 from .pretokenize import PATTERNS, compile_pattern
@@ -243,34 +244,8 @@ def _byte_level(name, encoder: dict[bytes, int], pairs: PairTable, pattern: str,
 def load_tiktoken(path, *, pattern: str, special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
     """A tiktoken ranks file: one `base64(token bytes) rank` per line; id = rank = merge priority."""
     path = Path(path)
-    ranks: dict[bytes, int] = {}
-    token_of_rank: dict[int, bytes] = {}
-    for lineno, line in enumerate(_read_text(path).split("\n"), start=1):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        parts = line.split()
-        if len(parts) != 2:
-            raise TokenizerFileError(f"{path}:{lineno}: expected 'base64-token rank'; got {line!r:.80}")
-        b64, rank_text = parts
-        try:
-            token = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError) as e:
-            raise TokenizerFileError(f"{path}:{lineno}: bad base64 {b64!r:.60} ({e})") from None
-        if not token:
-            raise TokenizerFileError(f"{path}:{lineno}: empty token")
-        if not (rank_text.isascii() and rank_text.isdigit() and len(rank_text) <= 18):
-            raise TokenizerFileError(f"{path}:{lineno}: rank must be a non-negative integer; got {rank_text!r:.40}")
-        rank = int(rank_text)
-        if token in ranks:
-            raise TokenizerFileError(f"{path}:{lineno}: token {token!r:.60} appears twice "
-                                     f"(ranks {ranks[token]}, {rank})")
-        if rank in token_of_rank:
-            raise TokenizerFileError(f"{path}:{lineno}: rank {rank} is given twice "
-                                     f"({token_of_rank[rank]!r:.60} and {token!r:.60})")
-        ranks[token], token_of_rank[rank] = rank, token
-    if not ranks:
-        raise TokenizerFileError(f"{path}: no tokens")
+    ranks = read_tiktoken_ranks(path, _read_text(path).split("\n"), TokenizerFileError)
+    token_of_rank = {r: t for t, r in ranks.items()}
     specials = dict(special_tokens or {})
     _check_ids(path, {**{f"rank {r}": r for r in (min(token_of_rank), max(token_of_rank))},
                       **{f"special token {s}": i for s, i in specials.items()}}, len(ranks))

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._stream import StreamDecoder
-from .._stream import check_id_sequence as _check_id_sequence
+from .._tokens import StreamDecoder, allowed_specials
+from .._tokens import check_id_sequence as _check_id_sequence
 from .._checks import is_int
 from .engine import PairTable, merge
 from .pretokenize import WHITE_SPACE, compile_pattern
@@ -240,17 +240,7 @@ class Tokenizer:
         return ids
 
     def _allowed(self, allowed_special) -> frozenset[str]:
-        if isinstance(allowed_special, str):
-            if allowed_special == "all":
-                return frozenset(self.special_tokens)
-            raise TypeError(f"allowed_special must be 'all' or a collection of special-token strings; "
-                            f"got the string {allowed_special!r} (wrap one token in a set)")
-        allowed = frozenset(allowed_special)
-        unknown = sorted(s for s in allowed if s not in self.special_tokens)
-        if unknown:
-            raise ValueError(f"allowed_special names unknown special tokens {unknown[:5]}; "
-                             f"this tokenizer has {len(self.special_tokens)}, e.g. {sorted(self.special_tokens)[:5]}")
-        return allowed
+        return allowed_specials(allowed_special, self.special_tokens)
 
     def _splitter(self, allowed: frozenset) -> tuple[re.Pattern, list[int]] | None:
         """One regex matching every always-matched added token and every allowed special token,
