@@ -157,7 +157,9 @@ def cmd_tokenize(args) -> int:
         tok = _llama_tokenizer(path)
     else:
         tok = load_tokenizer(path)
-    ids = tok.encode(args.text, allowed_special="all" if args.allow_special else ())
+    from refimpl._tokens import encode_prompt
+
+    ids = encode_prompt(tok, args.text, allowed_special="all" if args.allow_special else ())  # + the model's BOS
     print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
     print("pieces:", " ".join(repr(p) for p in tok.pieces(ids)))

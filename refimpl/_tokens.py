@@ -19,7 +19,18 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["allowed_specials", "read_tiktoken_ranks", "StreamDecoder", "check_id_sequence"]
+__all__ = ["allowed_specials", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder", "check_id_sequence"]
+
+
+def encode_prompt(tokenizer, text: str, *, allowed_special=()) -> list[int]:
+    """A text prompt's ids as the model's tokenizer gives them: encode(text), with the BOS its files say it puts
+    first (`tokenizer.bos_token`: a tokenizer.json post-processor's, a SentencePiece model's <s>) prepended
+    when the text does not already start with it. GPT-2's tokenizer has no bos_token and adds none."""
+    ids = list(tokenizer.encode(text, allowed_special=allowed_special))
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
 
 
 def allowed_specials(allowed_special, special_tokens: Mapping[str, int]) -> frozenset[str]:

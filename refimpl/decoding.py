@@ -58,6 +58,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ._checks import check_token_ids, is_int, is_real
+from ._tokens import encode_prompt
 from .attention import softmax
 
 __all__ = [
@@ -441,10 +442,7 @@ def _prompt_ids(dec: Decoder, prompt) -> np.ndarray:  # str | ids [P] -> [P] int
         if dec.tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer, and this model has none: "
                              "pass token ids, or load a model directory with tokenizer files")
-        prompt = dec.tokenizer.encode(prompt)
-        bos = getattr(dec.tokenizer, "bos_token", None)  # the BOS the model's tokenizer puts first (refimpl.tokenizers)
-        if bos is not None and (not prompt or prompt[0] != bos):
-            prompt = [bos] + list(prompt)
+        prompt = encode_prompt(dec.tokenizer, prompt)  # with the BOS the model's tokenizer puts first
     ids = np.asarray(prompt)
     ids = check_token_ids(ids if ids.size else ids.astype(np.int64), dec.vocab_size, name="prompt",
                           ragged_hint="left-pad shorter prompts, or use generate_batch")

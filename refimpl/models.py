@@ -134,7 +134,10 @@ def tokenizer_absence(directory) -> str | None:
 
     try:
         load_tokenizer(directory)
-    except (FileNotFoundError, TokenizerFileError) as e:
+    except FileNotFoundError:  # no tokenizer file at all
+        return (f"{directory}: no tokenizer refimpl reads: it looks for tokenizer.json, tokenizer.model, tekken.json "
+                "or vocab.json + merges.txt")
+    except TokenizerFileError as e:  # files of a kind neither loader implements
         return f"{why}; refimpl.tokenizers: {e}"
     return None
 

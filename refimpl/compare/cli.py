@@ -62,7 +62,9 @@ def _ids(args, model, stored_ids):
     elif args.prompt is not None:
         if model.tokenizer is None:
             raise _Usage("this model has no tokenizer this project reads; give token ids with --ids")
-        ids = np.asarray(model.tokenizer.encode(args.prompt), dtype=np.int64)
+        from refimpl._tokens import encode_prompt
+
+        ids = np.asarray(encode_prompt(model.tokenizer, args.prompt), dtype=np.int64)  # the BOS too, as generate
     elif stored_ids is not None:
         return np.asarray(stored_ids, dtype=np.int64)
     else:
