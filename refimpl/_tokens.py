@@ -19,7 +19,9 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["allowed_specials", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder", "check_id_sequence"]
+from ._checks import is_int
+
+__all__ = ["allowed_specials", "check_token_id", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder", "check_id_sequence"]
 
 
 def encode_prompt(tokenizer, text: str, *, allowed_special=()) -> list[int]:
@@ -46,6 +48,30 @@ def allowed_specials(allowed_special, special_tokens: Mapping[str, int]) -> froz
         raise ValueError(f"allowed_special names unknown special tokens {unknown[:5]}; "
                          f"this tokenizer has {len(special_tokens)}, e.g. {sorted(special_tokens)[:5]}")
     return allowed
+
+
+def _show(value) -> str:
+    """repr of a value for an error message, with an integer of many digits shortened."""
+    if is_int(value):
+        digits = str(abs(int(value)))
+        if len(digits) > 24:
+            return f"{'-' if value < 0 else ''}{digits[:12]}...({len(digits)} digits)"
+        return str(int(value))
+    return f"{value!r:.60}"
+
+
+def check_token_id(i, decoder: Mapping[int, bytes], vocab_size: int) -> int:
+    """`i` as an int when it names a token of `decoder`; else TypeError / ValueError naming it and the vocabulary."""
+    if not is_int(i):
+        raise TypeError(f"token ids must be integers; got {_show(i)} of type {type(i).__name__} "
+                        f"(valid ids are 0 .. {vocab_size - 1}, vocab_size {vocab_size})")
+    i = int(i)
+    if i not in decoder:
+        if 0 <= i < vocab_size:
+            raise ValueError(f"token id {i} is not assigned to any token in this vocabulary (vocab_size {vocab_size})")
+        raise ValueError(f"token id {_show(i)} is out of range; valid ids are 0 .. {vocab_size - 1} "
+                         f"(vocab_size {vocab_size})")
+    return i
 
 
 def read_tiktoken_ranks(path, lines: Iterable[str], error: type) -> dict[bytes, int]:

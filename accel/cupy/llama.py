@@ -43,18 +43,12 @@ from refimpl._checks import check_bool
 from refimpl.llama.model import LlamaOps, rope_cos_sin
 from refimpl.llama.params import LlamaBlockParams, LlamaParams
 
-from .gpt2 import CAPTURES, GraphedStep  # one decode stream, cuBLAS handle and capture count per process
+from .gpt2 import CAPTURES, GraphedStep, _Linear  # one decode stream, cuBLAS handle and capture count per process
 
 __all__ = ["make_ops", "decode_step", "eager_decode_blocks", "GATE_ACTIVATION", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
 
 # config.hidden_act -> the activation name of the fused gate kernel (accel.numba_cuda.ffn.glu_gate)
 GATE_ACTIVATION = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu_erf"}
-
-
-@dataclass(frozen=True)
-class _Linear:
-    w: object  # [in, out] on the device
-    b: object  # [out] on the device, or None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._tokens import StreamDecoder, allowed_specials, read_tiktoken_ranks
+from .._tokens import StreamDecoder, _show, allowed_specials, check_token_id, read_tiktoken_ranks
 from .._tokens import check_id_sequence as _check_id_sequence
 from .._checks import is_int
 from .._files import NotARegularFileError, read_regular_bytes, write_files_together
@@ -204,18 +204,7 @@ class Tokenizer:
     # ---- decoding ----------------------------------------------------------------------
 
     def _check_id(self, i) -> int:
-        """`i` as an int when it names a token; else TypeError / ValueError naming it and the vocabulary."""
-        if not is_int(i):
-            raise TypeError(f"token ids must be integers; got {_show(i)} of type {type(i).__name__} "
-                            f"(valid ids are 0 .. {self.vocab_size - 1}, vocab_size {self.vocab_size})")
-        i = int(i)
-        if i not in self._decoder:
-            if 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is not assigned to any token in this vocabulary "
-                                 f"(vocab_size {self.vocab_size})")
-            raise ValueError(f"token id {_show(i)} is out of range; valid ids are 0 .. {self.vocab_size - 1} "
-                             f"(vocab_size {self.vocab_size})")
-        return i
+        return check_token_id(i, self._decoder, self.vocab_size)
 
     def token_ids(self) -> np.ndarray:  # -> [n] int64, sorted
         """Every id that names a token (ordinary or special); ids below vocab_size may be missing."""
@@ -281,16 +270,6 @@ class Tokenizer:
 def _id_list(ids) -> list:  # ids [T]
     _check_id_sequence(ids)
     return list(ids)
-
-
-def _show(value) -> str:
-    """repr of a value for an error message, with an integer of many digits shortened."""
-    if is_int(value):
-        digits = str(abs(int(value)))
-        if len(digits) > 24:
-            return f"{'-' if value < 0 else ''}{digits[:12]}...({len(digits)} digits)"
-        return str(int(value))
-    return f"{value!r:.60}"
 
 
 def _check_table_id(name: str, what: str, i, n_tokens: int) -> None:

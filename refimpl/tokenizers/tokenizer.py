@@ -33,9 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._tokens import StreamDecoder, allowed_specials
+from .._tokens import StreamDecoder, allowed_specials, check_token_id
 from .._tokens import check_id_sequence as _check_id_sequence
-from .._checks import is_int
 from .engine import PairTable, merge
 from .pretokenize import WHITE_SPACE, compile_pattern
 
@@ -263,16 +262,7 @@ class Tokenizer:
     # ---- decoding ----------------------------------------------------------------------
 
     def _check_id(self, i) -> int:
-        if not is_int(i):
-            raise TypeError(f"token ids must be integers; got {i!r:.40} of type {type(i).__name__} "
-                            f"(vocab_size {self.vocab_size})")
-        i = int(i)
-        if i not in self._decoder:
-            if 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is not assigned to any token in this vocabulary "
-                                 f"(vocab_size {self.vocab_size})")
-            raise ValueError(f"token id {i} is out of range; valid ids are 0 .. {self.vocab_size - 1}")
-        return i
+        return check_token_id(i, self._decoder, self.vocab_size)
 
     def token_bytes(self, i: int) -> bytes:
         """The bytes token `i` decodes to (a special or added token's UTF-8 text)."""
