@@ -234,6 +234,7 @@ def test_memory_cli_measures_quadratic_naive_and_answers_the_window_question(tmp
     assert {"method", "rows", "summary"} <= set(data) and len(data["rows"]) == 3 * 2 * 2 * 2
     s = data["summary"]
     assert s["window_saves_memory"]["naive"]["saves"] is False
+    assert s["answer"].startswith("does a window save memory in the naive attention? no")
     ratios = s["window_saves_memory"]["naive"]["ratios"]
     assert all(x["peak_ratio"] >= 0.9 for x in ratios)  # (at T = 64 the window's own mask arrays even add to it)
     assert all(abs(x["peak_ratio"] - 1) < 0.05 for x in ratios if x["T"] == 256)

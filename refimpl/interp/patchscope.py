@@ -101,14 +101,11 @@ def patchscope_generate(model, state, target_ids, *, target_layer: int, target_p
     hook = make_hook(model.config, interventions={points[layer]: replace(state, positions=[pos])})
     cache = dec.allocate_cache(model, 1, len(ids) + n - 1 if n > 1 else len(ids))
     h = dec.hidden_states(model.params, model.config, ids[None], cache=cache, hook=hook)[:, -1]  # [1, C]
-    first = None
-    out: list[int] = []
-    for i in range(n):
-        z = dec.lm_head(model, h)[0]  # [V]
-        first = np.asarray(z, dtype=np.float64) if first is None else first
-        out.append(int(np.argmax(z)))
-        if i + 1 < n:
-            h = dec.hidden_states(model.params, model.config, np.array([[out[-1]]]), cache=cache)[:, -1]
+    first = np.asarray(dec.lm_head(model, h)[0], dtype=np.float64)  # [V]
+    out = [int(np.argmax(first))]
+    for _ in range(n - 1):  # one cached step per token, no hook: the patch lives on in the cache
+        h = dec.hidden_states(model.params, model.config, np.array([[out[-1]]]), cache=cache)[:, -1]
+        out.append(int(np.argmax(dec.lm_head(model, h)[0])))
     return out, first
 
 
