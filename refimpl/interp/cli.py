@@ -627,11 +627,10 @@ def cmd_memory(args) -> int:
     if max(args.heads) * max(args.T) ** 2 > MAX_MEMORY_SCORES:
         raise _Usage(f"--heads {max(args.heads)} x --T {max(args.T)}^2 is more than {MAX_MEMORY_SCORES:,} scores: "
                      "the naive attention would need about 3 x 4 bytes per score (lower --T or --heads)")
-    if "fused" in args.kernels:
-        try:
-            import numba  # noqa: F401  (the fused kernel is accel.numba_cpu's)
-        except ImportError:
-            raise _Usage("the fused kernel needs numba (pip install '.[numba]'); or measure --kernels naive") from None
+    import importlib.util
+
+    if "fused" in args.kernels and importlib.util.find_spec("numba") is None:  # the kernel is accel.numba_cpu's
+        raise _Usage("the fused kernel needs numba (pip install '.[numba]'); or measure --kernels naive")
     windows = sorted({None if w == 0 else w for w in args.window}, key=lambda w: -1 if w is None else w)
     if None not in windows:
         windows = [None] + windows  # the answer compares each window with none
