@@ -8,7 +8,8 @@
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
     python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
-    python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings} [--model PATH] [--out DIR]
+    python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings,
+                               patchscope,context,memory,neurons,training} [--model PATH] [--out DIR]
     python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR) [--json F] [--plot P]
     python -m refimpl demo
 
@@ -265,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("inspect", help="look inside a GPT-2 or LLaMA-family model: lens, attention, sinks, streaming, "
                    "steer, patch, "
-                   "encodings (see: python -m refimpl inspect --help)", add_help=False)
+                   "encodings, patchscope, context, memory, neurons, training "
+                   "(see: python -m refimpl inspect --help)", add_help=False)
     sub.add_parser("compare", help="is my port right? compare its activations with the reference's, point by point "
                    "(see: python -m refimpl compare --help)", add_help=False)
 

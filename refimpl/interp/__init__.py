@@ -8,6 +8,11 @@ Modules, each a short read:
     steering        mean-difference directions added to the residual stream
     patching        copy a hidden state from a source run into a target run, per layer and position
     pictures        sinusoidal, RoPE and ALiBi pictures
+    patchscope      decode a hidden state by patching it into an identity prompt (Patchscopes)
+    context         one word in several contexts: cosine of its states per layer (decoders and BERT)
+    memory          naive vs fused attention: peak memory (tracemalloc) and time over T, heads, window
+    neurons         FFN neurons as key-value memories: top contexts, tokens their output vector promotes
+    training        loss and gradient-norm curves from a model folder's history.json
     cli             `python -m refimpl inspect SUBCOMMAND` (writes PNG + JSON)
 
 Everything runs the model's own forward (refimpl.gpt2.model, refimpl.llama.model) through its `hook`

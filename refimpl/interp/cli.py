@@ -428,6 +428,319 @@ def cmd_encodings(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- patchscope, context, memory, neurons, training
+
+DEFAULT_PATCHSCOPE_SOURCE = "Friends, Romans, countrymen, lend me your"
+# Two senses of one word with different left contexts (a decoder's state at the word sees only what precedes it).
+DEFAULT_CONTEXT_WORD = "fair"
+DEFAULT_CONTEXTS = ["Her face was fair", "O, she is fair", "The judge was fair", "We struck a fair"]
+
+
+def _seq(model, args, text, ids_text, flag, default):
+    """Token ids [T] from --FLAG TEXT or --FLAG-ids IDS (one of them), else the default text."""
+    if text is not None and ids_text is not None:
+        raise _Usage(f"give one of --{flag} TEXT or --{flag}-ids IDS, not both")
+    if text is None and ids_text is None:
+        text = default
+    return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model), flag=f"--{flag}-ids")
+
+
+def _index(value: int, n: int, flag: str, what: str) -> int:
+    """A position among n, negative counted from the end; a _Usage naming the flag when outside."""
+    if not -n <= value < n:
+        raise _Usage(f"{flag} must lie in -{n} .. {n - 1} ({what} has {n} tokens); got {value}")
+    return value % n
+
+
+def cmd_patchscope(args) -> int:
+    from .patchscope import IDENTITY_PROMPT, patchscope_grid, placeholder_position, plot_patchscope
+
+    if args.max_new_tokens < 1:
+        raise _Usage(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
+    if args.grid and args.target_layer is not None:
+        raise _Usage("give one of --grid (every source layer into every target layer) or --target-layer L, not both")
+    model = _load(args.model)
+    L = _n_layers(model)
+    src = _seq(model, args, args.source, args.source_ids, "source", DEFAULT_PATCHSCOPE_SOURCE)
+    tgt = _seq(model, args, args.target, args.target_ids, "target", IDENTITY_PROMPT)
+    sp = _index(args.source_position, len(src), "--source-position", "the source")
+    if args.target_position is not None:
+        tp = _index(args.target_position, len(tgt), "--target-position", "the target")
+    elif args.target_ids is None:
+        try:
+            tp = placeholder_position(model, tgt, args.placeholder)
+        except ValueError as e:
+            raise _Usage(f"{e}: give --placeholder TEXT or --target-position N") from None
+    else:
+        tp = len(tgt) - 1
+    for flag, layers in (("--source-layer", args.source_layer or ()), ("--target-layer", [args.target_layer]
+                                                                       if args.target_layer is not None else ())):
+        for l in layers:
+            if not 0 <= l <= L:
+                raise _Usage(f"{flag} must lie in 0 .. {L} (0 = embedding output, {L} = after the last block); got {l}")
+    limit = _context(model)
+    if len(tgt) + args.max_new_tokens > limit:
+        raise _Usage(f"the target ({len(tgt)} tokens) plus --max-new-tokens {args.max_new_tokens} exceeds the "
+                     f"context of {limit} positions")
+    targets = "same" if not args.grid and args.target_layer is None else (
+        args.target_layer if args.target_layer is not None else range(L + 1))
+    rows = patchscope_grid(model, src, tgt, source_position=sp, target_position=tp, source_layers=args.source_layer,
+                           target_layers=targets, max_new_tokens=args.max_new_tokens)
+    decode = (lambda ids: model.tokenizer.decode(ids)) if model.tokenizer is not None else (lambda ids: ids)
+    for r in rows:
+        r["text"] = decode(r["ids"])
+        r["top5_first_tokens"] = _labels(model, r["top5_first"])
+    out = Path(args.out)
+    data = {"source": src.tolist(), "source_tokens": _labels(model, src), "source_position": sp,
+            "target": tgt.tolist(), "target_tokens": _labels(model, tgt), "target_position": tp,
+            "layers": "state l = residual stream entering block l (l = 0: the embedding output); "
+                      f"l = {L}: leaving the last block, before the final norm",
+            "max_new_tokens": args.max_new_tokens, "rows": rows}
+    paths = [plot_patchscope(model, rows, out / "patchscope.png",
+                             title=f"patchscope: source {_labels(model, src[sp:sp + 1])[0]!r} (position {sp}) "
+                                   f"patched into target position {tp} ({_labels(model, tgt[tp:tp + 1])[0]!r})"),
+             _write_json(out, "patchscope.json", data)]
+    print(f"source position {sp} {_labels(model, src[sp:sp + 1])[0]!r} -> target position {tp} "
+          f"{_labels(model, tgt[tp:tp + 1])[0]!r}; greedy {args.max_new_tokens} tokens")
+    print(_table(["source l", "target l'", "continuation", "p(first)", "top first tokens"],
+                 [[r["source_layer"], r["target_layer"], repr(r["text"])[:28], r["p_first"],
+                   " ".join(repr(t) for t in r["top5_first_tokens"][:3])[:40]] for r in rows]))
+    _done(paths)
+    return 0
+
+
+def cmd_context(args) -> int:
+    from .context import LAYER_ZERO, bert_word_states, cosine_by_layer, find_token_span, plot_context_similarity, word_states
+
+    if args.minilm and args.model is not None:
+        raise _Usage("give one of --minilm (the default all-MiniLM-L6-v2) or --model PATH, not both")
+    if args.context_ids and args.context:
+        raise _Usage("give the contexts as --context TEXT (repeated) or as --context-ids IDS with --position N, not both")
+    from refimpl.bert import BertModel
+    from refimpl.models import load
+
+    if args.minilm:
+        from refimpl.bert import load as load_bert
+
+        model = load_bert()
+    else:
+        model = load(args.model)
+    family = "bert" if isinstance(model, BertModel) else None
+    word = args.word or DEFAULT_CONTEXT_WORD
+    contexts = []  # {label, ids / tokens, position(s)}
+    states = []
+    if family == "bert":
+        if args.context_ids:
+            raise _Usage("--context-ids is for decoders; give BERT its contexts as --context TEXT")
+        for text in args.context or DEFAULT_CONTEXTS:
+            try:
+                s, span, tokens = bert_word_states(model, text, word)
+            except ValueError as e:
+                raise _Usage(f"--word {word!r}: {e}") from None
+            states.append(s)
+            contexts.append({"text": text, "tokens": tokens, "positions": list(range(span.start, span.stop))})
+    else:
+        from ._family import decoder_of
+
+        family = decoder_of(model).family
+        if args.context_ids:
+            if len(args.position or ()) != len(args.context_ids):
+                raise _Usage(f"--position must be given once per --context-ids ({len(args.context_ids)}); got "
+                             f"{len(args.position or ())}")
+            seqs = [(None, _ids(model, argparse.Namespace(ids=c, text=None, file=None), flag="--context-ids"))
+                    for c in args.context_ids]
+            positions = [_index(p, len(ids), "--position", "its context") for p, (_, ids) in zip(args.position, seqs)]
+        else:
+            if args.position:
+                raise _Usage("--position goes with --context-ids; with --context TEXT the word is found in the text")
+            if model.tokenizer is None:
+                raise _no_tokenizer(model, args.model, "the contexts", "--context-ids (with --position)")
+            seqs, positions = [], []
+            for text in args.context or DEFAULT_CONTEXTS:
+                ids = np.asarray(model.tokenizer.encode(text), dtype=np.int64)
+                span = None
+                for variant in (" " + word.strip(), word.strip()):
+                    try:
+                        span = find_token_span(ids, model.tokenizer.encode(variant))
+                        break
+                    except ValueError:
+                        continue
+                if span is None:
+                    raise _Usage(f"--word {word!r} (tokens {model.tokenizer.encode(' ' + word.strip())}) does not "
+                                 f"occur in the context {text!r} (tokens {ids.tolist()})")
+                seqs.append((text, ids))
+                positions.append(span.stop - 1)  # the word's last token: the one that has read all of it
+        limit = _context(model)
+        for (text, ids), p in zip(seqs, positions):
+            if len(ids) > limit:
+                raise _Usage(f"a context has {len(ids)} tokens; the model reads at most {limit}")
+            states.append(word_states(model, ids, p))
+            contexts.append({"text": text, "ids": ids.tolist(), "tokens": _labels(model, ids), "positions": [int(p)]})
+    if len(states) < 2:
+        raise _Usage(f"give at least two contexts; got {len(states)}")
+    cos = cosine_by_layer(np.stack(states))  # [L + 1, N, N]
+    N = len(states)
+    pairs = [(a, b) for a in range(N) for b in range(a + 1, N)]
+    labels = [(c["text"] or " ".join(map(str, c["ids"])))[:30] for c in contexts]
+    data = {"family": family, "word": word, "contexts": contexts,
+            "layer_0": LAYER_ZERO[family],
+            "layers": "l = 0: the embedding output; l >= 1: the state after l blocks"
+                      + (" (before the final norm)" if family != "bert" else " (BERT encoder layers)"),
+            "word_state": "mean of the word's WordPiece pieces" if family == "bert" else
+                          "the word's last token (causal: the one that has read all of it)",
+            "cosine": cos.tolist(),
+            "pairs": [{"a": a, "b": b, "same_positions": contexts[a]["positions"] == contexts[b]["positions"],
+                       "cosine_by_layer": cos[:, a, b].tolist(), "layer0_exactly_one": bool(cos[0, a, b] == 1.0)}
+                      for a, b in pairs]}
+    out = Path(args.out)
+    name = {"gpt2": "GPT-2", "llama": "LLaMA family", "bert": "BERT"}[family]
+    paths = [plot_context_similarity(cos, labels, out / "context.png",
+                                     title=f"{word!r} in {N} contexts ({name}): cosine of its states per layer; "
+                                           f"layer 0: {LAYER_ZERO[family].split(':')[0]}"),
+             _write_json(out, "context.json", data)]
+    print(f"{name}: {word!r} in {N} contexts; layer 0 = {LAYER_ZERO[family]}")
+    print(_table(["layer"] + [f"{a + 1}-{b + 1}" for a, b in pairs] + ["mean"],
+                 [[l] + [float(cos[l, a, b]) for a, b in pairs] + [float(np.mean([cos[l, a, b] for a, b in pairs]))]
+                  for l in range(cos.shape[0])]))
+    _done(paths)
+    return 0
+
+
+# Sizes for `memory`: the naive attention holds about three float32 [H, T, T] arrays at once
+# (measured: 3.1 x H T^2 x 4 bytes), so H T^2 <= 2^26 keeps its peak under ~800 MiB.
+MAX_MEMORY_T, MAX_MEMORY_HEADS, MAX_MEMORY_SCORES = 4096, 64, 1 << 26
+
+
+def cmd_memory(args) -> int:
+    from .memory import measure_attention, plot_memory, summarize
+
+    for flag, values, top in (("--T", args.T, MAX_MEMORY_T), ("--heads", args.heads, MAX_MEMORY_HEADS)):
+        for v in values:
+            if not 1 <= v <= top:
+                raise _Usage(f"{flag} values must lie in 1 .. {top}; got {v}")
+    for w in args.window:
+        if w < 0:
+            raise _Usage(f"--window values must be >= 0 (0: no window); got {w}")
+    for flag, v in (("--head-dim", args.head_dim), ("--repeats", args.repeats)):
+        if not 1 <= v <= 1024:
+            raise _Usage(f"{flag} must lie in 1 .. 1024; got {v}")
+    if max(args.heads) * max(args.T) ** 2 > MAX_MEMORY_SCORES:
+        raise _Usage(f"--heads {max(args.heads)} x --T {max(args.T)}^2 is more than {MAX_MEMORY_SCORES:,} scores: "
+                     "the naive attention would need about 3 x 4 bytes per score (lower --T or --heads)")
+    import importlib.util
+
+    if "fused" in args.kernels and importlib.util.find_spec("numba") is None:  # the kernel is accel.numba_cpu's
+        raise _Usage("the fused kernel needs numba (pip install '.[numba]'); or measure --kernels naive")
+    windows = sorted({None if w == 0 else w for w in args.window}, key=lambda w: -1 if w is None else w)
+    if None not in windows:
+        windows = [None] + windows  # the answer compares each window with none
+    rows = measure_attention(T=sorted(set(args.T)), heads=sorted(set(args.heads)), windows=windows,
+                             head_dim=args.head_dim, repeats=args.repeats, kernels=args.kernels)
+    summary = summarize(rows)
+    out = Path(args.out)
+    from .memory import __doc__ as method
+
+    data = {"method": method.split("What is measured")[1].strip() if method else None,
+            "machine_note": "one shared CPU; times are medians of --repeats interleaved calls",
+            "rows": rows, "summary": summary}
+    paths = [plot_memory(rows, summary, out / "memory.png"), _write_json(out, "memory.json", data)]
+    print("peak: tracemalloc's peak of NumPy allocations in one call (memory.json also has the RSS high-water growth)")
+    print(_table(["kernel", "T", "heads", "window", "peak MiB", "ms", "peak / (H T^2 4 B)"],
+                 [[r["kernel"], r["T"], r["heads"], r["window"] or "-", r["peak_bytes"] / 2**20, 1e3 * r["seconds"],
+                   r["peak_bytes"] / r["score_matrix_bytes"]] for r in rows]))
+    g = summary["peak_growth_exponent_in_T"]
+    print("peak memory grows as " + ", ".join(f"T^{v:.2f} ({k})" for k, v in g.items() if v is not None)
+          + f" at {summary['at_heads']} heads")
+    for kernel, ans in summary["window_saves_memory"].items():
+        if ans["ratios"]:
+            lo = min(x["peak_ratio"] for x in ans["ratios"])
+            t = min(x["time_ratio"] for x in ans["ratios"])
+            print(f"does a window save memory ({kernel})? {'yes' if ans['saves'] else 'no'}: "
+                  f"peak(window) / peak(none) >= {lo:.2f}; time(window) / time(none) down to {t:.2f}")
+    _done(paths)
+    return 0
+
+
+def cmd_neurons(args) -> int:
+    from .neurons import HELD_OUT_TEXT, neuron_activations, neuron_values, plot_neurons, top_contexts, top_neurons
+
+    for flag, v in (("--k", args.k), ("--width", args.width), ("--values", args.values), ("--chunk", args.chunk)):
+        if v < 1:
+            raise _Usage(f"{flag} must be >= 1; got {v}")
+    if args.neuron and args.top is not None:
+        raise _Usage("give --neuron N (repeatable) or --top N, not both")
+    if args.top is not None and not 1 <= args.top <= 32:
+        raise _Usage(f"--top must lie in 1 .. 32 (one panel each); got {args.top}")
+    model = _load(args.model)
+    from ._family import decoder_of
+
+    L = _n_layers(model)
+    layer = L - 1 if args.layer is None else args.layer
+    if not 0 <= layer < L:
+        raise _Usage(f"--layer must lie in 0 .. {L - 1}; got {layer}")
+    ids = _ids(model, args, default=HELD_OUT_TEXT, limit=args.max_tokens)
+    chunk = min(args.chunk, _context(model), len(ids))
+    chunks = [ids[i:i + chunk] for i in range(0, len(ids) - chunk + 1, chunk)]
+    acts = neuron_activations(model, chunks, layer=layer)  # [N, T, F]
+    F = acts.shape[-1]
+    for n in args.neuron or ():
+        if not 0 <= n < F:
+            raise _Usage(f"--neuron must lie in 0 .. {F - 1} (the FFN width of layer {layer}); got {n}")
+    neurons = args.neuron or top_neurons(acts, args.top or 4)
+    entries = []
+    for n in neurons:
+        up, down = neuron_values(model, layer=layer, neuron=n, k=args.values)
+        for lst in (up, down):
+            for e, tok in zip(lst, _labels(model, [d["id"] for d in lst])):
+                e["token"] = tok
+        ctx = top_contexts(acts, chunks, neuron=n, k=args.k, width=args.width)
+        for c in ctx:
+            c["tokens"] = _labels(model, c["ids"])
+        entries.append({"neuron": int(n), "max_activation": float(acts[..., n].max()),
+                        "mean_activation": float(acts[..., n].mean()), "contexts": ctx, "promoted": up,
+                        "suppressed": down})
+    family = decoder_of(model).family
+    data = {"family": family, "layer": layer, "tokens_used": len(chunks) * chunk, "chunk": chunk,
+            "activation": "blocks.%d.mlp.hidden: %s" % (layer, "gelu(x W_fc + b_fc)" if family == "gpt2" else
+                                                        f"{model.config.hidden_act}(x W_gate) * (x W_up)"),
+            "value": "E v_i: row i of the second FFN map projected through the output embedding directly "
+                     "(no final norm; Geva et al. 2021, sec. 4)",
+            "neurons": entries}
+    out = Path(args.out)
+    paths = [plot_neurons(model, layer, entries, out / "neurons.png"), _write_json(out, "neurons.json", data)]
+    print(f"layer {layer}: {len(chunks)} chunk(s) of {chunk} tokens; activation {data['activation']}")
+    print(_table(["neuron", "max act", "top context (fires at its end)", "promotes (E v)"],
+                 [[e["neuron"], e["max_activation"], repr("".join(e["contexts"][0]["tokens"]))[-34:],
+                   " ".join(repr(p["token"]) for p in e["promoted"][:4])] for e in entries], [6, 8, 34, 44]))
+    _done(paths)
+    return 0
+
+
+def cmd_training(args) -> int:
+    from .training import clip_threshold, plot_training, read_history, training_summary
+
+    if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
+        raise _Usage(f"--clip must be a positive number; got {args.clip}")
+    if args.history is not None and args.model is not None:
+        raise _Usage("give one of --model DIR or --history FILE, not both")
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+
+    where = Path(args.history if args.history is not None else args.model or DEFAULT_MODEL_DIR)
+    if not where.exists():
+        raise _Usage(f"{'--history' if args.history is not None else '--model'} {where}: no such file or directory")
+    history, f = read_history(where)
+    clip, source = (args.clip, "--clip") if args.clip is not None else clip_threshold(where, history)
+    stats = training_summary(history, clip)
+    out = Path(args.out)
+    data = {"history": str(f), "keys": sorted(history), "clip": clip, "clip_source": source, "summary": stats}
+    paths = [plot_training(history, clip, out / "training.png", title=f"training history {f}"),
+             _write_json(out, "training.json", data)]
+    print(f"{f}: {stats['steps']} steps; clipping threshold {clip if clip is not None else 'unknown'} ({source})")
+    print(_table(["quantity", "value"], [[k, v] for k, v in stats.items() if v is not None]))
+    _done(paths)
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -503,6 +816,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--heads", type=int, default=8)
     p.set_defaults(func=cmd_encodings)
+
+    p = sub.add_parser("patchscope", help="decode a hidden state by patching it into an identity prompt")
+    common(p, text=False, max_tokens=False)
+    p.add_argument("--source", help=f"source text (default {DEFAULT_PATCHSCOPE_SOURCE!r})")
+    p.add_argument("--source-ids", help="source as token ids")
+    p.add_argument("--source-position", type=int, default=-1, help="position of the state read (default -1: last)")
+    p.add_argument("--source-layer", type=int, action="append",
+                   help="source layer l in 0 .. L (repeatable; default all; 0 = embedding output)")
+    p.add_argument("--target", help="target prompt (default the identity prompt "
+                   "'cat -> cat; 1135 -> 1135; hello -> hello; ? ->')")
+    p.add_argument("--target-ids", help="target as token ids")
+    p.add_argument("--target-position", type=int,
+                   help="position patched (default: the placeholder's token; with --target-ids the last)")
+    p.add_argument("--placeholder", default="?", help="text of the target token that receives the state (default '?')")
+    p.add_argument("--target-layer", type=int, help="patch every source state into this layer l' (default l' = l)")
+    p.add_argument("--grid", action="store_true", help="every source layer into every target layer")
+    p.add_argument("--max-new-tokens", type=int, default=4)
+    p.set_defaults(func=cmd_patchscope)
+
+    p = sub.add_parser("context", help="one word in several contexts: cosine of its states per layer")
+    p.add_argument("--model", default=None, metavar="PATH", help="GPT-2, LLaMA-family or BERT model (refimpl.load; "
+                   "default: the shipped GPT-2)")
+    p.add_argument("--minilm", action="store_true", help="use all-MiniLM-L6-v2 (refimpl.bert's default model)")
+    p.add_argument("--out", default="inspect_out", metavar="DIR", help="output folder (default ./inspect_out)")
+    p.add_argument("--word", help=f"the word (default {DEFAULT_CONTEXT_WORD!r})")
+    p.add_argument("--context", action="append", help="a sentence holding the word (repeatable)")
+    p.add_argument("--context-ids", action="append", help="a context as token ids (repeatable; with --position)")
+    p.add_argument("--position", type=int, action="append", help="the word's position in each --context-ids")
+    p.set_defaults(func=cmd_context)
+
+    p = sub.add_parser("memory", help="attention's peak memory and time: naive T x S scores vs the fused kernel")
+    p.add_argument("--out", default="inspect_out", metavar="DIR")
+    p.add_argument("--T", type=int, nargs="+", default=[128, 256, 512, 1024], help="sequence lengths (S = T)")
+    p.add_argument("--heads", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--window", type=int, nargs="+", default=[0, 64], help="local windows (0: none, full causal)")
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per case (median)")
+    p.add_argument("--kernels", nargs="+", choices=["naive", "fused"], default=["naive", "fused"])
+    p.set_defaults(func=cmd_memory)
+
+    p = sub.add_parser("neurons", help="FFN neurons: contexts that fire them (keys), tokens they promote (values)")
+    common(p)
+    p.set_defaults(max_tokens=1024)
+    p.add_argument("--layer", type=int, help="block (default the last)")
+    p.add_argument("--neuron", type=int, action="append", help="neuron index (repeatable)")
+    p.add_argument("--top", type=int, help="the N most active neurons (default 4 when no --neuron)")
+    p.add_argument("--k", type=int, default=6, help="contexts per neuron")
+    p.add_argument("--width", type=int, default=8, help="tokens shown per context, ending at the firing token")
+    p.add_argument("--values", type=int, default=10, help="promoted / suppressed tokens listed")
+    p.add_argument("--chunk", type=int, default=64, help="tokens per chunk the text is cut into (each run alone)")
+    p.set_defaults(func=cmd_neurons)
+
+    p = sub.add_parser("training", help="loss and gradient-norm curves from a model's history.json")
+    p.add_argument("--model", default=None, metavar="DIR", help="model folder holding history.json "
+                   "(default: the shipped GPT-2's)")
+    p.add_argument("--history", metavar="FILE", help="a history.json file")
+    p.add_argument("--clip", type=float, help="clipping threshold to draw (default: read from the history or "
+                   "MODEL_CARD.md)")
+    p.add_argument("--out", default="inspect_out", metavar="DIR")
+    p.set_defaults(func=cmd_training)
     return ap
 
 

@@ -1,0 +1,362 @@
+"""inspect patchscope / context / memory / neurons / training: the proofs behind each picture, and the command line.
+
+Models: the shipped default GPT-2 (refimpl.load()), a random-weight LLaMA directory written here
+with the default model's tokenizer files, and all-MiniLM-L6-v2 (refimpl.bert's default data,
+fetched by scripts/fetch_data.py as for tests/test_bert.py). Each property's proof is in its
+docstring.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import refimpl
+from refimpl.interp import run_with_cache
+from refimpl.interp.cli import main
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return refimpl.load()
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A random 2-block LLaMA (GQA 4 / 2 heads) of the default model's vocabulary, with its tokenizer files."""
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+    from refimpl.llama.config import LlamaConfig
+    from refimpl.llama.io import save_weights
+    from refimpl.llama.params import LlamaParams, checkpoint_shapes
+
+    cfg = LlamaConfig.from_dict({"model_type": "llama", "vocab_size": 3072, "hidden_size": 32, "intermediate_size": 48,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "max_position_embeddings": 128, "bos_token_id": 3071, "eos_token_id": 3071})
+    rng = np.random.default_rng(0)
+    arrays = {n: (1.0 + 0.1 * rng.standard_normal(s)) if "norm" in n else rng.standard_normal(s) / np.sqrt(s[-1])
+              for n, s in checkpoint_shapes(cfg).items()}
+    d = tmp_path_factory.mktemp("llama") / "tiny_llama"
+    save_weights(cfg, LlamaParams.from_checkpoint(arrays, cfg), d, copy_from=DEFAULT_MODEL_DIR)
+    return d
+
+
+@pytest.fixture(scope="module")
+def llama(llama_dir):
+    return refimpl.load(llama_dir)
+
+
+def check_png(path, *, min_px=(200, 150), max_px=(4000, 4000)):
+    """The file is a PNG that opens, of a plausible size, and not blank (its pixels vary)."""
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    with Image.open(path) as im:
+        w, h = im.size
+        px = np.asarray(im.convert("RGB"), dtype=np.float64)
+    assert min_px[0] <= w <= max_px[0] and min_px[1] <= h <= max_px[1], (path, w, h)
+    assert px.var() > 0, f"{path} is blank"
+
+
+def run_cli(args, capsys, *, code=0):
+    rc = main(args)
+    captured = capsys.readouterr()
+    assert rc == code, captured.err
+    return captured.out, captured.err
+
+
+# ----------------------------------------------------------------------------- patchscope
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_patchscope_into_the_same_prompt_layer_and_position_is_the_models_own_continuation(which, gpt2, llama):
+    """replace(h, positions=[p]) at layer l with h = the prompt's own h_l[p] writes the value the forward
+    computed, so every later number is the plain forward's: the greedy continuation is refimpl.generate's,
+    token for token, at every layer 0 .. L. A different source state at the same point changes the logits
+    (the patch is really applied), except at layer L: the last block's output at the placeholder (not the
+    last position) is read by nothing that follows."""
+    from refimpl.interp.patchscope import IDENTITY_PROMPT, patchscope_generate, placeholder_position, source_states
+
+    model = gpt2 if which == "gpt2" else llama
+    tgt = np.asarray(model.tokenizer.encode(IDENTITY_PROMPT))
+    p = placeholder_position(model, tgt)
+    assert model.tokenizer.decode([int(tgt[p])]).strip() == "?"
+    own = source_states(model, tgt, position=p)
+    other = source_states(model, model.tokenizer.encode("Friends, Romans, countrymen"))
+    plain = refimpl.generate(model, tgt.tolist(), max_new_tokens=6, eos_token_id=None).ids
+    z_plain = run_with_cache(model, tgt, names=())[0][-1]
+    for layer in range(len(own)):
+        ids, z = patchscope_generate(model, own[layer], tgt, target_layer=layer, target_position=p, max_new_tokens=6)
+        assert ids == list(plain), layer
+        np.testing.assert_allclose(z, z_plain, rtol=1e-5, atol=1e-5)  # float32: cached vs full forward
+        _, z_other = patchscope_generate(model, other[layer], tgt, target_layer=layer, target_position=p,
+                                         max_new_tokens=1)
+        if layer < len(own) - 1:
+            assert np.max(np.abs(z_other - z_plain)) > 1e-3, layer
+        else:  # the final residual at an earlier position feeds no later computation
+            np.testing.assert_allclose(z_other, z_plain, rtol=1e-5, atol=1e-5)
+
+
+def test_patchscope_cli_writes_the_grid(gpt2, tmp_path, capsys):
+    out = tmp_path / "ps"
+    printed, _ = run_cli(["patchscope", "--out", str(out), "--max-new-tokens", "2"], capsys)
+    check_png(out / "patchscope.png")
+    data = json.loads((out / "patchscope.json").read_text())
+    assert {"source", "source_tokens", "source_position", "target", "target_tokens", "target_position", "layers",
+            "rows"} <= set(data)
+    L = gpt2.config.n_layer
+    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L + 1)]
+    assert data["target_tokens"][data["target_position"]].strip() == "?"
+    assert all(len(r["ids"]) == 2 and 0 < r["p_first"] <= 1 for r in data["rows"])
+    assert f"wrote {out / 'patchscope.png'}" in printed
+    run_cli(["patchscope", "--out", str(out), "--grid", "--source-layer", "0", "--source-layer", "4",
+             "--max-new-tokens", "1"], capsys)
+    rows = json.loads((out / "patchscope.json").read_text())["rows"]
+    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L + 1)]
+
+
+def test_patchscope_on_a_llama_directory(llama_dir, tmp_path, capsys):
+    out = tmp_path / "lps"
+    run_cli(["patchscope", "--model", str(llama_dir), "--out", str(out), "--target-layer", "1",
+             "--max-new-tokens", "2"], capsys)
+    rows = json.loads((out / "patchscope.json").read_text())["rows"]
+    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(l, 1) for l in range(3)]
+    check_png(out / "patchscope.png")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--target-position", "999"], "--target-position"),
+    (["--source-position", "-999"], "--source-position"),
+    (["--source-layer", "9"], "--source-layer"),
+    (["--target-layer", "-1"], "--target-layer"),
+    (["--grid", "--target-layer", "1"], "--grid"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--placeholder", "#"], "--placeholder"),
+])
+def test_patchscope_bad_flags_exit_2_naming_the_flag(args, flag, tmp_path, capsys):
+    _, err = run_cli(["patchscope", "--out", str(tmp_path / "x"), *args], capsys, code=2)
+    assert err.startswith("error: ") and flag in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------------------- context
+
+def test_cosine_of_identical_states_is_exactly_one():
+    """<x, x> is one correctly rounded sum s; sqrt(s * s) = s for binary floats, so s / sqrt(s s) = 1 exactly,
+    whatever x (here 200 random vectors, some huge, some tiny); a different vector gives less than 1."""
+    from refimpl.interp.context import cosine_by_layer
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((200, 192)) * 10.0 ** rng.integers(-30, 30, (200, 1))  # 200 "layers"
+    y = x + 1e-3 * np.abs(x).max(axis=1, keepdims=True) * rng.standard_normal(x.shape)
+    cos = cosine_by_layer(np.stack([x, x.copy(), y]))  # [200, 3, 3]
+    assert np.all(cos[:, 0, 1] == 1.0) and np.all(cos[:, 0, 0] == 1.0) and np.all(cos[:, 0, 2] < 1.0)
+
+
+def test_layer0_of_gpt2_is_one_at_the_same_position_only(gpt2):
+    """GPT-2's layer 0 is wte[t] + wpe[p]: the same token at the same position gives the same vector (cos = 1
+    exactly) whatever precedes it; the states after the first block see the different prefixes (cos < 1);
+    at another position wpe differs (cos < 1)."""
+    from refimpl.interp.context import cosine_by_layer, word_states
+
+    a = word_states(gpt2, [10, 20, 30, 761], 3)
+    b = word_states(gpt2, [11, 25, 35, 761], 3)
+    c = word_states(gpt2, [11, 25, 761], 2)
+    cos = cosine_by_layer(np.stack([a, b, c]))
+    assert cos[0, 0, 1] == 1.0
+    assert np.all(cos[1:, 0, 1] < 1.0)
+    assert cos[0, 0, 2] < 0.99 and cos[0, 1, 2] < 0.99
+
+
+def test_layer0_of_a_rope_model_is_position_free(llama):
+    """The LLaMA family's layer 0 is the token embedding alone (RoPE acts inside attention): the same token
+    at positions 3 and 1 gives cos = 1 exactly; later layers depend on the context."""
+    from refimpl.interp.context import cosine_by_layer, word_states
+
+    cos = cosine_by_layer(np.stack([word_states(llama, [10, 20, 30, 761], 3), word_states(llama, [99, 761], 1)]))
+    assert cos[0, 0, 1] == 1.0 and np.all(cos[1:, 0, 1] < 1.0)
+
+
+def test_context_cli_on_gpt2_llama_and_minilm(llama_dir, tmp_path, capsys):
+    """Default contexts: 'fair' sits at the same token position in two of them ('Her face was fair', 'The judge
+    was fair'): exactly those pairs are 1 at layer 0 for GPT-2 and BERT; every pair is 1 for the RoPE model."""
+    results = {}
+    for name, extra in (("gpt2", []), ("llama", ["--model", str(llama_dir)]), ("bert", ["--minilm"])):
+        out = tmp_path / name
+        printed, _ = run_cli(["context", "--out", str(out), *extra], capsys)
+        check_png(out / "context.png")
+        data = json.loads((out / "context.json").read_text())
+        assert {"family", "word", "contexts", "layer_0", "layers", "word_state", "cosine", "pairs"} <= set(data)
+        assert data["family"] == name and "layer 0 = " in printed
+        results[name] = data
+    n_layers = {"gpt2": 5, "llama": 3, "bert": 7}
+    for name, data in results.items():
+        assert np.asarray(data["cosine"]).shape == (n_layers[name], 4, 4)
+        for pair in data["pairs"]:
+            expected = True if name == "llama" else pair["same_positions"]
+            assert pair["layer0_exactly_one"] == expected, (name, pair)
+        assert sum(p["same_positions"] for p in data["pairs"]) >= 1
+    assert any(not p["same_positions"] for p in results["gpt2"]["pairs"])
+
+
+def test_context_cli_with_ids_and_bad_flags(tmp_path, capsys):
+    out = tmp_path / "ids"
+    run_cli(["context", "--out", str(out), "--context-ids", "10 20 761", "--position", "2",
+             "--context-ids", "11 21 761 5", "--position", "-2"], capsys)
+    data = json.loads((out / "context.json").read_text())
+    assert data["pairs"][0]["layer0_exactly_one"] and data["contexts"][1]["positions"] == [2]
+    for args, flag in ((["--word", "zebra"], "--word"), (["--context-ids", "1 2", "--position", "5"], "--position"),
+                       (["--context-ids", "1 2"], "--position"), (["--minilm", "--model", "x"], "--minilm"),
+                       (["--context", "only one fair"], "at least two contexts")):
+        _, err = run_cli(["context", "--out", str(tmp_path / "bad"), *args], capsys, code=2)
+        assert flag in err and err.count("\n") == 1, (args, err)
+
+
+# ----------------------------------------------------------------------------- memory
+
+def test_tracemalloc_peak_sees_a_numpy_allocation():
+    from refimpl.interp.memory import peak_traced_bytes
+
+    n = 1 << 20
+    assert n * 8 <= peak_traced_bytes(lambda: np.ones(n).sum()) < n * 8 + (1 << 16)
+    assert peak_traced_bytes(lambda: None) < 1 << 12
+
+
+def test_memory_cli_measures_quadratic_naive_and_answers_the_window_question(tmp_path, capsys):
+    """Naive causal attention holds [H, T, T] scores whatever the window (the window only sets entries to
+    -inf): its peak grows about as T^2 and a window leaves it unchanged; the fused kernel's traced peak
+    grows more slowly (it holds tiles, not the T x T matrix) and agrees with the naive output."""
+    out = tmp_path / "mem"
+    printed, _ = run_cli(["memory", "--out", str(out), "--T", "64", "128", "256", "--heads", "1", "2",
+                          "--window", "0", "16", "--repeats", "1"], capsys)
+    check_png(out / "memory.png")
+    data = json.loads((out / "memory.json").read_text())
+    assert {"method", "rows", "summary"} <= set(data) and len(data["rows"]) == 3 * 2 * 2 * 2
+    s = data["summary"]
+    assert s["window_saves_memory"]["naive"]["saves"] is False
+    assert s["answer"].startswith("does a window save memory in the naive attention? no")
+    ratios = s["window_saves_memory"]["naive"]["ratios"]
+    assert all(x["peak_ratio"] >= 0.9 for x in ratios)  # (at T = 64 the window's own mask arrays even add to it)
+    assert all(abs(x["peak_ratio"] - 1) < 0.05 for x in ratios if x["T"] == 256)
+    g = s["peak_growth_exponent_in_T"]
+    assert 1.7 < g["naive, window None"] < 2.3 and g["fused, window None"] < 1.5
+    for r in data["rows"]:
+        assert r["peak_bytes"] > 0 and r["seconds"] > 0
+        if r["kernel"] == "naive":
+            assert r["peak_bytes"] >= r["score_matrix_bytes"]  # at least the score matrix itself
+        else:
+            assert r["T"] < 256 or r["peak_bytes"] < 0.5 * r["score_matrix_bytes"]  # below, fixed costs dominate
+            assert r["max_abs_diff_to_naive"] < 1e-4
+    assert "does a window save memory (naive)? no" in printed
+
+
+@pytest.mark.parametrize("args, flag", [(["--T", "0"], "--T"), (["--T", "100000"], "--T"), (["--heads", "0"], "--heads"),
+                                        (["--window", "-1"], "--window"), (["--repeats", "0"], "--repeats"),
+                                        (["--T", "4096", "--heads", "64"], "--heads")])
+def test_memory_bad_flags_exit_2(args, flag, tmp_path, capsys):
+    _, err = run_cli(["memory", "--out", str(tmp_path), *args], capsys, code=2)
+    assert flag in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------- neurons
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_neuron_activation_and_value_are_the_ffn_written_out(which, gpt2, llama):
+    """FF(x) = sum_i m_i(x) v_i (+ the second map's bias): the captured hidden activations times the value
+    rows rebuild mlp.out; m is GELU(x W_fc + b) for GPT-2 and silu(x W_gate) * (x W_up) for LLaMA; a
+    neuron's value scores are E v_i, with E the output embedding."""
+    from refimpl.ffn import gelu_tanh_bias
+    from refimpl.interp.neurons import neuron_activations, neuron_values, output_embedding, value_vectors
+    from refimpl.llama.model import rms_norm
+    from refimpl.norms import layer_norm
+
+    model = gpt2 if which == "gpt2" else llama
+    ids = np.asarray(model.tokenizer.encode("I come to bury Caesar, not to praise him."))
+    layer = 1
+    m = neuron_activations(model, [ids], layer=layer)[0]  # [T, F]
+    _, acts = run_with_cache(model, ids, names=[f"blocks.{layer}.resid_mid", f"blocks.{layer}.mlp.out"])
+    x, mlp_out = acts[f"blocks.{layer}.resid_mid"], acts[f"blocks.{layer}.mlp.out"]
+    block = model.params.blocks[layer]
+    if which == "gpt2":
+        h = layer_norm(x, block.ln_2.g, block.ln_2.b, eps=model.config.layer_norm_epsilon)
+        manual = gelu_tanh_bias(h @ block.mlp_fc.w, block.mlp_fc.b)
+        bias = block.mlp_proj.b
+    else:
+        h = rms_norm(x, block.mlp_norm, model.config)
+        g, u = h @ block.mlp.gate.w, h @ block.mlp.up.w
+        manual = g / (1 + np.exp(-g)) * u
+        bias = 0.0
+    np.testing.assert_allclose(m, manual, rtol=1e-4, atol=1e-5)
+    v = value_vectors(model, layer)
+    np.testing.assert_allclose(m @ v + bias, mlp_out, rtol=1e-4, atol=1e-4)
+    up, down = neuron_values(model, layer=layer, neuron=5, k=3)
+    scores = output_embedding(model).astype(np.float64) @ v[5].astype(np.float64)
+    assert [e["id"] for e in up] == list(np.argsort(-scores)[:3]) and down[0]["id"] == int(np.argmin(scores))
+    assert up[0]["score"] == pytest.approx(scores.max())
+
+
+def test_neurons_cli_default_model_and_llama(llama_dir, gpt2, tmp_path, capsys):
+    out = tmp_path / "n"
+    run_cli(["neurons", "--out", str(out), "--max-tokens", "256"], capsys)
+    check_png(out / "neurons.png")
+    data = json.loads((out / "neurons.json").read_text())
+    assert {"family", "layer", "tokens_used", "chunk", "activation", "value", "neurons"} <= set(data)
+    assert data["layer"] == gpt2.config.n_layer - 1 and len(data["neurons"]) == 4
+    peaks = [e["max_activation"] for e in data["neurons"]]
+    assert peaks == sorted(peaks, reverse=True)
+    for e in data["neurons"]:
+        assert {"neuron", "max_activation", "contexts", "promoted", "suppressed"} <= set(e)
+        assert e["contexts"][0]["activation"] == e["max_activation"] == e["contexts"][0]["window_acts"][-1]
+        assert len(e["promoted"]) == 10 and e["promoted"][0]["score"] >= e["promoted"][-1]["score"]
+    out = tmp_path / "ln"
+    run_cli(["neurons", "--model", str(llama_dir), "--out", str(out), "--layer", "0", "--neuron", "3",
+             "--neuron", "7", "--k", "2"], capsys)
+    data = json.loads((out / "neurons.json").read_text())
+    assert [e["neuron"] for e in data["neurons"]] == [3, 7] and "silu" in data["activation"]
+    check_png(out / "neurons.png")
+
+
+@pytest.mark.parametrize("args, flag", [(["--layer", "4"], "--layer"), (["--neuron", "768"], "--neuron"),
+                                        (["--top", "0"], "--top"), (["--k", "0"], "--k"),
+                                        (["--neuron", "1", "--top", "2"], "--top"), (["--chunk", "0"], "--chunk")])
+def test_neurons_bad_flags_exit_2(args, flag, tmp_path, capsys):
+    _, err = run_cli(["neurons", "--out", str(tmp_path), *args], capsys, code=2)
+    assert flag in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------- training
+
+def test_training_cli_on_the_default_history(tmp_path, capsys):
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+
+    history = json.loads((DEFAULT_MODEL_DIR / "history.json").read_text())
+    out = tmp_path / "t"
+    printed, _ = run_cli(["training", "--out", str(out)], capsys)
+    check_png(out / "training.png", min_px=(600, 200))
+    data = json.loads((out / "training.json").read_text())
+    assert {"history", "keys", "clip", "clip_source", "summary"} <= set(data)
+    assert data["clip"] == 1.0 and "MODEL_CARD" in data["clip_source"]  # the card's "grad_clip": 1.0
+    s = data["summary"]
+    g = np.asarray(history["grad_norm"])
+    assert s["clipped_steps"] == int((g > 1.0).sum()) and s["steps"] == len(history["step"])
+    assert s["train_loss_last"] == history["train_loss"][-1] and s["val_loss_last"] == history["val_loss"][-1]
+    from refimpl.interp.training import training_summary
+
+    assert training_summary(history, 2.5)["clipped_steps"] == int((g > 2.5).sum()) < s["clipped_steps"]
+    assert "clipped_steps" not in training_summary(history, None)
+
+
+def test_training_errors_name_the_problem(llama_dir, tmp_path, capsys):
+    _, err = run_cli(["training", "--model", str(llama_dir), "--out", str(tmp_path / "o")], capsys, code=2)
+    assert "has no history.json" in err and err.count("\n") == 1
+    bad = tmp_path / "h.json"
+    bad.write_text(json.dumps({"step": [0, 1], "train_loss": [1.0]}))
+    _, err = run_cli(["training", "--history", str(bad), "--out", str(tmp_path / "o")], capsys, code=2)
+    assert "differ in length" in err
+    bad.write_text(json.dumps({"loss": [1.0]}))
+    _, err = run_cli(["training", "--history", str(bad), "--out", str(tmp_path / "o")], capsys, code=2)
+    assert "has no step, train_loss" in err
+    for args, flag in ((["--clip", "-1"], "--clip"), (["--history", str(tmp_path / "none.json")], "--history")):
+        _, err = run_cli(["training", "--out", str(tmp_path / "o"), *args], capsys, code=2)
+        assert flag in err, err
+    assert not (tmp_path / "o").exists()
