@@ -230,6 +230,16 @@ def test_eviction_changes_the_logits_and_sinks_matter(models):
     assert np.min(np.max(np.abs(sinks[M:] - no_sinks[M:]), axis=-1)) > 1e-6
 
 
+def test_a_batch_of_streams_equals_each_stream_alone(models):
+    """SinkCache(batch_size=2): rows share the slot numbering (they have equal lengths) and nothing else."""
+    model = models["gemma2"]
+    a, b = ids_of(2 * M, seed=11), ids_of(2 * M, seed=12)
+    cache = SinkCache.allocate(model.config, n_sink=N_SINK, window=WINDOW, batch_size=2, dtype=np.float64)
+    both = np.stack([streaming_step(model, cache, np.array([x, y])) for x, y in zip(a, b)], axis=1)  # [2, N, V]
+    np.testing.assert_allclose(both[0], step_by_step(model, a, N_SINK, WINDOW), atol=1e-13)
+    np.testing.assert_allclose(both[1], step_by_step(model, b, N_SINK, WINDOW), atol=1e-13)
+
+
 # ----------------------------------------------------------------------------- (c) positions stay below M
 
 def test_no_position_beyond_M_minus_1_reaches_rope(models, monkeypatch):
