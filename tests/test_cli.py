@@ -281,7 +281,7 @@ def test_inspect_a_llama_folder_without_a_tokenizer_by_ids(sub, extra, files, ll
     (["inspect", "steer", "--pos-ids", "1 2", "--neg-ids", "3", "--prompt-ids", "4"],
      "--target must be a token id (this model has no tokenizer)"),
     (["inspect", "patch"], "with --source-ids"),
-    (["inspect", "streaming", "--ids", "1 2 3"], "streaming is implemented for GPT-2"),
+    (["inspect", "streaming", "--text", "hello"], "give the input as token ids with --ids"),
 ])
 def test_inspect_a_llama_folder_errors_name_the_flag(argv, message, llama_dirs, tmp_path, capsys):
     bare, _ = llama_dirs

@@ -4,7 +4,7 @@ Modules, each a short read:
     capture         run_with_cache / run_with_interventions over the model's hook points
     logit_lens      every layer's residual through the final norm and the LM head
     attention_maps  attention weights per layer and head; attention-sink statistics
-    streaming       StreamingLLM cache (sinks + rolling window) and its perplexity comparison (GPT-2)
+    streaming       StreamingLLM cache (sinks + rolling window) and its perplexity comparison (GPT-2, LLaMA family)
     steering        mean-difference directions added to the residual stream
     patching        copy a hidden state from a source run into a target run, per layer and position
     pictures        sinusoidal, RoPE and ALiBi pictures
@@ -33,13 +33,14 @@ from .streaming import (
     streaming_logits,
     streaming_perplexity,
     streaming_positions,
+    streaming_step,
 )
 
 __all__ = [
     "hook_names", "run_with_cache", "run_with_interventions", "Intervention", "replace", "add",
     "residual_stream", "logit_lens", "lens_top_tokens",
     "attention_weights", "sink_share", "uniform_sink_share", "sink_table",
-    "SinkCache", "streaming_positions", "streaming_logits", "streaming_generate", "recompute_window_logits",
+    "SinkCache", "streaming_positions", "streaming_step", "streaming_logits", "streaming_generate", "recompute_window_logits",
     "streaming_perplexity",
     "steering_vector", "steered_generate", "steered_logprobs", "steering_effect",
     "patch_points", "logit_diff_metric", "patch_sweep",

@@ -9,7 +9,7 @@
     python -m refimpl inspect encodings                                          # sinusoidal, RoPE, ALiBi
 
 --model PATH is any decoder refimpl.load reads: GPT-2 or a LLaMA-family directory (default:
-the GPT-2 shipped with the package); `streaming` is GPT-2's only (learned positions).
+the GPT-2 shipped with the package).
 Input text comes from --text, --file or --ids ("1 2 3", for models without a tokenizer; steer
 takes --pos-ids / --neg-ids / --prompt-ids, patch --source-ids / --target-ids, and a target or
 answer token may be given as its id); lens / attention / sinks / steer / patch have built-in
@@ -257,47 +257,57 @@ def cmd_sinks(args) -> int:
 
 
 def cmd_streaming(args) -> int:
+    from ._family import decoder_of
     from ._plot import pyplot, save
     from .streaming import streaming_perplexity
 
     from refimpl.gpt2 import GPT2Model
 
     model = _load(args.model)
-    if not isinstance(model, GPT2Model):
-        raise _Usage(f"streaming is implemented for GPT-2 (its positions are learned and absolute; "
-                     f"refimpl.interp.streaming); {args.model} is a {model.config.model_type} model")
-    P = model.config.n_positions
+    gpt2 = isinstance(model, GPT2Model)
+    name = "n_positions" if gpt2 else "max_position_embeddings"
+    P = decoder_of(model).context(model.config)  # None: no limit (dynamic RoPE)
+    if args.window is None and P is None:
+        raise _Usage(f"--window must be given: rope_type {model.config.rope.rope_type!r} has no context limit")
     if args.window is None and not 0 <= args.n_sink < P:
-        raise _Usage(f"--n-sink must lie in 0 .. n_positions - 1 = {P - 1} (the window gets the rest of the "
+        raise _Usage(f"--n-sink must lie in 0 .. {name} - 1 = {P - 1} (the window gets the rest of the "
                      f"context); got {args.n_sink}")
     window = P - args.n_sink if args.window is None else args.window
-    if args.n_sink < 0 or window < 1 or args.n_sink + window > P:  # checked before the note below
-        raise _Usage(f"--n-sink must be >= 0 and --window >= 1 with n_sink + window <= n_positions = {P}; "
+    if args.n_sink < 0 or window < 1 or (P is not None and args.n_sink + window > P):  # checked before the note below
+        raise _Usage(f"--n-sink must be >= 0 and --window >= 1 with n_sink + window <= {name} = {P}; "
                      f"got n_sink {args.n_sink}, window {window}")
     if args.tokens is not None and args.tokens < 1:
         raise _Usage(f"--tokens must be >= 1; got {args.tokens}")
-    ids = _ids(model, args, default=None, limit=args.tokens or 4 * P)
-    if len(ids) <= args.n_sink + window:
-        print(f"note: {len(ids)} tokens fit in the cache of {args.n_sink + window}: nothing is evicted, so the three "
+    M = args.n_sink + window
+    limit = args.tokens or 4 * (P or M)
+    ids = _ids(model, args, default=None, limit=limit)
+    bos = getattr(model.tokenizer, "bos_token", None)
+    if args.ids is None and bos is not None and ids[0] != bos:  # a text starts with the BOS its tokenizer puts first
+        ids = np.concatenate([[bos], ids])[:limit]
+    if len(ids) <= M:
+        print(f"note: {len(ids)} tokens fit in the cache of {M}: nothing is evicted, so the three "
               "methods agree and 'ppl after M' is empty (nan); give more tokens to compare them", file=sys.stderr)
     rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True)
-    M = args.n_sink + window
+    family = "GPT-2" if gpt2 else model.config.model_type
+    policy = ("positions min(t, M - 1), learned, baked into the cached keys" if gpt2 else
+              f"keys cached before RoPE; positions = cache slots 0 .. {M - 1}")
     out = Path(args.out)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     span = max(1, min(64, len(ids) // 8))
-    for name, nll in nlls.items():
+    for method, nll in nlls.items():
         local = np.convolve(nll, np.ones(span) / span, mode="valid")  # mean nll over the last `span` predictions
-        ax.plot(np.arange(span, len(nll) + 1), np.exp(local), label=name, lw=1)
+        ax.plot(np.arange(span, len(nll) + 1), np.exp(local), label=method, lw=1)
     ax.axvline(M, color="gray", ls=":", lw=1)
-    ax.set_xlabel(f"tokens predicted (the cache holds M = {M}; n_positions = {P}; dotted: first eviction)")
+    ax.set_xlabel(f"tokens predicted (the cache holds M = {M}; {name} = {P}; dotted: first eviction)")
     ax.set_ylabel(f"perplexity of the last {span} tokens")
     ax.set_yscale("log")
     ax.legend(fontsize=8)
-    ax.set_title("StreamingLLM on GPT-2: sliding window vs sinks + window vs recompute", fontsize=9)
+    ax.set_title(f"StreamingLLM on {family}: sliding window vs sinks + window vs recompute", fontsize=9)
     paths = [save(fig, out / "streaming.png"),
-             _write_json(out, "streaming.json", {"n_positions": P, "cache": M, "rows": rows})]
-    print(f"{len(ids)} tokens, cache M = {M} (n_positions {P})")
+             _write_json(out, "streaming.json", {name: P, "cache": M, "family": family, "positions": policy,
+                                                 "rows": rows})]
+    print(f"{len(ids)} tokens, cache M = {M} ({name} {P}); {family}: {policy}")
     print(_table(["method", "n_sink", "window", "ppl", "ppl after M", "ms/token"],
                  [[r["method"], r["n_sink"], r["window"], r["ppl"], r["ppl_after_M"], 1e3 * r["seconds_per_token"]]
                   for r in rows]))
@@ -782,8 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("streaming", help="StreamingLLM perplexity: window vs sinks + window vs recompute")
     common(p, max_tokens=False)
     p.add_argument("--n-sink", type=int, default=4)
-    p.add_argument("--window", type=int, help="recent tokens kept (default n_positions - n_sink)")
-    p.add_argument("--tokens", type=int, help="tokens of the input used (default 4 x n_positions)")
+    p.add_argument("--window", type=int, help="recent tokens kept (default: the context - n_sink)")
+    p.add_argument("--tokens", type=int, help="tokens of the input used (default 4 x the context)")
     p.set_defaults(func=cmd_streaming)
 
     p = sub.add_parser("steer", help="steering with a mean-difference direction")

@@ -21,7 +21,7 @@ from .._checks import check_token_ids as _check_token_ids
 from .config import LlamaConfig
 from .params import LlamaParams
 
-__all__ = ["check_token_ids", "check_params", "check_forward_inputs", "context_limit"]
+__all__ = ["check_token_ids", "check_params", "check_forward_inputs", "check_key_positions", "context_limit"]
 
 
 def context_limit(config: LlamaConfig) -> int | None:
@@ -90,3 +90,20 @@ def check_forward_inputs(params, config: LlamaConfig, ids, *, cache, attention_m
                              f"{positions.min()}, max {positions.max()}")
         positions = positions.astype(np.int64, copy=False).reshape(-1, T)
     return ids, key_mask, positions, start
+
+
+def check_key_positions(key_positions, positions, B: int, S: int, config: LlamaConfig) -> np.ndarray:  # -> [B|1, S]
+    """key_positions (the positions of all S keys, cached ones first, for a cache of keys before rotation) as
+    int64 [B|1, S]: shape [S] or [B, S], integers in [0, context limit), and positions not given beside them."""
+    if positions is not None:
+        raise ValueError("give positions or key_positions, not both: with key_positions the new tokens' positions "
+                         "are its last T entries")
+    key_positions = check_int_array(key_positions, "key_positions", what="be integer position ids")
+    if key_positions.shape not in ((S,), (B, S)):
+        raise ValueError(f"key_positions must have shape [S] or [B, S] = [{B}, {S}] (cached plus new tokens); "
+                         f"got shape {key_positions.shape}")
+    limit = context_limit(config)
+    if key_positions.min() < 0 or (limit is not None and key_positions.max() >= limit):
+        raise ValueError(f"key_positions must lie in [0, {limit}) (max_position_embeddings); got min "
+                         f"{key_positions.min()}, max {key_positions.max()}")
+    return key_positions.astype(np.int64, copy=False).reshape(-1, S)

@@ -19,7 +19,8 @@ are the config's fields and properties, refimpl.llama.config, each used in one p
 Conventions: heads are an array axis; masks are boolean (True = may attend); queries are
 aligned to the end of the keys (refimpl.masks). float32 parameters give float32 logits,
 float64 give float64. The KV cache holds the ROTATED keys (each key is rotated once, at its
-own position); `forward` writes the new keys / values into it in place and advances
+own position; hidden_states' key_positions instead caches keys before rotation and rotates
+them all in every forward, for StreamingLLM's positions within the cache); `forward` writes the new keys / values into it in place and advances
 `cache.length` after the last block; full is an error, never a reallocation. The inputs are
 checked once, at the door (refimpl.llama.checks); the equations call refimpl's unchecked
 bodies, through an `LlamaOps` object (`ops`, default NUMPY_OPS): the hot operations (norm,
@@ -34,7 +35,8 @@ default, `no_hook`, is the identity. Names, with i the block index (shapes for i
 
     blocks.i.resid_pre [B, T, C]
     blocks.i.attn.q [B, H, T, D], .k / .v [B, K, T, D]   projected (Qwen3: after q_norm / k_norm), before RoPE
-    blocks.i.attn.q_rot [B, H, T, D], .k_rot [B, K, T, D]  after RoPE (k_rot is what the cache stores)
+    blocks.i.attn.q_rot [B, H, T, D], .k_rot [B, K, T, D]  after RoPE (k_rot is what the cache stores;
+                                     with key_positions: [B, K, S, D], and the cache stores k)
     blocks.i.attn.weights [B, H, T, S]  softmax weights (S = keys seen; see below)
     blocks.i.attn.out [B, T, C]      after W_o (before Gemma-2's post_attn_norm)
     blocks.i.resid_mid [B, T, C]
@@ -65,7 +67,7 @@ from ..masks import _causal_mask, _combine_masks, _key_mask_to_attention_mask, _
 from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
-from .checks import check_forward_inputs, check_params, check_token_ids, context_limit
+from .checks import check_forward_inputs, check_key_positions, check_params, check_token_ids, context_limit
 from .config import LlamaConfig
 from .params import LlamaBlockParams, LlamaParams
 
@@ -299,7 +301,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: Llama
 
 def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
               cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
-              hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+              hook=no_hook, key_rope: tuple | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
 
     Shapes: h [B, T, C] (normed), rope = rope_cos_sin(positions, ...) ([B|1, 1, T, R/2] each),
@@ -307,6 +309,9 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     With a cache, the rotated k and v go to cache.k/v[layer] at [length, length + T) and
     attention reads the filled prefix [0, length + T) as views; the caller advances
     cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .weights, .out.
+    key_rope ([B|1, 1, S, R/2] each, or None): the cache holds keys BEFORE rotation; the new k
+    is stored unrotated and all S keys are rotated by key_rope in this call (attn.k_rot is then
+    [B, K, S, D]): positions assigned within the cache, refimpl.interp.streaming.
     """
     c, B, T = config, h.shape[0], h.shape[1]
     H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -318,11 +323,15 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     start = 0 if cache is None else cache.length
     S = start + T
-    q, k = hook("attn.q_rot", ops.rope(q, *rope)), hook("attn.k_rot", ops.rope(k, *rope))
+    q = hook("attn.q_rot", ops.rope(q, *rope))
+    if key_rope is None:
+        k = hook("attn.k_rot", ops.rope(k, *rope))
     if cache is not None:
         cache.k[layer, :, :, start:S] = k  # written in place
         cache.v[layer, :, :, start:S] = v
         k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
+    if key_rope is not None:  # keys cached before rotation: every key rotated at its position now
+        k = hook("attn.k_rot", ops.rope(k, *key_rope))
     y = _attend(q, k, v, key_mask, c, layer, ops, hook)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
     return hook("attn.out", ops.linear(y, p.attn.o))  # [B, T, C]
@@ -341,16 +350,16 @@ def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, ops: LlamaOp
 
 def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
           cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
-          hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+          hook=no_hook, key_rope: tuple | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """x <- x + Attn(norm(x)); x <- x + MLP(norm(x))  (pre-norm residual block; Gemma-2 norms each branch's output too).
 
     hook sees blocks.{layer}.resid_pre, .resid_mid, .resid_post and the attention / MLP names
-    under the same prefix.
+    under the same prefix. key_rope: see attention.
     """
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
     a = attention(rms_norm(x, p.attn_norm, config, ops), p, config, rope, key_mask=key_mask, cache=cache,
-                  layer=layer, ops=ops, hook=local)
+                  layer=layer, ops=ops, hook=local, key_rope=key_rope)
     if config.sandwich_norms:
         a = rms_norm(a, p.post_attn_norm, config, ops)
     x = local("resid_mid", x + a)
@@ -362,7 +371,7 @@ def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, 
 
 def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
                   attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
+                  last_only: bool = False, key_positions=None) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
     """h = norm(Block_L(... Block_1(E[ids])))  (the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token, 0 =
@@ -382,24 +391,38 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
       default hook, one new token per row and no key mask, a backend's decode_blocks may run
       every block in one call.
     - last_only: norm only the last position (what a decoding step needs): [B, 1, C].
+    - key_positions [S] or [B, S] (None: the usual cache of rotated keys): the cache holds keys
+      BEFORE rotation, and every key j is rotated at key_positions[j] in this forward; the new
+      tokens' positions are the last T entries (positions must then be None). The masks stay
+      functions of cache indices. StreamingLLM's positions within the cache use it
+      (refimpl.interp.streaming); a cache filled this way must always be read this way.
     """
     hook = no_hook if hook is None else hook
     ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
                                                            attention_mask=attention_mask, positions=positions)
     T = ids.shape[1]
+    key_rope = None
+    if key_positions is not None:
+        key_positions = check_key_positions(key_positions, positions, ids.shape[0], start + T, config)
+        key_rope = rope_cos_sin(key_positions, config, params.dtype)  # [B|1, 1, S, R/2] each, once for every layer
+        positions = key_positions[:, start:]
     if positions is None:
         positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
                      else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
     x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
     fused = None
-    if ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook:
+    if (ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook
+            and key_rope is None):
         fused = ops.decode_blocks(x, params, config, cache, ops, positions)  # the same blocks, compiled whole
     if fused is not None:
         x = fused
     else:
-        rope = rope_cos_sin(positions, config, params.dtype)  # once for every layer
+        # once for every layer (keys cached before rotation: the queries' angles are the last T of the keys')
+        rope = (rope_cos_sin(positions, config, params.dtype) if key_rope is None
+                else tuple(a[:, :, start:] for a in key_rope))
         for layer, p in enumerate(params.blocks):
-            x = block(x, p, config, rope, key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook)
+            x = block(x, p, config, rope, key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook,
+                      key_rope=key_rope)
     if cache is not None:
         cache.length = start + T
     return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
