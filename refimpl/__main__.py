@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "alternatives (default K 5), under the model's own distribution (before temperature, top-k, "
                    "top-p and the repetition penalty)")
     g.add_argument("--timing", action="store_true",
-                   help="after the text, the milliseconds of the prefill and of each decoding step (mean, median)")
+                   help="after the text, the milliseconds of the prefill and of each decoding step (mean, median); "
+                   "on a small or busy CPU set OPENBLAS_NUM_THREADS=1 first, or the BLAS thread pool dominates")
     g.add_argument("--compare-beam", type=int, metavar="N",
                    help="with --timing: run greedy decoding and beam search with N beams on the same prompt and "
                    "print both outputs and timings")

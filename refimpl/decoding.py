@@ -1039,7 +1039,8 @@ def generate(model, prompt_or_ids, **kw) -> Generation:
     """The family's generate (refimpl.gpt2.generate.generate or refimpl.llama.generate.generate) for this model.
 
     model: a GPT2Model or a LlamaModel (anything else is a TypeError naming both); keywords as
-    generate_from's, plus backend= (and the family's own, e.g. the LLaMA family's prefill_chunk).
+    generate_from's (trace= among them), plus backend=, causal= and attention_scale= (the attention
+    switches, refimpl._switches) and the family's own, e.g. the LLaMA family's prefill_chunk.
     """
     return _family(model).generate(model, prompt_or_ids, **kw)
 

@@ -264,7 +264,8 @@ def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache:
         v = cache.v[layer, :, :, :start + T]
     causal = causal and q.shape[2] > 1  # one query (a new token, last_only's) sees every key: no pattern needed
     if hook is no_hook:
-        y = ops.attention(q, k, v, causal=causal, key_mask=key_mask, scale=scale)  # [B, H, T, D]
+        scaled = {} if scale is None else {"scale": scale}  # (None: every backend's default, 1/sqrt(D))
+        y = ops.attention(q, k, v, causal=causal, key_mask=key_mask, **scaled)  # [B, H, T, D]
     else:  # the weights made explicit, for the hook to see or replace
         mask = combine_masks(causal_mask(T, k.shape[2]) if causal else None,
                              None if key_mask is None else key_mask_to_attention_mask(key_mask))

@@ -101,9 +101,9 @@ def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> 
 
     why = "this model has no tokenizer files"
     if isinstance(model, LlamaModel) and path is not None:
-        from refimpl.models import tokenizer_absence
+        from refimpl.models import resolve_model, tokenizer_absence
 
-        p = Path(path)
+        p = resolve_model(path)  # (a shipped model's name, too)
         why = tokenizer_absence(p if p.is_dir() else p.parent) or why
     return _Usage(f"{why}; give {what} as token ids with {flag}")
 
