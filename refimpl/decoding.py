@@ -76,7 +76,8 @@ from .attention import softmax
 __all__ = [
     "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
     "log_softmax", "sample_from_logits",
-    "Decoder", "NoCache", "Generation", "TokenLogprob", "Trace", "generate_from", "stream_from", "stream_text_from", "generate_batch_from",
+    "Decoder", "NoCache", "recomputing", "Generation", "TokenLogprob", "token_logprob", "Trace",
+    "generate_from", "stream_from", "stream_text_from", "generate_batch_from",
     "generate", "stream", "stream_text", "generate_batch",
 ]
 
@@ -349,6 +350,17 @@ class NoCache:
     """
 
     length: int = 0
+
+
+def recomputing(forward_last: Callable) -> dict:
+    """The cache fields of a Decoder that keeps no cache: prefill and step are both forward_last, run on every token so far.
+
+    forward_last(weights, ids [B, S], cache, attention_mask) -> logits [B, V] of the last position,
+    from the whole sequence (it sets cache.length = S); allocate and first_rows give a NoCache,
+    reorder has nothing to move.
+    """
+    return dict(allocate=lambda B, max_len: NoCache(), prefill=forward_last, step=forward_last,
+                first_rows=lambda cache, n: NoCache(), reorder=lambda cache, rows: None)
 
 
 # ----------------------------------------------------------------------------- what a run records

@@ -324,6 +324,8 @@ def test_shipped_names_load_their_directories_and_a_real_path_wins(tmp_path, mon
     m = refimpl.load("shakespeare-gpt2")
     assert isinstance(m, GPT2Model) and m.config == refimpl.load().config
     assert resolve_model("shakespeare-gpt2") == DEFAULT_MODEL_DIR == resolve_model(None)
+    assert main(["export", "--model", "shakespeare-gpt2", "--out", str(tmp_path / "exported")]) == 0
+    assert refimpl.load(tmp_path / "exported").config == m.config
     monkeypatch.chdir(tmp_path)
     _random_llama_dir(tmp_path / "shakespeare-gpt2")  # a folder of that name here is what the user means
     assert resolve_model("shakespeare-gpt2").resolve() == (tmp_path / "shakespeare-gpt2").resolve()
@@ -344,9 +346,9 @@ def test_shakespeare_llama_by_name_in_the_library_and_every_command(shakespeare_
     assert isinstance(m, LlamaModel) and m.config.model_type == "llama" and m.tokenizer is not None
     assert refimpl.models.family_of("shakespeare-llama") == "llama"
     assert main(["generate", "--model", "shakespeare-llama", "--prompt", "Friends", "--max-new-tokens", "3",
-                 "--no-causal-mask", "--attention-scale", "model-width", "--logprobs", "2"]) == 0
+                 "--no-causal-mask", "--attention-scale", "model-width", "--logprobs", "2", "--timing", "--no-eos"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Friends") and "logprob" in out
+    assert out.startswith("Friends") and "logprob" in out and "decode   2 steps" in out
     assert main(["tokenize", "--model", "shakespeare-llama", "Friends, Romans"]) == 0
     assert "ids:" in capsys.readouterr().out
     assert main(["export", "--model", "shakespeare-llama", "--out", str(tmp_path / "exported")]) == 0

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .._switches import attention_scale_factor, check_causal
-from ..decoding import (_DEFAULT, Decoder, Generation, NoCache, apply_repetition_penalty, apply_temperature,
-                        generate_batch_from, generate_from, log_softmax, sample_from_logits, stream_from,
+from ..decoding import (_DEFAULT, Decoder, Generation, apply_repetition_penalty, apply_temperature,
+                        generate_batch_from, generate_from, log_softmax, recomputing, sample_from_logits, stream_from,
                         stream_text_from, top_k_filter, top_p_filter)
 from .model import GPT2Model, KVCache, get_ops, hidden_states, lm_head
 
@@ -85,24 +85,20 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
         return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
                                          last_only=True, causal=False, attention_scale=attention_scale), weights)
 
-    bos = config.bos_token_id
-    if not causal:
-        return Decoder(
-            family="GPT-2", vocab_size=config.vocab_size, eos_token_id=config.eos_token_id, bos_token_id=bos,
-            tokenizer=model.tokenizer, bos_text="'<|endoftext|>'", context_limit=config.n_positions,
-            context_name="n_positions", dtype=dtype, logit_bound=lambda: _score_bound(params),
-            bound_reason="final layer norm and tied embedding", prepare=lambda: ops.prepare(params),
-            allocate=lambda B, max_len: NoCache(), prefill=recompute, step=recompute,
-            first_rows=lambda cache, n: NoCache(), reorder=lambda cache, rows: None)
+    if causal:
+        cache_fields = dict(
+            allocate=lambda B, max_len: KVCache.allocate(config, B, max_len=max_len, dtype=dtype, zeros=ops.zeros),
+            prefill=prefill, step=lambda weights, ids, cache, mask: prefill(weights, ids[:, -1:], cache, mask),
+            first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
+            reorder=lambda cache, rows: cache.reorder(rows))
+    else:  # no cache: every step runs the whole sequence (refimpl._switches)
+        cache_fields = recomputing(recompute)
     return Decoder(
-        family="GPT-2", vocab_size=config.vocab_size, eos_token_id=config.eos_token_id, bos_token_id=bos,
-        tokenizer=model.tokenizer, bos_text="'<|endoftext|>'", context_limit=config.n_positions,
-        context_name="n_positions", dtype=dtype, logit_bound=lambda: _score_bound(params),
-        bound_reason="final layer norm and tied embedding", prepare=lambda: ops.prepare(params),
-        allocate=lambda B, max_len: KVCache.allocate(config, B, max_len=max_len, dtype=dtype, zeros=ops.zeros),
-        prefill=prefill, step=lambda weights, ids, cache, mask: prefill(weights, ids[:, -1:], cache, mask),
-        first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
-        reorder=lambda cache, rows: cache.reorder(rows))
+        family="GPT-2", vocab_size=config.vocab_size, eos_token_id=config.eos_token_id,
+        bos_token_id=config.bos_token_id, tokenizer=model.tokenizer, bos_text="'<|endoftext|>'",
+        context_limit=config.n_positions, context_name="n_positions", dtype=dtype,
+        logit_bound=lambda: _score_bound(params), bound_reason="final layer norm and tied embedding",
+        prepare=lambda: ops.prepare(params), **cache_fields)
 
 
 # ----------------------------------------------------------------------------- the entry points

@@ -36,8 +36,8 @@ import numpy as np
 
 from .._checks import check_positive_int
 from .._switches import attention_scale_factor, check_causal
-from ..decoding import (_DEFAULT, Decoder, Generation, NoCache, generate_batch_from, generate_from, stream_from,
-                        stream_text_from)
+from ..decoding import (_DEFAULT, Decoder, Generation, generate_batch_from, generate_from, recomputing,
+                        stream_from, stream_text_from)
 from .checks import context_limit
 from .config import LlamaConfig
 from .model import KVCache, LlamaModel, get_ops, hidden_states, lm_head, prefill
@@ -134,9 +134,14 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
         return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
                                          last_only=True, causal=False, attention_scale=attention_scale), weights)
 
-    if not causal:
-        prefill_prompt = step = recompute
-
+    if causal:
+        cache_fields = dict(
+            allocate=lambda B, max_len: KVCache.allocate(config, B, max_len, dtype=dtype, zeros=ops.zeros),
+            prefill=prefill_prompt, step=step,
+            first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
+            reorder=lambda cache, rows: cache.reorder(rows))
+    else:  # no cache: every step runs the whole sequence (refimpl._switches)
+        cache_fields = recomputing(recompute)
     return Decoder(
         family=config.model_type, vocab_size=config.vocab_size, eos_token_id=config.eos_token_id,
         bos_token_id=config.bos_token_id, tokenizer=model.tokenizer, bos_text=None,
@@ -144,13 +149,7 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
         logit_bound=lambda: logit_bound(params, config),
         bound_reason="final RMSNorm and output embedding" + (", final soft-cap" if config.final_logit_softcapping
                                                               else ""),
-        prepare=lambda: ops.prepare(params),
-        allocate=(lambda B, max_len: KVCache.allocate(config, B, max_len, dtype=dtype, zeros=ops.zeros)) if causal
-        else (lambda B, max_len: NoCache()),
-        prefill=prefill_prompt, step=step,
-        first_rows=(lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0)) if causal
-        else (lambda cache, n: NoCache()),
-        reorder=(lambda cache, rows: cache.reorder(rows)) if causal else (lambda cache, rows: None))
+        prepare=lambda: ops.prepare(params), **cache_fields)
 
 
 # ----------------------------------------------------------------------------- the entry points
