@@ -1,10 +1,12 @@
 """Command line: python -m refimpl {generate, tokenize, export, verify, embed, inspect, demo} ...
 
-    python -m refimpl generate [--model PATH] [--prompt TEXT | --ids '1 2 3'] [--max-new-tokens N]
+    python -m refimpl generate [--model NAME|PATH] [--prompt TEXT | --ids '1 2 3'] [--max-new-tokens N]
                                [--greedy | --temperature T --top-k K --top-p P --seed S]
                                [--beams N --length-penalty L] [--repetition-penalty R] [--stop STR]
                                [--no-eos] [--on-context-limit error|stop] [--backend numpy|numba|cuda]
-    python -m refimpl tokenize [--model PATH] [--allow-special] TEXT
+                               [--no-causal-mask] [--attention-scale S|head-dim|model-width]
+                               [--logprobs [K]] [--timing [--compare-beam N]]
+    python -m refimpl tokenize [--model NAME|PATH] [--allow-special] TEXT
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
     python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
@@ -12,6 +14,9 @@
                                patchscope,context,memory,neurons,training} [--model PATH] [--out DIR]
     python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR) [--json F] [--plot P]
     python -m refimpl demo
+
+--model takes a shipped model's name, shakespeare-gpt2 (the default) or shakespeare-llama, or a
+path; a path that exists wins over a name (refimpl.models.resolve_model).
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
 input: a missing file, a malformed model, an out-of-range argument. A closed output pipe
@@ -45,11 +50,14 @@ def _model_type(path) -> str | None:
 
 
 def _load_model(path):
-    """The model at `path` (None: the shipped GPT-2): a LLaMA-family model when config.json's model_type is one, else GPT-2."""
+    """The model at `path`, a path or a shipped model's name (None: shakespeare-gpt2): a LLaMA-family model when
+    config.json's model_type is one, else GPT-2."""
     from refimpl import gpt2
     from refimpl.llama import MODEL_TYPES
+    from refimpl.models import resolve_model
 
-    if path is not None and _model_type(path) in MODEL_TYPES:
+    path = resolve_model(path)
+    if _model_type(path) in MODEL_TYPES:
         import refimpl
 
         return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
@@ -82,17 +90,33 @@ def cmd_generate(args) -> int:
         raise UsageError("--beams cannot be combined with sampling options")
     if args.seed is not None and not sampling:
         raise UsageError("--seed only matters when sampling: add --temperature / --top-k / --top-p")
-    if args.length_penalty != 1.0 and args.beams == 1:
+    if args.length_penalty != 1.0 and args.beams == 1 and args.compare_beam is None:
         raise UsageError("--length-penalty only applies to beam search: add --beams N (N >= 2)")
+    if args.compare_beam is not None:
+        if args.compare_beam < 2:
+            raise UsageError(f"--compare-beam must be a number of beams >= 2; got {args.compare_beam}")
+        if sampling or args.beams > 1 or args.stop:
+            raise UsageError("--compare-beam runs greedy decoding and beam search side by side: it cannot be "
+                             "combined with --temperature / --top-k / --top-p, --beams or --stop")
+        if not args.timing:
+            raise UsageError("--compare-beam compares the timings of greedy decoding and beam search: add --timing")
     kw = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling,
               repetition_penalty=args.repetition_penalty, num_beams=args.beams,
               length_penalty=args.length_penalty, seed=args.seed, stop=tuple(args.stop or ()),
-              on_context_limit=args.on_context_limit, backend=args.backend)
+              on_context_limit=args.on_context_limit, backend=args.backend,
+              causal=not args.no_causal_mask, attention_scale=args.attention_scale)
     if args.no_eos:
         kw["eos_token_id"] = None
     if sampling:
         kw.update(temperature=1.0 if args.temperature is None else args.temperature,
                   top_k=args.top_k, top_p=args.top_p)
+    if args.no_causal_mask:
+        print("note: --no-causal-mask: every position attends to the whole sequence, later tokens too; the model "
+              "was trained with the mask, and each step recomputes every position (no KV cache)", file=sys.stderr)
+    if args.compare_beam is not None:
+        return _compare_beam(model, prompt, kw, args)
+    trace = decoding.Trace(alternatives=args.logprobs or 0) if (args.logprobs is not None or args.timing) else None
+    kw["trace"] = trace
     out = sys.stdout
     # Every flag is checked by stream_text / stream at the call, before the prompt is printed.
     # An error that only the model's numbers can raise (NaN logits, a repetition penalty that
@@ -128,6 +152,77 @@ def cmd_generate(args) -> int:
             out.write("\n")
             out.flush()
         raise
+    if args.logprobs is not None:
+        print(_logprob_table(model, trace, sampling or args.repetition_penalty != 1.0))
+    if args.timing:
+        print(_timing_lines(trace, args.backend, f"beam search, {args.beams} beams" if args.beams > 1 else None,
+                            beams=args.beams))
+    return 0
+
+
+def _piece(model, token: int) -> str:
+    """A token as the table shows it: its text (repr) when the model has a tokenizer, else its id."""
+    if model.tokenizer is None:
+        return str(token)
+    return repr(model.tokenizer.decode([token]))
+
+
+def _logprob_table(model, trace, processed: bool) -> str:
+    """The generated tokens' log-probabilities, ranks and top alternatives (refimpl.decoding.Trace.tokens)."""
+    import math
+
+    lines = ["log-probabilities under the model's own distribution (log_softmax of its logits"
+             + ("; before the repetition penalty, temperature, top-k and top-p that chose the tokens)" if processed
+                else ")")]
+    lines.append(f"{'#':>3}  {'token':<16} {'logprob':>8} {'p':>7} {'rank':>5}  top alternatives (logprob)")
+    for i, r in enumerate(trace.tokens, 1):
+        alts = ", ".join(f"{_piece(model, t)} {lp:.2f}" for t, lp in r.top)
+        lines.append(f"{i:>3}  {_piece(model, r.token)[:16]:<16} {r.logprob:>8.3f} {math.exp(r.logprob):>7.4f} "
+                     f"{r.rank:>5}  {alts}")
+    return "\n".join(lines)
+
+
+def _timing_lines(trace, backend: str, what: str | None = None, beams: int = 1) -> str:
+    """Prefill and per-step milliseconds of a run (refimpl.decoding.Trace.timing), one summary and the steps.
+
+    A step makes one token per row: with beam search, one for each of the N beams (ms/step).
+    """
+    t = trace.timing()
+    unit = "ms/token" if beams == 1 else f"ms/step of {beams} beams"
+    head = f"timing ({what + ', ' if what else ''}backend {backend}, wall clock):"
+    if t["prefill_ms"] is None:
+        return head + " nothing was computed (no new tokens)"
+    lines = [head, f"  prefill  {t['prompt_tokens']} tokens: {t['prefill_ms']:.2f} ms "
+                   f"({t['prefill_ms_per_token']:.3f} ms/token)"]
+    if t["steps"]:
+        lines.append(f"  decode   {t['steps']} steps: mean {t['mean_step_ms']:.2f} {unit}, "
+                     f"median {t['median_step_ms']:.2f} {unit}")
+        lines.append("  steps ms: " + " ".join(f"{ms:.2f}" for ms in trace.step_ms))
+    else:
+        lines.append("  decode   0 steps (the only new token came from the prefill)")
+    return "\n".join(lines)
+
+
+def _compare_beam(model, prompt, kw, args) -> int:
+    """Greedy decoding and beam search (args.compare_beam beams) on the same prompt: both outputs and timings."""
+    from refimpl import decoding
+
+    kw = {k: v for k, v in kw.items() if k not in ("do_sample", "seed", "stop")}
+    decoding.generate(model, prompt, **{**kw, "max_new_tokens": 1})  # warm-up: first-call costs fall on neither
+    runs = []
+    for beams in (1, args.compare_beam):
+        trace = decoding.Trace(alternatives=args.logprobs or 0)
+        g = decoding.generate(model, prompt, **{**kw, "num_beams": beams, "trace": trace})
+        runs.append(("greedy" if beams == 1 else f"beam search, {beams} beams", beams, g, trace))
+    for name, _, g, trace in runs:
+        shown = (g.text if g.text is not None else " ".join(map(str, g.ids)))
+        print(f"{name}: {shown!r} ({len(g.ids)} tokens, {g.finish_reason}"
+              + (f", score {g.score:.4f})" if g.score is not None else ")"))
+    for name, beams, g, trace in runs:
+        if args.logprobs is not None:
+            print(f"{name}:")
+            print(_logprob_table(model, trace, args.repetition_penalty != 1.0))
+        print(_timing_lines(trace, args.backend, name, beams=beams))
     return 0
 
 
@@ -148,10 +243,9 @@ def _llama_tokenizer(path: Path):
 def cmd_tokenize(args) -> int:
     from refimpl.gpt2 import load_tokenizer
 
-    from refimpl.gpt2 import DEFAULT_MODEL_DIR
-    from refimpl.models import family_of
+    from refimpl.models import family_of, resolve_model
 
-    path = Path(args.model) if args.model is not None else DEFAULT_MODEL_DIR
+    path = resolve_model(args.model)  # a path, or a shipped model's name
     if path.is_file() and path.suffix in (".safetensors", ".npz", ".bin"):  # a weights file: its directory's tokenizer
         path = path.parent                                                       # (as `generate --model FILE` finds it)
     if path.is_dir() and family_of(path) == "llama":
@@ -213,9 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="continue a prompt with a GPT-2 or LLaMA-family model, streaming tokens "
                        "as they come")
-    g.add_argument("--model", help="a GPT-2 directory or weights file (see refimpl.gpt2.io), or a Hugging Face "
-                   "LLaMA / Mistral / Qwen2 / Qwen3 / Gemma / Gemma-2 / Phi-3 directory (config.json's model_type); "
-                   "default: the shipped model (a small GPT-2 trained on Shakespeare)")
+    g.add_argument("--model", metavar="NAME|PATH", help="a shipped model's name: shakespeare-gpt2 (the default, a "
+                   "small GPT-2 trained on Shakespeare) or shakespeare-llama (a small LLaMA, the same text); or a "
+                   "GPT-2 directory or weights file (see refimpl.gpt2.io), or a Hugging Face LLaMA / Mistral / "
+                   "Qwen2 / Qwen3 / Gemma / Gemma-2 / Phi-3 directory (config.json's model_type). A path that "
+                   "exists wins over a name")
     g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
     g.add_argument("--ids", help="the prompt as token ids ('1 2 3'), for models without tokenizer files")
     g.add_argument("--max-new-tokens", type=int, default=50, help="at most this many new tokens (default 50)")
@@ -236,20 +332,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at the model's context length: error (default) or stop generating")
     g.add_argument("--no-eos", action="store_true", help="do not stop at the end-of-text token")
     g.add_argument("--backend", default="numpy", help="numpy (default), numba, cuda")
+    from refimpl._switches import parse_attention_scale
+
+    g.add_argument("--no-causal-mask", action="store_true",
+                   help="attention sees every position of the sequence, later ones too (the model was trained "
+                   "with the mask); each step recomputes the whole sequence, without a KV cache")
+    g.add_argument("--attention-scale", type=parse_attention_scale, metavar="S",
+                   help="the factor on q.k in attention: a positive number, head-dim (1/sqrt(head dim)) or "
+                   "model-width (1/sqrt(model width)); default: the model's own (1/sqrt(head dim); Gemma-2's "
+                   "query_pre_attn_scalar)")
+    g.add_argument("--logprobs", type=_non_negative_int, nargs="?", const=5, metavar="K",
+                   help="after the text, a table of each new token's log-probability, rank and the K most likely "
+                   "alternatives (default K 5), under the model's own distribution (before temperature, top-k, "
+                   "top-p and the repetition penalty)")
+    g.add_argument("--timing", action="store_true",
+                   help="after the text, the milliseconds of the prefill and of each decoding step (mean, median); "
+                   "on a small or busy CPU set OPENBLAS_NUM_THREADS=1 first, or the BLAS thread pool dominates")
+    g.add_argument("--compare-beam", type=int, metavar="N",
+                   help="with --timing: run greedy decoding and beam search with N beams on the same prompt and "
+                   "print both outputs and timings")
     g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("tokenize", help="print the token ids and pieces of a text")
-    t.add_argument("--model", help="a model directory (GPT-2 or LLaMA family), weights file or tokenizer file "
-                   "(default: the shipped model's)")
+    t.add_argument("--model", metavar="NAME|PATH", help="shakespeare-gpt2 (default), shakespeare-llama, or a "
+                   "model directory (GPT-2 or LLaMA family), weights file or tokenizer file")
     t.add_argument("text")
     t.add_argument("--allow-special", action="store_true", help="treat special-token text as special tokens")
     t.set_defaults(func=cmd_tokenize)
 
     e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model: "
                        "GPT-2 or the LLaMA family")
-    e.add_argument("--model", required=True, help="a local Hugging Face directory (GPT-2, or a LLaMA-family "
-                   "model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3), or a GPT-2 hub name "
-                   "(needs a network)")
+    e.add_argument("--model", required=True, metavar="NAME|PATH", help="a local Hugging Face directory (GPT-2, or "
+                   "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3), a shipped model's "
+                   "name (shakespeare-gpt2, shakespeare-llama), or a GPT-2 hub name (needs a network)")
     e.add_argument("--out", required=True, help="output directory")
     e.set_defaults(func=cmd_export)
 
@@ -316,7 +431,8 @@ _FLAG_NAMES = {
                  ("temperature must", "--temperature must"), ("seed must", "--seed must"),
                  ("max_new_tokens", "--max-new-tokens"), ("num_beams", "--beams"),
                  ("repetition_penalty", "--repetition-penalty"), ("length_penalty", "--length-penalty"),
-                 ("top_k", "--top-k"), ("top_p", "--top-p")),
+                 ("top_k", "--top-k"), ("top_p", "--top-p"), ("attention_scale", "--attention-scale"),
+                 ("causal=False", "--no-causal-mask")),
 }
 
 

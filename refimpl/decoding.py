@@ -47,12 +47,24 @@ Policies, stated once:
   before the stop string. They need a tokenizer, and do not combine with beam search.
 - repetition_penalty is checked at the call against the family's bound on every logit
   (Decoder.logit_bound), so that no run stops halfway (apply_repetition_penalty's Notes).
+- Without the causal mask (the families' decoders with causal=False; refimpl._switches) there is
+  no KV cache: the Decoder's cache is a `NoCache` and every step recomputes the whole sequence so
+  far, since each new token changes what every earlier position computed.
+- A `Trace` passed as trace= records, as the run goes, each new token's log-probability, rank and
+  the most likely alternatives (`TokenLogprob`), and the milliseconds of the prefill and of each
+  step. The log-probabilities are of the model's own distribution, log_softmax of its logits at
+  that step, before the repetition penalty, temperature, top-k, top-p and the removal of ids the
+  tokenizer does not assign: under sampling they say how likely the model found the token, not
+  how likely the sampler was to draw it. With the causal mask they equal log_softmax of
+  refimpl.logits(prompt + generated) at the same positions (up to rounding: the cache's products
+  run over fewer rows); without it they are those of the prefix that ended at that step.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -64,7 +76,8 @@ from .attention import softmax
 __all__ = [
     "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
     "log_softmax", "sample_from_logits",
-    "Decoder", "Generation", "generate_from", "stream_from", "stream_text_from", "generate_batch_from",
+    "Decoder", "NoCache", "recomputing", "Generation", "TokenLogprob", "token_logprob", "Trace",
+    "generate_from", "stream_from", "stream_text_from", "generate_batch_from",
     "generate", "stream", "stream_text", "generate_batch",
 ]
 
@@ -328,6 +341,112 @@ class Decoder:
     reorder: Callable
 
 
+@dataclass
+class NoCache:
+    """The cache of a decoder that keeps none (attention without the causal mask): every step recomputes every position.
+
+    Only `length` (the positions seen so far), so the strategies treat it as they treat a cache;
+    first_rows and reorder have nothing to select.
+    """
+
+    length: int = 0
+
+
+def recomputing(forward_last: Callable) -> dict:
+    """The cache fields of a Decoder that keeps no cache: prefill and step are both forward_last, run on every token so far.
+
+    forward_last(weights, ids [B, S], cache, attention_mask) -> logits [B, V] of the last position,
+    from the whole sequence (it sets cache.length = S); allocate and first_rows give a NoCache,
+    reorder has nothing to move.
+    """
+    return dict(allocate=lambda B, max_len: NoCache(), prefill=forward_last, step=forward_last,
+                first_rows=lambda cache, n: NoCache(), reorder=lambda cache, rows: None)
+
+
+# ----------------------------------------------------------------------------- what a run records
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token under the model's own distribution p = softmax(z) at that step (module docstring).
+
+    token: its id. logprob: log p(token). rank: 1 + the number of ids with a larger log p (1 =
+    the model's most likely). top: the most likely ids, best first, as (id, log p) pairs.
+    """
+
+    token: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprob(logp: np.ndarray, token: int, k: int) -> TokenLogprob:  # [V] log-probabilities -> one record
+    """The TokenLogprob of `token` in one row of log-probabilities (its rank, and the k most likely ids)."""
+    lp = float(logp[token])
+    rank = 1 + int(np.count_nonzero(logp > logp[token]))
+    k = min(k, logp.shape[-1])
+    best = np.argpartition(-logp, k - 1)[:k] if k else np.zeros(0, dtype=np.int64)
+    best = best[np.lexsort((best, -logp[best]))]  # by log p, descending; ties by id
+    return TokenLogprob(int(token), lp, rank, tuple((int(i), float(logp[i])) for i in best))
+
+
+@dataclass
+class Trace:
+    """What a decoding run records as it goes; pass one as trace= and read it during or after the run.
+
+    alternatives: how many of the most likely ids each TokenLogprob keeps (>= 0).
+    Filled by the run (cleared when it starts): tokens, one TokenLogprob per generated token;
+    prompt_tokens and prefill_ms, the prompt's forward; step_ms, one entry per decoding step
+    (the forward of one new token per row, beam search's N beams at once; without the causal
+    mask, the whole sequence). The first new token comes from the prefill's logits, so n new
+    tokens take n - 1 steps. Times are wall-clock (time.perf_counter), logits back on the host.
+    """
+
+    alternatives: int = 5
+    tokens: list = field(default_factory=list)
+    prompt_tokens: int = 0
+    prefill_ms: float | None = None
+    step_ms: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not is_int(self.alternatives) or self.alternatives < 0:
+            raise ValueError(f"Trace.alternatives must be an integer >= 0; got {self.alternatives!r}")
+
+    def _clear(self) -> None:
+        self.tokens, self.prompt_tokens, self.prefill_ms, self.step_ms = [], 0, None, []
+
+    def timing(self) -> dict:
+        """prompt_tokens, prefill_ms, prefill_ms_per_token, steps, mean_step_ms, median_step_ms (None where not measured)."""
+        n, steps = self.prompt_tokens, np.asarray(self.step_ms, dtype=float)
+        return {"prompt_tokens": n, "prefill_ms": self.prefill_ms,
+                "prefill_ms_per_token": None if self.prefill_ms is None or not n else self.prefill_ms / n,
+                "steps": len(steps), "mean_step_ms": float(steps.mean()) if steps.size else None,
+                "median_step_ms": float(np.median(steps)) if steps.size else None}
+
+
+def _check_trace(trace) -> Trace | None:
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"trace must be a refimpl.decoding.Trace or None; got {type(trace).__name__}")
+    return trace
+
+
+def _timed(dec: Decoder, trace: Trace) -> Decoder:
+    """dec with its prefill and step timed into `trace` (milliseconds, wall clock)."""
+    def prefill(weights, ids, cache, attention_mask):
+        t0 = time.perf_counter()
+        z = dec.prefill(weights, ids, cache, attention_mask)
+        trace.prefill_ms = 1e3 * (time.perf_counter() - t0)
+        trace.prompt_tokens = int(ids.shape[1])
+        return z
+
+    def step(weights, ids, cache, attention_mask):
+        t0 = time.perf_counter()
+        z = dec.step(weights, ids, cache, attention_mask)
+        trace.step_ms.append(1e3 * (time.perf_counter() - t0))
+        return z
+
+    return replace(dec, prefill=prefill, step=step)
+
+
 # ----------------------------------------------------------------------------- settings
 
 @dataclass(frozen=True)
@@ -497,12 +616,13 @@ def _choose(logits, seen, s: _Settings, rng) -> np.ndarray:  # [B, V], [B, V] bo
 
 
 def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settings,
-                  rng) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> yields next ids [B] per step
+                  rng, trace: Trace | None = None) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> yields next ids [B] per step
     """Greedy / sampled decoding with a KV cache; prompts of different lengths are left-padded.
 
     Yields the chosen token of every row at each of n_steps steps; the caller stops early
     by closing the generator. Row b's padding is masked out of attention and its positions
-    start at 0 at its first real token, so each row decodes as it would alone.
+    start at 0 at its first real token, so each row decodes as it would alone. trace (one
+    prompt): each chosen token's TokenLogprob from the unprocessed logits.
     """
     weights = dec.prepare()
     B, P = len(rows), max(len(r) for r in rows)
@@ -521,6 +641,8 @@ def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settin
     logits = dec.prefill(weights, ids[:, :P], cache, mask[:, :P] if ragged else None)  # [B, V]
     for step in range(n_steps):
         nxt = _choose(logits, seen, s, rng)  # [B]
+        if trace is not None:
+            trace.tokens.append(token_logprob(log_softmax(logits[0]), int(nxt[0]), trace.alternatives))
         yield nxt
         if step + 1 == n_steps:
             return
@@ -590,12 +712,14 @@ class _StopMatcher:
 
 
 def _run_one(dec: Decoder, prompt: np.ndarray, s: _Settings, rng, n_steps: int,
-             matcher: _StopMatcher | None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
+             matcher: _StopMatcher | None, trace: Trace | None = None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
     """One prompt, greedy or sampled: yields (token id, None) and, with the last token, its finish reason."""
     truncated = n_steps < s.max_new_tokens
     if n_steps == 0:
         return
-    steps = _sample_steps(dec, [prompt], n_steps, s, rng)
+    if trace is not None:
+        dec = _timed(dec, trace)
+    steps = _sample_steps(dec, [prompt], n_steps, s, rng, trace)
     try:
         for i, nxt in enumerate(steps):
             tok = int(nxt[0])
@@ -616,7 +740,7 @@ def _run_one(dec: Decoder, prompt: np.ndarray, s: _Settings, rng, n_steps: int,
 # ----------------------------------------------------------------------------- beam search
 
 def _beam_search(dec: Decoder, prompt: np.ndarray, n_steps: int,
-                 s: _Settings) -> tuple[list[int], float]:  # [P] -> (generated ids, score)
+                 s: _Settings, trace: Trace | None = None) -> tuple[list[int], float]:  # [P] -> (generated ids, score)
     """Beam search as Hugging Face's `generate(num_beams=N)` does it (transformers 5.x; checked against 5.24).
 
     Each step, every running beam b (score = its summed log-probabilities) extends by each
@@ -630,7 +754,11 @@ def _beam_search(dec: Decoder, prompt: np.ndarray, n_steps: int,
     beam, scored at its current length, cannot beat the worst of them ("never": for
     length_penalty > 0, at the maximum length instead). Returns the best finished hypothesis.
     At step 0 only one beam runs (all beams start from the same prompt).
+    trace: the timings, and the TokenLogprob of each token of the returned beam, from the
+    unprocessed logits of the beam it extended.
     """
+    if trace is not None:
+        dec = _timed(dec, trace)
     weights = dec.prepare()
     N, V, P = s.num_beams, dec.vocab_size, len(prompt)
     lp = s.length_penalty
@@ -644,8 +772,10 @@ def _beam_search(dec: Decoder, prompt: np.ndarray, n_steps: int,
     scores = np.zeros(1)  # [n_running] summed log-probs (float64)
     seen = np.zeros((1, V), dtype=bool)
     seen[0, prompt] = True
-    finished: list[tuple[float, list[int]]] = []  # (penalized score, tokens), best first, at most N
+    finished: list[tuple[float, list[int], list]] = []  # (penalized score, tokens, records), best first, at most N
+    records: list[list] = [[]]  # per running beam: its tokens' TokenLogprob (with a trace)
     for g in range(n_steps):
+        raw = log_softmax(z) if trace is not None else None  # [n_running, V]: the model's own distribution
         logp = log_softmax(_only_tokens(z, s))  # [n_running, V]
         if s.repetition_penalty != 1.0:
             logp = _penalize_seen(logp, seen, s.repetition_penalty)
@@ -657,13 +787,19 @@ def _beam_search(dec: Decoder, prompt: np.ndarray, n_steps: int,
         at_limit = g + 1 == n_steps
         hits = np.isin(tok, s.eos_ids) | at_limit  # [K]
 
-        new = [(float(cand_score[r]) / (g + 1) ** lp, [*seqs[beam[r], :g].tolist(), int(tok[r])])
+        def extended(r):  # the records of candidate r's beam, with its new token's
+            if trace is None:
+                return []
+            return records[beam[r]] + [token_logprob(raw[beam[r]], int(tok[r]), trace.alternatives)]
+
+        new = [(float(cand_score[r]) / (g + 1) ** lp, [*seqs[beam[r], :g].tolist(), int(tok[r])], extended(r))
                for r in range(N) if hits[r]]
         if new:
             finished = sorted(finished + new, key=lambda f: -f[0])[:N]
         if at_limit:
             break
         keep = np.flatnonzero(~hits)[:N]  # the N best that go on
+        records = [extended(r) for r in keep]
         beam, tok, scores = beam[keep], tok[keep], cand_score[keep]
         seqs = seqs[beam]
         seqs[:, g] = tok
@@ -679,7 +815,9 @@ def _beam_search(dec: Decoder, prompt: np.ndarray, n_steps: int,
                 break  # no running beam can beat the worst finished one
         so_far = np.concatenate([np.broadcast_to(prompt, (N, P)), seqs[:, :g + 1]], axis=1)  # [N, P + g + 1]
         z = dec.step(weights, so_far, cache, None)  # [N, V]
-    score, tokens = finished[0]
+    score, tokens, recs = finished[0]
+    if trace is not None:
+        trace.tokens.extend(recs)
     return tokens, score
 
 
@@ -694,6 +832,7 @@ class Generation:
     before the first stop string. finish_reason: "eos", "stop" (a stop string), "length"
     (max_new_tokens reached) or "context" (the context was full, on_context_limit="stop").
     score: beam search's length-penalized log-probability of this beam (None otherwise).
+    trace: the Trace passed as trace= (filled by this run), else None.
     """
 
     prompt_ids: list[int]
@@ -701,6 +840,7 @@ class Generation:
     text: str | None
     finish_reason: str
     score: float | None = None
+    trace: Trace | None = None
 
 
 def _rng(seed) -> np.random.Generator:
@@ -722,13 +862,16 @@ def _decoder_settings(dec: Decoder, kw) -> _Settings:
     return s
 
 
-def _make(dec: Decoder, prompt, kw):  # -> (prompt ids [P], settings, rng, n_steps), every check done here
+def _make(dec: Decoder, prompt, kw):  # -> (prompt ids [P], settings, rng, n_steps, trace), every check done here
     kw = dict(kw)
     rng = _rng(kw.pop("seed", None))
+    trace = _check_trace(kw.pop("trace", None))
     s = _decoder_settings(dec, kw)
     prompt_ids = _prompt_ids(dec, prompt)
     n_steps = _n_steps(dec, len(prompt_ids), s)
-    return prompt_ids, s, rng, n_steps
+    if trace is not None:
+        trace._clear()
+    return prompt_ids, s, rng, n_steps, trace
 
 
 def _text_of(dec: Decoder, ids, s: _Settings) -> str | None:
@@ -741,7 +884,7 @@ def _text_of(dec: Decoder, ids, s: _Settings) -> str | None:
 
 _GENERATE_DEFAULTS = dict(max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
                           repetition_penalty=1.0, num_beams=1, length_penalty=1.0, early_stopping=False,
-                          eos_token_id=_DEFAULT, stop=(), on_context_limit="error", seed=None)
+                          eos_token_id=_DEFAULT, stop=(), on_context_limit="error", seed=None, trace=None)
 _BATCH_NAMES = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                 "eos_token_id", "stop", "on_context_limit", "seed")
 
@@ -760,30 +903,31 @@ def generate_from(dec: Decoder, prompt, **kw) -> Generation:
 
     Keywords (defaults): max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
     top_p=None, repetition_penalty=1.0, num_beams=1, length_penalty=1.0, early_stopping=False,
-    eos_token_id=(the config's), stop=(), on_context_limit="error", seed=None.
+    eos_token_id=(the config's), stop=(), on_context_limit="error", seed=None, trace=None
+    (a Trace to fill: each token's log-probability and rank, and the timings; module docstring).
     Strategy: greedy (default), sampling (do_sample=True with temperature, top_k, top_p;
     `seed` makes it reproducible), or beam search (num_beams > 1, length_penalty,
     early_stopping as Hugging Face). repetition_penalty applies to all of them.
     eos_token_id None: never stop on a token. See the module docstring for stop strings and
     the context-limit policy. Every check is done before any work. Returns a Generation.
     """
-    prompt_ids, s, rng, n_steps = _make(dec, prompt, _keywords("generate", kw))
+    prompt_ids, s, rng, n_steps, trace = _make(dec, prompt, _keywords("generate", kw))
     if s.num_beams > 1:
         if n_steps == 0:
             return Generation(prompt_ids.tolist(), [], _text_of(dec, [], s),
-                              "context" if s.max_new_tokens else "length", None)
-        ids, score = _beam_search(dec, prompt_ids, n_steps, s)
+                              "context" if s.max_new_tokens else "length", None, trace)
+        ids, score = _beam_search(dec, prompt_ids, n_steps, s, trace)
         reason = "eos" if ids[-1] in s.eos_ids else ("context" if n_steps < s.max_new_tokens else "length")
-        return Generation(prompt_ids.tolist(), ids, _text_of(dec, ids, s), reason, score)
+        return Generation(prompt_ids.tolist(), ids, _text_of(dec, ids, s), reason, score, trace)
     matcher = _StopMatcher(dec.tokenizer, s.stop, s.eos_ids) if s.stop else None
     ids, reason = [], ("context" if s.max_new_tokens else "length")
-    for tok, why in _run_one(dec, prompt_ids, s, rng, n_steps, matcher):
+    for tok, why in _run_one(dec, prompt_ids, s, rng, n_steps, matcher, trace):
         ids.append(tok)
         reason = why or reason
     if matcher is not None and reason != "stop":
         matcher.flush()  # a stop string completed by the held-back bytes of the last token
         reason = "stop" if matcher.cut is not None else reason
-    return Generation(prompt_ids.tolist(), ids, _text_of(dec, ids, s), reason, None)
+    return Generation(prompt_ids.tolist(), ids, _text_of(dec, ids, s), reason, None, trace)
 
 
 def stream_from(dec: Decoder, prompt, **kw) -> Iterator[int]:
@@ -794,11 +938,11 @@ def stream_from(dec: Decoder, prompt, **kw) -> Iterator[int]:
     stop string (use stream_text for text that stops before it). Beam search cannot know its
     best beam before the end: with num_beams > 1 the ids come all at once when the search ends.
     """
-    prompt_ids, s, rng, n_steps = _make(dec, prompt, _keywords("stream", kw))
+    prompt_ids, s, rng, n_steps, trace = _make(dec, prompt, _keywords("stream", kw))
     if s.num_beams > 1:
         return iter(generate_from(dec, prompt_ids, **kw).ids)
     matcher = _StopMatcher(dec.tokenizer, s.stop, s.eos_ids) if s.stop else None
-    return (tok for tok, _ in _run_one(dec, prompt_ids, s, rng, n_steps, matcher))
+    return (tok for tok, _ in _run_one(dec, prompt_ids, s, rng, n_steps, matcher, trace))
 
 
 def stream_text_from(dec: Decoder, prompt, **kw) -> Iterator[str]:
@@ -811,17 +955,17 @@ def stream_text_from(dec: Decoder, prompt, **kw) -> Iterator[str]:
     """
     if dec.tokenizer is None:
         raise ValueError("stream_text needs a tokenizer, and this model has none; use stream() for ids")
-    prompt_ids, s, rng, n_steps = _make(dec, prompt, _keywords("stream_text", kw))
+    prompt_ids, s, rng, n_steps, trace = _make(dec, prompt, _keywords("stream_text", kw))
     if s.num_beams > 1:
         text = generate_from(dec, prompt_ids, **kw).text
         return iter([text] if text else [])
-    return _text_chunks(dec, prompt_ids, s, rng, n_steps)
+    return _text_chunks(dec, prompt_ids, s, rng, n_steps, trace)
 
 
-def _text_chunks(dec: Decoder, prompt_ids, s: _Settings, rng, n_steps: int) -> Iterator[str]:
+def _text_chunks(dec: Decoder, prompt_ids, s: _Settings, rng, n_steps: int, trace=None) -> Iterator[str]:
     matcher = _StopMatcher(dec.tokenizer, s.stop, s.eos_ids)
     shown = 0
-    for _tok, _ in _run_one(dec, prompt_ids, s, rng, n_steps, matcher):
+    for _tok, _ in _run_one(dec, prompt_ids, s, rng, n_steps, matcher, trace):
         end = matcher.safe_end()
         if end > shown:
             yield matcher.text[shown:end]
@@ -850,6 +994,7 @@ def generate_batch_from(dec: Decoder, prompts: Sequence, **kw) -> list[Generatio
         raise ValueError("prompts must be a non-empty list of prompts (texts or token-id lists), "
                          "or a 2-D array of token ids [B, P]")
     rng = _rng(kw.pop("seed"))
+    kw.pop("trace")  # (one prompt only: not among _BATCH_NAMES)
     s = _decoder_settings(dec, kw)
     rows = [_prompt_ids(dec, p) for p in prompts]
     B = len(rows)
@@ -906,7 +1051,8 @@ def generate(model, prompt_or_ids, **kw) -> Generation:
     """The family's generate (refimpl.gpt2.generate.generate or refimpl.llama.generate.generate) for this model.
 
     model: a GPT2Model or a LlamaModel (anything else is a TypeError naming both); keywords as
-    generate_from's, plus backend= (and the family's own, e.g. the LLaMA family's prefill_chunk).
+    generate_from's (trace= among them), plus backend=, causal= and attention_scale= (the attention
+    switches, refimpl._switches) and the family's own, e.g. the LLaMA family's prefill_chunk.
     """
     return _family(model).generate(model, prompt_or_ids, **kw)
 

@@ -1,7 +1,15 @@
 """The front door: load(path) reads a model of any family refimpl implements; logits(model, ids) runs it.
 
     model = refimpl.load("path/to/model")     # a GPT2Model, LlamaModel or BertModel
+    model = refimpl.load("shakespeare-llama") # a model shipped with the package, by name (MODEL_NAMES)
     z = refimpl.logits(model, ids)            # ids [B, T] -> [B, T, V] float32; [T] -> [T, V]
+
+Names (`resolve_model`): the shipped models are "shakespeare-gpt2" (the default: a small GPT-2,
+refimpl/data/default/) and "shakespeare-llama" (a small LLaMA, refimpl/data/shakespeare-llama/),
+both trained on Shakespeare. Wherever a model path is taken (load, family_of, export, every
+command's --model), a path that exists is that path, and otherwise a name in MODEL_NAMES is its
+shipped directory: so ./shakespeare-gpt2, if there is such a folder, is that folder. A name whose
+directory is missing from this installation is a one-line error saying so.
 
 Which family reads `path` (`family_of`) is decided by the files, in this order:
 
@@ -15,7 +23,7 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
                                 -> GPT-2 (its own layouts carry their config: model.npz,
                                    safetensors metadata, llm.c's .bin; GPT-2's config.json
                                    may omit model_type, and GPT-2's reader assumes it)
-    path None                   -> the GPT-2 shipped with the package
+    path None                   -> the GPT-2 shipped with the package ("shakespeare-gpt2")
 
 Tokenizer of a LLaMA-family model (`llama_tokenizer`): the one tokenizer format refimpl reads
 today is GPT-2's byte-level BPE (refimpl.gpt2.tokenizer). A directory whose tokenizer is of
@@ -39,7 +47,8 @@ import numpy as np
 
 from .checkpoint import WeightFileError, config_object, read_small_file
 
-__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "SUPPORTED_MODEL_TYPES",
+           "MODEL_NAMES", "DEFAULT_MODEL", "resolve_model"]
 
 
 def _llama_types() -> tuple[str, ...]:
@@ -54,6 +63,46 @@ SUPPORTED_MODEL_TYPES = ("gpt2", *_llama_types(), "bert")
 _GPT2_TOKENIZER_CLASSES = ("GPT2Tokenizer", "GPT2TokenizerFast")
 
 
+# ----------------------------------------------------------------------------- shipped models, by name
+
+_DATA = Path(__file__).resolve().parent / "data"
+
+#: name -> the directory of a model shipped with the package (module docstring: the rule).
+MODEL_NAMES: dict[str, Path] = {
+    "shakespeare-gpt2": _DATA / "default",
+    "shakespeare-llama": _DATA / "shakespeare-llama",
+}
+DEFAULT_MODEL = "shakespeare-gpt2"
+
+
+def resolve_model(name_or_path) -> Path:
+    """The path a model name or path stands for: an existing path; else a name's shipped directory; else the path.
+
+    None is DEFAULT_MODEL. A name in MODEL_NAMES whose directory (with its config.json) is missing is
+    a WeightFileError saying so in one line. A path that does not exist and is no name comes back as
+    it is, for the loader to report (or for export, a hub name).
+    """
+    if name_or_path is None:
+        name_or_path = DEFAULT_MODEL
+    p = Path(os.path.expanduser(os.fspath(name_or_path)))
+    if p.exists():
+        return p
+    name = os.fspath(name_or_path)
+    if name in MODEL_NAMES:
+        d = Path(MODEL_NAMES[name])
+        if not (d / "config.json").is_file():
+            raise WeightFileError(f"the shipped model {name!r} is not in this installation: {d} "
+                                  f"{'has no config.json' if d.is_dir() else 'is missing'}; pass a model directory "
+                                  f"instead, or another name ({', '.join(n for n in MODEL_NAMES if n != name)})")
+        return d
+    return p
+
+
+def _names_hint() -> str:
+    """A hint for a path that does not exist: the names a model may also be given by."""
+    return f" (nor a shipped model's name: {', '.join(MODEL_NAMES)})"
+
+
 # ----------------------------------------------------------------------------- which family
 
 def _config_json(path: Path) -> Path:
@@ -63,14 +112,13 @@ def _config_json(path: Path) -> Path:
 def family_of(path) -> str:
     """"gpt2", "llama" or "bert": the family whose loader reads `path` (module docstring: the rule).
 
+    path: a path or a shipped model's name (resolve_model); None is the default model.
     An unknown model_type in config.json is a WeightFileError (a ValueError) naming the file and
     listing the supported model types; a missing path is a WeightFileError naming it.
     """
-    if path is None:
-        return "gpt2"
-    p = Path(os.fspath(path))
+    p = resolve_model(path)
     if not p.exists():
-        raise WeightFileError(f"{p}: no such file or directory")
+        raise WeightFileError(f"{p}: no such file or directory{_names_hint()}")
     config_json = _config_json(p)
     if not config_json.exists():
         return "gpt2"
@@ -97,8 +145,10 @@ def load(path=None, **kw):
     kw: passed to the family's loader: dtype (every family; float32 by default), mmap (LLaMA
     family: map single safetensors files), flavor (BERT's tokenizer flavor). A keyword the
     family's loader does not take is a TypeError naming it.
-    path=None: the GPT-2 shipped with the package (refimpl.gpt2.load()).
+    path: a path, or a shipped model's name ("shakespeare-gpt2", "shakespeare-llama"; resolve_model).
+    path=None: the default, "shakespeare-gpt2" (the GPT-2 shipped with the package).
     """
+    path = resolve_model(path)
     family = family_of(path)
     unknown = sorted(set(kw) - set(_KEYWORDS[family]))
     if unknown:
@@ -240,13 +290,17 @@ def llama_tokenizer(directory, vocab_size: int):
 
 # ----------------------------------------------------------------------------- logits
 
-def logits(model, ids, *, backend: str = "numpy", attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+def logits(model, ids, *, backend: str = "numpy", attention_mask=None, causal: bool = True,
+           attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
     """Next-token scores at every position, by the model's family (refimpl.gpt2.logits, refimpl.llama.logits).
 
     Shapes: ids [B, T] -> [B, T, V]; [T] -> [T, V], in the parameters' dtype (float32 for
     load()ed models). attention_mask [B, T] (or [T]), 1 / True = real token, for left-padded
     batches. backend: a name in the family's BACKENDS (an unknown one is a ValueError listing them).
     A BertModel is an encoder without a language-model head: a TypeError says what to call instead.
+    causal=False: attention without the causal mask (every position sees the whole sequence);
+    attention_scale: the factor on q k^T, None (the model's own), "head-dim" (1/sqrt(D)),
+    "model-width" (1/sqrt(C)) or a positive number. refimpl._switches says what they show.
     """
     from .gpt2 import GPT2Model
     from .llama.model import LlamaModel
@@ -254,11 +308,13 @@ def logits(model, ids, *, backend: str = "numpy", attention_mask=None) -> np.nda
     if isinstance(model, GPT2Model):
         from . import gpt2
 
-        return gpt2.logits(model, ids, backend=backend, attention_mask=attention_mask)
+        return gpt2.logits(model, ids, backend=backend, attention_mask=attention_mask, causal=causal,
+                           attention_scale=attention_scale)
     if isinstance(model, LlamaModel):
         from .llama.model import logits as llama_logits
 
-        return llama_logits(model, ids, backend=backend, attention_mask=attention_mask)
+        return llama_logits(model, ids, backend=backend, attention_mask=attention_mask, causal=causal,
+                            attention_scale=attention_scale)
     bert = sys.modules.get("refimpl.bert.model")  # a BertModel exists only once that module is imported
     if bert is not None and isinstance(model, bert.BertModel):
         raise TypeError("a BertModel is an encoder without a language-model head, so it has no next-token logits: "
@@ -276,7 +332,7 @@ def export(source, out_dir) -> Path:
     hub name) by refimpl.gpt2.io.export. A BERT directory is refused: it is already in the
     format refimpl reads.
     """
-    src = Path(os.path.expanduser(os.fspath(source)))
+    src = resolve_model(source)  # (a shipped model's name, too)
     family = family_of(src) if src.exists() else "gpt2"
     if family == "llama":
         from .llama.io import export as llama_export
@@ -286,4 +342,4 @@ def export(source, out_dir) -> Path:
         raise WeightFileError(f"{src}: a BERT directory is read as it is by refimpl.load; there is nothing to export")
     from .gpt2.io import export as gpt2_export
 
-    return gpt2_export(source, out_dir)
+    return gpt2_export(src if src.exists() else source, out_dir)

@@ -80,7 +80,8 @@ def load(path=None, *, dtype=np.float32) -> GPT2Model:
     return GPT2Model(config, params, tokenizer)
 
 
-def logits(model: GPT2Model, ids, *, backend: str = "numpy", attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+def logits(model: GPT2Model, ids, *, backend: str = "numpy", attention_mask=None, causal: bool = True,
+           attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
     """logits = GPT-2(ids): next-token scores at every position (see refimpl.gpt2.model.forward).
 
     Shapes: ids [B, T] -> [B, T, V]; ids [T] -> [T, V]. attention_mask [B, T] (or [T]),
@@ -88,6 +89,7 @@ def logits(model: GPT2Model, ids, *, backend: str = "numpy", attention_mask=None
     Returns a NumPy array in the parameters' dtype (float32 for `load`ed models).
     Errors: ids must be integers with 0 <= id < V (the bad id is named) and T <= n_positions;
     an unknown backend is a ValueError listing the available ones (BACKENDS).
+    causal, attention_scale: the attention switches (refimpl.gpt2.model.hidden_states; refimpl._switches).
     """
     if not isinstance(model, GPT2Model):
         raise TypeError(f"model must be a GPT2Model (from refimpl.gpt2.load); got {type(model).__name__}")
@@ -101,6 +103,6 @@ def logits(model: GPT2Model, ids, *, backend: str = "numpy", attention_mask=None
         if single and attention_mask.ndim == 1:
             attention_mask = attention_mask[None]
     out = forward(ops.prepare(model.params), model.config, ids[None] if single else ids,
-                  attention_mask=attention_mask, ops=ops)
+                  attention_mask=attention_mask, ops=ops, causal=causal, attention_scale=attention_scale)
     out = ops.to_numpy(out)
     return out[0] if single else out

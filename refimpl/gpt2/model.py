@@ -43,6 +43,7 @@ import numpy as np
 
 from .._backends import resolve_backend
 from .._checks import check_positive_int
+from .._switches import attention_scale_factor, check_causal, check_no_cache
 from ..attention import masked_attention, scaled_dot_product_attention
 from ..ffn import _gelu_tanh_bias
 from ..linear import _linear
@@ -231,8 +232,9 @@ def embed(params: GPT2Params, ids: np.ndarray, positions: np.ndarray) -> np.ndar
 
 
 def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache: KVCache | None = None,
-              layer: int = 0, hook=no_hook, last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
-    """MultiHead(x) = Concat_h(softmax(q_h k_h^T / sqrt(D), masked) v_h) W_O  (Vaswani et al. 2017, sec. 3.2.2).
+              layer: int = 0, hook=no_hook, last_only: bool = False, causal: bool = True,
+              scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+    """MultiHead(x) = Concat_h(softmax(q_h k_h^T * scale, masked) v_h) W_O, scale 1/sqrt(D)  (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; q, k, v come from GPT-2's fused projection c_attn, x W + b
     [B, T, 3C] with columns [q | k | v] and head h owning D consecutive columns of each.
@@ -244,6 +246,8 @@ def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache:
     layers have run. hook sees "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out"
     (module docstring); block() prefixes the names with "blocks.i.". last_only: keys and values
     of every position (the cache needs them), the query and output of the last position only.
+    causal=False: every query sees every real key; scale: the factor on q k^T (None: 1/sqrt(D))
+    (refimpl._switches).
     """
     if last_only and hook is not no_hook:
         raise ValueError(_LAST_ONLY_WITH_HOOK)
@@ -258,13 +262,14 @@ def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache:
         cache.v[layer, :, :, start:start + T] = v
         k = cache.k[layer, :, :, :start + T]  # [B, H, S, D] view of the filled prefix
         v = cache.v[layer, :, :, :start + T]
-    causal = q.shape[2] > 1  # one query (a new token, last_only's) sees every key: no pattern needed
+    causal = causal and q.shape[2] > 1  # one query (a new token, last_only's) sees every key: no pattern needed
     if hook is no_hook:
-        y = ops.attention(q, k, v, causal=causal, key_mask=key_mask)  # [B, H, T, D]
+        scaled = {} if scale is None else {"scale": scale}  # (None: every backend's default, 1/sqrt(D))
+        y = ops.attention(q, k, v, causal=causal, key_mask=key_mask, **scaled)  # [B, H, T, D]
     else:  # the weights made explicit, for the hook to see or replace
         mask = combine_masks(causal_mask(T, k.shape[2]) if causal else None,
                              None if key_mask is None else key_mask_to_attention_mask(key_mask))
-        _, w = scaled_dot_product_attention(q, k, v, mask, return_weights=True)  # w [B, H, T, S]
+        _, w = scaled_dot_product_attention(q, k, v, mask, scale=scale, return_weights=True)  # w [B, H, T, S]
         y = hook("attn.weights", w) @ v  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, q.shape[2], C)  # merge heads: [B, T, H, D] -> [B, T, C]
     return hook("attn.out", ops.linear(y, p.attn_proj))
@@ -280,26 +285,27 @@ def mlp(x, p: BlockParams, ops: Ops, *, hook=no_hook) -> np.ndarray:  # [B, T, C
 
 
 def block(x, p: BlockParams, config: GPT2Config, ops: Ops, *, key_mask=None, cache: KVCache | None = None,
-          layer: int = 0, hook=no_hook, last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+          layer: int = 0, hook=no_hook, last_only: bool = False, causal: bool = True,
+          scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3).
 
     hook sees "blocks.{layer}.resid_pre", ".resid_mid", ".resid_post" and the attention / MLP
     names under the same prefix. last_only (no hook): the block's output at the last position
     only, from the keys and values of every position (see attention); the other positions'
-    rows would feed nothing after the last block.
+    rows would feed nothing after the last block. causal, scale: as attention's.
     """
     eps = config.layer_norm_epsilon
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
     a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, ops, key_mask=key_mask,
-                  cache=cache, layer=layer, hook=local, last_only=last_only)
+                  cache=cache, layer=layer, hook=local, last_only=last_only, causal=causal, scale=scale)
     x = local("resid_mid", (x[:, -1:] if last_only else x) + a)
     return local("resid_post", x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops, hook=local))
 
 
 def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
                   attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
+                  last_only: bool = False, causal: bool = True, attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
     """h = LN_f(Block_L(... Block_1(W_te[ids] + W_pe[positions])))  (GPT-2's transformer; the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token,
@@ -323,10 +329,17 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
       outputs of the last block feed nothing. The last position's h is the same function of the
       inputs as without it (it differs only by the rounding of products over 1 row instead of T).
       Not with a hook (ValueError).
+    - causal=False: no causal mask, every query sees every real key of the sequence given; not
+      with a cache (ValueError: a cache is valid only under the mask). attention_scale: the factor
+      on q k^T, None (1/sqrt(D)), "head-dim", "model-width" (1/sqrt(C)) or a positive number
+      (refimpl._switches, which says what a student should notice).
     """
     hook = no_hook if hook is None else hook
     if last_only and hook is not no_hook:
         raise ValueError(_LAST_ONLY_WITH_HOOK)
+    causal = check_causal(causal)
+    check_no_cache(causal, cache)
+    scale = attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.n_embd, default=None)
     ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
                                                            attention_mask=attention_mask, positions=positions)
     T = ids.shape[1]
@@ -335,14 +348,15 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
                      else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
     x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
     fused = None
-    if ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook:
+    if (ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook
+            and scale is None):  # (the fused blocks use the default scale)
         fused = ops.decode_blocks(x, params, config, cache, ops)  # the same blocks, compiled whole
     if fused is not None:
         x = fused
     else:
         for layer, p in enumerate(params.blocks):
             x = block(x, p, config, ops, key_mask=key_mask, cache=cache, layer=layer, hook=hook,
-                      last_only=last_only and layer == len(params.blocks) - 1)
+                      last_only=last_only and layer == len(params.blocks) - 1, causal=causal, scale=scale)
     if cache is not None:
         cache.length = start + T
     h = ops.layer_norm(x[:, -1:] if last_only else x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)
@@ -355,13 +369,15 @@ def lm_head(h, params: GPT2Params) -> np.ndarray:  # [..., C] -> [..., V]
 
 
 def forward(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook, causal: bool = True,
+            attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = LN_f(transformer(ids)) W_te^T  (GPT-2, Radford et al. 2019): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype (float32 weights give float32).
-    Notes: see hidden_states for the cache, attention_mask, positions and hook. Decoding loops
+    Notes: see hidden_states for the cache, attention_mask, positions, hook, causal and attention_scale. Decoding loops
     call hidden_states + lm_head on the last position only, which saves the [T, C] x [C, V]
     product for every earlier position.
     """
     return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                  positions=positions, ops=ops, hook=hook), params)
+                                                  positions=positions, ops=ops, hook=hook, causal=causal,
+                                                  attention_scale=attention_scale), params)

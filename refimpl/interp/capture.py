@@ -130,7 +130,8 @@ def make_hook(config, *, names=(), interventions: Mapping[str, Callable] | None 
 
 
 def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callable] | None = None,
-                   positions=None, cache=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
+                   positions=None, cache=None, causal: bool = True,
+                   attention_scale=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
     """logits = model(ids), and acts[name] = the intermediate at each selected hook point.
 
     model: a GPT2Model or a LlamaModel. Shapes: ids [B, T] -> logits [B, T, V]; acts as listed
@@ -139,6 +140,7 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     names: None (every hook point), or names / shell patterns ("blocks.*.attn.weights").
     interventions: {exact name: callable or replace()/add()} applied during the run.
     positions / cache: passed to the model's hidden_states (for cached decoding; a KVCache of its family).
+    causal / attention_scale: the attention switches, passed to hidden_states (refimpl._switches).
     Notes: the logits come from the model's own forward through the hook, so with no
     interventions they equal refimpl.logits(model, ids) bit for bit.
     """
@@ -146,7 +148,8 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     ids2, single = as_batch(dec, model, ids)
     store: dict[str, np.ndarray] = {}
     hook = make_hook(model.config, names=names, interventions=interventions, store=store)
-    h = dec.hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook)
+    h = dec.hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook,
+                          causal=causal, attention_scale=attention_scale)
     logits = dec.lm_head(model, h)
     if single:
         return logits[0], {k: v[0] for k, v in store.items()}

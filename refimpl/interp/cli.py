@@ -8,8 +8,10 @@
     python -m refimpl inspect patch     [--source TEXT --target TEXT --answer-a TOKEN --answer-b TOKEN]
     python -m refimpl inspect encodings                                          # sinusoidal, RoPE, ALiBi
 
---model PATH is any decoder refimpl.load reads: GPT-2 or a LLaMA-family directory (default:
-the GPT-2 shipped with the package).
+--model is any decoder refimpl.load reads: a shipped model's name (shakespeare-gpt2, the default, or
+shakespeare-llama) or a GPT-2 / LLaMA-family path.
+lens and attention take the attention switches --no-causal-mask and --attention-scale S
+(refimpl._switches: a positive number, head-dim or model-width).
 Input text comes from --text, --file or --ids ("1 2 3", for models without a tokenizer; steer
 takes --pos-ids / --neg-ids / --prompt-ids, patch --source-ids / --target-ids, and a target or
 answer token may be given as its id); lens / attention / sinks / steer / patch have built-in
@@ -99,9 +101,9 @@ def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> 
 
     why = "this model has no tokenizer files"
     if isinstance(model, LlamaModel) and path is not None:
-        from refimpl.models import tokenizer_absence
+        from refimpl.models import resolve_model, tokenizer_absence
 
-        p = Path(path)
+        p = resolve_model(path)  # (a shipped model's name, too)
         why = tokenizer_absence(p if p.is_dir() else p.parent) or why
     return _Usage(f"{why}; give {what} as token ids with {flag}")
 
@@ -155,6 +157,22 @@ def _token(model, text_or_id: str, what: str) -> int:
     return t[0]
 
 
+def _add_switch_flags(p) -> None:
+    """--no-causal-mask and --attention-scale: the attention switches of the forward (refimpl._switches)."""
+    from .._switches import parse_attention_scale
+
+    p.add_argument("--no-causal-mask", action="store_true",
+                   help="attention sees every position of the input, later ones too (not how the model was trained)")
+    p.add_argument("--attention-scale", type=parse_attention_scale, metavar="S",
+                   help="the factor on q.k: a positive number, head-dim (1/sqrt(head dim)) or model-width "
+                   "(1/sqrt(model width)); default: the model's own")
+
+
+def _switches(args) -> dict:
+    """The attention switches given on the command line, as the library's keywords (and for the JSON record)."""
+    return {"causal": not args.no_causal_mask, "attention_scale": args.attention_scale}
+
+
 def _labels(model, ids) -> list[str]:
     from ._plot import token_labels
 
@@ -188,13 +206,13 @@ def cmd_lens(args) -> int:
 
     model = _load(args.model)
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
-    lens = logit_lens(model, ids)
+    lens = logit_lens(model, ids, **_switches(args))
     top, prob = lens_top_tokens(lens, args.top_k)
     n_rows = lens.shape[0]
     names = ["embed"] + [f"after block {i}" for i in range(n_rows - 1)]
     data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "rows": names,
             "top_ids": top.tolist(), "top_tokens": [[_labels(model, t) for t in row] for row in top],
-            "top_probs": prob.round(6).tolist()}
+            "top_probs": prob.round(6).tolist(), **_switches(args)}
     out = Path(args.out)
     paths = [plot_logit_lens(model, ids, lens, out / "lens.png"), _write_json(out, "lens.json", data)]
     show = list(range(max(0, len(ids) - 8), len(ids)))
@@ -209,13 +227,14 @@ def cmd_attention(args) -> int:
 
     model = _load(args.model)
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
-    w = attention_weights(model, ids)  # [L, H, T, T]
+    w = attention_weights(model, ids, **_switches(args))  # [L, H, T, T]
     L, H, T, _ = w.shape
     ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
     prev = np.mean([w[:, :, i, i - 1] for i in range(1, T)], axis=0) if T > 1 else np.zeros((L, H))
     first = w[..., 0].mean(axis=-1)
     data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "weights": w.round(5).tolist(),
-            "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(), "mean_on_first": first.tolist()}
+            "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(), "mean_on_first": first.tolist(),
+            **_switches(args)}
     out = Path(args.out)
     paths = [plot_attention_maps(model, ids, w, out / "attention.png"), _write_json(out, "attention.json", data)]
     print(_table(["layer", "head", "entropy", "on first", "on previous"],
@@ -760,8 +779,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="sub", required=True)
 
     def common(p, *, text=True, max_tokens=True):
-        p.add_argument("--model", default=None, metavar="PATH", help="GPT-2 or LLaMA-family model to load "
-                       "(refimpl.load; default: the shipped GPT-2)")
+        p.add_argument("--model", default=None, metavar="NAME|PATH", help="shakespeare-gpt2 (default), "
+                       "shakespeare-llama, or the path of a GPT-2 or LLaMA-family model (refimpl.load)")
         p.add_argument("--out", default="inspect_out", metavar="DIR", help="output folder (default ./inspect_out)")
         if text:
             p.add_argument("--text", help="input text")
@@ -774,10 +793,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(max_tokens=16)
     p.add_argument("--top-k", type=int, default=5)
+    _add_switch_flags(p)
     p.set_defaults(func=cmd_lens)
 
     p = sub.add_parser("attention", help="attention heatmaps per layer and head")
     common(p)
+    _add_switch_flags(p)
     p.set_defaults(func=cmd_attention, max_tokens=16)
 
     p = sub.add_parser("sinks", help="attention-sink statistics per layer and head")

@@ -21,7 +21,10 @@ backend, prefill_chunk=...)`, the `refimpl.decoding.Decoder` of an LlamaModel:
   is not its rows alone.
   Dynamic NTK RoPE rescales at every length past max_position_embeddings; its cached keys keep
   the rotation of the step that made them, as in Hugging Face;
-- the logit bound that pre-checks repetition_penalty (`logit_bound`, proved there).
+- the logit bound that pre-checks repetition_penalty (`logit_bound`, proved there);
+- causal=False (no causal mask) has no cache: prefill and every step run hidden_states over the
+  whole sequence so far (refimpl._switches says why); attention_scale changes the factor on
+  q k^T in every forward (overriding Gemma-2's query_pre_attn_scalar).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .._checks import check_positive_int
-from ..decoding import (_DEFAULT, Decoder, Generation, generate_batch_from, generate_from, stream_from,
-                        stream_text_from)
+from .._switches import attention_scale_factor, check_causal
+from ..decoding import (_DEFAULT, Decoder, Generation, generate_batch_from, generate_from, recomputing,
+                        stream_from, stream_text_from)
 from .checks import context_limit
 from .config import LlamaConfig
 from .model import KVCache, LlamaModel, get_ops, hidden_states, lm_head, prefill
@@ -87,15 +91,23 @@ def _check_model(model) -> None:
                         f"got {type(model).__name__}")
 
 
-def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = None) -> Decoder:
+def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = None, causal: bool = True,
+            attention_scale=None) -> Decoder:
     """The refimpl.decoding.Decoder of an LlamaModel run by `backend` (a name in BACKENDS or an LlamaOps object).
 
     prefill_chunk: prefill prompts this many tokens at a time (refimpl.llama.model.prefill); None: at once.
+    causal, attention_scale: the attention switches (refimpl.llama.model.hidden_states); causal=False
+    keeps no cache and recomputes the whole sequence at every step (so prefill_chunk does not apply).
     """
     _check_model(model)
     ops = get_ops(backend)
     chunk = None if prefill_chunk is None else check_positive_int(prefill_chunk, "prefill_chunk")
+    causal = check_causal(causal)
+    if not causal and chunk is not None:
+        raise ValueError("prefill_chunk fills a KV cache in chunks; causal=False keeps no cache (each step "
+                         "recomputes the whole sequence): leave prefill_chunk=None")
     config, params = model.config, model.params
+    attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.hidden_size, default=None)
     dtype = params.dtype
     head = ops.lm_head or lm_head
 
@@ -104,7 +116,7 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
 
     def prefill_prompt(weights, ids, cache, attention_mask):  # [B, P] -> [B, V]
         return last_logits(prefill(weights, config, ids, cache, chunk_size=chunk, attention_mask=attention_mask,
-                                   ops=ops), weights)
+                                   ops=ops, attention_scale=attention_scale), weights)
 
     short_until = config.rope.original_max_position_embeddings if config.rope.rope_type == "longrope" else None
 
@@ -112,10 +124,24 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
         length = ids.shape[1] if attention_mask is None else int(np.max(np.sum(attention_mask, axis=-1)))
         if short_until is not None and length == short_until + 1:  # LongRoPE turns to its long factors:
             cache.length = 0  # every cached layer was computed with the short ones, so recompute them all
-            return last_logits(prefill(weights, config, ids, cache, attention_mask=attention_mask, ops=ops), weights)
+            return last_logits(prefill(weights, config, ids, cache, attention_mask=attention_mask, ops=ops,
+                                       attention_scale=attention_scale), weights)
         return last_logits(hidden_states(weights, config, ids[:, -1:], cache=cache, attention_mask=attention_mask,
-                                         ops=ops, last_only=True), weights)
+                                         ops=ops, last_only=True, attention_scale=attention_scale), weights)
 
+    def recompute(weights, ids, cache, attention_mask):  # [B, S] every token so far -> [B, V]; no cache
+        cache.length = ids.shape[1]
+        return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
+                                         last_only=True, causal=False, attention_scale=attention_scale), weights)
+
+    if causal:
+        cache_fields = dict(
+            allocate=lambda B, max_len: KVCache.allocate(config, B, max_len, dtype=dtype, zeros=ops.zeros),
+            prefill=prefill_prompt, step=step,
+            first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
+            reorder=lambda cache, rows: cache.reorder(rows))
+    else:  # no cache: every step runs the whole sequence (refimpl._switches)
+        cache_fields = recomputing(recompute)
     return Decoder(
         family=config.model_type, vocab_size=config.vocab_size, eos_token_id=config.eos_token_id,
         bos_token_id=config.bos_token_id, tokenizer=model.tokenizer, bos_text=None,
@@ -123,11 +149,7 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
         logit_bound=lambda: logit_bound(params, config),
         bound_reason="final RMSNorm and output embedding" + (", final soft-cap" if config.final_logit_softcapping
                                                               else ""),
-        prepare=lambda: ops.prepare(params),
-        allocate=lambda B, max_len: KVCache.allocate(config, B, max_len, dtype=dtype, zeros=ops.zeros),
-        prefill=prefill_prompt, step=step,
-        first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
-        reorder=lambda cache, rows: cache.reorder(rows))
+        prepare=lambda: ops.prepare(params), **cache_fields)
 
 
 # ----------------------------------------------------------------------------- the entry points
@@ -137,44 +159,53 @@ def generate(model: LlamaModel, prompt, *, max_new_tokens: int = 20, do_sample: 
              repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
              early_stopping: bool | str = False, eos_token_id=_DEFAULT, stop=(), seed=None,
              on_context_limit: str = "error", backend: str = "numpy",
-             prefill_chunk: int | None = None) -> Generation:
+             prefill_chunk: int | None = None, causal: bool = True, attention_scale=None,
+             trace=None) -> Generation:
     """Continue `prompt` (text, with a tokenizer, or token ids) by up to max_new_tokens tokens.
 
     Keywords as refimpl.gpt2.generate.generate (greedy, sampling, beam search as Hugging Face;
     eos_token_id defaults to the config's, None never stops on a token; the context policy with
     max_position_embeddings, refimpl.decoding). prefill_chunk: prefill the prompt this many
-    tokens at a time (None: one forward). Returns a refimpl.decoding.Generation.
+    tokens at a time (None: one forward). causal, attention_scale: the attention switches (decoder).
+    trace: a refimpl.decoding.Trace to fill (log-probabilities, ranks, timings). Returns a
+    refimpl.decoding.Generation.
     """
-    return generate_from(decoder(model, backend, prefill_chunk=prefill_chunk), prompt, max_new_tokens=max_new_tokens,
+    dec = decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal, attention_scale=attention_scale)
+    return generate_from(dec, prompt, max_new_tokens=max_new_tokens,
                          do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                          repetition_penalty=repetition_penalty, num_beams=num_beams, length_penalty=length_penalty,
                          early_stopping=early_stopping, eos_token_id=eos_token_id, stop=stop, seed=seed,
-                         on_context_limit=on_context_limit)
+                         on_context_limit=on_context_limit, trace=trace)
 
 
-def stream(model: LlamaModel, prompt, *, backend="numpy", prefill_chunk: int | None = None, **kw) -> Iterator[int]:
+def stream(model: LlamaModel, prompt, *, backend="numpy", prefill_chunk: int | None = None, causal: bool = True,
+           attention_scale=None, **kw) -> Iterator[int]:
     """Yield generated token ids one at a time, as `generate(model, prompt, **kw)` makes them (checked at the call)."""
-    return stream_from(decoder(model, backend, prefill_chunk=prefill_chunk), prompt, **kw)
+    return stream_from(decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal,
+                               attention_scale=attention_scale), prompt, **kw)
 
 
 def stream_text(model: LlamaModel, prompt, *, backend="numpy", prefill_chunk: int | None = None,
-                **kw) -> Iterator[str]:
+                causal: bool = True, attention_scale=None, **kw) -> Iterator[str]:
     """Yield the generated text in chunks as tokens come (needs a tokenizer); the chunks join to generate's `.text`."""
-    return stream_text_from(decoder(model, backend, prefill_chunk=prefill_chunk), prompt, **kw)
+    return stream_text_from(decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal,
+                                    attention_scale=attention_scale), prompt, **kw)
 
 
 def generate_batch(model: LlamaModel, prompts: Sequence, *, max_new_tokens: int = 20, do_sample: bool = False,
                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                    repetition_penalty: float = 1.0, eos_token_id=_DEFAULT, stop=(), seed=None,
                    on_context_limit: str = "error", backend: str = "numpy",
-                   prefill_chunk: int | None = None) -> list[Generation]:
+                   prefill_chunk: int | None = None, causal: bool = True,
+                   attention_scale=None) -> list[Generation]:
     """Greedy or sampled continuations of several prompts at once, left-padded (refimpl.decoding.generate_batch_from).
 
     The padding is masked and positions come from the mask, so greedy results equal generate()
     on each prompt alone (except LongRoPE rows that straddle its switch: module docstring); each
     row ends on its own; the context limit applies to the longest prompt.
     """
-    return generate_batch_from(decoder(model, backend, prefill_chunk=prefill_chunk), prompts,
+    return generate_batch_from(decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal,
+                                       attention_scale=attention_scale), prompts,
                                max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                                top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                                eos_token_id=eos_token_id, stop=stop, seed=seed, on_context_limit=on_context_limit)

@@ -60,6 +60,7 @@ from typing import Callable
 
 from .._backends import resolve_backend
 from .._checks import check_float_dtype, check_positive_int
+from .._switches import attention_scale_factor, check_causal, check_no_cache
 from ..attention import _grouped_query_attention, _soft_cap, masked_attention
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
 from ..linear import LinearParams, _linear
@@ -275,10 +276,12 @@ def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype) -> tuple[np.
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int,
-            ops: LlamaOps, hook=no_hook) -> np.ndarray:
+            ops: LlamaOps, hook=no_hook, causal: bool = True, scale: float | None = None) -> np.ndarray:
     """softmax(softcap(q k^T * scale), causal, the layer's window, the key mask) v, H query heads sharing K key heads.
 
     Shapes: q [B, H, T, D], k and v [B, K, S, D], key_mask [B, S] bool or None -> [B, H, T, D].
+    scale: the factor on q k^T (None: config.attention_scale). causal=False: no causal pattern, and
+    a sliding window is two-sided (|p_i - j| < w; refimpl.masks.local_window_mask).
     softcap: Gemma-2's attn_logit_softcapping (cap tanh(s / cap) on the scaled scores), else none.
     With no_hook this is `ops.attention` (no weights materialised). With another hook the
     weights w [B, H, T, S] are made explicit, by the arithmetic of NUMPY_OPS.attention
@@ -286,14 +289,18 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: Llama
     reading key head h // (H / K)), handed to hook("attn.weights", w), and y = w v per group.
     """
     c, window = config, config.window(layer)
+    scale = c.attention_scale if scale is None else scale
     if hook is no_hook:
-        return ops.attention(q, k, v, causal=True, window=window, key_mask=key_mask,
-                             scale=c.attention_scale, softcap=c.attn_logit_softcapping)
+        return ops.attention(q, k, v, causal=causal, window=window, key_mask=key_mask,
+                             scale=scale, softcap=c.attn_logit_softcapping)
     B, H, T, D = q.shape
     K, S = k.shape[1], k.shape[2]
-    pattern = _causal_mask(T, S) if window is None else _local_window_mask(T, S, window, True)  # [T, S]
+    if window is None:
+        pattern = _causal_mask(T, S) if causal else None  # [T, S] or None
+    else:
+        pattern = _local_window_mask(T, S, window, causal)  # [T, S]
     mask = _combine_masks(pattern, None if key_mask is None else _key_mask_to_attention_mask(key_mask))
-    _, w = _grouped_query_attention(q, k, v, mask, None, c.attention_scale, True, c.attn_logit_softcapping)
+    _, w = _grouped_query_attention(q, k, v, mask, None, scale, True, c.attn_logit_softcapping)
     w = hook("attn.weights", w)  # [B, H, T, S]
     y = w.reshape(B, K, H // K, T, S) @ v[:, :, None]  # [B, K, G, T, D]: group g reads key/value head g
     return y.reshape(B, H, T, v.shape[3])
@@ -301,7 +308,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: Llama
 
 def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
               cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
-              hook=no_hook, key_rope: tuple | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+              hook=no_hook, key_rope: tuple | None = None, causal: bool = True,
+              scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
 
     Shapes: h [B, T, C] (normed), rope = rope_cos_sin(positions, ...) ([B|1, 1, T, R/2] each),
@@ -312,6 +320,7 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     key_rope ([B|1, 1, S, R/2] each, or None): the cache holds keys BEFORE rotation; the new k
     is stored unrotated and all S keys are rotated by key_rope in this call (attn.k_rot is then
     [B, K, S, D]): positions assigned within the cache, refimpl.interp.streaming.
+    causal, scale: as _attend's (refimpl._switches).
     """
     c, B, T = config, h.shape[0], h.shape[1]
     H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -332,7 +341,7 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
         k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
     if key_rope is not None:  # keys cached before rotation: every key rotated at its position now
         k = hook("attn.k_rot", ops.rope(k, *key_rope))
-    y = _attend(q, k, v, key_mask, c, layer, ops, hook)  # [B, H, T, D]
+    y = _attend(q, k, v, key_mask, c, layer, ops, hook, causal, scale)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
     return hook("attn.out", ops.linear(y, p.attn.o))  # [B, T, C]
 
@@ -350,16 +359,17 @@ def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, ops: LlamaOp
 
 def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
           cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
-          hook=no_hook, key_rope: tuple | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+          hook=no_hook, key_rope: tuple | None = None, causal: bool = True,
+          scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """x <- x + Attn(norm(x)); x <- x + MLP(norm(x))  (pre-norm residual block; Gemma-2 norms each branch's output too).
 
     hook sees blocks.{layer}.resid_pre, .resid_mid, .resid_post and the attention / MLP names
-    under the same prefix. key_rope: see attention.
+    under the same prefix. key_rope, causal, scale: see attention.
     """
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
     a = attention(rms_norm(x, p.attn_norm, config, ops), p, config, rope, key_mask=key_mask, cache=cache,
-                  layer=layer, ops=ops, hook=local, key_rope=key_rope)
+                  layer=layer, ops=ops, hook=local, key_rope=key_rope, causal=causal, scale=scale)
     if config.sandwich_norms:
         a = rms_norm(a, p.post_attn_norm, config, ops)
     x = local("resid_mid", x + a)
@@ -371,7 +381,8 @@ def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, 
 
 def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
                   attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False, key_positions=None) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
+                  last_only: bool = False, key_positions=None, causal: bool = True,
+                  attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
     """h = norm(Block_L(... Block_1(E[ids])))  (the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token, 0 =
@@ -396,8 +407,17 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
       tokens' positions are the last T entries (positions must then be None). The masks stay
       functions of cache indices. StreamingLLM's positions within the cache use it
       (refimpl.interp.streaming); a cache filled this way must always be read this way.
+    - causal=False: no causal mask (every query sees every real key; sliding windows become
+      two-sided); not with a cache (ValueError: a cache is valid only under the mask).
+      attention_scale: the factor on q k^T, None (the model's: config.attention_scale, Gemma-2's
+      query_pre_attn_scalar^-1/2), "head-dim" (1/sqrt(D)), "model-width" (1/sqrt(C)) or a positive
+      number (refimpl._switches, which says what a student should notice).
     """
     hook = no_hook if hook is None else hook
+    causal = check_causal(causal)
+    check_no_cache(causal, cache)
+    scale = attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.hidden_size,
+                                   default=None)
     ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
                                                            attention_mask=attention_mask, positions=positions)
     T = ids.shape[1]
@@ -412,7 +432,7 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
     fused = None
     if (ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook
-            and key_rope is None):
+            and key_rope is None and scale is None):  # (the fused blocks use the config's scale)
         fused = ops.decode_blocks(x, params, config, cache, ops, positions)  # the same blocks, compiled whole
     if fused is not None:
         x = fused
@@ -422,14 +442,14 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
                 else tuple(a[:, :, start:] for a in key_rope))
         for layer, p in enumerate(params.blocks):
             x = block(x, p, config, rope, key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook,
-                      key_rope=key_rope)
+                      key_rope=key_rope, causal=causal, scale=scale)
     if cache is not None:
         cache.length = start + T
     return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
 
 
 def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, chunk_size: int | None = None,
-            attention_mask=None, ops: LlamaOps = NUMPY_OPS) -> np.ndarray:  # [B, P] -> [B, 1, C]
+            attention_mask=None, ops: LlamaOps = NUMPY_OPS, attention_scale=None) -> np.ndarray:  # [B, P] -> [B, 1, C]
     """A prompt into the cache chunk_size tokens at a time: the last position's h, as hidden_states(last_only=True).
 
     Shapes: ids [B, P]; attention_mask [B, S] over the cached tokens and the prompt (S =
@@ -446,6 +466,7 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
     max(positions) + 1, refimpl.llama.model.rope_cos_sin), as each decoding step's do: a chunk
     that would see other frequencies than the whole prompt is refused (ValueError), before
     anything is written. Everything is checked for the whole prompt before the first chunk.
+    attention_scale: as hidden_states'. (A cache needs the causal mask: refimpl._switches.)
     """
     if cache is None:
         raise ValueError("prefill writes a KV cache: pass cache=KVCache.allocate(config, B, max_len)")
@@ -468,10 +489,12 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
                 raise ValueError(f"chunk_size={chunk} would rotate the chunk [{s}, {e}) with other RoPE frequencies "
                                  f"than the whole prompt ({P} tokens): rope_type {config.rope.rope_type!r} reads the "
                                  f"forward's length; prefill it with chunk_size=None")
+    attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.hidden_size, default=None)
     h = None
     for s, e in zip([0] + ends, ends):
         h = hidden_states(params, config, ids[:, s:e], cache=cache, ops=ops, last_only=True,
-                          attention_mask=None if key_mask is None else key_mask[:, :start + e])
+                          attention_mask=None if key_mask is None else key_mask[:, :start + e],
+                          attention_scale=attention_scale)
     return h
 
 
@@ -482,24 +505,27 @@ def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarr
 
 
 def forward(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook, causal: bool = True,
+            attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = lm_head(norm(transformer(ids))): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype. See hidden_states for the
-    cache, attention_mask, positions and hook.
+    cache, attention_mask, positions, hook, causal and attention_scale.
     """
     return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                  positions=positions, ops=ops, hook=hook), params, config)
+                                                  positions=positions, ops=ops, hook=hook, causal=causal,
+                                                  attention_scale=attention_scale), params, config)
 
 
-def logits(model: LlamaModel, ids, *, backend: str | LlamaOps = "numpy",
-           attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
+def logits(model: LlamaModel, ids, *, backend: str | LlamaOps = "numpy", attention_mask=None, causal: bool = True,
+           attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]; [T] -> [T, V]
     """The model's next-token scores at every position (see forward).
 
     Shapes: ids [B, T] -> [B, T, V]; ids [T] -> [T, V]. attention_mask [B, T] (or [T]), 1 / True
     = real token, for left-padded batches (positions then come from the mask). Returns a NumPy
     array in the parameters' dtype (float32 for load_weights' default). backend: a name in
     BACKENDS or an LlamaOps object; an unknown name is a ValueError listing the available ones.
+    causal, attention_scale: the attention switches (hidden_states; refimpl._switches).
     """
     if not isinstance(model, LlamaModel):
         raise TypeError(f"model must be a LlamaModel (LlamaModel(*refimpl.llama.load_weights(path))); "
@@ -514,5 +540,6 @@ def logits(model: LlamaModel, ids, *, backend: str | LlamaOps = "numpy",
         if attention_mask.ndim == 1:
             attention_mask = attention_mask[None]
     out = ops.to_numpy(forward(ops.prepare(model.params), model.config, ids[None] if single else ids,
-                               attention_mask=attention_mask, ops=ops))
+                               attention_mask=attention_mask, ops=ops, causal=causal,
+                               attention_scale=attention_scale))
     return out[0] if single else out
