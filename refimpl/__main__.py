@@ -162,7 +162,9 @@ def cmd_tokenize(args) -> int:
     ids = encode_prompt(tok, args.text, allowed_special="all" if args.allow_special else ())  # + the model's BOS
     print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
-    print("pieces:", " ".join(repr(p) for p in tok.pieces(ids)))
+    from refimpl._tokens import token_pieces
+
+    print("pieces:", " ".join(f"'{p}'" for p in token_pieces(tok, ids)))  # byte fragments as <0xNN>
     return 0
 
 
