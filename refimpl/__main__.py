@@ -15,6 +15,14 @@
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
 input: a missing file, a malformed model, an out-of-range argument. A closed output pipe
 (`... | head`) ends it quietly with status 0.
+
+BLAS threads (`blas_threads_for`): the BLAS reads its thread count once, when NumPy loads it, so
+`python -m refimpl` chooses it first. When none of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
+MKL_NUM_THREADS is set (a value you set always wins), generate / inspect / embed / compare / demo on a
+model narrower than SMALL_MODEL_WIDTH (the shipped GPT-2, MiniLM: their matrices are too small to
+share out) run with one thread; wider models (a real LLaMA checkpoint), the accelerated backends
+(generate --backend numba|cuda: their kernels set their own threads) and the other commands keep the
+library's default. benchmarks/NOTES.md ("refimpl command line: BLAS threads") has the measurements.
 """
 
 from __future__ import annotations
@@ -27,6 +35,61 @@ from pathlib import Path
 
 class UsageError(Exception):
     """A problem with what the user asked for: printed without a traceback."""
+
+
+# ----------------------------------------------------------------------------- BLAS threads
+
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+SMALL_MODEL_WIDTH = 512  # model width (n_embd / hidden_size) below which one BLAS thread is faster
+_MODEL_COMMANDS = ("generate", "inspect", "embed", "compare", "demo")
+
+
+def _flag_value(argv, flag: str):
+    """The value of `flag VALUE` or `flag=VALUE` in argv (the last one given), else None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    return value
+
+
+def _model_width(path) -> int | None:
+    """n_embd / hidden_size / d_model of config.json in the model folder `path` (or beside the file `path`); None when unknown."""
+    import json
+
+    p = Path(path)
+    try:
+        config = json.loads(((p if p.is_dir() else p.parent) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for key in ("n_embd", "hidden_size", "d_model"):
+        if isinstance(config, dict) and type(config.get(key)) is int:
+            return config[key]
+    return None
+
+
+def blas_threads_for(argv, environ) -> str | None:
+    """The BLAS thread count to set for the command line `argv`: "1" for a model command on a small model,
+    None (leave the library's default) otherwise, or when `environ` already names a count (module docstring)."""
+    if any(v in environ for v in BLAS_THREAD_VARS) or not argv or argv[0] not in _MODEL_COMMANDS:
+        return None
+    if argv[0] == "generate" and (_flag_value(argv, "--backend") or "numpy") != "numpy":
+        return None
+    model = _flag_value(argv, "--model")
+    if model is None:  # the shipped GPT-2 (n_embd 192), MiniLM for embed (384), demo's small models
+        return "1"
+    width = _model_width(model)
+    return "1" if width is not None and width < SMALL_MODEL_WIDTH else None
+
+
+def set_blas_threads(argv, environ=os.environ) -> str | None:
+    """Put blas_threads_for(argv) into OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (before NumPy is imported); returns it."""
+    n = blas_threads_for(argv, environ)
+    if n is not None:
+        environ["OPENBLAS_NUM_THREADS"] = environ["MKL_NUM_THREADS"] = n
+    return n
 
 
 # ----------------------------------------------------------------------------- generate
@@ -328,4 +391,5 @@ def _cli_words(err: Exception, command: str) -> str:
 
 
 if __name__ == "__main__":
+    set_blas_threads(sys.argv[1:])  # before anything imports NumPy
     sys.exit(main())
