@@ -155,6 +155,8 @@ def cmd_generate(args) -> int:
     if sampling:
         kw.update(temperature=1.0 if args.temperature is None else args.temperature,
                   top_k=args.top_k, top_p=args.top_p)
+    if args.backend == "numba":
+        _note_numba_compile(model)
     out = sys.stdout
     # Every flag is checked by stream_text / stream at the call, before the prompt is printed.
     # An error that only the model's numbers can raise (NaN logits, a repetition penalty that
@@ -191,6 +193,25 @@ def cmd_generate(args) -> int:
             out.flush()
         raise
     return 0
+
+
+def _note_numba_compile(model) -> None:
+    """One line on stderr before --backend numba compiles its kernels: when its disk cache holds none for this
+    model's family (accel.numba_cpu._launch.kernels_cached), or always where the cache cannot be looked at."""
+    from refimpl.gpt2 import GPT2Model
+
+    try:
+        from accel.numba_cpu._launch import kernels_cached
+    except ImportError:  # no Numba: generate's backend check says so
+        return
+    module = "gpt2" if isinstance(model, GPT2Model) else "llama"
+    cached = kernels_cached(module)
+    if cached is None:
+        print("note: --backend numba compiles its kernels on first use (cached afterwards in NUMBA_CACHE_DIR); "
+              "the first run can take a minute", file=sys.stderr)
+    elif not cached:
+        print(f"note: compiling the Numba kernels for --backend numba ({module}; first use, cached afterwards): "
+              "this can take a minute", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- tokenize
