@@ -295,8 +295,10 @@ def test_inspect_errors_name_the_flag_and_the_range(model_dir, tmp_path, capsys)
                           (["steer", "--layer", "-1"], "--layer must lie in 0 .. 2"),
                           (["steer", "--pos", ""], "the input (--pos) has no tokens"),
                           (["lens", "--file", tmp_path / "missing.txt"], "--file "),
-                          (["lens", "--out", model_dir / "config.json"], "--out ")):
-        rc, _, err = run([*argv, "--model", model_dir] + (["--out", tmp_path] if "--out" not in argv else []), capsys)
+                          (["lens", "--out", model_dir / "config.json"], "--out "),
+                          (["lens", "--model", tmp_path / "missing"], f"--model {tmp_path / 'missing'}: no such file")):
+        rc, _, err = run([*argv] + ([] if "--model" in argv else ["--model", model_dir])
+                         + ([] if "--out" in argv else ["--out", tmp_path]), capsys)
         assert rc == 2 and err.startswith("error: " + message) and err.count("\n") == 1, (argv, err)
 
 

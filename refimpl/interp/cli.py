@@ -71,7 +71,13 @@ def _load(path):
 
     from ._family import decoder_of
 
-    model = load(path)
+    try:
+        model = load(path)
+    except (OSError, ValueError) as e:  # a missing folder, unreadable weights, a malformed config: name the flag
+        if path is None:
+            raise
+        msg = str(e)
+        raise _Usage(f"--model {path}: {msg.removeprefix(f'{path}: ')}") from None
     try:
         decoder_of(model)
     except TypeError:
