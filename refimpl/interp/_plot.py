@@ -50,7 +50,7 @@ def token_labels(model, ids) -> list[str]:
 
 
 def text_colour(cmap, norm, value) -> str:
-    """"black" or "white", whichever reads better on the colour that `cmap(norm(value))` paints.
+    """The text colour, black or white, that reads better on the colour `cmap(norm(value))` paints.
 
     Relative luminance Y = 0.2126 R + 0.7152 G + 0.0722 B of the linearised sRGB colour (WCAG 2);
     white text where Y < 0.18, about where white and black have equal contrast on the cell."""
