@@ -134,7 +134,7 @@ def test_sinusoidal_colour_bar_clears_the_right_panel_and_rope_shows_both_querie
     plot_sinusoidal(tmp_path / "sin.png", n_positions=64, d=32)
     fig = figures[0]
     renderer = fig.test_renderer
-    left, right, bar = fig.axes[0], fig.axes[1], fig.axes[2]  # the left panel's colour bar is added third
+    right, bar = fig.axes[1], fig.axes[2]  # the left panel's colour bar is added third
     assert bar.get_tightbbox(renderer).x1 < right.get_tightbbox(renderer).x0 - 2  # its labels end before the
     png_size_ok(tmp_path / "sin.png", width=(800, 1600), height=(300, 700))  # right panel's axis labels start
 
