@@ -21,6 +21,14 @@ path; a path that exists wins over a name (refimpl.models.resolve_model).
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
 input: a missing file, a malformed model, an out-of-range argument. A closed output pipe
 (`... | head`) ends it quietly with status 0.
+
+BLAS threads (`blas_threads_for`): the BLAS reads its thread count once, when NumPy loads it, so
+`python -m refimpl` chooses it first. When none of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
+MKL_NUM_THREADS is set (a value you set always wins), generate / inspect / embed / compare / demo on a
+model narrower than SMALL_MODEL_WIDTH (the shipped GPT-2, MiniLM: their matrices are too small to
+share out) run with one thread; wider models (a real LLaMA checkpoint), the accelerated backends
+(generate --backend numba|cuda: their kernels set their own threads) and the other commands keep the
+library's default. benchmarks/NOTES.md ("refimpl command line: BLAS threads") has the measurements.
 """
 
 from __future__ import annotations
@@ -33,6 +41,61 @@ from pathlib import Path
 
 class UsageError(Exception):
     """A problem with what the user asked for: printed without a traceback."""
+
+
+# ----------------------------------------------------------------------------- BLAS threads
+
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+SMALL_MODEL_WIDTH = 512  # model width (n_embd / hidden_size) below which one BLAS thread is faster
+_MODEL_COMMANDS = ("generate", "inspect", "embed", "compare", "demo")
+
+
+def _flag_value(argv, flag: str):
+    """The value of `flag VALUE` or `flag=VALUE` in argv (the last one given), else None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    return value
+
+
+def _model_width(path) -> int | None:
+    """n_embd / hidden_size / d_model of config.json in the model folder `path` (or beside the file `path`); None when unknown."""
+    import json
+
+    p = Path(path)
+    try:
+        config = json.loads(((p if p.is_dir() else p.parent) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for key in ("n_embd", "hidden_size", "d_model"):
+        if isinstance(config, dict) and type(config.get(key)) is int:
+            return config[key]
+    return None
+
+
+def blas_threads_for(argv, environ) -> str | None:
+    """The BLAS thread count to set for the command line `argv`: "1" for a model command on a small model,
+    None (leave the library's default) otherwise, or when `environ` already names a count (module docstring)."""
+    if any(v in environ for v in BLAS_THREAD_VARS) or not argv or argv[0] not in _MODEL_COMMANDS:
+        return None
+    if argv[0] == "generate" and (_flag_value(argv, "--backend") or "numpy") != "numpy":
+        return None
+    model = _flag_value(argv, "--model")
+    if model is None:  # the shipped GPT-2 (n_embd 192), MiniLM for embed (384), demo's small models
+        return "1"
+    width = _model_width(model)
+    return "1" if width is not None and width < SMALL_MODEL_WIDTH else None
+
+
+def set_blas_threads(argv, environ=os.environ) -> str | None:
+    """Put blas_threads_for(argv) into OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (before NumPy is imported); returns it."""
+    n = blas_threads_for(argv, environ)
+    if n is not None:
+        environ["OPENBLAS_NUM_THREADS"] = environ["MKL_NUM_THREADS"] = n
+    return n
 
 
 # ----------------------------------------------------------------------------- generate
@@ -110,6 +173,8 @@ def cmd_generate(args) -> int:
     if sampling:
         kw.update(temperature=1.0 if args.temperature is None else args.temperature,
                   top_k=args.top_k, top_p=args.top_p)
+    if args.backend == "numba":
+        _note_numba_compile(model)
     if args.no_causal_mask:
         print("note: --no-causal-mask: every position attends to the whole sequence, later tokens too; the model "
               "was trained with the mask, and each step recomputes every position (no KV cache)", file=sys.stderr)
@@ -226,6 +291,25 @@ def _compare_beam(model, prompt, kw, args) -> int:
     return 0
 
 
+def _note_numba_compile(model) -> None:
+    """One line on stderr before --backend numba compiles its kernels: when its disk cache holds none for this
+    model's family (accel.numba_cpu._launch.kernels_cached), or always where the cache cannot be looked at."""
+    from refimpl.gpt2 import GPT2Model
+
+    try:
+        from accel.numba_cpu._launch import kernels_cached
+    except ImportError:  # no Numba: generate's backend check says so
+        return
+    module = "gpt2" if isinstance(model, GPT2Model) else "llama"
+    cached = kernels_cached(module)
+    if cached is None:
+        print("note: --backend numba compiles its kernels on first use (cached afterwards in NUMBA_CACHE_DIR); "
+              "the first run can take a minute", file=sys.stderr)
+    elif not cached:
+        print(f"note: compiling the Numba kernels for --backend numba ({module}; first use, cached afterwards): "
+              "this can take a minute", file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------- tokenize
 
 def _llama_tokenizer(path: Path):
@@ -257,7 +341,9 @@ def cmd_tokenize(args) -> int:
     ids = encode_prompt(tok, args.text, allowed_special="all" if args.allow_special else ())  # + the model's BOS
     print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
-    print("pieces:", " ".join(repr(p) for p in tok.pieces(ids)))
+    from refimpl._tokens import token_pieces
+
+    print("pieces:", " ".join(f"'{p}'" for p in token_pieces(tok, ids)))  # byte fragments as <0xNN>
     return 0
 
 
@@ -444,4 +530,5 @@ def _cli_words(err: Exception, command: str) -> str:
 
 
 if __name__ == "__main__":
+    set_blas_threads(sys.argv[1:])  # before anything imports NumPy
     sys.exit(main())

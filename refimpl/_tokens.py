@@ -156,3 +156,34 @@ class StreamDecoder:
         rest = self.flush()
         if rest:
             yield rest
+
+
+def show_token_bytes(b: bytes) -> str:
+    """A token's bytes for display: whole UTF-8 characters as text, each byte that is not part of one as <0xNN>
+    (SentencePiece's name for a byte token), a character that does not print escaped as Python writes it.
+
+    The byte C3 alone shows as <0xC3>; " caf" + C3 A9 as " café"; a newline as a backslash and n; no bytes
+    as ''. Tables, pictures and `tokenize` show tokens through this one function, so a byte fragment looks
+    the same everywhere.
+    """
+    out, rest = [], bytes(b)
+    while rest:
+        try:
+            text, rest = rest.decode("utf-8"), b""
+        except UnicodeDecodeError as e:
+            text = rest[:e.start].decode("utf-8")
+            out.append(_printable(text))
+            out.append("".join(f"<0x{x:02X}>" for x in rest[e.start:e.end]))
+            rest = rest[e.end:]
+            continue
+        out.append(_printable(text))
+    return "".join(out) or "''"
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def token_pieces(tokenizer, ids) -> list[str]:  # ids [T] -> T strings
+    """`show_token_bytes` of each token's bytes (`tokenizer.token_bytes(i)`)."""
+    return [show_token_bytes(tokenizer.token_bytes(int(i))) for i in ids]

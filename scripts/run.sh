@@ -5,6 +5,8 @@
 # Installs only what the commands need (NumPy, Numba, matplotlib: no PyTorch, no CUDA), and fetches
 # the data they read into .cache/ (the GPT-2 ranks file, the all-MiniLM-L6-v2 model for `embed`),
 # each sha256-checked. --no-compile: Python writes bytecode only for the modules a command imports.
+# BLAS threads: python -m refimpl picks them (one for the small shipped models, the library's default for
+# wide ones; refimpl/__main__.py, blas_threads_for); OPENBLAS_NUM_THREADS etc. set here or outside win.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

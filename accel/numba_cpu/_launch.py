@@ -32,7 +32,7 @@ from numba.core.registry import CPUDispatcher
 from . import _blas_libs
 
 __all__ = ["LAUNCH_LOCK", "Setup", "setup", "is_set_up", "run_parallel", "kernel_threads", "in_forked_child",
-           "one_blas_thread", "needs_setup", "drop_stale_caches", "SYMBOLS"]
+           "one_blas_thread", "needs_setup", "drop_stale_caches", "kernels_cached", "SYMBOLS"]
 
 LAUNCH_LOCK = threading.Lock()
 
@@ -336,6 +336,25 @@ def _choose_threading_layer(mkl, mkl_threaded, name) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------- stale disk caches
 
+def _sources_digest(here: Path) -> str:
+    return hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
+
+
+def kernels_cached(module: str, here: Path | None = None) -> bool | None:
+    """Whether compiled kernels of accel.numba_cpu.<module> lie in the package's disk cache (in `here`, default
+    this package) and are current, so drop_stale_caches keeps them: True / False; None when NUMBA_CACHE_DIR puts
+    the cache elsewhere."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return None
+    here = Path(__file__).resolve().parent if here is None else Path(here)
+    cache = here / "__pycache__"
+    try:
+        current = (cache / "accel_numba_sources.sha256").read_text() == _sources_digest(here)
+    except OSError:
+        return False
+    return current and any(cache.glob(f"{module}.*.nbi"))
+
+
 def drop_stale_caches(here: Path) -> None:
     """Delete the package's cached kernels (here/__pycache__/*.nbi, *.nbc) when any of its sources changed.
 
@@ -343,7 +362,7 @@ def drop_stale_caches(here: Path) -> None:
     whose code it inlines (gpt2._decode_block inlines blas, norms, ffn and attention): a stale one
     could crash. With NUMBA_CACHE_DIR set, that directory is the user's to manage.
     """
-    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
+    digest = _sources_digest(here)
     cache = here / "__pycache__"
     stamp = cache / "accel_numba_sources.sha256"
     try:

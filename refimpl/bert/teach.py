@@ -9,10 +9,13 @@
 
 Attention sinks (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
 sec. 3.1; Clark et al. 2019, "What Does BERT Look At?", sec. 3): many heads put far more of their
-attention on a few fixed tokens than a uniform spread would, in BERT on [CLS] and especially on
-[SEP]. `sink_statistics` measures, for every layer and head, the share of each query's attention
-that lands on [CLS] and on [SEP], averaged over the real queries of all sentences, next to the
-share a uniform head would give one token (1/T).
+attention on a few fixed tokens than a uniform spread would. Clark et al. found it in BERT-base on
+[CLS] and most of all on [SEP]; all-MiniLM-L6-v2 puts it on [CLS] instead: over ten everyday
+sentences (T about 11), 69 of its 72 heads give [CLS] more than twice the uniform share (mean share
+0.51 against 1/T = 0.088), while [SEP] gets 0.04 on average, no head twice the uniform share and 56
+heads less than half of it. `sink_statistics` measures, for every layer and head, the share of each
+query's attention that lands on [CLS] and on [SEP], averaged over the real queries of all sentences,
+next to the share a uniform head would give one token (1/T).
 
 Contextual embeddings (Ethayarajh 2019, "How Contextual are Contextualized Word
 Representations?", sec. 4): the same word's hidden state drifts apart across layers when its

@@ -39,12 +39,29 @@ def save(fig, path) -> Path:
 
 
 def token_labels(model, ids) -> list[str]:
-    """Readable labels for token ids: the decoded piece (repr-escaped whitespace) or the id itself."""
+    """Readable labels for token ids: each token's bytes as refimpl._tokens.show_token_bytes shows them
+    (byte fragments as <0xNN>, newlines as \\n), or the id itself when the model has no tokenizer."""
+    from .._tokens import token_pieces
+
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         return [str(int(i)) for i in ids]
-    out = []
-    for i in ids:
-        s = tok.decode([int(i)])
-        out.append(s if s.isprintable() and s.strip() else (repr(s)[1:-1] or "''"))
-    return out
+    return token_pieces(tok, ids)
+
+
+def text_colour(cmap, norm, value) -> str:
+    """The text colour, black or white, that reads better on the colour `cmap(norm(value))` paints.
+
+    Relative luminance Y = 0.2126 R + 0.7152 G + 0.0722 B of the linearised sRGB colour (WCAG 2);
+    white text where Y < 0.18, about where white and black have equal contrast on the cell."""
+    import numpy as np
+
+    rgb = np.asarray(cmap(norm(value)))[:3]
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    return "white" if float(lin @ np.array([0.2126, 0.7152, 0.0722])) < 0.18 else "black"
+
+
+def number(x, spec: str = ".4g") -> str:
+    """format(x, spec), with a value that rounds to zero written without a sign ("0", never "-0")."""
+    s = format(float(x), spec)
+    return s.lstrip("-") if s.startswith("-") and float(s) == 0 else s

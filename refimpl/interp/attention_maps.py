@@ -30,7 +30,7 @@ from ._family import decoder_of
 from .capture import run_with_cache
 
 __all__ = ["attention_weights", "sink_share", "uniform_sink_share", "sink_table", "plot_attention_maps",
-           "plot_sink_statistics"]
+           "plot_sink_statistics", "attention_colour_floor"]
 
 
 def attention_weights(model, ids, *, causal: bool = True, attention_scale=None) -> np.ndarray:  # [T] -> [L, H, T, T]
@@ -92,45 +92,77 @@ def sink_table(weights, k: int = 1) -> list[dict]:  # [L, H, T, S] -> L*H rows
             for l in range(w.shape[0]) for h in range(w.shape[1])]
 
 
-def plot_attention_maps(model, ids, weights, path, *, max_tokens_labelled: int = 24):
-    """One heatmap per layer (rows) and head (columns) of w[l, h] (query i down, key j across); returns the path."""
+def attention_colour_floor(S: int) -> float:
+    """The smallest weight the log colour scale of plot_attention_maps tells apart: 10^floor(log10(0.01 / S)),
+    at least two decades below the 1/S a uniform head spreads over S keys (S = 16: 1e-4; S = 256: 1e-5)."""
+    return float(10.0 ** np.floor(np.log10(0.01 / S)))
+
+
+def label_step(n: int, inches: float, points: float = 7.0) -> int:
+    """Label every k-th of n ticks spread over `inches`, k the least step that leaves `points` between labels."""
+    return max(1, int(np.ceil(n * points / (inches * 72.0))))
+
+
+def plot_attention_maps(model, ids, weights, path):
+    """One heatmap per layer (rows) and head (columns) of w[l, h] (query i down, key j across); returns the path.
+
+    Colour: a log scale from attention_colour_floor(S) (smaller weights get its colour) to 1, so the
+    small weights of long inputs still show; a weight of exactly 0 (a masked key: a future one, or
+    one outside a sliding window) is grey. Token labels: every k-th query on the left column and
+    key on the bottom row, k as small as 7-point text allows (every token for short inputs).
+    """
+    from matplotlib.colors import LogNorm
+
     from ._plot import pyplot, save, token_labels
 
     plt = pyplot()
     w = np.asarray(weights)
+    if w.ndim != 4:
+        raise ValueError(f"weights must have shape [L, H, T, S]; got shape {w.shape}")
     L, H, T, S = w.shape
-    fig, axes = plt.subplots(L, H, figsize=(1.9 * H + 0.5, 1.9 * L + 0.5), squeeze=False)
-    labels = token_labels(model, ids) if T <= max_tokens_labelled else None
+    panel = float(np.clip(max(T, S) / 16, 1.9, 3.2))  # inches per heatmap
+    fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.8, panel * L + 1.2), squeeze=False, layout="constrained")
+    floor = attention_colour_floor(S)
+    norm = LogNorm(vmin=floor, vmax=1.0, clip=True)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="0.78")
+    shown = np.ma.masked_where(w == 0, np.maximum(w, floor))  # masked cells are drawn in the `bad` grey
+    labels = [s[:8] for s in token_labels(model, np.asarray(ids)[-S:])]
+    step_q, step_k = label_step(T, panel), label_step(S, panel)
     for l in range(L):
         for h in range(H):
             ax = axes[l, h]
-            ax.imshow(w[l, h], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            im = ax.imshow(shown[l, h], cmap=cmap, norm=norm, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
+            if h == 0:
+                ax.set_yticks(range(0, T, step_q), labels[S - T:][::step_q], fontsize=6)
+                ax.set_ylabel(f"layer {l}", fontsize=8)
+            if l == L - 1:
+                ax.set_xticks(range(0, S, step_k), labels[::step_k], rotation=90, fontsize=6)
             if l == 0:
                 ax.set_title(f"head {h}", fontsize=8)
-            if h == 0:
-                ax.set_ylabel(f"layer {l}", fontsize=8)
-    if labels is not None and L * H <= 4:
-        axes[-1, 0].set_xticks(range(S), labels[-S:], rotation=90, fontsize=6)
-        axes[-1, 0].set_yticks(range(T), labels, fontsize=6)
-    fig.suptitle(f"attention weights (query down, key across; T={T})", fontsize=9)
+    every = "" if step_q == step_k == 1 else f"; one token in {step_k} labelled"
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.025, pad=0.01,
+                 label=f"attention weight (log scale; below {floor:g} drawn as {floor:g}; grey: exactly 0, masked)")
+    fig.suptitle(f"attention weights (query down, key across; T={T}{every})", fontsize=9)
     return save(fig, path)
 
 
 def plot_sink_statistics(share: np.ndarray, uniform: float, path, *, k: int = 1, title: str | None = None):
     """Heatmap of share[l, h] / uniform (log scale colour), each cell annotated with the share; returns the path."""
-    from ._plot import pyplot, save
+    from ._plot import number, pyplot, save, text_colour
 
     plt = pyplot()
     share = np.asarray(share, dtype=np.float64)
     L, H = share.shape
     ratio = share / uniform
     fig, ax = plt.subplots(figsize=(1.0 + 0.8 * H, 0.9 + 0.55 * L))
-    im = ax.imshow(np.log2(np.maximum(ratio, 1e-6)), cmap="RdBu_r", vmin=-4, vmax=4, origin="upper")
+    colour = np.log2(np.maximum(ratio, 1e-6))
+    im = ax.imshow(colour, cmap="RdBu_r", vmin=-4, vmax=4, origin="upper")
     for l in range(L):
         for h in range(H):
-            ax.text(h, l, f"{share[l, h]:.3g}", ha="center", va="center", fontsize=7)
+            ax.text(h, l, number(share[l, h], ".3g"), ha="center", va="center", fontsize=7,
+                    color=text_colour(im.cmap, im.norm, colour[l, h]))
     ax.set_xticks(range(H), [f"h{h}" for h in range(H)], fontsize=7)
     ax.set_yticks(range(L), [f"layer {l}" for l in range(L)], fontsize=7)
     ax.set_title(title or f"attention on the first {k} token(s): share (text), log2(share / uniform {uniform:.3f}) (colour)",

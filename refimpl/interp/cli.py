@@ -19,9 +19,10 @@ default texts. Every subcommand writes
 PNG + JSON files under --out (default ./inspect_out), prints a short table and the paths
 written. Errors print one line and return 2.
 
-Speed: on a small shared CPU run with OPENBLAS_NUM_THREADS=1 (set before Python starts).
-Measured here, threaded OpenBLAS made a 256-token forward of the 4-layer default model 25x
-slower (369 ms against 14 ms per recomputed window in `streaming`).
+Speed: `python -m refimpl` runs these with one BLAS thread on a small model (the default one;
+refimpl.__main__.blas_threads_for), where threaded OpenBLAS is slower (a 256-token forward of the
+4-layer default model: 14 ms with one thread, 369 ms with two on a busy 2-core machine); an
+OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS you set wins.
 
 Files written:
     lens       lens.png (top-1 token per layer and position), lens.json (top-k ids, tokens, probs)
@@ -72,7 +73,13 @@ def _load(path):
 
     from ._family import decoder_of
 
-    model = load(path)
+    try:
+        model = load(path)
+    except (OSError, ValueError) as e:  # a missing folder, unreadable weights, a malformed config: name the flag
+        if path is None:
+            raise
+        msg = str(e)
+        raise _Usage(f"--model {path}: {msg.removeprefix(f'{path}: ')}") from None
     try:
         decoder_of(model)
     except TypeError:
@@ -122,7 +129,11 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
         if args.text is not None:
             text = args.text
         elif getattr(args, "file", None) is not None:
-            text = Path(args.file).read_text(encoding="utf-8")
+            try:
+                text = Path(args.file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise _Usage(f"--file {args.file}: cannot read it as UTF-8 text "
+                             f"({e.strerror if isinstance(e, OSError) else e})") from None
         elif default is not None:
             text = default
         else:
@@ -131,10 +142,19 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
             raise _no_tokenizer(model, getattr(args, "model", None), flag=flag)
         ids = model.tokenizer.encode(text)
     if not ids:
-        raise _Usage("the input has no tokens")
+        raise _Usage(f"the input ({_given_flag(args, flag)}) has no tokens; give at least one")
     if limit is not None:
         ids = ids[:limit]
     return np.asarray(ids, dtype=np.int64)
+
+
+def _given_flag(args, ids_flag: str) -> str:
+    """The flag the input came from: the --ids-style flag, --text, --file, or the default text."""
+    if getattr(args, "ids", None) is not None:
+        return ids_flag
+    if getattr(args, "text", None) is not None:
+        return getattr(args, "text_flag", None) or "--text"
+    return "--file" if getattr(args, "file", None) is not None else "the default text"
 
 
 def _token(model, text_or_id: str, what: str) -> int:
@@ -189,9 +209,16 @@ def _write_json(out: Path, name: str, data) -> Path:
 
 
 def _table(header: list[str], rows: list[list], widths: list[int] | None = None) -> str:
-    cells = [[str(h) for h in header]] + [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    from ._plot import number
+
+    cells = [[str(h) for h in header]] + [[number(c) if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = widths or [max(len(r[i]) for r in cells) for i in range(len(header))]
     return "\n".join("  ".join(c[:w].ljust(w) for c, w in zip(r, widths)) for r in cells)
+
+
+def _quoted(model, tok: int) -> str:
+    """A token for a title or a message: its text in quotes (token_labels' form), or `token ID` without a tokenizer."""
+    return f"token {tok}" if getattr(model, "tokenizer", None) is None else f"'{_labels(model, [tok])[0]}'"
 
 
 def _done(paths) -> None:
@@ -202,9 +229,12 @@ def _done(paths) -> None:
 # ----------------------------------------------------------------------------- subcommands
 
 def cmd_lens(args) -> int:
-    from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
+    from .logit_lens import MAX_LENS_POSITIONS, lens_top_tokens, logit_lens, plot_logit_lens
 
     model = _load(args.model)
+    V = model.config.vocab_size
+    if not 1 <= args.top_k <= V:
+        raise _Usage(f"--top-k must lie in 1 .. {V} (the vocabulary size); got {args.top_k}")
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
     lens = logit_lens(model, ids, **_switches(args))
     top, prob = lens_top_tokens(lens, args.top_k)
@@ -215,7 +245,11 @@ def cmd_lens(args) -> int:
             "top_probs": prob.round(6).tolist(), **_switches(args)}
     out = Path(args.out)
     paths = [plot_logit_lens(model, ids, lens, out / "lens.png"), _write_json(out, "lens.json", data)]
-    show = list(range(max(0, len(ids) - 8), len(ids)))
+    T, drawn = len(ids), min(len(ids), MAX_LENS_POSITIONS)
+    show = list(range(max(0, T - 8), T))
+    print(f"top-1 guess per layer at the last {len(show)} of {T} positions; lens.png shows "
+          + (f"all {T}" if drawn == T else f"the last {drawn} (at most {MAX_LENS_POSITIONS} fit a picture)")
+          + f", lens.json all {T} with the top {args.top_k}")
     print(_table(["layer \\ input"] + [_labels(model, ids)[t] for t in show],
                  [[names[r]] + [data["top_tokens"][r][t][0] for t in show] for r in range(n_rows)]))
     _done(paths)
@@ -229,7 +263,7 @@ def cmd_attention(args) -> int:
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
     w = attention_weights(model, ids, **_switches(args))  # [L, H, T, T]
     L, H, T, _ = w.shape
-    ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
+    ent = 0.0 - np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
     prev = np.mean([w[:, :, i, i - 1] for i in range(1, T)], axis=0) if T > 1 else np.zeros((L, H))
     first = w[..., 0].mean(axis=-1)
     data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "weights": w.round(5).tolist(),
@@ -247,11 +281,24 @@ def cmd_sinks(args) -> int:
     from .attention_maps import attention_weights, plot_sink_statistics, sink_share, sink_table, uniform_sink_share
 
     model = _load(args.model)
-    T = min(args.max_tokens, _context(model, default=1024))
+    context = _context(model, default=1024)
+    T = context if args.max_tokens is None else min(args.max_tokens, context)
     if args.chunks < 1:
         raise _Usage(f"--chunks must be >= 1; got {args.chunks}")
     ids = _ids(model, args, limit=args.chunks * T)
-    T = min(T, len(ids))
+    n = len(ids)
+    if n < args.chunks * T:  # too few tokens for --chunks chunks of T
+        if args.max_tokens is None and n >= args.chunks:  # chunk length not asked for: shorten the chunks
+            print(f"note: the input has {n} tokens, fewer than --chunks {args.chunks} x {T} (the context); "
+                  f"using {args.chunks} chunks of {n // args.chunks} tokens (--max-tokens sets the chunk length)",
+                  file=sys.stderr)
+            T = n // args.chunks
+        elif args.chunks > 1:
+            use = max(1, n // min(T, n))
+            print(f"note: the input has {n} tokens: {use} chunk(s) of {min(T, n)} tokens, not --chunks "
+                  f"{args.chunks} (that needs {args.chunks} x {T} = {args.chunks * T} tokens; give a longer "
+                  f"--file, or a smaller --max-tokens)", file=sys.stderr)
+    T = min(T, n)
     for k in args.k:  # every --k checked before any work
         if not 1 <= k <= T:
             raise _Usage(f"--k must lie in 1 .. T={T}; got {k}")
@@ -345,19 +392,23 @@ def cmd_steer(args) -> int:
     model = _load(args.model)
 
     def prompts(texts, id_lists, flag):  # each text, then each id list: token ids [T] per prompt
-        return ([_ids(model, argparse.Namespace(ids=None, text=t, file=None, model=args.model), flag=flag)
+        return ([_ids(model, argparse.Namespace(ids=None, text=t, file=None, model=args.model,
+                                                text_flag=flag.removesuffix("-ids")), flag=flag)
                  for t in texts or ()] +
                 [_ids(model, argparse.Namespace(ids=i, text=None, file=None), flag=flag) for i in id_lists or ()])
 
     pos = prompts(args.pos if args.pos or args.pos_ids else DEFAULT_POS, args.pos_ids, "--pos-ids")
     neg = prompts(args.neg if args.neg or args.neg_ids else DEFAULT_NEG, args.neg_ids, "--neg-ids")
-    layer = _n_layers(model) // 2 if args.layer is None else args.layer
+    L = _n_layers(model)
+    layer = L // 2 if args.layer is None else args.layer
+    if not 0 <= layer < L:
+        raise _Usage(f"--layer must lie in 0 .. {L - 1} (a block of this {L}-block model); got {layer}")
     d = steering_vector(model, pos, neg, layer=layer)
     if args.prompt is not None and args.prompt_ids is not None:
         raise _Usage("give one of --prompt TEXT or --prompt-ids IDS, not both")
     text = DEFAULT_PROMPT if args.prompt is None and args.prompt_ids is None else args.prompt
-    prompt = _ids(model, argparse.Namespace(ids=args.prompt_ids, text=text, file=None, model=args.model),
-                  flag="--prompt-ids")
+    prompt = _ids(model, argparse.Namespace(ids=args.prompt_ids, text=text, file=None, model=args.model,
+                                            text_flag="--prompt"), flag="--prompt-ids")
     target = _token(model, args.target, "--target")
     alphas = args.alpha or [0.0, 1.0, 2.0, 4.0, 8.0]
     if 0.0 not in alphas:
@@ -373,12 +424,13 @@ def cmd_steer(args) -> int:
     ax.plot([r["alpha"] for r in rows], [r["delta_logprob"] for r in rows], marker="o")
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xlabel("alpha (multiple of the direction added at layer %d)" % layer)
-    ax.set_ylabel(f"change of log p(target {target})")
+    ax.set_ylabel(f"change of log p({_quoted(model, target)})")
     ax.set_title("steering by mean-difference direction", fontsize=9)
     data = {"layer": layer, "target": target, "direction_norm": float(np.linalg.norm(d)), "effects": rows,
             "generations": gens, "prompt": prompt.tolist()}
     paths = [save(fig, out / "steer.png"), _write_json(out, "steer.json", data)]
-    print(f"direction at blocks.{layer}.resid_pre, |d| = {np.linalg.norm(d):.3f}; target token {target}")
+    print(f"direction at blocks.{layer}.resid_pre, |d| = {np.linalg.norm(d):.3f}; target {_quoted(model, target)} "
+          f"(id {target})")
     print(_table(["alpha", "log p(target)", "change", "continuation"],
                  [[r["alpha"], r["logprob"], r["delta_logprob"], repr(gens[str(r["alpha"])])[:60]] for r in rows],
                  [6, 13, 8, 60]))
@@ -402,18 +454,23 @@ def cmd_patch(args) -> int:
     src = seq(args.source, args.source_ids, "source", DEFAULT_SOURCE)
     tgt = seq(args.target, args.target_ids, "target", DEFAULT_TARGET)
     if len(src) != len(tgt):
-        raise _Usage(f"source and target must have the same number of tokens; got {len(src)} and {len(tgt)}")
+        raise _Usage(f"the source and the target (--source / --source-ids, --target / --target-ids) must have the "
+                     f"same number of tokens; got {len(src)} and {len(tgt)}")
     a, b = _token(model, args.answer_a, "--answer-a"), _token(model, args.answer_b, "--answer-b")
+    if a == b:
+        raise _Usage(f"--answer-a and --answer-b are the same token {_quoted(model, a)} (id {a}): the metric "
+                     "z[a] - z[b] would be 0 in every run; give two different tokens")
     metric = logit_diff_metric(a, b)
     effects = patch_sweep(model, src, tgt, metric)
     out = Path(args.out)
     data = {"source": src.tolist(), "target": tgt.tolist(), "answer_a": a, "answer_b": b,
             "rows": patch_points(model), "tokens": _labels(model, tgt), "effects": effects.tolist()}
     paths = [plot_patching(model, tgt, effects, out / "patch.png", source_ids=src,
-                           title=f"patching: change of z[{a}] - z[{b}] at the last position"),
+                           title=f"patching: change of z[{_quoted(model, a)}] - z[{_quoted(model, b)}] "
+                                 "at the last position"),
              _write_json(out, "patch.json", data)]
     labels = _labels(model, tgt)
-    print(f"metric: logit[{a}] - logit[{b}] at the last target position")
+    print(f"metric: logit[{_quoted(model, a)}] - logit[{_quoted(model, b)}] (ids {a}, {b}) at the last target position")
     print(_table(["row \\ position"] + labels[-8:],
                  [[n] + [float(v) for v in effects[r, -8:]] for r, n in enumerate(patch_points(model))]))
     _done(paths)
@@ -803,8 +860,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sinks", help="attention-sink statistics per layer and head")
     common(p, max_tokens=False)
-    p.add_argument("--max-tokens", type=int, default=10**9,
-                   help="tokens per chunk, at most (default n_positions); --chunks N reads N chunks")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per chunk, at most (default: the context, shortened so that --chunks N chunks "
+                   "fit the input)")
     p.add_argument("--k", type=int, action="append", help="first-k positions counted (repeatable; default 1)")
     p.add_argument("--chunks", type=int, default=1,
                    help="average over this many consecutive chunks of the input (each its own sequence)")
@@ -912,7 +970,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Run `inspect` with the arguments that follow it; returns the exit status (0 ok, 2 bad input)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        parser.print_usage(sys.stderr)
+        print(f"error: give a subcommand first, one of: {', '.join(subs)} (python -m refimpl inspect --help); "
+              f"got {'nothing' if not argv else argv[0]}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         if getattr(args, "max_tokens", 1) is not None and getattr(args, "max_tokens", 1) < 1:
             raise _Usage(f"--max-tokens must be >= 1; got {args.max_tokens}")
@@ -924,6 +989,10 @@ def main(argv: list[str]) -> int:
     except (_Usage, ValueError, TypeError, OSError) as e:  # OSError: FileExistsError for --out, ...
         if isinstance(e, BrokenPipeError):
             raise  # refimpl.__main__ ends quietly
+        out = getattr(args, "out", None)
+        if isinstance(e, OSError) and out is not None and e.filename is not None and \
+                Path(e.filename).resolve().is_relative_to(Path(out).resolve()):
+            e = f"--out {out}: cannot write {e.filename} ({e.strerror})"
         print(f"error: {e}", file=sys.stderr)
         return 2
 

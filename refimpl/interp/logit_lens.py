@@ -21,7 +21,7 @@ from ..attention import softmax
 from ._family import decoder_of
 from .capture import run_with_cache
 
-__all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens"]
+__all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens", "MAX_LENS_POSITIONS"]
 
 
 def residual_stream(model, ids, *, causal: bool = True, attention_scale=None) -> np.ndarray:  # [T] -> [L + 1, T, C]
@@ -64,23 +64,38 @@ def lens_top_tokens(lens: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarra
     return top.astype(np.int64), np.take_along_axis(probs, top, axis=-1)
 
 
-def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = None):
-    """Heatmap (layers x positions) of each lens row's top-1 probability, annotated with its token; returns the path."""
-    from ._plot import pyplot, save, token_labels
+# The most positions one lens picture draws: 0.8 inch a column (a label of ten characters at 7 points),
+# so 24 columns make a picture about 2,300 pixels wide at 110 dpi; past that it is no longer read.
+MAX_LENS_POSITIONS = 24
 
+
+def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = None,
+                    max_positions: int = MAX_LENS_POSITIONS):
+    """Heatmap (layers x positions) of each lens row's top-1 probability, annotated with its token; returns the path.
+
+    Draws the last `max_positions` positions (at most; the title says when some were cut), each
+    annotation in black or white by the luminance of its cell."""
+    from ._plot import pyplot, save, text_colour, token_labels
+
+    if not is_int(max_positions) or max_positions < 1:
+        raise ValueError(f"max_positions must be an integer >= 1; got {max_positions!r}")
     plt = pyplot()
     top, prob = lens_top_tokens(lens, 1)
     n_rows, T = top.shape[:2]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.9 * T, 0.9 + 0.5 * n_rows))
+    first = max(0, T - max_positions)
+    top, prob, ids = top[:, first:], prob[:, first:], np.asarray(ids)[first:]
+    n = T - first
+    fig, ax = plt.subplots(figsize=(1.6 + 0.8 * n, 0.9 + 0.5 * n_rows))
     im = ax.imshow(prob[..., 0], aspect="auto", cmap="Blues", vmin=0.0, vmax=1.0, origin="lower")
     labels = token_labels(model, top[..., 0].reshape(-1))
     for r in range(n_rows):
-        for t in range(T):
-            ax.text(t, r, labels[r * T + t][:10], ha="center", va="center", fontsize=7,
-                    color="white" if prob[r, t, 0] > 0.6 else "black")
-    ax.set_xticks(range(T), token_labels(model, ids), rotation=60, fontsize=7)
+        for t in range(n):
+            ax.text(t, r, labels[r * n + t][:10], ha="center", va="center", fontsize=7,
+                    color=text_colour(im.cmap, im.norm, prob[r, t, 0]))
+    ax.set_xticks(range(n), [s[:10] for s in token_labels(model, ids)], rotation=60, fontsize=7)
     ax.set_yticks(range(n_rows), ["embed"] + [f"after block {i}" for i in range(n_rows - 1)], fontsize=7)
-    ax.set_xlabel("input token (the lens predicts the next one)")
+    cut = f"; positions {first}..{T - 1} of {T} shown" if first else ""
+    ax.set_xlabel(f"input token (the lens predicts the next one{cut})")
     ax.set_title(title or "logit lens: top-1 next-token guess per layer (colour = its probability)", fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.colorbar(im, ax=ax, fraction=0.03, label="top-1 probability")
     return save(fig, path)

@@ -76,8 +76,10 @@ def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], fl
 
 def plot_patching(model, target_ids, effects: np.ndarray, path, *, source_ids=None,
                   title: str | None = None):
-    """Heatmap of effect[r, t] (rows: block inputs then the final residual; columns: target tokens); returns the path."""
-    from ._plot import pyplot, save, token_labels
+    """Heatmap of effect[r, t] (rows: block inputs then the final residual; columns: target tokens); returns the path.
+
+    Each cell is annotated with its value, in black or white by the luminance of the cell's colour."""
+    from ._plot import number, pyplot, save, text_colour, token_labels
 
     plt = pyplot()
     e = np.asarray(effects)
@@ -92,7 +94,8 @@ def plot_patching(model, target_ids, effects: np.ndarray, path, *, source_ids=No
     ax.set_yticks(range(n_rows), [f"into block {i}" for i in range(n_rows - 1)] + ["final resid"], fontsize=7)
     for r in range(n_rows):
         for t in range(T):
-            ax.text(t, r, f"{e[r, t]:.2f}", ha="center", va="center", fontsize=6)
+            ax.text(t, r, number(e[r, t], ".2f"), ha="center", va="center", fontsize=6,
+                    color=text_colour(im.cmap, im.norm, e[r, t]))
     ax.set_title(title or "activation patching: change of the metric (source state copied into target)", fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.03)
     return save(fig, path)

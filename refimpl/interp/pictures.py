@@ -23,18 +23,19 @@ def plot_sinusoidal(path, *, n_positions: int = 128, d: int = 64):
 
     plt = pyplot()
     pe = sinusoidal_encoding(n_positions, d)  # [P, d]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
+    fig.get_layout_engine().set(wspace=0.06)  # room between the left colour bar's labels and the right panel
     im = axes[0].imshow(pe, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     axes[0].set_xlabel("feature c (even: sin, odd: cos; wavelength grows with c)")
     axes[0].set_ylabel("position p")
     axes[0].set_title("sinusoidal encoding PE[p, c]", fontsize=9)
-    fig.colorbar(im, ax=axes[0], fraction=0.04)
+    fig.colorbar(im, ax=axes[0], fraction=0.04, label="PE[p, c]")
     sim = pe @ pe.T  # [P, P]: depends only on p - p' (sum of cosines of k w_i)
     im2 = axes[1].imshow(sim, cmap="viridis")
     axes[1].set_title("PE[p] . PE[p'] (a function of p - p' only)", fontsize=9)
     axes[1].set_xlabel("p'")
     axes[1].set_ylabel("p")
-    fig.colorbar(im2, ax=axes[1], fraction=0.04)
+    fig.colorbar(im2, ax=axes[1], fraction=0.04, label="PE[p] . PE[p']")
     return save(fig, path), pe
 
 
@@ -51,23 +52,26 @@ def plot_rope(path, *, d: int = 16, n_positions: int = 64, theta: float = 10000.
     x = np.ones(d)  # every pair starts at (1, 1)
     pos = np.arange(n_positions)
     rotated = apply_rope(np.broadcast_to(x, (n_positions, d)), pos, theta=theta)  # [P, d]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    fig.get_layout_engine().set(wspace=0.06)
     im = axes[0].imshow(rotated, aspect="auto", cmap="RdBu_r", vmin=-1.5, vmax=1.5, interpolation="nearest")
     axes[0].set_xlabel(f"feature c (pair i = (c, c + {d // 2}), i < {d // 2}; pair i turns by p * w_i, w_i = {theta:g}^(-2i/d))")
     axes[0].set_ylabel("position p")
     axes[0].set_title(f"rope(x = (1, ..., 1), p), d={d}: fast pairs on the left, slow on the right", fontsize=9)
-    fig.colorbar(im, ax=axes[0], fraction=0.04)
+    fig.colorbar(im, ax=axes[0], fraction=0.04, label="rope(x, p)[c]")
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal(d), rng.standard_normal(d)
     offsets = np.arange(-n_positions + 1, n_positions)
-    for m in (0, n_positions // 2):
+    # the later query is drawn first, wide and pale, so the m = 0 curve stays visible on top of it where they agree
+    for m, style in ((n_positions // 2, dict(lw=5.0, color="tab:orange", alpha=0.45, zorder=1)),
+                     (0, dict(lw=1.2, color="black", ls="--", zorder=2))):
         n = m - offsets
         ok = (n >= 0) & (n < 2 * n_positions)
         qm = apply_rope(q[None], np.array([m]), theta=theta)[0]
         kn = apply_rope(np.broadcast_to(k, (int(ok.sum()), d)), n[ok], theta=theta)
-        axes[1].plot(offsets[ok], kn @ qm, lw=1.0 if m == 0 else 2.5, alpha=1.0 if m == 0 else 0.4,
-                     label=f"query at m={m}")
+        axes[1].plot(offsets[ok], kn @ qm, label=f"query at m={m} (keys n = {n[ok].min()}..{n[ok].max()})", **style)
     axes[1].set_xlabel("m - n")
+    axes[1].set_ylabel("<rope(q, m), rope(k, n)>  (q, k fixed random vectors)")
     axes[1].set_title("<rope(q, m), rope(k, n)> depends on m - n only", fontsize=9)
     axes[1].legend(fontsize=7)
     return save(fig, path), rotated
