@@ -586,6 +586,23 @@ def test_translated_patterns_split_like_the_regex_module():
             assert ours.findall(s) == theirs.findall(s), (name, s)
 
 
+def test_possessive_runs_and_negated_classes_split_like_the_regex_module():
+    """Possessive runs of a property class (X++, X*+: atomic stretches of BMP and astral characters)
+    and negated classes (the astral half as the positive class of what is left out), with astral
+    literals and ranges in the class, next to greedy forms: the same pieces as the `regex` module."""
+    regex = pytest.importorskip("regex", reason="the regex module is an oracle (extra 'oracle')")
+    from refimpl.tokenizers.pretokenize import compile_pattern
+    rng = random.Random(1)
+    chars = [chr(c) for c in range(0x30000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    texts = ["".join(rng.choice(chars) if rng.random() < 0.3 else rng.choice(" \t\n1aA!😀🙂xy\u0301")
+                     for _ in range(rng.randrange(40))) for _ in range(400)] + ["🙂" * 3000 + "a" + "!" * 2000]
+    for source in [r"[^\p{N}😀]+|[^\p{L}\U0001F600-\U0001F64F]++|.", r"[^\s\p{L}]*+x|\P{N}+|.",
+                   r"\P{L}++|\p{L}++", r" ?[^\s\p{L}\p{N}]++|\p{N}*+\p{L}|[\p{L}\p{M}]++|\s"]:
+        ours, theirs = compile_pattern(source), regex.compile(source)
+        for s in texts:
+            assert ours.findall(s) == theirs.findall(s), (source, s)
+
+
 def test_untranslatable_patterns_are_refused():
     from refimpl.tokenizers.pretokenize import translate
     with pytest.raises(ValueError, match="negated property"):
