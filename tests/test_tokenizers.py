@@ -155,7 +155,8 @@ def test_gpt2_ranks_match_tiktoken(gpt2):
 
 
 def test_gpt2_engine_equals_the_gpt2_tokenizer(gpt2):
-    """The new engine on GPT-2's ranks gives refimpl.gpt2's ids (that tokenizer is unchanged)."""
+    """The generic loader on GPT-2's ranks gives the ids of refimpl.gpt2's tokenizer (GPT-2's own
+    configuration of the same engine, built by its own loader)."""
     from refimpl.gpt2.tokenizer import load_tiktoken_file
     tok, _ = gpt2
     old = load_tiktoken_file(cached("gpt2.tiktoken"))
