@@ -44,6 +44,7 @@ __all__ = ["SHIFT", "LONG_PIECE", "pair_key", "PairTable", "concat_pairs", "merg
 
 SHIFT = 32
 _MASK = (1 << SHIFT) - 1
+_ABSENT = 1 << 63  # above every table entry (ids and ranks are below 2**31)
 _SCAN_LIMIT = 256  # pieces of more symbols go through the heap
 LONG_PIECE = 512   # pieces of more symbols are merged by `merge_long`
 
@@ -80,18 +81,6 @@ def concat_pairs(encoder: Mapping[bytes, int], rank_of: Mapping[bytes, int]) -> 
     return pairs
 
 
-def _getter(pairs: PairTable, max_rank: int | None):
-    """pairs.get, or one that hides the entries of rank >= max_rank."""
-    if max_rank is None:
-        return pairs.get
-    limit = max_rank << SHIFT
-
-    def get(key: int):
-        v = pairs.get(key)
-        return v if v is not None and v < limit else None
-    return get
-
-
 def merge(ids: list[int], pairs: PairTable, *, max_rank: int | None = None) -> list[int]:  # ids [n] -> ids [T]
     """BPE on one piece: merge the lowest-ranked adjacent pair (leftmost on a tie) until none is left.
 
@@ -109,11 +98,12 @@ def _scan_merge(parts: list[int], pairs: PairTable, max_rank: int | None = None)
     minimum, then re-rank the (at most two) pairs that changed. O(n^2) steps, but each is a
     C-level min / index / del over a short list."""
     inf = math.inf
-    get = _getter(pairs, max_rank)
+    none = _ABSENT if max_rank is None else max_rank << SHIFT  # entries from here on count as absent
+    get = pairs.get
     rank = []
     for a, b in zip(parts, parts[1:]):
-        v = get((a << SHIFT) | b)
-        rank.append(inf if v is None else v >> SHIFT)
+        v = get((a << SHIFT) | b, none)
+        rank.append(v >> SHIFT if v < none else inf)
     while rank:
         r = min(rank)
         if r == inf:
@@ -122,11 +112,11 @@ def _scan_merge(parts: list[int], pairs: PairTable, max_rank: int | None = None)
         parts[i] = get((parts[i] << SHIFT) | parts[i + 1]) & _MASK
         del parts[i + 1], rank[i]
         if i < len(rank):
-            v = get((parts[i] << SHIFT) | parts[i + 1])
-            rank[i] = inf if v is None else v >> SHIFT
+            v = get((parts[i] << SHIFT) | parts[i + 1], none)
+            rank[i] = v >> SHIFT if v < none else inf
         if i > 0:
-            v = get((parts[i - 1] << SHIFT) | parts[i])
-            rank[i - 1] = inf if v is None else v >> SHIFT
+            v = get((parts[i - 1] << SHIFT) | parts[i], none)
+            rank[i - 1] = v >> SHIFT if v < none else inf
     return parts
 
 
@@ -146,15 +136,16 @@ def _heap_merge(parts: list[int], pairs: PairTable, max_rank: int | None = None)
     if n < 2:
         return list(parts)
     n1 = n + 1
-    get = _getter(pairs, max_rank)
+    none = _ABSENT if max_rank is None else max_rank << SHIFT  # entries from here on count as absent
+    get = pairs.get
     ids = array("q", parts)
     nxt = array("q", range(1, n1))
     prv = array("q", range(-1, n - 1))
     pair = array("q", bytes(8 * n))
 
     def rank(i: int, j: int) -> int:  # rank of the pair (part at i, part at j), or -1
-        v = get((ids[i] << SHIFT) | ids[j])
-        return -1 if v is None else v >> SHIFT
+        v = get((ids[i] << SHIFT) | ids[j], none)
+        return v >> SHIFT if v < none else -1
 
     heap = []
     for i in range(n - 1):
@@ -238,7 +229,9 @@ def merge_long_bytes(data: bytes, table: PairArrays) -> np.ndarray:  # bytes [n]
     code = b[:-1].astype(np.int32)
     code <<= 8
     code |= b[1:]
-    return merge_long(table.byte_ids[b], table, first=(table.byte_pair[0][code], table.byte_pair[1][code]))
+    first = table.byte_pair[0][code], table.byte_pair[1][code]
+    del code
+    return merge_long(table.byte_ids[b], table, first=first)
 
 
 def merge_long(ids: np.ndarray, table: PairArrays, *, switch: int = 32,
