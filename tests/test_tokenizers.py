@@ -155,7 +155,8 @@ def test_gpt2_ranks_match_tiktoken(gpt2):
 
 
 def test_gpt2_engine_equals_the_gpt2_tokenizer(gpt2):
-    """The new engine on GPT-2's ranks gives refimpl.gpt2's ids (that tokenizer is unchanged)."""
+    """The generic loader on GPT-2's ranks gives the ids of refimpl.gpt2's tokenizer (GPT-2's own
+    configuration of the same engine, built by its own loader)."""
     from refimpl.gpt2.tokenizer import load_tiktoken_file
     tok, _ = gpt2
     old = load_tiktoken_file(cached("gpt2.tiktoken"))
@@ -210,6 +211,7 @@ def test_mistral_sentencepiece_models_match_sentencepiece(mistral_sp):
 def test_tekken_matches_tiktoken(tekken):
     name, tok, enc, n_special = tekken
     compare(name, tok.encode, lambda s: [i + n_special for i in enc.encode_ordinary(s)], TEXTS)
+    compare(f"{name}, long pieces", tok.encode, lambda s: [i + n_special for i in enc.encode_ordinary(s)], LONG_TEXTS)
     assert tok.special_tokens["<s>"] == tok.bos_token == 1 and tok.special_tokens["[INST]"] == 3
     assert tok.encode("[INST]", allowed_special={"[INST]"}) == [3]
 
@@ -586,6 +588,23 @@ def test_translated_patterns_split_like_the_regex_module():
             assert ours.findall(s) == theirs.findall(s), (name, s)
 
 
+def test_possessive_runs_and_negated_classes_split_like_the_regex_module():
+    """Possessive runs of a property class (X++, X*+: atomic stretches of BMP and astral characters)
+    and negated classes (the astral half as the positive class of what is left out), with astral
+    literals and ranges in the class, next to greedy forms: the same pieces as the `regex` module."""
+    regex = pytest.importorskip("regex", reason="the regex module is an oracle (extra 'oracle')")
+    from refimpl.tokenizers.pretokenize import compile_pattern
+    rng = random.Random(1)
+    chars = [chr(c) for c in range(0x30000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    texts = ["".join(rng.choice(chars) if rng.random() < 0.3 else rng.choice(" \t\n1aA!😀🙂xy\u0301")
+                     for _ in range(rng.randrange(40))) for _ in range(400)] + ["🙂" * 3000 + "a" + "!" * 2000]
+    for source in [r"[^\p{N}😀]+|[^\p{L}\U0001F600-\U0001F64F]++|.", r"[^\s\p{L}]*+x|\P{N}+|.",
+                   r"\P{L}++|\p{L}++", r" ?[^\s\p{L}\p{N}]++|\p{N}*+\p{L}|[\p{L}\p{M}]++|\s"]:
+        ours, theirs = compile_pattern(source), regex.compile(source)
+        for s in texts:
+            assert ours.findall(s) == theirs.findall(s), (source, s)
+
+
 def test_untranslatable_patterns_are_refused():
     from refimpl.tokenizers.pretokenize import translate
     with pytest.raises(ValueError, match="negated property"):
@@ -606,8 +625,12 @@ def test_cl100k_pattern_on_gpt2_ranks_matches_tiktoken(gpt2):
 @settings(max_examples=60)
 @given(data=st.data())
 def test_heap_merge_equals_the_textbook_loop(data):
-    """engine.merge's two paths (the list scan for short pieces, the heap for long ones) give the same
-    parts on random tables, equal ranks included (leftmost first)."""
+    """engine.merge's two paths (the list scan for short pieces, the heap for long ones) and
+    merge_long's NumPy rounds (handing over to the heap after any round, the first, or never) give
+    the same parts on random tables of listed pairs (Hugging Face's rule), equal ranks included
+    (leftmost first, as SentencePiece's equal scores); so do scan and heap under a max_rank."""
+    import numpy as np
+
     from refimpl.tokenizers import engine
     n_symbols = data.draw(st.integers(2, 6))
     table = engine.PairTable()
@@ -617,14 +640,39 @@ def test_heap_merge_equals_the_textbook_loop(data):
         table.add(a, b, data.draw(st.integers(0, 10)), next_id)
         next_id += 1
     ids = data.draw(st.lists(st.integers(0, n_symbols - 1), min_size=2, max_size=400))
-    assert engine._heap_merge(list(ids), table) == engine._scan_merge(list(ids), table)
+    expected = engine._scan_merge(list(ids), table)
+    assert engine._heap_merge(list(ids), table) == expected
+    arrays = engine.PairArrays(table)
+    for switch in (1, 32, 10**9):
+        assert engine.merge_long(np.array(ids), arrays, switch=switch).tolist() == expected
+    max_rank = data.draw(st.integers(0, 11))
+    assert engine._heap_merge(list(ids), table, max_rank) == engine._scan_merge(list(ids), table, max_rank)
+
+
+LONG_TEXTS = ["a" * 5000, "ab" * 3000, " " * 4000 + "x", "😀" * 1000, "".join(chr(0x4e00 + k) for k in range(3000)),
+              "🙂a" * 2000, "é" * 3000, "!?" * 2000, "".join(random.Random(0).choice("abcdefgh") for _ in range(4000))]
 
 
 def test_long_pieces_match_tiktoken(gpt2):
     tok, enc = gpt2
-    han = "".join(chr(0x4e00 + k) for k in range(3000))
-    for text in ["a" * 5000, "ab" * 3000, " " * 4000 + "x", "😀" * 1000, han]:
+    for text in LONG_TEXTS:
         assert tok.encode(text) == enc.encode_ordinary(text)
+
+
+def test_long_pieces_match_every_oracle(qwen, llama3, llama2):
+    """Pieces of thousands of symbols (merged by engine.merge_long's NumPy rounds) in every format:
+    tiktoken ranks, byte-level and SentencePiece-style tokenizer.json, a SentencePiece .model
+    (Tekken: test_tekken_matches_tiktoken)."""
+    ours_json, table3, _, _ = llama3
+    tok2, table2 = llama2
+    cases = [("qwen", qwen[0].encode, qwen[1].encode_ordinary),
+             ("llama3 tokenizer.json", ours_json.encode, lambda s: table3.encode(s, add_special_tokens=False).ids),
+             ("llama2 tokenizer.json", tok2.encode, lambda s: table2.encode(s, add_special_tokens=False).ids)]
+    pytest.importorskip("sentencepiece", reason="sentencepiece is the oracle for .model files (extra 'oracle')")
+    tok_sp, sp = _v3()
+    cases.append(("mistral v3 .model", tok_sp.encode, sp.encode))
+    for name, ours, theirs in cases:
+        compare(f"{name}, long pieces", ours, theirs, LONG_TEXTS)
 
 
 def test_special_tokens_given_to_a_file_with_its_own(tmp_path, llama2):

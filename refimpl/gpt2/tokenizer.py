@@ -3,8 +3,10 @@
     encode: text -> pre-tokens -> UTF-8 bytes -> BPE merges by rank -> token ids
     decode: token ids -> bytes (concatenated) -> UTF-8 text (invalid bytes become U+FFFD)
 
-The algorithm lives in `bpe.py` (Sennrich et al. 2016 sec. 3.2; Radford et al. 2019 sec. 2.2).
-This module holds the `Tokenizer` object and the loaders:
+The tokenizer is one configuration of refimpl.tokenizers' BPE engine (Sennrich et al. 2016
+sec. 3.2; Radford et al. 2019 sec. 2.2): GPT-2's pattern, byte alphabet and merges (`bpe.py`
+names them). This module holds the `Tokenizer` object, GPT-2's strict loaders, which accept
+GPT-2's byte-level BPE and nothing else, and the writer of vocab.json + merges.txt:
 
     load_tokenizer(path)     a directory or one file, in any of these formats:
       *.tiktoken             base64 token bytes + rank per line (tiktoken; id = rank)
@@ -33,13 +35,12 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-import numpy as np
-
-from .._tokens import StreamDecoder, _show, allowed_specials, check_token_id, read_tiktoken_ranks
-from .._tokens import check_id_sequence as _check_id_sequence
+from .._tokens import StreamDecoder, _show, read_tiktoken_ranks
 from .._checks import is_int
 from .._files import NotARegularFileError, read_regular_bytes, write_files_together
-from .bpe import MergeTable, bpe_merge, byte_to_unicode, pre_tokenize, unicode_to_byte
+from ..tokenizers import engine
+from ..tokenizers.tokenizer import AddedToken, Tokenizer as _EngineTokenizer
+from .bpe import PATTERN, byte_to_unicode, unicode_to_byte
 
 __all__ = [
     "TokenizerFileError",
@@ -74,10 +75,13 @@ class TokenizerFileError(ValueError):
 # --------------------------------------------------------------------------------------
 
 
-class Tokenizer:
+class Tokenizer(_EngineTokenizer):
     """Byte-level BPE tokenizer: `encode(text) -> list[int]`, `decode(ids) -> str`.
 
-    Built from three tables (loaders build them from files; see `load_tokenizer`):
+    GPT-2's configuration of refimpl.tokenizers' Tokenizer: initial symbols the UTF-8 bytes,
+    pre-tokenizer PATTERNS["gpt2"], merges by the concatenation rule over `merge_ranks`
+    (engine.concat_pairs), special tokens matched only when allowed. Built from three tables
+    (loaders build them from files; see `load_tokenizer`):
       encoder        token bytes -> id, for every ordinary token (all 256 single bytes included)
       merge_ranks    token bytes -> merge rank, for every multi-byte token BPE may build
                      (lower rank merges first; for a .tiktoken file this is the id)
@@ -85,7 +89,7 @@ class Tokenizer:
 
     Attributes: vocab_size (largest id + 1), special_tokens, eot_token (id of <|endoftext|>,
     or None). The object is immutable apart from private caches (encoded short pieces, and
-    the id-pair merge table for long pieces, built on first use).
+    the pair table as arrays for long pieces, built on first use).
 
     Ids: every id is an integer in [0, 2 * n), n the number of tokens (ordinary and
     special), and no id names two tokens. A vocabulary may skip ids, but not most of them:
@@ -93,10 +97,6 @@ class Tokenizer:
     model must not generate) is sized by the largest id, so an id such as 10**30 in a file
     would cost memory out of all proportion to the file, or overflow a machine integer.
     """
-
-    _LONG_PIECE = 512     # pieces of more bytes are merged as id arrays (MergeTable)
-    _CACHED_PIECE = 64    # pieces of at most this many characters are cached ...
-    _CACHE_SIZE = 1 << 20  # ... up to this many of them
 
     def __init__(self, encoder: Mapping[bytes, int], merge_ranks: Mapping[bytes, int],
                  special_tokens: Mapping[str, int] | None = None, *, name: str = "bpe"):
@@ -113,66 +113,38 @@ class Tokenizer:
         unbuildable = [t for t in merge_ranks if t not in encoder]
         if unbuildable:
             raise ValueError(f"{name}: merge result {unbuildable[0]!r} has no id in the vocabulary")
-        decoder: dict[int, bytes] = {}
+        vocab: dict[int, bytes] = {}
         for token, i in encoder.items():
             i = int(i)
-            if i in decoder:
-                raise ValueError(f"{name}: id {i} is given to two tokens, {decoder[i]!r} and {token!r}")
-            decoder[i] = token
+            if i in vocab:
+                raise ValueError(f"{name}: id {i} is given to two tokens, {vocab[i]!r} and {token!r}")
+            vocab[i] = token
         for text, i in special_tokens.items():
             i = special_tokens[text] = int(i)
             if not text:
                 raise ValueError(f"{name}: a special token has empty text (id {i})")
-            if i in decoder:
-                raise ValueError(f"{name}: special token {text!r} has id {i}, already used by {decoder[i]!r}")
-            decoder[i] = text.encode("utf-8")
-        self.name = name
+            if i in vocab:
+                raise ValueError(f"{name}: special token {text!r} has id {i}, already used by {vocab[i]!r}")
         self._encoder = {token: int(i) for token, i in encoder.items()}
         self._merge_ranks = dict(merge_ranks)
-        self._decoder = decoder
-        self.special_tokens: dict[str, int] = special_tokens
-        self.vocab_size: int = max(decoder) + 1
+        super().__init__(vocab=vocab, pairs=engine.concat_pairs(self._encoder, self._merge_ranks), symbols="bytes",
+                         initial={b: self._encoder[bytes([b])] for b in range(256)}, pattern=PATTERN,
+                         added=[AddedToken(text, i) for text, i in special_tokens.items()], name=name)
         self.eot_token: int | None = special_tokens.get(ENDOFTEXT)
-        self._cache: dict[str, tuple[int, ...]] = {}
-        self._long_merger: MergeTable | None = None
         self._merges: tuple[tuple[bytes, bytes], ...] | None = None
 
     def __repr__(self) -> str:
         return (f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, "
                 f"special_tokens={self.special_tokens!r})")
 
-    # ---- encoding ----------------------------------------------------------------------
+    def with_special_tokens(self, special_tokens: Mapping[str, int]) -> Tokenizer:
+        """A copy with more special tokens (text -> id); an id already used by another token is an error."""
+        for text, i in special_tokens.items():
+            if self.special_tokens.get(text, i) != i:
+                raise ValueError(f"{self.name}: special token {text!r} has id {self.special_tokens[text]}, not {i}")
+        return Tokenizer(self._encoder, self._merge_ranks, {**self.special_tokens, **special_tokens}, name=self.name)
 
-    def _encode_piece(self, piece: str) -> tuple[int, ...] | list[int]:
-        """Token ids of one pre-token.
-
-        Short pieces (words) go through `bpe_merge` and are cached, since text repeats the
-        same words; the cache holds at most _CACHE_SIZE pieces of at most _CACHED_PIECE
-        characters, so its memory is bounded whatever the text. A piece of more than
-        _LONG_PIECE bytes (a run of one character, a long symbol string: one piece can be
-        the whole text) is merged by `MergeTable` in NumPy arrays, the same merges in the
-        same order (the proof is in its docstring), in O(n) machine integers of memory.
-        """
-        ids = self._cache.get(piece)
-        if ids is None:
-            data = piece.encode("utf-8")
-            if len(data) > self._LONG_PIECE:
-                if self._long_merger is None:
-                    self._long_merger = MergeTable(self._encoder, self._merge_ranks)
-                return self._long_merger.merge(data).tolist()
-            ids = tuple(self._encoder[p] for p in bpe_merge(data, self._merge_ranks))
-            if len(piece) <= self._CACHED_PIECE and len(self._cache) < self._CACHE_SIZE:
-                self._cache[piece] = ids
-        return ids
-
-    def encode_ordinary(self, text: str) -> list[int]:  # text -> ids [T]
-        """Encode `text` with every special-token string treated as plain text."""
-        _check_text(text)
-        text = _replace_lone_surrogates(text)
-        ids: list[int] = []
-        for piece in pre_tokenize(text):
-            ids.extend(self._encode_piece(piece))
-        return ids
+    # ---- encoding and decoding: refimpl.tokenizers.Tokenizer's, plus GPT-2's names -------
 
     def encode(self, text: str, *, allowed_special: Iterable[str] | str = ()) -> list[int]:  # text -> ids [T]
         """ids = concat over pieces p of pre_tokenize(text) of bpe_merge(utf8(p)) (Radford et al. 2019 sec. 2.2).
@@ -183,63 +155,11 @@ class Tokenizer:
         or "all". Lone surrogates in `text` become U+FFFD first (as tiktoken does), since they
         have no UTF-8 form.
         """
-        _check_text(text)
-        allowed = self._allowed(allowed_special)
-        if not allowed:
-            return self.encode_ordinary(text)
-        # Longest first, so that a special token that is a prefix of another does not win.
-        splitter = re.compile("|".join(re.escape(s) for s in sorted(allowed, key=len, reverse=True)))
-        ids: list[int] = []
-        start = 0
-        for m in splitter.finditer(text):
-            ids.extend(self.encode_ordinary(text[start:m.start()]))
-            ids.append(self.special_tokens[m.group()])
-            start = m.end()
-        ids.extend(self.encode_ordinary(text[start:]))
-        return ids
-
-    def _allowed(self, allowed_special) -> frozenset[str]:
-        return allowed_specials(allowed_special, self.special_tokens)
-
-    # ---- decoding ----------------------------------------------------------------------
-
-    def _check_id(self, i) -> int:
-        return check_token_id(i, self._decoder, self.vocab_size)
-
-    def token_ids(self) -> np.ndarray:  # -> [n] int64, sorted
-        """Every id that names a token (ordinary or special); ids below vocab_size may be missing."""
-        return np.array(sorted(self._decoder), dtype=np.int64)
-
-    def token_bytes(self, i: int) -> bytes:
-        """The bytes of token `i` (a special token's UTF-8 text)."""
-        return self._decoder[self._check_id(i)]
-
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:  # ids [T] -> bytes
-        """The concatenated bytes of `ids` (may end inside a UTF-8 sequence)."""
-        return b"".join(self._decoder[self._check_id(i)] for i in _id_list(ids))
-
-    def decode(self, ids: Iterable[int], *, errors: str = "replace") -> str:  # ids [T] -> text
-        """text = utf8_decode(concat of token_bytes(i) for i in ids); invalid sequences become U+FFFD.
-
-        `errors` is passed to bytes.decode ("replace", like tiktoken; "strict" to raise instead).
-        """
-        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+        return super().encode(text, allowed_special=allowed_special)
 
     def id_to_piece(self, i: int) -> str:
         """Token `i` for display: its text, with bytes that are not whole UTF-8 shown as \\xNN."""
         return self.token_bytes(i).decode("utf-8", errors="backslashreplace")
-
-    def pieces(self, ids: Iterable[int]) -> list[str]:
-        """`id_to_piece` of each id."""
-        return [self.id_to_piece(i) for i in _id_list(ids)]
-
-    def stream_decoder(self) -> StreamDecoder:
-        """A fresh `StreamDecoder` for this tokenizer."""
-        return StreamDecoder(self)
-
-    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:  # ids [T] -> text chunks
-        """Yield text as ids arrive, never splitting a UTF-8 character; "".join(...) == decode(ids)."""
-        return StreamDecoder(self).decode_stream(ids)
 
     # ---- tables, for saving --------------------------------------------------------------
 
@@ -259,17 +179,13 @@ class Tokenizer:
         return list(self._merges)
 
     def _recover_merges(self) -> Iterator[tuple[bytes, bytes]]:
+        byte_ids, vocab = self._byte_ids, self._vocab
         for token, r in sorted(self._merge_ranks.items(), key=lambda item: item[1]):
-            parts = bpe_merge(token, self._merge_ranks, max_rank=r)
+            parts = engine.merge([byte_ids[b] for b in token], self._pairs, max_rank=r)
             if len(parts) != 2:
                 raise ValueError(f"{self.name}: token {token!r} (rank {r}) is not the merge of two "
                                  f"lower-ranked tokens (BPE gives {len(parts)} parts); no merges.txt form")
-            yield parts[0], parts[1]
-
-
-def _id_list(ids) -> list:  # ids [T]
-    _check_id_sequence(ids)
-    return list(ids)
+            yield vocab[parts[0]], vocab[parts[1]]
 
 
 def _check_table_id(name: str, what: str, i, n_tokens: int) -> None:
@@ -280,19 +196,6 @@ def _check_table_id(name: str, what: str, i, n_tokens: int) -> None:
     if not 0 <= int(i) < limit:
         raise ValueError(f"{name}: {what} has id {_show(i)}; ids must lie in 0 .. {limit - 1} for this vocabulary of "
                          f"{n_tokens} tokens (it may skip ids, but not most of them)")
-
-
-def _check_text(text) -> None:
-    if not isinstance(text, str):
-        raise TypeError(f"text must be str; got {type(text).__name__}")
-
-
-def _replace_lone_surrogates(text: str) -> str:
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 # --------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@
 
 Files are read by `formats.py` into the one `Tokenizer` of `tokenizer.py`, whose merges run
 in `engine.py`; `pretokenize.py` holds the pre-tokenizer patterns, `protobuf.py` the reader
-of SentencePiece's model files.
+of SentencePiece's model files. refimpl.gpt2's tokenizer is this `Tokenizer` configured as
+GPT-2 (refimpl.gpt2.tokenizer: GPT-2's strict loaders and its vocab.json + merges.txt writer).
 """
 
 from .formats import (TokenizerFileError, load, load_sentencepiece, load_tekken, load_tiktoken,

@@ -27,13 +27,13 @@ from pathlib import Path
 
 from .._tokens import read_tiktoken_ranks
 from .._files import NotARegularFileError, read_regular_bytes
-from .engine import PairTable
+from .engine import PairTable, concat_pairs
 from .pretokenize import PATTERNS, compile_pattern
 from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
 __all__ = ["TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece",
-           "load_tekken", "load_vocab_merges", "byte_to_unicode"]
+           "load_tekken", "load_vocab_merges", "byte_to_unicode", "unicode_to_byte"]
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
 
@@ -196,8 +196,13 @@ def _check_ids(where, ids_of: Mapping, n_extra: int = 0) -> None:
 
 @functools.cache
 def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (used by byte-level tokenizer.json):
-    the 188 printable Latin-1 bytes map to themselves, the other 68 to U+0100, U+0101, ... in order."""
+    """GPT-2's reversible byte -> printable character table (encoder.py `bytes_to_unicode`), in
+    which byte-level vocabularies (vocab.json, merges.txt, tokenizer.json) spell their tokens.
+
+    The 188 bytes that are printable Latin-1 characters ('!'..'~', '¡'..'¬', '®'..'ÿ') map to
+    themselves; the other 68 (controls, space, U+00AD) map, in byte order, to U+0100, U+0101,
+    ... so every token is a printable string: the space byte 0x20 is 'Ġ' (U+0120), newline
+    0x0A is 'Ċ' (U+010A)."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     table = {b: chr(b) for b in printable}
     for n, b in enumerate(b for b in range(256) if b not in table):
@@ -206,24 +211,9 @@ def byte_to_unicode() -> dict[int, str]:
 
 
 @functools.cache
-def _unicode_to_byte() -> dict[str, int]:
+def unicode_to_byte() -> dict[str, int]:
+    """The inverse of `byte_to_unicode`: printable character -> byte."""
     return {c: b for b, c in byte_to_unicode().items()}
-
-
-def _concat_pairs(encoder: Mapping[bytes, int], rank_of: Mapping[bytes, int]) -> PairTable:
-    """The concatenation rule (tiktoken, SentencePiece) as a pair table: every split a | b of
-    every ranked token t with both halves in the vocabulary merges to t at t's rank."""
-    pairs = PairTable()
-    get = encoder.get
-    for t, r in rank_of.items():
-        merged = (r << 32) | encoder[t]
-        for k in range(1, len(t)):
-            a = get(t[:k])
-            if a is not None:
-                b = get(t[k:])
-                if b is not None:
-                    pairs[(a << 32) | b] = merged  # a+b is t: one entry per pair, whatever the order
-    return pairs
 
 
 def _byte_level(name, encoder: dict[bytes, int], pairs: PairTable, pattern: str,
@@ -250,7 +240,7 @@ def load_tiktoken(path, *, pattern: str, special_tokens: Mapping[str, int] | Non
     _check_ids(path, {**{f"rank {r}": r for r in (min(token_of_rank), max(token_of_rank))},
                       **{f"special token {s}": i for s, i in specials.items()}}, len(ranks))
     added = [AddedToken(s, i) for s, i in specials.items()]
-    return _byte_level(path, ranks, _concat_pairs(ranks, ranks), pattern, added)
+    return _byte_level(path, ranks, concat_pairs(ranks, ranks), pattern, added)
 
 
 _TEKKEN_DEFAULT_SPECIALS = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
@@ -309,7 +299,7 @@ def load_tekken(path, *, data=None) -> Tokenizer:
     added += [AddedToken(f"<SPECIAL_{i}>", i) for i in range(len(names), n_special)]
     rank_of = {t: i - n_special for t, i in encoder.items()}
     specials = {t.content: t.id for t in added}
-    return _byte_level(path, encoder, _concat_pairs(encoder, rank_of), pattern, added,
+    return _byte_level(path, encoder, concat_pairs(encoder, rank_of), pattern, added,
                        bos_token=specials.get("<s>"), eos_token=specials.get("</s>"))
 
 
@@ -478,7 +468,7 @@ def _template_ends(where, post) -> tuple[int | None, int | None]:
 
 
 def _byte_level_token(where):
-    table = _unicode_to_byte()
+    table = unicode_to_byte()
 
     def to_bytes(token: str) -> bytes:
         try:
@@ -695,7 +685,7 @@ def load_sentencepiece(path) -> Tokenizer:
     order = {s: r for r, s in enumerate(sorted({s for s, _ in normal.values()}, reverse=True))}
     encoded = {p.encode("utf-8"): i for p, i in ordinary.items() if pieces[i][2] == _NORMAL}
     rank_of = {p.encode("utf-8"): order[s] for p, (s, i) in normal.items() if len(p) > 1}
-    by_bytes = _concat_pairs(encoded, rank_of)
+    by_bytes = concat_pairs(encoded, rank_of)
     byte_ids = {int(p[3:5], 16): i for p, i in ordinary.items() if pieces[i][2] == _BYTE}
     unk_id = trainer.get(40, 0)
     bos_id, eos_id = trainer.get(41, 1), trainer.get(42, 2)

@@ -19,7 +19,7 @@ Python's `re` (3.11+) has possessive quantifiers, atomic groups and scoped flags
 
 inside and outside [...] classes. The classes come from Python's `unicodedata`, so a code
 point that is unassigned in its Unicode version but assigned in the oracle's counts as
-"other" here (see refimpl.gpt2.bpe.UNICODE_VERSION); text of assigned characters splits
+"other" here (see UNICODE_VERSION); text of assigned characters splits
 identically (tested against tiktoken and tokenizers).
 """
 
@@ -30,7 +30,16 @@ import re
 import sys
 import unicodedata
 
-__all__ = ["PATTERNS", "WHITE_SPACE", "translate", "compile_pattern"]
+__all__ = ["PATTERNS", "UNICODE_VERSION", "WHITE_SPACE", "translate", "compile_pattern"]
+
+UNICODE_VERSION = unicodedata.unidata_version
+"""The Unicode version of Python's `unicodedata`, which decides \\p{..} here.
+
+Python 3.11 ships Unicode 14.0; tiktoken's Rust regex crate ships a later version. The
+two differ only on code points that are unassigned (category Cn) in 14.0 and were given
+a letter or number category later: such a code point counts as "other" here. Text made
+of characters assigned in this version tokenizes identically (tested over every one).
+"""
 
 PATTERNS = {
     "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
@@ -95,26 +104,81 @@ def _class_parts(prop: str) -> tuple[str, str]:
 
 _SPACE_BODY = "".join(_range(ord(c), ord(c)) for c in WHITE_SPACE)  # all in the BMP
 _ASTRAL = r"[\U00010000-\U0010ffff]"
+_FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")  # (?flags) or (?flags-flags:
 _PROPERTY = re.compile(r"\\([pP])\{(\^?)([A-Za-z_&]+)\}|\\([pP])([A-Za-z])")
 
 
-def _one_char(negate: bool, bmp: str, astral: str) -> str:
+def _one_char(negate: bool, bmp: str, astral: str, *, exact_complement: bool = True) -> str:
     """A class matching one character, as a BMP half and an astral half.
 
     `re` tests a BMP character against a bitmap but the astral ranges of a class one by one,
     so a class mixing both (\\p{L} has hundreds of astral ranges) costs every non-member BMP
-    character a walk through all of them. Split, each character meets only its own half."""
+    character a walk through all of them. Split, each character meets only its own half.
+    Negated, the astral half is the positive class of the astral code points left out
+    (`_astral_complement`) where `exact_complement` allows it and the body can be read."""
     hat = "^" if negate else ""
     bmp_half = f"(?!{_ASTRAL})[{hat}{bmp}]" if bmp else ("" if not negate else f"(?!{_ASTRAL})[\\s\\S]")
     astral_half = f"(?={_ASTRAL})[{hat}{astral}]" if astral else ("" if not negate else _ASTRAL)
+    inverse = _astral_complement(astral) if negate and astral and exact_complement else None
+    if inverse is not None:
+        astral_half = f"(?={_ASTRAL})[{inverse}]" if inverse else ""
     halves = [h for h in (bmp_half, astral_half) if h]
     if not halves:
         raise ValueError("pattern: an empty character class")
     return f"(?:{'|'.join(halves)})"
 
 
-def _bracket(pattern: str, i: int) -> tuple[str, int]:
-    """The class pattern[i] == '[' ... ']' translated; returns (text, index after it)."""
+def _possessive_run(negate: bool, bmp: str, astral: str, quantifier: str, *, exact_complement: bool = True) -> str:
+    """X++ or X*+ for the class X of `_one_char`: an atomic group of stretches of BMP characters
+    and stretches of astral ones: X++ is (?>(?:[B]+|(?=astral)[A]+)+), X*+ the same with *.
+
+    The same strings: a maximal run of X is a sequence of maximal stretches of each half, and
+    a possessive run never gives characters back, nor does the atomic group. But each
+    character is tested against one class in a stretch, not through a group with a lookahead
+    per character (benchmarks/NOTES.md has the times for a run of emoji). Negated,
+    the BMP half excludes the astral code points inside its class instead of by lookahead, and
+    the astral half is a positive class as in `_one_char`."""
+    if negate:
+        inverse = _astral_complement(astral) if exact_complement else None
+        astral_stretch = (f"[^{astral}\\x00-\\uffff]+" if inverse is None
+                          else f"[{inverse}]+" if inverse else "")
+        stretches = [f"[^{bmp}\\U00010000-\\U0010ffff]+"] + ([f"(?={_ASTRAL})" + astral_stretch] if astral_stretch else [])
+    else:
+        stretches = ([f"[{bmp}]+"] if bmp else []) + ([f"(?={_ASTRAL})[{astral}]+"] if astral else [])
+    if not stretches:
+        raise ValueError("pattern: an empty character class")
+    return f"(?>(?:{'|'.join(stretches)}){quantifier})"
+
+
+_CODE_POINTS = re.compile(r"\\U([0-9a-f]{8})(?:-\\U([0-9a-f]{8}))?", re.IGNORECASE)
+_BMP_ITEM = re.compile(r"(?:\\[^A-Za-z0-9]|\\[rntfv]|[^\\\-\U00010000-\U0010ffff])*")
+
+
+@functools.cache
+def _astral_complement(astral: str) -> str | None:
+    """The astral code points outside the class body `astral` (\\U ranges and BMP items), as a
+    positive class body, longest ranges first; None when the body holds an item whose code
+    points are not read here (then the caller negates the class instead).
+
+    A negated class makes `re` test a member against every one of its ranges before refusing
+    it (an emoji against the hundreds of astral letter and digit ranges of [^\\s\\p{L}\\p{N}]);
+    a positive class finds it in the first few."""
+    if not _BMP_ITEM.fullmatch(_CODE_POINTS.sub("", astral)):
+        return None
+    inside = bytearray(0x110000 - 0x10000)
+    for m in _CODE_POINTS.finditer(astral):
+        a, b = int(m.group(1), 16), int(m.group(2) or m.group(1), 16)
+        a, b = max(a, 0x10000), min(b, 0x10FFFF)
+        if a <= b:
+            inside[a - 0x10000:b - 0x10000 + 1] = b"\x01" * (b - a + 1)
+    ranges = [(m.start() + 0x10000, m.end() - 1 + 0x10000) for m in re.finditer(b"\x00+", bytes(inside))]
+    ranges.sort(key=lambda r: r[0] - r[1])
+    return "".join(_range(a, b) for a, b in ranges)
+
+
+def _bracket(pattern: str, i: int) -> tuple[str | tuple[bool, str, str], int]:
+    """The class pattern[i] == '[' ... ']' translated; returns (text, index after it), the text
+    being (negate, BMP body, astral body) for a class holding a property (see `_one_char`)."""
     n, j = len(pattern), i + 1
     negate = pattern.startswith("^", j)
     j += negate
@@ -149,33 +213,56 @@ def _bracket(pattern: str, i: int) -> tuple[str, int]:
         astral.append(item)
     if not has_property:
         return f"[{'^' if negate else ''}{''.join(bmp)}]", j + 1
-    return _one_char(negate, "".join(bmp), "".join(astral)), j + 1
+    return (negate, "".join(bmp), "".join(astral)), j + 1
 
 
 def translate(pattern: str) -> str:
     """`pattern` (Rust regex / Oniguruma syntax) rewritten for Python's `re`: \\p{X}, \\P{X},
     \\s, \\S and $ as described in the module docstring; everything else is passed as it is.
-    A class holding a property becomes a group of two one-character classes (see `_one_char`).
+    A class holding a property becomes a group of two one-character classes (see `_one_char`),
+    or, quantified possessively (X++, X*+), an atomic run of stretches (`_possessive_run`).
 
     Raises ValueError naming the construct for what has no exact `re` form here: a negated
     property or \\S inside a [...] class, a nested class, and an unknown property name.
     """
     out, i, n = [], 0, len(pattern)
+    folded = [False]  # per open group: is case-insensitive matching on (a class is then negated as written)
+    flags = _FLAGS.match(pattern)
+    if flags and flags.group(3) == ")" and "i" in flags.group(1):
+        folded = [True]  # a global (?i) at the start
+
+    def emit_class(negate: bool, bmp: str, astral: str, at: int) -> int:  # -> index after the class (and a possessive + / *)
+        if pattern.startswith(("++", "*+"), at):
+            out.append(_possessive_run(negate, bmp, astral, pattern[at], exact_complement=not folded[-1]))
+            return at + 2
+        out.append(_one_char(negate, bmp, astral, exact_complement=not folded[-1]))
+        return at
+
     while i < n:
         c = pattern[i]
+        if c == "(":
+            flags = _FLAGS.match(pattern, i)
+            if flags and flags.group(3) == ":":
+                folded.append(("i" in flags.group(1) or folded[-1]) and "i" not in (flags.group(2) or ""))
+            elif not (flags and flags.group(3) == ")"):
+                folded.append(folded[-1])
+        elif c == ")" and len(folded) > 1:
+            folded.pop()
         if c == "\\" and i + 1 < n:
             m = _PROPERTY.match(pattern, i)
             if m:
                 negate = ((m.group(1) or m.group(4)) == "P") != bool(m.group(2))
-                out.append(_one_char(negate, *_class_parts(m.group(3) or m.group(5))))
-                i = m.end()
+                i = emit_class(negate, *_class_parts(m.group(3) or m.group(5)), m.end())
                 continue
             e = pattern[i + 1]
             out.append(f"[{'^' if e == 'S' else ''}{_SPACE_BODY}]" if e in "sS" else pattern[i:i + 2])
             i += 2
         elif c == "[":
             text, i = _bracket(pattern, i)
-            out.append(text)
+            if isinstance(text, tuple):
+                i = emit_class(*text, i)
+            else:
+                out.append(text)
         else:
             out.append(r"\Z" if c == "$" else c)
             i += 1

@@ -2,7 +2,7 @@
 
     encode: text -> cut at added / allowed special tokens -> per segment: normalize
                  -> pre-tokenize into pieces -> initial symbols (bytes or characters) as ids
-                 -> BPE merges (engine.py) -> ids
+                 -> BPE merges (engine.py; NumPy rounds for pieces of over 512 symbols) -> ids
     decode: ids -> bytes of each token, joined -> UTF-8 text (invalid sequences become U+FFFD)
                  -> for SentencePiece-style vocabularies, one leading space removed
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from .._tokens import StreamDecoder, allowed_specials, check_token_id
 from .._tokens import check_id_sequence as _check_id_sequence
-from .engine import PairTable, merge
+from .engine import LONG_PIECE, PairArrays, PairTable, merge, merge_long, merge_long_bytes
 from .pretokenize import WHITE_SPACE, compile_pattern
 
 __all__ = ["AddedToken", "Tokenizer", "StreamDecoder"]
@@ -78,6 +78,11 @@ class Tokenizer:
       strip_leading_space  decode drops one leading space (the dummy prefix)
       normalize      a Unicode normal form applied to each segment (Qwen2's NFC), or None
       bos_token, eos_token  ids a model expects at the ends, or None (never added by encode)
+
+    The object is immutable apart from private caches: encoded short pieces (at most
+    _CACHE_SIZE of at most _CACHED_PIECE characters, so their memory is bounded whatever the
+    text), splitters per set of allowed special tokens, and the pair table as arrays for long
+    pieces (engine.PairArrays), built on first use.
     """
 
     _CACHED_PIECE = 64      # pieces of at most this many characters are cached ...
@@ -136,6 +141,7 @@ class Tokenizer:
         self._always = [t for t in self.added_tokens if not t.special]
         self._splitters: dict[frozenset, tuple[re.Pattern, list[int]] | None] = {}
         self._cache: dict[str, tuple[int, ...]] = {}
+        self._arrays: PairArrays | None = None
 
     def with_special_tokens(self, special_tokens: Mapping[str, int]) -> Tokenizer:
         """A copy with more special tokens (text -> id); an id already used by another token is an error."""
@@ -161,6 +167,8 @@ class Tokenizer:
         return token.replace(b" ", self._space.encode("utf-8"))
 
     def _initial_ids(self, piece: str) -> list[int]:
+        """The piece's initial symbols as ids: its UTF-8 bytes', or its characters' with byte
+        fallback / the unknown token."""
         if self._byte_ids is not None:
             table = self._byte_ids
             return [table[b] for b in piece.encode("utf-8")]
@@ -180,14 +188,32 @@ class Tokenizer:
                                  "which has neither byte-fallback tokens nor an unknown token")
         return ids
 
-    def _encode_piece(self, piece: str) -> tuple[int, ...]:
+    def _encode_piece(self, piece: str) -> tuple[int, ...] | list[int]:
+        """Token ids of one piece: BPE over its initial ids (engine.merge), or for a piece of more
+        than LONG_PIECE initial ids, engine.merge_long in NumPy arrays (the same merges in the same
+        order), whose memory is O(n) machine integers: a megabyte of one emoji is one piece (its
+        bytes go to the arrays directly, never through a list of Python ints)."""
         ids = self._cache.get(piece)
         if ids is None:
             whole = self._whole.get(piece.encode("utf-8")) if self._whole is not None else None
-            ids = (whole,) if whole is not None else tuple(merge(self._initial_ids(piece), self._pairs))
+            if whole is not None:
+                ids = (whole,)
+            elif (self._byte_ids is not None and len(piece) * 4 > LONG_PIECE  # (at most 4 bytes a character)
+                  and len(data := piece.encode("utf-8")) > LONG_PIECE):
+                return merge_long_bytes(data, self._pair_arrays()).tolist()
+            else:
+                initial = self._initial_ids(piece)
+                if len(initial) > LONG_PIECE:
+                    return merge_long(np.array(initial, dtype=np.int32), self._pair_arrays()).tolist()
+                ids = tuple(merge(initial, self._pairs))
             if len(piece) <= self._CACHED_PIECE and len(self._cache) < self._CACHE_SIZE:
                 self._cache[piece] = ids
         return ids
+
+    def _pair_arrays(self) -> PairArrays:
+        if self._arrays is None:
+            self._arrays = PairArrays(self._pairs, self._byte_ids)
+        return self._arrays
 
     def _encode_segment(self, text: str, at_start: bool) -> list[int]:
         """Ids of text that holds no added or allowed special token; at_start: it begins the text."""
