@@ -465,10 +465,14 @@ def _sink_lines(sinks: dict, config) -> list[str]:
         t = rows["text_first"][(layer, head)]
         lines.append(f"| {layer} | {head} ({head // G}) | {r['share']:.3f} | {r['ratio']:.1f} | "
                      f"{t['share']:.3f} | {t['ratio']:.1f} |")
-    strong = [f"L{l}H{h} ({r['ratio']:.0f}x)" for (l, h), r in sorted(rows["bos_first"].items()) if r["ratio"] >= 5]
+    def heads(name, at_least):
+        found = [f"L{l}H{h} ({r['ratio']:.1f})" for (l, h), r in sorted(rows[name].items()) if r["ratio"] >= at_least]
+        return ", ".join(found) if found else "none"
+
     lines += ["", f"A uniform causal head puts {sinks['llama']['uniform']:.4f} of its attention on key 0 (T = "
               f"{sinks['llama']['tokens_per_window']}); ratio = share / that.",
-              "- Heads with ratio >= 5 on BOS-first windows: " + (", ".join(strong) if strong else "none") + ".",
+              f"- Heads with ratio >= 5 on BOS-first windows: {heads('bos_first', 5)}; >= 2: {heads('bos_first', 2)}.",
+              f"- Heads with ratio >= 2 on text-first windows: {heads('text_first', 2)}.",
               "- Mean ratio per layer, BOS first / text first: " + "; ".join(
                   f"layer {l}: {np.mean([rows['bos_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
                   f" / {np.mean([rows['text_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
@@ -476,7 +480,10 @@ def _sink_lines(sinks: dict, config) -> list[str]:
               "- The shipped GPT-2 on the same windows (largest ratio per layer), BOS first / text first: " + "; ".join(
                   f"layer {l}: {max(r['ratio'] for (ll, _), r in g2['bos_first'].items() if ll == l):.1f} / "
                   f"{max(r['ratio'] for (ll, _), r in g2['text_first'].items() if ll == l):.1f}"
-                  for l in sorted({l for l, _ in g2['bos_first']})) + "."]
+                  for l in sorted({l for l, _ in g2['bos_first']})) + ".",
+              "- Text first, with refimpl's command line (consecutive chunks of one held-out work): "
+              "`python -m refimpl inspect sinks --model refimpl/data/shakespeare-llama --file "
+              "julius_caesar_gut.txt --chunks 8`."]
     return lines
 
 
@@ -485,6 +492,7 @@ def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dic
     s, c = stats, config
     same = s["same"]
     steps = len(history["step"])
+    same_recipe = " (the default GPT-2 recipe's)" if settings == SETTINGS else ""
 
     def row(label, key):
         return (f"| {label} | {same[key]['eval_windows']['model']:.3f} | {same[key]['all_held_out']['model']:.3f} |")
@@ -517,7 +525,7 @@ def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dic
         f"RoPE (theta {c.rope.rope_theta:g}, half-split pairs), no biases, embeddings tied to the LM head, context "
         f"{c.max_position_embeddings}; {s['n_params']:,} parameters ({s['weight_mb']:.1f} MB float32).",
         "- Initialisation: N(0, 0.02^2), o_proj and down_proj N(0, (0.02 / sqrt(2 L))^2), RMSNorm weights 1.",
-        f"- Settings (the default GPT-2's): `{json.dumps(asdict(settings))}`",
+        f"- Settings{same_recipe}: `{json.dumps(asdict(settings))}`",
         "- AdamW (decay on 2-D weights only), global-norm clipping before each step, linear warmup + cosine.",
         f"- Wall time: {history['seconds'] / 60:.1f} min for {steps} steps ({history['seconds'] / max(steps, 1):.2f} s "
         f"per step, evaluations included) on {s['machine']}, shared with other work.",

@@ -174,6 +174,9 @@ def test_optimizer_on_named_tensors_equals_the_gpt2params_form():
 
 
 def test_untrainable_configs_are_refused_by_name():
+    assert check_trainable(TINY) is TINY
+    with pytest.raises(TypeError, match="config must be a LlamaConfig"):
+        check_trainable({"model_type": "llama"})
     with pytest.raises(ValueError, match="biases"):
         init_params(_config(attention_bias=True))
     mistral = LlamaConfig.from_dict({**{k: v for k, v in TINY.to_dict().items() if not k.endswith("_bias")},
