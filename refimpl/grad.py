@@ -1,4 +1,4 @@
-"""Backward passes (vector-Jacobian products) for every piece of math GPT-2 uses.
+"""Backward passes (vector-Jacobian products) for every piece of math GPT-2 and LLaMA use.
 
 Each function takes the upstream gradient dL/dy of one forward function and the forward's
 inputs (or the outputs it saved), and returns dL/d(inputs). One backward per forward:
@@ -10,12 +10,17 @@ inputs (or the outputs it saved), and returns dL/d(inputs). One backward per for
     gelu_tanh   (ffn.py)                    gelu_tanh_backward
     softmax     (attention.py)              softmax_backward
     causal attention (attention.py)         attention_backward
+    rms_norm    (norms.py)                  rms_norm_backward
+    rope_rotate (positional.py)             rope_backward
+    silu(gate) * up   (SwiGLU, ffn.py)      swiglu_backward
+    grouped-query attention (attention.py)  grouped_query_attention_backward
     softmax cross-entropy                   cross_entropy, cross_entropy_backward (cross_entropy_with_grad: both)
 
 The derivations are the standard ones (e.g. Goodfellow, Bengio & Courville 2016, ch. 6.5;
 llm.c's `train_gpt2.c` backward functions follow the same algebra). Every function is
-checked against central finite differences in float64 (tests/test_grad.py), and the whole
-GPT-2 backward built from them against PyTorch autograd (tests/test_train.py).
+checked against central finite differences in float64 (tests/test_grad.py), the LLaMA ones
+against PyTorch autograd too, and the whole GPT-2 and LLaMA backwards built from them against
+PyTorch autograd and finite differences (tests/test_train.py, tests/test_llama_train.py).
 
 Conventions: dtype in = dtype out (float32 gradients stay float32); shapes use the
 glossary letters (B batch, T queries, S keys, C width, H heads, D head dim, V vocab).
@@ -27,7 +32,9 @@ import numpy as np
 
 from ._checks import as_float, check_ndim, check_positive_int
 from .attention import _scale_for, softmax
+from .ffn import _sigmoid
 from .norms import _check_eps
+from .positional import _check_rope_rotate, _rope_rotate
 
 __all__ = [
     "embedding_backward",
@@ -36,6 +43,10 @@ __all__ = [
     "gelu_tanh_backward",
     "softmax_backward",
     "attention_backward",
+    "rms_norm_backward",
+    "rope_backward",
+    "swiglu_backward",
+    "grouped_query_attention_backward",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_with_grad",
@@ -200,6 +211,104 @@ def attention_backward(dout, q, k, v, weights, *, scale=None) -> tuple[np.ndarra
     dq = dZ @ k  # [..., T, D]
     dk = np.swapaxes(dZ, -1, -2) @ q  # [..., S, D]
     return dq.astype(dtype, copy=False), dk.astype(dtype, copy=False), dv.astype(dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+
+def rms_norm_backward(dy, x, gamma, *, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:  # [..., C] -> dx, dgamma
+    """For y = xhat * gamma, xhat = x * r, r = (mean_c(x^2) + eps)^(-1/2)  (Zhang & Sennrich 2019, eq. 4):
+
+        dgamma = sum_p dy * xhat,
+        dx = r * (g - xhat * mean_c(g * xhat)),   g = dy * gamma.
+
+    The dx line is the VJP of the normalisation: d xhat_i / d x_j = r (delta_ij - xhat_i xhat_j / C)
+    (layer_norm_backward's without the mean terms: RMSNorm does not centre).
+    Shapes: dy [..., C], x [..., C], gamma [C] -> dx [..., C], dgamma [C].
+    Notes: r is recomputed from x as in the forward (refimpl.norms.rms_norm); gamma is the
+    effective weight (a Gemma-style 1 + w is the caller's to form and to chain).
+    """
+    dy, x, gamma = as_float(dy, "dy"), as_float(x, "x"), as_float(gamma, "gamma")
+    check_ndim(x, "x", 1, "[..., C]")
+    C = x.shape[-1]
+    _same_shape(dy, "dy", x.shape, "x")
+    if gamma.shape != (C,):
+        raise ValueError(f"gamma must have shape [C] with C={C}; got {list(gamma.shape)}")
+    dtype = np.result_type(dy, x, gamma)
+    r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + dtype.type(_check_eps(eps)))  # [..., 1]
+    xhat = (x * r).astype(dtype, copy=False)  # [..., C]
+    g = dy * gamma  # [..., C]
+    dx = r * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    dgamma = (dy * xhat).sum(axis=tuple(range(x.ndim - 1)))
+    return dx.astype(dtype, copy=False), dgamma.astype(dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+def rope_backward(dy, cos, sin, *, interleaved: bool = False) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
+    """dx = R(theta)^T dy = R(-theta) dy: each rotated pair's gradient turned back by its angle  (Su et al. 2021, sec. 3.4.2).
+
+    RoPE is y = R(theta) x with R block-diagonal, each block the 2x2 rotation [[cos, -sin], [sin, cos]]
+    of one pair (a, b); the VJP of a linear map is its transpose, and a rotation's transpose is
+    the rotation by -theta: (da, db) = (dA cos + dB sin, -dA sin + dB cos). So this is
+    refimpl.positional.rope_rotate(dy, cos, -sin) with the forward's cos, sin and pairing
+    (interleaved=False: pairs (i, i + R/2), Hugging Face LLaMA's half-split); the pass-through
+    dims [R, D) get dy unchanged.
+    Shapes: dy [..., T, D]; cos, sin [..., T, R/2] as given to the forward -> dx [..., T, D].
+    Notes: with an attention factor a (cos, sin scaled by a) the forward is a R(theta), and
+    this is a R(-theta), still its transpose.
+    """
+    dy, cos, sin, interleaved = _check_rope_rotate(dy, cos, sin, interleaved)
+    return _rope_rotate(dy, cos, -sin, interleaved)
+
+
+# ----------------------------------------------------------------------------- SwiGLU
+
+def swiglu_backward(dh, gate, up) -> tuple[np.ndarray, np.ndarray]:  # [...], [...], [...] -> dgate, dup
+    """For h = silu(g) * u, silu(g) = g s(g), s the logistic sigmoid  (Shazeer 2020, eq. 6):
+
+        du = dh * silu(g),   dg = dh * u * silu'(g),   silu'(g) = s(g) (1 + g (1 - s(g))).
+
+    Shapes: dh, gate (g = h W_gate, the pre-activation), up (u = h W_up) of one shape -> dgate, dup.
+    Notes: s(g) is computed as refimpl.ffn's sigmoid (exp of a non-positive number only), so
+    large |g| neither overflows nor loses the tails.
+    """
+    dh, g, u = as_float(dh, "dh"), as_float(gate, "gate"), as_float(up, "up")
+    _same_shape(dh, "dh", g.shape, "gate")
+    _same_shape(u, "up", g.shape, "gate")
+    s = _sigmoid(g)
+    dup = dh * (g * s)
+    dgate = dh * u * (s * (1 + g * (1 - s)))
+    dtype = np.result_type(dh, g, u)
+    return dgate.astype(dtype, copy=False), dup.astype(dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- grouped-query attention
+
+def grouped_query_attention_backward(dout, q, k, v, weights, *, scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [B, H, T, Dv] -> dq, dk, dv
+    """GQA (Ainslie et al. 2023): query head h reads key/value head h // G, G = H / K, i.e. attention
+    with each of the K key/value heads repeated G times. The repeat's VJP sums over the copies:
+
+        dq = attention_backward(...)'s dq,   dk_j = sum_{h // G = j} dk_h,   dv_j = sum_{h // G = j} dv_h.
+
+    Shapes: dout [B, H, T, Dv]; q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H a
+    multiple of K; weights [B, H, T, S] from the forward. Returns dq [B, H, T, D], dk [B, K, S, D],
+    dv [B, K, S, Dv]. The grouping is refimpl.attention.grouped_query_attention's (and Hugging
+    Face's repeat_kv): heads h = j G .. j G + G - 1 share key head j.
+    """
+    dout, q, k, v, P = (as_float(a, n) for a, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"), (weights, "weights")))
+    for a, name in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (P, "weights")):
+        check_ndim(a, name, 4, "[B, heads, rows, cols]")
+    B, H, T, D = q.shape
+    K, S = k.shape[1], k.shape[2]
+    if k.shape[0] != B or v.shape[:3] != (B, K, S) or H % K:
+        raise ValueError(f"q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] need equal B and S and H a multiple of K; "
+                         f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    G = H // K
+    kr = np.broadcast_to(k[:, :, None], (B, K, G, S, k.shape[3]))  # [B, K, G, S, D] (views: the repeat)
+    vr = np.broadcast_to(v[:, :, None], (B, K, G, S, v.shape[3]))
+    dq, dk, dv = attention_backward(dout.reshape(B, K, G, T, -1), q.reshape(B, K, G, T, D), kr, vr,
+                                    P.reshape(B, K, G, T, S), scale=scale)
+    return dq.reshape(B, H, T, D), dk.sum(axis=2), dv.sum(axis=2)
 
 
 # ----------------------------------------------------------------------------- cross-entropy

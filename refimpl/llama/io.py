@@ -38,7 +38,7 @@ from ..safetensors import _gc_paused
 from .config import LlamaConfig
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
-__all__ = ["load_weights", "load_config", "save_weights", "export", "WeightFileError", "ARCHITECTURES",
+__all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError", "ARCHITECTURES",
            "COPIED_FILES"]
 
 # model_type -> the Hugging Face *ForCausalLM class that config.json's "architectures" names.
@@ -168,27 +168,38 @@ def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=No
     too. Arrays keep their dtype. An existing `path` must hold only a model's files
     (refimpl.gpt2.io.model_folder), which are replaced entirely.
     """
-    import json
-
-    from .._files import read_regular_bytes, write_bytes_atomic, write_text_atomic
+    from .._files import read_regular_bytes, write_bytes_atomic
     from ..gpt2.io import model_folder
-    from ..safetensors import save_file
     from .checks import check_params
 
     check_params(params, config)
-    tensors = params.to_checkpoint(config)
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ValueError(f"save_weights writes a directory; {out} is a file")
-    config_json = json.dumps({**config.to_dict(), "architectures": [ARCHITECTURES[config.model_type]]}, indent=2)
     with model_folder(out, also=COPIED_FILES) as new:
-        save_file(tensors, new / "model.safetensors", metadata={"format": "pt"})
-        write_text_atomic(new / "config.json", config_json + "\n", fsync=False)
+        write_model_files(new, config, params)
         for name in COPIED_FILES if copy_from is not None else ():
             src = Path(copy_from) / name
             if src.exists():
                 write_bytes_atomic(new / name, read_regular_bytes(src, "file to copy"), fsync=False)
     return out
+
+
+def write_model_files(folder, config: LlamaConfig, params: LlamaParams) -> Path:
+    """Write config.json + model.safetensors of (config, params) into `folder`, a new folder (as
+    refimpl.gpt2.io.model_folder yields); what save_weights writes, for callers that add files of their own."""
+    import json
+
+    from .._files import write_text_atomic
+    from ..safetensors import save_file
+    from .checks import check_params
+
+    check_params(params, config)
+    folder = Path(folder)
+    config_json = json.dumps({**config.to_dict(), "architectures": [ARCHITECTURES[config.model_type]]}, indent=2)
+    save_file(params.to_checkpoint(config), folder / "model.safetensors", metadata={"format": "pt"})
+    write_text_atomic(folder / "config.json", config_json + "\n", fsync=False)
+    return folder
 
 
 def export(source, out_dir) -> Path:
