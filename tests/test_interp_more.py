@@ -346,6 +346,18 @@ def test_training_cli_on_the_default_history(tmp_path, capsys):
     assert "clipped_steps" not in training_summary(history, None)
 
 
+@pytest.mark.parametrize("name", ["shakespeare-gpt2", "shakespeare-llama"])
+def test_training_takes_a_shipped_models_name(name, tmp_path, capsys):
+    from refimpl.models import resolve_model
+
+    history = json.loads((resolve_model(name) / "history.json").read_text())
+    out = tmp_path / name
+    run_cli(["training", "--model", name, "--out", str(out)], capsys)
+    data = json.loads((out / "training.json").read_text())
+    assert data["clip"] == 1.0 and "MODEL_CARD" in data["clip_source"]  # both cards' recipes clip at 1.0
+    assert data["summary"]["clipped_steps"] == int((np.asarray(history["grad_norm"]) > 1.0).sum())
+
+
 def test_training_errors_name_the_problem(llama_dir, tmp_path, capsys):
     _, err = run_cli(["training", "--model", str(llama_dir), "--out", str(tmp_path / "o")], capsys, code=2)
     assert "has no history.json" in err and err.count("\n") == 1

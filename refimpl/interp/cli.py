@@ -809,9 +809,12 @@ def cmd_training(args) -> int:
         raise _Usage(f"--clip must be a positive number; got {args.clip}")
     if args.history is not None and args.model is not None:
         raise _Usage("give one of --model DIR or --history FILE, not both")
-    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+    from refimpl.models import resolve_model
 
-    where = Path(args.history if args.history is not None else args.model or DEFAULT_MODEL_DIR)
+    try:  # a shipped model's name (shakespeare-gpt2, shakespeare-llama) or a directory; None: the default
+        where = Path(args.history) if args.history is not None else resolve_model(args.model)
+    except Exception as e:  # a shipped name whose directory is missing
+        raise _Usage(f"--model {args.model}: {e}") from None
     if not where.exists():
         raise _Usage(f"{'--history' if args.history is not None else '--model'} {where}: no such file or directory")
     history, f = read_history(where)

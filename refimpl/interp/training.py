@@ -84,7 +84,7 @@ def clip_threshold(path, history: dict) -> tuple[float | None, str]:
     p = Path(path)
     card = (p if p.is_dir() else p.parent) / "MODEL_CARD.md"
     if card.is_file():
-        m = re.search(r"Settings:\s*`(\{.*?\})`", card.read_text(encoding="utf-8", errors="replace"))
+        m = re.search(r"Settings[^:\n]*:\s*`(\{.*?\})`", card.read_text(encoding="utf-8", errors="replace"))
         if m:
             try:
                 value = json.loads(m.group(1)).get("grad_clip")
