@@ -497,7 +497,7 @@ def model_dir(tmp_path_factory):
                "--alpha", "2", "--max-new-tokens", "4"], ["steer.png", "steer.json"]),
     ("patch", ["--source-ids", "10 11 12 13", "--target-ids", "10 11 14 13", "--answer-a", "3",
                "--answer-b", "4"], ["patch.png", "patch.json"]),
-    ("encodings", [], ["sinusoidal.png", "rope.png", "alibi.png", "encodings.json"]),
+    ("encodings", [], ["sinusoidal.png", "learned.png", "rope.png", "alibi.png", "relative.png", "encodings.json"]),
 ])
 def test_cli_subcommands_write_png_and_json(sub, extra, files, model_dir, tmp_path, capsys):
     from refimpl.interp.cli import main

@@ -385,3 +385,28 @@ def test_minilm_attention_sinks_are_on_cls_as_teach_says():
     assert sum(r.cls_ratio > 2 for r in rows) > 0.8 * len(rows)  # [CLS]: the sink of nearly every head
     assert not any(r.sep_ratio > 2 for r in rows)  # [SEP]: never twice the uniform share
     assert "[CLS] instead" in teach.__doc__ and "especially on\n[SEP]" not in teach.__doc__
+
+
+def test_learned_and_relative_pictures_show_the_models_numbers(tmp_path):
+    """learned.png's similarity is the cosine of the shipped GPT-2's wpe rows (1 on the diagonal, symmetric);
+    relative.png's maps are refimpl.positional's T5 buckets of r = j - i, both forms."""
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+    from refimpl.gpt2.io import load_weights
+    from refimpl.interp.pictures import cosine_similarity_matrix, plot_learned, plot_relative
+    from refimpl.positional import relative_position_bucket
+
+    _, params = load_weights(DEFAULT_MODEL_DIR)
+    path, sim = plot_learned(tmp_path / "learned.png", params.wpe)
+    w = params.wpe.astype(np.float64)
+    p, q = 3, 200
+    assert abs(sim[p, q] - w[p] @ w[q] / np.linalg.norm(w[p]) / np.linalg.norm(w[q])) < 1e-12
+    assert np.allclose(np.diag(sim), 1, atol=1e-12) and np.array_equal(sim, sim.T)
+    assert np.array_equal(cosine_similarity_matrix(np.zeros((2, 3))), np.zeros((2, 2)))  # no NaN for a zero row
+    png_size_ok(path)
+    path, maps = plot_relative(tmp_path / "relative.png", T=20)
+    r = np.arange(20)[None, :] - np.arange(20)[:, None]
+    assert np.array_equal(maps["bidirectional"], relative_position_bucket(r, bidirectional=True))
+    assert np.array_equal(maps["causal"], relative_position_bucket(r, bidirectional=False))
+    png_size_ok(path)
+    with pytest.raises(ValueError, match="wpe must be"):
+        plot_learned(tmp_path / "x.png", np.zeros(4))

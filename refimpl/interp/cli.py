@@ -499,16 +499,25 @@ def _check_encodings_args(args) -> None:
 
 def cmd_encodings(args) -> int:
     from ..positional import alibi_slopes, rope_frequencies
-    from .pictures import plot_alibi, plot_rope, plot_sinusoidal
+    from refimpl.gpt2 import DEFAULT_MODEL_DIR
+    from refimpl.gpt2.io import load_weights
+
+    from .pictures import plot_alibi, plot_learned, plot_relative, plot_rope, plot_sinusoidal
 
     out = Path(args.out)
     p1, pe = plot_sinusoidal(out / "sinusoidal.png", n_positions=args.positions, d=args.dim)
     p2, _ = plot_rope(out / "rope.png", d=args.dim // 4 * 2 or 2, n_positions=args.positions // 2)
     p3, bias = plot_alibi(out / "alibi.png", n_heads=args.heads, T=16)
+    _, params = load_weights(DEFAULT_MODEL_DIR)  # the shipped GPT-2: learned positions
+    p4, sim = plot_learned(out / "learned.png", params.wpe)
+    p5, buckets = plot_relative(out / "relative.png", T=32)
     data = {"sinusoidal": {"n_positions": args.positions, "d": args.dim, "pe_row_1": pe[1].tolist()},
             "rope": {"d": args.dim // 4 * 2 or 2, "frequencies": rope_frequencies(args.dim // 4 * 2 or 2).tolist()},
             "alibi": {"n_heads": args.heads, "slopes": alibi_slopes(args.heads).tolist(), "bias_row_15": bias[:, 15].tolist()}}
-    paths = [p1, p2, p3, _write_json(out, "encodings.json", data)]
+    data["learned"] = {"model": "shakespeare-gpt2", "n_positions": int(sim.shape[0]),
+                       "cosine_to_next_position_mean": float(np.mean(np.diag(sim, 1)))}
+    data["relative"] = {k: v.tolist() for k, v in buckets.items()}
+    paths = [p1, p2, p3, p4, p5, _write_json(out, "encodings.json", data)]
     print(_table(["head", "ALiBi slope"], [[h, float(s)] for h, s in enumerate(alibi_slopes(args.heads))]))
     _done(paths)
     return 0
