@@ -599,7 +599,7 @@ def cmd_patchscope(args) -> int:
           f"{_labels(model, tgt[tp:tp + 1])[0]!r}; greedy {args.max_new_tokens} tokens")
     print(_table(["source l", "target l'", "continuation", "p(first)", "top first tokens"],
                  [[r["source_layer"], r["target_layer"], repr(r["text"])[:28], r["p_first"],
-                   " ".join(repr(t) for t in r["top5_first_tokens"][:3])[:40]] for r in rows]))
+                   " ".join(f"'{t}'" for t in r["top5_first_tokens"][:3])[:40]] for r in rows]))
     _done(paths)
     return 0
 
@@ -806,7 +806,7 @@ def cmd_neurons(args) -> int:
     print(f"layer {layer}: {len(chunks)} chunk(s) of {chunk} tokens; activation {data['activation']}")
     print(_table(["neuron", "max act", "top context (fires at its end)", "promotes (E v)"],
                  [[e["neuron"], e["max_activation"], repr("".join(e["contexts"][0]["tokens"]))[-34:],
-                   " ".join(repr(p["token"]) for p in e["promoted"][:4])] for e in entries], [6, 8, 34, 44]))
+                   " ".join(f"'{p['token']}'" for p in e["promoted"][:4])] for e in entries], [6, 8, 34, 44]))
     _done(paths)
     return 0
 
