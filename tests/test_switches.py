@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -309,7 +310,15 @@ def _random_llama_dir(path):
 
 @pytest.fixture(scope="module")
 def _tmp_llama(tmp_path_factory):
-    return _random_llama_dir(tmp_path_factory.mktemp("shakespeare-llama"))
+    """A random LLaMA with the shipped one's tokenizer files (scripts/train_default.py writes them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_default", Path(__file__).parent.parent / "scripts" / "train_default.py")
+    td = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(td)
+    path = _random_llama_dir(tmp_path_factory.mktemp("shakespeare-llama"))
+    td.write_llama_tokenizer(path, LLAMA_BASE.get("max_position_embeddings", 64))
+    return path
 
 
 @pytest.fixture
@@ -344,6 +353,7 @@ def test_a_shipped_name_whose_directory_is_missing_is_a_one_line_error(tmp_path,
 def test_shakespeare_llama_by_name_in_the_library_and_every_command(shakespeare_llama, tmp_path, capsys):
     m = refimpl.load("shakespeare-llama")
     assert isinstance(m, LlamaModel) and m.config.model_type == "llama" and m.tokenizer is not None
+    assert m.tokenizer.bos_token == m.config.bos_token_id == 3071  # text prompts get the BOS it was trained with
     assert refimpl.models.family_of("shakespeare-llama") == "llama"
     assert main(["generate", "--model", "shakespeare-llama", "--prompt", "Friends", "--max-new-tokens", "3",
                  "--no-causal-mask", "--attention-scale", "model-width", "--logprobs", "2", "--timing", "--no-eos"]) == 0

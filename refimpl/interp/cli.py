@@ -27,8 +27,10 @@ OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS you set wins.
 Files written:
     lens       lens.png (top-1 token per layer and position), lens.json (top-k ids, tokens, probs)
     attention  attention.png (L x H heatmaps), attention.json (weights, tokens)
-    sinks      sinks.png (share / uniform per layer and head), sinks.json (table rows)
-    streaming  streaming.png (running perplexity per method), streaming.json (table rows)
+    sinks      sinks.png (share / uniform per layer and head), sinks.json (table rows; bos_first: each
+               chunk of a text began with the tokenizer's BOS)
+    streaming  streaming.png (running perplexity per method), streaming.json (table rows; a fourth,
+               recompute with [BOS] + the last M-1 tokens, for a tokenizer with a BOS)
     steer      steer.png (change of log p(target) against alpha), steer.json (effects, generations)
     patch      patch.png (effect per layer and position), patch.json (effects, tokens)
     encodings  sinusoidal.png, rope.png, alibi.png, encodings.json
@@ -285,28 +287,37 @@ def cmd_sinks(args) -> int:
     T = context if args.max_tokens is None else min(args.max_tokens, context)
     if args.chunks < 1:
         raise _Usage(f"--chunks must be >= 1; got {args.chunks}")
-    ids = _ids(model, args, limit=args.chunks * T)
+    # A text for a model whose tokenizer has a BOS: each chunk is [BOS] + its next T - 1 tokens, as the
+    # model's training windows began; --ids are taken as given. b: the chunk's tokens not from the input.
+    bos = getattr(model.tokenizer, "bos_token", None) if args.ids is None else None
+    b = 0 if bos is None else 1
+    if T <= b:
+        raise _Usage(f"--max-tokens must be >= 2 with a BOS first in each chunk; got {args.max_tokens}")
+    ids = _ids(model, args, limit=args.chunks * (T - b))
     n = len(ids)
-    if n < args.chunks * T:  # too few tokens for --chunks chunks of T
+    S = T - b  # input tokens per chunk
+    if n < args.chunks * S:  # too few tokens for --chunks chunks of T
         if args.max_tokens is None and n >= args.chunks:  # chunk length not asked for: shorten the chunks
-            print(f"note: the input has {n} tokens, fewer than --chunks {args.chunks} x {T} (the context); "
-                  f"using {args.chunks} chunks of {n // args.chunks} tokens (--max-tokens sets the chunk length)",
-                  file=sys.stderr)
-            T = n // args.chunks
+            print(f"note: the input has {n} tokens, fewer than --chunks {args.chunks} x {S} (the context"
+                  f"{' after the BOS' if b else ''}); using {args.chunks} chunks of {n // args.chunks + b} tokens "
+                  "(--max-tokens sets the chunk length)", file=sys.stderr)
+            S = n // args.chunks
         elif args.chunks > 1:
-            use = max(1, n // min(T, n))
-            print(f"note: the input has {n} tokens: {use} chunk(s) of {min(T, n)} tokens, not --chunks "
-                  f"{args.chunks} (that needs {args.chunks} x {T} = {args.chunks * T} tokens; give a longer "
-                  f"--file, or a smaller --max-tokens)", file=sys.stderr)
-    T = min(T, n)
+            use = max(1, n // min(S, n))
+            print(f"note: the input has {n} tokens: {use} chunk(s) of {min(S, n) + b} tokens, not --chunks "
+                  f"{args.chunks} (that needs {args.chunks} x {S} = {args.chunks * S} tokens"
+                  f"{' after the BOS' if b else ''}; give a longer --file, or a smaller --max-tokens)", file=sys.stderr)
+    S = min(S, n)
+    T = S + b
     for k in args.k:  # every --k checked before any work
         if not 1 <= k <= T:
             raise _Usage(f"--k must lie in 1 .. T={T}; got {k}")
-    chunks = [ids[c * T:(c + 1) * T] for c in range(len(ids) // T)]
+    chunks = [np.concatenate([[bos] * b, ids[c * S:(c + 1) * S]]).astype(np.int64) for c in range(n // S)]
     # share is linear in w, so the mean of the chunks' shares is the share of their mean weights
     w = np.mean([attention_weights(model, c) for c in chunks], axis=0)  # [L, H, T, T]
     out = Path(args.out)
-    result = {"tokens_per_chunk": int(T), "chunks": len(chunks), "tables": {}}
+    result = {"tokens_per_chunk": int(T), "chunks": len(chunks), "bos_first": bool(b),
+              **({"bos_token": int(bos)} if b else {}), "tables": {}}
     paths = []
     for k in args.k:
         rows = sink_table(w, k)
@@ -314,8 +325,8 @@ def cmd_sinks(args) -> int:
         uniform = uniform_sink_share(T, T, k)
         name = "sinks.png" if k == args.k[0] else f"sinks_k{k}.png"
         paths.append(plot_sink_statistics(sink_share(w, k), uniform, out / name, k=k))
-        print(f"attention on the first {k} token(s), T={T} ({len(chunks)} chunk(s) averaged); "
-              f"a uniform causal head gives {uniform:.4f}")
+        print(f"attention on the first {k} token(s), T={T} ({len(chunks)} chunk(s) averaged"
+              f"{f', each [BOS {bos}] + {S} input tokens' if b else ''}); a uniform causal head gives {uniform:.4f}")
         print(_table(["layer", "head", "share", "ratio"], [[r["layer"], r["head"], r["share"], r["ratio"]] for r in rows]))
     paths.append(_write_json(out, "sinks.json", result))
     _done(paths)
@@ -351,9 +362,10 @@ def cmd_streaming(args) -> int:
     if args.ids is None and bos is not None and ids[0] != bos:  # a text starts with the BOS its tokenizer puts first
         ids = np.concatenate([[bos], ids])[:limit]
     if len(ids) <= M:
-        print(f"note: {len(ids)} tokens fit in the cache of {M}: nothing is evicted, so the three "
+        print(f"note: {len(ids)} tokens fit in the cache of {M}: nothing is evicted, so the "
               "methods agree and 'ppl after M' is empty (nan); give more tokens to compare them", file=sys.stderr)
-    rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True)
+    bos_row = bos if args.ids is None and M >= 2 else None  # the windows a BOS-trained model saw: a fourth row
+    rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True, bos=bos_row)
     family = "GPT-2" if gpt2 else model.config.model_type
     policy = ("positions min(t, M - 1), learned, baked into the cached keys" if gpt2 else
               f"keys cached before RoPE; positions = cache slots 0 .. {M - 1}")

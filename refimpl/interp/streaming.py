@@ -47,7 +47,9 @@ window=window). For the LLaMA family the queries' positions are the same min(t, 
 Baselines for `streaming_perplexity`: (a) the same cache with n_sink = 0 and window = M (a
 plain sliding window: the first tokens are evicted), (b) sinks + window, (c) recomputation:
 for each token, a fresh forward over the last M tokens at positions 0 .. M-1 (exact
-positions, O(M) work per token instead of O(1) new keys).
+positions, O(M) work per token instead of O(1) new keys), and, given a model's BOS, (d) the same
+with the window [BOS] + the last M - 1 tokens: what a model trained with the BOS first in every
+window saw, where (c)'s windows start mid-text.
 """
 
 from __future__ import annotations
@@ -180,6 +182,13 @@ def _ids_1d(model, ids, name: str = "ids") -> np.ndarray:
     return ids
 
 
+def _bos_id(model, bos) -> int:
+    """bos as an int, when it is one token id of the model's vocabulary."""
+    if not is_int(bos):
+        raise TypeError(f"bos must be a token id (an integer) or None; got {type(bos).__name__}")
+    return int(_ids_1d(model, [bos], "bos")[0])
+
+
 def _length_free_rope(model, n: int) -> bool:
     """Whether one forward of n tokens rotates by the frequencies of n forwards of lengths 1 .. n (always for GPT-2).
 
@@ -280,10 +289,18 @@ def streaming_generate(model, prompt, *, n_sink: int = 4, window: int | None = N
     return out
 
 
-def recompute_window_logits(model, ids, *, context: int | None = None) -> np.ndarray:  # [N] -> [N, V]
-    """z_t = model(ids[max(0, t-M+1) .. t])[-1]: a fresh forward over the last M = context tokens, per token."""
+def recompute_window_logits(model, ids, *, context: int | None = None, bos: int | None = None) -> np.ndarray:
+    """z_t = model(ids[max(0, t-M+1) .. t])[-1]: a fresh forward over the last M = context tokens, per token.
+
+    bos (a token id): for t >= M the window is [bos] + ids[t-M+2 .. t] instead, M tokens that begin
+    with the BOS, as every training window of a model trained with one did; z_0 .. z_{M-1} are the
+    same prefix forward either way (a text read with its tokenizer starts with its BOS already).
+    Shapes: ids [N] -> logits [N, V].
+    """
     dec = decoder_of(model)
     ids = _ids_1d(model, ids)
+    if bos is not None:
+        bos = _bos_id(model, bos)
     limit, name = dec.context(model.config), _context_name(model.config)
     if context is None:
         if limit is None:
@@ -298,8 +315,9 @@ def recompute_window_logits(model, ids, *, context: int | None = None) -> np.nda
     z0 = dec.lm_head(model, dec.hidden_states(model.params, model.config, ids[None, :first])[0])  # [first, V]
     out = np.empty((N, z0.shape[-1]), dtype=z0.dtype)
     out[:first] = z0
-    for t in range(first, N):  # positions 0 .. M-1 for the window ids[t-M+1 .. t]
-        h = dec.hidden_states(model.params, model.config, ids[None, t - M + 1:t + 1], last_only=True)  # [1, 1, C]
+    for t in range(first, N):  # positions 0 .. M-1 for the window ids[t-M+1 .. t] (or [bos] + ids[t-M+2 .. t])
+        window = ids[t - M + 1:t + 1] if bos is None else np.concatenate([[bos], ids[t - M + 2:t + 1]])
+        h = dec.hidden_states(model.params, model.config, window[None, :], last_only=True)  # [1, 1, C]
         out[t] = dec.lm_head(model, h[0, -1])
     return out
 
@@ -313,7 +331,8 @@ def negative_log_likelihood(logits, ids) -> np.ndarray:  # [N, V], [N] -> [N - 1
     return -np.take_along_axis(log_softmax(z[:-1]), ids[1:, None], axis=-1)[:, 0]
 
 
-def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = None, return_nll: bool = False):
+def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = None, return_nll: bool = False,
+                         bos: int | None = None):
     """Perplexity exp(mean nll) and seconds per token of (a) window without sinks, (b) sinks + window, (c) recompute.
 
     All three keep M = n_sink + window tokens of context (window defaults to the context - n_sink).
@@ -321,15 +340,25 @@ def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = No
     Each row: method, n_sink, window, tokens, ppl (all predictions), ppl_after_M (the predictions
     made from more than M tokens of context, z_t for t >= M: where the methods differ), seconds_per_token (wall time of
     the whole run / N, the one-forward prefill of the first M tokens included).
+    bos (a token id, for a model trained with it first in every window): a fourth row, (d) recompute
+    [bos] + the last M - 1 tokens each token (recompute_window_logits with bos), the window such a
+    model saw in training; n_sink 1 (the BOS), window M - 1.
     return_nll=True also returns {method: nll [N - 1]} (per-token losses, for plots).
     """
     ids = _ids_1d(model, ids)
     n_sink, window = _default_window(model, n_sink, window)
     M = n_sink + window
+    if bos is not None:
+        bos = _bos_id(model, bos)
+        if M < 2:
+            raise ValueError(f"with bos, n_sink + window must be >= 2 (the BOS and one token); got {M}")
     runs = [("sliding window (no sinks)", lambda: streaming_logits(model, ids, n_sink=0, window=M), 0, M),
             ("sinks + window (StreamingLLM)", lambda: streaming_logits(model, ids, n_sink=n_sink, window=window),
              n_sink, window),
             ("recompute window each token", lambda: recompute_window_logits(model, ids, context=M), 0, M)]
+    if bos is not None:
+        runs.append(("recompute BOS + last M-1 each token",
+                     lambda: recompute_window_logits(model, ids, context=M, bos=bos), 1, M - 1))
     rows, nlls = [], {}
     for name, run, s, w in runs:
         t0 = time.perf_counter()
