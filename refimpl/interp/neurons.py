@@ -151,7 +151,7 @@ def plot_neurons(model, layer: int, entries: list[dict], path):
                         color="white" if abs(a) > 0.6 * top else "black")
         ax.set_yticks(range(len(rows)), [f"{c['activation']:.2f}" for c in rows], fontsize=6)
         ax.set_xticks([])
-        promoted = ", ".join(repr(t)[1:-1] for t in token_labels(model, [p["id"] for p in e["promoted"][:6]]))
+        promoted = " ".join(f"'{t}'" for t in token_labels(model, [p["id"] for p in e["promoted"][:6]]))
         ax.set_title(f"layer {layer}, neuron {e['neuron']}: top contexts (last column fires); "
                      f"E v promotes: {promoted}", fontsize=7.5, loc="left")
     fig.suptitle("FFN neurons as key-value memories (Geva et al. 2021): keys = contexts, values = E v_i",
