@@ -52,6 +52,7 @@ from ..linear import LinearParams, linear
 from ..masks import causal_mask
 from ..norms import layer_norm
 from .config import GPT2Config
+from .io import load_weights, write_model_files
 from .model import check_token_ids
 from .params import BlockParams, GPT2Params, LayerNormParams
 
@@ -339,16 +340,6 @@ class TrainFamily:
     context: Callable
 
 
-def _gpt2_write_files(folder, config, params):
-    from .io import write_model_files
-    write_model_files(folder, config, params)
-
-
-def _gpt2_read_files(folder):
-    from .io import load_weights
-    return load_weights(folder)
-
-
 GPT2_FAMILY = TrainFamily(
     name="gpt2",
     init_params=lambda config, seed: init_params(config, seed=seed),
@@ -356,8 +347,8 @@ GPT2_FAMILY = TrainFamily(
     loss=loss,
     named=lambda params, config: params.named_tensors(),
     rebuild=lambda named, config: GPT2Params.from_named_tensors(named, config, dtype=None),
-    write_files=_gpt2_write_files,
-    read_files=_gpt2_read_files,
+    write_files=write_model_files,
+    read_files=load_weights,
     context=lambda config: config.n_positions,
 )
 

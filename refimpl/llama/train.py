@@ -37,6 +37,7 @@ from ..norms import _rms_norm
 from ..positional import _rope_rotate
 from .checks import check_params, check_token_ids
 from .config import LlamaConfig
+from .io import load_weights, write_model_files
 from .model import rope_cos_sin
 from .params import LlamaBlockParams, LlamaParams, checkpoint_shapes
 
@@ -221,16 +222,6 @@ def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids, targets) -> tu
 
 # ----------------------------------------------------------------------------- the family the training loop reads
 
-def _write_files(folder, config, params):
-    from .io import write_model_files
-    write_model_files(folder, config, params)
-
-
-def _read_files(folder):
-    from .io import load_weights
-    return load_weights(folder)
-
-
 LLAMA_FAMILY = TrainFamily(
     name="llama",
     init_params=lambda config, seed: init_params(config, seed=seed),
@@ -238,7 +229,7 @@ LLAMA_FAMILY = TrainFamily(
     loss=loss,
     named=lambda params, config: params.to_checkpoint(config),
     rebuild=lambda named, config: LlamaParams.from_checkpoint(named, config, dtype=None),
-    write_files=_write_files,
-    read_files=_read_files,
+    write_files=write_model_files,
+    read_files=load_weights,
     context=lambda config: config.max_position_embeddings,
 )
