@@ -410,3 +410,20 @@ def test_learned_and_relative_pictures_show_the_models_numbers(tmp_path):
     png_size_ok(path)
     with pytest.raises(ValueError, match="wpe must be"):
         plot_learned(tmp_path / "x.png", np.zeros(4))
+
+
+@pytest.mark.parametrize("sub", ["lens", "attention"])
+def test_lens_and_attention_start_a_text_with_the_tokenizers_bos(sub, tmp_path, capsys):
+    """The shipped LLaMA's tokenizer puts <|endoftext|> (3071) first, as in every training window: a --text gets
+    it, as `generate` gives it; --ids are taken as given; GPT-2's tokenizer has no BOS and adds none."""
+    tokens = {}
+    for model in ("shakespeare-llama", "shakespeare-gpt2"):  # the same BPE: 'F' 'ri' 'ends' ',' ' R' 'om' 'ans'
+        out = tmp_path / f"{sub}-{model}"
+        assert main([sub, "--model", model, "--text", "Friends, Romans", "--out", str(out)]) == 0
+        tokens[model] = json.loads((out / f"{sub}.json").read_text())["tokens"]
+    assert len(tokens["shakespeare-gpt2"]) == 7 and "<|endoftext|>" not in tokens["shakespeare-gpt2"]
+    assert tokens["shakespeare-llama"] == ["<|endoftext|>"] + tokens["shakespeare-gpt2"]
+    out = tmp_path / f"{sub}-ids"
+    assert main([sub, "--model", "shakespeare-llama", "--ids", "37 343 2356", "--out", str(out)]) == 0
+    assert len(json.loads((out / f"{sub}.json").read_text())["tokens"]) == 3
+    capsys.readouterr()

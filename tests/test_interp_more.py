@@ -73,8 +73,8 @@ def test_patchscope_into_the_same_prompt_layer_and_position_is_the_models_own_co
     """replace(h, positions=[p]) at layer l with h = the prompt's own h_l[p] writes the value the forward
     computed, so every later number is the plain forward's: the greedy continuation is refimpl.generate's,
     token for token, at every layer 0 .. L. A different source state at the same point changes the logits
-    (the patch is really applied), except at layer L: the last block's output at the placeholder (not the
-    last position) is read by nothing that follows."""
+    (the patch is really applied). At layer L the last block's output at the placeholder (not the last
+    position) is read by nothing that follows, so a patch there is refused."""
     from refimpl.interp.patchscope import IDENTITY_PROMPT, patchscope_generate, placeholder_position, source_states
 
     model = gpt2 if which == "gpt2" else llama
@@ -85,16 +85,18 @@ def test_patchscope_into_the_same_prompt_layer_and_position_is_the_models_own_co
     other = source_states(model, model.tokenizer.encode("Friends, Romans, countrymen"))
     plain = refimpl.generate(model, tgt.tolist(), max_new_tokens=6, eos_token_id=None).ids
     z_plain = run_with_cache(model, tgt, names=())[0][-1]
-    for layer in range(len(own)):
+    with pytest.raises(ValueError, match="after the last block"):
+        patchscope_generate(model, own[-1], tgt, target_layer=len(own) - 1, target_position=p)
+    own_last = source_states(model, tgt, position=len(tgt) - 1)
+    ids, _ = patchscope_generate(model, own_last[-1], tgt, target_layer=len(own) - 1, target_position=len(tgt) - 1)
+    assert ids[0] == plain[0]  # at the last position layer L is read: its own state gives its own next token
+    for layer in range(len(own) - 1):
         ids, z = patchscope_generate(model, own[layer], tgt, target_layer=layer, target_position=p, max_new_tokens=6)
         assert ids == list(plain), layer
         np.testing.assert_allclose(z, z_plain, rtol=1e-5, atol=1e-5)  # float32: cached vs full forward
         _, z_other = patchscope_generate(model, other[layer], tgt, target_layer=layer, target_position=p,
                                          max_new_tokens=1)
-        if layer < len(own) - 1:
-            assert np.max(np.abs(z_other - z_plain)) > 1e-3, layer
-        else:  # the final residual at an earlier position feeds no later computation
-            np.testing.assert_allclose(z_other, z_plain, rtol=1e-5, atol=1e-5)
+        assert np.max(np.abs(z_other - z_plain)) > 1e-3, layer
 
 
 def test_patchscope_cli_writes_the_grid(gpt2, tmp_path, capsys):
@@ -105,14 +107,15 @@ def test_patchscope_cli_writes_the_grid(gpt2, tmp_path, capsys):
     assert {"source", "source_tokens", "source_position", "target", "target_tokens", "target_position", "layers",
             "rows"} <= set(data)
     L = gpt2.config.n_layer
-    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L + 1)]
+    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L)]  # not L
     assert data["target_tokens"][data["target_position"]].strip() == "?"
     assert all(len(r["ids"]) == 2 and 0 < r["p_first"] <= 1 for r in data["rows"])
     assert f"wrote {out / 'patchscope.png'}" in printed
     run_cli(["patchscope", "--out", str(out), "--grid", "--source-layer", "0", "--source-layer", "4",
              "--max-new-tokens", "1"], capsys)
     rows = json.loads((out / "patchscope.json").read_text())["rows"]
-    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L + 1)]
+    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L)]
+    run_cli(["patchscope", "--out", str(out), "--target-layer", str(L)], capsys, code=2)  # refused, naming the flag
 
 
 def test_patchscope_on_a_llama_directory(llama_dir, tmp_path, capsys):
@@ -260,7 +263,8 @@ def test_memory_cli_measures_quadratic_naive_and_answers_the_window_question(tmp
         if r["kernel"] == "naive":
             assert r["peak_bytes"] >= r["score_matrix_bytes"]  # at least the score matrix itself
         else:
-            assert r["T"] < 256 or r["peak_bytes"] < 0.5 * r["score_matrix_bytes"]  # below, fixed costs dominate
+            # at the largest T and H; below them fixed costs (~100-200 KB of the call's own arrays) dominate
+            assert r["T"] < 256 or r["heads"] < 2 or r["peak_bytes"] < 0.5 * r["score_matrix_bytes"]
             assert r["max_abs_diff_to_naive"] < 1e-4
     assert "does a window save memory (naive)? no" in printed
 

@@ -118,8 +118,13 @@ def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> 
 
 
 def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None = None,
-         flag: str = "--ids") -> np.ndarray:
-    """Token ids from --ids (each checked against the vocabulary), --text or --file (else the default text), cut to `limit` tokens."""
+         flag: str = "--ids", bos_first: bool = False) -> np.ndarray:
+    """Token ids from --ids (each checked against the vocabulary), --text or --file (else the default text), cut to `limit` tokens.
+
+    bos_first: a text gets the BOS its tokenizer puts first (refimpl._tokens.encode_prompt, as `generate`
+    does: the shipped LLaMA saw it at the start of every training window); --ids are taken as given.
+    """
+    from refimpl._tokens import encode_prompt
     from refimpl.gpt2.model import parse_token_ids
 
     given = [n for n in ("ids", "text", "file") if getattr(args, n, None) is not None]
@@ -142,7 +147,7 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
             raise _Usage("give the input: --file PATH, --text TEXT or --ids '1 2 3'")
         if model.tokenizer is None:
             raise _no_tokenizer(model, getattr(args, "model", None), flag=flag)
-        ids = model.tokenizer.encode(text)
+        ids = list(encode_prompt(model.tokenizer, text)) if bos_first else model.tokenizer.encode(text)
     if not ids:
         raise _Usage(f"the input ({_given_flag(args, flag)}) has no tokens; give at least one")
     if limit is not None:
@@ -237,7 +242,7 @@ def cmd_lens(args) -> int:
     V = model.config.vocab_size
     if not 1 <= args.top_k <= V:
         raise _Usage(f"--top-k must lie in 1 .. {V} (the vocabulary size); got {args.top_k}")
-    ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
+    ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
     lens = logit_lens(model, ids, **_switches(args))
     top, prob = lens_top_tokens(lens, args.top_k)
     n_rows = lens.shape[0]
@@ -262,7 +267,7 @@ def cmd_attention(args) -> int:
     from .attention_maps import attention_weights, plot_attention_maps
 
     model = _load(args.model)
-    ids = _ids(model, args, limit=min(args.max_tokens, _context(model)))
+    ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
     w = attention_weights(model, ids, **_switches(args))  # [L, H, T, T]
     L, H, T, _ = w.shape
     ent = 0.0 - np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
@@ -589,8 +594,15 @@ def cmd_patchscope(args) -> int:
     if len(tgt) + args.max_new_tokens > limit:
         raise _Usage(f"the target ({len(tgt)} tokens) plus --max-new-tokens {args.max_new_tokens} exceeds the "
                      f"context of {limit} positions")
+    last = tp == len(tgt) - 1  # after the last block (layer L) a patch reaches only its own position's logits
+    if args.target_layer == L and not last:
+        raise _Usage(f"--target-layer {L} is after the last block: a state patched there at position {tp} reaches "
+                     f"nothing decoded from the last position; give --target-layer 0 .. {L - 1}")
     targets = "same" if not args.grid and args.target_layer is None else (
-        args.target_layer if args.target_layer is not None else range(L + 1))
+        args.target_layer if args.target_layer is not None else range(L + 1 if last else L))
+    if not last and args.target_layer is None:
+        print(f"note: target layer {L} (after the last block) is left out: a state patched there at position {tp} "
+              f"reaches nothing decoded from the last position", file=sys.stderr)
     rows = patchscope_grid(model, src, tgt, source_position=sp, target_position=tp, source_layers=args.source_layer,
                            target_layers=targets, max_new_tokens=args.max_new_tokens)
     decode = (lambda ids: model.tokenizer.decode(ids)) if model.tokenizer is not None else (lambda ids: ids)
@@ -760,10 +772,16 @@ def cmd_memory(args) -> int:
           + f" at {summary['at_heads']} heads")
     for kernel, ans in summary["window_saves_memory"].items():
         if ans["ratios"]:
-            lo = min(x["peak_ratio"] for x in ans["ratios"])
-            t = min(x["time_ratio"] for x in ans["ratios"])
-            print(f"does a window save memory ({kernel})? {'yes' if ans['saves'] else 'no'}: "
-                  f"peak(window) / peak(none) >= {lo:.2f}; time(window) / time(none) down to {t:.2f}")
+            top = max(x["T"] for x in ans["ratios"])  # where the answer is decided (memory.summarize)
+            at = [x for x in ans["ratios"] if x["T"] == top]
+            pk, tm = [x["peak_ratio"] for x in at], [x["time_ratio"] for x in at]
+            ratios = (f"at T = {top}, peak(window) / peak(none) = {min(pk):.2f} .. {max(pk):.2f}; time(window) / "
+                      f"time(none) = {min(tm):.2f} .. {max(tm):.2f} (times: medians on this machine, noisy when shared)")
+            if kernel == "naive":
+                print(f"does a window save memory (naive)? {'yes' if ans['saves'] else 'no'}: {ratios}")
+            else:  # its traced peak is the output and the call's own arrays: O(T) with or without a window
+                print(f"{kernel}: {ratios}; its peak is O(T) either way (buffers inside the compiled kernel are "
+                      "not traced, so small ratios move between runs)")
     _done(paths)
     return 0
 

@@ -89,6 +89,10 @@ def patchscope_generate(model, state, target_ids, *, target_layer: int, target_p
         raise ValueError(f"target_layer must be a layer in 0 .. {len(points) - 1}; got {target_layer!r}")
     layer = int(target_layer)
     pos = _check_index(target_position, len(ids), "target_position", "a target position")
+    if layer == len(points) - 1 and pos != len(ids) - 1:
+        raise ValueError(f"target_layer {layer} is after the last block: a state patched there at position {pos} "
+                         f"reaches no later position, so nothing decoded from the last one ({len(ids) - 1}) could "
+                         f"see it; patch into a layer in 0 .. {layer - 1}, or at the last position")
     C = dec.width(model.config)
     state = np.asarray(state)
     if state.shape != (C,) or state.dtype.kind != "f":
@@ -115,7 +119,9 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
 
     source_layers: iterable of layers 0 .. L (None: all L + 1). target_layers: "same" (l' = l,
     the paper's default inspection), an int (every source state into that layer), or an
-    iterable (the full grid). Each row: source_layer, target_layer, ids (the continuation),
+    iterable (the full grid). With "same", l' = L (after the last block) is left out unless the
+    target position is the last: a state patched there at an earlier position reaches nothing
+    that is decoded (patchscope_generate refuses it when asked for explicitly). Each row: source_layer, target_layer, ids (the continuation),
     p_first (softmax probability of its first token), top5_first (the five likeliest first
     tokens, best first) and first_is_top1_of_source (whether that
     token is also what the source run predicts next at the source position).
@@ -126,12 +132,15 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
     sp = _check_index(source_position, len(src), "source_position", "a source position")
     src_next = int(np.argmax(run_with_cache(model, src[: sp + 1], names=())[0][-1]))
     layers = range(L1) if source_layers is None else list(source_layers)
+    tgt = _check_ids(model, target_ids, "target_ids")
+    tp = _check_index(target_position, len(tgt), "target_position", "a target position")
+    reach = L1 - 1 if tp == len(tgt) - 1 else L1 - 2  # the last target layer whose patch can reach the decoding
     rows = []
     for l in layers:
         if not is_int(l) or not 0 <= l < L1:
             raise ValueError(f"source_layers must be layers in 0 .. {L1 - 1}; got {l!r}")
         if target_layers == "same":
-            targets = [l]
+            targets = [l] if l <= reach else []
         elif is_int(target_layers):
             targets = [target_layers]
         else:
