@@ -244,6 +244,9 @@ def _logprob_table(model, trace, processed: bool) -> str:
         alts = ", ".join(f"{_piece(model, t)} {lp:.2f}" for t, lp in r.top)
         lines.append(f"{i:>3}  {_piece(model, r.token)[:16]:<16} {r.logprob:>8.3f} {math.exp(r.logprob):>7.4f} "
                      f"{r.rank:>5}  {alts}")
+    total = math.fsum(r.logprob for r in trace.tokens)
+    lines.append(f"sum: {total:.3f} = log p(these {len(trace.tokens)} tokens | the prompt) (the chain rule: "
+                 f"p = {math.exp(total):.3g})")
     return "\n".join(lines)
 
 

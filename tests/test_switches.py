@@ -391,6 +391,9 @@ def test_generate_logprobs_and_timing_on_the_command_line(capsys):
     lp = log_softmax(refimpl.logits(m, g.prompt_ids + g.ids))
     for i, (ln, tok) in enumerate(zip(table, g.ids)):
         assert abs(float(ln.split()[2]) - lp[len(g.prompt_ids) - 1 + i, tok]) < 1e-3
+    total = sum(lp[len(g.prompt_ids) - 1 + i, tok] for i, tok in enumerate(g.ids))  # the chain rule
+    (line,) = [ln for ln in lines if ln.startswith("sum: ")]
+    assert abs(float(line.split()[1]) - total) < 1e-2 and "these 4 tokens | the prompt" in line
     assert f"prefill  {len(g.prompt_ids)} tokens" in out and "decode   3 steps" in out and "median" in out
     rc, out, err = run_cli(["generate", "--prompt", "Friends", "--max-new-tokens", "3", "--temperature", "0.7",
                             "--seed", "1", "--logprobs"], capsys)
