@@ -40,11 +40,11 @@ from accel import registry
 from accel.verify import check_against_twin, make_case
 from refimpl.llama import LlamaConfig
 from refimpl.llama.model import KVCache, LlamaModel, forward, get_ops, logits
-from refimpl.llama.params import LlamaParams, checkpoint_shapes
 
 nc = pytest.importorskip("accel.numba_cuda", reason="numba.cuda is not importable (pip install numba)")
 from numba import cuda  # noqa: E402
 
+from llama_random import random_llama  # noqa: E402
 from report import MaxDiffs  # noqa: E402
 from strategies import glu_gate_dims_NF, rope_table_dims_NTD  # noqa: E402
 
@@ -94,20 +94,7 @@ T = 5  # longer than the windows (3, 4)
 def tiny_model(case: str, dtype=np.float32, seed: int = 0) -> LlamaModel:
     """A random LlamaModel of CASES[case]: every weight random (norm weights near 1, Gemma's near 0, biases ~0.1)."""
     config = LlamaConfig.from_dict({"model_type": case, **TINY, **CASES[case]})
-    rng = np.random.default_rng(seed)
-    gemma = case.startswith("gemma")
-    arrays = {}
-    for name, shape in checkpoint_shapes(config).items():
-        noise = rng.standard_normal(shape)
-        if "norm" in name:
-            arrays[name] = (0.0 if gemma else 1.0) + 0.1 * noise
-        elif name.endswith("bias"):
-            arrays[name] = 0.1 * noise
-        elif "embed_tokens" in name or name == "lm_head.weight":
-            arrays[name] = 0.5 * noise / (np.sqrt(config.hidden_size) if gemma else 1.0)
-        else:
-            arrays[name] = noise / np.sqrt(shape[1])
-    return LlamaModel(config, LlamaParams.from_checkpoint(arrays, config, dtype=dtype))
+    return random_llama(config, seed=seed, dtype=dtype)
 
 
 def sim_kernels() -> SimpleNamespace:

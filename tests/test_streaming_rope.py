@@ -26,7 +26,7 @@ from refimpl.interp.streaming import negative_log_likelihood
 from refimpl.llama import LlamaModel, logits as model_logits
 from refimpl.llama.config import LlamaConfig
 from refimpl.llama.generate import generate
-from refimpl.llama.params import LlamaParams, checkpoint_shapes
+from llama_random import random_llama
 from refimpl.rope_scaling import rope_attention_factor, scaled_rope_frequencies
 
 TINY = dict(vocab_size=41, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4)
@@ -59,20 +59,7 @@ M = N_SINK + WINDOW
 def tiny_model(case: str, dtype=np.float64, seed: int = 0) -> LlamaModel:
     """A LlamaModel of CASES[case] with every weight random (norms near 1, Gemma's near 0, biases ~0.1)."""
     config = LlamaConfig.from_dict({**TINY, **CASES[case]})
-    rng = np.random.default_rng(seed)
-    gemma = config.model_type.startswith("gemma")
-    arrays = {}
-    for name, shape in checkpoint_shapes(config).items():
-        noise = rng.standard_normal(shape)
-        if "norm" in name:
-            arrays[name] = (0.0 if gemma else 1.0) + 0.1 * noise
-        elif name.endswith("bias"):
-            arrays[name] = 0.1 * noise
-        elif "embed_tokens" in name or name == "lm_head.weight":
-            arrays[name] = 0.5 * noise / (np.sqrt(config.hidden_size) if gemma else 1.0)
-        else:
-            arrays[name] = noise / np.sqrt(shape[1])
-    return LlamaModel(config, LlamaParams.from_checkpoint(arrays, config, dtype=dtype))
+    return random_llama(config, seed=seed, dtype=dtype)
 
 
 @pytest.fixture(scope="module")
