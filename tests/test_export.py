@@ -287,3 +287,18 @@ def test_the_bfloat16_writer_is_the_exact_inverse_of_the_reader():
 def read_header_bytes(data: bytes) -> str:
     n = int.from_bytes(data[:8], "little")
     return json.loads(data[8:8 + n])["w"]["dtype"]
+
+
+def test_a_safetensors_index_listing_a_tensor_twice_is_refused_by_the_loader_too(tmp_path):
+    """The index reader is shared: model.safetensors.index.json with a duplicated key (which JSON would resolve
+    silently to the last) is an error naming the tensor."""
+    import refimpl
+
+    hf_llama("mistral").save_pretrained(tmp_path / "m", max_shard_size="20KB")
+    index_file = tmp_path / "m" / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    first = next(n for n, s in index["weight_map"].items() if s == shards[0])
+    index_file.write_text(json.dumps(index)[:-2] + f', "{first}": "{shards[1]}"' + "}}")
+    with pytest.raises(WeightFileError, match=f"weight_map lists tensor '{first}' more than once"):
+        refimpl.load(tmp_path / "m")
