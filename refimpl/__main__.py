@@ -7,7 +7,7 @@
                                [--no-causal-mask] [--attention-scale S|head-dim|model-width]
                                [--logprobs [K]] [--timing [--compare-beam N]]
     python -m refimpl tokenize [--model NAME|PATH] [--allow-special] TEXT
-    python -m refimpl export --model DIR_OR_HUB_NAME --out DIR
+    python -m refimpl export --model DIR_OR_HUB_NAME --out DIR [--dtype source|float32|bfloat16|float16]
     python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings,
@@ -355,7 +355,7 @@ def cmd_tokenize(args) -> int:
 def cmd_export(args) -> int:
     from refimpl.models import export
 
-    out = export(args.model, args.out)
+    out = export(args.model, args.out, dtype=args.dtype)
     print(f"wrote {out}")
     return 0
 
@@ -453,8 +453,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "GPT-2 or the LLaMA family")
     e.add_argument("--model", required=True, metavar="NAME|PATH", help="a local Hugging Face directory (GPT-2, or "
                    "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3), a shipped model's "
-                   "name (shakespeare-gpt2, shakespeare-llama), or a GPT-2 hub name (needs a network)")
+                   "name (shakespeare-gpt2, shakespeare-llama), or a Hugging Face hub name (org/name) of any of "
+                   "these model types, fetched into the Hugging Face cache (or read from it alone with "
+                   "HF_HUB_OFFLINE=1)")
     e.add_argument("--out", required=True, help="output directory")
+    e.add_argument("--dtype", choices=("source", "float32", "bfloat16", "float16"), default="source",
+                   help="dtype of the written tensors: source (default) keeps each tensor's stored dtype (a bfloat16 "
+                   "or float16 checkpoint stays so, bit for bit); float32 widens every tensor (exact); bfloat16 / "
+                   "float16 store every tensor so only if each value fits exactly, else the export is refused "
+                   "naming the tensor (export never rounds)")
     e.set_defaults(func=cmd_export)
 
     v = sub.add_parser("verify", help="run every registered kernel against its refimpl twin and print a table")

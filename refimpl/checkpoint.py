@@ -7,10 +7,15 @@ and a file's failure is one `WeightFileError` naming the file and the tensor or 
 
     safetensors_source(path, stack, mmap)   one .safetensors file -> (its metadata, tensors)
     sharded_source(dir, canonical, check)   model.safetensors.index.json + its shards -> tensors
+    read_weight_map(index_file)             an index's weight_map: tensor -> shard, checked
     config_object(text, where)              a config.json's text -> dict (JSON object, no NaN)
     npz_member_header(zip, member)          a .npy member's shape and dtype, checked against its size
     npz_read(zip, member)                   that member's array (never a pickle)
     read_pickled_state_dict(file, config)   a pickled PyTorch state dict (export only, on request)
+    read_pickled_shards(dir, config, check) pytorch_model.bin.index.json + its pickled shards (export only)
+    export_dtypes(arrays, stored, dtype)    the dtype each tensor is written in by an export
+    hub_config_file(name), hub_model_folder(name, config_file, extra)
+                                            a Hugging Face hub model's files, from the hub or its cache
 
 Only regular files are read (a FIFO or device in a model's place is refused at once: reading
 one could block forever); a shard is opened only while its header or one tensor is read, so a
@@ -33,10 +38,12 @@ from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, saf
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
-           "INDEX_NAME", "NPZ_ERRORS", "npz_member_header", "npz_read", "torch_state_dict_tensors",
-           "read_pickled_state_dict"]
+           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "npz_member_header", "npz_read", "torch_state_dict_tensors",
+           "read_pickled_state_dict", "read_weight_map", "read_pickled_shards", "EXPORT_DTYPES", "check_export_dtype",
+           "export_dtypes", "hub_config_file", "hub_model_folder"]
 
 INDEX_NAME = "model.safetensors.index.json"
+PICKLE_INDEX_NAME = "pytorch_model.bin.index.json"  # Hugging Face's index of pickled shards
 
 
 class WeightFileError(ValueError):
@@ -56,6 +63,7 @@ class Tensor:
     shape: tuple[int, ...]
     read: Callable[[], np.ndarray]
     kind: str = "f"  # NumPy dtype kind of the stored values ("f" for bfloat16 too: read widens it)
+    stored: str = ""  # the stored dtype's safetensors name ("BF16", "F16", ...) where known; "" = read()'s dtype
 
 
 _Loaded = TypeVar("_Loaded")
@@ -119,7 +127,7 @@ def _kind(dtype: str) -> str:
 
 def safetensors_tensors(f: safe_open) -> dict[str, Tensor]:
     """The tensors of an open safetensors file, read on demand."""
-    return {name: Tensor(info.shape, (lambda f=f, name=name: f.get_tensor(name)), _kind(info.dtype))
+    return {name: Tensor(info.shape, (lambda f=f, name=name: f.get_tensor(name)), _kind(info.dtype), info.dtype)
             for name, info in f.header.tensors.items()}
 
 
@@ -141,24 +149,12 @@ def sharded_source(directory: Path, canonical: Callable[[dict], dict],
     again, and each tensor later the same way, so the work is linear in the index.
     """
     index_path = directory / INDEX_NAME
-    index = config_object(read_small_file(index_path, "index"), index_path.name)
-    weight_map = index.get("weight_map")
-    if not (isinstance(weight_map, dict) and weight_map
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
-        raise WeightFileError(f"{index_path.name}: 'weight_map' must be a non-empty object of "
-                              "tensor name -> shard file name")
+    weight_map = read_weight_map(index_path)
     check_names(canonical(dict.fromkeys(weight_map)), index_path.name)
-    listed: dict[str, set[str]] = {}  # shard -> the tensor names the index puts there
-    for name, shard in weight_map.items():
-        listed.setdefault(shard, set()).add(name)
+    listed = _by_shard(weight_map, index_path)
     raw: dict[str, Tensor] = {}
     for shard in sorted(listed):
-        if Path(shard).name != shard or shard in (".", ".."):
-            raise WeightFileError(f"{index_path.name}: shard {shard!r} must be a file name in the same directory")
         shard_path = directory / shard
-        if not shard_path.exists():
-            raise WeightFileError(f"{index_path.name}: shard file {shard!r} does not exist")
-        regular_file(shard_path, "shard")
         try:
             header = read_header(shard_path)
         except SafetensorsError as e:
@@ -168,12 +164,63 @@ def sharded_source(directory: Path, canonical: Callable[[dict], dict],
             if name not in names:
                 raise WeightFileError(f"shard {shard} holds tensor {name!r}, which {index_path.name} "
                                       f"assigns to {weight_map.get(name, 'no shard')!r}")
-            raw[name] = Tensor(info.shape, _shard_reader(shard_path, header, name), _kind(info.dtype))
+            raw[name] = Tensor(info.shape, _shard_reader(shard_path, header, name), _kind(info.dtype), info.dtype)
         if len(header.tensors) != len(names):
             absent = min(n for n in names if n not in header.tensors)
             raise WeightFileError(f"{index_path.name} assigns tensor {absent!r} to shard {shard}, "
                                   "which does not hold it")
     return canonical(raw)
+
+
+def read_weight_map(index_path: Path) -> dict[str, str]:
+    """The 'weight_map' (tensor name -> shard file name) of a Hugging Face index file, checked.
+
+    It must be a non-empty object of strings, name no tensor twice (JSON would keep only the
+    last), and name shards that are plain file names in the index's directory; each error names
+    the tensor or shard at fault. The shards' existence is checked by `_by_shard`.
+    """
+    text = read_small_file(index_path, "index")
+    index = config_object(text, index_path.name)
+    weight_map = index.get("weight_map")
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
+        raise WeightFileError(f"{index_path.name}: 'weight_map' must be a non-empty object of "
+                              "tensor name -> shard file name")
+    twice = _listed_twice(text)
+    if twice is not None:
+        raise WeightFileError(f"{index_path.name}: weight_map lists tensor {twice!r} more than once")
+    return weight_map
+
+
+def _listed_twice(text) -> str | None:
+    """A tensor name the weight_map of the index's JSON text (parsed once already) holds twice, or None."""
+    import json
+
+    top = json.loads(text, object_pairs_hook=tuple)  # objects as (key, value) pairs: a C-level hook
+    pairs = ([v for k, v in top if k == "weight_map"] or [()])[-1]  # (the last, as json.loads keeps)
+    if len({k for k, _ in pairs}) == len(pairs):
+        return None
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            return k
+        seen.add(k)
+    return None
+
+
+def _by_shard(weight_map: dict[str, str], index_path: Path) -> dict[str, set[str]]:
+    """shard -> the tensor names the index puts there; each shard a regular file beside the index."""
+    listed: dict[str, set[str]] = {}
+    for name, shard in weight_map.items():
+        listed.setdefault(shard, set()).add(name)
+    for shard in sorted(listed):
+        if Path(shard).name != shard or shard in (".", "..") or "\\" in shard:
+            raise WeightFileError(f"{index_path.name}: shard {shard!r} must be a file name in the same directory")
+        shard_path = index_path.parent / shard
+        if not shard_path.exists():
+            raise WeightFileError(f"{index_path.name}: shard file {shard!r} does not exist")
+        regular_file(shard_path, "shard")
+    return listed
 
 
 def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
@@ -226,17 +273,22 @@ def npz_read(z: zipfile.ZipFile, member: str) -> np.ndarray:
 # ----------------------------------------------------------------------------- pickled PyTorch checkpoints (export only)
 
 def torch_state_dict_tensors(sd, where: str) -> dict[str, Tensor]:
-    """A torch state dict (name -> tensor) as Tensors of NumPy arrays, floating point widened to float32."""
+    """A torch state dict (name -> tensor) as Tensors of NumPy arrays: bfloat16 and float16 widened exactly
+    to float32, float64 kept; each Tensor's `stored` names the dtype torch held it in."""
     import torch
     if not isinstance(sd, dict):
         raise WeightFileError(f"{where} does not hold a state dict (name -> tensor); got {type(sd).__name__}")
+    names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64"}
     out = {}
     for name, t in sd.items():
         if not (isinstance(name, str) and isinstance(t, torch.Tensor)):
             raise WeightFileError(f"{where}: entry {name!r} is not a named tensor")
         t = t.detach().cpu()
-        a = t.to(torch.float32).numpy() if t.is_floating_point() else t.numpy()
-        out[name] = Tensor(tuple(a.shape), (lambda a=a: a), a.dtype.kind)
+        if t.is_floating_point() and t.dtype not in names:
+            raise WeightFileError(f"{where}: tensor {name!r} is {t.dtype}; refimpl reads float16, bfloat16, "
+                                  "float32 and float64")
+        a = t.to(torch.float32).numpy() if t.dtype in (torch.bfloat16, torch.float16) else t.numpy()
+        out[name] = Tensor(tuple(a.shape), (lambda a=a: a), a.dtype.kind, names.get(t.dtype, ""))
     return out
 
 
@@ -270,6 +322,35 @@ def read_pickled_state_dict(file: Path, config_json: Path) -> dict[str, Tensor]:
     return torch_state_dict_tensors(sd, str(file))
 
 
+def read_pickled_shards(directory: Path, config_json: Path, canonical: Callable[[dict], dict],
+                        check_names: Callable[[dict, str], None]) -> dict[str, Tensor]:
+    """The tensors of a sharded pickled checkpoint: pytorch_model.bin.index.json and the shards it lists.
+
+    The index is checked first (read_weight_map: no tensor listed twice, every shard a file beside
+    it), and check_names(canonical names, index_file_name) vets its names (canonical: as for
+    sharded_source) before any shard is unpickled;
+    then each shard is read by read_pickled_state_dict (torch.load(weights_only=True)) and must
+    hold exactly the tensors the index assigns to it. The errors name the tensor and the shard.
+    """
+    index_path = directory / PICKLE_INDEX_NAME
+    weight_map = read_weight_map(index_path)
+    check_names(canonical(dict.fromkeys(weight_map)), index_path.name)
+    listed = _by_shard(weight_map, index_path)
+    out: dict[str, Tensor] = {}
+    for shard in sorted(listed):
+        tensors = read_pickled_state_dict(directory / shard, config_json)
+        for name in tensors:
+            if name not in listed[shard]:
+                raise WeightFileError(f"shard {shard} holds tensor {name!r}, which {index_path.name} assigns to "
+                                      f"{weight_map.get(name, 'no shard')!r}")
+        absent = sorted(listed[shard] - set(tensors))
+        if absent:
+            raise WeightFileError(f"{index_path.name} assigns tensor {absent[0]!r} to shard {shard}, which does "
+                                  "not hold it")
+        out.update(tensors)
+    return canonical(out)
+
+
 def _first_line(e: Exception) -> str:
     """The first line of what torch said, unless it is advice about weights_only (never repeated)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
@@ -289,3 +370,125 @@ def _pickle_refusal(file: Path, e: Exception) -> str:
     return (f"{file}: refused: it is not a plain state dict of tensors{what}, and refimpl never unpickles "
             "arbitrary objects (unpickling can run any code). Save its tensors as safetensors where "
             "you trust the file, and export that")
+
+
+# ----------------------------------------------------------------------------- the dtype an export writes
+
+#: The choices of export's dtype: "source" keeps each tensor's stored dtype (bfloat16, float16,
+#: float32, float64); the others store every float tensor in that dtype.
+EXPORT_DTYPES = ("source", "float32", "bfloat16", "float16")
+_SAFETENSORS_NAME = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+TORCH_NAME = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def check_export_dtype(dtype) -> str:
+    """`dtype` if it is one of EXPORT_DTYPES, else a ValueError listing them."""
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}; got {dtype!r}")
+    return dtype
+
+
+def export_dtypes(arrays: dict[str, np.ndarray], stored: dict[str, str], dtype: str, where) -> dict[str, str]:
+    """name -> the safetensors dtype each float tensor of `arrays` is written in, by export's rule.
+
+    stored: name -> the dtype the source stored it in (a Tensor's `stored`; absent or "" means the
+    array's own dtype). dtype "source" writes each tensor in its stored dtype (so a bfloat16
+    tensor, read widened to float32, is written as bfloat16 again); "float32", "bfloat16" and
+    "float16" write every float tensor so. Each conversion is proved exact here, before anything is
+    written (a bfloat16 tensor read widened must narrow back to itself; a float32 value that no
+    bfloat16 holds is refused): a WeightFileError naming `where`, the tensor and a value that does
+    not fit. (The writer, refimpl.safetensors.save_file's dtypes, checks again as it writes.)
+    """
+    check_export_dtype(dtype)
+    from .safetensors import _FROM_NUMPY, _narrow_exactly
+
+    out = {}
+    for name, a in arrays.items():
+        if a.dtype.kind != "f":
+            continue
+        own = _FROM_NUMPY[(a.dtype.kind, a.dtype.itemsize)]
+        out[name] = (stored.get(name) or own) if dtype == "source" else _SAFETENSORS_NAME[dtype]
+        if out[name] != own:
+            try:
+                _narrow_exactly(a, out[name], name)
+            except SafetensorsError as e:
+                raise WeightFileError(f"{where}: cannot export as dtype {dtype!r} without rounding: {e}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------- models on the Hugging Face hub
+
+_HUB_HINT = ("Download the model where the hub is reachable and export from the local directory: "
+             "python -m refimpl export --model /path/to/{short} --out DIR")
+
+
+def _hub(name: str):
+    """The huggingface_hub module, or a one-line WeightFileError saying it is needed."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise WeightFileError(f"{name!r} is not a local path, and fetching it from the Hugging Face hub needs "
+                              "`huggingface_hub` (pip install huggingface_hub, which transformers brings). "
+                              + _HUB_HINT.format(short=name.split("/")[-1])) from None
+    return huggingface_hub
+
+
+def _hub_failure(name: str, what: str, e: Exception) -> WeightFileError:
+    return WeightFileError(
+        f"could not load {name!r} from the Hugging Face hub: the network or the hub is not reachable, or there is "
+        f"no such {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]}). "
+        + _HUB_HINT.format(short=name.split("/")[-1]))
+
+
+def hub_config_file(name: str, what: str = "model") -> Path:
+    """The local path of hub model `name`'s config.json: hf_hub_download, which reads the cache first
+    (HF_HUB_CACHE) and the network only where it may (HF_HUB_OFFLINE unset). Every failure (no
+    network, no such repository, a gated one, no config.json) is one WeightFileError line with the hint.
+    `what` names the kind of model in that line ("GPT-2 model")."""
+    hub = _hub(name)
+    try:
+        return Path(hub.hf_hub_download(name, "config.json"))
+    except Exception as e:  # network, auth, missing repo, offline mode: many exception types
+        raise _hub_failure(name, what, e) from None
+
+
+def hub_model_folder(name: str, config_file: Path, extra: tuple[str, ...]) -> Path:
+    """The cache folder holding hub model `name`'s weights and the files of `extra` it has (tokenizer files).
+
+    Weights, the first layout the repository has: model.safetensors.index.json and the shards it
+    lists, model.safetensors, pytorch_model.bin.index.json and its shards, pytorch_model.bin;
+    only that layout is downloaded. Every file comes from the revision config_file was (the
+    snapshot folder it lies in), so the folder is one commit's files.
+    """
+    hub = _hub(name)
+    from huggingface_hub.errors import EntryNotFoundError
+
+    folder = Path(config_file).parent
+    revision = folder.name  # .../snapshots/<commit hash>/config.json
+
+    def fetch(filename: str) -> bool:
+        try:
+            hub.hf_hub_download(name, filename, revision=revision)
+        except EntryNotFoundError:  # not in the repository (online) or not in the cache (offline)
+            return False
+        except Exception as e:
+            raise _hub_failure(name, "model", e) from None
+        return True
+
+    for index, single in ((INDEX_NAME, "model.safetensors"), (PICKLE_INDEX_NAME, "pytorch_model.bin")):
+        if fetch(index):
+            weight_map = read_weight_map(folder / index)
+            for shard in sorted(set(weight_map.values())):
+                if Path(shard).name != shard or not fetch(shard):
+                    raise WeightFileError(f"{name}: {index} on the hub lists the shard {shard!r}, which could not "
+                                          "be fetched")
+            break
+        if fetch(single):
+            break
+    else:
+        raise WeightFileError(f"{name}: no weights on the hub (or in its cache, offline): looked for {INDEX_NAME}, "
+                              f"model.safetensors, {PICKLE_INDEX_NAME} and pytorch_model.bin. "
+                              + _HUB_HINT.format(short=name.split("/")[-1]))
+    for filename in extra:
+        fetch(filename)
+    return folder

@@ -33,8 +33,9 @@ another tokenizer class; `_other_kind` lists every kind) gets tokenizer None, an
 one sentence. Tokenizer files that claim to be GPT-2's but are broken are an error naming the
 file, as for GPT-2.
 
-`export(source, out_dir)` writes our format (config.json + model.safetensors, tokenizer
-files copied) for GPT-2 (refimpl.gpt2.io.export) and the LLaMA family (refimpl.llama.io.export).
+`export(source, out_dir, dtype="source")` writes our format (config.json + model.safetensors,
+tokenizer files copied) for GPT-2 (refimpl.gpt2.io.export) and the LLaMA family
+(refimpl.llama.io.export), from a local folder or file or from a Hugging Face hub name.
 """
 
 from __future__ import annotations
@@ -324,22 +325,60 @@ def logits(model, ids, *, backend: str = "numpy", attention_mask=None, causal: b
 
 # ----------------------------------------------------------------------------- export
 
-def export(source, out_dir) -> Path:
+def export(source, out_dir, *, dtype: str = "source") -> Path:
     """Write `source` in our format (config.json + model.safetensors, tokenizer files copied) to out_dir.
 
-    A local source whose config.json names a LLaMA-family model_type is exported by
-    refimpl.llama.io.export; every other source (GPT-2 files, a pickled GPT-2 checkpoint, a
-    hub name) by refimpl.gpt2.io.export. A BERT directory is refused: it is already in the
-    format refimpl reads.
+    source: a local folder or file (or a shipped model's name): exported by
+    refimpl.llama.io.export when its config.json names a LLaMA-family model_type, else by
+    refimpl.gpt2.io.export (GPT-2 files, a pickled GPT-2 checkpoint). A BERT directory is
+    refused: it is already in the format refimpl reads. Anything else is a Hugging Face hub name
+    ("org/name"): its config.json is fetched first (huggingface_hub's hf_hub_download, from the
+    cache HF_HUB_CACHE, and the network unless HF_HUB_OFFLINE=1), its model_type picks the
+    family (gpt2 or a LLaMA-family type; any other is refused, naming it), out_dir is checked,
+    and then only that model's weights (the first of model.safetensors.index.json and its
+    shards, model.safetensors, pytorch_model.bin.index.json and its shards, pytorch_model.bin)
+    and tokenizer files are fetched and exported as a local folder.
+    dtype: "source" (default: each tensor as stored, bfloat16 kept), "float32", "bfloat16" or
+    "float16" (exact only, else refused): refimpl.llama.io.export says how.
     """
+    from .checkpoint import check_export_dtype
+
+    check_export_dtype(dtype)
     src = resolve_model(source)  # (a shipped model's name, too)
-    family = family_of(src) if src.exists() else "gpt2"
+    if src.exists():
+        family = family_of(src)
+    else:
+        from .gpt2.io import _looks_like_path
+
+        if _looks_like_path(os.fspath(source)):
+            raise WeightFileError(f"{os.fspath(source)}: no such file or directory{_names_hint()}")
+        src, family = _hub_source(os.fspath(source), out_dir)
     if family == "llama":
         from .llama.io import export as llama_export
 
-        return llama_export(src, out_dir)
+        return llama_export(src, out_dir, dtype=dtype)
     if family == "bert":
         raise WeightFileError(f"{src}: a BERT directory is read as it is by refimpl.load; there is nothing to export")
     from .gpt2.io import export as gpt2_export
 
-    return gpt2_export(src if src.exists() else source, out_dir)
+    return gpt2_export(src, out_dir, dtype=dtype)
+
+
+def _hub_source(name: str, out_dir) -> tuple[Path, str]:
+    """(the cache folder holding hub model `name`'s files, its family): config.json first, then, once its
+    model_type is one export supports and out_dir may be replaced, the weights and tokenizer files."""
+    from .checkpoint import hub_config_file, hub_model_folder
+    from .gpt2.io import TOKENIZER_FILES, check_model_folder
+    from .llama.io import COPIED_FILES
+
+    config_file = hub_config_file(name)
+    model_type = config_object(read_small_file(config_file, "config"), f"config.json of {name}").get("model_type")
+    if model_type is None or model_type == "gpt2":
+        family, files, also = "gpt2", (*TOKENIZER_FILES, "generation_config.json"), ()
+    elif model_type in _llama_types():
+        family, files, also = "llama", COPIED_FILES, COPIED_FILES
+    else:
+        raise WeightFileError(f"{name}: its config.json on the hub says model_type {model_type!r:.60}, which refimpl "
+                              f"does not export; it exports {', '.join(('gpt2', *_llama_types()))}")
+    check_model_folder(Path(out_dir), also=also)  # before the weights are fetched
+    return hub_model_folder(name, config_file, files), family

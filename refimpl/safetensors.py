@@ -21,7 +21,10 @@ Dtypes: F64, F32, F16, BOOL, U8, I8, U16, I16, U32, I32, U64, I64 load as the Nu
 the same width. BF16 (bfloat16, which NumPy lacks) loads as float32: a bfloat16 is the top
 16 bits of a float32, so the widening `bits << 16` is exact. The 8-, 6- and 4-bit float
 dtypes and complex types of newer safetensors versions are refused by name. Writing takes
-the NumPy dtypes above (float32 stays F32; nothing is written as BF16).
+the NumPy dtypes above, each stored as itself; `dtypes={name: "BF16" | "F16" | "F32" | "F64"}`
+stores a float tensor in another float dtype, only when every value is exactly representable
+there (else a SafetensorsError naming the tensor and a value that is not): BF16 is then the top
+16 bits of each float32 value, whose low 16 bits are proved zero first (`float32_to_bfloat16`).
 
 `mmap=True` maps the file instead of reading it: tensors are read-only views of the page
 cache, so opening a 500 MB checkpoint costs no copy until a tensor is used.
@@ -56,6 +59,7 @@ __all__ = [
     "DTYPES",
     "MAX_HEADER_BYTES",
     "bfloat16_to_float32",
+    "float32_to_bfloat16",
     "parse_header",
     "read_header",
     "read_tensor",
@@ -354,6 +358,45 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:  # [...] uint16 -> [...
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def float32_to_bfloat16(a: np.ndarray, name: str = "array") -> np.ndarray:  # [...] float32 -> [...] uint16
+    """bfloat16 bit patterns of float32 values that are bfloat16 values: bf16_bits = f32_bits >> 16 (exact).
+
+    The inverse of `bfloat16_to_float32`, for values whose low 16 bits are zero (every value
+    that came from a bfloat16). Any other value would have to be rounded, so it is refused: a
+    SafetensorsError naming `name`, how many values do not fit and the first of them.
+    """
+    a = np.asarray(a)
+    if a.dtype != np.float32:
+        raise TypeError(f"{name}: float32_to_bfloat16 takes a float32 array; got dtype {a.dtype}")
+    bits = np.ascontiguousarray(a).view(np.uint32)
+    low = (bits & np.uint32(0xFFFF)) != 0
+    if low.any():
+        raise SafetensorsError(_inexact(name, a, low, "BF16"))
+    return (bits >> np.uint32(16)).astype(np.uint16)
+
+
+def _inexact(name: str, a: np.ndarray, bad: np.ndarray, target: str) -> str:
+    first = np.unravel_index(int(np.argmax(bad)), a.shape) if a.ndim else ()
+    return (f"tensor {name!r}: {int(np.count_nonzero(bad))} of its {a.size} {a.dtype} values are not exactly "
+            f"representable in {target} (the first: {float(a[first])!r} at index {list(map(int, first))}); refusing to "
+            "round them")
+
+
+def _narrow_exactly(a: np.ndarray, target: str, name: str) -> np.ndarray:
+    """`a` stored as the float dtype `target` ("BF16", "F16", "F32", "F64"), each value unchanged, else refused."""
+    if target not in ("BF16", "F16", "F32", "F64"):
+        raise SafetensorsError(f"tensor {name!r}: dtypes may name BF16, F16, F32 or F64; got {target!r}")
+    if a.dtype.kind != "f":
+        raise SafetensorsError(f"tensor {name!r}: only a float tensor can be stored as {target}; it is {a.dtype}")
+    as_float = np.float32 if target == "BF16" else DTYPES[target]
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow becomes inf, found unequal below
+        b = a.astype(as_float)
+        bad = ~((b.astype(a.dtype) == a) | (np.isnan(a) & np.isnan(b)))
+    if bad.any():
+        raise SafetensorsError(_inexact(name, a, bad, target))
+    return float32_to_bfloat16(b, name) if target == "BF16" else b
+
+
 def _decode(raw: np.ndarray, info: TensorInfo, name: str) -> np.ndarray:  # flat storage -> [*shape]
     """Turn the flat storage array of one tensor into its value (BF16 widened to float32)."""
     if info.dtype == "BF16":
@@ -494,18 +537,28 @@ def load(data: bytes) -> dict[str, np.ndarray]:
 # ---- writing ------------------------------------------------------------------------------
 
 
-def _prepare(tensors: dict, metadata: dict | None) -> tuple[bytes, list[np.ndarray]]:
-    """Header bytes (length + padded JSON) and the arrays in data order."""
+def _prepare(tensors: dict, metadata: dict | None, dtypes: dict | None = None) -> tuple[bytes, list[np.ndarray]]:
+    """Header bytes (length + padded JSON) and the arrays in data order (`dtypes`: module docstring)."""
     if not isinstance(tensors, dict):
         raise SafetensorsError(f"tensors must be a dict of name -> array; got {type(tensors).__name__}")
     if metadata is not None and not (isinstance(metadata, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
         raise SafetensorsError("metadata must be a dict of str -> str")
+    dtypes = {} if dtypes is None else dtypes
+    if not isinstance(dtypes, dict):
+        raise SafetensorsError(f"dtypes must be a dict of tensor name -> dtype name; got {type(dtypes).__name__}")
+    strays = sorted(str(n) for n in dtypes if n not in tensors)
+    if strays:
+        raise SafetensorsError(f"dtypes names tensor(s) {strays[:5]} that are not among the tensors written")
     arrays = {}
     for name, a in tensors.items():
         if not isinstance(name, str) or name == "__metadata__":
             raise SafetensorsError(f"tensor name must be a string other than '__metadata__'; got {name!r}")
         a = np.asarray(a)
+        if name in dtypes:
+            stored = _narrow_exactly(a, dtypes[name], name)
+            arrays[name] = (dtypes[name], np.asarray(stored, dtype=stored.dtype.newbyteorder("<"), order="C"))
+            continue
         key = (a.dtype.kind, a.dtype.itemsize)
         if key not in _FROM_NUMPY:
             raise SafetensorsError(f"tensor {name!r}: dtype {a.dtype} cannot be stored in safetensors here "
@@ -530,15 +583,21 @@ def _prepare(tensors: dict, metadata: dict | None) -> tuple[bytes, list[np.ndarr
     return struct.pack("<Q", len(text)) + text, [arrays[k][1] for k in order]
 
 
-def save(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
-    """The safetensors bytes of `tensors` (+ optional str -> str metadata)."""
-    head, arrays = _prepare(tensors, metadata)
+def save(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None, *,
+         dtypes: dict[str, str] | None = None) -> bytes:
+    """The safetensors bytes of `tensors` (+ optional str -> str metadata; `dtypes`: module docstring)."""
+    head, arrays = _prepare(tensors, metadata, dtypes)
     return head + b"".join(a.tobytes() for a in arrays)
 
 
-def save_file(tensors: dict[str, np.ndarray], path, metadata: dict[str, str] | None = None) -> None:
-    """Write `tensors` to `path` in safetensors format (atomically: a temp file, then rename)."""
-    head, arrays = _prepare(tensors, metadata)
+def save_file(tensors: dict[str, np.ndarray], path, metadata: dict[str, str] | None = None, *,
+              dtypes: dict[str, str] | None = None) -> None:
+    """Write `tensors` to `path` in safetensors format (atomically: a temp file, then rename).
+
+    dtypes: tensor name -> the float dtype to store it as ("BF16", "F16", "F32", "F64"), each
+    value kept exactly or the write refused (module docstring); other tensors keep their dtype.
+    """
+    head, arrays = _prepare(tensors, metadata, dtypes)
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:

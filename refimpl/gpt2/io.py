@@ -62,8 +62,8 @@ from .._files import (check_replaceable_folder, read_regular_bytes, read_regular
                       write_bytes_atomic, write_text_atomic)
 from ..checkpoint import Tensor as _Tensor
 from ..checkpoint import NPZ_ERRORS as _NPZ_ERRORS
-from ..checkpoint import (WeightFileError, read_checkpoint, read_pickled_state_dict, safetensors_source,
-                          sharded_source, torch_state_dict_tensors)
+from ..checkpoint import (PICKLE_INDEX_NAME, WeightFileError, read_checkpoint, read_pickled_shards,
+                          read_pickled_state_dict, safetensors_source, sharded_source)
 from ..checkpoint import npz_member_header as _npz_member_header
 from ..checkpoint import npz_read as _npz_read
 from ..checkpoint import open_weights as _open_weights
@@ -194,7 +194,7 @@ def _open(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, dict[st
             tensors = _sharded_source(path)
         return _resolve_config(None, "", path / "config.json", tensors), tensors
     if kind == "empty-dir":
-        pickled = [n for n in _PICKLE_NAMES if (path / n).is_file()]
+        pickled = [n for n in (*_PICKLE_NAMES, PICKLE_INDEX_NAME) if (path / n).is_file()]
         if pickled:
             raise WeightFileError(f"holds only the pickled PyTorch checkpoint {pickled[0]}. {_CONVERT_HINT}")
         others = [n for n in ("tf_model.h5", "flax_model.msgpack") if (path / n).is_file()]
@@ -400,6 +400,12 @@ def _sharded_source(directory: Path) -> dict[str, _Tensor]:
     Names that no GPT-2 has are refused from the index alone, and so is an n_layer in config.json
     that disagrees with the blocks the index names, before any shard is opened.
     """
+    return sharded_source(directory, _canonical_names, _index_check(directory))
+
+
+def _index_check(directory: Path):
+    """check_names for an index in `directory` (sharded_source, read_pickled_shards): GPT-2's names only, and
+    the blocks config.json's n_layer says."""
     def check_names(names: dict, index_name: str) -> None:
         unexpected = [n for n in names if not _GPT2_NAME.fullmatch(n)]
         if unexpected:
@@ -414,8 +420,7 @@ def _sharded_source(directory: Path) -> dict[str, _Tensor]:
             where = config_json.name
             _check_blocks(_config_from_dict(_config_from_json_text(_read_small_file(config_json, "config"), where),
                                             where), names, where)
-
-    return sharded_source(directory, _canonical_names, check_names)
+    return check_names
 
 
 # ---- npz ------------------------------------------------------------------------------------
@@ -539,6 +544,7 @@ def _llmc_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, 
         return read
 
     tensors: dict[str, _Tensor] = {}
+    stored = "BF16" if bf16 else "F32"
     offset = 1024
     for name, shape in layout:
         nbytes = math.prod(shape) * itemsize
@@ -546,14 +552,15 @@ def _llmc_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, 
             hf = {"wte": "wte.weight", "wpe": "wpe.weight", "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}[name]
             rows = V if name == "wte" else None
             out_shape = (V, C) if name == "wte" else shape
-            tensors[hf] = _Tensor(out_shape, reader(offset, shape, rows, False))
+            tensors[hf] = _Tensor(out_shape, reader(offset, shape, rows, False), "f", stored)
         else:
             pattern, transpose = _LLMC_TO_HF[name]
             per = shape[1:]
             per_bytes = nbytes // L
             for i in range(L):
                 out_shape = per[::-1] if transpose else per
-                tensors[pattern.format(i=i)] = _Tensor(out_shape, reader(offset + i * per_bytes, per, None, transpose))
+                tensors[pattern.format(i=i)] = _Tensor(out_shape, reader(offset + i * per_bytes, per, None, transpose),
+                                                       "f", stored)
         offset += nbytes
     return config, tensors
 
@@ -638,22 +645,26 @@ def check_model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...
 
 
 def write_model_files(folder, config: GPT2Config, params: GPT2Params, *, format: str = "safetensors",
-                      tokenizer_dir=None) -> Path:
+                      tokenizer_dir=None, dtypes: dict[str, str] | None = None) -> Path:
     """Write config.json + model.safetensors (or model.npz) and the tokenizer files of
     `tokenizer_dir` into `folder`, a new folder from `model_folder` (see `save_weights`).
+    dtypes (safetensors only): tensor name -> the dtype to store it in ("BF16", "F16", "F32",
+    "F64"), each value kept exactly or the write refused (refimpl.safetensors.save_file).
     The tokenizer files are copied as they are; `refimpl.gpt2.load` checks them (a broken
     tokenizer, or one whose ids do not fit config.vocab_size, is an error there)."""
     if format not in ("safetensors", "npz"):
         raise ValueError(f"format must be 'safetensors' or 'npz'; got {format!r}")
     if not isinstance(config, GPT2Config) or not isinstance(params, GPT2Params):
         raise TypeError("save_weights(config, params, path): config must be a GPT2Config and params a GPT2Params")
+    if dtypes and format != "safetensors":
+        raise ValueError("dtypes applies to format='safetensors' only (npz has no bfloat16)")
     tensors = params.named_tensors()
     GPT2Params.from_named_tensors(tensors, config, dtype=None)  # names / shapes agree with config (ValueError)
     out = Path(folder)
     config_json = json.dumps(config.to_dict(), indent=2, sort_keys=True)
     if format == "safetensors":
         save_file(tensors, out / "model.safetensors",
-                  metadata={"format": "pt", SAFETENSORS_CONFIG_KEY: config_json})
+                  metadata={"format": "pt", SAFETENSORS_CONFIG_KEY: config_json}, dtypes=dtypes)
     else:
         arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
         arrays[NPZ_CONFIG_KEY] = np.array(config_json)
@@ -672,7 +683,7 @@ def write_model_files(folder, config: GPT2Config, params: GPT2Params, *, format:
 
 
 def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = "safetensors",
-                 tokenizer_dir=None) -> Path:
+                 tokenizer_dir=None, dtypes: dict[str, str] | None = None) -> Path:
     """Write `params` to the directory `path` as a whole (see `model_folder`); return it.
 
     format="safetensors" (default): `config.json` + `model.safetensors` with Hugging Face names
@@ -682,7 +693,7 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
     same names and the config under "__config__". Tokenizer files (TOKENIZER_FILES, *.tiktoken)
     found in `tokenizer_dir` are copied (tokenizer_dir=path keeps the tokenizer already there);
     nothing else of a model that was at `path` remains: no other weight file, shard or
-    tokenizer. Arrays keep their dtype.
+    tokenizer. Arrays keep their dtype, except those `dtypes` names (write_model_files).
 
     The folder is written beside `path` and swapped in whole, so a failure or a kill at any
     moment leaves the old model or the new one. A `path` holding files that are not a model's
@@ -697,21 +708,11 @@ def save_weights(config: GPT2Config, params: GPT2Params, path, *, format: str = 
     if out.exists() and not out.is_dir():
         raise ValueError(f"save_weights writes a directory; {out} is a file")
     with model_folder(out) as new:
-        write_model_files(new, config, params, format=format, tokenizer_dir=tokenizer_dir)
+        write_model_files(new, config, params, format=format, tokenizer_dir=tokenizer_dir, dtypes=dtypes)
     return out
 
 
 # ---- export -------------------------------------------------------------------------------------
-
-
-def _load_pickled_checkpoint(file: Path, config_json: Path) -> tuple[GPT2Config, GPT2Params]:
-    """The pickled checkpoint's tensors (refimpl.checkpoint.read_pickled_state_dict, on the user's request) as GPT-2."""
-    tensors = _canonical_names(read_pickled_state_dict(file, config_json))
-    try:
-        config = _resolve_config(None, "", config_json, tensors)
-        return config, _build_params(config, tensors, np.float32)
-    except WeightFileError as e:
-        raise WeightFileError(f"{file}: {e}") from None
 
 
 def _looks_like_path(source: str) -> bool:
@@ -722,65 +723,73 @@ def _looks_like_path(source: str) -> bool:
             or (source.count("/") == 1 and Path(source.split("/")[0]).is_dir()))
 
 
-def _from_hub(name: str, tmp: Path) -> tuple[GPT2Config, GPT2Params, Path | None]:
-    hint = (f"Download the model where the hub is reachable and export from the local directory: "
-            f"python -m refimpl export --model /path/to/{name.split('/')[-1]} --out DIR")
-    try:
-        import transformers
-    except ImportError:
-        raise WeightFileError(f"{name!r} is not a local path, and fetching it from the Hugging Face hub "
-                              f"needs `transformers` and `torch` (pip install transformers torch). {hint}") from None
-    try:
-        model = transformers.GPT2LMHeadModel.from_pretrained(name)
-    except Exception as e:  # network, auth, missing repo, offline mode: many exception types
-        raise WeightFileError(
-            f"could not load {name!r} from the Hugging Face hub: the network or the hub is not reachable, "
-            f"or there is no such GPT-2 model ({type(e).__name__}: {' '.join(str(e).split())[:300]}). "
-            f"{hint}") from None
-    hf_config = model.config.to_dict()
-    tensors = _canonical_names(torch_state_dict_tensors(model.state_dict(), name))
-    config = _config_from_dict(hf_config, f"config of {name}")
-    _check_config_against_shapes(config, {n: t.shape for n, t in tensors.items()}, f"config of {name}")
-    params = _build_params(config, tensors, np.float32)
-    tok_dir = None
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(name)
-        tok.save_pretrained(tmp)
-        tok_dir = tmp
-    except Exception:  # a model without a tokenizer is still a model; the weights are exported
-        tok_dir = None
-    return config, params, tok_dir
+def _hub_folder(name: str) -> Path:
+    """The local folder (in the Hugging Face cache) of the GPT-2 hub model `name`: its config.json first,
+    which must say GPT-2, then its weights and tokenizer files (refimpl.checkpoint.hub_model_folder)."""
+    from ..checkpoint import config_object, hub_config_file, hub_model_folder
+
+    config_file = hub_config_file(name, "GPT-2 model")
+    model_type = config_object(_read_small_file(config_file, "config"), f"config.json of {name}").get("model_type",
+                                                                                                       "gpt2")
+    if model_type != "gpt2":
+        raise WeightFileError(f"{name}: its config.json on the hub says model_type {model_type!r:.40}, not GPT-2; "
+                              "refimpl.models.export (python -m refimpl export) exports every model type refimpl reads")
+    return hub_model_folder(name, config_file, (*TOKENIZER_FILES, "generation_config.json"))
 
 
-def export(source, out_dir) -> Path:
+def _export_source(path: Path, stack: ExitStack) -> tuple[GPT2Config, dict[str, _Tensor]]:
+    """Config and tensors for export: every format `load_weights` reads, and on this request pickled
+    checkpoints (a .bin / .pt / .pth, a folder holding one, or pytorch_model.bin.index.json and its shards)."""
+    kind = detect_format(path)
+    if kind in ("pickle", "torch-zip"):
+        folder, tensors = path.parent, _canonical_names(read_pickled_state_dict(path, path.parent / "config.json"))
+    elif kind == "empty-dir" and any((path / n).is_file() for n in _PICKLE_NAMES):
+        pickled = next(path / n for n in _PICKLE_NAMES if (path / n).is_file())
+        folder, tensors = path, _canonical_names(read_pickled_state_dict(pickled, path / "config.json"))
+    elif kind == "empty-dir" and (path / PICKLE_INDEX_NAME).is_file():
+        with _gc_paused():
+            tensors = read_pickled_shards(path, path / "config.json", _canonical_names, _index_check(path))
+        folder = path
+    else:
+        return _open(path, stack, False)
+    return _resolve_config(None, "", folder / "config.json", tensors), tensors
+
+
+def export(source, out_dir, *, dtype: str = "source") -> Path:
     """Write `source`'s GPT-2 weights to `out_dir` in our format; return out_dir.
 
     source: a local Hugging Face directory (model.safetensors[.index.json] read by our reader;
-    a directory with only pytorch_model.bin is read with torch.load(weights_only=True), the
-    one place refimpl touches a pickle, because the user asked for this conversion), any
-    file `load_weights` reads, a pickled .bin/.pt/.pth beside a config.json, or a Hugging
-    Face hub model name (needs transformers, torch and a network; without them, a
-    WeightFileError saying so). Tokenizer files the source has are copied. The output is
-    `save_weights`'s default directory: config.json + model.safetensors (+ tokenizer files),
-    written beside `out_dir` and swapped in whole (see `model_folder`): an existing `out_dir`
-    must hold only a model's files, and whatever model was there is replaced entirely.
+    a directory with only pytorch_model.bin, or pytorch_model.bin.index.json and its shards, is
+    read with torch.load(weights_only=True), the one place refimpl touches a pickle, because the
+    user asked for this conversion), any file `load_weights` reads, a pickled .bin/.pt/.pth
+    beside a config.json, or a Hugging Face hub model name: its config.json, weights and
+    tokenizer files are fetched into the Hugging Face cache (huggingface_hub; offline, with
+    HF_HUB_OFFLINE=1, from the cache alone) and exported from there. Without the network or
+    the package, a one-line WeightFileError saying so. Tokenizer files the source has are
+    copied. The output is `save_weights`'s default directory: config.json + model.safetensors
+    (+ tokenizer files), written beside `out_dir` and swapped in whole (see `model_folder`): an
+    existing `out_dir` must hold only a model's files, and whatever model was there is replaced.
+
+    dtype: "source" (default) writes each tensor in the dtype the source stores it in
+    (bfloat16, as llm.c's version-5 files hold it, stays bfloat16); "float32" widens every
+    tensor; "bfloat16" / "float16" store every tensor so, only where each value is exactly
+    representable (else refused, naming the tensor). refimpl.llama.io.export says more.
     """
+    from ..checkpoint import check_export_dtype, export_dtypes
+
+    check_export_dtype(dtype)
     src = Path(os.path.expanduser(str(source)))
     out = Path(out_dir)
     check_model_folder(out)  # before reading the source: a refused --out should not wait for that
-    with tempfile.TemporaryDirectory() as tmp:
-        if src.exists():
-            kind = detect_format(src)
-            if kind == "empty-dir" and any((src / n).is_file() for n in _PICKLE_NAMES):
-                pickled = next(src / n for n in _PICKLE_NAMES if (src / n).is_file())
-                config, params = _load_pickled_checkpoint(pickled, src / "config.json")
-            elif kind in ("pickle", "torch-zip"):
-                config, params = _load_pickled_checkpoint(src, src.parent / "config.json")
-            else:
-                config, params = load_weights(src)
-            tok_dir = src if src.is_dir() else src.parent
-        elif _looks_like_path(str(source)):
+    if not src.exists():
+        if _looks_like_path(str(source)):
             raise WeightFileError(f"{source}: no such file or directory")
-        else:
-            config, params, tok_dir = _from_hub(str(source), Path(tmp))
-        return save_weights(config, params, out, tokenizer_dir=tok_dir)
+        src = _hub_folder(str(source))
+
+    def read(path: Path, stack: ExitStack) -> tuple[GPT2Config, GPT2Params, dict[str, str]]:
+        config, tensors = _export_source(path, stack)
+        return config, _build_params(config, tensors, None), {name: t.stored for name, t in tensors.items()}
+
+    config, params, stored = read_checkpoint(src, None, read)
+    dtypes = export_dtypes(params.named_tensors(), stored, dtype, src)
+    return save_weights(config, params, out, tokenizer_dir=src if src.is_dir() else src.parent, dtypes=dtypes)

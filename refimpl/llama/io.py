@@ -18,9 +18,11 @@ arbitrary code. Every failure is a WeightFileError (a ValueError) naming the fil
 (LlamaConfig.to_dict, which Hugging Face's config class of the model_type reads back) and
 model.safetensors (the checkpoint names of LlamaParams.to_checkpoint, metadata format "pt"), so
 that both `load_weights` and Hugging Face's AutoModelForCausalLM.from_pretrained read it.
-`export(source, out_dir)` is load_weights (keeping the stored float dtype) then save_weights,
-with the source's tokenizer files and generation_config.json copied. Both write the folder
-beside its target and swap it in whole (refimpl.gpt2.io.model_folder's rules).
+`export(source, out_dir, dtype="source")` reads what load_weights reads, and on that request
+also pickled checkpoints (one file, or pytorch_model.bin.index.json and its shards), then writes
+save_weights' format with each tensor in its stored dtype (a bfloat16 checkpoint stays bfloat16)
+or the one asked for, and the source's tokenizer files and generation_config.json copied. Both
+write the folder beside its target and swap it in whole (refimpl.gpt2.io.model_folder's rules).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import (INDEX_NAME, Tensor, WeightFileError, config_object, open_weights, read_checkpoint,
-                          read_small_file, safetensors_source, sharded_source)
+from ..checkpoint import (INDEX_NAME, PICKLE_INDEX_NAME, Tensor, WeightFileError, config_object, open_weights,
+                          read_checkpoint, read_small_file, safetensors_source, sharded_source)
 from ..safetensors import _gc_paused
 from .config import LlamaConfig
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
@@ -100,7 +102,7 @@ def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> d
                 _check_names(names, expected, config, index_name)
             with _gc_paused():
                 return sharded_source(path, _canonical, check_names)
-        pickled = [n for n in _PICKLED if (path / n).is_file()]
+        pickled = [n for n in (*_PICKLED, PICKLE_INDEX_NAME) if (path / n).is_file()]
         if pickled:
             raise WeightFileError(f"holds only the pickled PyTorch checkpoint {pickled[0]}. {_CONVERT}")
         raise WeightFileError(f"no weights found: looked for model.safetensors and {INDEX_NAME}")
@@ -161,12 +163,14 @@ def _build(config: LlamaConfig, tensors: dict[str, Tensor], dtype) -> LlamaParam
 
 # ----------------------------------------------------------------------------- save and export
 
-def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=None) -> Path:
+def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=None,
+                 dtypes: dict[str, str] | None = None) -> Path:
     """Write config.json + model.safetensors of (config, params) to the directory `path`, swapped in whole; return it.
 
     copy_from: a folder whose COPIED_FILES (tokenizer files, generation_config.json) are copied
-    too. Arrays keep their dtype. An existing `path` must hold only a model's files
-    (refimpl.gpt2.io.model_folder), which are replaced entirely.
+    too. Arrays keep their dtype, except those `dtypes` names (checkpoint name -> "BF16", "F16",
+    "F32", "F64": refimpl.safetensors.save_file's exact conversion). An existing `path` must hold
+    only a model's files (refimpl.gpt2.io.model_folder), which are replaced entirely.
     """
     from .._files import read_regular_bytes, write_bytes_atomic
     from ..gpt2.io import model_folder
@@ -177,7 +181,7 @@ def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=No
     if out.exists() and not out.is_dir():
         raise ValueError(f"save_weights writes a directory; {out} is a file")
     with model_folder(out, also=COPIED_FILES) as new:
-        write_model_files(new, config, params)
+        write_model_files(new, config, params, dtypes=dtypes)
         for name in COPIED_FILES if copy_from is not None else ():
             src = Path(copy_from) / name
             if src.exists():
@@ -185,58 +189,90 @@ def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=No
     return out
 
 
-def write_model_files(folder, config: LlamaConfig, params: LlamaParams) -> Path:
+def write_model_files(folder, config: LlamaConfig, params: LlamaParams, *,
+                      dtypes: dict[str, str] | None = None) -> Path:
     """Write config.json + model.safetensors of (config, params) into `folder`, a new folder (as
-    refimpl.gpt2.io.model_folder yields); what save_weights writes, for callers that add files of their own."""
+    refimpl.gpt2.io.model_folder yields); what save_weights writes, for callers that add files of their own.
+    config.json's "dtype" is the embedding's stored dtype, which Hugging Face's dtype="auto" loads in."""
     import json
 
     from .._files import write_text_atomic
-    from ..safetensors import save_file
+    from ..checkpoint import TORCH_NAME
+    from ..safetensors import _FROM_NUMPY, save_file
     from .checks import check_params
 
     check_params(params, config)
     folder = Path(folder)
-    config_json = json.dumps({**config.to_dict(), "architectures": [ARCHITECTURES[config.model_type]]}, indent=2)
-    save_file(params.to_checkpoint(config), folder / "model.safetensors", metadata={"format": "pt"})
+    tensors = params.to_checkpoint(config)
+    embed = tensors["model.embed_tokens.weight"]
+    stored = (dtypes or {}).get("model.embed_tokens.weight") or _FROM_NUMPY[(embed.dtype.kind, embed.dtype.itemsize)]
+    config_json = json.dumps({**config.to_dict(), "architectures": [ARCHITECTURES[config.model_type]],
+                              "dtype": TORCH_NAME[stored]}, indent=2)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"}, dtypes=dtypes)
     write_text_atomic(folder / "config.json", config_json + "\n", fsync=False)
     return folder
 
 
-def export(source, out_dir) -> Path:
+def export(source, out_dir, *, dtype: str = "source") -> Path:
     """Read the LLaMA-family checkpoint `source` and write it to out_dir in our format; return out_dir.
 
-    source: any layout load_weights reads (float tensors keep their stored dtype, bfloat16
-    widened exactly to float32), or, on this explicit request only, a pickled PyTorch
-    checkpoint: a folder holding only pytorch_model.bin (or model.pt / .pth / .ckpt) beside its
-    config.json, or such a file itself, read with torch.load(weights_only=True) and widened to
-    float32 (refimpl.checkpoint.read_pickled_state_dict). The output is save_weights':
-    config.json + model.safetensors, plus the source folder's COPIED_FILES. out_dir is checked
-    before the source is read (a refused folder does not wait for the read).
+    source: any layout load_weights reads, or, on this explicit request only, a pickled PyTorch
+    checkpoint: a folder holding pytorch_model.bin (or model.pt / .pth / .ckpt), or
+    pytorch_model.bin.index.json and the shards it lists, beside its config.json, or such a file
+    itself, each read with torch.load(weights_only=True) (refimpl.checkpoint.read_pickled_state_dict,
+    read_pickled_shards). The output is save_weights': config.json + model.safetensors, plus the
+    source folder's COPIED_FILES. out_dir is checked before the source is read.
+
+    dtype: the float dtype of the written tensors (refimpl.checkpoint.EXPORT_DTYPES).
+      "source" (default): each tensor as the source stores it: bfloat16 stays bfloat16, float16
+        float16, float32 float32 (bfloat16 is read widened to float32, which is exact, so it is
+        written back bit for bit).
+      "float32": every tensor widened to float32 (exact).
+      "bfloat16" / "float16": every tensor in that dtype, only if every value is exactly
+        representable there; otherwise the export is refused, naming the tensor and a value.
+        Export never rounds a weight (round in PyTorch first if that is what you want).
     """
-    from ..checkpoint import read_pickled_state_dict
+    from ..checkpoint import check_export_dtype, export_dtypes
     from ..gpt2.io import check_model_folder
 
+    check_export_dtype(dtype)
     src, out = Path(source), Path(out_dir)
     check_model_folder(out, also=COPIED_FILES)
-    folder = src if src.is_dir() else src.parent
-    pickled = _pickled_source(src)
-    if pickled is None:
-        config, params = load_weights(src, dtype=None)
-    else:
-        def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams]:
-            config = load_config(path)
-            return config, _build(config, _canonical(read_pickled_state_dict(pickled, folder / "config.json")), None)
 
-        config, params = read_checkpoint(src, None, read)
-    return save_weights(config, params, out, copy_from=folder)
+    def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams, dict[str, str]]:
+        config = load_config(path)
+        tensors = _export_tensors(path, config, stack)
+        return config, _build(config, tensors, None), {name: t.stored for name, t in tensors.items()}
+
+    config, params, stored = read_checkpoint(src, None, read)
+    dtypes = export_dtypes(params.to_checkpoint(config), stored, dtype, src)
+    return save_weights(config, params, out, copy_from=src if src.is_dir() else src.parent, dtypes=dtypes)
+
+
+def _export_tensors(path: Path, config: LlamaConfig, stack: ExitStack) -> dict[str, Tensor]:
+    """The source's tensors for export: load_weights' layouts, or a pickled checkpoint (one file or shards)."""
+    from ..checkpoint import read_pickled_shards, read_pickled_state_dict
+
+    folder = path if path.is_dir() else path.parent
+    pickled = _pickled_source(path)
+    if pickled is None:
+        return _tensors(path, config, stack, False)
+    if pickled.name == PICKLE_INDEX_NAME:
+        expected = checkpoint_shapes(config)
+
+        def check_names(names, index_name):
+            _check_names(names, expected, config, index_name)
+        return read_pickled_shards(folder, folder / "config.json", _canonical, check_names)
+    return _canonical(read_pickled_state_dict(pickled, folder / "config.json"))
 
 
 def _pickled_source(src: Path) -> Path | None:
-    """The pickled checkpoint export should read at `src`: a folder's only weights file, or the file itself; else None."""
+    """The pickled checkpoint export should read at `src`: a folder's only weights (a file, or the index of
+    pickled shards), or the file itself; else None."""
     if src.is_dir():
         if (src / "model.safetensors").exists() or (src / INDEX_NAME).exists():
             return None
-        return next((src / n for n in _PICKLED if (src / n).is_file()), None)
+        return next((src / n for n in (*_PICKLED, PICKLE_INDEX_NAME) if (src / n).is_file()), None)
     return src if src.is_file() and _is_pickle(src) else None
 
 
