@@ -13,7 +13,7 @@ Per key tile S_tile = Q K^T and A += P V are BLAS ?gemm calls (accel.numba_cpu.b
 and v in place where their rows allow, `_blas_rows`); the mask, the ALiBi term, row max, exp and
 float64 row sum run as vectorised Numba loops (`_softmax_tile`; a soft cap is applied to the tile's
 scores there, after the scale and the ALiBi term, before the mask and the running max, by `_cap_row`:
-c tanh(s / c) formed in float64 with a vectorisable tanh, <= 11 u of float64, rounded once). Key tiles
+c tanh(s / c) with a vectorisable tanh, float32 rows in float32 (<= 6.8 u), float64 in float64 (<= 13 u)). Key tiles
 no query may see are skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128
 below T * S = 2^20, 128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
 log2 e; `_exp2_f32`, <= 0.81 ulp) where that cannot overflow (`_base2_cannot_overflow`), else base e
@@ -33,7 +33,7 @@ Versions (history and measurements: benchmarks/NOTES.md):
   v6 (this) q, k, v read in place wherever BLAS can address their rows
   decode v1 split-S with scalar dots and libm exp; v2 one pass over K, one over V, vectorised;
   decode v3 serial driver below DECODE_PARALLEL_WORK; v4 (this) G query heads per task, two gemms
-  soft cap v1 libm tanh per score (scalar); v2 (this) `_cap_row`: float64 polynomial / exp tanh, vectorised
+  soft cap v1 libm tanh per score (scalar); v2 (this) `_cap_row`: polynomial / exp tanh in the row's dtype, vectorised
 Threads: both kernels are lists of independent tasks run in parallel (prange) or, on one Numba
 thread (or in a forked child: accel.numba_cpu._launch), in order by a serial driver.
 How it differs from the twin: the twin builds the [T, S] mask and [B, H, T, S] scores, then NumPy's
@@ -42,9 +42,8 @@ softmax and a matmul. Here sums over keys run in tile order with the rescaling, 
 order and FMAs); a tile's row sum is float64 in a compiler-picked order (within (n - 1) u), l is
 float64; the scale multiplies q instead of every score when that is exact (a power of two, base e)
 or folds log2 e into q (one rounding per entry, base 2); a soft cap in base 2 uses c log2 e
-(c' tanh(s' / c') = log2 e * c tanh(s / c) for s' = s log2 e: the same function, c' rounded to float64);
-the capped score is c tanh(s / c) in float64 rounded once, where the twin rounds s / c, tanh and the
-product each in its dtype.
+(c' tanh(s' / c') = log2 e * c tanh(s / c) for s' = s log2 e: the same function, one more rounding of c);
+the tanh is the kernel's own (`_tanh_f32`, `_tanh_f64`: polynomial below |y| = 1/2, exp above), not libm's.
 Non-finite inputs: a NaN or +inf score a query may see makes its row NaN, as in the twin; masked
 scores are never looked at; a query that sees no key gets zeros whatever v holds. One difference,
 by design: the twin leaves hidden keys' terms (masked, or scored -inf) out of its sum, while here
@@ -225,8 +224,7 @@ def _exp2_row(x, mx):  # x [n] float32 <- 2^(x - mx), in place (x <= mx, or -inf
         x[j] = _exp2_f32(x[j] - mx)
 
 
-# tanh in float64, vectorisable, for the soft cap c tanh(s / c) (float32 scores are widened, capped
-# in float64 and rounded once). Two formulas, both evaluated, one selected (no branch, so LLVM
+# tanh in float64, vectorisable, for the soft cap c tanh(s / c) of float64 scores. Two formulas, both evaluated, one selected (no branch, so LLVM
 # vectorises the row loop, where libm's tanh is one scalar call per score):
 #   |y| < 1/2:   tanh y = y (1 + z R(z)), z = y^2, R of degree 9: the Chebyshev interpolant (mpmath
 #                chebyfit, 10 nodes) of (tanh sqrt z - sqrt z) / z^(3/2) on [0, 1/4], coefficients
@@ -264,21 +262,58 @@ def _tanh_f64(y):  # float64 -> float64
     return small if a < _TANH_SMALL else big
 
 
-@njit(fastmath={"contract"}, error_model="numpy")  # (x / c with no zero-division check: vectorisable)
-def _cap_row(x, c):  # x [n] float32 or float64 <- c tanh(x / c), in place; c float64 > 0
-    """x_j <- c tanh(x_j / c), formed in float64 by `_tanh_f64` and rounded once to x's dtype (vectorised).
+# tanh in float32 for float32 rows (8 lanes on AVX2, 16 on AVX-512, where float64 has 4 / 8): the
+# same two formulas in float32 arithmetic (u = 2^-24 here).
+#   |y| < 1/2:   R of degree 4, the Chebyshev interpolant of the same function (chebyfit, 5 nodes),
+#                coefficients rounded to float32: < 4.5e-9 = 0.08 u in exact arithmetic (mpmath at
+#                4,000 points). Horner within 8 u * 0.371 / 0.303 < 9.8 u of R, z and z R 2 more:
+#                11.8 u of |z R| <= 1/12, <= 1.07 u relative to 1 + z R; two roundings: < 3.2 u.
+#   |y| >= 1/2:  e = exp(-2|y|) by `_exp_f32`, within 1.02 ulp <= 2.04 u relative (measured over every
+#                float32 argument, see there): <= 0.851 * 2.04 u + 3 u < 4.8 u. 0 below -87.34, so the
+#                result is +-1 exactly from |y| = 43.7 (and rounds to +-1 from |y| ~ 9.01).
+# So |tanh_computed(y) - tanh y| <= 4.8 u |tanh y| = 2.9e-7 |tanh y| for every float32 y; +-inf -> +-1,
+# NaN -> NaN, -0 -> -0.
+_R4F, _R3F, _R2F, _R1F, _R0F = (np.float32(-0.006942942), np.float32(0.021470683), np.float32(-0.053933468),
+                                np.float32(0.13333225), np.float32(-0.3333333))
+_ONE = np.float32(1.0)
+_MINUS_TWO = np.float32(-2.0)
+_HALF = np.float32(0.5)
 
-    Error of an entry against the exact c tanh(x_j / c): the divide, the tanh and the product in
-    float64 (slope of tanh at y times y / tanh y <= 1, so the divide's rounding passes on no larger):
-    <= (11 + 2) u = 1.5e-15 relative, then the rounding to x's dtype (float32: 2^-24, so the capped
-    float32 score is within 2^-24 (1 + 3e-8) of the exact one, one rounding where libm's tanhf in
-    float32 took three). |result| <= c rounded to x's dtype, always (the float64 tanh is <= 1 in
-    magnitude and rounding is monotone), equal to it only where c tanh(x_j / c) rounds to it.
-    A -inf score becomes -c, +inf c, NaN stays NaN, -0 stays -0.
+
+@njit(inline="always", fastmath={"contract"})
+def _tanh_f32(y):  # float32 -> float32
+    """tanh(y) within 4.8 u = 2.9e-7 relative for every float32 y (the comment above), in float32 arithmetic."""
+    a = abs(y)
+    z = y * y
+    r = (((_R4F * z + _R3F) * z + _R2F) * z + _R1F) * z + _R0F  # R(z) by Horner's rule
+    small = y * (_ONE + z * r)
+    e = _exp_f32(_MINUS_TWO * a)
+    big = (_ONE - e) / (_ONE + e)
+    big = big if y > 0 else -big
+    return small if a < _HALF else big
+
+
+@njit(fastmath={"contract"}, error_model="numpy")  # (x / c with no zero-division check: vectorisable)
+def _cap_row(x, c, fast):  # x [n] float32 or float64 <- c tanh(x / c), in place; c float64 > 0
+    """x_j <- c tanh(x_j / c), vectorised: in float32 by `_tanh_f32` when fast (float32 rows), else in
+    float64 by `_tanh_f64` and rounded once to x's dtype.
+
+    Error of an entry against the exact c tanh(x_j / c) (the slope of tanh at y times y / tanh y is
+    <= 1, so the divide's rounding passes on no larger): fast, <= (4.8 + 2) u = 6.8 * 2^-24 = 4.1e-7
+    relative (c rounded to float32 first); else <= (11 + 2) u = 1.5e-15 relative before the rounding
+    to x's dtype (where x / c or the result is subnormal, their rounding is absolute: 2^-149 (c + 1)
+    in float32). |result| <= c (rounded to x's dtype), always: both tanhs are <= 1 in magnitude
+    ((1 - e) / (1 + e) with e >= 0; |y (1 + z R)| < 1/2) and rounding is monotone. A -inf score
+    becomes -c, +inf c, NaN stays NaN, -0 stays -0.
     """
     wide_vectors()
-    for j in range(x.shape[0]):
-        x[j] = c * _tanh_f64(np.float64(x[j]) / c)
+    if fast:
+        c32 = np.float32(c)
+        for j in range(x.shape[0]):
+            x[j] = c32 * _tanh_f32(np.float32(x[j]) / c32)
+    else:
+        for j in range(x.shape[0]):
+            x[j] = c * _tanh_f64(np.float64(x[j]) / c)
 
 
 @njit(fastmath={"reassoc", "contract"})
@@ -313,7 +348,7 @@ def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, softcap, full,
             for j in range(nk):
                 srow[j] -= slope * (p - j0 - j)
         if softcap > 0:  # before the mask, as the twin: a -inf score becomes -softcap, masked keys stay -inf
-            _cap_row(srow, softcap)
+            _cap_row(srow, softcap, fast_exp)
         if not full:
             # This row sees the tile's keys [0, e_a) (sinks) and [b_lo, b_hi) (window), in
             # tile-local indices; the rest is masked by two contiguous fills.
@@ -474,7 +509,7 @@ def _decode_chunk(task, q, k, v, lengths, scale, softcap, window, n_chunks, fast
             for j in range(n):
                 row[j] *= scale
         if softcap > 0:
-            _cap_row(row, softcap)
+            _cap_row(row, softcap, fast_exp)
         mx = _row_max(row)
         for j in range(n):  # a NaN score makes the max NaN (as np.max), so the head's output is NaN
             if row[j] != row[j]:
