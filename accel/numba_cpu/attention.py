@@ -224,8 +224,9 @@ def _exp2_row(x, mx):  # x [n] float32 <- 2^(x - mx), in place (x <= mx, or -inf
         x[j] = _exp2_f32(x[j] - mx)
 
 
-# tanh in float64, vectorisable, for the soft cap c tanh(s / c) of float64 scores. Two formulas, both evaluated, one selected (no branch, so LLVM
-# vectorises the row loop, where libm's tanh is one scalar call per score):
+# tanh in float64, vectorisable, for the soft cap c tanh(s / c) of float64 scores. Two formulas, both
+# evaluated, one selected (no branch, so LLVM vectorises the row loop, where libm's tanh is one scalar
+# call per score):
 #   |y| < 1/2:   tanh y = y (1 + z R(z)), z = y^2, R of degree 9: the Chebyshev interpolant (mpmath
 #                chebyfit, 10 nodes) of (tanh sqrt z - sqrt z) / z^(3/2) on [0, 1/4], coefficients
 #                rounded to float64; its relative error against tanh, in exact arithmetic, is
@@ -270,7 +271,7 @@ def _tanh_f64(y):  # float64 -> float64
 #                11.8 u of |z R| <= 1/12, <= 1.07 u relative to 1 + z R; two roundings: < 3.2 u.
 #   |y| >= 1/2:  e = exp(-2|y|) by `_exp_f32`, within 1.02 ulp <= 2.04 u relative (measured over every
 #                float32 argument, see there): <= 0.851 * 2.04 u + 3 u < 4.8 u. 0 below -87.34, so the
-#                result is +-1 exactly from |y| = 43.7 (and rounds to +-1 from |y| ~ 9.01).
+#                result is +-1 exactly from |y| = 43.7 (already from |y| ~ 8.7: 1 -+ e then round to 1).
 # So |tanh_computed(y) - tanh y| <= 4.8 u |tanh y| = 2.9e-7 |tanh y| for every float32 y; +-inf -> +-1,
 # NaN -> NaN, -0 -> -0.
 _R4F, _R3F, _R2F, _R1F, _R0F = (np.float32(-0.006942942), np.float32(0.021470683), np.float32(-0.053933468),
