@@ -562,7 +562,7 @@ def test_wide_vectors_reaches_the_compiled_code():
 
     f32, f64 = np.ones(40, np.float32), np.ones(40)
     calls = [(attention._row_max, (f32,)), (attention._row_sum, (f32,)), (attention._exp_row, (f32.copy(), np.float32(1), True)),
-             (attention._exp2_row, (f32.copy(), np.float32(1))), (norms._sum64, (f32,)), (norms._sum_sq64, (f32, 0.0)),
+             (attention._exp2_row, (f32.copy(), np.float32(1))), (attention._cap_row, (f32.copy(), 2.0, True)), (norms._sum64, (f32,)), (norms._sum_sq64, (f32, 0.0)),
              (norms._layer_norm_row, (f32, f64, f64, 1e-5, f32.copy())), (norms._rms_norm_row, (f32, f64, 1e-5, f32.copy())),
              (softmax._softmax_row, (f32, f32.copy())), (ffn._gelu_row_f32, (f32, f32, f32.copy())), (ffn._gelu_row, (f64, f64, f64.copy()))]
     for fn, args in calls:  # recompiled uncached from their Python source (cached code cannot be inspected)

@@ -12,7 +12,8 @@ exist: a task holds one BQ x BK score tile and a BQ x Dv accumulator (memory lin
 Per key tile S_tile = Q K^T and A += P V are BLAS ?gemm calls (accel.numba_cpu.blas, reading q, k
 and v in place where their rows allow, `_blas_rows`); the mask, the ALiBi term, row max, exp and
 float64 row sum run as vectorised Numba loops (`_softmax_tile`; a soft cap is applied to the tile's
-scores there, after the scale and the ALiBi term, before the mask and the running max). Key tiles
+scores there, after the scale and the ALiBi term, before the mask and the running max, by `_cap_row`:
+c tanh(s / c) with a vectorisable tanh, float32 rows in float32 (<= 6.8 u), float64 in float64 (<= 13 u)). Key tiles
 no query may see are skipped, tiles every query sees fully skip the mask test. Tiles: 64 x 128
 below T * S = 2^20, 128 x 512 from there, 256 x 1024 from 2^26. float32 keeps scores in base 2 (q carries scale *
 log2 e; `_exp2_f32`, <= 0.81 ulp) where that cannot overflow (`_base2_cannot_overflow`), else base e
@@ -32,6 +33,7 @@ Versions (history and measurements: benchmarks/NOTES.md):
   v6 (this) q, k, v read in place wherever BLAS can address their rows
   decode v1 split-S with scalar dots and libm exp; v2 one pass over K, one over V, vectorised;
   decode v3 serial driver below DECODE_PARALLEL_WORK; v4 (this) G query heads per task, two gemms
+  soft cap v1 libm tanh per score (scalar); v2 (this) `_cap_row`: polynomial / exp tanh in the row's dtype, vectorised
 Threads: both kernels are lists of independent tasks run in parallel (prange) or, on one Numba
 thread (or in a forked child: accel.numba_cpu._launch), in order by a serial driver.
 How it differs from the twin: the twin builds the [T, S] mask and [B, H, T, S] scores, then NumPy's
@@ -40,7 +42,8 @@ softmax and a matmul. Here sums over keys run in tile order with the rescaling, 
 order and FMAs); a tile's row sum is float64 in a compiler-picked order (within (n - 1) u), l is
 float64; the scale multiplies q instead of every score when that is exact (a power of two, base e)
 or folds log2 e into q (one rounding per entry, base 2); a soft cap in base 2 uses c log2 e
-(c' tanh(s' / c') = log2 e * c tanh(s / c) for s' = s log2 e: the same function, one more rounding of c).
+(c' tanh(s' / c') = log2 e * c tanh(s / c) for s' = s log2 e: the same function, one more rounding of c);
+the tanh is the kernel's own (`_tanh_f32`, `_tanh_f64`: polynomial below |y| = 1/2, exp above), not libm's.
 Non-finite inputs: a NaN or +inf score a query may see makes its row NaN, as in the twin; masked
 scores are never looked at; a query that sees no key gets zeros whatever v holds. One difference,
 by design: the twin leaves hidden keys' terms (masked, or scored -inf) out of its sum, while here
@@ -66,6 +69,7 @@ from .._common import check_decode_attention_args, check_masked_attention_args, 
 from ._launch import kernel_threads, one_blas_thread, run_parallel
 from ._simd import wide_vectors
 from .blas import gemm
+from .ffn import _exp_f64
 
 __all__ = ["masked_attention", "decode_attention", "BQ", "BK", "BQ_SHORT", "BK_SHORT", "BQ_HUGE", "BK_HUGE"]
 
@@ -220,6 +224,99 @@ def _exp2_row(x, mx):  # x [n] float32 <- 2^(x - mx), in place (x <= mx, or -inf
         x[j] = _exp2_f32(x[j] - mx)
 
 
+# tanh in float64, vectorisable, for the soft cap c tanh(s / c) of float64 scores. Two formulas, both
+# evaluated, one selected (no branch, so LLVM vectorises the row loop, where libm's tanh is one scalar
+# call per score):
+#   |y| < 1/2:   tanh y = y (1 + z R(z)), z = y^2, R of degree 9: the Chebyshev interpolant (mpmath
+#                chebyfit, 10 nodes) of (tanh sqrt z - sqrt z) / z^(3/2) on [0, 1/4], coefficients
+#                rounded to float64; its relative error against tanh, in exact arithmetic, is
+#                < 1.7e-17 = 0.16 u (u = 2^-53; mpmath at 20,000 points of (0, 1/2]). Rounding: Horner's
+#                rule gives R within 20 u sum_i |R_i| z^i <= 20 u * 0.371 <= 25 u |R| (|R| >= 0.303),
+#                z and z R add 2 roundings: 27 u of |z R| <= 1/12, i.e. <= 2.5 u relative to
+#                1 + z R >= 0.917; that sum and the product one rounding each: <= (2.5 + 2 + 0.16) u
+#                < 5 u relative (FMAs only remove roundings). An odd formula: -0 -> -0, subnormals kept.
+#   |y| >= 1/2:  tanh |y| = (1 - e) / (1 + e), e = exp(-2|y|) <= e^-1 by ffn's `_exp_f64` (relative
+#                error d <= 1e-15 = 9.01 u; 2|y| is exact); 1 - e carries e d / (1 - e) <= 0.582 d plus
+#                a rounding, 1 + e <= 0.269 d plus one, the quotient one more: <= 0.851 d + 3 u < 10.7 u;
+#                the sign copied from y. Past |y| = 19.1, e < 2^-55 and the result is +-1 exactly;
+#                +-inf give +-1 (e = 0), NaN gives NaN.
+# So |tanh_computed(y) - tanh y| <= 11 u |tanh y| < 1.3e-15 |tanh y| for every y, on any x86-64 or
+# other IEEE machine (no libm: the same operations, FMAs or not; the bounds allow both).
+_TANH_SMALL = 0.5
+_R9, _R8, _R7, _R6, _R5 = (5.946956589774769e-05, -0.00022107222975864633, 0.0005849653729022644,
+                           -0.001454959384380466, 0.0035920334653723926)  # R(z) = sum_i R_i z^i
+_R4, _R3, _R2, _R1, _R0 = (-0.008863229270067843, 0.021869488297234514, -0.05396825396361009,
+                           0.13333333333329825, -0.3333333333333333)
+
+
+@njit(inline="always", fastmath={"contract"})
+def _tanh_f64(y):  # float64 -> float64
+    """tanh(y) within 11 u = 1.3e-15 relative for every float64 y (the comment above); +-inf -> +-1, NaN -> NaN."""
+    a = abs(y)
+    z = y * y
+    r = ((((_R9 * z + _R8) * z + _R7) * z + _R6) * z + _R5) * z + _R4  # R(z) by Horner's rule
+    r = (((r * z + _R3) * z + _R2) * z + _R1) * z + _R0
+    small = y * (1.0 + z * r)
+    e = _exp_f64(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    big = big if y > 0 else -big
+    return small if a < _TANH_SMALL else big
+
+
+# tanh in float32 for float32 rows (8 lanes on AVX2, 16 on AVX-512, where float64 has 4 / 8): the
+# same two formulas in float32 arithmetic (u = 2^-24 here).
+#   |y| < 1/2:   R of degree 4, the Chebyshev interpolant of the same function (chebyfit, 5 nodes),
+#                coefficients rounded to float32: < 4.5e-9 = 0.08 u in exact arithmetic (mpmath at
+#                4,000 points). Horner within 8 u * 0.371 / 0.303 < 9.8 u of R, z and z R 2 more:
+#                11.8 u of |z R| <= 1/12, <= 1.07 u relative to 1 + z R; two roundings: < 3.2 u.
+#   |y| >= 1/2:  e = exp(-2|y|) by `_exp_f32`, within 1.02 ulp <= 2.04 u relative (measured over every
+#                float32 argument, see there): <= 0.851 * 2.04 u + 3 u < 4.8 u. 0 below -87.34, so the
+#                result is +-1 exactly from |y| = 43.7 (already from |y| ~ 8.7: 1 -+ e then round to 1).
+# So |tanh_computed(y) - tanh y| <= 4.8 u |tanh y| = 2.9e-7 |tanh y| for every float32 y; +-inf -> +-1,
+# NaN -> NaN, -0 -> -0.
+_R4F, _R3F, _R2F, _R1F, _R0F = (np.float32(-0.006942942), np.float32(0.021470683), np.float32(-0.053933468),
+                                np.float32(0.13333225), np.float32(-0.3333333))
+_ONE = np.float32(1.0)
+_MINUS_TWO = np.float32(-2.0)
+_HALF = np.float32(0.5)
+
+
+@njit(inline="always", fastmath={"contract"})
+def _tanh_f32(y):  # float32 -> float32
+    """tanh(y) within 4.8 u = 2.9e-7 relative for every float32 y (the comment above), in float32 arithmetic."""
+    a = abs(y)
+    z = y * y
+    r = (((_R4F * z + _R3F) * z + _R2F) * z + _R1F) * z + _R0F  # R(z) by Horner's rule
+    small = y * (_ONE + z * r)
+    e = _exp_f32(_MINUS_TWO * a)
+    big = (_ONE - e) / (_ONE + e)
+    big = big if y > 0 else -big
+    return small if a < _HALF else big
+
+
+@njit(fastmath={"contract"}, error_model="numpy")  # (x / c with no zero-division check: vectorisable)
+def _cap_row(x, c, fast):  # x [n] float32 or float64 <- c tanh(x / c), in place; c float64 > 0
+    """x_j <- c tanh(x_j / c), vectorised: in float32 by `_tanh_f32` when fast (float32 rows), else in
+    float64 by `_tanh_f64` and rounded once to x's dtype.
+
+    Error of an entry against the exact c tanh(x_j / c) (the slope of tanh at y times y / tanh y is
+    <= 1, so the divide's rounding passes on no larger): fast, <= (4.8 + 2) u = 6.8 * 2^-24 = 4.1e-7
+    relative (c rounded to float32 first); else <= (11 + 2) u = 1.5e-15 relative before the rounding
+    to x's dtype (where x / c or the result is subnormal, their rounding is absolute: 2^-149 (c + 1)
+    in float32). |result| <= c (rounded to x's dtype), always: both tanhs are <= 1 in magnitude
+    ((1 - e) / (1 + e) with e >= 0; |y (1 + z R)| < 1/2) and rounding is monotone. A -inf score
+    becomes -c, +inf c, NaN stays NaN, -0 stays -0.
+    """
+    wide_vectors()
+    if fast:
+        c32 = np.float32(c)
+        for j in range(x.shape[0]):
+            x[j] = c32 * _tanh_f32(np.float32(x[j]) / c32)
+    else:
+        for j in range(x.shape[0]):
+            x[j] = c * _tanh_f64(np.float64(x[j]) / c)
+
+
 @njit(fastmath={"reassoc", "contract"})
 def _row_sum(x):  # x [n] -> float64
     """sum_j x_j in float64, in an order the compiler picks (vectorised); n positive terms: error <= (n-1) u."""
@@ -252,8 +349,7 @@ def _softmax_tile(s_buf, nq, nk, j0, p0, scale, use_alibi, slope, softcap, full,
             for j in range(nk):
                 srow[j] -= slope * (p - j0 - j)
         if softcap > 0:  # before the mask, as the twin: a -inf score becomes -softcap, masked keys stay -inf
-            for j in range(nk):
-                srow[j] = softcap * math.tanh(srow[j] / softcap)
+            _cap_row(srow, softcap, fast_exp)
         if not full:
             # This row sees the tile's keys [0, e_a) (sinks) and [b_lo, b_hi) (window), in
             # tile-local indices; the rest is masked by two contiguous fills.
@@ -414,8 +510,7 @@ def _decode_chunk(task, q, k, v, lengths, scale, softcap, window, n_chunks, fast
             for j in range(n):
                 row[j] *= scale
         if softcap > 0:
-            for j in range(n):
-                row[j] = softcap * math.tanh(row[j] / softcap)
+            _cap_row(row, softcap, fast_exp)
         mx = _row_max(row)
         for j in range(n):  # a NaN score makes the max NaN (as np.max), so the head's output is NaN
             if row[j] != row[j]:
@@ -562,7 +657,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         # One BLAS thread per Numba task (gemm pins MKL to one thread per call; OpenBLAS, the fallback, is limited
         # here); tasks handed out 2 at a time (dynamic: causal tasks differ in size); on one Numba thread the
         # serial driver runs the same tasks in order.
-        args = (qw, kw, vw, key_ok, key_count, slopes, sc, work.type(cap), bool(causal), 0 if window is None else window,
+        args = (qw, kw, vw, key_ok, key_count, slopes, sc, cap, bool(causal), 0 if window is None else window,
                 n_sink, has_alibi, base2, work == np.float32, *_tiles(T, S), out)
         if kernel_threads() == 1:  # no parallel launch (see accel.numba_cpu._launch)
             _flash_attention_serial(*args)
@@ -598,7 +693,7 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, soft
     sc = work.type(_scale_for(D, scale, dtype))
     window = 0 if window is None else check_positive_int(window, "window")  # (after the scale, in the twin's order)
     softcap = _check_softcap(softcap)
-    cap = work.type(0 if softcap is None else dtype.type(softcap))  # rounded to the twin's dtype (0: none)
+    cap = 0.0 if softcap is None else float(work.type(dtype.type(softcap)))  # rounded to the twin's dtype (0: none)
     Dv = v.shape[3]
     # Enough chunks to keep every thread busy when B*K is small, none shorter than 64 keys; a short
     # cache runs on the calling thread (a parallel launch costs ~30-60 us, more than its work).
