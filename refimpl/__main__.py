@@ -226,10 +226,15 @@ def cmd_generate(args) -> int:
 
 
 def _piece(model, token: int) -> str:
-    """A token as the table shows it: its text (repr) when the model has a tokenizer, else its id."""
+    """A token as the table shows it: its piece in quotes when the model has a tokenizer (byte fragments as
+    <0xNN>, an id its tokenizer names no token with as <id N>: refimpl._tokens.token_pieces), else its id."""
     if model.tokenizer is None:
         return str(token)
-    return repr(model.tokenizer.decode([token]))
+    from refimpl._tokens import token_pieces
+
+    piece = token_pieces(model.tokenizer, [token], vocab_size=model.config.vocab_size)[0]
+    quote = '"' if "'" in piece and '"' not in piece else "'"  # as repr quotes
+    return f"{quote}{piece}{quote}"
 
 
 def _logprob_table(model, trace, processed: bool) -> str:
