@@ -527,6 +527,8 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
     if num_beams > 1 and dec.vocab_size - len(set(eos_ids)) < num_beams:
         raise ValueError(f"num_beams={num_beams} needs at least num_beams tokens that are not eos; "
                          f"V={dec.vocab_size} with {len(set(eos_ids))} eos ids")
+    if not (stop is None or isinstance(stop, (str, list, tuple))):
+        raise TypeError(f"stop must be a string or a list of strings; got {type(stop).__name__} {stop!r}")
     stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError(f"stop must be a non-empty string or a list of them; got {stop!r}")

@@ -2,7 +2,8 @@
 
 The folder is the common real case of a vocabulary padded past its tokenizer's ids (Qwen2's
 151936 rows for 151665 tokens, Phi-3's 32064 for 32011): the model's top predictions may be ids
-with no token, and every table and picture must still show them.
+with no token, and every table and picture must still show them. Bad input (a misspelled
+--model, a broken tokenizer file, a stop that is not a string) gets one line that names it.
 """
 
 from __future__ import annotations
@@ -100,3 +101,43 @@ def test_token_pieces_names_an_id_outside_the_model_as_before(padded_dir):
     for i, V in ((n_tok + PAD, n_tok + PAD), (-1, n_tok + PAD), (n_tok, None)):
         with pytest.raises(ValueError, match="out of range"):
             token_pieces(tok, [i], vocab_size=V)
+
+
+# ----------------------------------------------------------------------------- bad input, one line
+
+@pytest.mark.parametrize("command", [["generate", "--ids", "1"], ["tokenize", "hi"]])
+def test_a_misspelled_model_is_named_with_the_shipped_names(command, tmp_path, capsys):
+    rc, out, err = run([command[0], "--model", tmp_path / "lama", *command[1:]], capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert f"--model {tmp_path / 'lama'}: no such file or directory" in err and "shakespeare-llama" in err
+
+
+@pytest.mark.parametrize("command", [["generate", "--max-new-tokens", "1"],
+                                     ["compare", "--hf", "HF_DIR"]])
+def test_a_broken_tokenizer_file_is_named_when_a_prompt_needs_it(padded_dir, command, tmp_path, capsys):
+    d, _ = padded_dir
+    broken = tmp_path / "model"
+    shutil.copytree(d, broken)
+    (broken / "merges.txt").unlink()
+    (broken / "vocab.json").unlink()
+    (broken / "tokenizer.json").write_text('{"model": ')  # as transformers saves a fast tokenizer, cut short
+    (broken / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    argv = [command[0], "--model", broken, "--prompt", "To be", *[broken if a == "HF_DIR" else a for a in command[1:]]]
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert "tokenizer.json: not valid JSON" in err and "--ids" in err
+
+
+def test_compare_names_a_missing_hf_directory(padded_dir, tmp_path, capsys):
+    d, _ = padded_dir
+    rc, out, err = run(["compare", "--model", d, "--ids", "1 2", "--hf", tmp_path / "nope"], capsys)
+    assert rc == 2 and "nope: no such directory" in err
+
+
+def test_a_stop_that_is_not_a_string_is_a_type_error_naming_it(padded_dir, capsys):
+    d, _ = padded_dir
+    m = refimpl.load(d)
+    with pytest.raises(TypeError, match="stop must be a string or a list of strings; got int 5"):
+        refimpl.generate(m, [1, 2], stop=5)
+    rc, out, err = run(["generate", "--model", d, "--prompt", "To", "--stop", ""], capsys)
+    assert rc == 2 and "--stop must be a non-empty string" in err
