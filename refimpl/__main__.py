@@ -100,18 +100,6 @@ def set_blas_threads(argv, environ=os.environ) -> str | None:
 
 # ----------------------------------------------------------------------------- generate
 
-def _model_type(path) -> str | None:
-    """config.json's model_type for a model directory (or a weights file beside one); None when it has none."""
-    from refimpl.checkpoint import config_object, read_small_file
-
-    p = Path(path)
-    config_json = (p if p.is_dir() else p.parent) / "config.json"
-    if not config_json.is_file():
-        return None
-    model_type = config_object(read_small_file(config_json, "config"), config_json.name).get("model_type")
-    return model_type if isinstance(model_type, str) else None
-
-
 def _existing_model(name_or_path) -> Path:
     """The path `--model` stands for (refimpl.models.resolve_model), or a FileNotFoundError naming the flag, the path
     and the shipped models' names when nothing is there."""
@@ -125,16 +113,19 @@ def _existing_model(name_or_path) -> Path:
 
 
 def _load_model(path):
-    """The model at `path`, a path or a shipped model's name (None: shakespeare-gpt2): a LLaMA-family model when
-    config.json's model_type is one, else GPT-2."""
+    """The decoder at `path`, a path or a shipped model's name (None: shakespeare-gpt2), by refimpl.models.family_of:
+    a LLaMA-family model or GPT-2; an unknown model_type or a BERT encoder is an error saying so."""
     from refimpl import gpt2
-    from refimpl.llama import MODEL_TYPES
+    from refimpl.models import family_of
 
     path = _existing_model(path)
-    if _model_type(path) in MODEL_TYPES:
+    family = family_of(path)  # an unknown model_type: a WeightFileError listing the known ones
+    if family == "llama":
         import refimpl
 
         return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
+    if family == "bert":
+        raise UsageError(f"{path} holds a BERT encoder, which does not generate text (python -m refimpl embed --help)")
     return gpt2.load(path)
 
 

@@ -141,3 +141,15 @@ def test_a_stop_that_is_not_a_string_is_a_type_error_naming_it(padded_dir, capsy
         refimpl.generate(m, [1, 2], stop=5)
     rc, out, err = run(["generate", "--model", d, "--prompt", "To", "--stop", ""], capsys)
     assert rc == 2 and "--stop must be a non-empty string" in err
+
+
+def test_generate_names_an_unknown_model_type_as_the_loader_does(padded_dir, tmp_path, capsys):
+    import json
+
+    d, _ = padded_dir
+    other = tmp_path / "model"
+    shutil.copytree(d, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "llama4"}))
+    rc, out, err = run(["generate", "--model", other, "--ids", "1"], capsys)
+    assert rc == 2 and "model_type 'llama4' is not supported; refimpl reads gpt2, llama" in err
