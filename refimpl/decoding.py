@@ -568,7 +568,8 @@ def _prompt_ids(dec: Decoder, prompt) -> np.ndarray:  # str | ids [P] -> [P] int
     ids = check_token_ids(ids if ids.size else ids.astype(np.int64), dec.vocab_size, name="prompt",
                           ragged_hint="left-pad shorter prompts, or use generate_batch")
     if ids.ndim != 1:
-        raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}")
+        batch = " (a batch of prompts [B, P]: refimpl.decoding.generate_batch)" if ids.ndim == 2 else ""
+        raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}{batch}")
     if ids.size == 0:
         bos = dec.bos_token_id
         bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos

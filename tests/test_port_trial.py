@@ -153,3 +153,13 @@ def test_generate_names_an_unknown_model_type_as_the_loader_does(padded_dir, tmp
     (other / "config.json").write_text(json.dumps({**config, "model_type": "llama4"}))
     rc, out, err = run(["generate", "--model", other, "--ids", "1"], capsys)
     assert rc == 2 and "model_type 'llama4' is not supported; refimpl reads gpt2, llama" in err
+
+
+def test_a_batch_given_to_generate_points_to_generate_batch(padded_dir):
+    d, _ = padded_dir
+    m = refimpl.load(d)
+    with pytest.raises(ValueError, match=r"got shape \(2, 2\) \(a batch of prompts \[B, P\]: "
+                                         r"refimpl.decoding.generate_batch\)"):
+        refimpl.generate(m, [[1, 2], [3, 4]], max_new_tokens=2)
+    rows = refimpl.decoding.generate_batch(m, [[1, 2], [3, 4]], max_new_tokens=2)
+    assert [r.ids for r in rows] == [refimpl.generate(m, p, max_new_tokens=2).ids for p in ([1, 2], [3, 4])]
