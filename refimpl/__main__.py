@@ -100,31 +100,49 @@ def set_blas_threads(argv, environ=os.environ) -> str | None:
 
 # ----------------------------------------------------------------------------- generate
 
-def _model_type(path) -> str | None:
-    """config.json's model_type for a model directory (or a weights file beside one); None when it has none."""
-    from refimpl.checkpoint import config_object, read_small_file
+def _existing_model(name_or_path) -> Path:
+    """The path `--model` stands for (refimpl.models.resolve_model), or a FileNotFoundError naming the flag, the path
+    and the shipped models' names when nothing is there."""
+    from refimpl.models import MODEL_NAMES, resolve_model
 
-    p = Path(path)
-    config_json = (p if p.is_dir() else p.parent) / "config.json"
-    if not config_json.is_file():
-        return None
-    model_type = config_object(read_small_file(config_json, "config"), config_json.name).get("model_type")
-    return model_type if isinstance(model_type, str) else None
+    path = resolve_model(name_or_path)
+    if not path.exists():
+        raise FileNotFoundError(f"--model {name_or_path}: no such file or directory (nor a shipped model's name: "
+                                f"{', '.join(MODEL_NAMES)})")
+    return path
 
 
 def _load_model(path):
-    """The model at `path`, a path or a shipped model's name (None: shakespeare-gpt2): a LLaMA-family model when
-    config.json's model_type is one, else GPT-2."""
+    """The decoder at `path`, a path or a shipped model's name (None: shakespeare-gpt2), by refimpl.models.family_of:
+    a LLaMA-family model or GPT-2; an unknown model_type or a BERT encoder is an error saying so."""
     from refimpl import gpt2
-    from refimpl.llama import MODEL_TYPES
-    from refimpl.models import resolve_model
+    from refimpl.models import family_of
 
-    path = resolve_model(path)
-    if _model_type(path) in MODEL_TYPES:
+    path = _existing_model(path)
+    family = family_of(path)  # an unknown model_type: a WeightFileError listing the known ones
+    if family == "llama":
         import refimpl
 
         return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
+    if family == "bert":
+        raise UsageError(f"{path} holds a BERT encoder, which does not generate text (python -m refimpl embed --help)")
     return gpt2.load(path)
+
+
+def _no_tokenizer_reason(name_or_path) -> str:
+    """Why a loaded model has no tokenizer: the error refimpl.tokenizers gives for the tokenizer file beside it (a
+    file cut short, a kind it does not implement), which refimpl.load leaves out; else that it has none."""
+    from refimpl.models import resolve_model
+    from refimpl.tokenizers import TokenizerFileError, load
+
+    p = resolve_model(name_or_path)
+    try:
+        load(p if p.is_dir() else p.parent)
+    except TokenizerFileError as e:
+        return str(e)
+    except FileNotFoundError:
+        pass
+    return "this model has no tokenizer files"
 
 
 def cmd_generate(args) -> int:
@@ -138,7 +156,7 @@ def cmd_generate(args) -> int:
         prompt = parse_token_ids(args.ids, model.config.vocab_size, flag="--ids")
     elif args.prompt is not None:
         if model.tokenizer is None:
-            raise UsageError("this model has no tokenizer files; give the prompt as token ids with --ids")
+            raise UsageError(f"{_no_tokenizer_reason(args.model)}; give the prompt as token ids with --ids")
         prompt = args.prompt
     else:  # no prompt: start from the end-of-text token, as GPT-2's unconditional samples do
         start = model.config.bos_token_id if model.config.bos_token_id is not None else model.config.eos_token_id
@@ -226,10 +244,15 @@ def cmd_generate(args) -> int:
 
 
 def _piece(model, token: int) -> str:
-    """A token as the table shows it: its text (repr) when the model has a tokenizer, else its id."""
+    """A token as the table shows it: its piece in quotes when the model has a tokenizer (byte fragments as
+    <0xNN>, an id its tokenizer names no token with as <id N>: refimpl._tokens.token_pieces), else its id."""
     if model.tokenizer is None:
         return str(token)
-    return repr(model.tokenizer.decode([token]))
+    from refimpl._tokens import token_pieces
+
+    piece = token_pieces(model.tokenizer, [token], vocab_size=model.config.vocab_size)[0]
+    quote = '"' if "'" in piece and '"' not in piece else "'"  # as repr quotes
+    return f"{quote}{piece}{quote}"
 
 
 def _logprob_table(model, trace, processed: bool) -> str:
@@ -330,9 +353,9 @@ def _llama_tokenizer(path: Path):
 def cmd_tokenize(args) -> int:
     from refimpl.gpt2 import load_tokenizer
 
-    from refimpl.models import family_of, resolve_model
+    from refimpl.models import family_of
 
-    path = resolve_model(args.model)  # a path, or a shipped model's name
+    path = _existing_model(args.model)  # a path, or a shipped model's name
     if path.is_file() and path.suffix in (".safetensors", ".npz", ".bin"):  # a weights file: its directory's tokenizer
         path = path.parent                                                       # (as `generate --model FILE` finds it)
     if path.is_dir() and family_of(path) == "llama":
@@ -528,6 +551,7 @@ _FLAG_NAMES = {
                  ("max_new_tokens", "--max-new-tokens"), ("num_beams", "--beams"),
                  ("repetition_penalty", "--repetition-penalty"), ("length_penalty", "--length-penalty"),
                  ("top_k", "--top-k"), ("top_p", "--top-p"), ("attention_scale", "--attention-scale"),
+                 ("stop must", "--stop must"),
                  ("causal=False", "--no-causal-mask")),
 }
 

@@ -184,6 +184,21 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def token_pieces(tokenizer, ids) -> list[str]:  # ids [T] -> T strings
-    """`show_token_bytes` of each token's bytes (`tokenizer.token_bytes(i)`)."""
-    return [show_token_bytes(tokenizer.token_bytes(int(i))) for i in ids]
+def token_pieces(tokenizer, ids, *, vocab_size: int | None = None) -> list[str]:  # ids [T] -> T strings
+    """`show_token_bytes` of each token's bytes (`tokenizer.token_bytes(i)`).
+
+    vocab_size: the model's V. An id below it that the tokenizer names no token with (the extra
+    rows of a vocabulary padded past the tokenizer's ids, an id a vocabulary file skips) shows as
+    <id N>, since a model's top predictions may include it; without vocab_size, or for an id
+    outside [0, V), the tokenizer's error stands.
+    """
+    return [_piece(tokenizer, int(i), vocab_size) for i in ids]
+
+
+def _piece(tokenizer, i: int, vocab_size: int | None) -> str:
+    try:
+        return show_token_bytes(tokenizer.token_bytes(i))
+    except ValueError:
+        if vocab_size is not None and 0 <= i < vocab_size:
+            return f"<id {i}>"
+        raise

@@ -527,6 +527,8 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
     if num_beams > 1 and dec.vocab_size - len(set(eos_ids)) < num_beams:
         raise ValueError(f"num_beams={num_beams} needs at least num_beams tokens that are not eos; "
                          f"V={dec.vocab_size} with {len(set(eos_ids))} eos ids")
+    if not (stop is None or isinstance(stop, (str, list, tuple))):
+        raise TypeError(f"stop must be a string or a list of strings; got {type(stop).__name__} {stop!r}")
     stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError(f"stop must be a non-empty string or a list of them; got {stop!r}")
@@ -566,7 +568,8 @@ def _prompt_ids(dec: Decoder, prompt) -> np.ndarray:  # str | ids [P] -> [P] int
     ids = check_token_ids(ids if ids.size else ids.astype(np.int64), dec.vocab_size, name="prompt",
                           ragged_hint="left-pad shorter prompts, or use generate_batch")
     if ids.ndim != 1:
-        raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}")
+        batch = " (a batch of prompts [B, P]: refimpl.decoding.generate_batch)" if ids.ndim == 2 else ""
+        raise ValueError(f"prompt must be text or a 1-D sequence of token ids; got shape {ids.shape}{batch}")
     if ids.size == 0:
         bos = dec.bos_token_id
         bos = bos[0] if isinstance(bos, (list, tuple)) and bos else bos

@@ -52,6 +52,22 @@ def _load(path: str, dtype: str):
     return refimpl.load(path, dtype=np.dtype(dtype))
 
 
+def _no_tokenizer_reason(path) -> str:
+    """Why the model at `path` has no tokenizer: the error refimpl.tokenizers gives for the tokenizer file beside it
+    (a file cut short, a kind it does not implement), which refimpl.load leaves out; else that it has none."""
+    from refimpl.models import resolve_model
+    from refimpl.tokenizers import TokenizerFileError, load
+
+    p = resolve_model(path)
+    try:
+        load(p if p.is_dir() else p.parent)
+    except TokenizerFileError as e:
+        return str(e)
+    except FileNotFoundError:
+        pass
+    return "this model has no tokenizer this project reads"
+
+
 def _ids(args, model, stored_ids):
     from refimpl.gpt2.checks import parse_token_ids
 
@@ -61,7 +77,7 @@ def _ids(args, model, stored_ids):
         ids = np.asarray(parse_token_ids(args.ids, model.config.vocab_size, flag="--ids"), dtype=np.int64)
     elif args.prompt is not None:
         if model.tokenizer is None:
-            raise _Usage("this model has no tokenizer this project reads; give token ids with --ids")
+            raise _Usage(f"{_no_tokenizer_reason(args.model)}; give token ids with --ids")
         from refimpl._tokens import encode_prompt
 
         ids = np.asarray(encode_prompt(model.tokenizer, args.prompt), dtype=np.int64)  # the BOS too, as generate

@@ -133,6 +133,9 @@ def hf_activations(model, ids, *, dtype: str = "float32") -> tuple[dict[str, np.
     so the attention weights are returned), or a loaded torch model (run as it is; `dtype` is
     then what is reported). Needs torch and transformers (the test extra).
     """
+    if isinstance(model, (str, Path)) and not Path(model).is_dir():  # before the seconds torch takes to import
+        what = "is not a directory" if Path(model).exists() else "no such directory"
+        raise ValueError(f"{model}: {what}; a Hugging Face model directory (config.json + weights) is needed")
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -142,8 +145,6 @@ def hf_activations(model, ids, *, dtype: str = "float32") -> tuple[dict[str, np.
     if dtype not in dtypes:
         raise ValueError(f"dtype must be one of {sorted(dtypes)}; got {dtype!r}")
     if isinstance(model, (str, Path)):
-        if not Path(model).is_dir():
-            raise ValueError(f"{model}: a Hugging Face model directory (config.json + weights) is needed")
         model = AutoModelForCausalLM.from_pretrained(model, dtype=dtypes[dtype], attn_implementation="eager")
     model.eval()
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64))

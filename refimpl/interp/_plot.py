@@ -40,13 +40,14 @@ def save(fig, path) -> Path:
 
 def token_labels(model, ids) -> list[str]:
     """Readable labels for token ids: each token's bytes as refimpl._tokens.show_token_bytes shows them
-    (byte fragments as <0xNN>, newlines as \\n), or the id itself when the model has no tokenizer."""
+    (byte fragments as <0xNN>, newlines as \\n; an id of the model's vocabulary that its tokenizer names
+    no token with as <id N>), or the id itself when the model has no tokenizer."""
     from .._tokens import token_pieces
 
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         return [str(int(i)) for i in ids]
-    return token_pieces(tok, ids)
+    return token_pieces(tok, ids, vocab_size=model.config.vocab_size)
 
 
 def text_colour(cmap, norm, value) -> str:
