@@ -228,6 +228,23 @@ def test_a_layer_count_the_weights_do_not_have_is_refused_without_memory_or_time
     assert peak < 5e6 and elapsed < 2.0, (peak, elapsed)
 
 
+def test_a_json_file_given_as_the_model_is_named_as_such(saved, tmp_path):
+    m = rewrite(saved["qwen2"][0], tmp_path / "m")
+    with pytest.raises(WeightFileError, match="config.json is a config.json, not a weights file; pass its folder"):
+        load_weights(m / "config.json")
+    (m / "tokenizer.json").write_text("{}")
+    with pytest.raises(WeightFileError, match=r"is a JSON file \(tokenizer.json\), not a weights file"):
+        load_weights(m / "tokenizer.json")
+
+
+def test_a_config_error_names_the_config_file_once(saved, tmp_path):
+    d, _ = saved["qwen2"]
+    m = rewrite(d, tmp_path / "m", None, lambda c: c.update(model_type="llama"))
+    with pytest.raises(WeightFileError) as e:
+        load_weights(m)
+    assert str(e.value).startswith(f"{m / 'config.json'}: llama config has fields") and str(e.value).count(str(m)) == 1
+
+
 def test_a_pickled_checkpoint_with_a_huge_layer_count_is_refused_before_the_config_is_built(saved, tmp_path):
     """load_weights refuses a pickle before building the config; export reads it (in proportion to the file) and
     then compares the layers."""
