@@ -382,8 +382,11 @@ def cmd_tokenize(args) -> int:
 # ----------------------------------------------------------------------------- export
 
 def cmd_export(args) -> int:
+    from refimpl.gpt2.io import _looks_like_path
     from refimpl.models import export
 
+    if _looks_like_path(args.model):  # (anything else may be a Hugging Face hub name)
+        _existing_model(args.model)  # a missing path: the same line as every other command's
     out = export(args.model, args.out, dtype=args.dtype)
     print(f"wrote {out}")
     return 0
