@@ -122,8 +122,14 @@ def _load_model(path):
     family = family_of(path)  # an unknown model_type: a WeightFileError listing the known ones
     if family == "llama":
         import refimpl
+        from refimpl.tokenizers import TokenizerFileError
 
-        return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
+        try:
+            return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
+        except TokenizerFileError:  # a tokenizer file that cannot be read: prompts as --ids still run, and a
+            from refimpl.llama import LlamaModel, load_weights  # --prompt is refused naming the file
+
+            return LlamaModel(*load_weights(path), None)  # (path: resolved by _existing_model)
     if family == "bert":
         raise UsageError(f"{path} holds a BERT encoder, which does not generate text (python -m refimpl embed --help)")
     return gpt2.load(path)
@@ -131,7 +137,7 @@ def _load_model(path):
 
 def _no_tokenizer_reason(name_or_path) -> str:
     """Why a loaded model has no tokenizer: the error refimpl.tokenizers gives for the tokenizer file beside it (a
-    file cut short, a kind it does not implement), which refimpl.load leaves out; else that it has none."""
+    file cut short, which _load_model set aside, or a kind it does not implement); else that it has none."""
     from refimpl.models import resolve_model
     from refimpl.tokenizers import TokenizerFileError, load
 
@@ -376,8 +382,11 @@ def cmd_tokenize(args) -> int:
 # ----------------------------------------------------------------------------- export
 
 def cmd_export(args) -> int:
+    from refimpl.gpt2.io import _looks_like_path
     from refimpl.models import export
 
+    if _looks_like_path(args.model):  # (anything else may be a Hugging Face hub name)
+        _existing_model(args.model)  # a missing path: the same line as every other command's
     out = export(args.model, args.out, dtype=args.dtype)
     print(f"wrote {out}")
     return 0

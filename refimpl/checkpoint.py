@@ -24,6 +24,7 @@ model in more shards than the open-file limit loads.
 
 from __future__ import annotations
 
+import os
 import zipfile
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -78,13 +79,17 @@ def read_checkpoint(path, dtype, read: Callable[[Path, ExitStack], _Loaded]) -> 
     path = Path(path)
     if not path.exists():
         raise WeightFileError(f"{path}: no such file or directory")
+    if path.suffix == ".json" and path.is_file():
+        what = "a config.json" if path.name == "config.json" else f"a JSON file ({path.name})"
+        raise WeightFileError(f"{path} is {what}, not a weights file; pass its folder")
     try:
         with ExitStack() as stack:
             return read(path, stack)
     except NotARegularWeightFile as e:  # (its message names the path in full already)
         raise WeightFileError(str(e)) from None
     except (WeightFileError, SafetensorsError) as e:
-        raise WeightFileError(str(e) if str(e).startswith(f"{path}: ") else f"{path}: {e}") from None
+        named = str(e).startswith((f"{path}: ", f"{path}{os.sep}"))  # (a file inside `path` named already)
+        raise WeightFileError(str(e) if named else f"{path}: {e}") from None
     except OSError as e:
         raise WeightFileError(f"{path}: cannot read: {e}") from None
     except MemoryError:

@@ -30,8 +30,8 @@ today is GPT-2's byte-level BPE (refimpl.gpt2.tokenizer). A directory whose toke
 another kind (a SentencePiece tokenizer.model, a tokenizer.json with a normalizer, a
 non-ByteLevel pre-tokenizer or a post-processor that adds a BOS, a tokenizer_config.json naming
 another tokenizer class; `_other_kind` lists every kind) gets tokenizer None, and prompts are then token ids; `tokenizer_absence(directory)` says why in
-one sentence. Tokenizer files that claim to be GPT-2's but are broken are an error naming the
-file, as for GPT-2.
+one sentence. A tokenizer file that is there but cannot be read (cut short, not valid JSON, a
+protobuf that is no SentencePiece model) is an error naming the file, for every format.
 
 `export(source, out_dir, dtype="source")` writes our format (config.json + model.safetensors,
 tokenizer files copied) for GPT-2 (refimpl.gpt2.io.export) and the LLaMA family
@@ -172,7 +172,8 @@ def load(path=None, **kw):
 # ----------------------------------------------------------------------------- the LLaMA family's tokenizer
 
 def tokenizer_absence(directory) -> str | None:
-    """Why the directory has no tokenizer refimpl reads (one sentence), or None when it has one (llama_tokenizer).
+    """Why the directory has no tokenizer refimpl reads (one sentence), or None when it has one (llama_tokenizer)
+    or a file that cannot be read (llama_tokenizer's error then names it).
 
     GPT-2's loader reads GPT-2-style files (`_gpt2_tokenizer_absence`); refimpl.tokenizers
     reads the rest (tokenizer.json of any BPE kind, a SentencePiece BPE tokenizer.model,
@@ -182,14 +183,17 @@ def tokenizer_absence(directory) -> str | None:
     if why is None:
         return None
     from .tokenizers import TokenizerFileError, load as load_tokenizer
+    from .tokenizers.formats import TokenizerNotImplemented
 
     try:
         load_tokenizer(directory)
     except FileNotFoundError:  # no tokenizer file at all
         return (f"{directory}: no tokenizer refimpl reads: it looks for tokenizer.json, tokenizer.model, tekken.json "
                 "or vocab.json + merges.txt")
-    except TokenizerFileError as e:  # files of a kind neither loader implements
+    except TokenizerNotImplemented as e:  # files of a kind neither loader implements
         return f"{why}; refimpl.tokenizers: {e}"
+    except TokenizerFileError:  # broken: llama_tokenizer's error names the file
+        return None
     return None
 
 
@@ -271,18 +275,20 @@ def llama_tokenizer(directory, vocab_size: int):
     GPT-2-style byte-level files: refimpl.gpt2.tokenizer.load_model_tokenizer (broken files are an
     error naming the file). Otherwise refimpl.tokenizers.load (tokenizer.json, then
     tokenizer.model, then tekken.json); a folder where it finds none, or only components it does
-    not implement, gets None. Either way the tokenizer's ids must fit vocab_size.
+    not implement, gets None, and a file it cannot read is a TokenizerFileError naming the file.
+    Either way the tokenizer's ids must fit vocab_size.
     """
     from .gpt2.tokenizer import load_model_tokenizer
 
     if _gpt2_tokenizer_absence(directory) is None:
         return load_model_tokenizer(directory, vocab_size)
-    from .tokenizers import TokenizerFileError, load as load_tokenizer
+    from .tokenizers import load as load_tokenizer
+    from .tokenizers.formats import TokenizerNotImplemented
 
     try:
         tok = load_tokenizer(directory)
-    except (FileNotFoundError, TokenizerFileError):
-        return None
+    except (FileNotFoundError, TokenizerNotImplemented):  # none, or of a kind refimpl does not implement
+        return None  # (a file that exists but is broken is a TokenizerFileError naming it)
     if tok.vocab_size > vocab_size:
         raise ValueError(f"{directory}: the tokenizer has ids up to {tok.vocab_size - 1}, more than the model's "
                          f"vocab_size {vocab_size}")

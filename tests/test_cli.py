@@ -219,10 +219,16 @@ def test_tokenize_a_llama_folder_without_one_names_what_is_missing(llama_dirs, t
     (tmp_path / "sp").mkdir()
     for name in ("config.json", "model.safetensors"):
         (tmp_path / "sp" / name).write_bytes((bare / name).read_bytes())
-    (tmp_path / "sp" / "tokenizer.model").write_bytes(b"\x0a\x05hello")
+    (tmp_path / "sp" / "tokenizer.model").write_bytes(b"\x0a\x07\x0a\x05hello")  # a Unigram model: one piece
     assert main(["tokenize", "--model", str(tmp_path / "sp"), "hello"]) == 2
     err = capsys.readouterr().err  # a file of a kind refimpl.tokenizers refuses: both loaders say why
     assert "tokenizer.model" in err and "refimpl.tokenizers" in err and err.count("\n") == 1
+    assert "UNIGRAM is not supported" in err
+    (tmp_path / "sp" / "tokenizer.model").write_bytes(b"\x0a\x05hello")  # not a protobuf ModelProto
+    assert main(["tokenize", "--model", str(tmp_path / "sp"), "hello"]) == 2
+    err = capsys.readouterr().err  # a file that cannot be read: its error first, naming it
+    assert err.startswith(f"error: {tmp_path / 'sp' / 'tokenizer.model'}: not a SentencePiece model")
+    assert err.count("\n") == 1
 
 
 def test_export_a_llama_folder_then_load_it(llama_dirs, tmp_path, capsys):

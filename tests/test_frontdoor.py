@@ -21,7 +21,7 @@ from refimpl import gpt2
 from refimpl.checkpoint import WeightFileError
 from refimpl.llama import LlamaModel, load_weights
 from refimpl.llama.model import forward
-from refimpl.models import SUPPORTED_MODEL_TYPES, export, family_of, tokenizer_absence
+from refimpl.models import SUPPORTED_MODEL_TYPES, _gpt2_tokenizer_absence, export, family_of, tokenizer_absence
 from gpt2_oracle import hf_gpt2
 from llama_oracle import CASES, hf_llama, hf_logits, max_rel_diff
 from report import MaxDiffs
@@ -220,9 +220,35 @@ def test_tokenizers_of_another_kind_go_to_refimpl_tokenizers_or_give_none_and_sa
     assert "another kind" in why and "refimpl.tokenizers" in why and "WordLevel" in why
     for name in ("tokenizer.json", "vocab.json", "merges.txt"):
         (d / name).unlink()
-    (d / "tokenizer.model").write_bytes(b"\x0a\x05hello")
+    (d / "tokenizer.model").write_bytes(b"\x0a\x07\x0a\x05hello")  # one piece, and no trainer spec: a Unigram model
     assert refimpl.load(d).tokenizer is None
-    assert "tokenizer.model" in tokenizer_absence(d)
+    assert "tokenizer.model" in tokenizer_absence(d) and "UNIGRAM is not supported" in tokenizer_absence(d)
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("tokenizer.json", None, r"tokenizer.json: not valid JSON"),
+    ("tokenizer.model", b"\x0a\x05hello", r"tokenizer.model: not a SentencePiece model"),
+])
+def test_a_tokenizer_file_that_cannot_be_read_is_an_error_naming_it(llama_with_tokenizer, tmp_path, name, data, message):
+    """A broken tokenizer file beside a tokenizer_config.json naming a class refimpl does not read as GPT-2's is
+    refused naming the file, by the front door and by the command line (one line, the file's error first)."""
+    _, src = llama_with_tokenizer
+    d = tmp_path / "m"
+    shutil.copytree(src, d)
+    for other in ("vocab.json", "merges.txt"):
+        (d / other).unlink()
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "TokenizersBackend"}))
+    if data is None:
+        whole = json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})
+        data = whole[:len(whole) // 2].encode()  # truncated
+    (d / name).write_bytes(data)
+    with pytest.raises(ValueError, match=message):
+        refimpl.load(d)
+    for argv in (["tokenize", "--model", str(d), "hi"], ["generate", "--model", str(d), "--prompt", "hi"]):
+        r = subprocess.run([sys.executable, "-m", "refimpl", *argv], capture_output=True, text=True, cwd=REPO,
+                           timeout=120)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"error: {d / name}:") and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_broken_gpt2_style_tokenizer_is_an_error_naming_the_file(llama_with_tokenizer, tmp_path):
@@ -341,9 +367,14 @@ def test_hugging_face_tokenizer_json_of_gpt2s_kind_is_read_and_one_adding_a_bos_
     data = json.loads((d / "tokenizer.json").read_text())
     data["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
                                                                        {"Sequence": {"id": "A", "type_id": 0}}]}
+    (d / "tokenizer.json").write_text(json.dumps(data))  # (no special_tokens table: the file cannot be read)
+    with pytest.raises(ValueError, match="tokenizer.json: post_processor special token '<s>' needs one integer id"):
+        refimpl.load(d)
+    data["post_processor"]["special_tokens"] = {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}
     (d / "tokenizer.json").write_text(json.dumps(data))
-    assert refimpl.load(d).tokenizer is None
-    assert "a post_processor that adds tokens" in tokenizer_absence(d)
+    tok = refimpl.load(d).tokenizer  # not GPT-2's kind: refimpl.tokenizers reads it, and reports the BOS
+    assert type(tok).__module__ == "refimpl.tokenizers.tokenizer" and tok.bos_token == 0, tok
+    assert "a post_processor that adds tokens" in _gpt2_tokenizer_absence(d)
 
 
 @pytest.mark.parametrize("case", ["llama", "gemma2"])

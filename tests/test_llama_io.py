@@ -129,7 +129,8 @@ def _drop(name):
      "unexpected tensor(s) ['model.layers.0.extra.weight']"),
     ("llama", None, lambda c: c.update(intermediate_size=64),
      "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [72, 48]"),
-    ("llama", None, lambda c: c.update(num_hidden_layers=4), "unexpected tensor(s) ['model.layers.4."),
+    ("llama", None, lambda c: c.update(num_hidden_layers=4),
+     "config.json says num_hidden_layers=4 but the weights have layers model.layers.0 .. model.layers.4 (5 layers)"),
     ("llama", None, lambda c: c.update(attention_bias=False), "unexpected tensor(s) ['model.layers.0.self_attn.k_proj.bias'"),
     ("qwen2", None, lambda c: c.update(model_type="llama"), "llama config has fields this implementation does not"),
     ("qwen3", lambda t: t["model.layers.2.self_attn.q_norm.weight"].__setitem__(0, np.nan), None,
@@ -181,3 +182,85 @@ def test_a_safetensors_file_whose_first_byte_is_0x80_is_not_taken_for_a_pickle(s
     assert np.array_equal(params.embed, state["model.embed_tokens.weight"])
     _, params = load_weights(tmp_path)
     assert np.array_equal(params.embed, state["model.embed_tokens.weight"])
+
+
+def _without_layer(i):
+    return lambda t: [t.pop(n) for n in [n for n in t if n.startswith(f"model.layers.{i}.")]]
+
+
+@pytest.mark.parametrize("layout", ["folder", "file", "sharded"])
+@pytest.mark.parametrize("n_layers, edit_tensors, found", [
+    (10**9, None, "layers model.layers.0 .. model.layers.4 (5 layers)"),
+    (10**7, None, "layers model.layers.0 .. model.layers.4 (5 layers)"),
+    (5, _without_layer(2), "layers model.layers.0 .. model.layers.4 (4 layers; missing layers [2])"),
+    (10**9, lambda t: t.update({"model.layers.999999999.input_layernorm.weight": np.ones(48, np.float32)}),
+     "layers model.layers.0 .. model.layers.999999999 (6 layers; missing layers [5, 6, 7, 8, 9])"),
+])
+def test_a_layer_count_the_weights_do_not_have_is_refused_without_memory_or_time(saved, tmp_path, layout, n_layers,
+                                                                                  edit_tensors, found):
+    """The config's num_hidden_layers is compared with the weights' names before anything of that size is built
+    (a config of 10^9 layers took 87 s and 6.9 GB to fail); the cost is bounded by the file."""
+    import time
+    import tracemalloc
+
+    d, _ = saved["llama"]
+    m = rewrite(d, tmp_path / "m", edit_tensors, lambda c: c.update(num_hidden_layers=n_layers))
+    path = m / "model.safetensors" if layout == "file" else m
+    if layout == "sharded":
+        tensors = load_file(m / "model.safetensors")
+        (m / "model.safetensors").unlink()
+        names = sorted(tensors)
+        halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+        for shard, part in halves.items():
+            save_file({n: tensors[n] for n in part}, m / shard)
+        (m / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {n: shard for shard, part in halves.items() for n in part}}))
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(WeightFileError) as e:
+            load_weights(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - t0
+    assert f"config.json says num_hidden_layers={n_layers} but the weights have {found}" in str(e.value)
+    assert peak < 5e6 and elapsed < 2.0, (peak, elapsed)
+
+
+def test_a_json_file_given_as_the_model_is_named_as_such(saved, tmp_path):
+    m = rewrite(saved["qwen2"][0], tmp_path / "m")
+    with pytest.raises(WeightFileError, match="config.json is a config.json, not a weights file; pass its folder"):
+        load_weights(m / "config.json")
+    (m / "tokenizer.json").write_text("{}")
+    with pytest.raises(WeightFileError, match=r"is a JSON file \(tokenizer.json\), not a weights file"):
+        load_weights(m / "tokenizer.json")
+
+
+def test_a_config_error_names_the_config_file_once(saved, tmp_path):
+    d, _ = saved["qwen2"]
+    m = rewrite(d, tmp_path / "m", None, lambda c: c.update(model_type="llama"))
+    with pytest.raises(WeightFileError) as e:
+        load_weights(m)
+    assert str(e.value).startswith(f"{m / 'config.json'}: llama config has fields") and str(e.value).count(str(m)) == 1
+
+
+def test_a_pickled_checkpoint_with_a_huge_layer_count_is_refused_before_the_config_is_built(saved, tmp_path):
+    """load_weights refuses a pickle before building the config; export reads it (in proportion to the file) and
+    then compares the layers."""
+    import time
+
+    from refimpl.llama.io import export
+
+    d, state = saved["llama"]
+    m = rewrite(d, tmp_path / "m", None, lambda c: c.update(num_hidden_layers=10**9))
+    (m / "model.safetensors").unlink()
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, m / "pytorch_model.bin")
+    t0 = time.perf_counter()
+    for path in (m, m / "pytorch_model.bin"):
+        with pytest.raises(WeightFileError, match="never unpickles"):
+            load_weights(path)
+        with pytest.raises(WeightFileError, match="says num_hidden_layers=1000000000 but the weights have layers "
+                                                  r"model.layers.0 .. model.layers.4 \(5 layers\)"):
+            export(path, tmp_path / "out")
+    assert time.perf_counter() - t0 < 5.0

@@ -112,6 +112,12 @@ def test_a_misspelled_model_is_named_with_the_shipped_names(command, tmp_path, c
     assert f"--model {tmp_path / 'lama'}: no such file or directory" in err and "shakespeare-llama" in err
 
 
+def test_export_of_a_misspelled_model_is_named_with_the_shipped_names(tmp_path, capsys):
+    rc, out, err = run(["export", "--model", tmp_path / "lama", "--out", tmp_path / "out"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert f"--model {tmp_path / 'lama'}: no such file or directory" in err and "shakespeare-llama" in err
+
+
 @pytest.mark.parametrize("command", [["generate", "--max-new-tokens", "1"],
                                      ["compare", "--hf", "HF_DIR"]])
 def test_a_broken_tokenizer_file_is_named_when_a_prompt_needs_it(padded_dir, command, tmp_path, capsys):

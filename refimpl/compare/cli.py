@@ -47,14 +47,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str, dtype: str):
+    """refimpl.load(path); a LLaMA-family model whose tokenizer file cannot be read loads without it (--ids still
+    run, and a --prompt is refused naming the file: _no_tokenizer_reason)."""
     import refimpl
+    from refimpl.tokenizers import TokenizerFileError
 
-    return refimpl.load(path, dtype=np.dtype(dtype))
+    try:
+        return refimpl.load(path, dtype=np.dtype(dtype))
+    except TokenizerFileError:
+        from refimpl.llama import LlamaModel, load_weights
+        from refimpl.models import resolve_model
+
+        return LlamaModel(*load_weights(resolve_model(path), dtype=np.dtype(dtype)), None)
 
 
 def _no_tokenizer_reason(path) -> str:
     """Why the model at `path` has no tokenizer: the error refimpl.tokenizers gives for the tokenizer file beside it
-    (a file cut short, a kind it does not implement), which refimpl.load leaves out; else that it has none."""
+    (a file cut short, which _load set aside, or a kind it does not implement); else that it has none."""
     from refimpl.models import resolve_model
     from refimpl.tokenizers import TokenizerFileError, load
 

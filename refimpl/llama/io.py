@@ -5,8 +5,10 @@
   a directory with config.json + model.safetensors, or + model.safetensors.index.json and its
   shards, or a single .safetensors file with a config.json beside it.
 
-Names and shapes are checked against the config's table (refimpl.llama.params.checkpoint_shapes)
-before any tensor is read: a missing, unexpected or misshaped tensor is named in the error, and
+The weights' layers (model.layers.<i>, from the safetensors header or index) are compared with
+config.json's num_hidden_layers first, before the config is built: both cost what the files
+hold, never what the config claims. Names and shapes are then checked against the config's
+table (refimpl.llama.params.checkpoint_shapes) before any tensor is read: a missing, unexpected or misshaped tensor is named in the error, and
 so is a config field that disagrees with a shape. float32, float16 and bfloat16 tensors are
 widened exactly to the requested dtype (float32 by default). A checkpoint of a tied model may
 also hold lm_head.weight; it must then equal the embedding. Constant RoPE buffers that older
@@ -35,8 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import (INDEX_NAME, PICKLE_INDEX_NAME, Tensor, WeightFileError, config_object, open_weights,
-                          read_checkpoint, read_small_file, safetensors_source, sharded_source)
-from ..safetensors import _gc_paused
+                          read_checkpoint, read_small_file, read_weight_map, regular_file, safetensors_source,
+                          sharded_source)
+from ..safetensors import SafetensorsError, _gc_paused, read_header
 from .config import LlamaConfig
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
@@ -52,6 +55,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 COPIED_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "added_tokens.json", "tokenizer.model", "generation_config.json")
 _BUFFER = re.compile(r"model\.layers\.[0-9]{1,9}\.self_attn\.rotary_emb\.inv_freq")
+_LAYER = re.compile(r"model\.layers\.([0-9]{1,18})\.")
 _PICKLED = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
 _CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code); save the state dict as "
             "safetensors where you trust it (`model.save_pretrained(DIR, safe_serialization=True)` in "
@@ -59,13 +63,24 @@ _CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code);
 
 
 def load_config(path) -> LlamaConfig:
-    """The LlamaConfig of a checkpoint directory (its config.json) or of a file's sibling config.json."""
+    """The LlamaConfig of a checkpoint directory (its config.json) or of a file's sibling config.json.
+
+    Where safetensors weights are there (a file, or a folder's model.safetensors or index), their
+    layers model.layers.<i> must be the config's num_hidden_layers, checked first: building the
+    config costs O(num_hidden_layers), which must stay in proportion to the files."""
     path = Path(path)
+    return _config(path, _weight_names(path))
+
+
+def _config(path: Path, names) -> LlamaConfig:
+    """load_config, with the weights' tensor names (None: none to compare num_hidden_layers with)."""
     config_json = (path if path.is_dir() else path.parent) / "config.json"
     if not config_json.exists():
         raise WeightFileError(f"{path}: no config.json {'in it' if path.is_dir() else 'beside it'}; a LLaMA-family "
                               "model's head count and norms cannot be read from its tensors")
     d = config_object(read_small_file(config_json, "config"), config_json.name)
+    if names is not None:  # (before from_dict, whose per-layer fields cost O(num_hidden_layers))
+        _check_layers(d.get("num_hidden_layers"), names, config_json.name)
     try:
         return LlamaConfig.from_dict(d)
     except (TypeError, ValueError) as e:
@@ -80,10 +95,48 @@ def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[LlamaCo
     reading them (float32 tensors then stay read-only views of the file).
     """
     def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams]:
-        config = load_config(path)
+        names = _weight_names(path)
+        if names is None:  # no safetensors weights: _tensors says why, before the config is built
+            _tensors(path, None, stack, mmap)
+        config = _config(path, names)
         return config, _build(config, _tensors(path, config, stack, mmap), dtype)
 
     return read_checkpoint(path, dtype, read)
+
+
+def _weight_names(path: Path):
+    """The tensor names of the safetensors weights at `path` (its header or its index), or None where
+    there are none to read (no such file, a pickled checkpoint); the names cost what the file holds."""
+    if path.is_dir():
+        if (path / "model.safetensors").exists():
+            path = path / "model.safetensors"
+        else:
+            index = next((path / n for n in (INDEX_NAME, PICKLE_INDEX_NAME) if (path / n).exists()), None)
+            return None if index is None else read_weight_map(index)
+    elif _is_pickle(path):
+        return None
+    try:
+        return read_header(regular_file(path, "weight file")).tensors
+    except SafetensorsError as e:
+        raise WeightFileError(str(e)) from None
+
+
+def _check_layers(n_layers, names, where: str) -> None:
+    """The layers model.layers.<i> among `names` must be exactly 0 .. n_layers-1 (an int n_layers; any
+    other value is left to LlamaConfig.from_dict to refuse).
+
+    Compared without building range(n_layers): the config's count comes from a file and may be 10^9;
+    the work is bounded by the number of names."""
+    if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 1:
+        return
+    layers = sorted({int(m[1]) for m in map(_LAYER.match, names) if m})
+    if len(layers) != n_layers or layers[-1] != n_layers - 1:
+        found = f"model.layers.0 .. model.layers.{layers[-1]}" if layers else "none"
+        present = set(layers)  # (the first five gaps lie below len(layers) + 5)
+        gaps = [i for i in range(min(len(layers) + 5, layers[-1])) if i not in present][:5] if layers else []
+        detail = f"; missing layers {gaps}" if gaps else ""
+        raise WeightFileError(f"{where} says num_hidden_layers={n_layers} but the weights have layers {found} "
+                              f"({len(layers)} layers{detail})")
 
 
 def _canonical(raw: dict) -> dict:
@@ -92,12 +145,13 @@ def _canonical(raw: dict) -> dict:
 
 
 def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> dict[str, Tensor]:
-    expected = checkpoint_shapes(config)
     if path.is_dir():
         if (path / "model.safetensors").exists():
             _, raw = safetensors_source(path / "model.safetensors", stack, mmap)
             return _canonical(raw)
         if (path / INDEX_NAME).exists():
+            expected = checkpoint_shapes(config)
+
             def check_names(names, index_name):
                 _check_names(names, expected, config, index_name)
             with _gc_paused():
@@ -240,8 +294,19 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     check_model_folder(out, also=COPIED_FILES)
 
     def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams, dict[str, str]]:
-        config = load_config(path)
-        tensors = _export_tensors(path, config, stack)
+        pickled = _pickled_source(path)
+        if pickled is not None and pickled.name != PICKLE_INDEX_NAME:  # one pickle: read whole, then its config
+            from ..checkpoint import read_pickled_state_dict
+
+            tensors = _canonical(read_pickled_state_dict(pickled, (path if path.is_dir() else path.parent)
+                                                         / "config.json"))
+            config = _config(path, tensors)
+        else:
+            names = _weight_names(path)
+            if names is None:
+                _tensors(path, None, stack, False)
+            config = _config(path, names)
+            tensors = _export_tensors(path, config, stack)
         return config, _build(config, tensors, None), {name: t.stored for name, t in tensors.items()}
 
     config, params, stored = read_checkpoint(src, None, read)
@@ -250,20 +315,18 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
 
 
 def _export_tensors(path: Path, config: LlamaConfig, stack: ExitStack) -> dict[str, Tensor]:
-    """The source's tensors for export: load_weights' layouts, or a pickled checkpoint (one file or shards)."""
-    from ..checkpoint import read_pickled_shards, read_pickled_state_dict
+    """The source's tensors for export: load_weights' layouts, or pickled shards (export's read reads a single
+    pickled file itself, before the config)."""
+    from ..checkpoint import read_pickled_shards
 
     folder = path if path.is_dir() else path.parent
-    pickled = _pickled_source(path)
-    if pickled is None:
+    if _pickled_source(path) is None:
         return _tensors(path, config, stack, False)
-    if pickled.name == PICKLE_INDEX_NAME:
-        expected = checkpoint_shapes(config)
+    expected = checkpoint_shapes(config)
 
-        def check_names(names, index_name):
-            _check_names(names, expected, config, index_name)
-        return read_pickled_shards(folder, folder / "config.json", _canonical, check_names)
-    return _canonical(read_pickled_state_dict(pickled, folder / "config.json"))
+    def check_names(names, index_name):
+        _check_names(names, expected, config, index_name)
+    return read_pickled_shards(folder, folder / "config.json", _canonical, check_names)
 
 
 def _pickled_source(src: Path) -> Path | None:

@@ -32,7 +32,7 @@ from .pretokenize import PATTERNS, compile_pattern
 from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
-__all__ = ["TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece",
+__all__ = ["TokenizerNotImplemented", "TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece",
            "load_tekken", "load_vocab_merges", "byte_to_unicode", "unicode_to_byte"]
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
@@ -42,6 +42,11 @@ class TokenizerFileError(ValueError):
     """A tokenizer file is malformed or uses a component this package does not implement;
     the message names the file and the problem (bad base64, truncated protobuf, a merge naming
     an unknown piece, an id given twice, an unsupported normalizer, ...)."""
+
+
+class TokenizerNotImplemented(TokenizerFileError):
+    """A well-formed tokenizer file of a kind or with a component this package does not implement
+    (a Unigram model, an unsupported normalizer, ...); the message names the file and the component."""
 
 
 # --------------------------------------------------------------------------------------
@@ -335,11 +340,11 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
     if not isinstance(model, dict):
         raise TokenizerFileError(f"{where}: expected an object with a 'model' object")
     if model.get("type", "BPE") != "BPE":
-        raise TokenizerFileError(f"{where}: model type {model.get('type')!r:.40} is not supported (only BPE)")
+        raise TokenizerNotImplemented(f"{where}: model type {model.get('type')!r:.40} is not supported (only BPE)")
     for key, off in (("dropout", (None, 0, 0.0)), ("continuing_subword_prefix", (None, "")),
                      ("end_of_word_suffix", (None, ""))):
         if model.get(key) not in off:
-            raise TokenizerFileError(f"{where}: model.{key} = {model.get(key)!r:.40} is not supported")
+            raise TokenizerNotImplemented(f"{where}: model.{key} = {model.get(key)!r:.40} is not supported")
     try:
         pre = _flatten(data.get("pre_tokenizer"), "pretokenizers")
         norm = _flatten(data.get("normalizer"), "normalizers")
@@ -365,7 +370,7 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
                                 lstrip=bool(e.get("lstrip")), rstrip=bool(e.get("rstrip")),
                                 single_word=bool(e.get("single_word"))))
         if e.get("normalized") and not e.get("special") and norm and " " in e["content"]:
-            raise TokenizerFileError(f"{where}: added_tokens[{k}] {e['content']!r:.40} is matched after "
+            raise TokenizerNotImplemented(f"{where}: added_tokens[{k}] {e['content']!r:.40} is matched after "
                                      "normalization and holds a space; not supported")
     added = _unique_added(added, where)
     added_ids = {t.id for t in added}
@@ -496,22 +501,22 @@ def _hf_byte_level(where, pre, norm, dec, model) -> dict:  # -> Tokenizer argume
             regex = c.get("pattern", {})
             if (c.get("behavior") != "Isolated" or c.get("invert") or not isinstance(regex, dict)
                     or not isinstance(regex.get("Regex", regex.get("String")), str) or pattern is not None):
-                raise TokenizerFileError(f"{where}: pre_tokenizer Split {c!r:.120} is not supported (only one "
+                raise TokenizerNotImplemented(f"{where}: pre_tokenizer Split {c!r:.120} is not supported (only one "
                                          "Isolated, not inverted Split before ByteLevel)")
             pattern = regex["Regex"] if "Regex" in regex else re.escape(regex["String"])
         else:
-            raise TokenizerFileError(f"{where}: pre_tokenizer {kind!r} is not supported with ByteLevel")
+            raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} is not supported with ByteLevel")
     normalize = None
     for c in norm:
         if _kind(c) in ("NFC", "NFKC", "NFD", "NFKD") and normalize is None:
             normalize = _kind(c)
         else:
-            raise TokenizerFileError(f"{where}: normalizer {_kind(c)!r} is not supported for byte-level BPE")
+            raise TokenizerNotImplemented(f"{where}: normalizer {_kind(c)!r} is not supported for byte-level BPE")
     for c in dec:
         if _kind(c) != "ByteLevel":
-            raise TokenizerFileError(f"{where}: decoder {_kind(c)!r} is not supported for byte-level BPE")
+            raise TokenizerNotImplemented(f"{where}: decoder {_kind(c)!r} is not supported for byte-level BPE")
     if model.get("byte_fallback"):
-        raise TokenizerFileError(f"{where}: model.byte_fallback with a ByteLevel pre_tokenizer is not supported")
+        raise TokenizerNotImplemented(f"{where}: model.byte_fallback with a ByteLevel pre_tokenizer is not supported")
     return {"pattern": pattern or "gpt2", "whole_words": bool(model.get("ignore_merges")), "normalize": normalize}
 
 
@@ -526,18 +531,18 @@ def _hf_metaspace(where, pre, norm, dec, model) -> dict:
         elif kind == "Replace" and c.get("pattern") == {"String": " "} and c.get("content") == SPACE:
             replaced = True
         else:
-            raise TokenizerFileError(f"{where}: normalizer {kind!r} ({c!r:.80}) is not supported")
+            raise TokenizerNotImplemented(f"{where}: normalizer {kind!r} ({c!r:.80}) is not supported")
     for c in pre:
         kind = _kind(c)
         if kind != "Metaspace" or c.get("replacement", SPACE) != SPACE:
-            raise TokenizerFileError(f"{where}: pre_tokenizer {kind!r} ({c!r:.80}) is not supported")
+            raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} ({c!r:.80}) is not supported")
         scheme = c.get("prepend_scheme", "always" if c.get("add_prefix_space", True) else "never")
         if scheme not in ("always", "first", "never"):
-            raise TokenizerFileError(f"{where}: Metaspace prepend_scheme {scheme!r} is not supported")
+            raise TokenizerNotImplemented(f"{where}: Metaspace prepend_scheme {scheme!r} is not supported")
         prefix, split, replaced = scheme if scheme != "never" else prefix, bool(c.get("split", True)), True
         unless_space = True  # Metaspace prepends only to text that does not start with '▁' already
     if not replaced:
-        raise TokenizerFileError(f"{where}: neither a ByteLevel nor a Metaspace pre_tokenizer, nor a Replace "
+        raise TokenizerNotImplemented(f"{where}: neither a ByteLevel nor a Metaspace pre_tokenizer, nor a Replace "
                                  f"' ' -> '{SPACE}' normalizer: pre_tokenizer {[_kind(c) for c in pre]}, "
                                  f"normalizer {[_kind(c) for c in norm]} are not supported")
     strip, byte_decode = False, False
@@ -553,7 +558,7 @@ def _hf_metaspace(where, pre, norm, dec, model) -> dict:
                                 and c.get("content") == " "):
             pass
         else:
-            raise TokenizerFileError(f"{where}: decoder {kind!r} ({c!r:.80}) is not supported")
+            raise TokenizerNotImplemented(f"{where}: decoder {kind!r} ({c!r:.80}) is not supported")
     unk = model.get("unk_token")
     return {"prefix": prefix, "prefix_unless_space": unless_space, "metaspace_split": split,
             "strip_leading_space": strip,
@@ -660,19 +665,19 @@ def load_sentencepiece(path) -> Tokenizer:
         raise TokenizerFileError(f"{where}: no pieces (not a SentencePiece model?)")
     model_type = trainer.get(3, 1)
     if model_type != 2:
-        raise TokenizerFileError(f"{where}: SentencePiece model_type {_MODEL_TYPES.get(model_type, model_type)} "
+        raise TokenizerNotImplemented(f"{where}: SentencePiece model_type {_MODEL_TYPES.get(model_type, model_type)} "
                                  "is not supported (only BPE)")
     if trainer.get(24, 0):
-        raise TokenizerFileError(f"{where}: treat_whitespace_as_suffix is not supported")
+        raise TokenizerNotImplemented(f"{where}: treat_whitespace_as_suffix is not supported")
     name = normalizer.get(1, b"")
     name = name.decode("utf-8", "replace") if isinstance(name, bytes) else ""
     if normalizer.get(2) or name not in ("", "identity"):
-        raise TokenizerFileError(f"{where}: normalizer {name!r} (a precompiled character map) is not supported; "
+        raise TokenizerNotImplemented(f"{where}: normalizer {name!r} (a precompiled character map) is not supported; "
                                  "only 'identity'")
     add_dummy_prefix = bool(normalizer.get(3, 1))
     collapse = bool(normalizer.get(4, 1))
     if not normalizer.get(5, 1):
-        raise TokenizerFileError(f"{where}: escape_whitespaces=false is not supported")
+        raise TokenizerNotImplemented(f"{where}: escape_whitespaces=false is not supported")
     seen: dict[str, int] = {}
     for i, (piece, _, _) in enumerate(pieces):
         if piece in seen:
