@@ -135,22 +135,6 @@ def _load_model(path):
     return gpt2.load(path)
 
 
-def _no_tokenizer_reason(name_or_path) -> str:
-    """Why a loaded model has no tokenizer: the error refimpl.tokenizers gives for the tokenizer file beside it (a
-    file cut short, which _load_model set aside, or a kind it does not implement); else that it has none."""
-    from refimpl.models import resolve_model
-    from refimpl.tokenizers import TokenizerFileError, load
-
-    p = resolve_model(name_or_path)
-    try:
-        load(p if p.is_dir() else p.parent)
-    except TokenizerFileError as e:
-        return str(e)
-    except FileNotFoundError:
-        pass
-    return "this model has no tokenizer files"
-
-
 def cmd_generate(args) -> int:
     from refimpl import decoding
     from refimpl.gpt2.model import parse_token_ids
@@ -162,7 +146,9 @@ def cmd_generate(args) -> int:
         prompt = parse_token_ids(args.ids, model.config.vocab_size, flag="--ids")
     elif args.prompt is not None:
         if model.tokenizer is None:
-            raise UsageError(f"{_no_tokenizer_reason(args.model)}; give the prompt as token ids with --ids")
+            from refimpl.models import no_tokenizer_reason
+
+            raise UsageError(f"{no_tokenizer_reason(args.model)}; give the prompt as token ids with --ids")
         prompt = args.prompt
     else:  # no prompt: start from the end-of-text token, as GPT-2's unconditional samples do
         start = model.config.bos_token_id if model.config.bos_token_id is not None else model.config.eos_token_id

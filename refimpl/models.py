@@ -48,7 +48,7 @@ import numpy as np
 
 from .checkpoint import WeightFileError, config_object, read_small_file
 
-__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "SUPPORTED_MODEL_TYPES",
+__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "no_tokenizer_reason", "SUPPORTED_MODEL_TYPES",
            "MODEL_NAMES", "DEFAULT_MODEL", "resolve_model"]
 
 
@@ -195,6 +195,22 @@ def tokenizer_absence(directory) -> str | None:
     except TokenizerFileError:  # broken: llama_tokenizer's error names the file
         return None
     return None
+
+
+def no_tokenizer_reason(name_or_path, none: str = "this model has no tokenizer files") -> str:
+    """Why a loaded model has no tokenizer, for a command's one-line error: the error refimpl.tokenizers
+    gives for the tokenizer file beside it (a file cut short, which the command's loader set aside, or a
+    kind it does not implement); else `none`."""
+    from .tokenizers import TokenizerFileError, load as load_tokenizer
+
+    p = resolve_model(name_or_path)
+    try:
+        load_tokenizer(p if p.is_dir() else p.parent)
+    except TokenizerFileError as e:
+        return str(e)
+    except FileNotFoundError:
+        pass
+    return none
 
 
 def _gpt2_tokenizer_absence(directory) -> str | None:

@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(path: str, dtype: str):
     """refimpl.load(path); a LLaMA-family model whose tokenizer file cannot be read loads without it (--ids still
-    run, and a --prompt is refused naming the file: _no_tokenizer_reason)."""
+    run, and a --prompt is refused naming the file: refimpl.models.no_tokenizer_reason)."""
     import refimpl
     from refimpl.tokenizers import TokenizerFileError
 
@@ -61,22 +61,6 @@ def _load(path: str, dtype: str):
         return LlamaModel(*load_weights(resolve_model(path), dtype=np.dtype(dtype)), None)
 
 
-def _no_tokenizer_reason(path) -> str:
-    """Why the model at `path` has no tokenizer: the error refimpl.tokenizers gives for the tokenizer file beside it
-    (a file cut short, which _load set aside, or a kind it does not implement); else that it has none."""
-    from refimpl.models import resolve_model
-    from refimpl.tokenizers import TokenizerFileError, load
-
-    p = resolve_model(path)
-    try:
-        load(p if p.is_dir() else p.parent)
-    except TokenizerFileError as e:
-        return str(e)
-    except FileNotFoundError:
-        pass
-    return "this model has no tokenizer this project reads"
-
-
 def _ids(args, model, stored_ids):
     from refimpl.gpt2.checks import parse_token_ids
 
@@ -86,7 +70,10 @@ def _ids(args, model, stored_ids):
         ids = np.asarray(parse_token_ids(args.ids, model.config.vocab_size, flag="--ids"), dtype=np.int64)
     elif args.prompt is not None:
         if model.tokenizer is None:
-            raise _Usage(f"{_no_tokenizer_reason(args.model)}; give token ids with --ids")
+            from refimpl.models import no_tokenizer_reason
+
+            raise _Usage(f"{no_tokenizer_reason(args.model, 'this model has no tokenizer this project reads')}; "
+                         "give token ids with --ids")
         from refimpl._tokens import encode_prompt
 
         ids = np.asarray(encode_prompt(model.tokenizer, args.prompt), dtype=np.int64)  # the BOS too, as generate
