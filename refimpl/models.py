@@ -25,11 +25,11 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
                                    may omit model_type, and GPT-2's reader assumes it)
     path None                   -> the GPT-2 shipped with the package ("shakespeare-gpt2")
 
-Tokenizer of a LLaMA-family model (`llama_tokenizer`): the one tokenizer format refimpl reads
-today is GPT-2's byte-level BPE (refimpl.gpt2.tokenizer). A directory whose tokenizer is of
-another kind (a SentencePiece tokenizer.model, a tokenizer.json with a normalizer, a
-non-ByteLevel pre-tokenizer or a post-processor that adds a BOS, a tokenizer_config.json naming
-another tokenizer class; `_other_kind` lists every kind) gets tokenizer None, and prompts are then token ids; `tokenizer_absence(directory)` says why in
+Tokenizer of a LLaMA-family model (`llama_tokenizer`): GPT-2's byte-level BPE files
+(refimpl.gpt2.tokenizer) where they apply, else refimpl.tokenizers (tokenizer.json of any BPE
+kind, a SentencePiece BPE tokenizer.model, tekken.json). A directory with no tokenizer file, or
+one of a kind neither implements (a Unigram or WordPiece model, say), gets tokenizer None, and
+prompts are then token ids; `tokenizer_absence(directory)` says why in
 one sentence. A tokenizer file that is there but cannot be read (cut short, not valid JSON, a
 protobuf that is no SentencePiece model) is an error naming the file, for every format.
 
