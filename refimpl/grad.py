@@ -114,6 +114,17 @@ def linear_backward(dy, x, w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [
 
 # ----------------------------------------------------------------------------- layer norm
 
+def _norm_args(dy, x, gamma) -> tuple:
+    """A normalisation backward's checked inputs: dy, x [..., C] of one shape, gamma [C]; -> (dy, x, gamma, C, dtype)."""
+    dy, x, gamma = as_float(dy, "dy"), as_float(x, "x"), as_float(gamma, "gamma")
+    check_ndim(x, "x", 1, "[..., C]")
+    C = x.shape[-1]
+    _same_shape(dy, "dy", x.shape, "x")
+    if gamma.shape != (C,):
+        raise ValueError(f"gamma must have shape [C] with C={C}; got {list(gamma.shape)}")
+    return dy, x, gamma, C, np.result_type(dy, x, gamma)
+
+
 def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., C] -> dx, dgamma, dbeta
     """For y = xhat * gamma + beta, xhat = (x - mu) * r, r = (sigma^2 + eps)^(-1/2)  (Ba et al. 2016, sec. 3):
 
@@ -125,13 +136,7 @@ def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5) -> tuple[np.ndarray,
     Notes: mu, sigma^2 are recomputed from x with the same two-pass formula as the forward
     (biased variance, divides by C).
     """
-    dy, x, gamma = as_float(dy, "dy"), as_float(x, "x"), as_float(gamma, "gamma")
-    check_ndim(x, "x", 1, "[..., C]")
-    C = x.shape[-1]
-    _same_shape(dy, "dy", x.shape, "x")
-    if gamma.shape != (C,):
-        raise ValueError(f"gamma must have shape [C] with C={C}; got {list(gamma.shape)}")
-    dtype = np.result_type(dy, x, gamma)
+    dy, x, gamma, C, dtype = _norm_args(dy, x, gamma)
     mu = x.mean(axis=-1, keepdims=True)  # [..., 1]
     d = x - mu
     r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + dtype.type(_check_eps(eps)))  # [..., 1]
@@ -227,13 +232,7 @@ def rms_norm_backward(dy, x, gamma, *, eps: float = 1e-6) -> tuple[np.ndarray, n
     Notes: r is recomputed from x as in the forward (refimpl.norms.rms_norm); gamma is the
     effective weight (a Gemma-style 1 + w is the caller's to form and to chain).
     """
-    dy, x, gamma = as_float(dy, "dy"), as_float(x, "x"), as_float(gamma, "gamma")
-    check_ndim(x, "x", 1, "[..., C]")
-    C = x.shape[-1]
-    _same_shape(dy, "dy", x.shape, "x")
-    if gamma.shape != (C,):
-        raise ValueError(f"gamma must have shape [C] with C={C}; got {list(gamma.shape)}")
-    dtype = np.result_type(dy, x, gamma)
+    dy, x, gamma, C, dtype = _norm_args(dy, x, gamma)
     r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + dtype.type(_check_eps(eps)))  # [..., 1]
     xhat = (x * r).astype(dtype, copy=False)  # [..., C]
     g = dy * gamma  # [..., C]
