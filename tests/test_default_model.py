@@ -5,25 +5,19 @@ and its held-out loss beats a bigram model counted on the same training tokens b
 margin (both in nats per token, printed).
 """
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from refimpl import gpt2
 
+from train_script import train_default
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _train_default():
-    spec = importlib.util.spec_from_file_location("train_default", REPO / "scripts" / "train_default.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_default", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +54,7 @@ def test_default_model_continues_romeo_with_english(model):
 def test_held_out_loss_beats_bigram_baseline(model):
     """The model against an add-k bigram model counted on the training plays, on the same held-out predictions:
     the evaluation's windows and every held-out prediction (scripts/train_default.py --baselines prints these)."""
-    td = _train_default()
+    td = train_default()
     data = td._fetch_data()
     train_w, val_w, _ = td.load_works(data)
     tok = model.tokenizer

