@@ -2,7 +2,8 @@
 
   rms_norm    norms' RMSNorm rows (float64 inside, rounded once), called without the public checks
   linear / lm_head  x W (+ b), h E_out^T on the threaded BLAS (gpt2._product: the checkpoints' [in, out]
-              weights are transposed views, F-contiguous, read as stored); Gemma-2's final cap is refimpl's
+              weights are transposed views, F-contiguous, read as stored); a head of up to SHARED_MAX_ROWS
+              rows on matvec over E's rows; Gemma-2's final cap is refimpl's
   rope        positional's rotation rows on the forward's own cos / sin table (half-split pairs, the
               leading rotary_dim dims): the twin's arithmetic, so the same bits as refimpl
   attention   the twin's keywords (causal, window, key_mask, scale, softcap): one query with no key mask
@@ -10,14 +11,18 @@
               fused masked_attention kernel
   glu_hidden  the gate and up products on BLAS, then SiLU(g) * u in one pass (ffn.glu_gate); the GELU
               activations (Gemma) take refimpl's elementwise functions after the products
-  decode_blocks  one compiled call per block (`_decode_block`) for a step of one new token per sequence
-              with no key mask: the per-operation path's operations in its order, without the Python
-              between them; declined (None) for other dtypes, layouts, replaced operations, or a cache
-              long enough for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
+  decode_blocks  T new tokens per sequence with no key mask (causal), the per-operation path's
+              operations in its order without the Python between them: up to SHARED_MAX_ROWS float32 rows
+              with HF's weight layout, every block in one parallel region (`_decode_step_shared`, products on
+              matvec: a decoding step, a short prompt); else for one token per sequence one compiled call
+              per block (`_decode_block`, products on the threaded BLAS); declined (None) for other
+              dtypes, layouts, replaced operations, or a cache long enough for decode_attention to run
+              in parallel (DECODE_PARALLEL_WORK)
 
-How it differs from refimpl: the products' summation order (BLAS), the norms' and the gate's float64
-rows, and attention's online softmax: the registry's kernel tolerances, compounded over the layers
-(tests/test_accel_llama_numba.py bounds the logits). Nothing happens at import; the first kernel call
+How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
+within gamma_n of |x||W|), the norms' and the gate's float64 rows, and attention's online softmax: the
+registry's kernel tolerances, compounded over the layers (tests/test_accel_llama_numba.py bounds the
+logits). Nothing happens at import; the first kernel call
 sets the package up (accel.numba_cpu._launch). Measured timings: benchmarks/NOTES.md,
 "accel.numba_cpu.llama".
 Use: refimpl.llama.model.logits(model, ids, backend="numba"), or forward(..., ops=OPS).
@@ -26,8 +31,11 @@ Use: refimpl.llama.model.logits(model, ids, backend="numba"), or forward(..., op
 from __future__ import annotations
 
 
+import weakref
+
 import numpy as np
-from numba import njit
+from numba import njit, prange, typeof, types
+from numba.typed import List
 
 from refimpl._checks import check_bool
 from refimpl.attention import _scale_for, _soft_cap
@@ -36,10 +44,11 @@ from refimpl.llama.model import _ACTIVATIONS, LlamaOps, lm_head, rope_cos_sin
 from refimpl.norms import _rms_norm
 from refimpl.positional import _rope_rotate
 
-from ._launch import kernel_threads, needs_setup
+from ._launch import LAUNCH_LOCK, kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
 from .ffn import GATE_CODES, gate_row, gate_rows
 from .gpt2 import _linear_rows, _product
+from .matvec import atomic_add, atomic_load, atomic_store, matvec, matvec_rows
 from .norms import _rms_norm_row, _rms_norm_rows, _rms_norm_rows_serial, parallel_or_serial
 from .positional import _rope_rows, _rope_rows_serial
 
@@ -121,8 +130,17 @@ def _glu_hidden(h, p, act: str) -> np.ndarray:  # [..., C] -> [..., F]
 
 
 def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
-    """logits = h E_out^T (refimpl.llama.model.lm_head) with the product on the threaded BLAS, then Gemma-2's cap."""
-    z = _product(h, params.output_embedding.T, None)
+    """logits = h E_out^T (refimpl.llama.model.lm_head), then Gemma-2's cap: up to SHARED_MAX_ROWS rows (decoding)
+    on matvec over E's rows where E [V, C] is C-contiguous, else on the threaded BLAS."""
+    E = params.output_embedding  # [V, C]
+    if (isinstance(h, np.ndarray) and isinstance(E, np.ndarray) and h.dtype in _FLOATS and E.dtype == h.dtype
+            and E.ndim == 2 and E.flags.c_contiguous and h.ndim >= 1 and 0 < h.shape[-1] == E.shape[1]
+            and 0 < h.size <= SHARED_MAX_ROWS * E.shape[1]):
+        rows = np.ascontiguousarray(h.reshape(h.size // E.shape[1], E.shape[1]))  # [N, C], N <= SHARED_MAX_ROWS
+        with LAUNCH_LOCK:
+            z = matvec(rows, E, np.empty(0, dtype=E.dtype), kernel_threads()).reshape(h.shape[:-1] + (E.shape[0],))
+    else:
+        z = _product(h, E.T, None)
     if z is None:
         return lm_head(h, params, config)
     return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
@@ -221,12 +239,214 @@ def _decode_block(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, 
     x += m
 
 
+# ----------------------------------------------------------------------------- one token, one launch for every block
+# The same blocks with their products on matvec_rows (W^T rows, HF's layout) and every thread of one
+# parallel region working through each block's four stages: q|k|v, W_O, gate|up (with the gate),
+# W_down. A thread claims chunks of a stage's output rows with an atomic counter; the thread that
+# finishes a stage's last chunk runs what follows it on one row (attention; a residual add and a
+# norm) and then opens the next stage, which the other threads wait for. No thread waits for work
+# that no running thread holds, so the step ends whether one thread or all of them take part; and
+# each output row's arithmetic is the same whichever thread computes it, so the result does not
+# depend on the thread count. One launch per step: Numba's workqueue threads sleep between
+# launches, and a launch per block costs about as much as two threads save.
+
+_CHUNK = 32  # output rows per claim: 74 KB of a 576-wide W^T in float32, so 18 claims for SmolLM's q
+_PAD = 8  # int64 counters 64 bytes apart (one cache line each)
+_CLAIM, _DONE, _OPEN = 0, 4, 8  # + stage: a layer's counters for stages 0-3 (_OPEN + s: stage s may start)
+_COUNTERS = 12 * _PAD  # per layer
+
+
+@njit(cache=True)
+def _chunks(n):
+    return (n + _CHUNK - 1) // _CHUNK
+
+
+@njit(cache=True)
+def _wait_open(sync, stage):  # spin until the stage opens (reading its matrices meanwhile measured slower)
+    while atomic_load(sync, (_OPEN + stage) * _PAD) == 0:
+        pass
+
+
+@njit(cache=True)
+def _claim(sync, stage):
+    return atomic_add(sync, (_CLAIM + stage) * _PAD, 1)
+
+
+@njit(cache=True)
+def _finish(sync, stage, n):  # -> whether this chunk was the stage's last
+    return atomic_add(sync, (_DONE + stage) * _PAD, 1) == n - 1
+
+
+@njit(cache=True)
+def _gamma(w, plus_one, scratch):  # -> the norm's weights: w, or Gemma's 1 + w (rounded once, as _block_arrays)
+    if not plus_one or w.shape[0] == 0:
+        return w
+    one = w.dtype.type(1)
+    for c in range(w.shape[0]):
+        scratch[c] = one + w[c]
+    return scratch[:w.shape[0]]
+
+
+@njit(cache=True, error_model="numpy")
+def _block_worker(x, h, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
+                  wg, bg, wu, bu, wd, bd, post_mlp_norm, k_cache, v_cache, pos, cos, sin, eps, scale, softcap,
+                  window, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync, next_norm, next_sync):
+    """One thread's part of one block (the stages above); wq ... wd are W^T [out, in]; x's rows are T new
+    tokens of each sequence (row r: sequence r // T at cache index pos + r % T). The last stage's
+    finisher forms h = next_norm(x) and opens next_sync's stage 0 (next_sync empty: the last block).
+    Norm weights are as stored (plus_one: Gemma's, formed into `scratch` by the one thread in a tail)."""
+    R = x.shape[0]
+    K, D = k_cache.shape[1], k_cache.shape[3]
+    H = wq.shape[0] // D
+    _wait_open(sync, 0)
+    nq, nk = _chunks(wq.shape[0]), _chunks(wk.shape[0])
+    n = nq + 2 * nk  # stage 0: q, k, v
+    while True:
+        c = _claim(sync, 0)
+        if c >= n:
+            break
+        if c < nq:
+            matvec_rows(h, wq, bq, q, c * _CHUNK, min(wq.shape[0], (c + 1) * _CHUNK))
+        elif c < nq + nk:
+            c -= nq
+            matvec_rows(h, wk, bk, k, c * _CHUNK, min(wk.shape[0], (c + 1) * _CHUNK))
+        else:
+            c -= nq + nk
+            matvec_rows(h, wv, bv, v, c * _CHUNK, min(wv.shape[0], (c + 1) * _CHUNK))
+        if _finish(sync, 0, n):  # the last of q, k, v: attention on this thread
+            _head_norms(q, _gamma(q_norm, plus_one, scratch), eps, D)  # Qwen3 (empty weights: no-op)
+            _head_norms(k, _gamma(k_norm, plus_one, scratch), eps, D)
+            _rotate_heads(q, cos, sin, D)
+            _rotate_heads(k, cos, sin, D)
+            for r in range(R):
+                for g in range(K):
+                    k_cache[r // T, g, pos + r % T] = k[r, g * D:(g + 1) * D]
+                    v_cache[r // T, g, pos + r % T] = v[r, g * D:(g + 1) * D]
+            length = np.empty(1, dtype=np.int64)
+            part_m = np.empty((1, H, 1), dtype=x.dtype)
+            part_l = np.empty((1, H, 1), dtype=np.float64)
+            part_a = np.empty((1, H, 1, D), dtype=x.dtype)
+            for r in range(R):  # each new token sees the keys up to its own (causal), within the window
+                b, end = r // T, pos + r % T + 1
+                length[0] = end
+                _decode_attention_serial(q[r:r + 1].reshape(1, H, D), k_cache[b:b + 1, :, :end],
+                                         v_cache[b:b + 1, :, :end], length, scale, softcap, window, 1,
+                                         x.itemsize == 4, part_m, part_l, part_a, y[r:r + 1].reshape(1, H, D))
+            atomic_store(sync, (_OPEN + 1) * _PAD, 1)
+    _wait_open(sync, 1)
+    n = _chunks(wo.shape[0])  # stage 1: merge heads, W_O
+    while True:
+        c = _claim(sync, 1)
+        if c >= n:
+            break
+        matvec_rows(y, wo, bo, a, c * _CHUNK, min(wo.shape[0], (c + 1) * _CHUNK))
+        if _finish(sync, 1, n):
+            if post_attn_norm.shape[0]:  # Gemma-2
+                _norm_rows_into(a, _gamma(post_attn_norm, plus_one, scratch), eps, a)
+            x += a
+            _norm_rows_into(x, _gamma(mlp_norm, plus_one, scratch), eps, h)
+            atomic_store(sync, (_OPEN + 2) * _PAD, 1)
+    _wait_open(sync, 2)
+    n = _chunks(wg.shape[0])  # stage 2: the same rows of gate and up, then act(g) * u on them
+    while True:
+        c = _claim(sync, 2)
+        if c >= n:
+            break
+        j0, j1 = c * _CHUNK, min(wg.shape[0], (c + 1) * _CHUNK)
+        matvec_rows(h, wg, bg, gt, j0, j1)
+        matvec_rows(h, wu, bu, up, j0, j1)
+        for r in range(R):
+            gate_row(gt[r, j0:j1], up[r, j0:j1], act, hid[r, j0:j1])
+        if _finish(sync, 2, n):
+            atomic_store(sync, (_OPEN + 3) * _PAD, 1)
+    _wait_open(sync, 3)
+    n = _chunks(wd.shape[0])  # stage 3: W_down, the residual, the next block's norm
+    while True:
+        c = _claim(sync, 3)
+        if c >= n:
+            break
+        matvec_rows(hid, wd, bd, m, c * _CHUNK, min(wd.shape[0], (c + 1) * _CHUNK))
+        if _finish(sync, 3, n):
+            if post_mlp_norm.shape[0]:
+                _norm_rows_into(m, _gamma(post_mlp_norm, plus_one, scratch), eps, m)
+            x += m
+            if next_sync.shape[0]:
+                _norm_rows_into(x, _gamma(next_norm, plus_one, scratch), eps, h)
+                atomic_store(next_sync, (_OPEN + 0) * _PAD, 1)
+
+
+@njit(cache=True)
+def _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
+                 wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap,
+                 windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync):
+    """One thread's part of every block in order (the per-layer arguments are typed lists indexed by layer)."""
+    L = len(wq)
+    for i in range(L):
+        nxt = min(i + 1, L - 1)
+        next_sync = sync[nxt] if i + 1 < L else sync[i, :0]  # (empty: the last block)
+        _block_worker(x, h, wq[i], bq[i], wk[i], bk[i], wv[i], bv[i], q_norm[i], k_norm[i], wo[i], bo[i],
+                      post_attn_norm[i], mlp_norm[i], wg[i], bg[i], wu[i], bu[i], wd[i], bd[i], post_mlp_norm[i],
+                      k_all[i], v_all[i], pos, cos, sin, eps, scale, softcap, windows[i], act, plus_one, scratch, T,
+                      q, k, v, y, a, gt, up, hid, m, sync[i], attn_norm[nxt], next_sync)
+
+
+@njit(parallel=True, cache=True)
+def _step_workers(threads, x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm,
+                  mlp_norm, wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale,
+                  softcap, windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync):
+    for _ in prange(threads):
+        _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
+                     wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap,
+                     windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync)
+
+
+def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm,
+                        mlp_norm, wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin,
+                        eps, scale, softcap, windows, act, plus_one, T, threads):
+    """Every block of _decode_block's arithmetic, in place, for x's rows: T new tokens of each sequence (row r:
+    sequence r // T, cache index pos + r % T, causal), with W^T [out, in] matrices and the products on
+    matvec_rows, in one parallel region of `threads` threads (none when 1).
+
+    The per-layer arguments are typed lists of one array per layer (_shared_layers; in _decode_block's
+    order, norm weights as stored, Gemma's 1 + w formed here when plus_one); k_all, v_all
+    [L, B, K, S_max, D] the cache; cos, sin [rows, R/2] (each row's own); windows [L] (0: none).
+    (Python, not compiled: the two entry points are compiled once each, not again inside a third.)
+    """
+    rows, C = x.shape
+    dtype = x.dtype
+    scratch = np.empty(max(C, k_all.shape[4]), dtype=dtype)  # Gemma's 1 + w, one norm at a time
+    h = np.empty_like(x)  # [rows, C]
+    _norm_rows_into(x, _gamma(attn_norm[0], plus_one, scratch), eps, h)
+    q = np.empty((rows, wq[0].shape[0]), dtype=dtype)
+    k = np.empty((rows, wk[0].shape[0]), dtype=dtype)
+    v = np.empty((rows, wv[0].shape[0]), dtype=dtype)
+    y = np.empty((rows, wo[0].shape[1]), dtype=dtype)  # attention's output, heads merged
+    a = np.empty((rows, C), dtype=dtype)
+    gt = np.empty((rows, wg[0].shape[0]), dtype=dtype)
+    up, hid = np.empty_like(gt), np.empty_like(gt)
+    m = np.empty((rows, C), dtype=dtype)
+    sync = np.zeros((len(wq), _COUNTERS), dtype=np.int64)
+    sync[0, (_OPEN + 0) * _PAD] = 1
+    args = (x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm, wg, bg, wu,
+            bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap, windows, act, plus_one,
+            scratch, T, q, k, v, y, a, gt, up, hid, m, sync)
+    if threads > 1:
+        _step_workers(threads, *args)
+    else:
+        _step_worker(*args)
+
+
 def _fields(p) -> tuple:  # a block's arrays in _decode_block's order (None where the family has none)
     a, m = p.attn, p.mlp
     return (p.attn_norm, a.q.w, a.q.b, a.k.w, a.k.b, a.v.w, a.v.b, p.q_norm, p.k_norm, a.o.w, a.o.b,
             p.post_attn_norm, p.mlp_norm, m.gate.w, m.gate.b, m.up.w, m.up.b, m.down.w, m.down.b, p.post_mlp_norm)
 
 
+# Rows per step up to which float32 blocks take _decode_step_shared (when every W is F-contiguous, HF's
+# layout): each W^T row is read from memory once and reread from L1 for the other rows (a decoding
+# step of up to 8 sequences, or a prompt of up to 8 tokens). Float64 keeps the per-block path: the
+# shared step takes about a minute to compile per dtype, and float64 is the verification dtype.
+SHARED_MAX_ROWS = 8
 _NORMS = (0, 7, 8, 11, 12, 19)  # the norm weights among _fields (Gemma: 1 + w)
 _MATRICES = (1, 3, 5, 9, 13, 15, 17)
 
@@ -259,49 +479,116 @@ def _block_arrays(p, config, dtype, empty) -> tuple | None:
     return tuple(out)
 
 
-def decode_blocks(x, params, config, cache, ops, positions):  # [B, 1, C] -> [B, 1, C] or None
-    """Every block for one new token per sequence over the KV cache (no key mask), one compiled call each.
+# id(params) -> (a weak reference to params, what the lists were built for, the lists or None)
+_SHARED_LAYERS: dict[int, tuple] = {}
 
-    Shapes: x [B, 1, C] the embedded tokens; cache.k / cache.v [L, B, K, S_max, D] NumPy arrays with
-    cache.length tokens filled (the new ones go at that index; the caller advances it); positions
-    [B|1, 1]. Returns the residual stream after the last block [B, 1, C], or None when this path does
-    not apply and the caller runs the blocks one operation at a time: when `ops` is not this module's
-    OPS in its hot operations (dataclasses.replace(OPS, linear=f) would be ignored here), when a
-    dtype, layout or shape is not the one the compiled block reads, or when the cache is long enough
-    that decode_attention would run in parallel (DECODE_PARALLEL_WORK).
+
+def _shared_layers(params, config, dtype) -> tuple | None:
+    """The blocks' arrays as _decode_step_shared reads them: one typed list per entry of _fields, each matrix as
+    its W^T [out, in] (a view), an absent array as an empty one, norm weights as stored; None where a matrix is
+    not F-contiguous (HF's layout) or an array is not what _block_arrays takes. Built once per params object:
+    the lists hold views of its arrays (so writes into them are seen) and go when the object does."""
+    key = id(params)
+    built_for = (_block_shapes(config), np.dtype(dtype), len(params.blocks))
+    entry = _SHARED_LAYERS.get(key)
+    if entry is not None and entry[0]() is params and entry[1] == built_for:
+        return entry[2]
+    lists = _layer_lists(params, config, np.dtype(dtype))
+    try:
+        ref = weakref.ref(params, lambda _, key=key: _SHARED_LAYERS.pop(key, None))
+    except TypeError:  # (an object without weak references: built every step)
+        return lists
+    _SHARED_LAYERS[key] = (ref, built_for, lists)
+    return lists
+
+
+def _layer_lists(params, config, dtype) -> tuple | None:
+    if len(params.blocks) != config.num_hidden_layers or not params.blocks:
+        return None
+    empty = np.empty(0, dtype=dtype)
+    columns = [[] for _ in _block_shapes(config)]
+    for p in params.blocks:
+        for i, (a, shape) in enumerate(zip(_fields(p), _block_shapes(config))):
+            if a is None:
+                a = empty
+            elif not (isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape):
+                return None
+            elif i in _MATRICES:
+                if not a.flags.f_contiguous:
+                    return None
+                a = a.T  # [out, in], C-contiguous
+            elif not a.flags.c_contiguous:
+                return None
+            columns[i].append(a)
+    return tuple(_read_only_list(column) for column in columns)
+
+
+def _read_only_list(arrays) -> List:  # a typed list of read-only arrays (writable ones convert): one compile either way
+    out = List.empty_list(types.Array(typeof(arrays[0]).dtype, arrays[0].ndim, "C", readonly=True))
+    for a in arrays:
+        out.append(a)
+    return out
+
+
+def decode_blocks(x, params, config, cache, ops, positions):  # [B, T, C] -> [B, T, C] or None
+    """Every block for T new tokens per sequence over the KV cache (causal, no key mask) in compiled code.
+
+    Shapes: x [B, T, C] the embedded tokens; cache.k / cache.v [L, B, K, S_max, D] NumPy arrays with
+    cache.length tokens filled (the new ones go from that index; the caller advances it); positions
+    [B|1, T]. Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight layout: _decode_step_shared
+    (every block in one parallel region, the products on matvec); else, for T = 1, one compiled call
+    per block (_decode_block, the products on the threaded BLAS). Returns the residual stream after
+    the last block [B, T, C], or None when neither applies and the caller runs the blocks one
+    operation at a time: when `ops` is not this module's OPS in its hot operations
+    (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype, layout or shape is not
+    the one the compiled code reads, or when the cache is long enough that decode_attention would run
+    in parallel (DECODE_PARALLEL_WORK).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
         return None
     B, T, C = x.shape
     k, v = cache.k, cache.v
     dtype = x.dtype
-    S = cache.length + 1
+    S = cache.length + T
     c = config
     K, D = c.num_key_value_heads, c.head_dim
-    if (T != 1 or C != c.hidden_size or dtype not in _FLOATS or c.hidden_act not in _ACT_CODES
+    if (T < 1 or C != c.hidden_size or dtype not in _FLOATS or c.hidden_act not in _ACT_CODES
             or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
             or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
             or k.shape != v.shape or k.shape[:3] != (c.num_hidden_layers, B, K) or k.shape[4] != D or S > k.shape[3]
-            or (2 * B * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
+            or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
         return None
-    empty = np.empty(0, dtype=dtype)
-    blocks = [_block_arrays(p, c, dtype, empty) for p in params.blocks]
-    if len(blocks) != c.num_hidden_layers or any(b is None for b in blocks):
+    shared = _shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 else None
+    if shared is None:
+        if T != 1:
+            return None
+        empty = np.empty(0, dtype=dtype)
+        blocks = [_block_arrays(p, c, dtype, empty) for p in params.blocks]
+        if len(blocks) != c.num_hidden_layers or any(b is None for b in blocks):
+            return None
+    cos, sin = rope_cos_sin(positions, c, dtype)  # [B|1, 1, T, R/2] each
+    if cos.shape[0] not in (1, B) or cos.shape[2] != T:
         return None
-    cos, sin = rope_cos_sin(positions, c, dtype)  # [B|1, 1, 1, R/2] each
-    cos, sin = (np.ascontiguousarray(t.reshape(t.shape[0], t.shape[3])) for t in (cos, sin))  # [B|1, R/2]
-    if cos.shape[0] not in (1, B):
-        return None
+    if T == 1:
+        cos, sin = (np.ascontiguousarray(t.reshape(t.shape[0], t.shape[3])) for t in (cos, sin))  # [B|1, R/2]
+    else:  # one row of each per token, sequence by sequence: [B T, R/2]
+        cos, sin = (np.ascontiguousarray(np.broadcast_to(t[:, 0], (B, T, t.shape[3])).reshape(B * T, t.shape[3]))
+                    for t in (cos, sin))
     eps = float(c.rms_norm_eps)
     scale = dtype.type(_scale_for(D, c.attention_scale, dtype))  # (scalars in x's dtype, as decode_attention passes them)
     softcap = dtype.type(0 if c.attn_logit_softcapping is None else c.attn_logit_softcapping)  # 0: no cap
     act = _ACT_CODES[c.hidden_act]
-    x = np.array(x[:, 0, :], dtype=dtype, order="C")  # [B, C], updated in place block by block
+    x = np.array(x.reshape(B * T, C), dtype=dtype, order="C")  # [B T, C], updated in place block by block
     threads = kernel_threads()
+    windows = [0 if c.window(layer) is None else int(c.window(layer)) for layer in range(c.num_hidden_layers)]
+    if shared is not None:  # HF's layout: every W^T has contiguous rows; all blocks in one launch
+        with LAUNCH_LOCK:
+            _decode_step_shared(x, *shared, k, v, cache.length, cos, sin, eps, scale, softcap,
+                                np.array(windows, dtype=np.int64), act, bool(c.norm_plus_one), T, threads)
+        return x.reshape(B, T, C)
     for layer, arrays in enumerate(blocks):
-        window = c.window(layer)
         _decode_block(x, *arrays, k[layer], v[layer], cache.length, cos, sin, eps, scale, softcap,
-                      0 if window is None else int(window), act, threads)
+                      windows[layer], act, threads)
     return x[:, None, :]
 
 

@@ -174,10 +174,10 @@ class LlamaOps:
         `logits` or a decoding run; identity for NumPy)
     zeros(shape, dtype): the KV cache's storage on the backend's device
     to_numpy(x) -> np.ndarray: logits back to the host
-    decode_blocks(x [B, 1, C], params, config, cache, ops, positions [B|1, 1]) -> [B, 1, C] or None:
-        optional; every block at once for one new token per sequence with no key mask and the
-        default hook, writing the cache as `attention` does; None means "not here" and the
-        blocks run one operation at a time
+    decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T]) -> [B, T, C] or None:
+        optional; every block at once for T new tokens per sequence (causal when T > 1) with no
+        key mask and the default hook, writing the cache as `attention` does; None means "not
+        here" and the blocks run one operation at a time
     """
 
     name: str
@@ -399,8 +399,8 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     - Cache: new rotated keys / values are written at [length, length + T); length advances by T.
     - hook: hook(name, x) -> x' at every named intermediate (module docstring); None is no_hook.
     - ops: the backend's operations (LlamaOps; params as its `prepare` left them). With the
-      default hook, one new token per row and no key mask, a backend's decode_blocks may run
-      every block in one call.
+      default hook, a cache, no key mask and causal attention (or one new token per row), a
+      backend's decode_blocks may run every block in one call.
     - last_only: norm only the last position (what a decoding step needs): [B, 1, C].
     - key_positions [S] or [B, S] (None: the usual cache of rotated keys): the cache holds keys
       BEFORE rotation, and every key j is rotated at key_positions[j] in this forward; the new
@@ -431,8 +431,8 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
                      else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
     x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
     fused = None
-    if (ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook
-            and key_rope is None and scale is None):  # (the fused blocks use the config's scale)
+    if (ops.decode_blocks is not None and cache is not None and (T == 1 or causal) and key_mask is None
+            and hook is no_hook and key_rope is None and scale is None):  # (the fused blocks use the config's scale)
         fused = ops.decode_blocks(x, params, config, cache, ops, positions)  # the same blocks, compiled whole
     if fused is not None:
         x = fused
