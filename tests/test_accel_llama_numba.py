@@ -101,8 +101,9 @@ def test_logits_match_numpy(case, dtype, tmp_path_factory):
 @pytest.mark.parametrize("case", CASES)
 def test_cached_decoding_takes_the_fused_step_and_equals_the_full_forward(case, dtype, tmp_path_factory):
     """Prefill 5 tokens of 2 sequences (10 rows: more than the shared step takes, so op by op), then one at a
-    time past every window: every step runs the compiled blocks (the shared step: HF's weight layout), and
-    the logits equal numpy's full forward and the per-operation step's (decode_blocks=None)."""
+    time past every window: every step runs the compiled blocks (float32: the shared step over HF's weight
+    layout; float64: a compiled call per block), and the logits equal numpy's full forward and the
+    per-operation step's (decode_blocks=None)."""
     _, config, params = pair(case, tmp_path_factory, dtype=dtype)
     ids = rand_ids((2, T), seed=1)
     full = forward(params, config, ids)
