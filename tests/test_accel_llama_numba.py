@@ -160,7 +160,7 @@ def test_shared_step_is_the_same_on_any_thread_count_and_takes_short_prompts(cas
     import numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs 2 Numba threads (this machine has 1 core)")
+        pytest.skip(reason="needs 2 Numba threads (this machine has 1 core)")
     _, config, params = pair(case, tmp_path_factory)
     calls = []
 
