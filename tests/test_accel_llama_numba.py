@@ -181,6 +181,35 @@ def test_shared_step_is_the_same_on_any_thread_count_and_takes_short_prompts(cas
     assert err <= tol and rel(c_two.k, c_per_op.k) <= tol and rel(c_two.v, c_per_op.v) <= tol
 
 
+def test_shared_steps_from_several_python_threads_at_once_give_the_same_bits(tmp_path_factory):
+    """The shared step's threads are the caller's and helper threads running the same compiled worker; steps
+    called from three Python threads at once take turns (LAUNCH_LOCK) and each gives the bits it gives alone."""
+    import threading
+
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(reason="needs 2 Numba threads (this machine has 1 core)")
+    _, config, params = pair("llama", tmp_path_factory)
+    ids = [rand_ids((1, 7), seed=20 + i) for i in range(3)]
+    alone = [decode_run(params, config, i, OPS, prompt=3, threads=2)[0] for i in ids]
+    together, errors = [None] * 3, []
+
+    def run(n):
+        try:
+            together[n] = decode_run(params, config, ids[n], OPS, prompt=3, threads=2)[0]
+        except BaseException as e:  # (reported below: an exception in a thread would not fail the test)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert all(np.array_equal(a, b) for a, b in zip(alone, together))
+
+
 @pytest.mark.parametrize("case", ["llama", "mistral"])
 def test_per_block_path_equals_the_per_operation_step_bit_for_bit(case, tmp_path_factory):
     """With C-contiguous [in, out] weights the step runs one compiled call per block on the threaded BLAS:

@@ -31,10 +31,12 @@ Use: refimpl.llama.model.logits(model, ids, backend="numba"), or forward(..., op
 from __future__ import annotations
 
 
+import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit, prange, typeof, types
+from numba import njit, typeof, types
 from numba.typed import List
 
 from refimpl._checks import check_bool
@@ -248,7 +250,9 @@ def _decode_block(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, 
 # that no running thread holds, so the step ends whether one thread or all of them take part; and
 # each output row's arithmetic is the same whichever thread computes it, so the result does not
 # depend on the thread count. One launch per step: Numba's workqueue threads sleep between
-# launches, and a launch per block costs about as much as two threads save.
+# launches, and a launch per block costs about as much as two threads save. The threads are the
+# caller and Python threads running the same compiled worker with the GIL released (_helpers),
+# not a Numba parallel region: compiling the worker inside one cost another 17 s on first use.
 
 _CHUNK = 32  # output rows per claim: 74 KB of a 576-wide W^T in float32, so 18 claims for SmolLM's q
 _PAD = 8  # int64 counters 64 bytes apart (one cache line each)
@@ -375,7 +379,7 @@ def _block_worker(x, h, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_att
                 atomic_store(next_sync, (_OPEN + 0) * _PAD, 1)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
                  wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap,
                  windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync):
@@ -390,14 +394,28 @@ def _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo
                       q, k, v, y, a, gt, up, hid, m, sync[i], attn_norm[nxt], next_sync)
 
 
-@njit(parallel=True, cache=True)
-def _step_workers(threads, x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm,
-                  mlp_norm, wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale,
-                  softcap, windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync):
-    for _ in prange(threads):
-        _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
-                     wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap,
-                     windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync)
+_HELPERS: list = [None, 0]  # [a ThreadPoolExecutor (None before the first parallel step), its thread count]
+_HELPERS_LOCK = threading.Lock()
+
+
+def _helpers(n: int) -> ThreadPoolExecutor:
+    """A pool of at least n threads beside the caller, made on first use and kept (idle threads block, costing
+    nothing). A forked child never asks: kernel_threads() is 1 there."""
+    with _HELPERS_LOCK:
+        if _HELPERS[1] < n:
+            if _HELPERS[0] is not None:
+                _HELPERS[0].shutdown(wait=False)
+            _HELPERS[:] = [ThreadPoolExecutor(max_workers=n, thread_name_prefix="accel-decode"), n]
+        return _HELPERS[0]
+
+
+def _run_workers(threads, args):  # _step_worker(*args) on the caller and threads - 1 helpers, together
+    futures = [_helpers(threads - 1).submit(_step_worker, *args) for _ in range(threads - 1)]
+    try:
+        _step_worker(*args)
+    finally:
+        for f in futures:
+            f.result()  # (re-raises a helper's exception)
 
 
 def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm,
@@ -405,7 +423,7 @@ def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo
                         eps, scale, softcap, windows, act, plus_one, T, threads):
     """Every block of _decode_block's arithmetic, in place, for x's rows: T new tokens of each sequence (row r:
     sequence r // T, cache index pos + r % T, causal), with W^T [out, in] matrices and the products on
-    matvec_rows, in one parallel region of `threads` threads (none when 1).
+    matvec_rows, on `threads` threads: the caller's and threads - 1 helpers (none when 1).
 
     The per-layer arguments are typed lists of one array per layer (_shared_layers; in _decode_block's
     order, norm weights as stored, Gemma's 1 + w formed here when plus_one); k_all, v_all
@@ -431,7 +449,7 @@ def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo
             bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap, windows, act, plus_one,
             scratch, T, q, k, v, y, a, gt, up, hid, m, sync)
     if threads > 1:
-        _step_workers(threads, *args)
+        _run_workers(threads, args)
     else:
         _step_worker(*args)
 
