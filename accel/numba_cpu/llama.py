@@ -13,7 +13,7 @@
               activations (Gemma) take refimpl's elementwise functions after the products
   decode_blocks  T new tokens per sequence with no key mask (causal), the per-operation path's
               operations in its order without the Python between them: up to SHARED_MAX_ROWS float32 rows
-              with HF's weight layout, every block in one parallel region (`_decode_step_shared`, products on
+              with HF's weight layout, every block in one multi-threaded call (`_decode_step_shared`, products on
               matvec: a decoding step, a short prompt); else for one token per sequence one compiled call
               per block (`_decode_block`, products on the threaded BLAS); declined (None) for other
               dtypes, layouts, replaced operations, or a cache long enough for decode_attention to run
@@ -242,17 +242,18 @@ def _decode_block(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, 
 
 
 # ----------------------------------------------------------------------------- one token, one launch for every block
-# The same blocks with their products on matvec_rows (W^T rows, HF's layout) and every thread of one
-# parallel region working through each block's four stages: q|k|v, W_O, gate|up (with the gate),
+# The same blocks with their products on matvec_rows (W^T rows, HF's layout) and every thread of the
+# step working through each block's four stages: q|k|v, W_O, gate|up (with the gate),
 # W_down. A thread claims chunks of a stage's output rows with an atomic counter; the thread that
 # finishes a stage's last chunk runs what follows it on one row (attention; a residual add and a
 # norm) and then opens the next stage, which the other threads wait for. No thread waits for work
 # that no running thread holds, so the step ends whether one thread or all of them take part; and
 # each output row's arithmetic is the same whichever thread computes it, so the result does not
-# depend on the thread count. One launch per step: Numba's workqueue threads sleep between
-# launches, and a launch per block costs about as much as two threads save. The threads are the
-# caller and Python threads running the same compiled worker with the GIL released (_helpers),
-# not a Numba parallel region: compiling the worker inside one cost another 17 s on first use.
+# depend on the thread count. One start of the threads per step: Numba's workqueue threads sleep
+# between launches, and a launch per block cost about as much as two threads save. The threads are
+# the caller and Python threads running the same compiled worker with the GIL released (_helpers),
+# not a Numba parallel region: compiling the worker inside one cost another 17 s on first use, and
+# the steps ran 5-6% slower.
 
 _CHUNK = 32  # output rows per claim: 74 KB of a 576-wide W^T in float32, so 18 claims for SmolLM's q
 _PAD = 8  # int64 counters 64 bytes apart (one cache line each)
@@ -554,7 +555,7 @@ def decode_blocks(x, params, config, cache, ops, positions):  # [B, T, C] -> [B,
     Shapes: x [B, T, C] the embedded tokens; cache.k / cache.v [L, B, K, S_max, D] NumPy arrays with
     cache.length tokens filled (the new ones go from that index; the caller advances it); positions
     [B|1, T]. Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight layout: _decode_step_shared
-    (every block in one parallel region, the products on matvec); else, for T = 1, one compiled call
+    (every block in one multi-threaded call, the products on matvec); else, for T = 1, one compiled call
     per block (_decode_block, the products on the threaded BLAS). Returns the residual stream after
     the last block [B, T, C], or None when neither applies and the caller runs the blocks one
     operation at a time: when `ops` is not this module's OPS in its hot operations
