@@ -411,7 +411,8 @@ def _helpers(n: int) -> ThreadPoolExecutor:
 
 
 def _run_workers(threads, args):  # _step_worker(*args) on the caller and threads - 1 helpers, together
-    futures = [_helpers(threads - 1).submit(_step_worker, *args) for _ in range(threads - 1)]
+    pool = _helpers(threads - 1)
+    futures = [pool.submit(_step_worker, *args) for _ in range(threads - 1)]
     try:
         _step_worker(*args)
     finally:
