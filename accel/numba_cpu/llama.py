@@ -3,7 +3,7 @@
   rms_norm    norms' RMSNorm rows (float64 inside, rounded once), called without the public checks
   linear / lm_head  x W (+ b), h E_out^T on the threaded BLAS (gpt2._product: the checkpoints' [in, out]
               weights are transposed views, F-contiguous, read as stored); a head of up to SHARED_MAX_ROWS
-              rows on matvec over E's rows; Gemma-2's final cap is refimpl's
+              rows on matvec_rows over E's rows, on the decoding step's threads; Gemma-2's final cap is refimpl's
   rope        positional's rotation rows on the forward's own cos / sin table (half-split pairs, the
               leading rotary_dim dims): the twin's arithmetic, so the same bits as refimpl
   attention   the twin's keywords (causal, window, key_mask, scale, softcap): one query with no key mask
@@ -50,7 +50,7 @@ from ._launch import LAUNCH_LOCK, kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
 from .ffn import GATE_CODES, gate_row, gate_rows
 from .gpt2 import _linear_rows, _product
-from .matvec import atomic_add, atomic_load, atomic_store, matvec, matvec_rows
+from .matvec import atomic_add, atomic_load, atomic_store, matvec_rows
 from .norms import _rms_norm_row, _rms_norm_rows, _rms_norm_rows_serial, parallel_or_serial
 from .positional import _rope_rows, _rope_rows_serial
 
@@ -133,14 +133,18 @@ def _glu_hidden(h, p, act: str) -> np.ndarray:  # [..., C] -> [..., F]
 
 def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
     """logits = h E_out^T (refimpl.llama.model.lm_head), then Gemma-2's cap: up to SHARED_MAX_ROWS rows (decoding)
-    on matvec over E's rows where E [V, C] is C-contiguous, else on the threaded BLAS."""
+    on matvec_rows over E's rows where E [V, C] is C-contiguous (the decoding step's threads, _rows_worker), else
+    on the threaded BLAS."""
     E = params.output_embedding  # [V, C]
     if (isinstance(h, np.ndarray) and isinstance(E, np.ndarray) and h.dtype in _FLOATS and E.dtype == h.dtype
             and E.ndim == 2 and E.flags.c_contiguous and h.ndim >= 1 and 0 < h.shape[-1] == E.shape[1]
             and 0 < h.size <= SHARED_MAX_ROWS * E.shape[1]):
         rows = np.ascontiguousarray(h.reshape(h.size // E.shape[1], E.shape[1]))  # [N, C], N <= SHARED_MAX_ROWS
+        y = np.empty((rows.shape[0], E.shape[0]), dtype=E.dtype)
+        threads = kernel_threads()
         with LAUNCH_LOCK:
-            z = matvec(rows, E, np.empty(0, dtype=E.dtype), kernel_threads()).reshape(h.shape[:-1] + (E.shape[0],))
+            _on_threads(_rows_worker, threads, (rows, E, y, np.zeros(1, dtype=np.int64)))
+        z = y.reshape(h.shape[:-1] + (E.shape[0],))
     else:
         z = _product(h, E.T, None)
     if z is None:
@@ -410,14 +414,30 @@ def _helpers(n: int) -> ThreadPoolExecutor:
         return _HELPERS[0]
 
 
-def _run_workers(threads, args):  # _step_worker(*args) on the caller and threads - 1 helpers, together
+def _on_threads(worker, threads, args):  # worker(*args) on the caller and threads - 1 helpers, together
+    if threads < 2:
+        worker(*args)
+        return
     pool = _helpers(threads - 1)
-    futures = [pool.submit(_step_worker, *args) for _ in range(threads - 1)]
+    futures = [pool.submit(worker, *args) for _ in range(threads - 1)]
     try:
-        _step_worker(*args)
+        worker(*args)
     finally:
         for f in futures:
             f.result()  # (re-raises a helper's exception)
+
+
+@njit(cache=True, nogil=True)
+def _rows_worker(x, wt, y, claims):  # one thread's part of y = x wt^T: chunks of wt's rows until none are left
+    """The head's product on the decoding step's threads (not a Numba parallel region: the pool that region
+    wakes would still be spinning when the next step starts; with GNU OpenMP that cost about 15% of a step)."""
+    n = _chunks(wt.shape[0])
+    empty = np.empty(0, dtype=y.dtype)
+    while True:
+        c = atomic_add(claims, 0, 1)
+        if c >= n:
+            break
+        matvec_rows(x, wt, empty, y, c * _CHUNK, min(wt.shape[0], (c + 1) * _CHUNK))
 
 
 def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm,
@@ -450,10 +470,7 @@ def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo
     args = (x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm, wg, bg, wu,
             bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap, windows, act, plus_one,
             scratch, T, q, k, v, y, a, gt, up, hid, m, sync)
-    if threads > 1:
-        _run_workers(threads, args)
-    else:
-        _step_worker(*args)
+    _on_threads(_step_worker, threads, args)
 
 
 def _fields(p) -> tuple:  # a block's arrays in _decode_block's order (None where the family has none)
