@@ -231,6 +231,32 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _cpu_details() -> dict:
+    """What the model name leaves out (a VM's "AMD EPYC" covers Zen 3 with AVX2 and Zen 4 with AVX-512):
+    /proc/cpuinfo's family and model, the widest x86 vector extension, and the CPU LLVM tunes Numba's code for."""
+    out: dict = {}
+    try:
+        fields = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first processor's block
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+        flags = set(fields.get("flags", "").split())
+        out["cpu_family_model"] = f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}"
+        out["simd"] = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sse4_2", "SSE4.2"))
+                            if flag in flags), "none")
+    except OSError:
+        pass
+    try:
+        import llvmlite.binding as llvm
+
+        out["llvm_cpu"] = llvm.get_host_cpu_name()
+    except Exception:
+        pass
+    return out
+
+
 def _version(mod: str) -> str | None:
     try:
         m = __import__(mod)
@@ -243,6 +269,7 @@ def machine_info() -> dict:
     info = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "cpu": _cpu_model(),
+        **_cpu_details(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
