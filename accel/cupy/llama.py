@@ -121,9 +121,9 @@ def eager_decode_blocks(kernels, xp):
     """An LlamaOps.decode_blocks that runs decode_step as it is (no graph), over any array module."""
     norms_of: dict[int, tuple] = {}
 
-    def decode_blocks(x, params, config, cache, ops, positions):
-        if not _step_applies(x, params, config, cache, xp):
-            return None
+    def decode_blocks(x, params, config, cache, ops, positions, key_start=None):
+        if key_start is not None or not _step_applies(x, params, config, cache, xp):
+            return None  # (left padding: the blocks run one operation at a time)
         key = id(params)
         if key not in norms_of or norms_of[key][0]() is not params:
             norms_of[key] = (weakref.ref(params), effective_norms(params, config))
@@ -341,9 +341,10 @@ def _cupy_ops() -> LlamaOps:
     graphs: dict[int, tuple] = {}  # id(KVCache) -> (weakref to it, _DecodeGraph)
     own: list = []  # this LlamaOps' operations, filled in below
 
-    def decode_blocks(x, params, config, cache, ops, positions):
-        if not _step_applies(x, params, config, cache, cp) or any(a is not b for a, b in zip(_operations(ops), own)):
-            return None  # not a case the step covers, or an operation replaced: the blocks run one by one
+    def decode_blocks(x, params, config, cache, ops, positions, key_start=None):
+        if (key_start is not None or not _step_applies(x, params, config, cache, cp)
+                or any(a is not b for a, b in zip(_operations(ops), own))):
+            return None  # left padding, not a case the step covers, or an operation replaced: one op at a time
         from accel.numba_cuda.attention import decode_split
 
         cos, sin = rope_cos_sin(positions, config, params.dtype)  # [B|1, 1, 1, R/2] on the host

@@ -299,9 +299,10 @@ def _gamma(w, plus_one, scratch):  # -> the norm's weights: w, or Gemma's 1 + w 
 @njit(cache=True, error_model="numpy")
 def _block_worker(x, h, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
                   wg, bg, wu, bu, wd, bd, post_mlp_norm, k_cache, v_cache, pos, cos, sin, eps, scale, softcap,
-                  window, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync, next_norm, next_sync):
+                  window, act, plus_one, scratch, T, starts, q, k, v, y, a, gt, up, hid, m, sync, next_norm, next_sync):
     """One thread's part of one block (the stages above); wq ... wd are W^T [out, in]; x's rows are T new
-    tokens of each sequence (row r: sequence r // T at cache index pos + r % T). The last stage's
+    tokens of each sequence (row r: sequence r // T at cache index pos + r % T; its keys from cache index
+    starts[r // T], the ones before are left padding). The last stage's
     finisher forms h = next_norm(x) and opens next_sync's stage 0 (next_sync empty: the last block).
     Norm weights are as stored (plus_one: Gemma's, formed into `scratch` by the one thread in a tail)."""
     R = x.shape[0]
@@ -335,11 +336,12 @@ def _block_worker(x, h, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_att
             part_m = np.empty((1, H, 1), dtype=x.dtype)
             part_l = np.empty((1, H, 1), dtype=np.float64)
             part_a = np.empty((1, H, 1, D), dtype=x.dtype)
-            for r in range(R):  # each new token sees the keys up to its own (causal), within the window
+            for r in range(R):  # each new token sees its sequence's keys up to its own (causal), within the window
                 b, end = r // T, pos + r % T + 1
-                length[0] = end
-                _decode_attention_serial(q[r:r + 1].reshape(1, H, D), k_cache[b:b + 1, :, :end],
-                                         v_cache[b:b + 1, :, :end], length, scale, softcap, window, 1,
+                first = starts[b]
+                length[0] = end - first
+                _decode_attention_serial(q[r:r + 1].reshape(1, H, D), k_cache[b:b + 1, :, first:end],
+                                         v_cache[b:b + 1, :, first:end], length, scale, softcap, window, 1,
                                          x.itemsize == 4, part_m, part_l, part_a, y[r:r + 1].reshape(1, H, D))
             atomic_store(sync, (_OPEN + 1) * _PAD, 1)
     _wait_open(sync, 1)
@@ -387,7 +389,7 @@ def _block_worker(x, h, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_att
 @njit(cache=True, nogil=True)
 def _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm,
                  wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap,
-                 windows, act, plus_one, scratch, T, q, k, v, y, a, gt, up, hid, m, sync):
+                 windows, act, plus_one, scratch, T, starts, q, k, v, y, a, gt, up, hid, m, sync):
     """One thread's part of every block in order (the per-layer arguments are typed lists indexed by layer)."""
     L = len(wq)
     for i in range(L):
@@ -396,7 +398,7 @@ def _step_worker(x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo
         _block_worker(x, h, wq[i], bq[i], wk[i], bk[i], wv[i], bv[i], q_norm[i], k_norm[i], wo[i], bo[i],
                       post_attn_norm[i], mlp_norm[i], wg[i], bg[i], wu[i], bu[i], wd[i], bd[i], post_mlp_norm[i],
                       k_all[i], v_all[i], pos, cos, sin, eps, scale, softcap, windows[i], act, plus_one, scratch, T,
-                      q, k, v, y, a, gt, up, hid, m, sync[i], attn_norm[nxt], next_sync)
+                      starts, q, k, v, y, a, gt, up, hid, m, sync[i], attn_norm[nxt], next_sync)
 
 
 _HELPERS: list = [None, 0]  # [a ThreadPoolExecutor (None before the first parallel step), its thread count]
@@ -442,14 +444,15 @@ def _rows_worker(x, wt, y, claims):  # one thread's part of y = x wt^T: chunks o
 
 def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm,
                         mlp_norm, wg, bg, wu, bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin,
-                        eps, scale, softcap, windows, act, plus_one, T, threads):
+                        eps, scale, softcap, windows, act, plus_one, T, starts, threads):
     """Every block of _decode_block's arithmetic, in place, for x's rows: T new tokens of each sequence (row r:
     sequence r // T, cache index pos + r % T, causal), with W^T [out, in] matrices and the products on
     matvec_rows, on `threads` threads: the caller's and threads - 1 helpers (none when 1).
 
     The per-layer arguments are typed lists of one array per layer (_shared_layers; in _decode_block's
     order, norm weights as stored, Gemma's 1 + w formed here when plus_one); k_all, v_all
-    [L, B, K, S_max, D] the cache; cos, sin [rows, R/2] (each row's own); windows [L] (0: none).
+    [L, B, K, S_max, D] the cache; cos, sin [rows, R/2] (each row's own); windows [L] (0: none); starts [B]
+    int64, each sequence's first real key (0 without left padding).
     (Python, not compiled: the two entry points are compiled once each, not again inside a third.)
     """
     rows, C = x.shape
@@ -469,7 +472,7 @@ def _decode_step_shared(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo
     sync[0, (_OPEN + 0) * _PAD] = 1
     args = (x, h, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, post_attn_norm, mlp_norm, wg, bg, wu,
             bu, wd, bd, post_mlp_norm, k_all, v_all, pos, cos, sin, eps, scale, softcap, windows, act, plus_one,
-            scratch, T, q, k, v, y, a, gt, up, hid, m, sync)
+            scratch, T, starts, q, k, v, y, a, gt, up, hid, m, sync)
     _on_threads(_step_worker, threads, args)
 
 
@@ -567,13 +570,16 @@ def _read_only_list(arrays) -> List:  # a typed list of read-only arrays (writab
     return out
 
 
-def decode_blocks(x, params, config, cache, ops, positions):  # [B, T, C] -> [B, T, C] or None
-    """Every block for T new tokens per sequence over the KV cache (causal, no key mask) in compiled code.
+def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # [B, T, C] -> [B, T, C] or None
+    """Every block for T new tokens per sequence over the KV cache (causal; no key mask, or left padding) in
+    compiled code.
 
     Shapes: x [B, T, C] the embedded tokens; cache.k / cache.v [L, B, K, S_max, D] NumPy arrays with
     cache.length tokens filled (the new ones go from that index; the caller advances it); positions
-    [B|1, T]. Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight layout: _decode_step_shared
-    (every block in one multi-threaded call, the products on matvec); else, for T = 1, one compiled call
+    [B|1, T]; key_start None, or for T = 1 [B] int64: row b's keys before cache index key_start[b] are left
+    padding (the shared path only). Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight
+    layout: _decode_step_shared (every block in one multi-threaded call, the products on matvec_rows); else,
+    for T = 1, one compiled call
     per block (_decode_block, the products on the threaded BLAS). Returns the residual stream after
     the last block [B, T, C], or None when neither applies and the caller runs the blocks one
     operation at a time: when `ops` is not this module's OPS in its hot operations
@@ -596,6 +602,13 @@ def decode_blocks(x, params, config, cache, ops, positions):  # [B, T, C] -> [B,
             or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
         return None
     shared = _shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 else None
+    starts = np.zeros(B, dtype=np.int64)  # each sequence's first real key
+    if key_start is not None:
+        key_start = np.asarray(key_start)
+        if (shared is None or T != 1 or key_start.shape != (B,) or key_start.dtype.kind not in "iu"
+                or key_start.min() < 0 or key_start.max() >= S):  # (the new token, at S - 1, is real)
+            return None
+        starts[:] = key_start
     if shared is None:
         if T != 1:
             return None
@@ -621,7 +634,7 @@ def decode_blocks(x, params, config, cache, ops, positions):  # [B, T, C] -> [B,
     if shared is not None:  # HF's layout: every W^T has contiguous rows; all blocks in one launch
         with LAUNCH_LOCK:
             _decode_step_shared(x, *shared, k, v, cache.length, cos, sin, eps, scale, softcap,
-                                np.array(windows, dtype=np.int64), act, bool(c.norm_plus_one), T, threads)
+                                np.array(windows, dtype=np.int64), act, bool(c.norm_plus_one), T, starts, threads)
         return x.reshape(B, T, C)
     for layer, arrays in enumerate(blocks):
         _decode_block(x, *arrays, k[layer], v[layer], cache.length, cos, sin, eps, scale, softcap,

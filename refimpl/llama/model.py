@@ -174,10 +174,11 @@ class LlamaOps:
         `logits` or a decoding run; identity for NumPy)
     zeros(shape, dtype): the KV cache's storage on the backend's device
     to_numpy(x) -> np.ndarray: logits back to the host
-    decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T]) -> [B, T, C] or None:
-        optional; every block at once for T new tokens per sequence (causal when T > 1) with no
-        key mask and the default hook, writing the cache as `attention` does; None means "not
-        here" and the blocks run one operation at a time
+    decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T], key_start=None) -> [B, T, C]
+        or None: optional; every block at once for T new tokens per sequence (causal when T > 1) with
+        the default hook, writing the cache as `attention` does, and no key mask, or for T = 1 left
+        padding given as key_start [B] int64 (row b's keys before cache index key_start[b] are pads);
+        None means "not here" and the blocks run one operation at a time
     """
 
     name: str
@@ -379,6 +380,16 @@ def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, 
     return local("resid_post", x + m)
 
 
+def _left_padding(key_mask: np.ndarray) -> np.ndarray | None:  # [B, S] -> [B] int64, or None
+    """Each row's first real key when the mask is left padding (row b: False before it, True from it on, the
+    last key real), else None."""
+    real = np.asarray(key_mask, dtype=bool)
+    first = np.argmax(real, axis=1)  # (the first True; 0 for a row with none, refused below)
+    if not real[:, -1].all() or not np.array_equal(real, np.arange(real.shape[1])[None, :] >= first[:, None]):
+        return None
+    return first.astype(np.int64)
+
+
 def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
                   attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
                   last_only: bool = False, key_positions=None, causal: bool = True,
@@ -399,8 +410,8 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     - Cache: new rotated keys / values are written at [length, length + T); length advances by T.
     - hook: hook(name, x) -> x' at every named intermediate (module docstring); None is no_hook.
     - ops: the backend's operations (LlamaOps; params as its `prepare` left them). With the
-      default hook, a cache, no key mask and causal attention (or one new token per row), a
-      backend's decode_blocks may run every block in one call.
+      default hook, a cache, no key mask and causal attention (or one new token per row, whose key
+      mask may then be left padding), a backend's decode_blocks may run every block in one call.
     - last_only: norm only the last position (what a decoding step needs): [B, 1, C].
     - key_positions [S] or [B, S] (None: the usual cache of rotated keys): the cache holds keys
       BEFORE rotation, and every key j is rotated at key_positions[j] in this forward; the new
@@ -431,9 +442,12 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
                      else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
     x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
     fused = None
-    if (ops.decode_blocks is not None and cache is not None and (T == 1 or causal) and key_mask is None
+    if (ops.decode_blocks is not None and cache is not None and (T == 1 or causal)
             and hook is no_hook and key_rope is None and scale is None):  # (the fused blocks use the config's scale)
-        fused = ops.decode_blocks(x, params, config, cache, ops, positions)  # the same blocks, compiled whole
+        if key_mask is None:  # the same blocks, compiled whole
+            fused = ops.decode_blocks(x, params, config, cache, ops, positions)
+        elif T == 1 and (first := _left_padding(key_mask)) is not None:  # a decoding step of a left-padded batch
+            fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_start=first)
     if fused is not None:
         x = fused
     else:
