@@ -216,6 +216,33 @@ def test_the_config_eos_ends_generation(tmp_path_factory):
     assert list(stream(listed, [1, 2, 3], max_new_tokens=16)) == out.ids
 
 
+def test_generation_config_eos_ends_generation_as_in_hugging_face(tmp_path_factory, tmp_path):
+    """generation_config.json's eos_token_id (where instruct models list their extra stop tokens) overrides
+    config.json's, as Hugging Face's from_pretrained + generate use it: both stop at the same token."""
+    import json
+    import shutil
+
+    import refimpl
+
+    _, model = model_of("llama", tmp_path_factory)
+    free = generate(model, [1, 2, 3], max_new_tokens=16, eos_token_id=None).ids
+    eos = free[4]
+    other = next(i for i in range(97) if i not in free)
+    d = shutil.copytree(_SAVED["llama"][1], tmp_path / "m")
+    g = json.loads((d / "generation_config.json").read_text()) if (d / "generation_config.json").exists() else {}
+    (d / "generation_config.json").write_text(json.dumps({**g, "eos_token_id": [other, eos]}))
+    loaded = refimpl.load(d)
+    assert json.loads((d / "config.json").read_text()).get("eos_token_id") != [other, eos]
+    assert loaded.config.eos_token_id == (other, eos)
+    out = refimpl.generate(loaded, [1, 2, 3], max_new_tokens=16)
+    assert out.ids == free[:free.index(eos) + 1] and out.finish_reason == "eos"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        seq = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert seq[0, 3:].tolist() == out.ids
+
+
 # ----------------------------------------------------------------------------- text and stop strings
 
 BYTES = Tokenizer({bytes([b]): b for b in range(256)}, {}, {"<eos>": 256})  # 257 ids

@@ -5,6 +5,10 @@
   a directory with config.json + model.safetensors, or + model.safetensors.index.json and its
   shards, or a single .safetensors file with a config.json beside it.
 
+The end-of-sequence ids are generation_config.json's eos_token_id where that file beside config.json
+gives one (instruct models list their extra stop tokens there, and Hugging Face's generate stops on
+them), else config.json's.
+
 The weights' layers (model.layers.<i>, from the safetensors header or index) are compared with
 config.json's num_hidden_layers first, before the config is built: both cost what the files
 hold, never what the config claims. Names and shapes are then checked against the config's
@@ -81,10 +85,16 @@ def _config(path: Path, names) -> LlamaConfig:
     d = config_object(read_small_file(config_json, "config"), config_json.name)
     if names is not None:  # (before from_dict, whose per-layer fields cost O(num_hidden_layers))
         _check_layers(d.get("num_hidden_layers"), names, config_json.name)
+    generation_json = config_json.parent / "generation_config.json"
+    where = config_json
+    if generation_json.exists():  # what Hugging Face's generate stops on: this file's eos_token_id when it has one
+        g = config_object(read_small_file(generation_json, "generation config"), generation_json.name)
+        if "eos_token_id" in g:
+            d, where = {**d, "eos_token_id": g["eos_token_id"]}, f"{config_json} (eos_token_id: {generation_json.name})"
     try:
         return LlamaConfig.from_dict(d)
     except (TypeError, ValueError) as e:
-        raise WeightFileError(f"{config_json}: {e}") from None
+        raise WeightFileError(f"{where}: {e}") from None
 
 
 def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[LlamaConfig, LlamaParams]:
