@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "Qwen2 / Qwen3 / Gemma / Gemma-2 / Phi-3 directory (config.json's model_type). A path that "
                    "exists wins over a name")
     g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
-    g.add_argument("--ids", help="the prompt as token ids ('1 2 3'), for models without tokenizer files")
+    g.add_argument("--ids", nargs="+", metavar="ID", help="the prompt as token ids (1 2 3, or '1,2,3'), for models "
+                   "without tokenizer files")
     g.add_argument("--max-new-tokens", type=int, default=50, help="at most this many new tokens (default 50)")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the default without sampling options)")
     g.add_argument("--temperature", type=float, help="sample, with logits divided by T (default 1 when sampling)")

@@ -39,6 +39,18 @@ def test_export_then_generate_streams_the_same_ids_as_the_library(hf_dir, tmp_pa
     assert printed == expected and len(printed) == 8
 
 
+def test_ids_may_be_one_quoted_word_or_several(hf_dir, tmp_path, capsys):
+    """--ids 5 6 7, --ids '5 6 7' and --ids 5,6,7 are the same prompt (generate, inspect)."""
+    outs = []
+    for ids in (["5", "6", "7"], ["5 6 7"], ["5,6,7"]):
+        assert main(["generate", "--model", str(hf_dir), "--ids", *ids, "--max-new-tokens", "4", "--no-eos"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2] and len(outs[0].split()) == 4
+    for i, ids in enumerate((["5", "6", "7", "8"], ["5 6 7 8"])):
+        assert main(["inspect", "lens", "--model", str(hf_dir), "--out", str(tmp_path / str(i)), "--ids", *ids]) == 0
+    assert (tmp_path / "0" / "lens.json").read_text() == (tmp_path / "1" / "lens.json").read_text()
+
+
 def test_generate_sampling_is_reproducible_with_a_seed(hf_dir, capsys):
     args = ["generate", "--model", str(hf_dir), "--ids", "1 2", "--max-new-tokens", "10", "--no-eos",
             "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7"]

@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refimpl compare",
                                  description="compare a port's activations with the reference's, point by point")
     ap.add_argument("--model", required=True, help="the reference: any model directory or file refimpl reads")
-    ap.add_argument("--ids", help="token ids, '1 2 3' (or taken from the dump's __ids__)")
+    ap.add_argument("--ids", nargs="+", metavar="ID", help="token ids: 1 2 3 or '1,2,3' (or taken from the dump's "
+                    "__ids__)")
     ap.add_argument("--prompt", help="text, when the model has a tokenizer")
     side = ap.add_mutually_exclusive_group(required=True)
     side.add_argument("--theirs", help=".safetensors or .npz of their activations")

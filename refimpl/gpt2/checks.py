@@ -20,12 +20,15 @@ def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray
     return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts, or use generate_batch")
 
 
-def parse_token_ids(text: str, vocab_size: int, *, flag: str = "--ids") -> list[int]:
-    """Token ids from command-line text ('1 2 3' or '1,2,3'), each checked to lie in [0, vocab_size).
+def parse_token_ids(text, vocab_size: int, *, flag: str = "--ids") -> list[int]:
+    """Token ids from command-line text ('1 2 3' or '1,2,3', or a list of such words: `--ids 1 2 3`), each checked
+    to lie in [0, vocab_size).
 
     The error (a ValueError) names the flag, the offending id and the vocabulary size; ids of
     any length are compared as Python integers, so 99999999999999999999 is reported as itself.
     """
+    if isinstance(text, (list, tuple)):  # (argparse's nargs="+")
+        text = " ".join(text)
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:

@@ -884,7 +884,7 @@ def build_parser() -> argparse.ArgumentParser:
         if text:
             p.add_argument("--text", help="input text")
             p.add_argument("--file", help="read the input text from this file")
-            p.add_argument("--ids", help="input token ids, '1 2 3'")
+            p.add_argument("--ids", nargs="+", metavar="ID", help="input token ids: 1 2 3 (or '1,2,3')")
         if max_tokens:
             p.add_argument("--max-tokens", type=int, default=48, help="use at most this many input tokens")
 
