@@ -22,7 +22,10 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
     no config.json, or one without model_type
                                 -> GPT-2 (its own layouts carry their config: model.npz,
                                    safetensors metadata, llm.c's .bin; GPT-2's config.json
-                                   may omit model_type, and GPT-2's reader assumes it)
+                                   may omit model_type, and GPT-2's reader assumes it); an
+                                   error instead where the tensors are the LLaMA family's
+                                   (no config.json) or the config has none of GPT-2's
+                                   n_layer / n_embd / n_head (no model_type)
     path None                   -> the GPT-2 shipped with the package ("shakespeare-gpt2")
 
 Tokenizer of a LLaMA-family model (`llama_tokenizer`): GPT-2's byte-level BPE files
@@ -122,9 +125,17 @@ def family_of(path) -> str:
         raise WeightFileError(f"{p}: no such file or directory{_names_hint()}")
     config_json = _config_json(p)
     if not config_json.exists():
+        if _llama_tensor_names(p):
+            raise WeightFileError(f"{p}: no config.json {'in it' if p.is_dir() else 'beside it'}, and its tensors "
+                                  "(model.embed_tokens.weight, model.layers.*) are a LLaMA-family checkpoint's, whose "
+                                  "model_type, head counts and norms only a config.json gives")
         return "gpt2"
     d = config_object(read_small_file(config_json, "config"), str(config_json))
     model_type = d.get("model_type")
+    if model_type is None and not any(k in d for k in _GPT2_CONFIG_KEYS):
+        raise WeightFileError(f"{config_json}: no model_type, and none of GPT-2's fields ({', '.join(_GPT2_CONFIG_KEYS)})"
+                              f" that would make it a GPT-2 config; add \"model_type\": one of "
+                              f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     if model_type is None or model_type == "gpt2":
         return "gpt2"
     if model_type in _llama_types():
@@ -133,6 +144,21 @@ def family_of(path) -> str:
         return "bert"
     raise WeightFileError(f"{config_json}: model_type {model_type!r:.60} is not supported; refimpl reads "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+
+
+_GPT2_CONFIG_KEYS = ("n_layer", "n_embd", "n_head")  # a config.json without model_type is GPT-2's when it has one
+
+
+def _llama_tensor_names(p: Path) -> bool:
+    """Whether the safetensors weights at p (a file, or a folder's model.safetensors or index) hold the LLaMA
+    family's names: what the header or index says, read within their size limits; False where there are none."""
+    from .llama.io import _weight_names
+
+    try:
+        names = _weight_names(p)
+    except (OSError, ValueError):  # (unreadable: the GPT-2 loader's error names the file)
+        return False
+    return names is not None and any(n == "model.embed_tokens.weight" or n.startswith("model.layers.") for n in names)
 
 
 # ----------------------------------------------------------------------------- load
