@@ -217,6 +217,24 @@ def check_batch_of_ids(ids: np.ndarray) -> tuple[int, int]:
     return ids.shape
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (os.sysconf), or None where the platform does not say."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_in_memory(nbytes: int, what: str, hint: str) -> None:
+    """A ValueError, before the allocation, where `what` would need more bytes than the machine's memory."""
+    memory = physical_memory()
+    if memory is not None and nbytes > memory:
+        raise ValueError(f"{what} needs {nbytes / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:.1f} GiB "
+                         f"of memory; {hint}")
+
+
 def check_cache_room(cache, B: int, T: int, dtype) -> int:
     """cache.length, after checking that a KV cache (batch_size, max_len, length, k) holds B sequences of
     `dtype` and has room for T more tokens (full is an error, never a reallocation)."""

@@ -629,6 +629,7 @@ def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settin
     """
     weights = dec.prepare()
     B, P = len(rows), max(len(r) for r in rows)
+    cache = dec.allocate(B, max(P + n_steps - 1, P))  # (first: its size check names what was asked for)
     pad = 0
     ids = np.full((B, P + n_steps), pad, dtype=np.int64)  # [B, S_max]: the prompts left-padded, then the new tokens
     mask = np.zeros((B, P + n_steps), dtype=bool)  # [B, S_max]: 1 = real token
@@ -639,7 +640,6 @@ def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settin
     seen = np.zeros((B, dec.vocab_size), dtype=bool)  # tokens in each row so far (repetition penalty)
     for b, r in enumerate(rows):
         seen[b, r] = True
-    cache = dec.allocate(B, max(P + n_steps - 1, P))
 
     logits = dec.prefill(weights, ids[:, :P], cache, mask[:, :P] if ragged else None)  # [B, V]
     for step in range(n_steps):

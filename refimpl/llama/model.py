@@ -52,6 +52,7 @@ for the hook to see or replace. Hooks see NumPy arrays and are meant for the Num
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,7 @@ import numpy as np
 from typing import Callable
 
 from .._backends import resolve_backend
-from .._checks import check_float_dtype, check_positive_int
+from .._checks import check_fits_in_memory, check_float_dtype, check_positive_int
 from .._switches import attention_scale_factor, check_causal, check_no_cache
 from ..attention import _grouped_query_attention, _soft_cap, masked_attention
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
@@ -131,6 +132,12 @@ class KVCache:
             raise ValueError(f"max_len must be at most max_position_embeddings={limit}; got {max_len}")
         c = config
         shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
+        if zeros is np.zeros:  # (host memory; a backend's zeros allocates on its device)
+            check_fits_in_memory(2 * math.prod(shape) * dtype.itemsize,
+                                 f"a KV cache of {batch_size} x {max_len} positions ({c.num_hidden_layers} layers, "
+                                 f"{c.num_key_value_heads} key/value heads of {c.head_dim}, {dtype})",
+                                 "ask for fewer positions (in generation: a shorter prompt or a smaller "
+                                 "max_new_tokens)")
         return cls(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype), 0)
 
     @property
