@@ -255,8 +255,14 @@ def check_key_mask(attention_mask, B: int, S: int) -> np.ndarray:
     if key_mask.shape != (B, S):
         raise ValueError(f"attention_mask must have shape [B, S] = [{B}, {S}] (cached + new tokens); "
                          f"got shape {key_mask.shape}")
-    if key_mask.dtype.kind not in "biu" or (key_mask.dtype.kind != "b" and not np.isin(key_mask, (0, 1)).all()):
+    if key_mask.dtype.kind not in "biu":
         raise ValueError(f"attention_mask must hold booleans or 0/1 (1 = real token); got dtype {key_mask.dtype}")
+    if key_mask.dtype.kind != "b":
+        bad = np.argwhere((key_mask != 0) & (key_mask != 1))
+        if len(bad):
+            b, s = (int(i) for i in bad[0])
+            raise ValueError(f"attention_mask must hold booleans or 0/1 (1 = real token); got {key_mask[b, s]} at "
+                             f"[{b}, {s}]")
     return key_mask.astype(bool, copy=False)
 
 

@@ -263,6 +263,7 @@ def test_export_a_llama_folder_then_load_it(llama_dirs, tmp_path, capsys):
                "--target", "12", "--alpha", "2", "--max-new-tokens", "3"], ["steer.png", "steer.json"]),
     ("patch", ["--source-ids", "10 11 12 13", "--target-ids", "10 11 14 13", "--answer-a", "3",
                "--answer-b", "4"], ["patch.png", "patch.json"]),
+    ("neurons", ["--ids", *map(str, range(11, 43)), "--chunk", "8", "--top", "2"], ["neurons.png", "neurons.json"]),
 ])
 def test_inspect_a_llama_folder_without_a_tokenizer_by_ids(sub, extra, files, llama_dirs, tmp_path, capsys):
     import json
@@ -286,6 +287,9 @@ def test_inspect_a_llama_folder_without_a_tokenizer_by_ids(sub, extra, files, ll
     if sub == "attention":
         w = np.array(json.loads((out / "attention.json").read_text())["weights"])
         assert w.shape == (L, H, 8, 8) and np.max(np.abs(w - attention_weights(model, range(5, 13)))) <= 1e-5
+    if sub == "neurons":  # the printed context: ids apart, as the JSON holds them
+        ctx = json.loads((out / "neurons.json").read_text())["neurons"][0]["contexts"][0]["ids"]
+        assert repr(" ".join(map(str, ctx)))[-34:] in printed
     if sub == "steer":
         data = json.loads((out / "steer.json").read_text())
         assert data["layer"] == L // 2 and data["prompt"] == [10, 11] and len(data["generations"]["2.0"]) == 3

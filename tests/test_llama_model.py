@@ -252,8 +252,10 @@ def test_errors_name_the_argument(tmp_path_factory):
         forward(params, config, ids[:, :0])
     with pytest.raises(ValueError, match=r"attention_mask must have shape \[B, S\] = \[1, 4\]"):
         forward(params, config, ids, attention_mask=np.ones((1, 3)))
-    with pytest.raises(ValueError, match="attention_mask must hold booleans or 0/1"):
+    with pytest.raises(ValueError, match="attention_mask must hold booleans or 0/1 .*got dtype float64"):
         forward(params, config, ids, attention_mask=np.full((1, 4), 0.5))
+    with pytest.raises(ValueError, match=r"attention_mask must hold booleans or 0/1 .*got 2 at \[0, 2\]"):
+        forward(params, config, ids, attention_mask=np.array([[1, 1, 2, 1]]))
     with pytest.raises(ValueError, match="positions must have shape"):
         forward(params, config, ids, positions=np.arange(3))
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 512\)"):

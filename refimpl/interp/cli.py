@@ -834,8 +834,9 @@ def cmd_neurons(args) -> int:
     out = Path(args.out)
     paths = [plot_neurons(model, layer, entries, out / "neurons.png"), _write_json(out, "neurons.json", data)]
     print(f"layer {layer}: {len(chunks)} chunk(s) of {chunk} tokens; activation {data['activation']}")
+    sep = "" if getattr(model, "tokenizer", None) is not None else " "  # (ids, without a tokenizer: apart)
     print(_table(["neuron", "max act", "top context (fires at its end)", "promotes (E v)"],
-                 [[e["neuron"], e["max_activation"], repr("".join(e["contexts"][0]["tokens"]))[-34:],
+                 [[e["neuron"], e["max_activation"], repr(sep.join(e["contexts"][0]["tokens"]))[-34:],
                    " ".join(f"'{p['token']}'" for p in e["promoted"][:4])] for e in entries], [6, 8, 34, 44]))
     _done(paths)
     return 0
