@@ -217,22 +217,36 @@ def check_batch_of_ids(ids: np.ndarray) -> tuple[int, int]:
     return ids.shape
 
 
-def physical_memory() -> int | None:
-    """This machine's physical memory in bytes (os.sysconf), or None where the platform does not say."""
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_limit(cgroup_files=_CGROUP_LIMITS) -> int | None:
+    """The most memory this process may use, in bytes: the machine's physical memory (os.sysconf), or a lower
+    limit of its control group (cgroup v2 memory.max, v1 memory.limit_in_bytes); None where neither is known."""
     import os
 
+    limits = []
     try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        limits.append(int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE")))
     except (AttributeError, ValueError, OSError):
-        return None
+        pass
+    for path in cgroup_files:
+        try:
+            with open(path) as f:
+                text = f.read(64).strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 1 << 60:  # ("max", or v1's huge "no limit" value: none)
+            limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def check_fits_in_memory(nbytes: int, what: str, hint: str) -> None:
-    """A ValueError, before the allocation, where `what` would need more bytes than the machine's memory."""
-    memory = physical_memory()
-    if memory is not None and nbytes > memory:
-        raise ValueError(f"{what} needs {nbytes / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:.1f} GiB "
-                         f"of memory; {hint}")
+    """A ValueError, before the allocation, where `what` would need more bytes than this process may use."""
+    limit = memory_limit()
+    if limit is not None and nbytes > limit:
+        raise ValueError(f"{what} needs {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:.1f} GiB of memory "
+                         f"this process may use; {hint}")
 
 
 def check_cache_room(cache, B: int, T: int, dtype) -> int:

@@ -24,8 +24,6 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
                                    safetensors metadata, llm.c's .bin; GPT-2's config.json
                                    may omit model_type, and GPT-2's reader assumes it); an
                                    error instead where the tensors are the LLaMA family's
-                                   (no config.json) or the config has none of GPT-2's
-                                   n_layer / n_embd / n_head (no model_type)
     path None                   -> the GPT-2 shipped with the package ("shakespeare-gpt2")
 
 Tokenizer of a LLaMA-family model (`llama_tokenizer`): GPT-2's byte-level BPE files
@@ -132,10 +130,10 @@ def family_of(path) -> str:
         return "gpt2"
     d = config_object(read_small_file(config_json, "config"), str(config_json))
     model_type = d.get("model_type")
-    if model_type is None and not any(k in d for k in _GPT2_CONFIG_KEYS):
-        raise WeightFileError(f"{config_json}: no model_type, and none of GPT-2's fields ({', '.join(_GPT2_CONFIG_KEYS)})"
-                              f" that would make it a GPT-2 config; add \"model_type\": one of "
-                              f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type is None and _llama_tensor_names(p):
+        raise WeightFileError(f"{config_json}: no model_type, and the tensors (model.embed_tokens.weight, "
+                              "model.layers.*) are a LLaMA-family checkpoint's; add \"model_type\": one of "
+                              f"{', '.join(_llama_types())}")
     if model_type is None or model_type == "gpt2":
         return "gpt2"
     if model_type in _llama_types():
@@ -144,9 +142,6 @@ def family_of(path) -> str:
         return "bert"
     raise WeightFileError(f"{config_json}: model_type {model_type!r:.60} is not supported; refimpl reads "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-
-
-_GPT2_CONFIG_KEYS = ("n_layer", "n_embd", "n_head")  # a config.json without model_type is GPT-2's when it has one
 
 
 def _llama_tensor_names(p: Path) -> bool:

@@ -264,6 +264,38 @@ def test_left_padded_batch_and_its_cached_decoding_match_numpy(case, tmp_path_fa
     assert err <= tol
 
 
+def test_left_padding_is_offered_only_where_decode_blocks_takes_key_start_and_bad_starts_are_declined(
+        tmp_path_factory):
+    """A decode_blocks written without the key_start keyword is never offered a left-padded step (no TypeError); and
+    numba's declines (None) a key_start of the wrong shape, dtype or range, or with T > 1."""
+    _, config, params = pair("llama", tmp_path_factory)
+    ids = rand_ids((2, 9), seed=8)
+    mask = np.ones((2, 9), dtype=bool)
+    mask[1, :3] = False
+    calls = []
+
+    def six_arguments(x, params, config, cache, ops, positions):
+        calls.append(x.shape)
+        return None
+
+    ops = dataclasses.replace(OPS, decode_blocks=six_arguments)
+    cache = KVCache.allocate(config, 2, max_len=9, dtype=np.float32)
+    forward(params, config, ids[:, :8], cache=cache, attention_mask=mask[:, :8], ops=ops)
+    out = forward(params, config, ids[:, 8:], cache=cache, attention_mask=mask, ops=ops)
+    assert calls == [] and out.shape == (2, 1, config.vocab_size)
+    from refimpl.llama.model import embed
+
+    cache = KVCache.allocate(config, 2, max_len=9, dtype=np.float32)
+    forward(params, config, ids[:, :8], cache=cache, attention_mask=mask[:, :8], ops=OPS)
+    x1, x2 = embed(params, config, ids[:, 8:]), embed(params, config, ids[:, 7:9])
+    pos1 = np.array([[8], [5]])
+    for x, pos, start in ((x1, pos1, np.array([0, 3, 0])), (x1, pos1, np.array([0.0, 3.0])),
+                          (x1, pos1, np.array([0, -1])), (x1, pos1, np.array([0, 9])),
+                          (x2, pos1.repeat(2, 1), np.array([0, 3]))):
+        assert nl.decode_blocks(x, params, config, cache, OPS, pos, key_start=start) is None, start
+    assert nl.decode_blocks(x1, params, config, cache, OPS, pos1, key_start=np.array([0, 3])) is not None
+
+
 def test_a_mask_that_is_not_left_padding_is_not_offered_to_the_shared_step(tmp_path_factory):
     """A pad between real keys (a hole) is not left padding: the step runs op by op (masked_attention), and its
     logits equal numpy's with the same mask."""
@@ -404,6 +436,35 @@ def test_ops_glu_hidden_equals_numpys(N, C, F, bias, act, dtype, seed):
     bound = eps * (1.13 * g_scale * np.abs(u_ref) + np.abs(g_ref) * u_scale) * (1 + eps) \
         + 8 * float(np.finfo(dtype).eps) * np.abs(ref) + float(np.finfo(dtype).tiny)
     assert np.all(np.abs(out.astype(np.float64) - ref) <= bound)
+
+
+def test_ops_lm_head_rows_are_the_same_bits_on_one_thread_and_two(tmp_path_factory):
+    """The head's product (up to SHARED_MAX_ROWS rows, on the step's threads): each output row's sum is the same
+    matvec_rows call whichever thread claims it, so one thread and two give the same bits, for 1 to 8 rows;
+    and it equals refimpl's head within the product bound."""
+    import numba
+
+    from refimpl.llama.model import lm_head
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(reason="needs 2 Numba threads (this machine has 1 core)")
+    _, config, params = pair("llama", tmp_path_factory)
+    before = numba.get_num_threads()
+    rng = np.random.default_rng(5)
+    try:
+        for rows in (1, 3, 8):
+            h = rng.standard_normal((rows, config.hidden_size)).astype(np.float32)
+            numba.set_num_threads(1)
+            one = OPS.lm_head(h, params, config)
+            numba.set_num_threads(2)
+            two = OPS.lm_head(h, params, config)
+            assert np.array_equal(one, two), rows
+            ref = lm_head(h.astype(np.float64), params, config)  # (float32 weights, float64 sums)
+            n = config.hidden_size
+            bound = gamma(n + 1, np.float32) * (np.abs(h).astype(np.float64) @ np.abs(params.output_embedding.T))
+            assert np.all(np.abs(two - ref) <= 2 * bound + 1e-30), rows
+    finally:
+        numba.set_num_threads(before)
 
 
 def test_ops_lm_head_applies_the_final_soft_cap(tmp_path_factory):

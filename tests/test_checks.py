@@ -130,3 +130,22 @@ def test_as_float():
     assert as_float([1, 2], "x").dtype == np.float64
     with pytest.raises(TypeError, match=r"^x must be a real floating-point array; got dtype complex128$"):
         as_float([1j], "x")
+
+
+def test_memory_limit_is_the_smaller_of_physical_memory_and_a_cgroup_limit(tmp_path):
+    """memory_limit: the machine's memory, or a lower cgroup v2 / v1 limit; "max", v1's huge "no limit" value, a
+    missing or unreadable file give no limit of their own."""
+    import os
+
+    from refimpl._checks import memory_limit
+
+    physical = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    v2, v1, none, huge = (tmp_path / n for n in ("memory.max", "memory.limit_in_bytes", "none", "huge"))
+    v2.write_text("1073741824\n")
+    v1.write_text("2147483648\n")
+    none.write_text("max\n")
+    huge.write_text(f"{(1 << 63) - 4096}\n")
+    assert memory_limit(()) == physical
+    assert memory_limit((v2, v1)) == min(physical, 1 << 30)
+    assert memory_limit((v1,)) == min(physical, 2 << 30)
+    assert memory_limit((none, huge, tmp_path / "missing", tmp_path)) == physical

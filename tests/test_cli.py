@@ -259,9 +259,9 @@ def test_export_a_llama_folder_then_load_it(llama_dirs, tmp_path, capsys):
     ("lens", ["--ids", "5 6 7 8 9 10"], ["lens.png", "lens.json"]),
     ("attention", ["--ids", "5 6 7 8 9 10 11 12"], ["attention.png", "attention.json"]),
     ("sinks", ["--ids", " ".join(map(str, range(3, 23))), "--k", "2"], ["sinks.png", "sinks.json"]),
-    ("steer", ["--pos-ids", "1 2 3", "--pos-ids", "4 5", "--neg-ids", "7 8 9", "--prompt-ids", "10 11",
+    ("steer", ["--pos-ids", "1", "2", "3", "--pos-ids", "4 5", "--neg-ids", "7 8 9", "--prompt-ids", "10", "11",
                "--target", "12", "--alpha", "2", "--max-new-tokens", "3"], ["steer.png", "steer.json"]),
-    ("patch", ["--source-ids", "10 11 12 13", "--target-ids", "10 11 14 13", "--answer-a", "3",
+    ("patch", ["--source-ids", "10", "11", "12", "13", "--target-ids", "10 11 14 13", "--answer-a", "3",
                "--answer-b", "4"], ["patch.png", "patch.json"]),
     ("neurons", ["--ids", *map(str, range(11, 43)), "--chunk", "8", "--top", "2"], ["neurons.png", "neurons.json"]),
 ])
@@ -290,7 +290,7 @@ def test_inspect_a_llama_folder_without_a_tokenizer_by_ids(sub, extra, files, ll
     if sub == "neurons":  # the printed context: ids apart, as the JSON holds them
         ctx = json.loads((out / "neurons.json").read_text())["neurons"][0]["contexts"][0]["ids"]
         assert repr(" ".join(map(str, ctx)))[-34:] in printed
-    if sub == "steer":
+    if sub == "steer":  # (ids as several words or one quoted word)
         data = json.loads((out / "steer.json").read_text())
         assert data["layer"] == L // 2 and data["prompt"] == [10, 11] and len(data["generations"]["2.0"]) == 3
 

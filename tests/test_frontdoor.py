@@ -174,8 +174,9 @@ def test_unknown_model_type_is_an_error_listing_the_supported_ones(tmp_path):
 
 
 def test_a_llama_folder_without_its_config_or_model_type_is_named_as_such(tmp_path_factory, tmp_path):
-    """The GPT-2 fallback (no config.json, or one without model_type) does not take a LLaMA-family folder: the error
-    says what is missing, not what GPT-2 would need; a GPT-2 config without model_type still loads as GPT-2."""
+    """The GPT-2 fallback (no config.json, or one without model_type) does not take a folder of LLaMA-family tensors:
+    the error says what is missing, not what GPT-2 would need; a GPT-2 config without model_type (with the field
+    names LLaMA configs share) still loads as GPT-2."""
     _, d = llama_dir("llama", tmp_path_factory)
     lone = tmp_path / "no_config"
     lone.mkdir()
@@ -187,13 +188,15 @@ def test_a_llama_folder_without_its_config_or_model_type_is_named_as_such(tmp_pa
     config = json.loads((untyped / "config.json").read_text())
     del config["model_type"]
     (untyped / "config.json").write_text(json.dumps(config))
-    with pytest.raises(WeightFileError, match="config.json: no model_type, and none of GPT-2's fields .* add "
-                                              "\"model_type\": one of gpt2, llama, mistral"):
+    with pytest.raises(WeightFileError, match="config.json: no model_type, and the tensors .* LLaMA-family "
+                                              "checkpoint's; add \"model_type\": one of llama, mistral"):
         refimpl.load(untyped)
     g = tmp_path / "gpt2"
     hf_gpt2(gpt2.GPT2Config(vocab_size=97, n_positions=32, n_embd=24, n_layer=2, n_head=3), seed=1).save_pretrained(g)
     config = json.loads((g / "config.json").read_text())
     del config["model_type"]
+    for ours, other in (("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size"), ("n_head", "num_attention_heads")):
+        config[other] = config.pop(ours)  # (GPT-2's config also takes these names)
     (g / "config.json").write_text(json.dumps(config))
     assert isinstance(refimpl.load(g), gpt2.GPT2Model) and family_of(g) == "gpt2"
 

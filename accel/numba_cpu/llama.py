@@ -11,10 +11,11 @@
               fused masked_attention kernel
   glu_hidden  the gate and up products on BLAS, then SiLU(g) * u in one pass (ffn.glu_gate); the GELU
               activations (Gemma) take refimpl's elementwise functions after the products
-  decode_blocks  T new tokens per sequence with no key mask (causal), the per-operation path's
+  decode_blocks  T new tokens per sequence with no key mask (causal), or one token per sequence of a
+              left-padded batch (key_start: the shared path only), the per-operation path's
               operations in its order without the Python between them: up to SHARED_MAX_ROWS float32 rows
               with HF's weight layout, every block in one multi-threaded call (`_decode_step_shared`, products on
-              matvec: a decoding step, a short prompt); else for one token per sequence one compiled call
+              matvec_rows: a decoding step, a short prompt); else for one token per sequence one compiled call
               per block (`_decode_block`, products on the threaded BLAS); declined (None) for other
               dtypes, layouts, replaced operations, or a cache long enough for decode_attention to run
               in parallel (DECODE_PARALLEL_WORK)
@@ -432,7 +433,8 @@ def _on_threads(worker, threads, args):  # worker(*args) on the caller and threa
 @njit(cache=True, nogil=True)
 def _rows_worker(x, wt, y, claims):  # one thread's part of y = x wt^T: chunks of wt's rows until none are left
     """The head's product on the decoding step's threads (not a Numba parallel region: the pool that region
-    wakes would still be spinning when the next step starts; with GNU OpenMP that cost about 15% of a step)."""
+    wakes would still be spinning when the next step starts; benchmarks/NOTES.md, "the head on the step's
+    threads")."""
     n = _chunks(wt.shape[0])
     empty = np.empty(0, dtype=y.dtype)
     while True:

@@ -14,7 +14,7 @@ one large gemv, one thread or two, while this loop (four vector accumulators and
 multiply-adds, from LLVM's vectoriser) reads them at about that rate once the products of a
 block share one parallel launch (benchmarks/NOTES.md, "accel.numba_cpu.matvec"). Several rows
 (a short prompt, a small batch) go four at a time against each row of wt, which then feeds four
-sums per load: 8 rows of a SmolLM-135M step took 0.85x the time of one row at a time.
+sums per load (NOTES, "matvec_rows four rows at a time": against a loop taking x's rows one by one).
 
 How it differs from refimpl.linear (NumPy's BLAS): the order of each dot's sum. The loop is
 compiled with fastmath "reassoc" and "contract" only (NaN and inf propagate as IEEE, no flush to

@@ -923,9 +923,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pos", action="append", help="prompt of the 'towards' set (repeatable)")
     p.add_argument("--neg", action="append", help="prompt of the 'away from' set (repeatable)")
     p.add_argument("--prompt", help=f"prompt to steer (default {DEFAULT_PROMPT!r})")
-    p.add_argument("--pos-ids", action="append", help="a 'towards' prompt as token ids '1 2 3' (repeatable)")
-    p.add_argument("--neg-ids", action="append", help="an 'away from' prompt as token ids (repeatable)")
-    p.add_argument("--prompt-ids", help="the prompt to steer as token ids")
+    p.add_argument("--pos-ids", action="append", nargs="+", metavar="ID",
+                   help="a 'towards' prompt as token ids 1 2 3 (repeatable)")
+    p.add_argument("--neg-ids", action="append", nargs="+", metavar="ID",
+                   help="an 'away from' prompt as token ids (repeatable)")
+    p.add_argument("--prompt-ids", nargs="+", metavar="ID", help="the prompt to steer as token ids")
     p.add_argument("--target", default=" love", help="target token (text of one token, or an id)")
     p.add_argument("--layer", type=int, help="block whose input is steered (default: number of blocks // 2)")
     p.add_argument("--alpha", type=float, action="append", help="steering strength (repeatable)")
@@ -936,8 +938,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, text=False, max_tokens=False)
     p.add_argument("--source", help=f"source (clean) text (default {DEFAULT_SOURCE!r})")
     p.add_argument("--target", help=f"target (corrupted) text, same token count (default {DEFAULT_TARGET!r})")
-    p.add_argument("--source-ids", help="source as token ids")
-    p.add_argument("--target-ids", help="target as token ids")
+    p.add_argument("--source-ids", nargs="+", metavar="ID", help="source as token ids")
+    p.add_argument("--target-ids", nargs="+", metavar="ID", help="target as token ids")
     p.add_argument("--answer-a", default=" Caesar", help="token whose logit counts + (text or id; default ' Caesar')")
     p.add_argument("--answer-b", default=" Romeo", help="token whose logit counts - (text or id; default ' Romeo')")
     p.set_defaults(func=cmd_patch)
@@ -952,13 +954,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("patchscope", help="decode a hidden state by patching it into an identity prompt")
     common(p, text=False, max_tokens=False)
     p.add_argument("--source", help=f"source text (default {DEFAULT_PATCHSCOPE_SOURCE!r})")
-    p.add_argument("--source-ids", help="source as token ids")
+    p.add_argument("--source-ids", nargs="+", metavar="ID", help="source as token ids")
     p.add_argument("--source-position", type=int, default=-1, help="position of the state read (default -1: last)")
     p.add_argument("--source-layer", type=int, action="append",
                    help="source layer l in 0 .. L (repeatable; default all; 0 = embedding output)")
     p.add_argument("--target", help="target prompt (default the identity prompt "
                    "'cat -> cat; 1135 -> 1135; hello -> hello; ? ->')")
-    p.add_argument("--target-ids", help="target as token ids")
+    p.add_argument("--target-ids", nargs="+", metavar="ID", help="target as token ids")
     p.add_argument("--target-position", type=int,
                    help="position patched (default: the placeholder's token; with --target-ids the last)")
     p.add_argument("--placeholder", default="?", help="text of the target token that receives the state (default '?')")
@@ -974,7 +976,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="inspect_out", metavar="DIR", help="output folder (default ./inspect_out)")
     p.add_argument("--word", help=f"the word (default {DEFAULT_CONTEXT_WORD!r})")
     p.add_argument("--context", action="append", help="a sentence holding the word (repeatable)")
-    p.add_argument("--context-ids", action="append", help="a context as token ids (repeatable; with --position)")
+    p.add_argument("--context-ids", action="append", nargs="+", metavar="ID",
+                   help="a context as token ids (repeatable; with --position)")
     p.add_argument("--position", type=int, action="append", help="the word's position in each --context-ids")
     p.set_defaults(func=cmd_context)
 

@@ -7,7 +7,8 @@
 
 The end-of-sequence ids are generation_config.json's eos_token_id where that file beside config.json
 gives one (instruct models list their extra stop tokens there, and Hugging Face's generate stops on
-them), else config.json's.
+them), else config.json's. (Where generation_config.json exists without the key, Hugging Face's
+generate has no eos and never stops on one; refimpl keeps config.json's.)
 
 The weights' layers (model.layers.<i>, from the safetensors header or index) are compared with
 config.json's num_hidden_layers first, before the config is built: both cost what the files

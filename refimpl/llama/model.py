@@ -52,6 +52,8 @@ for the hook to see or replace. Hooks see NumPy arrays and are meant for the Num
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -184,8 +186,9 @@ class LlamaOps:
     decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T], key_start=None) -> [B, T, C]
         or None: optional; every block at once for T new tokens per sequence (causal when T > 1) with
         the default hook, writing the cache as `attention` does, and no key mask, or for T = 1 left
-        padding given as key_start [B] int64 (row b's keys before cache index key_start[b] are pads);
-        None means "not here" and the blocks run one operation at a time
+        padding given as key_start [B] int64 (row b's keys before cache index key_start[b] are pads;
+        offered only to a function with that keyword); None means "not here" and the blocks run one
+        operation at a time
     """
 
     name: str
@@ -387,6 +390,17 @@ def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, 
     return local("resid_post", x + m)
 
 
+@functools.lru_cache(maxsize=64)
+def _takes_key_start(decode_blocks) -> bool:
+    """Whether a backend's decode_blocks takes the key_start keyword (one written to the form without it is never
+    offered a left-padded batch)."""
+    try:
+        parameters = inspect.signature(decode_blocks).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "key_start" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 def _left_padding(key_mask: np.ndarray) -> np.ndarray | None:  # [B, S] -> [B] int64, or None
     """Each row's first real key when the mask is left padding (row b: False before it, True from it on, the
     last key real), else None."""
@@ -453,8 +467,8 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
             and hook is no_hook and key_rope is None and scale is None):  # (the fused blocks use the config's scale)
         if key_mask is None:  # the same blocks, compiled whole
             fused = ops.decode_blocks(x, params, config, cache, ops, positions)
-        elif T == 1 and (first := _left_padding(key_mask)) is not None:  # a decoding step of a left-padded batch
-            fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_start=first)
+        elif T == 1 and _takes_key_start(ops.decode_blocks) and (first := _left_padding(key_mask)) is not None:
+            fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_start=first)  # left-padded batch
     if fused is not None:
         x = fused
     else:
