@@ -140,7 +140,7 @@ KERNELS: list[KernelSpec] = [
              "rounded once: float32 is off by that rounding (2^-24 relative), float64 by a few roundings of the "
              "formulas (SiLU: the twin's g e / (1 + e), e = exp(-|g|); no cancellation in either). atol is the "
              "REFERENCE's error: the twin's tanh GELU 0.5 g (1 + tanh t) cancels for g < 0, an absolute error up to "
-             "~2^-53 |g| |u|; below g = -708 SiLU's exp(-g) is inf here, a 0 where the true value is under 1e-300"
+             "~2^-53 |g| |u| (under atol for the checks' u, of unit scale); below g = -708 SiLU's exp(-g) is inf here, a 0 where the true value is under 1e-300"
     ),
     KernelSpec(
         "apply_rope", "numba", "accel.numba_cpu.positional:apply_rope", "refimpl.positional:apply_rope", _F32_F64,

@@ -160,6 +160,7 @@ def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, 
     shape = (*d["lead"], d["F"])
     if d.get("strided"):
         both = _normal(rng, (*d["lead"], 2 * d["F"]), dtype, d.get("scale", 3.0))
+        both[..., d["F"]:] /= both.dtype.type(d.get("scale", 3.0))  # u at unit scale, as below (the atol assumes |u| ~ 1)
         g, u = both[..., :d["F"]], both[..., d["F"]:]
     else:
         g, u = _normal(rng, shape, dtype, d.get("scale", 3.0)), _normal(rng, shape, dtype)
