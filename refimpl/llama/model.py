@@ -52,7 +52,6 @@ for the hook to see or replace. Hooks see NumPy arrays and are meant for the Num
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -390,10 +389,10 @@ def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, 
     return local("resid_post", x + m)
 
 
-@functools.lru_cache(maxsize=64)
 def _takes_key_start(decode_blocks) -> bool:
     """Whether a backend's decode_blocks takes the key_start keyword (one written to the form without it is never
-    offered a left-padded batch)."""
+    offered a left-padded batch). Asked at each such step: ~10 us against a step's milliseconds, and no cache
+    keeping a backend's closure alive."""
     try:
         parameters = inspect.signature(decode_blocks).parameters.values()
     except (TypeError, ValueError):
