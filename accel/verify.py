@@ -168,8 +168,9 @@ def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, 
         g = _with_specials(rng, g)  # kernel keeps it tiny (float64 inside), and 0 * inf = nan differs from tiny * inf
         if d["activation"] == "silu":
             u = _with_specials(rng, u, 0.05)
-            # and no g << 0 beside an inf / nan u: below about log(tiny) (-87 in float32) the dtype's
-            # silu(g) = g e^g underflows where the float64 twin's does not, and 0 * inf = nan against tiny * inf = inf is not rounding
+            # and no g << 0 beside an inf / nan u: near log(tiny) (-87 in float32; cut at 0.9 of it) the
+            # dtype's silu(g) = g e^g underflows where the float64 twin's does not, and 0 * inf = nan
+            # against tiny * inf = inf is not rounding
             deep = ~np.isfinite(u) & np.isfinite(g) & (g < 0.9 * np.log(np.finfo(dtype).tiny))
             g[deep] = rng.standard_normal(int(deep.sum())).astype(g.dtype)  # (g is _with_specials' copy)
     label = (f"g, u{shape} |g|~{d.get('scale', 3.0):g} {d['activation']}"
