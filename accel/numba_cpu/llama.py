@@ -51,7 +51,7 @@ from ._launch import LAUNCH_LOCK, kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
 from .ffn import GATE_CODES, gate_row, gate_rows
 from .gpt2 import _linear_rows, _product
-from .matvec import atomic_add, atomic_load, atomic_store, matvec_rows
+from .matvec import STREAM_BLOCK, atomic_add, atomic_load, atomic_store, matvec_rows
 from .norms import _rms_norm_row, _rms_norm_rows, _rms_norm_rows_serial, parallel_or_serial
 from .positional import _rope_rows, _rope_rows_serial
 
@@ -260,7 +260,7 @@ def _decode_block(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, 
 # not a Numba parallel region: compiling the worker inside one cost another 17 s on first use, and
 # the steps ran 5-6% slower.
 
-_CHUNK = 32  # output rows per claim: 74 KB of a 576-wide W^T in float32, so 18 claims for SmolLM's q
+_CHUNK = STREAM_BLOCK  # output rows per claim (32): 74 KB of a 576-wide W^T in float32, so 18 claims for SmolLM's q
 _PAD = 8  # int64 counters 64 bytes apart (one cache line each)
 _CLAIM, _DONE, _OPEN = 0, 4, 8  # + stage: a layer's counters for stages 0-3 (_OPEN + s: stage s may start)
 _COUNTERS = 12 * _PAD  # per layer
