@@ -52,6 +52,7 @@ for the hook to see or replace. Hooks see NumPy arrays and are meant for the Num
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -277,12 +278,23 @@ def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype) -> tuple[np.
     LongRoPE's attention factor (1 otherwise). Angles in float64, rounded once to `dtype`
     (refimpl.positional.apply_rope's Precision note).
     """
-    rope = config.rope.to_dict()
     seq_len = int(np.max(positions)) + 1
-    w = scaled_rope_frequencies(config.rotary_dim, max_position_embeddings=config.max_position_embeddings,
-                                seq_len=seq_len, **rope)
-    a = rope_attention_factor(**rope, max_position_embeddings=config.max_position_embeddings)
+    w, a = _rope_frequencies(config.rope, config.rotary_dim, config.max_position_embeddings,
+                             seq_len if config.rope.rope_type in _LENGTH_DEPENDENT else None)
     return _rope_cos_sin(positions[:, None, :], w, a, dtype)  # [B|1, 1, T, R/2] each
+
+
+_LENGTH_DEPENDENT = ("dynamic", "longrope")  # the rope types whose frequencies read the forward's length
+
+
+@functools.lru_cache(maxsize=32)
+def _rope_frequencies(rope, rotary_dim: int, max_position_embeddings: int, seq_len) -> tuple[np.ndarray, float]:
+    """(w [R/2] float64, read-only; the attention factor a) for a rope config: formed once per config (and per
+    length, for the types that read it), not at every decoding step."""
+    params = rope.to_dict()
+    w = scaled_rope_frequencies(rotary_dim, max_position_embeddings=max_position_embeddings, seq_len=seq_len, **params)
+    w.flags.writeable = False
+    return w, rope_attention_factor(**params, max_position_embeddings=max_position_embeddings)
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int,
