@@ -260,7 +260,7 @@ def _decode_block(x, attn_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, 
 # not a Numba parallel region: compiling the worker inside one cost another 17 s on first use, and
 # the steps ran 5-6% slower.
 
-_CHUNK = STREAM_BLOCK  # output rows per claim (32): 74 KB of a 576-wide W^T in float32, so 18 claims for SmolLM's q
+_CHUNK = STREAM_BLOCK  # output rows per claim (64): 147 KB of a 576-wide W^T in float32, so 9 claims for SmolLM's q
 _PAD = 8  # int64 counters 64 bytes apart (one cache line each)
 _CLAIM, _DONE, _OPEN = 0, 4, 8  # + stage: a layer's counters for stages 0-3 (_OPEN + s: stage s may start)
 _COUNTERS = 12 * _PAD  # per layer
