@@ -97,14 +97,34 @@ def test_atomics_return_and_store_what_they_say():
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="checks x86-64 machine code")
-def test_the_dot_loop_is_vectorised_with_fused_multiply_adds():
-    """matvec_rows' inner loop compiles (with its own fast-math flags, freshly: cached code cannot be
-    inspected) to packed fused multiply-adds, float32 and float64."""
-    fresh = njit(fastmath=mv._FAST)(matvec_rows.py_func)
+@pytest.mark.parametrize("loop", ["_one_row_in_streams", "_rows_in_two_streams", "_rows_one_stream"])
+def test_each_dot_loop_is_vectorised_with_fused_multiply_adds(loop):
+    """Each of matvec_rows' loops compiles (with the module's fast-math flags, freshly: cached code cannot be
+    inspected) to packed fused multiply-adds, float32 and float64. Its rows of wt and x are enough for its
+    whole blocks (so the block loops are the ones compiled and used)."""
+    fresh = njit(fastmath=mv._FAST)(getattr(mv, loop).py_func)
+    rows = 1 if loop == "_one_row_in_streams" else 5
     for dtype in (np.float32, np.float64):
-        x, wt = np.ones((1, 64), dtype), np.ones((3, 64), dtype)
-        fresh(x, wt, np.empty(0, dtype), np.empty((1, 3), dtype), 0, 3)
+        x, wt = np.ones((rows, 64), dtype), np.ones((2 * mv.STREAM_BLOCK + 3, 64), dtype)
+        y = np.zeros((rows, wt.shape[0]), dtype)
+        fresh(x, wt, np.empty(0, dtype), y, 0, wt.shape[0])
+        assert (y == 64).all()
     for sig in fresh.signatures:
         asm = fresh.inspect_asm(sig)
         packed = "vfmadd231ps" if sig[0].dtype.bitwidth == 32 else "vfmadd231pd"
         assert packed in asm or packed.replace("231", "213") in asm or packed.replace("231", "132") in asm, sig
+
+
+def test_a_sub_range_writes_its_rows_only():
+    """matvec_rows(x, wt, b, y, j0, j1) writes exactly y[:, j0:j1], from any j0 (blocks start there), and
+    those entries are the products; every other entry keeps its sentinel."""
+    rng = np.random.default_rng(5)
+    for m in (1, 2, 5):
+        x = rng.standard_normal((m, 33))
+        wt = rng.standard_normal((300, 33))
+        b = rng.standard_normal(300)
+        for j0, j1 in ((5, 133), (0, 64), (64, 300), (17, 18), (250, 250)):
+            y = np.full((m, 300), np.nan)
+            matvec_rows(x, wt, b, y, j0, j1)
+            assert np.isnan(np.delete(y, np.s_[j0:j1], axis=1)).all()
+            np.testing.assert_allclose(y[:, j0:j1], x @ wt[j0:j1].T + b[j0:j1], rtol=1e-12, atol=1e-12)

@@ -343,3 +343,27 @@ def test_cache_reorder_moves_whole_rows(tmp_path_factory):
     cache.reorder([2, 0, 0])
     np.testing.assert_array_equal(cache.k[:, :, :, :4], k[:, [2, 0, 0], :, :4])
     np.testing.assert_array_equal(cache.v[:, :, :, :4], v[:, [2, 0, 0], :, :4])
+
+
+def test_rope_cos_sin_is_the_uncached_formula_at_every_length():
+    """rope_cos_sin keeps one set of frequencies per config and length read (dynamic: max(length, L);
+    longrope: past L0 or not): at lengths on both sides of those thresholds, in an order that would
+    expose a stale entry, it equals the frequencies formed afresh for that length."""
+    from refimpl.llama.config import LlamaConfig
+    from refimpl.llama.model import rope_cos_sin
+    from refimpl.positional import _rope_cos_sin
+    from refimpl.rope_scaling import rope_attention_factor, scaled_rope_frequencies
+    from test_llama_config import CASES as CONFIG_CASES, SHAPES
+
+    for model_type in ("qwen3", "phi3", "llama", "qwen2"):  # dynamic, longrope, llama3, yarn
+        config = LlamaConfig.from_dict({"model_type": model_type, **SHAPES, **CONFIG_CASES[model_type]})
+        rope = config.rope.to_dict()
+        for end in (3, config.max_position_embeddings + 5, 4, 2 * config.max_position_embeddings + 1, 3,
+                    (config.rope.original_max_position_embeddings or 1) + 1):
+            positions = np.arange(end)[None, :]
+            w = scaled_rope_frequencies(config.rotary_dim, max_position_embeddings=config.max_position_embeddings,
+                                        seq_len=end, **rope)
+            a = rope_attention_factor(**rope, max_position_embeddings=config.max_position_embeddings)
+            want = _rope_cos_sin(positions[:, None, :], w, a, np.float64)
+            got = rope_cos_sin(positions, config, np.float64)
+            assert all(np.array_equal(g, e) for g, e in zip(got, want)), (model_type, end)

@@ -1,7 +1,7 @@
 """Products of a few rows with a matrix stored by output rows: y = x W for decoding, W read once.
 
     matvec_rows(x, wt, b, y, j0, j1)  y[r, j] = x[r] . wt[j] (+ b[j]) for j in [j0, j1), every row r
-    matvec(x, wt, b, threads)         all of y: the output rows split evenly over `threads` (one launch)
+    matvec(x, wt, b, threads)         all of y: the output rows split over `threads` at whole blocks (one launch)
     atomic_add(a, i, v) / atomic_load(a, i) / atomic_store(a, i, v)
                                       int64 counters shared by the threads of one parallel region
 
@@ -13,13 +13,14 @@ Why not the BLAS's ?gemv (what blas.matmul_threaded calls for one row): at SmolL
 one large gemv, one thread or two, while this loop (four vector accumulators and fused
 multiply-adds, from LLVM's vectoriser) reads them at about that rate once the products of a
 block share one parallel launch (benchmarks/NOTES.md, "accel.numba_cpu.matvec"). Several rows
-(a short prompt, a small batch) go four at a time against each row of wt, which then feeds four
-sums per load (NOTES, "matvec_rows four rows at a time": against a loop taking x's rows one by one).
-wt's rows go in blocks of STREAM_BLOCK: one row of x (a decoding step) reads four of a block's rows
-together, one from each quarter, and several rows two, one from each half: several streams of
-adjacent rows in flight instead of one, so a core keeps more cache-line fetches outstanding. Over
-a large matrix one row of x ran 1.4x as fast on one core and 1.3x on two, two to eight rows
-1.1-1.3x (NOTES, "matvec_rows in streams"). Rows after the last whole block go one by one.
+(a short prompt, a small batch) go four at a time against the rows of wt, whose loaded elements
+then feed four sums each (NOTES, "matvec_rows four rows at a time": against a loop taking x's rows
+one by one). wt's rows go in blocks of STREAM_BLOCK: one row of x (a decoding step) reads four of
+a block's rows together, one from each quarter, and several rows two, one from each half: several
+streams of adjacent rows in flight instead of one, so a core keeps more cache-line fetches
+outstanding. With 32-row blocks, over a large matrix, one row of x ran 1.4x as fast on one core
+and 1.3x on two, two to eight rows 1.1-1.3x; 64-row blocks then made a decoding step 2-8% faster
+still (NOTES, "matvec_rows in streams"). Rows after the last whole block go one by one.
 
 How it differs from refimpl.linear (NumPy's BLAS): the order of each dot's sum. The loop is
 compiled with fastmath "reassoc" and "contract" only (NaN and inf propagate as IEEE, no flush to
@@ -273,7 +274,7 @@ def matvec(x, wt, b, threads):  # [B, in], [out, in], [out] or empty -> [B, out]
     if x.shape[1] != wt.shape[1] or (b.shape[0] != 0 and b.shape[0] != wt.shape[0]):
         raise ValueError("matvec: shapes do not match")
     y = np.empty((x.shape[0], wt.shape[0]), dtype=x.dtype)
-    if threads > 1 and wt.shape[0] >= 2 * threads:
+    if threads > 1 and wt.shape[0] > STREAM_BLOCK:  # (at least two blocks to split)
         _matvec_parallel(x, wt, b, y, threads)
     else:
         matvec_rows(x, wt, b, y, 0, wt.shape[0])

@@ -278,19 +278,27 @@ def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype) -> tuple[np.
     LongRoPE's attention factor (1 otherwise). Angles in float64, rounded once to `dtype`
     (refimpl.positional.apply_rope's Precision note).
     """
-    seq_len = int(np.max(positions)) + 1
-    w, a = _rope_frequencies(config.rope, config.rotary_dim, config.max_position_embeddings,
-                             seq_len if config.rope.rope_type in _LENGTH_DEPENDENT else None)
+    seq_len = _length_read(config.rope, config.max_position_embeddings, int(np.max(positions)) + 1)
+    w, a = _rope_frequencies(config.rope, config.rotary_dim, config.max_position_embeddings, seq_len)
     return _rope_cos_sin(positions[:, None, :], w, a, dtype)  # [B|1, 1, T, R/2] each
 
 
-_LENGTH_DEPENDENT = ("dynamic", "longrope")  # the rope types whose frequencies read the forward's length
+def _length_read(rope, max_position_embeddings: int, seq_len: int) -> int | None:
+    """The forward's length as the frequencies read it (refimpl.rope_scaling), so that equal frequencies
+    share one key: dynamic reads max(length, L); longrope only whether the length passes its
+    original_max_position_embeddings L0 (any length past it gives L0 + 1, any other none); the rest nothing."""
+    if rope.rope_type == "dynamic":
+        return max(seq_len, max_position_embeddings)
+    if rope.rope_type == "longrope":
+        L0 = rope.original_max_position_embeddings
+        return L0 + 1 if seq_len > L0 else None
+    return None
 
 
 @functools.lru_cache(maxsize=32)
 def _rope_frequencies(rope, rotary_dim: int, max_position_embeddings: int, seq_len) -> tuple[np.ndarray, float]:
-    """(w [R/2] float64, read-only; the attention factor a) for a rope config: formed once per config (and per
-    length, for the types that read it), not at every decoding step."""
+    """(w [R/2] float64, read-only; the attention factor a) for a rope config and the length it reads: formed
+    once, not at every decoding step."""
     params = rope.to_dict()
     w = scaled_rope_frequencies(rotary_dim, max_position_embeddings=max_position_embeddings, seq_len=seq_len, **params)
     w.flags.writeable = False
