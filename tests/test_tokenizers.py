@@ -752,6 +752,19 @@ def test_mutated_json_files_load_or_give_our_error(data, tmp_path_factory):
         assert "is not in the vocabulary" in str(e)
 
 
+@pytest.mark.parametrize("piece", [{"SpecialToken": None}, {"SpecialToken": {"id": ["<s>"], "type_id": 0}},
+                                   {"SpecialToken": {"id": "<nope>", "type_id": 0}}, {"SpecialToken": []}])
+def test_a_malformed_template_special_token_is_our_error(piece, tmp_path):
+    """A TemplateProcessing piece whose SpecialToken is not {"id": a name in special_tokens} is named in
+    TokenizerFileError (found by the mutation test above: a list id, a null SpecialToken)."""
+    doc = llama2_tokenizer_json(["<unk>", "<s>", "</s>", "a", "b", "ab", "▁", "▁ab"], [(3, 4), (6, 5)])
+    doc["post_processor"]["single"][0] = piece
+    file = tmp_path / "tok.json"
+    file.write_text(json.dumps(doc))
+    with pytest.raises(TokenizerFileError, match="post_processor"):
+        load(file)
+
+
 @settings(max_examples=300)
 @given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4), cut=st.integers(0, 10**6))
 def test_mutated_sentencepiece_model_loads_or_gives_our_error(edits, cut, tmp_path_factory):

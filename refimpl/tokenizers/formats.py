@@ -459,11 +459,16 @@ def _template_ends(where, post) -> tuple[int | None, int | None]:
         if not isinstance(single, list) or not isinstance(table, dict):
             raise TokenizerFileError(f"{where}: post_processor TemplateProcessing needs 'single' and 'special_tokens'")
 
-        def id_of(item) -> int | None:
-            name = item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
-            ids = table.get(name, {}).get("ids") if isinstance(table.get(name), dict) else None
-            if name is None:
+        def id_of(item) -> int | None:  # a SpecialToken piece's id; None for a sequence ($A) or another piece
+            if not (isinstance(item, dict) and "SpecialToken" in item):
                 return None
+            special = item["SpecialToken"]
+            name = special.get("id") if isinstance(special, dict) else None
+            if not isinstance(name, str):
+                raise TokenizerFileError(f"{where}: post_processor SpecialToken needs a string 'id'; "
+                                         f"got {special!r:.60}")
+            entry = table.get(name)
+            ids = entry.get("ids") if isinstance(entry, dict) else None
             if not (isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], int)):
                 raise TokenizerFileError(f"{where}: post_processor special token {name!r:.40} needs one integer id")
             return ids[0]
