@@ -119,13 +119,7 @@ def _one_row_in_streams(x, wt, b, y, j0, j1):  # matvec_rows for one row of x
                 s0, s1, s2, s3 = s0 + b[a], s1 + b[a + q], s2 + b[a + 2 * q], s3 + b[a + 3 * q]
             y[0, a], y[0, a + q], y[0, a + 2 * q], y[0, a + 3 * q] = s0, s1, s2, s3
         j += STREAM_BLOCK
-    for a in range(j, j1):  # the rows after the last whole block
-        s0 = zero
-        for i in range(n):
-            s0 += wt[a, i] * x[0, i]
-        if b.shape[0]:
-            s0 = s0 + b[a]
-        y[0, a] = s0
+    _rows_one_stream(x, wt, b, y, j, j1)  # the rows after the last whole block
 
 
 @njit(cache=True, fastmath=_FAST)
