@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 __all__ = ["NotARegularFileError", "check_regular_file", "open_regular", "read_regular_bytes",
-           "read_regular_text", "write_bytes_atomic", "write_text_atomic", "write_files_together",
+           "read_regular_text", "write_bytes_atomic", "write_text_atomic", "open_atomic",
+           "write_files_together",
            "exchange_paths", "fsync_dir", "replace_folder", "check_replaceable_folder",
            "FolderNotReplaceableError"]
 
@@ -137,6 +138,26 @@ def write_bytes_atomic(path, data: bytes, *, mode: int = 0o644, fsync: bool = Tr
 def write_text_atomic(path, text: str, *, encoding: str = "utf-8", **kw) -> Path:
     """`write_bytes_atomic` for text (UTF-8 by default)."""
     return write_bytes_atomic(path, text.encode(encoding), **kw)
+
+
+@contextmanager
+def open_atomic(path, *, mode: int = 0o644, fsync: bool = True):
+    """`write_bytes_atomic` for data written in pieces: yields a binary file (a new temporary file
+    beside `path`) that is fsynced and renamed over `path` when the block ends without an exception,
+    and deleted otherwise, so a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 @contextmanager
