@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GGMLType", "GGML_TYPES", "ggml_type", "row_nbytes", "QK_K"]
+__all__ = ["GGMLType", "GGML_TYPES", "ggml_type", "row_nbytes", "QK_K", "dequantize", "DEQUANTIZERS"]
 
 QK_K = 256  # values in one super-block of the k-quants and the 256-value i-quants
 
@@ -93,3 +93,7 @@ def row_nbytes(t, n: int) -> int:
     if n < 0 or n % gt.values_per_block:
         raise ValueError(f"a row of {gt.name} holds whole blocks of {gt.values_per_block} values; got a row of {n}")
     return n // gt.values_per_block * gt.bytes_per_block
+
+
+# The formats' math lives in submodules that import the table above, hence imported last.
+from .dequant import DEQUANTIZERS, dequantize  # noqa: E402
