@@ -93,7 +93,7 @@ _STRUCT = {t: struct.Struct("<" + c) for t, c in zip(_NUMERIC, "BbHhIif?Qqd")}
 # The fewest bytes one value of each type takes in the file (a string: its length; an array: its
 # element type and count), the bound every count is checked against.
 _MIN_BYTES = {**{t: dt.itemsize for t, dt in _NUMERIC.items()}, _T.STRING: 8, _T.ARRAY: 12}
-_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+_U32, _U64, _TYPE_COUNT = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<IQ")
 
 
 def _type_name(t: int) -> str:
@@ -251,10 +251,29 @@ class _Cursor:
             return bool(v)
         return v
 
+    def strings(self, n: int, what: str) -> list[str]:
+        """n strings (a vocabulary: the one loop that runs 10^5 times, so messages are made only on failure)."""
+        out = []
+        unpack = _U64.unpack_from
+        for i in range(n):
+            if self.at + 8 > len(self.buf):
+                self.need(8, f"the length of {what} element {i}")
+            (k,) = unpack(self.buf, self.at)
+            if self.at + 8 + k > len(self.buf):
+                self.need(8 + k, f"{what} element {i} (its length and {k:,} bytes)")
+            raw = self.buf[self.at + 8:self.at + 8 + k]
+            self.at += 8 + k
+            try:
+                out.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                self.at -= 8 + k
+                self.string(f"{what} element {i}")  # (raises, naming the element)
+        return out
+
     def leaf_array(self, t: int, n: int, what: str) -> np.ndarray | list[str]:
         """n elements of the non-array type t (n already checked against the bytes left)."""
         if t == _T.STRING:
-            return [self.string(f"{what} element {i}") for i in range(n)]
+            return self.strings(n, what)
         dt = _NUMERIC[t]
         raw = self.take(n * dt.itemsize, f"{what} ({n:,} x {_T(t).name})")
         if t == _T.BOOL:
@@ -269,18 +288,22 @@ class _Cursor:
         stack: list[tuple[list, int]] = []
         outer = None
         while True:
-            at = what if not stack else f"{what} (nested {len(stack)} deep)"
-            t = self.value_type(f"the elements of {at}")
-            n = self.unpack(_U64, f"the element count of {at}")
-            if n > self.left() // _MIN_BYTES[t]:
-                raise self.fail(f"{at} declares {n:,} elements of {_T(t).name} (at least {_MIN_BYTES[t]} bytes "
-                                f"each), but only {self.left():,} bytes are left in the file")
+            if self.size - self.pos < 12 or self.at + 12 > len(self.buf):  # (messages made only on failure)
+                self.need(12, f"the element type and count of {self.where(what, stack)}")
+            t, n = _TYPE_COUNT.unpack_from(self.buf, self.at)
+            self.at += 12
+            if t not in _MIN_BYTES:
+                raise self.fail(f"the elements of {self.where(what, stack)} have unknown value type {t}; known: "
+                                + ", ".join(f"{x.name} ({x.value})" for x in _T))
+            if n > (self.size - self.pos) // _MIN_BYTES[t]:
+                raise self.fail(f"{self.where(what, stack)} declares {n:,} elements of {_T(t).name} (at least "
+                                f"{_MIN_BYTES[t]} bytes each), but only {self.left():,} bytes are left in the file")
             if outer is None:
-                outer = t
+                outer = _T(t)
             if t == _T.ARRAY and n:
                 stack.append(([], n))
                 continue
-            value = [] if t == _T.ARRAY else self.leaf_array(t, n, at)
+            value = [] if t == _T.ARRAY else self.leaf_array(t, n, self.where(what, stack))
             while stack:  # attach the finished value to its parent, closing full parents
                 items, count = stack[-1]
                 items.append(value)
@@ -290,6 +313,10 @@ class _Cursor:
                 value = items
             if not stack:
                 return value, outer
+
+    @staticmethod
+    def where(what: str, stack: list) -> str:
+        return f"{what} (nested {len(stack)} deep)" if stack else what
 
 
 def read_gguf(path) -> GGUFFile:
