@@ -19,7 +19,11 @@ nbytes = row_nbytes(type, ne[0]) * ne[1] * ne[2] * ne[3].
 
     read_gguf(path) -> GGUFFile(path, version, metadata, tensors, alignment, ...)
     GGUFFile.tensor_bytes(name) -> the tensor's raw bytes (a read-only memmap)
+    GGUFFile.typed_metadata()     -> the metadata as GGUFValue(type, value), for writing it back
     write_gguf(path, metadata, tensors)       a version 3 file, written atomically
+
+A file read and written back (typed_metadata, tensors as (type, shape, tensor_bytes)) is the
+same file byte for byte when it was written as llama.cpp's gguf-py writes (both real files are).
 
 Reading checks every rule and refuses a file that breaks one with a GGUFError naming the file
 and the key or tensor at fault: versions 2 and 3 only (version 1 had 32-bit counts), known value
@@ -156,6 +160,12 @@ class GGUFFile:
                 out.flags.writeable = False
                 return out
             return np.memmap(f, dtype=np.uint8, mode="r", offset=t.offset, shape=(t.nbytes,))
+
+    def typed_metadata(self) -> dict[str, object]:
+        """The metadata with each value's stored type attached (GGUFValue), so that write_gguf writes
+        every value back in the type it had (arrays of arrays keep their inner arrays' dtypes)."""
+        return {k: GGUFValue(t[-1], v) if t[-1] != GGUFValueType.ARRAY else v
+                for (k, v), t in zip(self.metadata.items(), self.metadata_types.values())}
 
     def summary(self) -> str:
         """One line: version, architecture, tensor counts per type, metadata key count."""
