@@ -145,8 +145,8 @@ class GGUFFile:
         """The raw bytes of tensor `name`: a read-only memory map of the file (nothing is copied)."""
         t = self.tensors.get(name)
         if t is None:
-            raise GGUFError(f"{self.path}: no tensor {name!r} (it has {len(self.tensors)}: "
-                            f"{', '.join(list(self.tensors)[:3])}, ...)")
+            some = ", ".join(repr(n) for n in list(self.tensors)[:3]) + (", ..." if len(self.tensors) > 3 else "")
+            raise GGUFError(f"{self.path}: no tensor {name!r} (it has {len(self.tensors)}: {some})")
         f = _open(self.path)
         with f:
             size = os.fstat(f.fileno()).st_size
@@ -164,8 +164,11 @@ class GGUFFile:
     def typed_metadata(self) -> dict[str, object]:
         """The metadata with each value's stored type attached (GGUFValue), so that write_gguf writes
         every value back in the type it had (arrays of arrays keep their inner arrays' dtypes)."""
-        return {k: GGUFValue(t[-1], v) if t[-1] != GGUFValueType.ARRAY else v
-                for (k, v), t in zip(self.metadata.items(), self.metadata_types.values())}
+        out = {}
+        for k, v in self.metadata.items():
+            t = self.metadata_types.get(k, (_T.ARRAY,))
+            out[k] = v if t[-1] == _T.ARRAY else GGUFValue(t[-1], v)
+        return out
 
     def summary(self) -> str:
         """One line: version, architecture, tensor counts per type, metadata key count."""

