@@ -34,7 +34,8 @@ def pytest_configure(config):
         import importlib
 
         missing = []
-        for mod in ("torch", "transformers", "tiktoken", "safetensors", "numba", "tokenizers", "sentencepiece"):
+        for mod in ("torch", "transformers", "tiktoken", "safetensors", "numba", "tokenizers", "sentencepiece",
+                    "gguf"):
             try:
                 importlib.import_module(mod)
             except ImportError as e:  # pragma: no cover - only on a broken CI set-up
