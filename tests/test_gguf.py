@@ -478,8 +478,9 @@ _BAD_FILES = [
 
 @pytest.mark.parametrize("data, match", _BAD_FILES, ids=[m[:50] for _, m in _BAD_FILES])
 def test_messages_name_what_is_wrong(data, match):
-    with pytest.raises(GGUFError, match=match):
+    with pytest.raises(GGUFError, match=match) as e:
         _read_bytes(data)
+    assert str(e.value).startswith(tempfile.gettempdir()) and "f.gguf: " in str(e.value)  # the file, first
 
 
 def test_what_the_rules_allow_is_read(tmp_path):
