@@ -505,9 +505,10 @@ def _infer(v, key: str) -> tuple[GGUFValueType, object]:
         kinds = {_kind(x) for x in v}
         if not v or kinds == {"int"}:
             return _T.ARRAY, (_int_type(v, key) if v else _T.INT32, v)
-        if len(kinds) == 1:
+        if len(kinds) == 1 and next(iter(kinds)) in _LIST_TYPES:
             return _T.ARRAY, (_LIST_TYPES[kinds.pop()], v)
-        raise GGUFError(f"metadata {key!r}: an array's elements must be of one kind; got {sorted(kinds)}")
+        raise GGUFError(f"metadata {key!r}: an array's elements must be all bools, ints, floats, strs or "
+                        f"arrays; got {', '.join(sorted(kinds))}")
     raise GGUFError(f"metadata {key!r}: a {type(v).__name__} has no GGUF type (bool, int, float, str, "
                     "1-D arrays, lists, GGUFValue)")
 
@@ -613,7 +614,7 @@ def _tensor_entry(name: str, t) -> tuple[int, tuple[int, ...], np.ndarray]:
             gt = ggml_type(t[0])
         except ValueError as e:
             raise GGUFError(f"tensor {name!r}: {e}") from None
-        shape = tuple(t[1])
+        shape = tuple(t[1]) if isinstance(t[1], (tuple, list, np.ndarray)) else (t[1],)
         raw = t[2]
         raw = np.frombuffer(raw, np.uint8) if isinstance(raw, (bytes, bytearray, memoryview)) else np.asarray(raw)
         if raw.dtype != np.uint8:
