@@ -476,9 +476,9 @@ def _infer(v, key: str) -> tuple[GGUFValueType, object]:
     """(type, value) of a Python / NumPy value: for arrays (ARRAY, (element type, elements))."""
     if isinstance(v, GGUFValue):
         t = _value_type(v.type)
+        if t == _T.ARRAY:
+            raise GGUFError(f"metadata {key!r}: GGUFValue takes a scalar's type or an array's element type, not ARRAY")
         if isinstance(v.value, (list, tuple, np.ndarray)):
-            if t == _T.ARRAY:
-                raise GGUFError(f"metadata {key!r}: give the element type of an array, not ARRAY")
             return _T.ARRAY, (t, list(v.value) if t == _T.STRING else v.value)
         return t, v.value
     if isinstance(v, (bool, np.bool_)):
