@@ -51,7 +51,15 @@ def dynamic_ntk_frequencies(d, *, rope_theta=10000.0, factor, max_position_embed
     d = check_positive_int(d, "d")
     if d <= 2:
         raise ValueError(f"dynamic NTK scaling needs d > 2 (its exponent is d / (d - 2)); got d={d}")
-    theta = float(rope_theta) * (factor * s / L - (factor - 1)) ** (d / (d - 2))
+    base = factor * s / L - (factor - 1)  # (as Hugging Face forms it: 1 at s = L only while factor is exact)
+    try:
+        theta = float(rope_theta) * base ** (d / (d - 2)) if base > 0 else 0.0
+    except OverflowError:
+        theta = math.inf
+    if not (0 < theta < math.inf):
+        raise ValueError(f"dynamic NTK scaling with factor={factor!r}, rope_theta={rope_theta!r} gives the base "
+                         f"theta (factor s / L - (factor - 1))^(d / (d - 2)) = {theta!r} at s={s}, L={L}: the factor "
+                         "is too large for float64 to hold factor - 1 apart from factor s / L (or theta overflows)")
     return rope_frequencies(d, theta=theta)
 
 
@@ -86,12 +94,19 @@ def yarn_ramp(d, *, rope_theta=10000.0, original_max_position_embeddings, beta_f
     """
     d = check_positive_int(d, "d")
     L = check_positive_int(original_max_position_embeddings, "original_max_position_embeddings")
+    if not (is_real(rope_theta) and 1 < rope_theta < math.inf):
+        raise ValueError(f"yarn needs rope_theta > 1 and finite (its ramp divides by ln theta: the frequencies "
+                         f"theta^(-2i/d) must fall with i); got {rope_theta!r}")
     log_theta = 2 * math.log(float(rope_theta))
 
-    def dim_turning(n):
-        return d * math.log(L / (n * 2 * math.pi)) / log_theta
+    def dim_turning(n, name):
+        turns = L / (n * 2 * math.pi) if is_real(n) and 0 < n < math.inf else math.nan
+        if not 0 < turns < math.inf:
+            raise ValueError(f"yarn {name} must be a positive number whose L / (2 pi {name}) is finite and > 0 "
+                             f"(L = original_max_position_embeddings = {L}); got {n!r}")
+        return d * math.log(turns) / log_theta
 
-    lo, hi = dim_turning(float(beta_fast)), dim_turning(float(beta_slow))
+    lo, hi = dim_turning(beta_fast, "beta_fast"), dim_turning(beta_slow, "beta_slow")
     if truncate:
         lo, hi = math.floor(lo), math.ceil(hi)
     lo, hi = max(lo, 0), min(hi, d - 1)
@@ -150,7 +165,12 @@ def rope_attention_factor(rope_type="default", *, factor=None, attention_factor=
         factor = max_position_embeddings / L
     if rope_type == "yarn":
         return m(factor, mscale) / m(factor, mscale_all_dim) if mscale and mscale_all_dim else m(factor)
-    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(L))
+    if factor <= 1:
+        return 1.0
+    if L <= 1:
+        raise ValueError(f"longrope's attention factor sqrt(1 + ln(factor) / ln(L)) needs "
+                         f"original_max_position_embeddings L > 1; got {L!r} (or give attention_factor)")
+    return math.sqrt(1 + math.log(factor) / math.log(L))
 
 
 def scaled_rope_frequencies(d, *, rope_type="default", rope_theta=10000.0, max_position_embeddings=None,

@@ -144,6 +144,15 @@ def test_frequencies_and_attention_factor_equal_hugging_faces(config_class, rope
     (lambda: longrope_frequencies(8, short_factor=[1.0], long_factor=[1.0], original_max_position_embeddings=64),
      "short_factor must hold d/2 = 4 positive numbers"),
     (lambda: dynamic_ntk_frequencies(2, factor=2.0, max_position_embeddings=64), "needs d > 2"),
+    # parameters that give no finite frequencies name themselves (they raised ZeroDivisionError, "math domain
+    # error", or "theta must be finite and > 0; got 0.0" from inside)
+    (lambda: dynamic_ntk_frequencies(8, factor=1e17, max_position_embeddings=64),
+     "dynamic NTK scaling with factor=1e+17, rope_theta=10000.0 gives the base theta"),
+    (lambda: yarn_ramp(8, rope_theta=1.0, original_max_position_embeddings=64), "yarn needs rope_theta > 1"),
+    (lambda: yarn_ramp(8, original_max_position_embeddings=64, beta_fast=1e308), "yarn beta_fast must be a positive"),
+    (lambda: yarn_ramp(8, original_max_position_embeddings=64, beta_slow=0.0), "yarn beta_slow must be a positive"),
+    (lambda: rope_attention_factor("longrope", factor=4.0, original_max_position_embeddings=1),
+     "needs original_max_position_embeddings L > 1; got 1"),
     (lambda: scaled_rope_frequencies(8, rope_type="su"), "rope_type must be one of"),
     (lambda: scaled_rope_frequencies(8, rope_type="linear", factor=2.0, fctor=3.0), "unknown rope parameter(s) ['fctor']"),
     (lambda: rope_attention_factor("yarn", factor=2.0, betafast=3), "unknown rope parameter(s) ['betafast']"),
