@@ -236,6 +236,38 @@ def test_decode_step_equals_the_numpy_backend(case):
     assert calls == [None, 2, 3, 4] and cache.length == T and err <= 1e-5 and d_cache < 1e-5
 
 
+def test_interleaved_rope_pairs_on_the_gpu_ops_and_in_decode_step():
+    """rope_interleaved: the ops' rope (the forward op by op) and decode_step (the graph's launches) turn the pairs
+    (2i, 2i+1) as the NumPy backend does; with the other pairing the logits would move far more than the tolerance."""
+    from accel.cupy.llama import eager_decode_blocks, make_ops
+
+    half = tiny_model("llama")
+    model = dataclasses.replace(half, config=dataclasses.replace(half.config, rope_interleaved=True))
+    ids = ids_of((2, T), seed=9)
+    ref = logits(model, ids)
+    assert rel(logits(half, ids), ref) > 1e-3
+    calls = []
+    step = eager_decode_blocks(step_kernels(), np)
+
+    def decode_blocks(x, params, config, cache, ops, positions):
+        out = step(x, params, config, cache, ops, positions)
+        calls.append(out is not None)
+        return out
+
+    ops = make_ops("cuda-sim-step", np, sim_kernels(), decode_blocks=decode_blocks)
+    dev = ops.prepare(model.params)
+    cache = KVCache.allocate(model.config, 2, max_len=T, zeros=ops.zeros)
+    with nc.launch_config(**SIM):
+        full = logits(model, ids, backend=ops)
+        steps = [forward(dev, model.config, ids[:, :2], cache=cache, ops=ops)]
+        steps += [forward(dev, model.config, ids[:, t:t + 1], cache=cache, ops=ops) for t in range(2, T)]
+    assert calls == [False, True, True, True]  # (the 2-token prompt runs op by op, then one step per token)
+    for what, z in (("logits", full), ("decode_step", np.concatenate(steps, axis=1))):
+        err = rel(z, ref)
+        DIFFS.show(f"llama rope_interleaved {what} (simulated kernels) vs numpy", max_rel=err, tol=1e-5)
+        assert err <= 1e-5
+
+
 def test_decode_step_declines_what_it_does_not_cover():
     """accel.cupy.llama._step_applies (the cuda backend's test before its graph step), over NumPy arrays: our
     device weights and a [L, B, K, S, D] float cache take the step; host weights, float16, T = 2, a misshaped or

@@ -125,6 +125,29 @@ def test_cached_decoding_takes_the_fused_step_and_equals_the_full_forward(case, 
     assert rel(c_fused.k, c_per_op.k) <= tol and rel(c_fused.v, c_per_op.v) <= tol
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_interleaved_rope_pairs_run_op_by_op_and_equal_numpy(dtype, tmp_path_factory):
+    """A rope_interleaved config: the compiled blocks (which turn half-split pairs) decline every step, and the
+    per-operation path, whose rope turns the pairs (2i, 2i+1), gives numpy's logits, full and cached."""
+    _, config, params = pair("llama", tmp_path_factory, dtype=dtype)
+    config = dataclasses.replace(config, rope_interleaved=True)
+    ids = rand_ids((2, T), seed=2)
+    full = forward(params, config, ids)
+    assert rel(full, forward(params, dataclasses.replace(config, rope_interleaved=False), ids)) > 1e-3  # (it matters)
+    counting = Counting()
+    ops = dataclasses.replace(OPS, decode_blocks=counting)
+    out = forward(params, config, ids, ops=ops)
+    cache = KVCache.allocate(config, 2, max_len=T, dtype=dtype)
+    steps = [forward(params, config, ids[:, :1], cache=cache, ops=ops)]
+    steps += [forward(params, config, ids[:, t:t + 1], cache=cache, ops=ops) for t in range(1, T)]
+    assert counting.ran == 0 and counting.declined == T
+    tol = logit_tolerance(config, dtype)
+    for what, z in (("logits", out), ("cached decoding", np.concatenate(steps, axis=1))):
+        err = rel(z, full)
+        DIFFS.show(f"llama rope_interleaved {np.dtype(dtype).name} {what} vs numpy", max_rel=err, tol=tol)
+        assert err <= tol
+
+
 def c_ordered(params):
     """params with every block's matrices as C-contiguous [in, out] copies (not HF's layout): the per-block
     path (_decode_block, products on the threaded BLAS) instead of the shared step."""
@@ -360,17 +383,17 @@ def test_fused_step_declines_what_it_does_not_cover(tmp_path_factory):
 
 @settings(max_examples=30)
 @given(B=dims(1, 3), n=dims(1, 4), T_=dims(1, 6), half=dims(1, 6), extra=st.sampled_from([0, 2, 6]),
-       per_row=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
-def test_ops_rope_is_refimpls_rotation_bit_for_bit(B, n, T_, half, extra, per_row, dtype, seed):
-    """OPS.rope on the forward's table (half-split, rotary dims R = 2 half of D = R + extra) is the twin's arithmetic."""
+       per_row=st.booleans(), interleaved=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
+def test_ops_rope_is_refimpls_rotation_bit_for_bit(B, n, T_, half, extra, per_row, interleaved, dtype, seed):
+    """OPS.rope on the forward's table (either pairing, rotary dims R = 2 half of D = R + extra) is the twin's arithmetic."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, n, T_, 2 * half + extra)).astype(dtype)
     x = x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)  # a strided view, as the forward's heads are
     angles = rng.uniform(0, 1000, ((B if per_row else 1), 1, T_, half))
     cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
-    out = OPS.rope(x, cos, sin)
+    out = OPS.rope(x, cos, sin, interleaved=interleaved)
     assert out.dtype == x.dtype
-    np.testing.assert_array_equal(out, _rope_rotate(x, cos, sin, False))
+    np.testing.assert_array_equal(out, _rope_rotate(x, cos, sin, interleaved))
 
 
 @settings(max_examples=30)

@@ -185,3 +185,181 @@ def test_an_explicit_null_means_none_as_in_hugging_face(model_type, nulls):
     ours = LlamaConfig.from_dict(d)
     assert all(getattr(ours, k) is None for k in nulls)
     assert_agrees(ours, hf_config(model_type, **SHAPES_96, **nulls))
+
+
+# ----------------------------------------------------------------------------- published config.json files
+
+# As published (config.json of HuggingFaceTB/SmolLM2-135M-Instruct and Qwen/Qwen2.5-0.5B), keys and values.
+SMOLLM2_135M_INSTRUCT = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+    "intermediate_size": 1536, "is_llama_config": True, "max_position_embeddings": 8192, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+    "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None,
+    "rope_theta": 100000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}},
+    "transformers_version": "4.42.3", "use_cache": True, "vocab_size": 49152,
+}
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+    "use_cache": True, "use_mrope": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+# transformers' GGUF conversion, saved with save_pretrained, adds these to SmolLM2's.
+GGUF_CONVERTED = {"_model_name_or_path": "SmolLM2-135M-Instruct.Q4_1.gguf", "unk_token_id": 0}
+
+
+@pytest.mark.parametrize("published", [SMOLLM2_135M_INSTRUCT, {**SMOLLM2_135M_INSTRUCT, **GGUF_CONVERTED}, QWEN25_05B],
+                         ids=["SmolLM2-135M-Instruct", "SmolLM2 GGUF-converted", "Qwen2.5-0.5B"])
+def test_published_config_files_read_as_hugging_face_reads_them(published):
+    ours = LlamaConfig.from_dict(published)
+    assert_agrees(ours, hf_config(published["model_type"], **{k: v for k, v in published.items() if k != "model_type"}))
+    assert ours.rope_interleaved is False and ours.sliding_window is None
+    assert LlamaConfig.from_dict(ours.to_dict()) == ours
+
+
+def test_rope_interleaved_true_is_kept_and_written_back():
+    ours = LlamaConfig.from_dict({**SMOLLM2_135M_INSTRUCT, "rope_interleaved": True})
+    assert ours.rope_interleaved is True
+    written = ours.to_dict()
+    assert written["rope_interleaved"] is True and "rope_interleaved" not in LlamaConfig.from_dict(
+        SMOLLM2_135M_INSTRUCT).to_dict()  # (the default pairing is not written: Hugging Face's classes lack the key)
+    assert LlamaConfig.from_dict(written) == ours
+    assert LlamaConfig.from_dict(hf_config("llama", **{k: v for k, v in written.items() if k != "model_type"})
+                                 .to_dict()) == ours
+
+
+@pytest.mark.parametrize("pattern, layer_types", [
+    (2, None),  # Gemma-2's derived layers, (i + 1) % 2 == 0 full: what the pattern says
+    (3, ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]),
+    (6, ["sliding_attention"] * 5),  # (the sixth layer would be the first full one)
+])
+def test_a_sliding_window_pattern_that_agrees_with_the_layers_is_accepted(pattern, layer_types):
+    d = {"model_type": "gemma2", **SHAPES, **CASES["gemma2"], "_sliding_window_pattern": pattern}
+    if layer_types is not None:
+        d["layer_types"] = layer_types
+    ours = LlamaConfig.from_dict(d)
+    without = LlamaConfig.from_dict({k: v for k, v in d.items() if k != "_sliding_window_pattern"})
+    assert ours == without
+    assert_agrees(ours, hf_config("gemma2", **{k: v for k, v in d.items() if k != "model_type"}))
+
+
+@pytest.mark.parametrize("model_type, change, message", [
+    # keys published configs carry, at a value the math here does not assume
+    ("llama", {"rope_interleaved": "false"}, "rope_interleaved must be True or False; got str 'false'"),
+    ("qwen2", {"use_mrope": True}, "use_mrope=true (multimodal RoPE"),
+    ("qwen2", {"use_mrope": "false"}, "use_mrope must be True or False"),
+    ("mistral", {"use_mrope": False}, "does not implement: ['use_mrope']"),  # (a Qwen2 key)
+    ("gemma2", {"_sliding_window_pattern": 6}, "_sliding_window_pattern 6 makes the layer types ['sliding_attention', "
+     "'sliding_attention', 'sliding_attention', 'sliding_attention', 'sliding_attention'], which disagree with "
+     "layer_types ['sliding_attention', 'full_attention', 'sliding_attention', 'full_attention', 'sliding_attention'] "
+     "(derived as Hugging Face derives them when absent)"),
+    ("gemma2", {"_sliding_window_pattern": 2, "layer_types": ["full_attention"] * 5}, "disagree with layer_types "
+     "['full_attention', 'full_attention'"),
+    ("gemma2", {"_sliding_window_pattern": 0}, "_sliding_window_pattern must be > 0"),
+    ("llama", {"_sliding_window_pattern": 2}, "does not implement: ['_sliding_window_pattern']"),
+    ("llama", {"pretraining_tp": 0}, "pretraining_tp must be > 0"),
+    ("llama", {"is_llama_config": "yes"}, "is_llama_config must be True or False"),
+    ("llama", {"unk_token_id": -1}, "unk_token_id must be >= 0"),
+    # booleans are true or false, never a truthy value
+    ("qwen2", {"use_sliding_window": "yes", "sliding_window": 4}, "use_sliding_window must be True or False; got str"),
+    ("qwen3", {"use_sliding_window": 1}, "use_sliding_window must be True or False; got int 1"),
+    ("gemma", {"use_bidirectional_attention": "no"}, "use_bidirectional_attention must be True or False"),
+    ("llama", {"tie_word_embeddings": "true"}, "tie_word_embeddings must be True or False"),
+    ("llama", {"attention_bias": 0}, "attention_bias must be True or False"),
+    ("llama", {"mlp_bias": None, "attention_bias": []}, "attention_bias must be True or False"),
+    # strings are strings
+    ("llama", {"model_type": ["llama"]}, "model_type ['llama'] is not one of"),
+    ("llama", {"rope_parameters": {"rope_type": ["linear"], "factor": 2.0}},
+     "rope_type must be a string, one of ['default', 'dynamic', 'linear', 'llama3', 'longrope', 'yarn']; got ['linear']"),
+    ("llama", {"rope_scaling": {"type": {"linear": 1}, "factor": 2.0}}, "config type must be a string, one of"),
+    ("llama", {"hidden_act": ["silu"]}, "hidden_act ['silu'] is not implemented"),
+    # integers are integers (the type error is a ValueError naming the field, as every other refusal here)
+    ("llama", {"num_hidden_layers": "5"}, "num_hidden_layers must be an integer; got str '5'"),
+    ("llama", {"max_position_embeddings": 2048.0}, "max_position_embeddings must be an integer; got float"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32.5}},
+     "original_max_position_embeddings must be an integer"),
+    ("qwen2", {"max_window_layers": True}, "max_window_layers must be an integer; got bool"),
+])
+def test_published_keys_and_types_are_refused_by_name(model_type, change, message):
+    with pytest.raises(ValueError) as e:
+        LlamaConfig.from_dict({"model_type": model_type, **SHAPES, "num_key_value_heads": 2, **change})
+    assert message in str(e.value)
+
+
+# ----------------------------------------------------------------------------- RoPE that cannot give a finite model
+
+ROPE_REFUSED = [
+    # (model_type, rope parameters, what the message names), the first seven failing only when run before
+    ("qwen2", dict(rope_type="yarn", factor=4.0, rope_theta=1.0, original_max_position_embeddings=32),
+     "yarn needs rope_theta > 1"),  # (ZeroDivisionError when run: the ramp divides by ln theta)
+    ("phi3", dict(rope_type="longrope", short_factor=[1.0, 1.0], long_factor=[2.0, 2.0],
+                  original_max_position_embeddings=1),
+     "needs original_max_position_embeddings L > 1; got 1"),  # (ZeroDivisionError: ln L)
+    ("phi3", dict(rope_type="longrope", short_factor=[1.0, 1.0, 1.0], long_factor=[2.0, 2.0],
+                  original_max_position_embeddings=16),
+     "short_factor has 3 entries; longrope needs one per rotated pair: head_dim 8 x partial_rotary_factor 0.5 / 2 = 2"),
+    ("phi3", dict(rope_type="longrope", short_factor=[1.0, 1.0], long_factor=[2.0],
+                  original_max_position_embeddings=16),
+     "long_factor has 1 entries; longrope needs one per rotated pair"),  # (read only past L0 when run)
+    ("llama", dict(rope_type="yarn", factor=4.0, beta_fast=1e308, original_max_position_embeddings=32),
+     "yarn beta_fast must be a positive number whose L / (2 pi beta_fast) is finite and > 0"),  # (math domain error)
+    ("llama", dict(rope_type="dynamic", factor=1e17), "dynamic NTK scaling with factor=1e+17"),  # (theta 0.0 at s = L)
+    # siblings: other fields and other extremes
+    ("llama", dict(rope_type="yarn", factor=4.0, rope_theta=0.5, original_max_position_embeddings=32),
+     "yarn needs rope_theta > 1"),
+    ("llama", dict(rope_type="yarn", factor=4.0, beta_slow=1e-320, original_max_position_embeddings=32),
+     "yarn beta_slow must be a positive number"),  # (L / (2 pi 1e-320) overflows)
+    ("llama", dict(rope_type="yarn", factor=4.0, beta_fast=float("inf"), original_max_position_embeddings=32),
+     "beta_fast must be a positive finite number"),
+    ("llama", dict(rope_type="dynamic", factor=1e300), "dynamic NTK scaling with factor=1e+300"),
+    ("llama", dict(rope_type="default", rope_theta=0), "rope_theta must be a positive finite number; got 0"),
+    ("llama", dict(rope_type="default", rope_theta=-1e4), "rope_theta must be a positive finite number"),
+    ("llama", dict(rope_type="default", rope_theta=float("nan")), "rope_theta must be a positive finite number; got nan"),
+    ("llama", dict(rope_type="default", rope_theta=float("inf")), "rope_theta must be a positive finite number; got inf"),
+    ("llama", dict(rope_type="linear", rope_theta=1e300, factor=1e100),  # (w_3 / factor = 1e-225 / 1e100 underflows)
+     "they give the inverse frequency w_3 = 0.0 at sequence length 2048; every w_i must be finite and > 0"),
+    ("llama", dict(rope_type="linear", factor=float("nan")), "factor must be a positive finite number; got nan"),
+    ("llama", dict(rope_type="yarn", factor=2.0, attention_factor=float("inf"), original_max_position_embeddings=32),
+     "attention_factor must be a positive finite number"),
+    ("llama", dict(rope_type="yarn", factor=2.0, mscale=float("nan"), mscale_all_dim=1.0,
+                   original_max_position_embeddings=32), "mscale must be a positive finite number"),
+    ("llama", dict(rope_type="yarn", factor=2.0, truncate="yes", original_max_position_embeddings=32),
+     "truncate must be True or False"),
+    ("phi3", dict(rope_type="longrope", short_factor=[1.0, float("nan")], long_factor=[2.0, 2.0],
+                  original_max_position_embeddings=16), "short_factor must be a non-empty list of positive numbers"),
+    ("phi3", dict(rope_type="longrope", short_factor=[1.0, 0.0], long_factor=[2.0, 2.0],
+                  original_max_position_embeddings=16), "short_factor must be a non-empty list of positive numbers"),
+    ("phi3", dict(rope_type="longrope", short_factor=[1.0, 1.0], long_factor=[2.0, 2.0],
+                  original_max_position_embeddings=0), "original_max_position_embeddings must be > 0"),
+    ("llama", dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=float("inf"),
+                   original_max_position_embeddings=64), "high_freq_factor must be a positive finite number"),
+]
+
+
+@pytest.mark.parametrize("model_type, rope, message", ROPE_REFUSED)
+def test_rope_that_cannot_give_a_finite_model_is_refused_at_load(model_type, rope, message):
+    """Each of these loaded before and failed (or gave NaN) only when run; now from_dict refuses it, naming the field."""
+    d = {"model_type": model_type, **SHAPES, "num_key_value_heads": 2, "rope_parameters": rope}
+    if model_type == "phi3":
+        d["partial_rotary_factor"] = 0.5
+    with pytest.raises(ValueError) as e:
+        LlamaConfig.from_dict(d)
+    assert message in str(e.value)
+
+
+def test_the_rule_holds_for_a_config_built_in_code_too():
+    """LlamaConfig computes its RoPE when it is built, however it is built (here dataclasses.replace)."""
+    import dataclasses
+
+    ok = LlamaConfig.from_dict({"model_type": "llama", **SHAPES})
+    with pytest.raises(ValueError, match="dynamic NTK scaling with factor=1e\\+17"):
+        dataclasses.replace(ok, rope=RopeParameters(rope_type="dynamic", factor=1e17))
+    with pytest.raises(ValueError, match="short_factor has 1 entries"):
+        dataclasses.replace(ok, rope=RopeParameters(rope_type="longrope", short_factor=(1.0,), long_factor=(1.0,),
+                                                    original_max_position_embeddings=8))
+    with pytest.raises(TypeError, match="rope_interleaved must be True or False"):
+        dataclasses.replace(ok, rope_interleaved="no")

@@ -174,14 +174,16 @@ def kv_append(qkv: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths
                                 size=B * H * D)
 
 
-def rope_rotate(x: cp.ndarray, cos: cp.ndarray, sin: cp.ndarray) -> cp.ndarray:  # [B, n, T, D], 2 x [B|1, 1, T, R/2] -> [B, n, T, D]
-    """Half-split RoPE of x (a strided view is fine) by the given cos / sin tables (Numba-CUDA kernel); dims [R, D) copied."""
+def rope_rotate(x: cp.ndarray, cos: cp.ndarray, sin: cp.ndarray, *, interleaved: bool = False) -> cp.ndarray:  # [B, n, T, D], 2 x [B|1, 1, T, R/2] -> [B, n, T, D]
+    """RoPE of x (a strided view is fine) by the given cos / sin tables (Numba-CUDA kernel), pairs (i, i + R/2) or
+    with interleaved (2i, 2i+1); dims [R, D) copied."""
     from accel.numba_cuda.positional import rope_rotate_device
 
     B, n, T, D = x.shape
     out = cp.empty((B, n, T, D), dtype=x.dtype)
     tables = [cp.ascontiguousarray(a.reshape(a.shape[0], T, a.shape[-1])) for a in (cos, sin)]  # [B|1, T, R/2]
-    rope_rotate_device(_numba(x), _numba(tables[0]), _numba(tables[1]), _numba(out), stream=_numba_stream())
+    rope_rotate_device(_numba(x), _numba(tables[0]), _numba(tables[1]), _numba(out), interleaved=bool(interleaved),
+                       stream=_numba_stream())
     return out
 
 

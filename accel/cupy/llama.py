@@ -7,7 +7,7 @@
               block's gate and up matrices joined into one [C, 2F] matrix (one GEMM for both)
   linear      cuBLAS: x W, then + b
   rms_norm    RawKernel rms_norm_rows (Gemma's 1 + w arrives formed by the model)
-  rope        the Numba-CUDA rope_rotate kernel on the forward's cos / sin tables, which arrive
+  rope        the Numba-CUDA rope_rotate kernel (either pairing) on the forward's cos / sin tables, which arrive
               as NumPy arrays and are copied to the device once per forward (every layer rotates
               q and k with the same two tables)
   attention   the Numba-CUDA masked_attention kernel (causal, window, key mask, soft cap, K < H
@@ -85,7 +85,7 @@ def decode_step(x, params: LlamaParams, config, cache_k, cache_v, lengths, cos, 
     token's positions) on the device; norms: effective_norms(params, config). Each layer writes
     this token's rotated k and its v at L_b - 1 (kernels.kv_write) and attends to keys [0, L_b)
     (the layer's window: the last ones). kernels: rms_norm(x, w, eps), linear(x, w, b),
-    rope_rotate(x, cos, sin), glu_gate(g, u, activation), kv_write(k [B, K, D], v, k_cache,
+    rope_rotate(x, cos, sin, *, interleaved), glu_gate(g, u, activation), kv_write(k [B, K, D], v, k_cache,
     v_cache, lengths), decode_attention(q [B, H, D], k, v, lengths, *, scale, window, softcap).
     """
     c = config
@@ -100,7 +100,8 @@ def decode_step(x, params: LlamaParams, config, cache_k, cache_v, lengths, cos, 
         v = kernels.linear(h, p.attn.v.w, p.attn.v.b).reshape(B, K, D)
         if c.qk_norm:  # Qwen3: each head normed over D
             q, k = kernels.rms_norm(q, w.q, eps), kernels.rms_norm(k, w.k, eps)
-        q, k = kernels.rope_rotate(q, cos, sin), kernels.rope_rotate(k, cos, sin)
+        pairs = c.rope_interleaved  # (2i, 2i+1) if True, else (i, i + R/2)
+        q, k = kernels.rope_rotate(q, cos, sin, interleaved=pairs), kernels.rope_rotate(k, cos, sin, interleaved=pairs)
         kernels.kv_write(k.reshape(B, K, D), v, cache_k[layer], cache_v[layer], lengths)
         y = kernels.decode_attention(q.reshape(B, H, D), cache_k[layer], cache_v[layer], lengths,
                                      scale=c.attention_scale, window=c.window(layer),
@@ -156,7 +157,7 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> LlamaOps:
     """An LlamaOps over array module `xp` with `kernels` providing (on xp arrays):
 
     rms_norm(x, w, eps), linear(x, w, b) (b may be None), matmul(x, w),
-    rope_rotate(x [B, n, T, D], cos [B|1, 1, T, R/2], sin), glu_gate(g, u, activation),
+    rope_rotate(x [B, n, T, D], cos [B|1, 1, T, R/2], sin, *, interleaved), glu_gate(g, u, activation),
     masked_attention(q, k, v, *, causal, window, key_mask, scale, softcap),
     decode_attention(q [B, H, D], k, v, *, scale, window, softcap), to_numpy(x).
     decode_blocks: the LlamaOps hook (e.g. eager_decode_blocks(...)), or None.
@@ -197,10 +198,10 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> LlamaOps:
     def linear(x, p):  # [..., in] -> [..., out]
         return kernels.linear(x, p.w, p.b)
 
-    def rope(x, cos, sin):  # [B, n, T, D], 2 x [B|1, 1, T, R/2] (host) -> [B, n, T, D]
+    def rope(x, cos, sin, *, interleaved=False):  # [B, n, T, D], 2 x [B|1, 1, T, R/2] (host) -> [B, n, T, D]
         if tables[0] is not cos or tables[1] is not sin:
             tables[:] = cos, sin, (xp.asarray(cos), xp.asarray(sin))
-        return kernels.rope_rotate(x, *tables[2])
+        return kernels.rope_rotate(x, *tables[2], interleaved=interleaved)
 
     def attention(q, k, v, *, causal=False, window=None, key_mask=None, scale=None,
                   softcap=None):  # [B, H, T, D], [B, K, S, D], [B, K, S, D] -> [B, H, T, D]

@@ -4,8 +4,9 @@
   linear / lm_head  x W (+ b), h E_out^T on the threaded BLAS (gpt2._product: the checkpoints' [in, out]
               weights are transposed views, F-contiguous, read as stored); a head of up to SHARED_MAX_ROWS
               rows on matvec_rows over E's rows, on the decoding step's threads; Gemma-2's final cap is refimpl's
-  rope        positional's rotation rows on the forward's own cos / sin table (half-split pairs, the
-              leading rotary_dim dims): the twin's arithmetic, so the same bits as refimpl
+  rope        positional's rotation rows on the forward's own cos / sin table (half-split pairs, or
+              interleaved ones for rope_interleaved; the leading rotary_dim dims): the twin's arithmetic,
+              so the same bits as refimpl
   attention   the twin's keywords (causal, window, key_mask, scale, softcap): one query with no key mask
               takes split-S decode_attention (with the window and the soft cap), everything else the
               fused masked_attention kernel
@@ -17,8 +18,9 @@
               with HF's weight layout, every block in one multi-threaded call (`_decode_step_shared`, products on
               matvec_rows: a decoding step, a short prompt); else for one token per sequence one compiled call
               per block (`_decode_block`, products on the threaded BLAS); declined (None) for other
-              dtypes, layouts, replaced operations, or a cache long enough for decode_attention to run
-              in parallel (DECODE_PARALLEL_WORK)
+              dtypes, layouts, replaced operations, interleaved RoPE pairs (the compiled blocks turn
+              half-split pairs only: such a config runs one operation at a time, `rope` included), or a
+              cache long enough for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
 within gamma_n of |x||W|), the norms' and the gate's float64 rows, and attention's online softmax: the
@@ -81,8 +83,9 @@ def _linear_op(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
     return _linear(x, p.w, p.b) if y is None else y
 
 
-def _rope(x, cos, sin) -> np.ndarray:  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B, n, T, D]
-    """refimpl's half-split rotation of the leading R dims by the given cos / sin, on positional's row kernel.
+def _rope(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B, n, T, D]
+    """refimpl's rotation of the leading R dims by the given cos / sin, on positional's row kernel (pairs (i, i + R/2),
+    or (2i, 2i+1) with interleaved).
 
     The table row of head row (b, h) is b (or 0 for a table shared by the batch); the arithmetic
     per pair is the twin's (a cos - b sin, a sin + b cos in x's dtype), so the result is the same.
@@ -92,13 +95,13 @@ def _rope(x, cos, sin) -> np.ndarray:  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B
             and x.ndim == 4 and x.dtype in _FLOATS and cos.dtype == sin.dtype == x.dtype
             and cos.shape == sin.shape and cos.ndim == 4 and cos.shape[0] in (1, x.shape[0]) and cos.shape[1] == 1
             and cos.shape[2] == x.shape[2] and 2 * cos.shape[3] <= x.shape[3] and x.size):
-        return _rope_rotate(x, cos, sin, False)
+        return _rope_rotate(x, cos, sin, interleaved)
     B, n, T, D = x.shape
     P, R = cos.shape[0], 2 * cos.shape[3]
     row_of = np.repeat(np.arange(P), n) if P == B else np.zeros(B * n, dtype=np.int64)  # [B n]
     out = np.empty((B * n, T, D), dtype=x.dtype)
     args = (np.ascontiguousarray(x).reshape(B * n, T, D), np.ascontiguousarray(cos.reshape(P, T, R // 2)),
-            np.ascontiguousarray(sin.reshape(P, T, R // 2)), row_of, R, False, out)
+            np.ascontiguousarray(sin.reshape(P, T, R // 2)), row_of, R, check_bool(interleaved, "interleaved"), out)
     parallel_or_serial(out.size, _rope_rows, _rope_rows_serial)(*args)
     return out.reshape(B, n, T, D)
 
@@ -586,11 +589,14 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
     the last block [B, T, C], or None when neither applies and the caller runs the blocks one
     operation at a time: when `ops` is not this module's OPS in its hot operations
     (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype, layout or shape is not
-    the one the compiled code reads, or when the cache is long enough that decode_attention would run
-    in parallel (DECODE_PARALLEL_WORK).
+    the one the compiled code reads, when the config's RoPE pairs are interleaved (the compiled blocks
+    turn (i, i + R/2)), or when the cache is long enough that decode_attention would run in parallel
+    (DECODE_PARALLEL_WORK).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
         return None
+    if config.rope_interleaved:
+        return None  # (the per-operation path, whose `rope` turns interleaved pairs)
     B, T, C = x.shape
     k, v = cache.k, cache.v
     dtype = x.dtype

@@ -9,8 +9,17 @@ has one visible place.
 
 `LlamaConfig.from_dict(d)` accepts the keys Hugging Face's config class of that model_type
 defines (missing optional keys take that class's defaults) plus keys that do not change the
-forward at inference (dropout rates, initializer_range, use_cache, architectures, dtype ...).
-Any other key is an error naming it: a setting this code does not implement is never ignored.
+forward at inference (dropout rates, initializer_range, use_cache, architectures, dtype, the
+bookkeeping that published folders carry ...). Keys that published configs carry with the value
+the math here assumes are accepted at that value and refused by name at any other (Qwen2's
+use_mrope: false; Gemma-2's _sliding_window_pattern where it agrees with layer_types);
+rope_interleaved (SmolLM2's) picks the RoPE pairing. Any other key is an error naming it: a
+setting this code does not implement is never ignored.
+
+A config that cannot give a finite model is refused when it is built, naming the field: every
+value is type-checked (a bool is true or false, never a truthy string), and the RoPE inverse
+frequencies and attention factor are computed then, at each length that changes them, and must
+be finite and > 0 (refimpl.rope_scaling names the parameter that breaks them).
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._checks import check_bool, check_positive_int, is_real
+from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 
 __all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES"]
 
@@ -69,7 +81,7 @@ class RopeParameters:
     long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.rope_type not in _ROPE_KEYS:
+        if not isinstance(self.rope_type, str) or self.rope_type not in _ROPE_KEYS:
             raise ValueError(f"rope_type {self.rope_type!r} is not implemented; known: {sorted(_ROPE_KEYS)}")
         required, optional = _ROPE_KEYS[self.rope_type]
         for name in _ROPE_FIELDS:
@@ -113,16 +125,22 @@ _ROPE_FIELDS = tuple(f.name for f in dataclasses.fields(RopeParameters)
 # ----------------------------------------------------------------------------- the families
 
 # Keys that never change the forward at inference: accepted for every model_type and not kept.
+# (pretraining_tp > 1 made older Transformers split each product into that many slices: the same sums;
+# unk_token_id and is_llama_config are bookkeeping that SmolLM2's and GGUF-converted folders carry.)
 _INERT = frozenset({
-    "architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
-    "initializer_range", "attention_dropout", "embd_pdrop", "resid_pdrop", "output_attentions",
-    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
-    "is_encoder_decoder", "tokenizer_class", "auto_map", "cache_implementation", "pretraining_tp",
+    "architectures", "_name_or_path", "_model_name_or_path", "transformers_version", "transformers.js_config",
+    "torch_dtype", "dtype", "use_cache", "initializer_range", "attention_dropout", "embd_pdrop", "resid_pdrop",
+    "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type",
+    "chunk_size_feed_forward", "is_encoder_decoder", "tokenizer_class", "auto_map", "cache_implementation",
+    "pretraining_tp", "unk_token_id", "is_llama_config",
 })
+# The inert keys whose value has a type to check all the same (a wrong one is a broken file).
+_INERT_TYPES = {"pretraining_tp": "positive int", "unk_token_id": "token id", "is_llama_config": "bool"}
 _COMMON = frozenset({
     "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "hidden_act",
     "rope_parameters", "rope_scaling", "rope_theta", "bos_token_id", "eos_token_id", "pad_token_id",
+    "rope_interleaved",
 })
 # Keys whose explicit null means "none" (no window, no soft-cap, no such token), as Hugging Face's config
 # classes keep it; a null of any other key takes the class's default, as a missing key does.
@@ -138,7 +156,7 @@ _FAMILIES = {
     "mistral": ({"head_dim", "sliding_window"},
                 dict(rms_norm_eps=1e-6, max_position_embeddings=131072, tie_word_embeddings=False, hidden_act="silu",
                      sliding_window=4096, num_key_value_heads=8, bos_token_id=1, eos_token_id=2)),
-    "qwen2": ({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
+    "qwen2": ({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
               dict(rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=False, hidden_act="silu",
                    sliding_window=4096, num_key_value_heads=32)),
     "qwen3": ({"head_dim", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
@@ -151,7 +169,7 @@ _FAMILIES = {
                    eos_token_id=1, pad_token_id=0)),
     "gemma2": ({"head_dim", "attention_bias", "hidden_activation", "use_bidirectional_attention",
                 "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
-                "layer_types"},
+                "layer_types", "_sliding_window_pattern"},
                dict(rms_norm_eps=1e-6, max_position_embeddings=8192, tie_word_embeddings=True,
                     hidden_activation="gelu_pytorch_tanh", head_dim=256, sliding_window=4096,
                     query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -168,7 +186,9 @@ class LlamaConfig:
 
     vocab_size V, hidden_size C, intermediate_size F, num_hidden_layers L, num_attention_heads H,
     num_key_value_heads K (H % K == 0; K = H is multi-head attention, K = 1 multi-query), head_dim
-    D (not always C / H: Gemma's is 256). layer_types[i] is "full_attention" or "sliding_attention"
+    D (not always C / H: Gemma's is 256). rope_interleaved: RoPE turns the pairs (2i, 2i+1) of each
+    head's rotated dims (RoFormer, Meta's original LLaMA, nanotron) instead of Hugging Face's
+    (i, i + R/2) (refimpl.positional.apply_rope's pairing note). layer_types[i] is "full_attention" or "sliding_attention"
     (a causal window of sliding_window keys, the query's own included). Soft-caps (Gemma-2):
     s -> cap tanh(s / cap) on the attention scores and on the final logits, when not None.
     """
@@ -184,6 +204,7 @@ class LlamaConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     rope: RopeParameters
+    rope_interleaved: bool = False
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -213,6 +234,8 @@ class LlamaConfig:
             raise ValueError(f"{self.model_type} config: the rotated part of each head, head_dim "
                              f"{self.head_dim} x partial_rotary_factor {self.rope.partial_rotary_factor} = "
                              f"{self.rotary_dim}, must be a positive even number")
+        check_bool(self.rope_interleaved, f"{self.model_type} config rope_interleaved")
+        _check_rope_is_finite(self)
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"{self.model_type} config hidden_act {self.hidden_act!r} is not implemented; "
                              f"known: {list(ACTIVATIONS)}")
@@ -283,17 +306,30 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LlamaConfig":
-        """Build from a Hugging Face config.json dict (module docstring: which keys are accepted)."""
+        """Build from a Hugging Face config.json dict (module docstring: which keys are accepted).
+
+        Every refusal is a ValueError naming the field (a value of the wrong type included).
+        """
         if not isinstance(d, dict):
             raise ValueError(f"a LLaMA-family config must be a JSON object; got {type(d).__name__}")
+        try:
+            return cls._from_dict(d)
+        except TypeError as e:  # (a JSON value of the wrong type: the check's message names the field)
+            raise ValueError(str(e)) from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "LlamaConfig":
         model_type = d.get("model_type")
-        if model_type not in _FAMILIES:
+        if not isinstance(model_type, str) or model_type not in _FAMILIES:
             raise ValueError(f"config.json model_type {model_type!r} is not one of {list(MODEL_TYPES)}")
         own, defaults = _FAMILIES[model_type]
         unknown = sorted(k for k in d if k not in _COMMON and k not in _INERT and k not in own and d[k] is not None)
         if unknown:
             raise ValueError(f"{model_type} config has fields this implementation does not implement: {unknown} "
                              "(refusing rather than ignoring them)")
+        for key, kind in _INERT_TYPES.items():
+            if d.get(key) is not None:
+                _check_inert(d[key], kind, f"{model_type} config {key}")
         given = {k: v for k, v in d.items() if v is not None or k in _NULL_MEANS_NONE}
         get = {**defaults, **given}.get
         for required in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
@@ -305,9 +341,12 @@ class LlamaConfig:
         hidden_act = get("hidden_activation") if model_type == "gemma2" else get("hidden_act")
         if model_type == "gemma" and hidden_act == "gelu":
             hidden_act = "gelu_pytorch_tanh"  # Gemma's legacy name for the tanh form (Hugging Face maps it too)
-        if get("use_bidirectional_attention"):
+        if check_bool(get("use_bidirectional_attention", False), f"{model_type} config use_bidirectional_attention"):
             raise ValueError(f"{model_type} config use_bidirectional_attention=true is not implemented (decoders here "
                              "are causal)")
+        if check_bool(get("use_mrope", False), f"{model_type} config use_mrope"):
+            raise ValueError(f"{model_type} config use_mrope=true (multimodal RoPE: sections of each head turned by "
+                             "separate position ids) is not implemented; this decoder rotates by one position per token")
         window, layer_types = _attention_layout(model_type, get, L)
         return cls(
             model_type=model_type, vocab_size=get("vocab_size"), hidden_size=get("hidden_size"),
@@ -315,7 +354,8 @@ class LlamaConfig:
             num_key_value_heads=get("num_key_value_heads", H),
             head_dim=get("head_dim", _divide(get("hidden_size"), H, model_type)),
             rms_norm_eps=get("rms_norm_eps"), max_position_embeddings=get("max_position_embeddings"),
-            rope=_rope_parameters(model_type, get), hidden_act=hidden_act,
+            rope=_rope_parameters(model_type, get), rope_interleaved=get("rope_interleaved", False),
+            hidden_act=hidden_act,
             tie_word_embeddings=get("tie_word_embeddings"), attention_bias=get("attention_bias", False),
             mlp_bias=get("mlp_bias", False), layer_types=layer_types, sliding_window=window,
             query_pre_attn_scalar=get("query_pre_attn_scalar"), attn_logit_softcapping=get("attn_logit_softcapping"),
@@ -335,6 +375,8 @@ class LlamaConfig:
             d.pop("layer_types")  # their window applies to every layer
         if self.model_type in ("qwen2", "qwen3"):
             d["use_sliding_window"] = self.sliding_window is not None
+        if not self.rope_interleaved:
+            d.pop("rope_interleaved")  # (written only where it says something: Hugging Face's own classes lack it)
         own, _ = _FAMILIES[self.model_type]
         d = {k: v for k, v in d.items() if k in _COMMON or k in own}
         d["rope_parameters"] = self.rope.to_dict()
@@ -355,6 +397,41 @@ def _positive_real(x, name: str) -> float:
     return float(x)
 
 
+def _check_inert(value, kind: str, name: str) -> None:
+    if kind == "bool":
+        check_bool(value, name)
+    else:
+        check_positive_int(value, name, allow_zero=kind == "token id")
+
+
+def _check_rope_is_finite(config: "LlamaConfig") -> None:
+    """The inverse frequencies w [R/2] and the attention factor a of config.rope, computed at every length that
+    changes them (dynamic: the base at L and past it; longrope: short_factor, then long_factor past L0), must be
+    finite and > 0: a config whose RoPE cannot be formed is refused when it is built, not when it is run."""
+    rope, R, M = config.rope, config.rotary_dim, config.max_position_embeddings
+    where = f"{config.model_type} config rope parameters {rope.to_dict()} (rotary_dim {R}, max_position_embeddings {M})"
+    if rope.rope_type == "longrope":
+        for name in ("short_factor", "long_factor"):
+            if len(getattr(rope, name)) != R // 2:
+                raise ValueError(f"{config.model_type} config {name} has {len(getattr(rope, name))} entries; longrope "
+                                 f"needs one per rotated pair: head_dim {config.head_dim} x partial_rotary_factor "
+                                 f"{rope.partial_rotary_factor} / 2 = {R // 2}")
+    lengths = {"dynamic": (None, M + 1), "longrope": (None, (rope.original_max_position_embeddings or 0) + 1)}
+    params = rope.to_dict()
+    try:
+        a = rope_attention_factor(**params, max_position_embeddings=M)
+        for seq_len in lengths.get(rope.rope_type, (None,)):
+            w = scaled_rope_frequencies(R, max_position_embeddings=M, seq_len=seq_len, **params)
+            bad = np.flatnonzero(~(np.isfinite(w) & (w > 0)))
+            if bad.size:
+                raise ValueError(f"they give the inverse frequency w_{bad[0]} = {float(w[bad[0]])!r} at sequence length "
+                                 f"{seq_len or M}; every w_i must be finite and > 0")
+    except (ValueError, ArithmeticError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    if not (math.isfinite(a) and a > 0):
+        raise ValueError(f"{where}: they give the attention factor {a!r}; it must be finite and > 0")
+
+
 def _divide(width, n: int, model_type: str) -> int:
     check_positive_int(width, f"{model_type} config hidden_size")
     if width % n:
@@ -370,7 +447,8 @@ def _ids(value):
 def _attention_layout(model_type: str, get, L: int) -> tuple[int | None, tuple[str, ...]]:
     """(sliding_window or None, layer_types) as Hugging Face's config class of model_type derives them."""
     window = get("sliding_window")
-    if model_type in ("qwen2", "qwen3") and not get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3") and not check_bool(get("use_sliding_window", False),
+                                                           f"{model_type} config use_sliding_window"):
         window = None  # Qwen keeps a sliding_window value that applies only with use_sliding_window
     given = get("layer_types")
     if given is not None:
@@ -386,6 +464,14 @@ def _attention_layout(model_type: str, get, L: int) -> tuple[int | None, tuple[s
                       for i in range(L))
     else:  # Mistral, Phi-3: one window for every layer, or none
         types = tuple("sliding_attention" if window is not None else "full_attention" for _ in range(L))
+    pattern = get("_sliding_window_pattern")
+    if pattern is not None:  # (Gemma-3's rule, which saved Gemma configs state: layer i is full iff (i + 1) % pattern == 0)
+        check_positive_int(pattern, f"{model_type} config _sliding_window_pattern")
+        implied = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(L))
+        if implied != types:
+            raise ValueError(f"{model_type} config _sliding_window_pattern {pattern} makes the layer types "
+                             f"{list(implied)}, which disagree with layer_types {list(types)}"
+                             + ("" if given is not None else " (derived as Hugging Face derives them when absent)"))
     if window is None:  # a sliding layer without a window is a full one (as Hugging Face's attention reads it)
         types = tuple("full_attention" if t == "sliding_attention" else t for t in types)
     return window, types
@@ -402,6 +488,9 @@ def _rope_parameters(model_type: str, get) -> RopeParameters:
     p = {k: v for k, v in p.items() if v is not None}
     rope_type = p.pop("rope_type", None)
     alias = p.pop("type", None)  # the older name of rope_type
+    for name, value in (("rope_type", rope_type), ("type", alias)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{model_type} config {name} must be a string, one of {sorted(_ROPE_KEYS)}; got {value!r}")
     if rope_type is not None and alias is not None and rope_type != alias:
         raise ValueError(f"{model_type} config rope parameters give rope_type {rope_type!r} and type {alias!r}")
     rope_type = rope_type or alias or "default"

@@ -11,7 +11,8 @@ are the config's fields and properties, refimpl.llama.config, each used in one p
     norm    RMSNorm (Zhang & Sennrich 2019); Gemma scales by (1 + w)
     attn    q, k, v = h W_q (+ b), h W_k (+ b), h W_v (+ b), split into H and K heads of D;
             Qwen3: RMSNorm of each q and k head over D; RoPE on q and k (Su et al. 2021; Phi-3
-            rotates the leading rotary_dim of each head); grouped-query attention (Ainslie et
+            rotates the leading rotary_dim of each head; pairs (i, i + R/2), or (2i, 2i+1)
+            with rope_interleaved); grouped-query attention (Ainslie et
             al. 2023), causal, with the layer's sliding window (Mistral, Qwen2, Gemma-2, Phi-3)
             and the padding key mask; then the output projection W_o
     mlp     GLU (Shazeer 2020): (act(h W_gate) * h W_up) W_down, act SiLU or GELU
@@ -166,9 +167,10 @@ class LlamaOps:
     rms_norm(x [..., C], w [C], eps) -> [..., C]              x / sqrt(mean(x^2) + eps) * w
         (w is the effective weight: Gemma's 1 + w is formed by the model before the call)
     linear(x [..., in], p: LinearParams) -> [..., out]        y = x W (+ b)
-    rope(x [B, n, T, D], cos [B|1, 1, T, R/2], sin) -> [B, n, T, D]
-        half-split pairs (i, i + R/2) of the leading R dims rotated by the angles whose cos and
-        sin are given (from rope_cos_sin, in x's dtype); dims [R, D) unchanged
+    rope(x [B, n, T, D], cos [B|1, 1, T, R/2], sin, *, interleaved) -> [B, n, T, D]
+        the pairs of the leading R dims rotated by the angles whose cos and sin are given (from
+        rope_cos_sin, in x's dtype): (i, i + R/2), or (2i, 2i+1) with interleaved=True (the
+        config's rope_interleaved); dims [R, D) unchanged
     attention(q [B, H, T, D], k [B, K, S, D], v [B, K, S, D], *, causal, window, key_mask,
               scale, softcap) -> [B, H, T, D]
         refimpl.attention.masked_attention's meaning (NUMPY_OPS's is that function): queries
@@ -212,8 +214,8 @@ def _np_linear(x, p: LinearParams):  # [..., in] -> [..., out]
     return _linear(x, p.w, p.b)
 
 
-def _np_rope(x, cos, sin):  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B, n, T, D]
-    return _rope_rotate(x, cos, sin, False)
+def _np_rope(x, cos, sin, *, interleaved=False):  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B, n, T, D]
+    return _rope_rotate(x, cos, sin, interleaved)
 
 
 def _np_glu_hidden(h, p, act: str):  # [..., C] -> [..., F]
@@ -343,7 +345,8 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
 
     Shapes: h [B, T, C] (normed), rope = rope_cos_sin(positions, ...) ([B|1, 1, T, R/2] each),
-    key_mask [B, S] bool or None.
+    key_mask [B, S] bool or None. RoPE pairs dims (i, i + R/2), or (2i, 2i+1) where
+    config.rope_interleaved: the one place the pairing is read.
     With a cache, the rotated k and v go to cache.k/v[layer] at [length, length + T) and
     attention reads the filled prefix [0, length + T) as views; the caller advances
     cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .weights, .out.
@@ -362,15 +365,16 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     start = 0 if cache is None else cache.length
     S = start + T
-    q = hook("attn.q_rot", ops.rope(q, *rope))
+    pairs = c.rope_interleaved  # (2i, 2i+1) if True, else (i, i + R/2)
+    q = hook("attn.q_rot", ops.rope(q, *rope, interleaved=pairs))
     if key_rope is None:
-        k = hook("attn.k_rot", ops.rope(k, *rope))
+        k = hook("attn.k_rot", ops.rope(k, *rope, interleaved=pairs))
     if cache is not None:
         cache.k[layer, :, :, start:S] = k  # written in place
         cache.v[layer, :, :, start:S] = v
         k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
     if key_rope is not None:  # keys cached before rotation: every key rotated at its position now
-        k = hook("attn.k_rot", ops.rope(k, *key_rope))
+        k = hook("attn.k_rot", ops.rope(k, *key_rope, interleaved=pairs))
     y = _attend(q, k, v, key_mask, c, layer, ops, hook, causal, scale)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
     return hook("attn.out", ops.linear(y, p.attn.o))  # [B, T, C]

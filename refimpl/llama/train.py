@@ -134,7 +134,7 @@ def _forward(params: LlamaParams, config: LlamaConfig, ids: np.ndarray):  # [B, 
         q = _linear(a, p.attn.q.w, None).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
         k = _linear(a, p.attn.k.w, None).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
         v = _linear(a, p.attn.v.w, None).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
-        q, k = _rope_rotate(q, cos, sin, False), _rope_rotate(k, cos, sin, False)
+        q, k = _rope_rotate(q, cos, sin, c.rope_interleaved), _rope_rotate(k, cos, sin, c.rope_interleaved)
         out, P = _grouped_query_attention(q, k, v, mask, None, c.attention_scale, True)  # [B, H, T, D], [B, H, T, T]
         y = out.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
         x_mid = x + _linear(y, p.attn.o.w, None)
@@ -201,7 +201,8 @@ def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids, targets) -> tu
         dy, dw_o, _ = linear_backward(dx_mid, bc.y, p.attn.o.w)
         dyh = dy.reshape(B, T, H, D).transpose(0, 2, 1, 3)  # split heads: [B, T, H D] -> [B, H, T, D]
         dq, dk, dv = grouped_query_attention_backward(dyh, bc.q, bc.k, bc.v, bc.P, scale=c.attention_scale)
-        dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)  # through the rotation
+        pairs = c.rope_interleaved
+        dq, dk = rope_backward(dq, cos, sin, interleaved=pairs), rope_backward(dk, cos, sin, interleaved=pairs)
         da_q, dw_q, _ = linear_backward(dq.transpose(0, 2, 1, 3).reshape(B, T, H * D), bc.a, p.attn.q.w)
         da_k, dw_k, _ = linear_backward(dk.transpose(0, 2, 1, 3).reshape(B, T, K * D), bc.a, p.attn.k.w)
         da_v, dw_v, _ = linear_backward(dv.transpose(0, 2, 1, 3).reshape(B, T, K * D), bc.a, p.attn.v.w)
