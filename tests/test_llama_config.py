@@ -293,7 +293,7 @@ def test_published_keys_and_types_are_refused_by_name(model_type, change, messag
 # ----------------------------------------------------------------------------- RoPE that cannot give a finite model
 
 ROPE_REFUSED = [
-    # (model_type, rope parameters, what the message names), the first seven failing only when run before
+    # (model_type, rope parameters, what the message names); the first six used to load and fail only when run
     ("qwen2", dict(rope_type="yarn", factor=4.0, rope_theta=1.0, original_max_position_embeddings=32),
      "yarn needs rope_theta > 1"),  # (ZeroDivisionError when run: the ramp divides by ln theta)
     ("phi3", dict(rope_type="longrope", short_factor=[1.0, 1.0], long_factor=[2.0, 2.0],
@@ -342,7 +342,7 @@ ROPE_REFUSED = [
 
 @pytest.mark.parametrize("model_type, rope, message", ROPE_REFUSED)
 def test_rope_that_cannot_give_a_finite_model_is_refused_at_load(model_type, rope, message):
-    """Each of these loaded before and failed (or gave NaN) only when run; now from_dict refuses it, naming the field."""
+    """from_dict refuses each, naming the field (ROPE_REFUSED's first six used to fail only when the model ran)."""
     d = {"model_type": model_type, **SHAPES, "num_key_value_heads": 2, "rope_parameters": rope}
     if model_type == "phi3":
         d["partial_rotary_factor"] = 0.5

@@ -188,8 +188,9 @@ class LlamaConfig:
     num_key_value_heads K (H % K == 0; K = H is multi-head attention, K = 1 multi-query), head_dim
     D (not always C / H: Gemma's is 256). rope_interleaved: RoPE turns the pairs (2i, 2i+1) of each
     head's rotated dims (RoFormer, Meta's original LLaMA, nanotron) instead of Hugging Face's
-    (i, i + R/2) (refimpl.positional.apply_rope's pairing note). layer_types[i] is "full_attention" or "sliding_attention"
-    (a causal window of sliding_window keys, the query's own included). Soft-caps (Gemma-2):
+    (i, i + R/2) (refimpl.positional.apply_rope's pairing note). layer_types[i] is
+    "full_attention" or "sliding_attention" (a causal window of sliding_window keys, the query's
+    own included). Soft-caps (Gemma-2):
     s -> cap tanh(s / cap) on the attention scores and on the final logits, when not None.
     """
 
