@@ -159,12 +159,6 @@ def test_training_gradients_of_the_interleaved_twin_are_the_permuted_gradients()
 
 # ----------------------------------------------------------------------------- published folders vs Hugging Face
 
-torch = pytest.importorskip("torch", reason="the Hugging Face oracle needs torch")
-transformers = pytest.importorskip("transformers", reason="the Hugging Face oracle needs transformers")
-logging.getLogger("transformers").setLevel(logging.ERROR)
-
-from llama_oracle import hf_llama, hf_logits, max_rel_diff  # noqa: E402
-
 # What the published config.json files carry besides what save_pretrained writes for the same model (the model's
 # own sizes replaced by a tiny random one's; RoPE written the pre-Transformers-5 way, rope_theta + rope_scaling).
 SMOLLM2_135M_INSTRUCT = {
@@ -193,10 +187,12 @@ FOLDERS = {  # name -> (model_type, the tiny model's config, the published keys)
 
 @pytest.mark.parametrize("name", FOLDERS)
 def test_published_config_keys_load_and_run_as_hugging_face_runs_them(name, tmp_path):
+    oracle = pytest.importorskip("llama_oracle", reason="the Hugging Face oracle needs torch and transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     model_type, change, published = FOLDERS[name]
     if change is None:  # the same model as the entry before, as another tool saved it
         change = FOLDERS["SmolLM2-135M-Instruct"][1]
-    hf = hf_llama(model_type, **change)
+    hf = oracle.hf_llama(model_type, **change)
     hf.save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     d = json.loads(path.read_text())
@@ -207,7 +203,7 @@ def test_published_config_keys_load_and_run_as_hugging_face_runs_them(name, tmp_
     assert model.config.rope_interleaved is False and model.config.sliding_window is None
     assert model.config.rope.rope_theta == published["rope_theta"]
     ids = np.random.default_rng(0).integers(0, SHAPES["vocab_size"], (2, 9))
-    ours, ref = refimpl.logits(model, ids), hf_logits(hf, ids)
-    err = max_rel_diff(ours, ref)
+    ours, ref = refimpl.logits(model, ids), oracle.hf_logits(hf, ids)
+    err = oracle.max_rel_diff(ours, ref)
     DIFFS.show(f"{name} keys, float32 vs HF", max_rel=err, tol=2e-6)
     assert err <= 2e-6
