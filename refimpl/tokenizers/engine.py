@@ -32,6 +32,7 @@ A pair is looked up as one integer key a * 2**32 + b.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from array import array
@@ -67,12 +68,23 @@ class PairTable(dict):
 
 def concat_pairs(encoder: Mapping[bytes, int], rank_of: Mapping[bytes, int]) -> PairTable:
     """The concatenation rule (tiktoken, SentencePiece) as a pair table: every split a | b of
-    every ranked token t with both halves in `encoder` (token bytes -> id) merges to t at t's rank."""
+    every ranked token t with both halves in `encoder` (token bytes -> id) merges to t at t's rank.
+
+    A split point k of t (|a| = k) can only work when k and |t| - k are both lengths of tokens,
+    so only those are tried: a token of n bytes costs O(n * min(n, L)) for the L distinct token
+    lengths, not O(n^2) (a vocabulary holding L distinct lengths is at least L^2 / 2 bytes, so a
+    single long token in a small file is cheap)."""
     pairs = PairTable()
     get = encoder.get
+    lengths = sorted({len(t) for t in encoder})
+    has_length = set(lengths)
+    short = next((k for k, m in enumerate(lengths) if m != k + 1), len(lengths))  # lengths 1 .. short all occur
     for t, r in rank_of.items():
+        n = len(t)
         merged = (r << SHIFT) | encoder[t]
-        for k in range(1, len(t)):
+        splits = range(1, n) if n <= short + 1 else (k for k in lengths[:bisect.bisect_left(lengths, n)]
+                                                     if n - k in has_length)
+        for k in splits:
             a = get(t[:k])
             if a is not None:
                 b = get(t[k:])
