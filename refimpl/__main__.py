@@ -357,6 +357,12 @@ def cmd_tokenize(args) -> int:
     from refimpl._tokens import encode_prompt
 
     ids = encode_prompt(tok, args.text, allowed_special="all" if args.allow_special else ())  # + the model's BOS
+    text_bytes = args.text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+    lost = sorted(set(text_bytes) & getattr(tok, "unrepresentable_bytes", frozenset()))
+    if lost:  # a byte-level vocabulary without these bytes: they are dropped (or the unknown token), as in tokenizers
+        print(f"note: the tokenizer cannot represent byte{'s' if len(lost) > 1 else ''} "
+              f"{', '.join(f'0x{b:02x}' for b in lost)} of the text (no token for {'them' if len(lost) > 1 else 'it'}): "
+              "dropped, or the unknown token where the tokenizer has one", file=sys.stderr)
     print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
     from refimpl._tokens import token_pieces

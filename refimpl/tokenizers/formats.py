@@ -2,9 +2,10 @@
 
     *.tiktoken        base64(token bytes) + rank per line; id = rank; the pre-tokenizer is
                       not in the file (pattern=...), nor are the special tokens
-    tokenizer.json    Hugging Face `tokenizers`, model BPE: byte-level (ByteLevel, or a Split
-                      regex + ByteLevel) or SentencePiece-style (Metaspace / Prepend + Replace,
-                      byte_fallback); added_tokens with their flags
+    tokenizer.json    Hugging Face `tokenizers`, model BPE: byte-level (ByteLevel, after any Split /
+                      Digits pre-tokenizers; bytes without a token allowed) or SentencePiece-style
+                      (Metaspace / Prepend + Replace, byte_fallback); added_tokens with their flags,
+                      their ids as the library reads them
     *.model           SentencePiece ModelProto of model_type BPE (protobuf.py reads it)
     tekken.json       Mistral's Tekken: tiktoken ranks in JSON, special tokens first in the ids
     vocab.json + merges.txt   GPT-2's Hugging Face pair, read as a byte-level tokenizer.json
@@ -28,7 +29,7 @@ from pathlib import Path
 from .._tokens import read_tiktoken_ranks
 from .._files import NotARegularFileError, read_regular_bytes
 from .engine import PairTable, concat_pairs
-from .pretokenize import PATTERNS, compile_pattern
+from .pretokenize import PATTERNS, SPLIT_BEHAVIORS, Split, compile_pattern
 from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
@@ -221,19 +222,27 @@ def unicode_to_byte() -> dict[str, int]:
     return {c: b for b, c in byte_to_unicode().items()}
 
 
-def _byte_level(name, encoder: dict[bytes, int], pairs: PairTable, pattern: str,
+def _byte_level(name, encoder: dict[bytes, int], pairs: PairTable, splits: list[Split],
                 added: list[AddedToken], **extra) -> Tokenizer:
+    """A byte-level Tokenizer. Bytes the vocabulary has no token for (SmolLM2's lacks 21) are
+    allowed: the Tokenizer lists them (unrepresentable_bytes) and, as `tokenizers` does, encodes
+    each as the unknown token, or drops it where there is none."""
+    for sp in splits:
+        try:
+            compile_pattern(sp.pattern)
+        except ValueError as e:
+            raise TokenizerFileError(f"{name}: {e}") from None
+    return _build(name, vocab={i: t for t, i in encoder.items()}, pairs=pairs, symbols="bytes",
+                  initial={b: encoder[bytes([b])] for b in range(256) if bytes([b]) in encoder}, splits=splits,
+                  added=_unique_added(added, name), **extra)
+
+
+def _all_bytes(name, encoder: Mapping[bytes, int]) -> None:
+    """tiktoken's ranks must hold every byte (tiktoken fails on a byte it has no rank for)."""
     missing = [b for b in range(256) if bytes([b]) not in encoder]
     if missing:
-        raise TokenizerFileError(f"{name}: byte-level BPE needs a token for each of the 256 bytes; missing "
+        raise TokenizerFileError(f"{name}: tiktoken ranks need a token for each of the 256 bytes; missing "
                                  f"{len(missing)}, e.g. byte 0x{missing[0]:02x}")
-    try:
-        compile_pattern(pattern)
-    except ValueError as e:
-        raise TokenizerFileError(f"{name}: {e}") from None
-    return _build(name, vocab={i: t for t, i in encoder.items()}, pairs=pairs, symbols="bytes",
-                  initial={b: encoder[bytes([b])] for b in range(256)}, pattern=pattern,
-                  added=_unique_added(added, name), **extra)
 
 
 def load_tiktoken(path, *, pattern: str, special_tokens: Mapping[str, int] | None = None) -> Tokenizer:
@@ -245,13 +254,18 @@ def load_tiktoken(path, *, pattern: str, special_tokens: Mapping[str, int] | Non
     _check_ids(path, {**{f"rank {r}": r for r in (min(token_of_rank), max(token_of_rank))},
                       **{f"special token {s}": i for s, i in specials.items()}}, len(ranks))
     added = [AddedToken(s, i) for s, i in specials.items()]
-    return _byte_level(path, ranks, concat_pairs(ranks, ranks), pattern, added)
+    _all_bytes(path, ranks)
+    # tiktoken drops text its pattern does not match; here such a gap is a piece of its own (Isolated)
+    return _byte_level(path, ranks, concat_pairs(ranks, ranks), [Split(pattern)], added)
 
 
 _TEKKEN_DEFAULT_SPECIALS = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                             "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
                             "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
                             "[TOOL_CONTENT]")
+
+
+_TEKKEN_UNNAMED_SLACK = 4096  # unnamed special tokens accepted beyond the vocab's size (real files: <= 1000 in all)
 
 
 def load_tekken(path, *, data=None) -> Tokenizer:
@@ -296,6 +310,11 @@ def load_tekken(path, *, data=None) -> Tokenizer:
         names = [{"rank": i, "token_str": s} for i, s in enumerate(_TEKKEN_DEFAULT_SPECIALS)]
     if not isinstance(names, list) or len(names) > n_special:
         raise TokenizerFileError(f"{path}: special_tokens must be a list of at most {n_special} entries")
+    unnamed = n_special - len(names)  # filled in as <SPECIAL_i>: their count must be paid for by the file
+    if unnamed > len(vocab) + _TEKKEN_UNNAMED_SLACK:
+        raise TokenizerFileError(f"{path}: default_num_special_tokens = {n_special} leaves {unnamed} special tokens "
+                                 f"unnamed; at most {len(vocab) + _TEKKEN_UNNAMED_SLACK} (the vocab's "
+                                 f"{len(vocab)} entries + {_TEKKEN_UNNAMED_SLACK}) are accepted")
     added = []
     for k, entry in enumerate(names):
         if not (isinstance(entry, dict) and entry.get("rank") == k and isinstance(entry.get("token_str"), str)):
@@ -303,8 +322,9 @@ def load_tekken(path, *, data=None) -> Tokenizer:
         added.append(AddedToken(entry["token_str"], k))
     added += [AddedToken(f"<SPECIAL_{i}>", i) for i in range(len(names), n_special)]
     rank_of = {t: i - n_special for t, i in encoder.items()}
+    _all_bytes(path, encoder)
     specials = {t.content: t.id for t in added}
-    return _byte_level(path, encoder, concat_pairs(encoder, rank_of), pattern, added,
+    return _byte_level(path, encoder, concat_pairs(encoder, rank_of), [Split(pattern)], added,
                        bos_token=specials.get("<s>"), eos_token=specials.get("</s>"))
 
 
@@ -366,15 +386,20 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
                                      f"non-negative integer 'id'; got {e!r:.80}")
         if e["id"] >= 2 * (len(vocab) + len(added_json)) + 256:
             raise TokenizerFileError(f"{where}: added_tokens[{k}] has id {e['id']}, far beyond the vocabulary")
-        added.append(AddedToken(e["content"], e["id"], special=bool(e.get("special", False)),
+        special = bool(e.get("special", False))
+        added.append(AddedToken(e["content"], e["id"], special=special,
                                 lstrip=bool(e.get("lstrip")), rstrip=bool(e.get("rstrip")),
-                                single_word=bool(e.get("single_word"))))
-        if e.get("normalized") and not e.get("special") and norm and " " in e["content"]:
-            raise TokenizerNotImplemented(f"{where}: added_tokens[{k}] {e['content']!r:.40} is matched after "
-                                     "normalization and holds a space; not supported")
+                                single_word=bool(e.get("single_word")),
+                                normalized=bool(e.get("normalized", not special)) and bool(norm)))
     added = _unique_added(added, where)
-    added_ids = {t.id for t in added}
+    _check_added_ids(where, vocab, added)
     byte_level = any(_kind(c) == "ByteLevel" for c in pre)
+    if not byte_level and not any(_kind(c) == "Replace" for c in norm):
+        for t in added:  # matched in normalized text, which has its spaces until Metaspace replaces them
+            if t.normalized and (" " in t.content or SPACE in t.content):
+                raise TokenizerNotImplemented(f"{where}: added token {t.content!r:.40} is matched after normalization "
+                                              f"and holds ' ' or '{SPACE}' (with a Metaspace pre_tokenizer); not "
+                                              "supported")
     try:  # the components' fields, read with their expected types
         config = (_hf_byte_level if byte_level else _hf_metaspace)(where, pre, norm, dec, model)
     except (TypeError, AttributeError, KeyError, ValueError) as e:
@@ -384,8 +409,12 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
                                  f"type ({type(e).__name__}: {e})") from None
     to_bytes = _byte_level_token(where) if byte_level else None
     config["bos_token"], config["eos_token"] = _template_ends(where, data.get("post_processor"))
-    # The vocabulary and merges, as ids.
-    ids = {tok: i for tok, i in vocab.items() if i not in added_ids}
+    # The vocabulary and merges, as ids. An added token that is also in model.vocab (at its id, as
+    # _check_added_ids made sure) stays there, as in the library's model (byte-level: if the byte
+    # alphabet spells it; if not, no text can reach it there; a <0xNN> one is read as an added token).
+    content_of = {t.id: t.content for t in added}
+    ids = {tok: i for tok, i in vocab.items()
+           if i not in content_of or (_byte_level_spells(tok) if byte_level else not _BYTE_PIECE.fullmatch(tok))}
     merges = model.get("merges", [])
     if not isinstance(merges, list):
         raise TokenizerFileError(f"{where}: model.merges must be a list")
@@ -404,7 +433,13 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
         encoder = {to_bytes(t): i for t, i in ids.items()}
         if len(encoder) != len(ids):
             raise TokenizerFileError(f"{where}: two vocabulary entries spell the same bytes")
-        return _byte_level(where, encoder, pairs, added=added, **config)
+        unk_token = model.get("unk_token")
+        unk = vocab.get(unk_token, next((t.id for t in added if t.content == unk_token), None))
+        missing = [b for b in range(256) if bytes([b]) not in encoder]
+        if unk_token is not None and unk is None and missing:
+            raise TokenizerFileError(f"{where}: model.unk_token {unk_token!r:.40} is not in the vocabulary, which lacks "
+                                     f"{len(missing)} of the 256 bytes (byte 0x{missing[0]:02x}, ...)")
+        return _byte_level(where, encoder, pairs, added=added, unk=unk, **config)
     # Byte-fallback tokens are looked up in the whole vocabulary, added tokens included (as the library does).
     byte_ids = {int(m.group(1), 16): i for t, i in vocab.items() if (m := _BYTE_PIECE.fullmatch(t))}
     return _sentencepiece_style(where, ids, pairs, added, byte_fallback_decode=config.pop("byte_decode"),
@@ -477,6 +512,35 @@ def _template_ends(where, post) -> tuple[int | None, int | None]:
     return None, None
 
 
+def _check_added_ids(where, vocab: Mapping[str, int], added: list[AddedToken]) -> None:
+    """Each added token must have the id `tokenizers` gives it on reading the file, else the file
+    is contradictory: the library takes a token's id from model.vocab when the vocabulary holds
+    its text, and otherwise gives it the next id after the vocabulary and the added tokens so far
+    (the file's ids are not read), in the order of added_tokens."""
+    ids: dict[str, int] = {}
+    by_id = {i: tok for tok, i in vocab.items()}
+    for t in added:
+        if t.content in vocab:
+            expected = vocab[t.content]
+            why = "model.vocab has it at that id"
+        else:
+            top = max(ids.values(), default=None)
+            expected = len(vocab) if top is None or (top < len(vocab) and len(vocab)) else top + 1
+            why = "the next id after model.vocab and the added tokens before it"
+        if expected != t.id:
+            other = by_id.get(t.id)
+            also = f"; model.vocab gives id {t.id} to {other!r:.60}" if other not in (None, t.content) else ""
+            raise TokenizerFileError(f"{where}: added token {t.content!r:.60} has id {t.id}, but `tokenizers` reads "
+                                     f"it as id {expected} ({why}){also}: the file contradicts itself")
+        ids[t.content] = t.id
+
+
+def _byte_level_spells(token: str) -> bool:
+    """Is `token` written in the byte-level alphabet?"""
+    table = unicode_to_byte()
+    return all(c in table for c in token)
+
+
 def _byte_level_token(where):
     table = unicode_to_byte()
 
@@ -490,27 +554,28 @@ def _byte_level_token(where):
 
 
 def _hf_byte_level(where, pre, norm, dec, model) -> dict:  # -> Tokenizer arguments
-    """pre_tokenizer ByteLevel (GPT-2's regex) or [Split(regex, Isolated), ByteLevel(use_regex=False)]."""
-    pattern = None
+    """pre_tokenizer ByteLevel (GPT-2's regex), or Split and Digits pre-tokenizers (any behavior,
+    inverted or not) before a ByteLevel (with or without its regex)."""
+    splits: list[Split] = []
+    seen_byte_level = False
     for c in pre:
         kind = _kind(c)
         if kind == "ByteLevel":
             if c.get("add_prefix_space"):
                 raise TokenizerFileError(f"{where}: pre_tokenizer ByteLevel with add_prefix_space=true is not "
                                          "supported")
+            if seen_byte_level:
+                raise TokenizerNotImplemented(f"{where}: pre_tokenizer has two ByteLevel steps; not supported")
+            seen_byte_level = True
             if c.get("use_regex", True):
-                if pattern is not None:
-                    raise TokenizerFileError(f"{where}: pre_tokenizer has a Split and a ByteLevel regex")
-                pattern = "gpt2"
-        elif kind == "Split":
-            regex = c.get("pattern", {})
-            if (c.get("behavior") != "Isolated" or c.get("invert") or not isinstance(regex, dict)
-                    or not isinstance(regex.get("Regex", regex.get("String")), str) or pattern is not None):
-                raise TokenizerNotImplemented(f"{where}: pre_tokenizer Split {c!r:.120} is not supported (only one "
-                                         "Isolated, not inverted Split before ByteLevel)")
-            pattern = regex["Regex"] if "Regex" in regex else re.escape(regex["String"])
+                splits.append(Split("gpt2"))
+        elif kind == "Split" and not seen_byte_level:
+            splits.append(_hf_split(where, c))
+        elif kind == "Digits" and not seen_byte_level:  # a Split on each numeric character (Rust's is_numeric)
+            splits.append(Split(r"\p{N}", "Isolated" if c.get("individual_digits") else "Contiguous"))
         else:
-            raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} is not supported with ByteLevel")
+            raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} is not supported with ByteLevel"
+                                          + (" (after it)" if kind == "Split" else ""))
     normalize = None
     for c in norm:
         if _kind(c) in ("NFC", "NFKC", "NFD", "NFKD") and normalize is None:
@@ -522,7 +587,22 @@ def _hf_byte_level(where, pre, norm, dec, model) -> dict:  # -> Tokenizer argume
             raise TokenizerNotImplemented(f"{where}: decoder {_kind(c)!r} is not supported for byte-level BPE")
     if model.get("byte_fallback"):
         raise TokenizerNotImplemented(f"{where}: model.byte_fallback with a ByteLevel pre_tokenizer is not supported")
-    return {"pattern": pattern or "gpt2", "whole_words": bool(model.get("ignore_merges")), "normalize": normalize}
+    return {"splits": splits, "whole_words": bool(model.get("ignore_merges")), "normalize": normalize,
+            "fuse_unk": bool(model.get("fuse_unk"))}
+
+
+def _hf_split(where, c) -> Split:
+    """A Split pre-tokenizer: {"pattern": {"Regex": r} or {"String": s}, "behavior", "invert"}."""
+    regex, behavior, invert = c.get("pattern"), c.get("behavior"), c.get("invert", False)
+    text = regex.get("Regex", regex.get("String")) if isinstance(regex, dict) and len(regex) == 1 else None
+    if not isinstance(text, str) or not text:
+        raise TokenizerFileError(f"{where}: pre_tokenizer Split needs a pattern {{'Regex': ...}} or "
+                                 f"{{'String': ...}}; got {regex!r:.80}")
+    if behavior not in SPLIT_BEHAVIORS or not isinstance(invert, bool):
+        raise TokenizerFileError(f"{where}: pre_tokenizer Split needs a behavior (one of "
+                                 f"{', '.join(SPLIT_BEHAVIORS)}) and a boolean invert; got {behavior!r:.40}, "
+                                 f"{invert!r:.20}")
+    return Split(text if "Regex" in regex else re.escape(text), behavior, invert)
 
 
 def _hf_metaspace(where, pre, norm, dec, model) -> dict:
@@ -531,7 +611,7 @@ def _hf_metaspace(where, pre, norm, dec, model) -> dict:
     prefix, split, replaced, unless_space = "never", False, False, False
     for c in norm:
         kind = _kind(c)
-        if kind == "Prepend" and c.get("prepend") == SPACE:
+        if kind == "Prepend" and c.get("prepend") == SPACE and prefix == "never":
             prefix = "always"
         elif kind == "Replace" and c.get("pattern") == {"String": " "} and c.get("content") == SPACE:
             replaced = True
@@ -539,8 +619,11 @@ def _hf_metaspace(where, pre, norm, dec, model) -> dict:
             raise TokenizerNotImplemented(f"{where}: normalizer {kind!r} ({c!r:.80}) is not supported")
     for c in pre:
         kind = _kind(c)
-        if kind != "Metaspace" or c.get("replacement", SPACE) != SPACE:
-            raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} ({c!r:.80}) is not supported")
+        if kind != "Metaspace" or c.get("replacement", SPACE) != SPACE or unless_space:
+            raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} ({c!r:.80}) is not supported"
+                                          + (" (a second Metaspace)" if unless_space else ""))
+        if prefix != "never":
+            raise TokenizerNotImplemented(f"{where}: a Prepend normalizer with a Metaspace pre_tokenizer is not supported")
         scheme = c.get("prepend_scheme", "always" if c.get("add_prefix_space", True) else "never")
         if scheme not in ("always", "first", "never"):
             raise TokenizerNotImplemented(f"{where}: Metaspace prepend_scheme {scheme!r} is not supported")
@@ -688,9 +771,17 @@ def load_sentencepiece(path) -> Tokenizer:
         if piece in seen:
             raise TokenizerFileError(f"{where}: piece {piece!r:.60} appears twice (ids {seen[piece]} and {i})")
         seen[piece] = i
+    for i, (piece, score, kind) in enumerate(pieces):
+        if kind == _NORMAL and score != score:
+            raise TokenizerFileError(f"{where}: piece {i} {piece!r:.40} has score NaN (which orders no merge)")
+        if kind == _BYTE and not _BYTE_PIECE.fullmatch(piece):
+            raise TokenizerFileError(f"{where}: piece {i} {piece!r:.40} is of type BYTE but not written <0xNN> "
+                                     "(two hex digits)")
     ordinary = {p: i for i, (p, _, k) in enumerate(pieces) if k in (_NORMAL, _BYTE, _UNUSED)}
-    added = [AddedToken(p, i, special=(k != _USER_DEFINED)) for i, (p, _, k) in enumerate(pieces)
-             if k in (_UNKNOWN, _CONTROL, _USER_DEFINED)]
+    # User-defined pieces are matched in the normalized text (spaces as '▁', the dummy prefix), as
+    # sentencepiece's model does; control pieces and <unk> only where the caller allows them.
+    added = [AddedToken(p, i, special=(k != _USER_DEFINED), normalized=(k == _USER_DEFINED))
+             for i, (p, _, k) in enumerate(pieces) if k in (_UNKNOWN, _CONTROL, _USER_DEFINED)]
     normal = {p: (s, i) for i, (p, s, k) in enumerate(pieces) if k == _NORMAL}
     order = {s: r for r, s in enumerate(sorted({s for s, _ in normal.values()}, reverse=True))}
     encoded = {p.encode("utf-8"): i for p, i in ordinary.items() if pieces[i][2] == _NORMAL}

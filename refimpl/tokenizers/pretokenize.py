@@ -29,8 +29,10 @@ import functools
 import re
 import sys
 import unicodedata
+from dataclasses import dataclass
 
-__all__ = ["PATTERNS", "UNICODE_VERSION", "WHITE_SPACE", "translate", "compile_pattern"]
+__all__ = ["PATTERNS", "UNICODE_VERSION", "WHITE_SPACE", "translate", "compile_pattern", "SPLIT_BEHAVIORS", "Split",
+           "match_spans", "split_text"]
 
 UNICODE_VERSION = unicodedata.unidata_version
 """The Unicode version of Python's `unicodedata`, which decides \\p{..} here.
@@ -279,3 +281,95 @@ def compile_pattern(pattern: str) -> re.Pattern:
     except re.error as e:
         raise ValueError(f"pattern {pattern!r:.80} does not compile as a Python regex after "
                          f"translation ({e})") from None
+
+
+# --------------------------------------------------------------------------------------
+# Splitting text with a pattern: Hugging Face's Split pre-tokenizer
+# --------------------------------------------------------------------------------------
+
+SPLIT_BEHAVIORS = ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One Split pre-tokenizer: cut the text at the matches of `pattern` (a name in PATTERNS or a
+    regex), each piece being a match or a gap between matches (`invert` swaps the two), and
+    then, by `behavior` (the names and rules of Hugging Face's SplitDelimiterBehavior):
+
+        Isolated            every match and every gap is its own piece
+        Removed             the matches are dropped, the gaps kept
+        MergedWithPrevious  a match joins the piece before it
+        MergedWithNext      a match joins the piece after it
+        Contiguous          consecutive pieces of the same kind (match / gap) are joined
+
+    Only Removed drops text (by design: that is what the file asks for); the others keep
+    every character, whatever the pattern covers and whatever groups it has."""
+    pattern: str
+    behavior: str = "Isolated"
+    invert: bool = False
+
+    def __post_init__(self):
+        if self.behavior not in SPLIT_BEHAVIORS:
+            raise ValueError(f"Split behavior must be one of {', '.join(SPLIT_BEHAVIORS)}; got {self.behavior!r:.40}")
+
+
+def match_spans(text: str, regex: re.Pattern) -> list[tuple[int, int]]:
+    """(start, end) of each match of `regex` in `text`, left to right, as Oniguruma's and the Rust
+    regex crate's iterators give them: as `re.finditer`, except that an empty match ending where
+    the previous match ended is skipped and the search goes on one character later (`re` would
+    report it, and then try a non-empty match at the same place)."""
+    spans, pos, last, n = [], 0, -1, len(text)
+    search = regex.search
+    while pos <= n:
+        m = search(text, pos)
+        if m is None:
+            break
+        s, e = m.span()
+        if s == e == last:
+            pos = e + 1
+            continue
+        spans.append((s, e))
+        pos = last = e
+    return spans
+
+
+def split_text(text: str, regex: re.Pattern, behavior: str = "Isolated", invert: bool = False) -> list[str]:
+    """The non-empty pieces of `text` under one Split (see `Split`): "".join(pieces) == text
+    for every behavior but Removed.
+
+    Isolated with a group-free pattern whose matches cover the text (every named pattern) is
+    one `findall`; anything else walks the match spans (`match_spans`): matches and the gaps
+    between them, each flagged a match (or, inverted, a gap), folded by the behavior."""
+    if not text:
+        return []
+    if behavior == "Isolated" and not regex.groups:
+        pieces = regex.findall(text)
+        if sum(map(len, pieces)) == len(text) and "" not in pieces:
+            return pieces
+    parts: list[tuple[int, int, bool]] = []  # (start, end, is a match), covering the text
+    prev = 0
+    for s, e in match_spans(text, regex):
+        if s > prev:
+            parts.append((prev, s, invert))
+        parts.append((s, e, not invert))
+        prev = e
+    if prev < len(text):
+        parts.append((prev, len(text), invert))
+    if behavior == "Isolated":
+        spans = [(s, e) for s, e, _ in parts]
+    elif behavior == "Removed":
+        spans = [(s, e) for s, e, is_match in parts if not is_match]
+    else:
+        backward = behavior == "MergedWithNext"
+        spans = []
+        before = False  # was the previous part (in the order of the walk) a match?
+        for s, e, is_match in (reversed(parts) if backward else parts):
+            join = is_match == before if behavior == "Contiguous" else is_match and not before
+            if join and spans:
+                spans[-1] = (s, spans[-1][1]) if backward else (spans[-1][0], e)
+            else:
+                spans.append((s, e))
+            before = is_match
+        if backward:
+            spans.reverse()
+    return [text[s:e] for s, e in spans if e > s]

@@ -36,7 +36,7 @@ import numpy as np
 from .._tokens import StreamDecoder, allowed_specials, check_token_id
 from .._tokens import check_id_sequence as _check_id_sequence
 from .engine import LONG_PIECE, PairArrays, PairTable, merge, merge_long, merge_long_bytes
-from .pretokenize import WHITE_SPACE, compile_pattern
+from .pretokenize import WHITE_SPACE, Split, compile_pattern, split_text
 
 __all__ = ["AddedToken", "Tokenizer", "StreamDecoder"]
 
@@ -46,13 +46,17 @@ class AddedToken:
     """A token matched in raw text before any splitting (Hugging Face's AddedToken flags).
 
     lstrip / rstrip: the match also takes the whitespace on its left / right. single_word:
-    it matches only where no word character (letter, digit, _) touches it on either side."""
+    it matches only where no word character (letter, digit, _) touches it on either side.
+    normalized: matched in normalized text (each segment after the normalizer: Unicode form,
+    Prepend, spaces as '▁'), as the normalizer turns `content` (Tokenizer.normalize_segment);
+    otherwise in the raw text, before anything else."""
     content: str
     id: int
     special: bool = True
     lstrip: bool = False
     rstrip: bool = False
     single_word: bool = False
+    normalized: bool = False
 
 
 class Tokenizer:
@@ -64,16 +68,23 @@ class Tokenizer:
       vocab          id -> bytes the token decodes to, for every ordinary token
       pairs          the merge table (engine.PairTable)
       symbols        "bytes" or "chars"
-      initial        "bytes": {byte value: id} for all 256; "chars": {character: id}
-      pattern        pre-tokenizer (name or regex string) or None
+      initial        "bytes": {byte value: id}; "chars": {character: id}. A byte without a token
+                     (`unrepresentable_bytes`) is the unknown token, or dropped without one
+                     (as Hugging Face's BPE does with a character outside its vocabulary)
+      pattern        pre-tokenizer (name or regex string): Split(pattern, "Isolated"), or None
+      splits         Split pre-tokenizers (pretokenize.Split) run after `pattern`, in order
       added          AddedToken list: special ones need `allowed_special`, others always match
       byte_fallback  "chars": {byte value: id} of the <0xNN> tokens, or None; a character with a
                      byte missing there is the unknown token (as in Hugging Face's BPE)
-      unk            "chars": id of the unknown token, or None (then an unknown character is an error)
+      unk            id of the unknown token, or None ("chars": then an unknown character is an error)
       fuse_unk       consecutive unknown characters give one unknown token
       space          "▁" (SentencePiece-style) or None; prefix "text" | "first" | "always" | "never"
-      prefix_unless_space  no prefix for a segment that starts with a space (Metaspace's rule)
-      collapse_spaces  SentencePiece's remove_extra_whitespaces (strip, and runs of ' ' become one)
+                     ("text": SentencePiece's normalizer, once on the whole text; "always" without
+                     prefix_unless_space: Prepend, a normalizer, on each segment)
+      prefix_unless_space  Metaspace's prefix (a pre-tokenizer: after normalized added tokens are
+                     cut out), not given to a piece that starts with '▁' already
+      collapse_spaces  SentencePiece's remove_extra_whitespaces (leading ' ' and trailing '▁'
+                     stripped, runs of ' ' become one)
       whole_words    ignore_merges: a piece that is itself a vocabulary token is that token
       strip_leading_space  decode drops one leading space (the dummy prefix)
       normalize      a Unicode normal form applied to each segment (Qwen2's NFC), or None
@@ -89,7 +100,8 @@ class Tokenizer:
     _CACHE_SIZE = 1 << 20   # ... up to this many of them
 
     def __init__(self, *, vocab: Mapping[int, bytes], pairs: PairTable, symbols: str, initial: Mapping,
-                 pattern: str | None = None, added: Iterable[AddedToken] = (), byte_fallback=None,
+                 pattern: str | None = None, splits: Iterable[Split] = (), added: Iterable[AddedToken] = (),
+                 byte_fallback=None,
                  unk: int | None = None, fuse_unk: bool = False, space: str | None = None,
                  prefix: str = "never", prefix_unless_space: bool = False, collapse_spaces: bool = False,
                  whole_words: bool = False,
@@ -100,20 +112,20 @@ class Tokenizer:
             raise ValueError(f"symbols must be 'bytes' or 'chars'; got {symbols!r}")
         if prefix not in ("text", "first", "always", "never"):
             raise ValueError(f"prefix must be 'text', 'first', 'always' or 'never'; got {prefix!r}")
-        if symbols == "bytes":
-            missing = [b for b in range(256) if b not in initial]
-            if missing:
-                raise ValueError(f"{name}: byte-level BPE needs a token for each of the 256 bytes; "
-                                 f"missing {len(missing)}, e.g. byte 0x{missing[0]:02x}")
         self.name = name
         self._vocab = dict(vocab)
         self._pairs = pairs
         self._symbols = symbols
         self._initial = dict(initial)
-        self._byte_ids = [self._initial[b] for b in range(256)] if symbols == "bytes" else None
+        self._byte_ids = [self._initial.get(b) for b in range(256)] if symbols == "bytes" else None
+        self.unrepresentable_bytes: frozenset[int] = frozenset(
+            b for b in range(256) if symbols == "bytes" and b not in self._initial)
+        """Byte values without a token (a byte-level vocabulary lacking some of the 256): in text,
+        each is the unknown token, or dropped from the ids where there is none (as `tokenizers`)."""
         self._fallback = dict(byte_fallback) if byte_fallback else None
         self._unk, self._fuse_unk = unk, fuse_unk
-        self._pattern = compile_pattern(pattern) if pattern is not None else None
+        self._splits = tuple([Split(pattern)] if pattern is not None else []) + tuple(splits)
+        self._split_regexes = [(compile_pattern(sp.pattern), sp.behavior, sp.invert) for sp in self._splits]
         self._space, self._prefix, self._collapse = space, prefix, collapse_spaces
         self._prefix_unless_space = prefix_unless_space
         self._strip_leading_space = strip_leading_space
@@ -131,15 +143,15 @@ class Tokenizer:
             if not t.content:
                 raise ValueError(f"{name}: an added token has empty text (id {t.id})")
             known = decoder.get(t.id)
-            if known is not None and known != t.content.encode("utf-8"):
+            if known is None:
+                decoder[t.id] = t.content.encode("utf-8")
+            elif self._piece_key(known) != t.content.encode("utf-8"):  # (else it decodes as that vocabulary entry)
                 raise ValueError(f"{name}: added token {t.content!r} has id {t.id}, already used by {known!r}")
-            decoder[t.id] = t.content.encode("utf-8")
         self._decoder = decoder
         self.special_tokens: dict[str, int] = {t.content: t.id for t in self.added_tokens if t.special}
         self.vocab_size: int = max(decoder) + 1
         self.bos_token, self.eos_token = bos_token, eos_token
-        self._always = [t for t in self.added_tokens if not t.special]
-        self._splitters: dict[frozenset, tuple[re.Pattern, list[int]] | None] = {}
+        self._splitters: dict[tuple[frozenset, bool], tuple[re.Pattern, list[int]] | None] = {}
         self._cache: dict[str, tuple[int, ...]] = {}
         self._arrays: PairArrays | None = None
 
@@ -171,7 +183,17 @@ class Tokenizer:
         fallback / the unknown token."""
         if self._byte_ids is not None:
             table = self._byte_ids
-            return [table[b] for b in piece.encode("utf-8")]
+            if not self.unrepresentable_bytes:
+                return [table[b] for b in piece.encode("utf-8")]
+            ids = []
+            unk, fuse = self._unk, self._fuse_unk
+            for b in piece.encode("utf-8"):
+                i = table[b]
+                if i is not None:
+                    ids.append(i)
+                elif unk is not None and not (fuse and ids and ids[-1] == unk):
+                    ids.append(unk)
+            return ids
         ids: list[int] = []
         get, fallback, unk = self._initial.get, self._fallback, self._unk
         for ch in piece:
@@ -198,7 +220,8 @@ class Tokenizer:
             whole = self._whole.get(piece.encode("utf-8")) if self._whole is not None else None
             if whole is not None:
                 ids = (whole,)
-            elif (self._byte_ids is not None and len(piece) * 4 > LONG_PIECE  # (at most 4 bytes a character)
+            elif (self._byte_ids is not None and not self.unrepresentable_bytes
+                  and len(piece) * 4 > LONG_PIECE  # (at most 4 bytes a character)
                   and len(data := piece.encode("utf-8")) > LONG_PIECE):
                 return merge_long_bytes(data, self._pair_arrays()).tolist()
             else:
@@ -212,19 +235,43 @@ class Tokenizer:
 
     def _pair_arrays(self) -> PairArrays:
         if self._arrays is None:
-            self._arrays = PairArrays(self._pairs, self._byte_ids)
+            self._arrays = PairArrays(self._pairs, None if self.unrepresentable_bytes else self._byte_ids)
         return self._arrays
 
-    def _encode_segment(self, text: str, at_start: bool) -> list[int]:
-        """Ids of text that holds no added or allowed special token; at_start: it begins the text."""
+    def normalize_segment(self, text: str) -> str:
+        """The normalizer on one segment of text (between added tokens matched in raw text): the
+        Unicode normal form, Prepend's '▁', spaces as '▁'; also how a normalized added token's
+        text is matched."""
         if self._normalize is not None:
             text = unicodedata.normalize(self._normalize, text)
         if self._space is not None:
-            if (self._prefix == "always" or (self._prefix == "first" and at_start)) and text:
-                if not (self._prefix_unless_space and text.startswith(" ")):
-                    text = " " + text
+            if self._prefix == "always" and not self._prefix_unless_space and text:  # Prepend
+                text = " " + text
             text = text.replace(" ", self._space)
-        pieces = self._pattern.findall(text) if self._pattern is not None else [text] if text else []
+        return text
+
+    def _sentencepiece_text(self, text: str) -> str:
+        """SentencePiece's normalizer (identity map) on the whole text: with remove_extra_whitespaces
+        leading ' ' stripped, runs of ' ' made one, the dummy-prefix '▁' if anything is left, spaces
+        as '▁', then trailing '▁' stripped (a literal '▁' included, as sentencepiece does)."""
+        if self._collapse:
+            text = re.sub("  +", " ", text.lstrip(" "))
+        if self._prefix == "text" and text:
+            text = " " + text
+        if self._space is not None:
+            text = text.replace(" ", self._space)
+            if self._collapse:
+                text = text.rstrip(self._space)
+        return text
+
+    def _encode_segment(self, text: str, at_start: bool) -> list[int]:
+        """Ids of normalized text that holds no added or allowed special token; at_start: it begins the text."""
+        if self._prefix_unless_space and text and not text.startswith(self._space):  # Metaspace's prefix
+            if self._prefix == "always" or (self._prefix == "first" and at_start):
+                text = self._space + text
+        pieces = [text] if text else []
+        for regex, behavior, invert in self._split_regexes:
+            pieces = [p for piece in pieces for p in split_text(piece, regex, behavior, invert)]
         ids: list[int] = []
         for piece in pieces:
             ids.extend(self._encode_piece(piece))
@@ -237,6 +284,9 @@ class Tokenizer:
     def encode(self, text: str, *, allowed_special: Iterable[str] | str = ()) -> list[int]:  # text -> ids [T]
         """ids = concat over segments (between added / allowed special tokens) of BPE(pieces of segment).
 
+        Added tokens are cut out of the raw text, then each segment is normalized
+        (`normalize_segment`) and the normalized added tokens are cut out of it, then each
+        remaining part is pre-tokenized into pieces and merged (Hugging Face's order).
         allowed_special: special-token strings to recognise in `text`, or "all"; any other text
         that spells a special token is encoded as ordinary text. Lone surrogates become U+FFFD
         first (they have no UTF-8 form).
@@ -245,45 +295,56 @@ class Tokenizer:
             raise TypeError(f"text must be str; got {type(text).__name__}")
         allowed = self._allowed(allowed_special)
         text = _replace_lone_surrogates(text)
-        if self._collapse:
-            text = re.sub(" +", " ", text.strip(" "))
-        if self._space is not None and self._prefix == "text" and text:
-            text = " " + text
-        splitter = self._splitter(allowed)
-        if splitter is None:
-            return self._encode_segment(text, True)
-        pattern, id_of_group = splitter
+        if self._prefix == "text" or self._collapse:
+            text = self._sentencepiece_text(text)
         ids: list[int] = []
+        for segment, start in self._cut(text, self._splitter(allowed, False), ids):
+            normalized = self.normalize_segment(segment)
+            for part, at in self._cut(normalized, self._splitter(allowed, True), ids):
+                ids.extend(self._encode_segment(part, start == 0 and at == 0))
+        return ids
+
+    @staticmethod
+    def _cut(text: str, splitter, ids: list[int]) -> Iterator[tuple[str, int]]:
+        """The (text, offset) of each non-empty stretch of `text` between matches of the splitter,
+        in order; the id of each match is appended to `ids` where it falls among them."""
+        if splitter is None:
+            if text:
+                yield text, 0
+            return
+        pattern, id_of_group = splitter
         start = 0
         for m in pattern.finditer(text):
             if m.start() > start:
-                ids.extend(self._encode_segment(text[start:m.start()], start == 0))
+                yield text[start:m.start()], start
             ids.append(id_of_group[m.lastindex - 1])
             start = m.end()
         if start < len(text):
-            ids.extend(self._encode_segment(text[start:], start == 0))
-        return ids
+            yield text[start:], start
 
     def _allowed(self, allowed_special) -> frozenset[str]:
         return allowed_specials(allowed_special, self.special_tokens)
 
-    def _splitter(self, allowed: frozenset) -> tuple[re.Pattern, list[int]] | None:
-        """One regex matching every always-matched added token and every allowed special token,
-        longest first (leftmost-longest, as Hugging Face's matcher), each alternative with the
-        whitespace its flags take and one group around the token itself; and the id of each
-        group. Cached per set of allowed tokens."""
-        if allowed not in self._splitters:
-            tokens = sorted((t for t in self.added_tokens if not t.special or t.content in allowed),
-                            key=lambda t: len(t.content), reverse=True)
+    def _splitter(self, allowed: frozenset, normalized: bool) -> tuple[re.Pattern, list[int]] | None:
+        """One regex matching every always-matched added token and every allowed special token
+        of one kind (matched in normalized text, or in raw text), longest first (leftmost-longest,
+        as Hugging Face's matcher), each alternative with the whitespace its flags take and one
+        group around the token itself; and the id of each group. Cached per set of allowed tokens."""
+        key = (allowed, normalized)
+        if key not in self._splitters:
+            text_of = {t.id: self.normalize_segment(t.content) if normalized else t.content for t in self.added_tokens}
+            tokens = sorted((t for t in self.added_tokens
+                             if t.normalized == normalized and (not t.special or t.content in allowed)),
+                            key=lambda t: len(text_of[t.id]), reverse=True)
             space = "[" + re.escape(WHITE_SPACE) + "]*"
             alternatives = []
             for t in tokens:
-                body = f"({re.escape(t.content)})"
+                body = f"({re.escape(text_of[t.id])})"
                 if t.single_word:
                     body = rf"(?<!\w){body}(?!\w)"
                 alternatives.append((space if t.lstrip else "") + body + (space if t.rstrip else ""))
-            self._splitters[allowed] = (re.compile("|".join(alternatives)), [t.id for t in tokens]) if tokens else None
-        return self._splitters[allowed]
+            self._splitters[key] = (re.compile("|".join(alternatives)), [t.id for t in tokens]) if tokens else None
+        return self._splitters[key]
 
     # ---- decoding ----------------------------------------------------------------------
 
