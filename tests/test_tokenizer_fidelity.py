@@ -25,7 +25,7 @@ import pytest
 
 from refimpl.tokenizers import TokenizerFileError, load
 from refimpl.tokenizers.formats import byte_to_unicode
-from tokenizer_oracles import corpus
+from tokenizer_oracles import cached, corpus
 
 hf = pytest.importorskip("tokenizers", reason="tokenizers is the oracle for tokenizer.json files")
 
@@ -294,6 +294,41 @@ def test_missing_byte_tokens_encode_like_tokenizers(partial_bytes, unk, tmp_path
     compare(f"missing bytes, unk_token={unk}, fuse_unk", tok.encode, hf_ids(table))
 
 
+@pytest.fixture(scope="module")
+def smollm2_json() -> dict:
+    """SmolLM2-135M-Instruct's tokenizer.json rebuilt from its GGUF (tokens, merges, token types) in
+    the layout of the model's own file: Digits (each digit), then ByteLevel; its 17 control tokens
+    as special added tokens that are also vocabulary entries. 21 bytes have no token."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package reads the SmolLM2 file's tokenizer")
+    reader = gguf.GGUFReader(cached("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    merges = reader.fields["tokenizer.ggml.merges"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, t in enumerate(tokens) if types[i] == 3]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": True},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+            "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges}}
+
+
+@pytest.mark.parametrize("unk", [None, "<|endoftext|>"])
+def test_smollm2_vocabulary_without_21_bytes_matches_tokenizers(smollm2_json, unk, tmp_path):
+    """The real vocabulary: it loads, lists the 21 bytes it lacks (0x04, 0xc0, 0xf5..0xff, ...), and
+    encodes the corpus and text holding those bytes to the ids of `tokenizers`."""
+    data = dict(smollm2_json, model=dict(smollm2_json["model"], unk_token=unk))
+    tok, table = _both(data, tmp_path / "tokenizer.json")
+    assert len(tok.unrepresentable_bytes) == 21 and {0x04, 0xc0, 0xc1, 0xff} <= tok.unrepresentable_bytes
+    lacking = "".join(chr(b) for b in sorted(tok.unrepresentable_bytes) if b < 0x80)
+    compare(f"SmolLM2, unk_token={unk}", tok.encode, hf_ids(table),
+            TEXTS + [f"a{lacking}b {lacking}12{lacking}", "\x04\x04x\x06 \x13\x14\x16\x1d!", "Ā\U0010ffff\U000e0001"])
+
+
 def test_tokenize_command_names_the_bytes_it_cannot_represent(partial_bytes, tmp_path):
     """SmolLM2's layout (Digits, then ByteLevel) in a LLaMA-family folder: `tokenize` names the bytes of
     the text that have no token."""
@@ -317,3 +352,78 @@ def test_tokenize_command_names_the_bytes_it_cannot_represent(partial_bytes, tmp
     assert r.stdout.split("\n")[1].split()[1:] == [str(i) for i in tok.encode(text)], r.stdout
     r = run("Hello world")
     assert r.returncode == 0 and "cannot represent" not in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------------------------
+# 4. Memory and time in proportion to the file
+# --------------------------------------------------------------------------------------
+
+_LIMITS_CHILD = r"""
+import base64, json, resource, struct, sys, time
+sys.path.insert(0, sys.argv[3])
+from refimpl.tokenizers import TokenizerFileError, load
+from refimpl.tokenizers.formats import byte_to_unicode
+from test_tokenizers import sentencepiece_model
+
+d, n = sys.argv[1], int(sys.argv[2])
+long = b"ab" * (n // 2)  # one token of n bytes
+tokens = [bytes([b]) for b in range(256)] + [b"ab", b"abab", long]
+files = {}
+with open(f"{d}/r.tiktoken", "w") as f:
+    f.writelines(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens))
+files["tiktoken"] = dict(path=f"{d}/r.tiktoken", pattern="gpt2")
+vocab = [{"rank": r, "token_bytes": base64.b64encode(t).decode()} for r, t in enumerate(tokens)]
+json.dump({"config": {"pattern": "gpt2", "default_vocab_size": len(tokens) + 3, "default_num_special_tokens": 3},
+           "vocab": vocab, "special_tokens": [{"rank": i, "token_str": s} for i, s in enumerate(["<unk>", "<s>", "</s>"])]},
+          open(f"{d}/tekken.json", "w"))
+files["tekken"] = dict(path=f"{d}/tekken.json")
+u = byte_to_unicode()
+spell = lambda t: "".join(u[b] for b in t)
+json.dump({"model": {"type": "BPE", "vocab": {spell(t): i for i, t in enumerate(tokens)},
+                     "merges": ["a b", "ab ab"]}, "pre_tokenizer": {"type": "ByteLevel"}},
+          open(f"{d}/tokenizer.json", "w"))
+files["tokenizer.json"] = dict(path=f"{d}/tokenizer.json")
+pieces = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3), ("a", -1.0, 1), ("b", -2.0, 1), ("ab", -3.0, 1),
+          ("abab", -4.0, 1), (long.decode(), -5.0, 1), ("\u2581", -6.0, 1)]
+open(f"{d}/t.model", "wb").write(sentencepiece_model(pieces))
+files["model"] = dict(path=f"{d}/t.model")
+# Tekken: 10^7 special tokens declared beside 3000 ranks
+json.dump({"config": {"pattern": "gpt2", "default_vocab_size": 10**7 + 3000, "default_num_special_tokens": 10**7},
+           "vocab": [{"rank": r, "token_bytes": base64.b64encode(t).decode()}
+                     for r, t in enumerate([bytes([b]) for b in range(256)]
+                                           + [b"x%d" % i for i in range(2744)])]}, open(f"{d}/many.json", "w"))
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
+budget = int(sys.argv[4]) * 2**20
+resource.setrlimit(resource.RLIMIT_AS, (vm + budget, vm + budget))
+for name, kw in files.items():
+    t = time.perf_counter()
+    tok = load(kw.pop("path"), **kw)
+    seconds = time.perf_counter() - t
+    assert tok.decode(tok.encode("abab ab")) == "abab ab"
+    print(name, f"{seconds:.2f}")
+t = time.perf_counter()
+try:
+    load(f"{d}/many.json")
+    print("many loaded")
+except TokenizerFileError as e:
+    print("many refused", f"{time.perf_counter() - t:.2f}", str(e)[-60:].replace(" ", "_"))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_long_token_and_many_declared_specials_cost_in_proportion(tmp_path):
+    """A 7.5 MB token loads in seconds from a .tiktoken, a tekken.json, a tokenizer.json and a .model
+    file (the merge table used to be quadratic in a token's length: 48 s for 400 KB), within 600 MB
+    of address space above the started interpreter; Tekken's default_num_special_tokens = 10^7
+    beside 3000 ranks is refused at once (it used to take over 1.5 GB)."""
+    r = subprocess.run([sys.executable, "-c", _LIMITS_CHILD, str(tmp_path), str(7_500_000), str(ROOT / "tests"), "600"],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    print(r.stdout)
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().split("\n"))
+    assert set(lines) == {"tiktoken", "tekken", "tokenizer.json", "model", "many"}
+    for name in ("tiktoken", "tekken", "tokenizer.json", "model"):
+        assert float(lines[name]) < 20, f"{name}: {lines[name]} s to load a 7.5 MB token"
+    refused, seconds, message = lines["many"].split()
+    assert refused == "refused" and float(seconds) < 2 and "are_accepted" in message
