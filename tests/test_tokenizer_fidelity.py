@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from refimpl.tokenizers import TokenizerFileError, load
 from refimpl.tokenizers.formats import byte_to_unicode
@@ -101,6 +102,23 @@ def test_split_behaviors_match_tokenizers(byte_level_json, behavior, tmp_path):
             if behavior != "Removed":
                 for s in TEXTS:
                     assert tok.decode(tok.encode(s)) == s
+
+
+@settings(max_examples=40)
+@given(text=st.text(st.sampled_from("ab 're\n\t1é😀▁x"), max_size=24),
+       pattern=st.sampled_from([r"\s*", r"(a)|b| ?", r"a*?", r"|a", r"(?=b)", r"\b", r"'re|\p{L}+", r"b+|$",
+                                r"^\s*|x", r"\s+$|[^\s]+"]),
+       behavior=st.sampled_from(["Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]),
+       invert=st.booleans())
+def test_split_pieces_match_tokenizers_on_any_text(text, pattern, behavior, invert):
+    """Split's pieces equal the library's for any text over a small alphabet and patterns that match
+    the empty string in every way (lazy, an empty alternative first, lookaheads, word boundaries)."""
+    from tokenizers import Regex, pre_tokenizers
+    from refimpl.tokenizers.pretokenize import compile_pattern, split_text
+    name = {"MergedWithPrevious": "merged_with_previous", "MergedWithNext": "merged_with_next"}.get(behavior,
+                                                                                                   behavior.lower())
+    theirs = [p for p, _ in pre_tokenizers.Split(Regex(pattern), name, invert=invert).pre_tokenize_str(text)]
+    assert split_text(text, compile_pattern(pattern, line_anchors=True), behavior, invert) == theirs
 
 
 def test_isolated_split_on_a_space_keeps_the_words(byte_level_json, tmp_path):
@@ -299,11 +317,10 @@ def smollm2_json() -> dict:
     """SmolLM2-135M-Instruct's tokenizer.json rebuilt from its GGUF (tokens, merges, token types) in
     the layout of the model's own file: Digits (each digit), then ByteLevel; its 17 control tokens
     as special added tokens that are also vocabulary entries. 21 bytes have no token."""
-    gguf = pytest.importorskip("gguf", reason="the gguf package reads the SmolLM2 file's tokenizer")
-    reader = gguf.GGUFReader(cached("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-    merges = reader.fields["tokenizer.ggml.merges"].contents()
-    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    from refimpl.gguf import read_gguf
+    metadata = read_gguf(cached("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).metadata
+    tokens, merges = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.merges"]
+    types = [int(k) for k in metadata["tokenizer.ggml.token_type"]]
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
               "special": True} for i, t in enumerate(tokens) if types[i] == 3]
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,

@@ -14,9 +14,9 @@ GPT-2 (refimpl.gpt2.tokenizer: GPT-2's strict loaders and its vocab.json + merge
 
 from .formats import (TokenizerFileError, load, load_sentencepiece, load_tekken, load_tiktoken,
                       load_tokenizer_json, load_vocab_merges)
-from .pretokenize import PATTERNS
+from .pretokenize import PATTERNS, Split
 from .tokenizer import AddedToken, StreamDecoder, Tokenizer
 
 __all__ = ["load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece", "load_tekken", "load_vocab_merges",
            "Tokenizer",
-           "StreamDecoder", "AddedToken", "TokenizerFileError", "PATTERNS"]
+           "StreamDecoder", "AddedToken", "TokenizerFileError", "PATTERNS", "Split"]

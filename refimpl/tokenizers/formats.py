@@ -229,7 +229,7 @@ def _byte_level(name, encoder: dict[bytes, int], pairs: PairTable, splits: list[
     each as the unknown token, or drops it where there is none."""
     for sp in splits:
         try:
-            compile_pattern(sp.pattern)
+            compile_pattern(sp.pattern, sp.line_anchors)
         except ValueError as e:
             raise TokenizerFileError(f"{name}: {e}") from None
     return _build(name, vocab={i: t for t, i in encoder.items()}, pairs=pairs, symbols="bytes",
@@ -602,7 +602,7 @@ def _hf_split(where, c) -> Split:
         raise TokenizerFileError(f"{where}: pre_tokenizer Split needs a behavior (one of "
                                  f"{', '.join(SPLIT_BEHAVIORS)}) and a boolean invert; got {behavior!r:.40}, "
                                  f"{invert!r:.20}")
-    return Split(text if "Regex" in regex else re.escape(text), behavior, invert)
+    return Split(text if "Regex" in regex else re.escape(text), behavior, invert, line_anchors=True)
 
 
 def _hf_metaspace(where, pre, norm, dec, model) -> dict:

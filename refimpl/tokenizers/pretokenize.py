@@ -17,6 +17,9 @@ Python's `re` (3.11+) has possessive quantifiers, atomic groups and scoped flags
     \\s / \\S         -> Unicode White_Space (re's \\s also takes U+001C..U+001F)
     $               -> \\Z (re's $ also matches before a final newline)
 
+That is Rust's regex (tiktoken). Hugging Face's `tokenizers` runs Oniguruma in Ruby syntax,
+where ^ and $ are line anchors: `translate(..., line_anchors=True)` makes them (?m:^), (?m:$).
+
 inside and outside [...] classes. The classes come from Python's `unicodedata`, so a code
 point that is unassigned in its Unicode version but assigned in the oracle's counts as
 "other" here (see UNICODE_VERSION); text of assigned characters splits
@@ -218,7 +221,7 @@ def _bracket(pattern: str, i: int) -> tuple[str | tuple[bool, str, str], int]:
     return (negate, "".join(bmp), "".join(astral)), j + 1
 
 
-def translate(pattern: str) -> str:
+def translate(pattern: str, line_anchors: bool = False) -> str:
     """`pattern` (Rust regex / Oniguruma syntax) rewritten for Python's `re`: \\p{X}, \\P{X},
     \\s, \\S and $ as described in the module docstring; everything else is passed as it is.
     A class holding a property becomes a group of two one-character classes (see `_one_char`),
@@ -266,16 +269,19 @@ def translate(pattern: str) -> str:
             else:
                 out.append(text)
         else:
-            out.append(r"\Z" if c == "$" else c)
+            if line_anchors and c in "^$":
+                out.append(f"(?m:{c})")  # Ruby syntax: start / end of a line
+            else:
+                out.append(r"\Z" if c == "$" else c)
             i += 1
     return "".join(out)
 
 
 @functools.cache
-def compile_pattern(pattern: str) -> re.Pattern:
+def compile_pattern(pattern: str, line_anchors: bool = False) -> re.Pattern:
     """A named pattern ("gpt2", "cl100k", "llama3", "qwen2") or a regex string, compiled for `re`."""
     source = PATTERNS.get(pattern, pattern)
-    translated = translate(source)
+    translated = translate(source, line_anchors)
     try:
         return re.compile(translated)
     except re.error as e:
@@ -307,6 +313,7 @@ class Split:
     pattern: str
     behavior: str = "Isolated"
     invert: bool = False
+    line_anchors: bool = False  # ^ and $ anchor lines (Oniguruma, tokenizer.json), not the text (tiktoken)
 
     def __post_init__(self):
         if self.behavior not in SPLIT_BEHAVIORS:

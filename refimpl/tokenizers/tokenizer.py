@@ -1,7 +1,8 @@
 """The tokenizer object every format loads into: one pipeline, configured per format.
 
     encode: text -> cut at added / allowed special tokens -> per segment: normalize
-                 -> pre-tokenize into pieces -> initial symbols (bytes or characters) as ids
+                 -> cut at added tokens matched in normalized text -> pre-tokenize into pieces
+                 -> initial symbols (bytes or characters) as ids
                  -> BPE merges (engine.py; NumPy rounds for pieces of over 512 symbols) -> ids
     decode: ids -> bytes of each token, joined -> UTF-8 text (invalid sequences become U+FFFD)
                  -> for SentencePiece-style vocabularies, one leading space removed
@@ -11,7 +12,10 @@ The parts that differ between formats are data, not code paths:
     symbols     "bytes": each UTF-8 byte is a token (byte-level BPE: GPT-2, Llama 3, Qwen, Tekken)
                 "chars": each character is a token if the vocabulary has it, else its UTF-8
                 bytes as byte-fallback tokens <0xNN> if it has those, else the unknown token
-    pattern     the pre-tokenizer regex (pretokenize.py), or None: the whole segment is one piece
+    pattern     the pre-tokenizer regex (pretokenize.py), and any Split pre-tokenizers (each with
+                its behavior, as Hugging Face's), or none: the whole segment is one piece. No
+                pattern loses text: what its matches leave is kept as pieces (only a Split of
+                behavior Removed drops what it matches, as the file asks)
     space       SentencePiece's whitespace rule: spaces become this character ("▁"), and a
                 prefix "▁" is added ("text": once, at the start of the text; "first": to a
                 segment starting the text; "always": to every segment; "never"), for
@@ -125,7 +129,8 @@ class Tokenizer:
         self._fallback = dict(byte_fallback) if byte_fallback else None
         self._unk, self._fuse_unk = unk, fuse_unk
         self._splits = tuple([Split(pattern)] if pattern is not None else []) + tuple(splits)
-        self._split_regexes = [(compile_pattern(sp.pattern), sp.behavior, sp.invert) for sp in self._splits]
+        self._split_regexes = [(compile_pattern(sp.pattern, sp.line_anchors), sp.behavior, sp.invert)
+                               for sp in self._splits]
         self._space, self._prefix, self._collapse = space, prefix, collapse_spaces
         self._prefix_unless_space = prefix_unless_space
         self._strip_leading_space = strip_leading_space
