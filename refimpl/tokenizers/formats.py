@@ -324,7 +324,7 @@ def load_tekken(path, *, data=None) -> Tokenizer:
     rank_of = {t: i - n_special for t, i in encoder.items()}
     _all_bytes(path, encoder)
     specials = {t.content: t.id for t in added}
-    return _byte_level(path, encoder, concat_pairs(encoder, rank_of), [Split(pattern)], added,
+    return _byte_level(path, encoder, concat_pairs(encoder, rank_of), [Split(_not_a_name(pattern))], added,
                        bos_token=specials.get("<s>"), eos_token=specials.get("</s>"))
 
 
@@ -602,7 +602,13 @@ def _hf_split(where, c) -> Split:
         raise TokenizerFileError(f"{where}: pre_tokenizer Split needs a behavior (one of "
                                  f"{', '.join(SPLIT_BEHAVIORS)}) and a boolean invert; got {behavior!r:.40}, "
                                  f"{invert!r:.20}")
-    return Split(text if "Regex" in regex else re.escape(text), behavior, invert, line_anchors=True)
+    text = text if "Regex" in regex else re.escape(text)
+    return Split(_not_a_name(text), behavior, invert, line_anchors=True)
+
+
+def _not_a_name(regex: str) -> str:
+    """A regex from a file, never read as one of the PATTERNS names ("gpt2" matches the text 'gpt2')."""
+    return f"(?:{regex})" if regex in PATTERNS else regex
 
 
 def _hf_metaspace(where, pre, norm, dec, model) -> dict:
