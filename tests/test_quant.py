@@ -196,3 +196,233 @@ def test_every_tensor_of_a_real_file_dequantizes_as_gguf(path):
     print(f"\n{path.name}: bit-identical to gguf-py, tensors (values) per type: "
           + ", ".join(f"{k} {n} ({v})" for k, (n, v) in counts.items()) + f"; {time.perf_counter() - t0:.1f} s")
     assert sum(n for n, _ in counts.values()) == len(reader.tensors)
+
+
+# ------------------------------------------------------------------------------------- quantize
+
+from refimpl.quant import quantize  # noqa: E402
+from refimpl.quant.quantizers import QUANTIZERS  # noqa: E402
+
+from report import MaxDiffs  # noqa: E402
+
+SIMPLE = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+QDIFFS = MaxDiffs("quantize round trips (tests/test_quant.py): max error / derived bound")
+KQUANTS = ["Q4_K", "Q5_K", "Q6_K"]
+
+
+@st.composite
+def rows(draw, n: int, *, max_rows: int = 4) -> np.ndarray:
+    """float32 [R, n], each row one kind: Gaussian at a magnitude from 1e-30 to 1e30, zeros (+0 / -0),
+    a constant, sparse, or a half-integer grid whose block maximum makes x / d land on exact .5 ties."""
+    out = []
+    for _ in range(draw(st.integers(1, max_rows))):
+        kind = draw(st.sampled_from(["gauss", "gauss", "zeros", "const", "sparse", "ties8", "ties127"]))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        scale = draw(st.sampled_from([1e-30, 1e-6, 1e-3, 1.0, 1e3, 1e6, 1e30]))
+        if kind == "gauss":
+            r = scale * rng.standard_normal(n)
+        elif kind == "zeros":
+            r = np.where(rng.random(n) < 0.5, -0.0, 0.0)
+        elif kind == "const":
+            r = np.full(n, draw(st.floats(-1e6, 1e6, width=32)))
+        elif kind == "sparse":
+            r = scale * rng.standard_normal(n) * (rng.random(n) < 0.1)
+        else:  # half-integer grids: max |x| = 8 (Q4_0's d = -1) or 63.5 * 2 (Q8_0's d = 1), then x/d = k + 1/2
+            top = 8.0 if kind == "ties8" else 127.0
+            r = rng.integers(-2 * int(top), 2 * int(top) + 1, n) / 2.0
+            r[:: 32] = top * rng.choice([-1, 1], len(r[:: 32]))
+            r = r * 2.0 ** draw(st.integers(-10, 10))
+        out.append(r)
+    return np.array(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("name", SIMPLE)
+@given(x=rows(256))
+def test_quantize_equals_gguf_bit_for_bit(name, x):
+    """On inputs without -0.0: where zeros of both signs tie for a block's min / max / largest |x|, gguf-py
+    lets np.min pick one and ggml takes the first; those blocks are checked against ggml itself below."""
+    x = x + np.float32(0)  # -0.0 + 0.0 = +0.0, every other value unchanged
+    ours = quantize(x, name)
+    with np.errstate(all="ignore"):
+        theirs = np.asarray(gguf.quants.quantize(x, GGMLQuantizationType[name])).reshape(-1)
+    assert ours.dtype == np.uint8 and ours.shape == (x.shape[0] * row_nbytes(name, 256),)
+    assert np.array_equal(ours, theirs), f"{name}: {np.sum(np.any(ours.reshape(len(x), -1) != theirs.reshape(len(x), -1), axis=1))} rows differ"
+
+
+def _fields(name: str, b: np.ndarray):
+    """(d, m) of each block as stored, float64 [N]: the f16 d and, for Q4_1 / Q5_1, the f16 min."""
+    d = b[:, 0:2].copy().view("<f2")[:, 0].astype(np.float64)
+    m = b[:, 2:4].copy().view("<f2")[:, 0].astype(np.float64) if name in ("Q4_1", "Q5_1") else np.zeros(len(b))
+    return d, m
+
+
+# Error bound of the simple formats, per block of 32, in exact arithmetic plus float32 slack.
+# Write d for the exact scale (Q8_0: max|x| / 127; Q4_0 / Q5_0: m / -2^(b-1) with m the value of largest
+# |x|; Q4_1 / Q5_1: (max - min) / (2^b - 1)), D for the stored f16 d, mn / Mn for the exact / stored min.
+#   The quantizer rounds x / d to an integer level q (roundf, or trunc(. + 1/2) = round half up), so
+#   |x - d q| <= |d| / 2, except where Q4_0 / Q5_0 clamp: x / d in [2^(b-1) - 1/2, 2^(b-1)] (only values
+#   of the sign opposite to m, up to -m) goes to level 2^(b-1) - 1, an error <= |d|.
+#   Dequantizing with D and Mn instead of d and mn adds |d - D| |q| + |mn - Mn| with |q| <= Qmax
+#   (127, 8, 15, 16, 31). Float32 roundings (d, 1/d, x * (1/d), the final product and sum) add at most
+#   a few units of 2^-24 of max|x| (and of |min|): we allow 2^-20 (max|x| + |min|).
+# So |x - x_hat| <= c |d| + Qmax |d - D| + |mn - Mn| + 2^-20 (max|x| + |min|), c = 1/2 (1 for Q4_0 / Q5_0).
+BOUND = {"Q8_0": (0.5, 127), "Q4_0": (1.0, 8), "Q4_1": (0.5, 15), "Q5_0": (1.0, 16), "Q5_1": (0.5, 31)}
+
+
+@pytest.mark.parametrize("name", SIMPLE)
+@given(x=rows(64))
+def test_round_trip_error_is_within_the_derived_bound(name, x):
+    x = x[np.abs(x).max(axis=1) < 6e4]  # d and min within f16's range (beyond 65504 they are inf, by design)
+    if x.size == 0:
+        return
+    t = ggml_type(name)
+    blocks = quantize(x, name).reshape(-1, t.bytes_per_block)
+    x_hat = dequantize(quantize(x, name), name, x.shape).reshape(-1, 32).astype(np.float64)
+    xb = x.reshape(-1, 32).astype(np.float64)
+    D, Mn = _fields(name, blocks)
+    lo, hi = xb.min(axis=1), xb.max(axis=1)
+    amax = np.abs(xb).max(axis=1)
+    if name in ("Q4_1", "Q5_1"):
+        d, mn = (hi - lo) / (15 if name == "Q4_1" else 31), lo
+    else:
+        first = np.take_along_axis(xb, np.abs(xb).argmax(axis=1)[:, None], axis=1)[:, 0]
+        d, mn = (amax / 127 if name == "Q8_0" else first / (-8 if name == "Q4_0" else -16)), np.zeros(len(xb))
+    c, qmax = BOUND[name]
+    bound = c * np.abs(d) + qmax * np.abs(d - D) + np.abs(mn - Mn) + 2.0**-20 * (amax + np.abs(mn))
+    err = np.abs(xb - x_hat).max(axis=1)
+    QDIFFS.add(f"{name} round trip, max err / bound", worst=float(np.max(err / np.maximum(bound, 1e-300))))
+    assert np.all(err <= bound), f"{name}: error {err.max():.3e} over the bound"
+
+
+@pytest.mark.parametrize("name", KQUANTS)
+@given(x=rows(256, max_rows=3))
+def test_k_quants_round_each_value_to_the_nearest_stored_level(name, x):
+    """The k-quants' last pass: with the sub-block's stored step s = f16(d) * sc and offset o (Q4_K / Q5_K:
+    -f16(dmin) * m; Q6_K: -32 s), q = clamp(nearest_int((x - o) / s), 0, qmax). Rounding to nearest then
+    clamping to the end level picks the level s q + o closest to x, so |x - x_hat| <= min_q |x - (s q + o)|
+    up to float32 roundings (2^-20 of the magnitudes involved). (A sub-block with s = 0 keeps the search's
+    levels, all equal to o: the claim holds trivially.)"""
+    x = x[np.abs(x).max(axis=1) < 1e6]
+    if x.size == 0:
+        return
+    qmax, sub = {"Q4_K": (15, 32), "Q5_K": (31, 32), "Q6_K": (63, 16)}[name]
+    x_hat = dequantize(quantize(x, name), name, x.shape).astype(np.float64)
+    # the levels of each sub-block: dequantize a block whose q are all 0 and all 1 (same scales) is awkward;
+    # read s and o back from the decoded values instead: every x_hat is s q + o, so the levels are its grid
+    blocks = quantize(x, name).reshape(-1, ggml_type(name).bytes_per_block)
+    s, o = _k_levels(name, blocks)                                       # [N, 256 / sub] each
+    xs = x.astype(np.float64).reshape(len(blocks), -1, sub)
+    q = np.clip(np.rint((xs - o[..., None]) / np.where(s == 0, 1, s)[..., None]), 0, qmax)
+    nearest = np.abs(xs - (s[..., None] * q + o[..., None]))
+    err = np.abs(xs - x_hat.reshape(xs.shape))
+    slack = 2.0**-20 * (np.abs(xs) + np.abs(s[..., None]) * qmax + np.abs(o[..., None]))
+    worst = np.where(s[..., None] == 0, 0, err - nearest - slack)
+    assert np.all(worst <= 0), f"{name}: a value is {worst.max():.3e} further than its nearest level"
+
+
+def _k_levels(name: str, b: np.ndarray):
+    """(step s, offset o) of each sub-block, float64, from the stored fields (the decoders' d * sc, -dmin * m)."""
+    from refimpl.quant.dequant import unpack_scale_min_k4
+    if name == "Q6_K":
+        d = b[:, 208:210].copy().view("<f2").astype(np.float64)
+        s = d * b[:, 192:208].view(np.int8).astype(np.float64)
+        return s, -32 * s
+    d = b[:, 0:2].copy().view("<f2").astype(np.float64)
+    dmin = b[:, 2:4].copy().view("<f2").astype(np.float64)
+    sc, m = unpack_scale_min_k4(b[:, 4:16])
+    return d * sc, -dmin * m
+
+
+# Scale-equivariance of the symmetric formats (Q8_0, Q4_0, Q5_0). Proof: multiplying x by 2^k is exact
+# in float32 (no overflow / underflow), and so are max|x| * 2^k, d * 2^k, (1/d) * 2^-k; x * (1/d) is then
+# unchanged, so are the integer levels q; the f16 rounding of d commutes with 2^k while d stays in f16's
+# normal range [2^-14, 65504]. So the q bytes are identical and the stored d is 2^k times the other.
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q5_0"])
+@given(data=st.data())
+def test_symmetric_formats_are_power_of_two_equivariant(name, data):
+    x = data.draw(rows(64, max_rows=2))
+    k = data.draw(st.integers(-3, 8))
+    x = np.where(np.abs(x) < 2.0**-60, 0, x).astype(np.float32)   # no float32 subnormals after scaling
+    div = {"Q8_0": 127, "Q4_0": 8, "Q5_0": 16}[name]
+    d = np.abs(x.reshape(-1, 32)).max(axis=1).astype(np.float64) / div
+    if not np.all((d == 0) | ((d * 2.0**min(k, 0) >= 2.0**-14) & (d * 2.0**max(k, 0) <= 60000))):
+        return  # outside the proof's premise (f16 subnormal or overflowing d)
+    a = quantize(x, name).reshape(-1, ggml_type(name).bytes_per_block)
+    b = quantize(x * np.float32(2.0**k), name).reshape(a.shape)
+    assert np.array_equal(a[:, 2:], b[:, 2:])
+    da, db = _fields(name, a)[0], _fields(name, b)[0]
+    assert np.array_equal(db, da * 2.0**k)
+    assert _bits_equal(dequantize(b.reshape(-1), name, x.shape),
+                       (dequantize(a.reshape(-1), name, x.shape) * np.float32(2.0**k)).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", SIMPLE + KQUANTS)
+@given(data=st.data())
+def test_blocks_are_independent(name, data):
+    """Every quantizer works per block (a reading of each: no quantity crosses a block), so changing one
+    block's values changes only that block's bytes."""
+    t = ggml_type(name)
+    x = data.draw(rows(2 * 256, max_rows=2))
+    blocks = x.reshape(-1, t.values_per_block)
+    i = data.draw(st.integers(0, len(blocks) - 1))
+    y = blocks.copy()
+    y[i] = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).standard_normal(t.values_per_block) * 5
+    a = quantize(blocks, name).reshape(len(blocks), -1)
+    b = quantize(y, name).reshape(len(blocks), -1)
+    others = np.arange(len(blocks)) != i
+    assert np.array_equal(a[others], b[others])
+
+
+@pytest.mark.parametrize("args, message", [
+    ((np.zeros(31, np.float32), "Q4_0"), "whole blocks of 32 values; got a row of 31"),
+    ((np.zeros(32, np.int32), "Q4_0"), "floating array"),
+    ((np.full(32, np.nan, np.float32), "Q8_0"), "must be finite"),
+    ((np.zeros(256, np.float32), "IQ4_XS"), "IQ4_XS (23) is not supported; supported: F32"),
+])
+def test_quantize_bad_input_is_one_clear_value_error(args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        quantize(*args)
+
+
+def test_every_quantizer_round_trips_through_dequantize_with_its_block_size():
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    for name in QUANTIZERS:
+        b = quantize(x, name)
+        assert b.size == 2 * row_nbytes(name, 512)
+        assert np.abs(dequantize(b, name, x.shape) - x).max() < 1.0
+
+
+# ------------------------------------------------------------------ llama.cpp's own outputs (fixtures)
+
+FIXTURES = Path(__file__).parent / "data" / "quant_fixtures.npz"
+
+
+@pytest.fixture(scope="module")
+def ggml_outputs():
+    """ggml's quantize / dequantize outputs, made by scripts/make_quant_fixtures.py (see its docstring)."""
+    with np.load(FIXTURES) as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.mark.parametrize("name", SIMPLE + KQUANTS)
+def test_quantize_equals_llama_cpp_bit_for_bit(name, ggml_outputs):
+    """llama.cpp's quantizer (ggml_quantize_chunk, no importance matrix) on rows of a dozen kinds, signed
+    zeros and exact ties included: every block identical."""
+    x, kinds = ggml_outputs["quantize_input"], ggml_outputs["quantize_kinds"]
+    t = ggml_type(name)
+    ours = quantize(x, name).reshape(-1, t.bytes_per_block)
+    theirs = ggml_outputs[f"quantize_{name}"].reshape(ours.shape)
+    same = np.all(ours == theirs, axis=1)
+    per_row = len(ours) // len(x)
+    print(f"\n{name}: {same.sum()} / {len(same)} blocks identical to llama.cpp's"
+          + ("" if same.all() else f" (differing kinds: {sorted(set(kinds[np.nonzero(~same)[0] // per_row]))})"))
+    assert same.all()
+
+
+@pytest.mark.parametrize("name", list(DEQUANTIZERS))
+def test_dequantize_equals_ggml_bit_for_bit(name, ggml_outputs):
+    """ggml's dequantize_row_<type> on random blocks, all-0x00 / all-0xFF blocks and special f16 scales
+    (zero, subnormal, inf, NaN payloads): every float32 identical, as uint32."""
+    data, values = ggml_outputs[f"dequantize_{name}_bytes"], ggml_outputs[f"dequantize_{name}_values"]
+    ours = dequantize(data, name, values.shape)
+    assert _bits_equal(ours, values), f"{name}: {np.sum(ours.view(np.uint32) != values.view(np.uint32))} differ"

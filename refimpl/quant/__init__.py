@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GGMLType", "GGML_TYPES", "ggml_type", "row_nbytes", "QK_K", "dequantize", "DEQUANTIZERS"]
+__all__ = ["GGMLType", "GGML_TYPES", "ggml_type", "row_nbytes", "QK_K", "dequantize", "DEQUANTIZERS",
+           "quantize", "QUANTIZERS"]
 
 QK_K = 256  # values in one super-block of the k-quants and the 256-value i-quants
 
@@ -97,3 +98,4 @@ def row_nbytes(t, n: int) -> int:
 
 # The formats' math lives in submodules that import the table above, hence imported last.
 from .dequant import DEQUANTIZERS, dequantize  # noqa: E402
+from .quantizers import QUANTIZERS, quantize  # noqa: E402

@@ -1,0 +1,139 @@
+"""Make tests/data/quant_fixtures.npz: llama.cpp's own quantizer and dequantizer outputs, for
+tests/test_quant.py to compare refimpl.quant with bit for bit.
+
+    python scripts/make_quant_fixtures.py                    # ggml from an installed llama-cpp-python
+    python scripts/make_quant_fixtures.py --ggml PATH.so     # any build of ggml's base library
+
+The oracle is ggml's base library (libggml-base, shipped inside llama-cpp-python's wheel as
+llama_cpp/lib/libggml-base.so), called through ctypes:
+
+- quantize: `ggml_quantize_chunk(type, src, dst, 0, nrows, n_per_row, NULL)`, the function
+  llama.cpp's quantizer (`llama_model_quantize`, i.e. llama-quantize) calls on each tensor; without
+  an importance matrix it runs ggml-quants.c's `quantize_row_*_ref`. Inputs: rows of 256 float32 of
+  a dozen kinds (Gaussian at several scales, heavy-tailed, sparse, one-signed, constant, signed
+  zeros, exact .5 ties, outliers), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+- dequantize: `dequantize_row_<type>` on random blocks (with special f16 scales: zero, subnormal,
+  inf, NaN) for every block format refimpl.quant decodes, Q8_K and IQ4_NL / IQ4_XS included.
+
+Everything is seeded; the file is ~200 KB. Build llama-cpp-python from source without a GPU, e.g.
+`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` then
+`CMAKE_ARGS="-DGGML_NATIVE=OFF" pip wheel --no-deps <sdist>` into its own virtual environment (the
+reference quantizers are plain C: GGML_NATIVE=OFF keeps the compiler from fusing a*b+c into FMAs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "quant_fixtures.npz"
+
+# ggml's enum ggml_type ids and block sizes (the same as refimpl.quant's table; repeated here so the
+# script runs in a bare environment next to llama-cpp-python).
+TYPES = {  # name: (id, values per block, bytes per block)
+    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34),
+    "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210), "Q8_K": (15, 256, 292), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136),
+}
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+SPECIAL_F16 = [0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0x7D01, 0xFE5A]
+
+
+def find_ggml() -> Path:
+    try:
+        import llama_cpp
+    except ImportError:
+        sys.exit("llama-cpp-python is not installed here: pass --ggml PATH to libggml-base")
+    libs = sorted(Path(llama_cpp.__file__).parent.glob("lib/libggml-base.*"))
+    if not libs:
+        sys.exit(f"no libggml-base under {Path(llama_cpp.__file__).parent / 'lib'}: pass --ggml PATH")
+    return libs[0]
+
+
+def input_rows(rng: np.random.Generator, per_kind: int = 4, n: int = 256) -> tuple[np.ndarray, list[str]]:
+    """float32 [rows, n] of the kinds below, `per_kind` rows each, and each row's kind."""
+    kinds = {
+        "gauss": lambda: rng.standard_normal(n),
+        "gauss_1e-4": lambda: 1e-4 * rng.standard_normal(n),
+        "gauss_1e3": lambda: 1e3 * rng.standard_normal(n),
+        "student_t2": lambda: rng.standard_t(2, n),
+        "sparse": lambda: rng.standard_normal(n) * (rng.random(n) < 0.1),
+        "positive": lambda: np.abs(rng.standard_normal(n)) + 0.5,
+        "negative": lambda: -np.abs(rng.standard_normal(n)) - 0.1,
+        "uniform": lambda: rng.uniform(-1, 1, n),
+        "outlier": lambda: np.where(np.arange(n) == rng.integers(n), 50.0, rng.standard_normal(n)),
+        "constant": lambda: np.full(n, rng.standard_normal()),
+        "signed_zeros": lambda: np.where(rng.random(n) < 0.5, -0.0, 0.0),
+        "ties": lambda: np.where(np.arange(n) % 32 == 0, 8.0, rng.integers(-16, 17, n) / 2.0),
+    }
+    rows, names = [], []
+    for name, make in kinds.items():
+        for _ in range(per_kind):
+            rows.append(make())
+            names.append(name)
+    return np.array(rows, dtype=np.float32), names
+
+
+def random_blocks(rng: np.random.Generator, name: str, n_blocks: int) -> np.ndarray:
+    """uint8 [n_blocks * bytes_per_block]: random bytes, one all-0x00 and one all-0xFF block, and special
+    f16 scales in some blocks."""
+    _, _, bpb = TYPES[name]
+    b = rng.integers(0, 256, (n_blocks, bpb), dtype=np.uint8)
+    b[0], b[1] = 0x00, 0xFF
+    for at in F16_FIELDS.get(name, []):
+        for i in range(2, n_blocks, 2):
+            b[i, at:at + 2] = np.frombuffer(np.uint16(SPECIAL_F16[(i + at) % len(SPECIAL_F16)]).tobytes(), np.uint8)
+    return b.reshape(-1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ggml", type=Path, help="path of libggml-base (default: llama-cpp-python's)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    path = args.ggml or find_ggml()
+    lib = ctypes.CDLL(str(path))
+    ptr = ctypes.c_void_p
+    rng = np.random.default_rng(20240607)
+    out: dict[str, np.ndarray] = {}
+
+    x, kinds = input_rows(rng)
+    out["quantize_input"] = x
+    out["quantize_kinds"] = np.array(kinds)
+    chunk = getattr(lib, "ggml_quantize_chunk", None)
+    for name in QUANTIZED:
+        tid, vpb, bpb = TYPES[name]
+        dst = np.zeros(x.size // vpb * bpb, dtype=np.uint8)
+        if chunk is not None:
+            chunk.restype = ctypes.c_size_t
+            written = chunk(ctypes.c_int(tid), ptr(x.ctypes.data), ptr(dst.ctypes.data), ctypes.c_int64(0),
+                            ctypes.c_int64(x.shape[0]), ctypes.c_int64(x.shape[1]), ptr(None))
+            assert written == dst.size, (name, written, dst.size)
+        else:  # ggml-quants.c built alone: its reference quantizer, which ggml_quantize_chunk calls
+            getattr(lib, f"quantize_row_{name.lower().replace('_k', '_K')}_ref")(
+                ptr(x.ctypes.data), ptr(dst.ctypes.data), ctypes.c_int64(x.size))
+        out[f"quantize_{name}"] = dst
+
+    for name, (tid, vpb, bpb) in TYPES.items():
+        data = random_blocks(rng, name, 24 if vpb == 32 else 6)
+        y = np.zeros(data.size // bpb * vpb, dtype=np.float32)
+        fn = getattr(lib, f"dequantize_row_{name.lower().replace('_k', '_K')}")
+        fn(ptr(data.ctypes.data), ptr(y.ctypes.data), ctypes.c_int64(y.size))
+        out[f"dequantize_{name}_bytes"] = data
+        out[f"dequantize_{name}_values"] = y
+
+    out["ggml_library"] = np.array(path.name)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, **out)
+    print(f"{args.out}: {args.out.stat().st_size} bytes from {path}")
+
+
+if __name__ == "__main__":
+    main()
