@@ -10,12 +10,12 @@ llama_cpp/lib/libggml-base.so), called through ctypes:
 - quantize: `ggml_quantize_chunk(type, src, dst, 0, nrows, n_per_row, NULL)`, the function
   llama.cpp's quantizer (`llama_model_quantize`, i.e. llama-quantize) calls on each tensor; without
   an importance matrix it runs ggml-quants.c's `quantize_row_*_ref`. Inputs: rows of 256 float32 of
-  a dozen kinds (Gaussian at several scales, heavy-tailed, sparse, one-signed, constant, signed
+  14 kinds (Gaussian at scales from 1e-30 to 1e18, heavy-tailed, sparse, one-signed, constant, signed
   zeros, exact .5 ties, outliers), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
 - dequantize: `dequantize_row_<type>` on random blocks (with special f16 scales: zero, subnormal,
   inf, NaN) for every block format refimpl.quant decodes, Q8_K and IQ4_NL / IQ4_XS included.
 
-Everything is seeded; the file is ~200 KB. Build llama-cpp-python from source without a GPU, e.g.
+Everything is seeded; the file is ~140 KB. Build llama-cpp-python from source without a GPU, e.g.
 `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` then
 `CMAKE_ARGS="-DGGML_NATIVE=OFF" pip wheel --no-deps <sdist>` into its own virtual environment (the
 reference quantizers are plain C: GGML_NATIVE=OFF keeps the compiler from fusing a*b+c into FMAs).
@@ -63,6 +63,8 @@ def input_rows(rng: np.random.Generator, per_kind: int = 4, n: int = 256) -> tup
         "gauss": lambda: rng.standard_normal(n),
         "gauss_1e-4": lambda: 1e-4 * rng.standard_normal(n),
         "gauss_1e3": lambda: 1e3 * rng.standard_normal(n),
+        "gauss_1e-30": lambda: 1e-30 * rng.standard_normal(n),   # f16 scales underflow to zero / subnormals
+        "gauss_1e18": lambda: 1e18 * rng.standard_normal(n),     # f16 scales overflow; k-quant sums of x^2 too
         "student_t2": lambda: rng.standard_t(2, n),
         "sparse": lambda: rng.standard_normal(n) * (rng.random(n) < 0.1),
         "positive": lambda: np.abs(rng.standard_normal(n)) + 0.5,

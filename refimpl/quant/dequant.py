@@ -278,7 +278,7 @@ _PLAIN = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8",
 
 SUPPORTED = tuple(_PLAIN) + tuple(DEQUANTIZERS)
 
-_CHUNK_VALUES = 1 << 21  # values decoded per step: bounds the temporaries (~10 x 8 MB) for any tensor size
+_CHUNK_VALUES = 1 << 18  # values decoded per step: temporaries of ~1 MB (cache-sized), for any tensor size
 
 
 def _check(data: np.ndarray, t: GGMLType, shape) -> tuple[int, ...]:

@@ -82,9 +82,10 @@ def _sum_from_first(terms: np.ndarray) -> np.ndarray:  # float32 [..., n] -> flo
 def _first_absmax(x: np.ndarray) -> np.ndarray:  # [N, n] -> [N]
     """The value of largest |x| per row, the first one on ties; +0.0 for a row of zeros (ggml's scan
     `max = 0; if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` keeps its initial +0.0 there, where
-    gguf-py's argmax takes x[0], possibly -0.0)."""
-    m = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
-    return np.where(m != 0, m, F32(0)).astype(x.dtype)
+    gguf-py's argmax takes x[0], possibly -0.0). NaNs (overflowed k-quant scales) are skipped, as there."""
+    a = np.abs(x)
+    m = np.take_along_axis(x, np.where(np.isnan(a), -1, a).argmax(axis=-1)[:, None], axis=-1)[:, 0]
+    return np.where((m != 0) & ~np.isnan(m), m, F32(0)).astype(x.dtype)  # a NaN never wins `amax < |v|`
 
 
 def _first_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [N, n] -> [N], [N]
@@ -272,9 +273,9 @@ def _k4_scales(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int)
     av_x = np.sqrt(_sum(sub * sub) / F32(32))
     scales, mins, L = make_qkx2_quants(sub, av_x[:, None] + np.abs(sub), nmax, rmin, rdelta, nstep)
     scales, mins = scales.reshape(n, 8), mins.reshape(n, 8)
-    max_scale, max_min = scales.max(axis=-1), mins.max(axis=-1)   # ggml's running max starts at +0.0, so
-    max_scale = np.where(max_scale > 0, max_scale, F32(0)).astype(F32)  # all-(-0.0) mins give +0.0 here
-    max_min = np.where(max_min > 0, max_min, F32(0)).astype(F32)
+    # ggml's running `if (v > max) max = v` from +0.0: NaNs never win, and all-(-0.0) mins give +0.0
+    max_scale = np.where(scales > 0, scales, F32(0)).max(axis=-1).astype(F32)
+    max_min = np.where(mins > 0, mins, F32(0)).max(axis=-1).astype(F32)
     with np.errstate(divide="ignore"):
         inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32)
         inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32)
