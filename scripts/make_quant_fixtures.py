@@ -15,6 +15,11 @@ llama_cpp/lib/libggml-base.so), called through ctypes:
 - dequantize: `dequantize_row_<type>` on random blocks (with special f16 scales: zero, subnormal,
   inf, NaN) for every block format refimpl.quant decodes, Q8_K and IQ4_NL / IQ4_XS included.
 
+With --check-model-quantize it also runs llama.cpp's whole file quantizer: it writes a small F32
+LLaMA-architecture GGUF with the gguf package (t(4)-distributed weights), quantizes it with
+`llama_model_quantize` (libllama, `pure` so every matrix gets the requested type) to each of the
+eight types, and prints how many blocks of each output equal refimpl.quant.quantize's.
+
 Everything is seeded; the file is ~140 KB. Build llama-cpp-python from source without a GPU, e.g.
 `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` then
 `CMAKE_ARGS="-DGGML_NATIVE=OFF" pip wheel --no-deps <sdist>` into its own virtual environment (the
@@ -95,12 +100,76 @@ def random_blocks(rng: np.random.Generator, name: str, n_blocks: int) -> np.ndar
     return b.reshape(-1)
 
 
+class _QuantizeParams(ctypes.Structure):  # llama.h's llama_model_quantize_params (llama.cpp of llama-cpp-python 0.3.36)
+    _fields_ = [("nthread", ctypes.c_int32), ("ftype", ctypes.c_int), ("output_tensor_type", ctypes.c_int),
+                ("token_embedding_type", ctypes.c_int), ("allow_requantize", ctypes.c_bool),
+                ("quantize_output_tensor", ctypes.c_bool), ("only_copy", ctypes.c_bool), ("pure", ctypes.c_bool),
+                ("keep_split", ctypes.c_bool), ("dry_run", ctypes.c_bool), ("imatrix", ctypes.c_void_p),
+                ("kv_overrides", ctypes.c_void_p), ("tt_overrides", ctypes.c_void_p),
+                ("prune_layers", ctypes.c_void_p), ("max_buf_size", ctypes.c_size_t)]
+
+
+LLAMA_FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18}  # llama_ftype
+
+
+def check_model_quantize(lib_dir: Path, work: Path) -> None:
+    """llama_model_quantize an F32 GGUF to each type; count the blocks equal to refimpl.quant.quantize's."""
+    import gguf
+
+    sys.path.insert(0, str(ROOT))
+    from refimpl.quant import ggml_type, quantize
+
+    for name in ("libggml-base", "libggml-cpu", "libggml"):
+        ctypes.CDLL(str(next(lib_dir.glob(f"{name}.so*"))), mode=ctypes.RTLD_GLOBAL)
+    llama = ctypes.CDLL(str(next(lib_dir.glob("libllama.so*"))))
+    llama.llama_model_quantize_default_params.restype = _QuantizeParams
+    llama.llama_backend_init()
+    rng = np.random.default_rng(5)
+    C, F, V, L = 256, 512, 512, 2
+    src = work / "f32.gguf"
+    w = gguf.GGUFWriter(str(src), "llama")
+    w.add_context_length(128), w.add_embedding_length(C), w.add_block_count(L), w.add_feed_forward_length(F)
+    w.add_head_count(4), w.add_head_count_kv(4), w.add_layer_norm_rms_eps(1e-5), w.add_rope_dimension_count(64)
+    w.add_file_type(0), w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}".encode() for i in range(V)]), w.add_token_scores([0.0] * V), w.add_token_types([1] * V)
+    weights = {}
+    shapes = {"token_embd.weight": (V, C), "output_norm.weight": (C,), "output.weight": (V, C)}
+    for i in range(L):
+        shapes.update({f"blk.{i}.{n}.weight": s for n, s in [
+            ("attn_norm", (C,)), ("attn_q", (C, C)), ("attn_k", (C, C)), ("attn_v", (C, C)), ("attn_output", (C, C)),
+            ("ffn_norm", (C,)), ("ffn_gate", (F, C)), ("ffn_up", (F, C)), ("ffn_down", (C, F))]})
+    for tname, shape in shapes.items():
+        weights[tname] = (0.02 * rng.standard_t(4, shape)).astype(np.float32)
+        w.add_tensor(tname, weights[tname])
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    for name, ftype in LLAMA_FTYPES.items():
+        params = llama.llama_model_quantize_default_params()
+        params.ftype, params.pure, params.nthread = ftype, True, 1
+        dst = work / f"{name}.gguf"
+        if llama.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+            sys.exit(f"llama_model_quantize failed for {name}")
+        same = total = 0
+        for t in gguf.GGUFReader(dst).tensors:
+            if t.tensor_type.name == name:
+                bpb = ggml_type(name).bytes_per_block
+                ours = quantize(weights[t.name], name).reshape(-1, bpb)
+                eq = np.all(ours == np.asarray(t.data).reshape(-1).view(np.uint8).reshape(-1, bpb), axis=1)
+                same, total = same + int(eq.sum()), total + eq.size
+        print(f"llama_model_quantize {name}: {same} / {total} blocks identical to refimpl.quant.quantize")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ggml", type=Path, help="path of libggml-base (default: llama-cpp-python's)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--check-model-quantize", action="store_true",
+                    help="also quantize a small F32 GGUF with llama_model_quantize (libllama next to libggml-base)")
     args = ap.parse_args()
     path = args.ggml or find_ggml()
+    if args.check_model_quantize:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            check_model_quantize(path.parent, Path(tmp))
     lib = ctypes.CDLL(str(path))
     ptr = ctypes.c_void_p
     rng = np.random.default_rng(20240607)

@@ -149,6 +149,19 @@ def test_bad_input_is_one_clear_value_error(args, message):
         dequantize(*args)
 
 
+def test_q4_k_dequantizes_without_a_loop_over_blocks():
+    """16 MB of Q4_K (111111 blocks) in well under a second of CPU (about 0.08 s measured: 253 MB in ~1.2 s);
+    a Python loop over the blocks would take seconds."""
+    n = 16_000_000 // 144
+    raw = np.random.default_rng(2).integers(0, 256, (n, 144), dtype=np.uint8)
+    raw[:, [1, 3]] &= 0x3B  # finite f16 d, dmin
+    t0 = time.process_time()
+    out = dequantize(raw.reshape(-1), "Q4_K", (n, 256))
+    cpu = time.process_time() - t0
+    print(f"\nQ4_K: {raw.nbytes / 1e6:.0f} MB -> {out.nbytes / 1e6:.0f} MB float32 in {cpu:.2f} s CPU")
+    assert cpu < 2.0
+
+
 def test_the_supported_list_covers_every_decoder():
     assert set(DEQUANTIZERS) <= set(SUPPORTED)
     assert {GGML_TYPES[i].name for i in (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30)} <= set(SUPPORTED)

@@ -10,6 +10,10 @@ multiple of values_per_block. Plain types (F32, F16, BF16, the integers) are blo
 
 The ids and block sizes are ggml's (ggml.h's enum ggml_type and its type traits); the ids 4, 5 (Q4_2,
 Q4_3) and 31-33, 36-38 are retired and never appear in a GGUF file.
+
+The formats' math (one function per format, its equation and block layout in its docstring):
+    dequantize(data, t, shape) -> float32 [*shape]   bytes as stored -> values, bit for bit as ggml (dequant.py)
+    quantize(x, t) -> uint8 [nbytes]                  values -> bytes as llama.cpp's reference quantizers (quantizers.py)
 """
 
 from __future__ import annotations
