@@ -11,6 +11,10 @@ there, e.g. Q4_K's y = (d * sc) * q - (dmin * m) with both parenthesised product
 first. The f16 scales become float32 exactly (every f16 is a float32). All multi-byte fields are
 little-endian, as GGUF stores them.
 
+Not decoded: the i-quants other than IQ4_NL / IQ4_XS (their grids are large tables), TQ1_0, TQ2_0,
+MXFP4, NVFP4, Q1_0, and Q8_1 (ggml's internal dot-product type, never in files; the table gives it
+gguf-py's 40 bytes while ggml's block_q8_1 is now 36: two f16 and 32 int8).
+
 Glossary of the docstrings: d, dmin: f16 (or f32) super-scales; sc, m: small integer sub-block
 scales and mins; q: the stored integer of one value; y: the value.
 """
@@ -25,7 +29,9 @@ from . import GGMLType, QK_K, row_nbytes
 from . import ggml_type as _as_type
 
 __all__ = [
-    "dequantize", "DEQUANTIZERS",
+    "dequantize", "DEQUANTIZERS", "SUPPORTED",
+    "dequantize_f32", "dequantize_f16", "dequantize_bf16", "dequantize_f64",
+    "dequantize_i8", "dequantize_i16", "dequantize_i32", "dequantize_i64",
     "dequantize_q4_0", "dequantize_q4_1", "dequantize_q5_0", "dequantize_q5_1", "dequantize_q8_0",
     "dequantize_q2_k", "dequantize_q3_k", "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k",
     "dequantize_q8_k", "dequantize_iq4_nl", "dequantize_iq4_xs", "unpack_scale_min_k4",
@@ -48,6 +54,40 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:  # [..., k] uint8 -> [..., 2k] uint8
 def _bits(b: np.ndarray, n: int) -> np.ndarray:  # [..., k] uint8 -> [..., n, k] uint8
     """Bit i of each byte along a new axis i = 0..n-1 (bit 0 = least significant)."""
     return (b[..., None, :] >> np.arange(n, dtype=np.uint8)[:, None]) & 1
+
+
+# ------------------------------------------------------------------- plain types: one value a block
+
+def dequantize_f32(blocks: np.ndarray) -> np.ndarray:  # [N, 4] -> [N, 1]
+    """y = the little-endian IEEE binary32 value, unchanged (NaN payloads included)."""
+    return blocks.view("<f4").astype(np.float32)
+
+
+def dequantize_f16(blocks: np.ndarray) -> np.ndarray:  # [N, 2] -> [N, 1]
+    """y = the little-endian IEEE binary16 value as float32 (exact: every f16 is a float32).
+
+    Source: ggml-impl.h ggml_compute_fp16_to_fp32 (GGML_FP16_TO_FP32).
+    """
+    return _f16(blocks, 0)
+
+
+def dequantize_bf16(blocks: np.ndarray) -> np.ndarray:  # [N, 2] -> [N, 1]
+    """y = the float32 whose top 16 bits are the stored bfloat16 and whose low 16 bits are 0 (exact).
+
+    Source: ggml-impl.h ggml_compute_bf16_to_fp32.
+    """
+    return (blocks.view("<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def _plain(dtype: str):
+    def dequantize_plain(blocks: np.ndarray) -> np.ndarray:  # [N, itemsize] -> [N, 1]
+        return blocks.view(dtype).astype(np.float32)
+    dequantize_plain.__doc__ = f"y = float32(v), v the little-endian {dtype} value (rounded to nearest where it does not fit)."
+    return dequantize_plain
+
+
+dequantize_f64 = _plain("<f8")
+dequantize_i8, dequantize_i16, dequantize_i32, dequantize_i64 = (_plain(t) for t in ("i1", "<i2", "<i4", "<i8"))
 
 
 # -------------------------------------------------------------------------------- 32-value formats
@@ -266,17 +306,15 @@ def dequantize_iq4_xs(blocks: np.ndarray) -> np.ndarray:  # [N, 136] -> [N, 256]
 # -------------------------------------------------------------------------------------- dispatch
 
 DEQUANTIZERS = {
+    "F32": dequantize_f32, "F16": dequantize_f16, "BF16": dequantize_bf16, "F64": dequantize_f64,
+    "I8": dequantize_i8, "I16": dequantize_i16, "I32": dequantize_i32, "I64": dequantize_i64,
     "Q4_0": dequantize_q4_0, "Q4_1": dequantize_q4_1, "Q5_0": dequantize_q5_0, "Q5_1": dequantize_q5_1,
     "Q8_0": dequantize_q8_0, "Q2_K": dequantize_q2_k, "Q3_K": dequantize_q3_k, "Q4_K": dequantize_q4_k,
     "Q5_K": dequantize_q5_k, "Q6_K": dequantize_q6_k, "Q8_K": dequantize_q8_k,
     "IQ4_NL": dequantize_iq4_nl, "IQ4_XS": dequantize_iq4_xs,
 }
 
-# Plain types: one value per "block", little-endian; BF16 is the top half of a float32.
-_PLAIN = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8",
-          "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
-
-SUPPORTED = tuple(_PLAIN) + tuple(DEQUANTIZERS)
+SUPPORTED = tuple(DEQUANTIZERS)
 
 _CHUNK_VALUES = 1 << 18  # values decoded per step: temporaries of ~1 MB (cache-sized), for any tensor size
 
@@ -314,11 +352,6 @@ def dequantize(data: np.ndarray, ggml_type, shape) -> np.ndarray:  # uint8 [nbyt
     """
     t = _as_type(ggml_type)
     shape = _check(data, t, shape)
-    if t.name in _PLAIN:
-        values = data.view(_PLAIN[t.name])
-        if t.name == "BF16":
-            return (values.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-        return values.astype(np.float32).reshape(shape)
     decode = DEQUANTIZERS[t.name]
     blocks = data.reshape(-1, t.bytes_per_block)
     out = np.empty((len(blocks), t.values_per_block), dtype=np.float32)
