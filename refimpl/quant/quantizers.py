@@ -34,7 +34,7 @@ from .dequant import unpack_scale_min_k4
 __all__ = [
     "quantize", "QUANTIZERS",
     "quantize_q4_0", "quantize_q4_1", "quantize_q5_0", "quantize_q5_1", "quantize_q8_0",
-    "quantize_q4_k", "quantize_q5_k", "quantize_q6_k",
+    "quantize_q4_k", "quantize_q5_k", "quantize_q6_k", "quantize_f16", "quantize_bf16",
     "make_qkx2_quants", "make_qx_quants",
 ]
 
@@ -172,7 +172,8 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:  # float32 [N, 32] -> uint8 [N, 
 
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
                      nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [M, n] x2 -> [M], [M], [M, n]
-    """argmin over (s, m) of sum_i w_i (s * L_i - m - x_i)^2,  L_i = clamp(round((x_i + m) / s), 0, nmax).
+    """(s, m, L) = the best of nstep + 2 candidates for min over (s, m) of sum_i w_i (s L_i - m - x_i)^2,
+    L_i = clamp(round((x_i + m) / s), 0, nmax) in 0..nmax, m >= 0.
 
     Per row (one sub-block): start from m = -min(x, 0), s = (max - min) / nmax; then for each of the
     nstep + 1 candidate inverse scales (rmin + rdelta * k + nmax) / (max - min) round the values, solve
@@ -354,19 +355,39 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:  # float32 [N, 256] -> uint8 [N,
     return out
 
 
+# ----------------------------------------------------------------------------------- plain types
+
+def quantize_f16(x: np.ndarray) -> np.ndarray:  # float32 [N, 1] -> uint8 [N, 2]
+    """h = x rounded to the nearest binary16, ties to even (inf beyond 65504). Source: ggml-impl.h
+    ggml_compute_fp32_to_fp16 (GGML_FP32_TO_FP16)."""
+    return _f16_bytes(x.reshape(-1))
+
+
+def quantize_bf16(x: np.ndarray) -> np.ndarray:  # float32 [N, 1] -> uint8 [N, 2]
+    """b = the top 16 bits of x rounded to nearest, ties to even: (bits + 0x7FFF + bit16) >> 16; a NaN keeps
+    its top bits with the quiet bit (64) set. Source: ggml-impl.h ggml_compute_fp32_to_bf16."""
+    u = x.reshape(-1).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    bits = np.where(nan, (u >> 16) | 64, rounded).astype("<u2")
+    return bits.view(np.uint8).reshape(-1, 2)
+
+
 # -------------------------------------------------------------------------------------- dispatch
 
 QUANTIZERS = {
     "Q4_0": quantize_q4_0, "Q4_1": quantize_q4_1, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1,
     "Q8_0": quantize_q8_0, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
 }
-SUPPORTED = ("F32", "F16") + tuple(QUANTIZERS)
+SUPPORTED = ("F32", "F16", "BF16") + tuple(QUANTIZERS)
+_PLAIN = {"F32": lambda x: x.astype("<f4").view(np.uint8), "F16": quantize_f16, "BF16": quantize_bf16}
 
 
 def quantize(x: np.ndarray, ggml_type) -> np.ndarray:  # float [..., n] -> uint8 [nbytes]
     """The GGUF bytes of x as a tensor of type `ggml_type` (a name, id or GGMLType), as llama.cpp writes them.
 
-    x: floating array whose last axis is a whole number of blocks, finite; it is rounded to float32
+    x: floating array whose last axis is a whole number of blocks, finite for the block formats (F32, F16,
+    BF16 convert inf and NaN too); it is rounded to float32
     first (as llama.cpp's quantizers read float32). Returns the rows' blocks, 1-D uint8.
     ValueError: an unsupported type, a non-float or non-finite x, a last axis that is not whole blocks.
     """
@@ -381,12 +402,10 @@ def quantize(x: np.ndarray, ggml_type) -> np.ndarray:  # float [..., n] -> uint8
     except ValueError as e:
         raise ValueError(f"quantize: {t.name} of x with shape {x.shape}: {e}") from None
     x = x.astype(F32)
+    if t.name in _PLAIN:  # conversions: inf and NaN convert too
+        return _PLAIN[t.name](x.reshape(-1, 1)).reshape(-1)
     if not np.all(np.isfinite(x)):
         raise ValueError(f"quantize: x must be finite for {t.name}; it holds {np.sum(~np.isfinite(x))} inf/NaN values")
-    if t.name == "F32":
-        return x.astype("<f4").reshape(-1).view(np.uint8)
-    if t.name == "F16":
-        return x.astype("<f2").reshape(-1).view(np.uint8)
     blocks = x.reshape(-1, t.values_per_block)
     with np.errstate(over="ignore", invalid="ignore"):  # |x| beyond ~1e19 overflows the k-quants' sums of
         return QUANTIZERS[t.name](blocks).reshape(-1)   # x^2 in float32, in ggml as here: the same bytes
