@@ -14,6 +14,8 @@ llama_cpp/lib/libggml-base.so), called through ctypes:
   zeros, exact .5 ties, outliers), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
 - dequantize: `dequantize_row_<type>` on random blocks (with special f16 scales: zero, subnormal,
   inf, NaN) for every block format refimpl.quant decodes, Q8_K and IQ4_NL / IQ4_XS included.
+- conversions: f16 / bf16 -> f32 of all 65536 bit patterns (stored as a SHA-256), and f32 -> f16 /
+  bf16 (ggml_fp32_to_fp16_row, ggml_fp32_to_bf16_row_ref) of random float32 bit patterns.
 
 With --check-model-quantize it also runs llama.cpp's whole file quantizer: it writes a small F32
 LLaMA-architecture GGUF with the gguf package (t(4)-distributed weights), quantizes it with
@@ -199,6 +201,25 @@ def main() -> None:
         fn(ptr(data.ctypes.data), ptr(y.ctypes.data), ctypes.c_int64(y.size))
         out[f"dequantize_{name}_bytes"] = data
         out[f"dequantize_{name}_values"] = y
+
+    # f16 / bf16 -> f32 on all 65536 bit patterns (kept as a SHA-256 of the 256 KB of float32), and
+    # f32 -> f16 / bf16 on random float32 bit patterns (every exponent, NaN payloads, exact ties)
+    if hasattr(lib, "ggml_fp16_to_fp32_row"):
+        import hashlib
+        every = np.arange(65536, dtype=np.uint16)
+        for name, fn in (("f16", lib.ggml_fp16_to_fp32_row), ("bf16", lib.ggml_bf16_to_fp32_row)):
+            y = np.zeros(65536, dtype=np.float32)
+            fn(ptr(every.ctypes.data), ptr(y.ctypes.data), ctypes.c_int64(65536))
+            out[f"{name}_to_f32_all_sha256"] = np.array(hashlib.sha256(y.tobytes()).hexdigest())
+        bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+        bits[:512] = (bits[:512] & 0xFFFF0000) | 0x8000      # bf16 ties
+        bits[512:1024] = (bits[512:1024] & 0xFFFFE000) | 0x1000  # f16 ties
+        f = bits.view(np.float32)
+        out["f32_to_half_input"] = f
+        for name, fn in (("f16", lib.ggml_fp32_to_fp16_row), ("bf16", lib.ggml_fp32_to_bf16_row_ref)):
+            h = np.zeros(f.size, dtype=np.uint16)
+            fn(ptr(f.ctypes.data), ptr(h.ctypes.data), ctypes.c_int64(f.size))
+            out[f"f32_to_{name}"] = h
 
     out["ggml_library"] = np.array(path.name)
     args.out.parent.mkdir(parents=True, exist_ok=True)

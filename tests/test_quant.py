@@ -77,15 +77,23 @@ def tensor_bytes(draw, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
     return data, (rows, cols)
 
 
+def _quiet(v: np.ndarray) -> np.ndarray:
+    """v with the quiet bit set on its NaNs (what ggml's f16 -> f32 conversion does to a signalling NaN)."""
+    return (v.view(np.uint32) | np.where(np.isnan(v), np.uint32(0x00400000), np.uint32(0))).view(np.float32)
+
+
 def _gguf_dequantize(data: np.ndarray, name: str, shape) -> np.ndarray:
-    """gguf-py's dequantization of the same bytes, as float32 of `shape`."""
+    """gguf-py's dequantization of the same bytes, as float32 of `shape`. For F16 its NaNs are made quiet:
+    gguf-py's NumPy cast keeps an f16 signalling NaN signalling, ggml (and refimpl.quant) quiet it; the
+    block formats multiply the scale, which quiets it in both."""
     t = ggml_type(name)
     qtype = GGMLQuantizationType[name]
     if t.values_per_block == 1 and name != "BF16":
         raw = data.view(np.float32 if name == "F32" else np.float16)
     else:
         raw = data.reshape(-1, row_nbytes(t, shape[-1]))
-    return np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32).reshape(shape)
+    out = np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32).reshape(shape)
+    return _quiet(out) if name == "F16" else out
 
 
 @pytest.mark.parametrize("name", ORACLE_FORMATS)
@@ -285,6 +293,11 @@ def test_float_conversions_equal_gguf_including_inf_and_nan(name, seed):
     ours = quantize(x, name)
     with np.errstate(all="ignore"):
         theirs = np.ascontiguousarray(gguf.quants.quantize(x, GGMLQuantizationType[name])).reshape(-1).view(np.uint8)
+    if name == "F16":  # gguf-py's NumPy cast keeps NaN payload bits; ggml writes 0x7E00 with the sign
+        nan = np.isnan(x.reshape(-1))
+        sign = (x.reshape(-1).view(np.uint32) >> 31).astype(np.uint16) << 15
+        assert np.array_equal(ours.view("<u2")[nan], sign[nan] | 0x7E00)
+        ours, theirs = ours.view("<u2")[~nan], theirs.view("<u2")[~nan]
     assert np.array_equal(ours, theirs)
     if name == "F32":  # F32 is stored as is: the round trip returns every bit
         assert _bits_equal(dequantize(ours, name, x.shape), x)
@@ -468,3 +481,16 @@ def test_dequantize_equals_ggml_bit_for_bit(name, ggml_outputs):
     data, values = ggml_outputs[f"dequantize_{name}_bytes"], ggml_outputs[f"dequantize_{name}_values"]
     ours = dequantize(data, name, values.shape)
     assert _bits_equal(ours, values), f"{name}: {np.sum(ours.view(np.uint32) != values.view(np.uint32))} differ"
+
+
+def test_half_conversions_equal_ggml_bit_for_bit(ggml_outputs):
+    """f16 / bf16 -> f32 of all 65536 bit patterns (SHA-256 of ggml's 65536 float32: NaNs quieted the same
+    way), and f32 -> f16 / bf16 of 4096 random float32 bit patterns with exact ties, against ggml."""
+    import hashlib
+
+    every = np.arange(65536, dtype="<u2").view(np.uint8)
+    for name in ("F16", "BF16"):
+        digest = hashlib.sha256(dequantize(every, name, (65536,)).tobytes()).hexdigest()
+        assert digest == str(ggml_outputs[f"{name.lower()}_to_f32_all_sha256"]), name
+        x = ggml_outputs["f32_to_half_input"]
+        assert np.array_equal(quantize(x, name).view("<u2"), ggml_outputs[f"f32_to_{name.lower()}"]), name

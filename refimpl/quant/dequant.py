@@ -8,8 +8,8 @@ function decodes N blocks at once with array operations (no loop over blocks or 
 follows ggml's reference `dequantize_row_*` (ggml/src/ggml-quants.c, block structs in
 ggml/src/ggml-common.h) to the bit: every product is a float32 product formed in the same order as
 there, e.g. Q4_K's y = (d * sc) * q - (dmin * m) with both parenthesised products rounded to float32
-first. The f16 scales become float32 exactly (every f16 is a float32). All multi-byte fields are
-little-endian, as GGUF stores them.
+first. The f16 scales become float32 exactly (every f16 is a float32; a signalling NaN becomes
+quiet, as in ggml). All multi-byte fields are little-endian, as GGUF stores them.
 
 Not decoded: the i-quants other than IQ4_NL / IQ4_XS (their grids are large tables), TQ1_0, TQ2_0,
 MXFP4, NVFP4, Q1_0, and Q8_1 (ggml's internal dot-product type, never in files; the table gives it
@@ -42,8 +42,10 @@ __all__ = [
 # ----------------------------------------------------------------------------------- field helpers
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:  # [N, B] uint8 -> [N, 1] float32
-    """The little-endian f16 at byte `at` of each block, as float32 (exact)."""
-    return blocks[:, at:at + 2].view("<f2").astype(np.float32)
+    """The little-endian f16 at byte `at` of each block, as float32: exact, and a NaN gets the quiet bit
+    (bit 22) as ggml's GGML_FP16_TO_FP32 gives it (NumPy's cast alone keeps a signalling NaN signalling)."""
+    v = blocks[:, at:at + 2].view("<f2").astype(np.float32)
+    return (v.view(np.uint32) | np.where(np.isnan(v), np.uint32(0x00400000), np.uint32(0))).view(np.float32)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:  # [..., k] uint8 -> [..., 2k] uint8
@@ -64,9 +66,9 @@ def dequantize_f32(blocks: np.ndarray) -> np.ndarray:  # [N, 4] -> [N, 1]
 
 
 def dequantize_f16(blocks: np.ndarray) -> np.ndarray:  # [N, 2] -> [N, 1]
-    """y = the little-endian IEEE binary16 value as float32 (exact: every f16 is a float32).
+    """y = the little-endian IEEE binary16 value as float32 (exact: every f16 is a float32; NaNs quiet).
 
-    Source: ggml-impl.h ggml_compute_fp16_to_fp32 (GGML_FP16_TO_FP32).
+    Source: ggml-impl.h ggml_compute_fp16_to_fp32 (GGML_FP16_TO_FP32), which sets a NaN's quiet bit.
     """
     return _f16(blocks, 0)
 

@@ -44,9 +44,12 @@ F32 = np.float32
 # ------------------------------------------------------------------------------ ggml's primitives
 
 def _f16_bytes(v: np.ndarray) -> np.ndarray:  # float32 [N] -> uint8 [N, 2]
-    """GGML_FP32_TO_FP16 (round to nearest even), little-endian bytes."""
-    with np.errstate(over="ignore"):  # beyond 65504 an f16 is inf, as in ggml
-        return v.astype("<f2").view(np.uint8).reshape(-1, 2)
+    """GGML_FP32_TO_FP16, little-endian bytes: round to nearest even (inf beyond 65504), and every NaN
+    becomes ggml's canonical 0x7E00 with its sign (NumPy's cast alone would keep payload bits)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = v.astype("<f2").view("<u2")
+    canonical = (v.view(np.uint32) >> 16).astype(np.uint16) & 0x8000 | np.uint16(0x7E00)
+    return np.where(np.isnan(v), canonical, h).astype("<u2").view(np.uint8).reshape(-1, 2)
 
 
 def _f16_round(v: np.ndarray) -> np.ndarray:  # float32 [...] -> float32 [...]
@@ -358,8 +361,8 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:  # float32 [N, 256] -> uint8 [N,
 # ----------------------------------------------------------------------------------- plain types
 
 def quantize_f16(x: np.ndarray) -> np.ndarray:  # float32 [N, 1] -> uint8 [N, 2]
-    """h = x rounded to the nearest binary16, ties to even (inf beyond 65504). Source: ggml-impl.h
-    ggml_compute_fp32_to_fp16 (GGML_FP32_TO_FP16)."""
+    """h = x rounded to the nearest binary16, ties to even (inf beyond 65504; NaN -> +-0x7E00).
+    Source: ggml-impl.h ggml_compute_fp32_to_fp16 (GGML_FP32_TO_FP16)."""
     return _f16_bytes(x.reshape(-1))
 
 
