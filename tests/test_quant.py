@@ -1,10 +1,14 @@
-"""refimpl.quant: GGUF's quantization formats, proved against gguf-py (llama.cpp's own Python
-(de)quantizers) bit for bit, on random and crafted blocks and on every tensor of two real files.
+"""refimpl.quant: GGUF's quantization formats, proved bit for bit against two oracles.
 
-Bit for bit means: the float32 results compared as uint32 views, so -0.0 / +0.0 and NaN payloads
-count. gguf-py mirrors ggml-quants.c's reference dequantizers operation by operation (its float32
-products in the same order), so agreeing with it on every bit pattern of the scales (zero,
-subnormal, negative, inf, NaN) is agreeing with ggml's arithmetic.
+- gguf-py (llama.cpp's Python package): dequantize on random and crafted blocks (special f16 scales,
+  all-0x00 / all-0xFF) and on every tensor of two real files; quantize for the simple formats.
+- ggml itself (tests/data/quant_fixtures.npz, made by scripts/make_quant_fixtures.py from
+  llama-cpp-python's libggml-base): dequantize_row_* on random blocks, ggml_quantize_chunk (what
+  llama-quantize runs) for all eight quantizers, the f16 / bf16 conversions on every bit pattern.
+
+Bit for bit means: float32 results compared as uint32 views, so -0.0 / +0.0 and NaN payloads count.
+Where gguf-py leaves a bit to NumPy, refimpl.quant follows ggml and the tests say so: the quiet bit of
+an f16 NaN (F16 dequantize), NaN payloads in f32 -> f16, and which zero is a block's min / max.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from refimpl.quant import GGML_TYPES, ggml_type, row_nbytes
-from refimpl.quant import dequantize
+from refimpl.quant import GGML_TYPES, dequantize, ggml_type, quantize, row_nbytes
 from refimpl.quant.dequant import DEQUANTIZERS, SUPPORTED
+from refimpl.quant.quantizers import QUANTIZERS
+from report import MaxDiffs
 
 gguf = pytest.importorskip("gguf")  # the oracle extra; conftest makes a missing oracle an error in CI
 from gguf import GGMLQuantizationType  # noqa: E402
@@ -229,11 +234,6 @@ def test_every_tensor_of_a_real_file_dequantizes_as_gguf(name):
 
 
 # ------------------------------------------------------------------------------------- quantize
-
-from refimpl.quant import quantize  # noqa: E402
-from refimpl.quant.quantizers import QUANTIZERS  # noqa: E402
-
-from report import MaxDiffs  # noqa: E402
 
 SIMPLE = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 QDIFFS = MaxDiffs("quantize round trips (tests/test_quant.py): max error / derived bound")
