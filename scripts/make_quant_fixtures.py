@@ -3,6 +3,10 @@ tests/test_quant.py to compare refimpl.quant with bit for bit.
 
     python scripts/make_quant_fixtures.py                    # ggml from an installed llama-cpp-python
     python scripts/make_quant_fixtures.py --ggml PATH.so     # any build of ggml's base library
+    .venv/bin/python scripts/make_quant_fixtures.py --ggml .../llama_cpp/lib/libggml-base.so.0 \
+        --check-model-quantize                              # also llama_model_quantize (needs gguf)
+
+The first form needs only NumPy and llama-cpp-python (keep that in its own virtual environment).
 
 The oracle is ggml's base library (libggml-base, shipped inside llama-cpp-python's wheel as
 llama_cpp/lib/libggml-base.so), called through ctypes:
