@@ -22,11 +22,12 @@ Every subcommand prints a one-line error (no traceback) and exits with status 2 
 input: a missing file, a malformed model, an out-of-range argument. A closed output pipe
 (`... | head`) ends it quietly with status 0.
 
-BLAS threads (`blas_threads_for`): the BLAS reads its thread count once, when NumPy loads it, so
-`python -m refimpl` chooses it first. When none of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
-MKL_NUM_THREADS is set (a value you set always wins), generate / inspect / embed / compare / demo on a
-model narrower than SMALL_MODEL_WIDTH (the shipped GPT-2, MiniLM: their matrices are too small to
-share out) run with one thread; wider models (a real LLaMA checkpoint), the accelerated backends
+BLAS threads (`blas_threads_for`, refimpl._threads): when none of OPENBLAS_NUM_THREADS,
+OMP_NUM_THREADS, MKL_NUM_THREADS is set (a value you set always wins), generate / inspect / embed /
+compare / demo on a model narrower than SMALL_MODEL_WIDTH (the shipped GPT-2 and LLaMA, MiniLM: their
+matrices are too small to share out) run with one thread: set before NumPy loads for the shipped
+default models, else after the model is loaded, from its config object (by name or path alike; no
+file is read for it); wider models (a real LLaMA checkpoint), the accelerated backends
 (generate --backend numba|cuda: their kernels set their own threads) and the other commands keep the
 library's default. benchmarks/NOTES.md ("refimpl command line: BLAS threads") has the measurements.
 """
@@ -38,6 +39,8 @@ import os
 import sys
 from pathlib import Path
 
+from refimpl._threads import BLAS_THREAD_VARS, SMALL_MODEL_WIDTH, one_blas_thread_for  # NumPy-free
+
 
 class UsageError(Exception):
     """A problem with what the user asked for: printed without a traceback."""
@@ -45,8 +48,6 @@ class UsageError(Exception):
 
 # ----------------------------------------------------------------------------- BLAS threads
 
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-SMALL_MODEL_WIDTH = 512  # model width (n_embd / hidden_size) below which one BLAS thread is faster
 _MODEL_COMMANDS = ("generate", "inspect", "embed", "compare", "demo")
 
 
@@ -61,37 +62,28 @@ def _flag_value(argv, flag: str):
     return value
 
 
-def _model_width(path) -> int | None:
-    """n_embd / hidden_size / d_model of config.json in the model folder `path` (or beside the file `path`); None when unknown."""
-    import json
-
-    p = Path(path)
-    try:
-        config = json.loads(((p if p.is_dir() else p.parent) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for key in ("n_embd", "hidden_size", "d_model"):
-        if isinstance(config, dict) and type(config.get(key)) is int:
-            return config[key]
-    return None
+def _thread_rule_applies(argv, environ) -> bool:
+    """Whether the one-thread rule may act on `argv`: a model command on NumPy's BLAS, no thread count set by the user."""
+    if any(v in environ for v in BLAS_THREAD_VARS) or not argv or argv[0] not in _MODEL_COMMANDS:
+        return False
+    return not (argv[0] == "generate" and (_flag_value(argv, "--backend") or "numpy") != "numpy")
 
 
 def blas_threads_for(argv, environ) -> str | None:
-    """The BLAS thread count to set for the command line `argv`: "1" for a model command on a small model,
-    None (leave the library's default) otherwise, or when `environ` already names a count (module docstring)."""
-    if any(v in environ for v in BLAS_THREAD_VARS) or not argv or argv[0] not in _MODEL_COMMANDS:
+    """The BLAS thread count to set before NumPy loads, for the command line `argv`: "1" for a model command on
+    the shipped small models (no --model: GPT-2, MiniLM for embed, demo's), None (decided after the load, from the
+    model's config: refimpl._threads.one_blas_thread_for; or the library's default) otherwise. No file is read."""
+    if not _thread_rule_applies(argv, environ):
         return None
-    if argv[0] == "generate" and (_flag_value(argv, "--backend") or "numpy") != "numpy":
-        return None
-    model = _flag_value(argv, "--model")
-    if model is None:  # the shipped GPT-2 (n_embd 192), MiniLM for embed (384), demo's small models
-        return "1"
-    width = _model_width(model)
-    return "1" if width is not None and width < SMALL_MODEL_WIDTH else None
+    return "1" if argv[0] == "demo" or _flag_value(argv, "--model") is None else None
 
 
 def set_blas_threads(argv, environ=os.environ) -> str | None:
-    """Put blas_threads_for(argv) into OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (before NumPy is imported); returns it."""
+    """Put blas_threads_for(argv) into OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (before NumPy is imported), and let
+    the loaded model's width decide otherwise (refimpl._threads.enabled); returns what it set."""
+    from refimpl import _threads
+
+    _threads.enabled = _thread_rule_applies(argv, environ)
     n = blas_threads_for(argv, environ)
     if n is not None:
         environ["OPENBLAS_NUM_THREADS"] = environ["MKL_NUM_THREADS"] = n
@@ -140,6 +132,7 @@ def cmd_generate(args) -> int:
     from refimpl.gpt2.model import parse_token_ids
 
     model = _load_model(args.model)  # None: the shipped default model
+    one_blas_thread_for(model.config)  # a small model: one BLAS thread (module docstring)
     if args.ids is not None and args.prompt is not None:
         raise UsageError("give either --prompt or --ids, not both")
     if args.ids is not None:
@@ -555,6 +548,7 @@ _FLAG_NAMES = {
                  ("top_k", "--top-k"), ("top_p", "--top-p"), ("attention_scale", "--attention-scale"),
                  ("stop must", "--stop must"),
                  ("causal=False", "--no-causal-mask")),
+    "export": (("out_dir ", "--out "),),
 }
 
 

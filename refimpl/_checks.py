@@ -188,6 +188,10 @@ def check_token_ids(ids, vocab_size: int, *, name: str = "ids", ragged_hint: str
     except ValueError:  # rows of different lengths
         raise ValueError(f"{name} must be a rectangular array of token ids (every row the same length; "
                          f"{ragged_hint}); got rows of different lengths") from None
+    if a.dtype.kind == "f" and a.size and not isinstance(ids, np.ndarray):  # Python ints NumPy could not hold in
+        exact = np.asarray(ids, dtype=object)                                # one integer dtype ([1, 2**63]):
+        if exact.shape == a.shape and all(is_int(t) for t in exact.flat):     # range-checked as themselves
+            a = exact
     if a.dtype == object and a.size and all(is_int(t) for t in a.flat):
         _check_id_range(a, vocab_size, name)
         a = a.astype(np.int64)

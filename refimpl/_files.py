@@ -32,7 +32,7 @@ __all__ = ["NotARegularFileError", "check_regular_file", "open_regular", "read_r
            "read_regular_text", "write_bytes_atomic", "write_text_atomic", "open_atomic",
            "write_files_together",
            "exchange_paths", "fsync_dir", "replace_folder", "check_replaceable_folder",
-           "FolderNotReplaceableError"]
+           "FolderNotReplaceableError", "check_output_file", "write_output"]
 
 
 class NotARegularFileError(ValueError):
@@ -133,6 +133,45 @@ def write_bytes_atomic(path, data: bytes, *, mode: int = 0o644, fsync: bool = Tr
         if os.path.lexists(tmp):
             os.unlink(tmp)
     return path
+
+
+def check_output_file(path, what: str = "output file", suffixes: tuple[str, ...] | None = None) -> Path:
+    """`path` as a Path a command may write a file to, checked before any work: a ValueError naming `what` and
+    the path if it is empty, a folder, not a regular file, has a suffix outside `suffixes` (lower-case, with the
+    dot), or its folder is missing or refuses a new file (a temporary one is made and removed to find out)."""
+    p = Path(path)
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise ValueError(f"{what} {str(path)!r}: expected a file name")
+    if suffixes is not None and p.suffix.lower() not in suffixes:
+        raise ValueError(f"{what} {p}: expected a file name ending in {' or '.join(suffixes)}; "
+                         f"got {p.suffix or 'no suffix'!r}")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ValueError(f"{what} {p}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {p} is {_kind(st.st_mode)}; expected a file to write")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what} {p}: the folder {parent} does not exist")
+    try:  # a real probe: permissions alone do not tell (root, read-only mounts, /proc)
+        fd, probe = tempfile.mkstemp(prefix="." + p.name + ".", suffix=".tmp", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{what} {p}: cannot write in the folder {parent} ({e.strerror or e})") from None
+    return p
+
+
+def write_output(path, data: bytes, what: str = "output file", suffixes: tuple[str, ...] | None = None) -> Path:
+    """check_output_file, then write_bytes_atomic; a failed write (a full disk, /proc) is a ValueError naming `what`."""
+    p = check_output_file(path, what, suffixes)
+    try:
+        return write_bytes_atomic(p, data)
+    except OSError as e:
+        raise ValueError(f"{what} {p}: cannot write it ({e.strerror or e})") from None
 
 
 def write_text_atomic(path, text: str, *, encoding: str = "utf-8", **kw) -> Path:

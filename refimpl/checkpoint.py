@@ -9,8 +9,9 @@ and a file's failure is one `WeightFileError` naming the file and the tensor or 
     sharded_source(dir, canonical, check)   model.safetensors.index.json + its shards -> tensors
     read_weight_map(index_file)             an index's weight_map: tensor -> shard, checked
     config_object(text, where)              a config.json's text -> dict (JSON object, no NaN)
-    npz_member_header(zip, member)          a .npy member's shape and dtype, checked against its size
-    npz_read(zip, member)                   that member's array (never a pickle)
+    npz_member_header(zip, member)          a .npy member's shape and dtype, checked against its declared
+                                            size, the archive's bytes and a limit before any data is read
+    npz_read(zip, member, max_bytes=None)   that member's array (never a pickle), read in bounded chunks
     read_pickled_state_dict(file, config)   a pickled PyTorch state dict (export only, on request)
     read_pickled_shards(dir, config, check) pytorch_model.bin.index.json + its pickled shards (export only)
     export_dtypes(arrays, stored, dtype)    the dtype each tensor is written in by an export
@@ -39,7 +40,7 @@ from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, saf
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
-           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "npz_member_header", "npz_read", "torch_state_dict_tensors",
+           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read", "torch_state_dict_tensors",
            "read_pickled_state_dict", "read_weight_map", "read_pickled_shards", "EXPORT_DTYPES", "check_export_dtype",
            "export_dtypes", "hub_config_file", "hub_model_folder"]
 
@@ -242,9 +243,55 @@ def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
 NPZ_ERRORS = (Exception,)  # a damaged zip raises anything from zipfile / zlib / struct: each becomes one WeightFileError
 
 
-def npz_member_header(z: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype from a .npy member's header, checked against the member's size."""
+NPZ_MAX_RATIO = 1032  # deflate's largest expansion: 258 bytes out of each 2 bits at best (RFC 1951 sec. 3.2.5)
+_CHUNK = 1 << 20  # bytes per read of a member's data
+
+
+def _npz_member_sizes(z: zipfile.ZipFile, member: str) -> zipfile.ZipInfo:
+    """The entry of `member`, its declared sizes checked against the archive before anything is read: stored or
+    deflated only (what np.savez / np.savez_compressed write), its compressed bytes within the archive, its
+    uncompressed size at most NPZ_MAX_RATIO times those (stored: equal)."""
     info = z.getinfo(member)
+    try:
+        archive = os.fstat(z.fp.fileno()).st_size
+    except (AttributeError, OSError, ValueError):  # an in-memory archive
+        archive = None
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise WeightFileError(f"npz entry {member!r}: compression method {info.compress_type} is not one np.savez "
+                              "writes (stored or deflated)")
+    if archive is not None and info.compress_size > archive:
+        raise WeightFileError(f"npz entry {member!r} says it holds {info.compress_size:,} compressed bytes; the "
+                              f"archive has {archive:,}")
+    most = info.compress_size if info.compress_type == zipfile.ZIP_STORED else NPZ_MAX_RATIO * info.compress_size + 64
+    if info.file_size > most:
+        raise WeightFileError(f"npz entry {member!r} says it holds {info.file_size:,} bytes, more than its "
+                              f"{info.compress_size:,} stored bytes can hold")
+    return info
+
+
+def npz_member_header(z: zipfile.ZipFile, member: str, *, max_bytes: int | None = None
+                      ) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a .npy member's header, checked against the member's declared size, the archive
+    (_npz_member_sizes) and `max_bytes` (the most data bytes the caller needs from it) before any data is read."""
+    info = _npz_member_sizes(z, member)
+    if max_bytes is not None and info.file_size > max_bytes + 4096:  # (+ the .npy header)
+        raise WeightFileError(f"npz entry {member!r} holds {info.file_size:,} bytes; at most {max_bytes:,} are "
+                              "read here")
+    shape, _, dt, header_len = _npy_header(z, member)
+    n = 1
+    for s in shape:
+        n *= s
+    if info.file_size != header_len + n * dt.itemsize:
+        raise WeightFileError(f"npz entry {member!r}: header says {dt} {list(shape)} "
+                              f"({n * dt.itemsize} bytes) but the entry holds {info.file_size - header_len}")
+    if max_bytes is not None and n * dt.itemsize > max_bytes:
+        raise WeightFileError(f"npz entry {member!r}: {dt} {list(shape)} is {n * dt.itemsize:,} bytes; at most "
+                              f"{max_bytes:,} are read here")
+    return tuple(shape), dt
+
+
+def _npy_header(z: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, Fortran order?, dtype, the header's length in bytes) of a .npy member."""
     with z.open(member) as fp:
         version = np.lib.format.read_magic(fp)
         if version == (1, 0):
@@ -256,19 +303,30 @@ def npz_member_header(z: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...],
         header_len = fp.tell()
     if dt.hasobject:
         raise WeightFileError(f"npz entry {member!r} holds Python objects (would need pickle); refused")
-    n = 1
-    for s in shape:
-        n *= s
-    if info.file_size != header_len + n * dt.itemsize:
-        raise WeightFileError(f"npz entry {member!r}: header says {dt} {list(shape)} "
-                              f"({n * dt.itemsize} bytes) but the entry holds {info.file_size - header_len}")
-    return tuple(shape), dt
+    return tuple(shape), bool(fortran), dt, header_len
 
 
-def npz_read(z: zipfile.ZipFile, member: str) -> np.ndarray:
+def npz_read(z: zipfile.ZipFile, member: str, *, max_bytes: int | None = None) -> np.ndarray:
+    """The array of a .npy member (never a pickle): npz_member_header's checks first, then its data read in
+    chunks of at most 1 MiB into an array of the checked size, so no read is sized by an unchecked length."""
     try:
+        shape, dt = npz_member_header(z, member, max_bytes=max_bytes)
+        _, fortran, _, header_len = _npy_header(z, member)
+        n = 1
+        for s in shape:
+            n *= s
+        out = np.empty(n * dt.itemsize, dtype=np.uint8)
+        view = memoryview(out)
         with z.open(member) as fp:
-            return np.lib.format.read_array(fp, allow_pickle=False)
+            fp.read(header_len)
+            done = 0
+            while done < out.size:
+                n = fp.readinto(view[done:done + _CHUNK])
+                if not n:
+                    raise WeightFileError(f"npz entry {member!r} ends after {done:,} of its {out.size:,} data bytes")
+                done += n
+        a = out.view(dt)
+        return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
     except WeightFileError:
         raise
     except NPZ_ERRORS as e:
@@ -391,6 +449,23 @@ def check_export_dtype(dtype) -> str:
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}; got {dtype!r}")
     return dtype
+
+
+def check_export_out(out_dir, source=None) -> Path:
+    """`out_dir` as a Path an export may replace as a whole, else a ValueError: an empty name, the current folder
+    ("", ".", or any path to it), or the source itself (its folder, or the folder holding a source file)."""
+    text = os.fspath(out_dir)
+    if not text.strip():
+        raise ValueError("out_dir is empty; give the folder to write the model to")
+    out = Path(os.path.realpath(text))
+    if out == Path(os.path.realpath(os.getcwd())):
+        raise ValueError(f"out_dir {text} is the current folder, which the export would replace as a whole; give a "
+                         "new folder's name")
+    if source is not None:
+        src = Path(os.path.realpath(os.fspath(source)))
+        if out == src or (src.is_file() and out == src.parent):
+            raise ValueError(f"out_dir {text} is the folder of the model being exported ({source}); give another folder")
+    return Path(text)
 
 
 def export_dtypes(arrays: dict[str, np.ndarray], stored: dict[str, str], dtype: str, where) -> dict[str, str]:

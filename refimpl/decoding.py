@@ -500,6 +500,13 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
                          f"V={dec.vocab_size}")
     if not is_num(length_penalty):
         raise ValueError(f"length_penalty must be a finite number; got {length_penalty!r}")
+    if num_beams > 1 and max_new_tokens > 1:  # scores are divided by length^length_penalty, length <= max_new_tokens:
+        most = math.log(np.finfo(np.float64).max) / math.log(max_new_tokens)  # that power must stay a finite,
+        if abs(length_penalty) > most:                                          # nonzero float64
+            raise ValueError(f"length_penalty must lie in [-{most:.4g}, {most:.4g}] with max_new_tokens="
+                             f"{max_new_tokens} (a beam's score is divided by its length to this power, which must stay a finite, "
+                             "nonzero float64); "
+                             f"got {length_penalty!r}")
     if isinstance(early_stopping, (bool, np.bool_)):
         early_stopping = bool(early_stopping)
     elif early_stopping != "never":
@@ -564,8 +571,11 @@ def _prompt_ids(dec: Decoder, prompt) -> np.ndarray:  # str | ids [P] -> [P] int
             raise ValueError("a text prompt needs a tokenizer, and this model has none: "
                              "pass token ids, or load a model directory with tokenizer files")
         prompt = encode_prompt(dec.tokenizer, prompt)  # with the BOS the model's tokenizer puts first
-    ids = np.asarray(prompt)
-    ids = check_token_ids(ids if ids.size else ids.astype(np.int64), dec.vocab_size, name="prompt",
+    try:
+        empty = np.asarray(prompt).size == 0
+    except ValueError:  # rows of different lengths: check_token_ids names them
+        empty = False
+    ids = check_token_ids(np.zeros(0, np.int64) if empty else prompt, dec.vocab_size, name="prompt",
                           ragged_hint="left-pad shorter prompts, or use generate_batch")
     if ids.ndim != 1:
         batch = " (a batch of prompts [B, P]: refimpl.decoding.generate_batch)" if ids.ndim == 2 else ""

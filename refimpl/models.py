@@ -384,10 +384,11 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     dtype: "source" (default: each tensor as stored, bfloat16 kept), "float32", "bfloat16" or
     "float16" (exact only, else refused): refimpl.llama.io.export says how.
     """
-    from .checkpoint import check_export_dtype
+    from .checkpoint import check_export_dtype, check_export_out
 
     check_export_dtype(dtype)
     src = resolve_model(source)  # (a shipped model's name, too)
+    check_export_out(out_dir, src if src.exists() else None)  # never "", the current folder or the source
     if src.exists():
         family = family_of(src)
     else:

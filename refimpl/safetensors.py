@@ -153,12 +153,31 @@ def _object(pairs, where: str = "safetensors header") -> dict:
 
 
 def _plain(value):
-    """`value` with every JSON object (a tuple of pairs) turned into a dict, repeated keys refused."""
-    if type(value) is tuple:
-        return {k: _plain(v) for k, v in _object(value, "safetensors header").items()}
-    if type(value) is list:
-        return [_plain(v) for v in value]
-    return value
+    """`value` with every JSON object (a tuple of pairs) turned into a dict, repeated keys refused.
+
+    Iterative (an explicit stack, no recursion), so a header nested as deep as JSON allows costs time in
+    proportion to its size and raises no RecursionError.
+    """
+    def fresh(v):  # a container to fill, or the value itself
+        if type(v) is tuple:
+            _object(v, "safetensors header")  # a repeated key is refused before any value is converted
+            return {}
+        return [] if type(v) is list else v
+
+    root = fresh(value)
+    stack = [(value, root)]  # (a parsed container, its plain copy being filled)
+    while stack:
+        src, dst = stack.pop()
+        items = src if type(src) is tuple else enumerate(src)
+        for k, v in items:
+            out = fresh(v)
+            if type(dst) is dict:
+                dst[k] = out
+            else:
+                dst.append(out)
+            if out is not v:
+                stack.append((v, out))
+    return root
 
 
 def _is_int(v) -> bool:
@@ -200,15 +219,25 @@ def _well_formed_entries(obj: dict) -> dict[str, TensorInfo] | None:
     return tensors
 
 
+def _short(value) -> str:
+    """A value from a header as an error shows it: at most 80 characters, nesting cut at 3 levels (no recursion
+    through a deeply nested list)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother = 3, 8, 4, 40, 40
+    return r.repr(value)[:80]
+
+
 def _parse_entry(name: str, entry) -> TensorInfo:
     if not isinstance(entry, dict):
-        raise SafetensorsError(f"safetensors tensor {name!r}: header entry must be an object; got {entry!r:.80}")
+        raise SafetensorsError(f"safetensors tensor {name!r}: header entry must be an object; got {_short(entry)}")
     for field in ("dtype", "shape", "data_offsets"):
         if field not in entry:
             raise SafetensorsError(f"safetensors tensor {name!r}: header entry has no {field!r}")
     dtype = entry["dtype"]
     if not isinstance(dtype, str):
-        raise SafetensorsError(f"safetensors tensor {name!r}: dtype must be a string; got {dtype!r:.80}")
+        raise SafetensorsError(f"safetensors tensor {name!r}: dtype must be a string; got {_short(dtype)}")
     if dtype not in DTYPES:
         if dtype in _UNSUPPORTED:
             raise SafetensorsError(f"safetensors tensor {name!r}: dtype {dtype} is not supported here "
@@ -217,7 +246,7 @@ def _parse_entry(name: str, entry) -> TensorInfo:
     shape = entry["shape"]
     if not (isinstance(shape, list) and all(_is_int(s) and 0 <= s < MAX_DIM for s in shape)):
         raise SafetensorsError(
-            f"safetensors tensor {name!r}: shape must be a list of integers in [0, 2^63); got {shape!r:.80}")
+            f"safetensors tensor {name!r}: shape must be a list of integers in [0, 2^63); got {_short(shape)}")
     if len(shape) > MAX_NDIM:
         raise SafetensorsError(
             f"safetensors tensor {name!r}: {len(shape)} dimensions; at most {MAX_NDIM} are supported (as NumPy)")
@@ -225,14 +254,14 @@ def _parse_entry(name: str, entry) -> TensorInfo:
     # zero dimension makes the array empty: the same limit here, as our error.
     if math.prod(s for s in shape if s) * DTYPES[dtype].itemsize >= MAX_DIM:
         raise SafetensorsError(
-            f"safetensors tensor {name!r}: shape {shape!r:.80} is too large (its nonzero dimensions times "
+            f"safetensors tensor {name!r}: shape {_short(shape)} is too large (its nonzero dimensions times "
             f"the {dtype} itemsize reach 2^63 bytes, even where a zero dimension makes it empty)")
     offsets = entry["data_offsets"]
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
         raise SafetensorsError(
             f"safetensors tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end; "
-            f"got {offsets!r:.80}")
+            f"got {_short(offsets)}")
     info = TensorInfo(dtype, tuple(shape), (offsets[0], offsets[1]))
     nbytes = info.numel * DTYPES[dtype].itemsize
     if offsets[1] - offsets[0] != nbytes:

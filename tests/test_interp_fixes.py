@@ -337,7 +337,14 @@ def test_python_m_refimpl_runs_small_models_on_one_blas_thread_unless_told(tmp_p
     wide = tmp_path / "wide"
     wide.mkdir()
     (wide / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 2 * SMALL_MODEL_WIDTH}))
-    assert _threads_chosen(["generate", "--model", wide, "--ids", "1"])[0] is None  # the library's default
+    env, pools = _threads_chosen(["generate", "--model", wide, "--ids", "1"])
+    assert env is None and (pools is None or 1 not in pools or os.cpu_count() == 1), pools  # the library's default
+    env, pools = _threads_chosen(["generate", "--model", "shakespeare-llama", "--ids", "1", "--max-new-tokens", "1"])
+    assert env is None and (pools is None or pools == [1] * len(pools)), pools  # by name too: its config's width
+    mkfifo_dir = tmp_path / "fifo"
+    mkfifo_dir.mkdir()
+    os.mkfifo(mkfifo_dir / "config.json")  # the rule reads no file: the loader refuses the FIFO at once
+    assert blas_threads_for(["generate", "--model", str(mkfifo_dir)], {}) is None
     assert _threads_chosen(["inspect", "lens", "--model", wide], {"OMP_NUM_THREADS": "2"})[0] is None  # theirs wins
     assert blas_threads_for(["embed", "x"], {}) == "1" and blas_threads_for(["tokenize", "x"], {}) is None
     assert blas_threads_for(["generate", "--backend", "numba"], {}) is None  # the kernels choose their own

@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from .._threads import one_blas_thread_for
+
 __all__ = ["main", "build_parser"]
 
 
@@ -64,6 +66,7 @@ def main(argv: list[str]) -> int:
         if not texts:
             raise ValueError("no text to embed (stdin was empty)")
         model = load(args.model)
+        one_blas_thread_for(model.config)  # python -m refimpl: a small model runs on one BLAS thread
         e = embed(model, texts, batch_size=args.batch_size, normalize=not args.raw)  # [N, C]
     except (ValueError, TypeError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

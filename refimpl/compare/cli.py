@@ -17,8 +17,9 @@ import sys
 
 import numpy as np
 
+from .._threads import one_blas_thread_for
 from .core import compare
-from .sources import dump, hf_activations, n_layers, read_activations, reference_activations
+from .sources import dump, dump_limit, hf_activations, n_layers, read_activations, read_ids, reference_activations
 
 
 class _Usage(Exception):
@@ -88,10 +89,27 @@ def _ids(args, model, stored_ids):
     return ids
 
 
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _check_outputs(args) -> None:
+    """Every path the command will write, checked before any work (refimpl._files.check_output_file)."""
+    from .._files import check_output_file
+
+    if args.json is not None and args.json != "-":
+        check_output_file(args.json, "--json", (".json",))
+    if args.plot is not None:
+        check_output_file(args.plot, "--plot", _PLOT_SUFFIXES)
+    if args.write_reference is not None:
+        check_output_file(args.write_reference, "--write-reference", (".safetensors", ".npz"))
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
+        _check_outputs(args)
         model = _load(args.model, args.dtype)
+        one_blas_thread_for(model.config)  # python -m refimpl: a small model runs on one BLAS thread
         if args.write_reference:
             ids = _ids(args, model, None)
             path = dump(args.write_reference, reference_activations(model, ids), ids=ids)
@@ -99,26 +117,33 @@ def main(argv=None) -> int:
             return 0
         their_dtype = args.their_dtype
         if args.theirs:
-            theirs, stored_ids, stored_dtype = read_activations(args.theirs)
+            stored_ids = read_ids(args.theirs)
             ids = _ids(args, model, stored_ids)
+            reference = reference_activations(model, ids)
+            theirs, _, stored_dtype = read_activations(args.theirs, max_bytes=dump_limit(reference))
             their_dtype = their_dtype or stored_dtype
         else:
             ids = _ids(args, model, None)
             theirs, hf_dtype = hf_activations(args.hf, ids, dtype=args.hf_dtype or args.dtype)
             their_dtype = their_dtype or hf_dtype
-        report = compare(reference_activations(model, ids), theirs, n_layers=n_layers(model),
-                         their_dtype=their_dtype, scale=args.scale)
+            reference = reference_activations(model, ids)
+        report = compare(reference, theirs, n_layers=n_layers(model), their_dtype=their_dtype, scale=args.scale)
+        print(report.table())
+        if args.json == "-":
+            print(report.to_json())
+        elif args.json:
+            from .._files import write_output
+
+            print(f"wrote {write_output(args.json, report.to_json().encode('utf-8'), '--json', ('.json',))}")
+        if args.plot:
+            try:
+                report.plot(args.plot)
+            except ImportError as e:
+                raise _Usage(f"--plot: {e}") from None
+            except OSError as e:
+                raise _Usage(f"--plot {args.plot}: cannot write it ({e.strerror or e})") from None
+            print(f"wrote {args.plot}")
     except (_Usage, ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(report.table())
-    if args.json == "-":
-        print(report.to_json())
-    elif args.json:
-        from .._files import write_text_atomic
-
-        print(f"wrote {write_text_atomic(args.json, report.to_json())}")
-    if args.plot:
-        report.plot(args.plot)
-        print(f"wrote {args.plot}")
     return 0 if report.ok else 1

@@ -2,8 +2,10 @@
 
     reference_activations(model, ids)  {refimpl name: array} at every hook point, in data-flow
                                        order, and "logits" (refimpl.interp.run_with_cache)
-    read_activations(path)             (arrays, ids or None, their stored dtype) from .safetensors
+    read_activations(path, max_bytes)  (arrays, ids or None, their stored dtype) from .safetensors
                                        or .npz (never a pickle); ids under the key "__ids__"
+    read_ids(path)                     only the ids "__ids__" of such a file (or None)
+    dump_limit(reference)              the most bytes a dump comparable with `reference` needs
     dump(path, activations, ids=None)  write such a file (.safetensors or .npz by the suffix)
     hf_activations(path, ids, dtype)   a Hugging Face *ForCausalLM directory run with
                                        output_hidden_states / output_attentions (needs transformers)
@@ -21,12 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from .._files import write_bytes_atomic
-from ..checkpoint import NPZ_ERRORS, WeightFileError, npz_member_header, npz_read, open_weights
+from ..checkpoint import NPZ_ERRORS, WeightFileError, npz_read, open_weights
 from ..safetensors import SafetensorsError, read_header, read_tensor, save
 
-__all__ = ["IDS_KEY", "n_layers", "reference_activations", "read_activations", "dump", "hf_activations"]
+__all__ = ["IDS_KEY", "n_layers", "reference_activations", "read_activations", "read_ids", "dump_limit", "dump",
+           "hf_activations"]
 
 IDS_KEY = "__ids__"
+MAX_IDS_BYTES = 1 << 24  # the token ids of a dump: 2^21 int64 ids at most
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
@@ -46,18 +50,86 @@ def reference_activations(model, ids) -> dict[str, np.ndarray]:
     return acts
 
 
-def read_activations(path) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
-    """(name -> array, the token ids stored under "__ids__" or None, the least precise stored float dtype).
+def dump_limit(reference: dict) -> int:
+    """The most bytes of arrays a dump compared with `reference` is read up to: every reference point twice
+    (names of two conventions) in float64, plus 1 MiB; a file declaring more is refused before it is read."""
+    return 2 * 8 * sum(int(np.asarray(a).size) for a in reference.values()) + (1 << 20)
 
-    .safetensors (BF16 widened exactly to float32; the stored dtype is still reported as
-    bfloat16) or .npz (np.savez; members must be .npy arrays with no Python objects).
-    Errors: another suffix (a pickle is refused), a damaged file, ids that are not integers.
-    """
+
+def _npz_members(path: Path, stack: ExitStack) -> tuple[zipfile.ZipFile, list[str]]:
+    z = stack.enter_context(zipfile.ZipFile(stack.enter_context(open_weights(path, "activation file"))))
+    members = z.namelist()
+    if len(set(members)) != len(members):
+        raise WeightFileError("an entry appears twice in the archive")
+    for m in members:
+        if not m.endswith(".npy"):
+            raise WeightFileError(f"npz entry {m!r} is not a .npy array")
+    return z, members
+
+
+def read_ids(path) -> np.ndarray | None:
+    """The token ids stored under "__ids__" in a .safetensors or .npz dump (at most MAX_IDS_BYTES), or None;
+    nothing else of the file is read (its size checks are read_activations')."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         try:
             header = read_header(path)
+            if IDS_KEY not in header.tensors:
+                return None
+            if header.tensors[IDS_KEY].numel * 8 > MAX_IDS_BYTES:
+                raise SafetensorsError(f"{IDS_KEY!r} holds more than {MAX_IDS_BYTES // 8:,} ids")
+            ids = read_tensor(path, header, IDS_KEY)
+        except (SafetensorsError, OSError) as e:
+            raise ValueError(f"{path}: not a readable .safetensors file: {e}") from None
+    elif suffix == ".npz":
+        with ExitStack() as stack:
+            try:
+                z, members = _npz_members(path, stack)
+                if IDS_KEY + ".npy" not in members:
+                    return None
+                ids = npz_read(z, IDS_KEY + ".npy", max_bytes=MAX_IDS_BYTES)
+            except WeightFileError as e:
+                raise ValueError(f"{path}: {e}") from None
+            except OSError as e:  # a missing file: its own message names it
+                raise ValueError(str(e)) from None
+            except NPZ_ERRORS as e:
+                raise ValueError(f"{path}: not a readable .npz archive: {type(e).__name__}: {e}") from None
+    else:
+        raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got {suffix or 'no suffix'!r}")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{path}: {IDS_KEY!r} must hold integer token ids; got dtype {ids.dtype}")
+    return ids
+
+
+def read_activations(path, max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+    """(name -> array, the token ids stored under "__ids__" or None, the least precise stored float dtype).
+
+    .safetensors (BF16 widened exactly to float32; the stored dtype is still reported as
+    bfloat16) or .npz (np.savez or np.savez_compressed; members must be .npy arrays with no Python
+    objects). max_bytes: the most bytes of arrays the caller reads (dump_limit); a file whose entries
+    declare more is refused before any is read (an .npz entry's declared size is checked against its
+    compressed bytes too, and read in bounded chunks: refimpl.checkpoint.npz_read).
+    Errors: another suffix (a pickle is refused), a damaged file, ids that are not integers.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+
+    def over(total: int) -> None:
+        if max_bytes is not None and total > max_bytes:
+            raise WeightFileError(f"its arrays hold {total:,} bytes; a dump of these activations needs at most "
+                                  f"{max_bytes:,}")
+
+    if suffix == ".safetensors":
+        try:
+            header = read_header(path)
+        except (SafetensorsError, OSError) as e:
+            raise ValueError(f"{path}: not a readable .safetensors file: {e}") from None
+        try:
+            over(sum(i.data_offsets[1] - i.data_offsets[0] for i in header.tensors.values()))
+        except WeightFileError as e:
+            raise ValueError(f"{path}: {e}") from None
+        try:
             arrays = {name: read_tensor(path, header, name) for name in header.tensors}
         except (SafetensorsError, OSError) as e:
             raise ValueError(f"{path}: not a readable .safetensors file: {e}") from None
@@ -66,17 +138,14 @@ def read_activations(path) -> tuple[dict[str, np.ndarray], np.ndarray | None, st
         arrays = {}
         with ExitStack() as stack:
             try:
-                z = stack.enter_context(zipfile.ZipFile(stack.enter_context(open_weights(path, "activation file"))))
-                members = z.namelist()
-                if len(set(members)) != len(members):
-                    raise WeightFileError("an entry appears twice in the archive")
+                z, members = _npz_members(path, stack)
+                over(sum(z.getinfo(m).file_size for m in members))  # declared sizes, checked again per entry
                 for m in members:
-                    if not m.endswith(".npy"):
-                        raise WeightFileError(f"npz entry {m!r} is not a .npy array")
-                    npz_member_header(z, m)  # shape and dtype checked against the entry's size before reading
-                    arrays[m[:-4]] = npz_read(z, m)
+                    arrays[m[:-4]] = npz_read(z, m, max_bytes=max_bytes)
             except WeightFileError as e:
                 raise ValueError(f"{path}: {e}") from None
+            except OSError as e:  # a missing file: its own message names it
+                raise ValueError(str(e)) from None
             except NPZ_ERRORS as e:
                 raise ValueError(f"{path}: not a readable .npz archive: {type(e).__name__}: {e}") from None
         stored = [a.dtype.name for a in arrays.values()]

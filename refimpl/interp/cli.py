@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._threads import one_blas_thread_for
+
 __all__ = ["main", "build_parser"]
 
 # Public-domain text (Shakespeare, Julius Caesar III.ii) used when no input is given.
@@ -65,6 +67,9 @@ DEFAULT_TARGET = "Good morrow, noble Romeo. Farewell, noble"
 
 class _Usage(Exception):
     pass
+
+
+MAX_FILE_BYTES = 16 << 20  # --file: the most bytes of text read (a book is ~1 MB)
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -87,6 +92,7 @@ def _load(path):
     except TypeError:
         raise _Usage(f"inspect looks inside decoders (GPT-2, the LLaMA family); {path} holds a "
                      f"{type(model).__name__} (for a BERT encoder see: python -m refimpl embed --help)") from None
+    one_blas_thread_for(model.config)  # python -m refimpl: a small model runs on one BLAS thread
     return model
 
 
@@ -136,11 +142,15 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
         if args.text is not None:
             text = args.text
         elif getattr(args, "file", None) is not None:
-            try:
-                text = Path(args.file).read_text(encoding="utf-8")
+            from refimpl._files import read_regular_bytes
+
+            try:  # a regular file only (a FIFO would block, /dev/zero never ends), of bounded size
+                text = read_regular_bytes(args.file, "--file", max_bytes=MAX_FILE_BYTES).decode("utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise _Usage(f"--file {args.file}: cannot read it as UTF-8 text "
-                             f"({e.strerror if isinstance(e, OSError) else e})") from None
+                             f"({(e.strerror or e) if isinstance(e, OSError) else e})") from None
+            except ValueError as e:  # not a regular file, or too large
+                raise _Usage(str(e)) from None
         elif default is not None:
             text = default
         else:
@@ -644,6 +654,7 @@ def cmd_context(args) -> int:
         model = load_bert()
     else:
         model = load(args.model)
+    one_blas_thread_for(model.config)
     family = "bert" if isinstance(model, BertModel) else None
     word = args.word or DEFAULT_CONTEXT_WORD
     contexts = []  # {label, ids / tokens, position(s)}
