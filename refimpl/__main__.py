@@ -311,14 +311,16 @@ def _note_numba_compile(model) -> None:
         from accel.numba_cpu._launch import kernels_cached
     except ImportError:  # no Numba: generate's backend check says so
         return
+    from refimpl._progress import note_once
+
     module = "gpt2" if isinstance(model, GPT2Model) else "llama"
     cached = kernels_cached(module)
     if cached is None:
-        print("note: --backend numba compiles its kernels on first use (cached afterwards in NUMBA_CACHE_DIR); "
-              "the first run can take a minute", file=sys.stderr)
+        note_once(f"accel.numba_cpu.{module}", "--backend numba compiles its kernels on first use (cached afterwards "
+                  "in NUMBA_CACHE_DIR); the first run can take a minute")
     elif not cached:
-        print(f"note: compiling the Numba kernels for --backend numba ({module}; first use, cached afterwards): "
-              "this can take a minute", file=sys.stderr)
+        note_once(f"accel.numba_cpu.{module}", f"compiling the Numba kernels for --backend numba ({module}; first "
+                  "use, cached afterwards): this can take a minute")
 
 
 # ----------------------------------------------------------------------------- tokenize
@@ -407,8 +409,11 @@ def _non_negative_int(text: str) -> int:  # an argparse type
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m refimpl", description="Readable NumPy transformer math: GPT-2 "
-                                 "inference, tokenization, export and kernel verification.")
+    ap = argparse.ArgumentParser(prog="python -m refimpl", description="Readable NumPy transformer math, checked: "
+                                 "GPT-2 and the LLaMA family (LLaMA, Mistral, Qwen2/3, Gemma/2, Phi-3) run from "
+                                 "their files (generate, tokenize, export), a look inside (inspect), a port checked "
+                                 "point by point (compare), sentence embeddings (embed), and the accel kernels "
+                                 "verified against their NumPy twins (verify).")
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="continue a prompt with a GPT-2 or LLaMA-family model, streaming tokens "
@@ -520,7 +525,9 @@ def main(argv=None) -> int:
             from refimpl.compare import cli
 
             return cli.main(argv[1:])
-        args = build_parser().parse_args(argv)
+        from refimpl._argparse import parse_args
+
+        args = parse_args(build_parser(), argv)  # an unknown flag: the subcommand's usage
         try:
             return args.func(args)
         except (UsageError, ValueError, TypeError, OSError) as e:  # OSError: FileNotFoundError, NotADirectoryError, ...
@@ -542,6 +549,8 @@ _FLAG_NAMES = {
                  ("pass on_context_limit='stop'", "pass --on-context-limit stop"),
                  ("pass eos_token_id=... (or None) explicitly", "pass --no-eos"),
                  ("pass do_sample=True with them", "give them without --greedy"),
+                 ("must be a positive integer or None", "must be a positive integer (0 = off)"),
+                 ("must be a number in [0, 1] or None", "must be a number in [0, 1]"),
                  ("temperature must", "--temperature must"), ("seed must", "--seed must"),
                  ("max_new_tokens", "--max-new-tokens"), ("num_beams", "--beams"),
                  ("repetition_penalty", "--repetition-penalty"), ("length_penalty", "--length-penalty"),

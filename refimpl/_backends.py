@@ -23,6 +23,7 @@ def resolve_backend(backend, table: dict[str, str], ops_type: type):
     if not isinstance(backend, str) or backend not in table:
         raise ValueError(f"unknown backend {backend!r}; available backends: {sorted(table)}")
     module, attr = table[backend].split(":")
+    _note_compilation(module)
     try:
         ops = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
@@ -31,3 +32,23 @@ def resolve_backend(backend, table: dict[str, str], ops_type: type):
     if not isinstance(ops, ops_type):
         raise TypeError(f"backend {backend!r}: {table[backend]} is a {type(ops).__name__}, not {ops_type.__name__}")
     return ops
+
+
+def _note_compilation(module: str) -> None:
+    """One line on stderr before an accel module is first loaded in this process, when its kernels will compile
+    (Numba CPU: none of them in the disk cache, accel.numba_cpu._launch.kernels_cached; the GPU backends: always)."""
+    import sys
+
+    if not module.startswith("accel.") or module in sys.modules:
+        return
+    from ._progress import note_once
+
+    if module.startswith("accel.numba_cpu."):
+        try:
+            from accel.numba_cpu._launch import kernels_cached
+        except ImportError:  # no Numba: the import below says so
+            return
+        if kernels_cached(module.rsplit(".", 1)[1]):
+            return
+    note_once(module, f"compiling the kernels of {module} on first use (cached afterwards where the backend "
+              "caches): this can take a minute")

@@ -130,7 +130,11 @@ def main() -> int:
     else:
         from accel import verify
 
-        rows = verify.run("numba")
+        from ._progress import Progress
+
+        print("   (compiling and running every Numba kernel: a minute or two the first time)", flush=True)
+        with Progress("demo: accel kernels vs their twins"):
+            rows = verify.run("numba")
         print(verify.format_table(rows))
         _check(all(r.passed for r in rows), "every numba kernel within its tolerance", failures)
 

@@ -165,7 +165,7 @@ def _plain(value):
         return [] if type(v) is list else v
 
     root = fresh(value)
-    stack = [(value, root)]  # (a parsed container, its plain copy being filled)
+    stack = [(value, root)] if root is not value else []  # (a parsed container, its plain copy being filled)
     while stack:
         src, dst = stack.pop()
         items = src if type(src) is tuple else enumerate(src)

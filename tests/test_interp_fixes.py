@@ -373,6 +373,7 @@ def test_numba_backend_says_when_it_will_compile(tmp_path, monkeypatch, capsys):
     for cached, words in ((False, "note: compiling the Numba kernels"), (None, "compiles its kernels on first use"),
                           (True, None)):
         monkeypatch.setattr(_launch, "kernels_cached", lambda module, cached=cached: cached)
+        monkeypatch.setattr("refimpl._progress._noted", set())  # (said once per process)
         cli._note_numba_compile(model)
         err = capsys.readouterr().err
         assert (words in err and err.count("\n") == 1) if words else err == "", (cached, err)

@@ -150,6 +150,8 @@ class Report:
     scale: float
     n_layers: int
     first: int | None = field(init=False)
+    reference_names: tuple[str, ...] = ()  # every point of the reference, in data-flow order
+    notes: tuple[str, ...] = ()  # printed after the summary
 
     def __post_init__(self) -> None:
         self.first = first_divergence([r.ratio if r.verdict != "NOT FINITE" else math.nan for r in self.rows])
@@ -183,8 +185,25 @@ class Report:
         before = self.agreed_before()
         agreed = (", ".join(b.name for b in before) + " agree; ") if before else ""
         what = "is not finite" if r.verdict == "NOT FINITE" else f"differs (err / tol = {r.ratio:.3g})"
-        return (f"first divergence: {r.name} ({r.their_name}): {agreed}{r.name} {what}. "
-                f"Look at {hint(r.name)}. [{tol}]")
+        unseen = self.unseen_before()
+        if unseen:  # the mistake may have entered at any point between the last agreeing one and this one
+            hints = list(dict.fromkeys(hint(n) for n in (*unseen, r.name)))
+            where = (f"Their dump skips {', '.join(unseen)} before it, so look at any of: " + "; ".join(hints))
+        else:
+            where = f"Look at {hint(r.name)}"
+        return f"first divergence: {r.name} ({r.their_name}): {agreed}{r.name} {what}. {where}. [{tol}]"
+
+    def unseen_before(self) -> list[str]:
+        """The reference's points between the last compared point before the first divergence and it, which
+        their dump does not hold (the first divergence may have entered at any of them)."""
+        if self.first is None or not self.reference_names:
+            return []
+        order = {n: i for i, n in enumerate(self.reference_names)}
+        end = order.get(self.rows[self.first].name)
+        start = order.get(self.rows[self.first - 1].name, -1) if self.first > 0 else -1
+        if end is None:
+            return []
+        return [n for n in self.reference_names[start + 1:end] if n != "logits"]
 
     def table(self) -> str:
         """The rows as a text table, the first divergence marked, and the summary line."""
@@ -194,7 +213,7 @@ class Report:
             mark = "  <- first" if i == self.first else ""
             lines.append(f"{r.name:<{w}}  {str(list(r.shape)):<16} {r.max_abs:>10.3g} {r.max_rel:>10.3g} "
                          f"{r.tol:>10.3g} {r.ratio:>9.3g}  {r.verdict}{mark}")
-        return "\n".join(lines + ["", self.summary()])
+        return "\n".join(lines + ["", self.summary(), *self.notes])
 
     def to_dict(self) -> dict:
         """JSON-ready: the model of the tolerances, every row, and the first divergence (None when all agree)."""
@@ -209,6 +228,7 @@ class Report:
             "rows": [{"name": r.name, "theirs": r.their_name, "shape": list(r.shape), "max_abs": num(r.max_abs),
                       "max_rel": num(r.max_rel), "tol": r.tol, "ratio": num(r.ratio), "verdict": r.verdict}
                      for r in self.rows],
+            "notes": list(self.notes),
         }
 
     def to_json(self) -> str:
@@ -322,4 +342,28 @@ def compare(reference: dict, theirs: dict, *, n_layers: int, their_dtype=None, s
         max_abs, max_rel = _errors(r, t)
         tol = float(tolerances[name]) if name in tolerances else tolerance(name, n_layers, u, n, scale)
         rows.append(Row(name, their_name, tuple(r.shape), max_abs, max_rel, tol))
-    return Report(rows, u, n, (ref_dtype, str(their_dtype)), float(scale), n_layers)
+    report = Report(rows, u, n, (ref_dtype, str(their_dtype)), float(scale), n_layers, tuple(reference))
+    report.notes = tuple(_final_hidden_state_note(report, reference, mapped, n_layers))
+    return report
+
+
+def _final_hidden_state_note(report: Report, reference: dict, mapped: dict, n_layers: int) -> list[str]:
+    """A note when their last hidden_states entry (Hugging Face's: after the final norm) disagrees with the final
+    norm's output: whether it holds the last block's output before the norm instead, as a port may store it."""
+    last = f"hidden_states.{n_layers}"
+    row = next((r for r in report.rows if r.their_name == last), None)
+    if row is None or row.agrees:
+        return []
+    note = (f"note: {last} is, in Hugging Face's convention, the output of the final norm ({row.name}), not the "
+            f"last block's output")
+    pre = f"blocks.{n_layers - 1}.resid_post"
+    if pre in reference:
+        r, t = _match_batch(_as_comparable(reference[pre], pre, "reference"),
+                            _as_comparable(mapped[row.name][1], last, "their"))
+        if r.shape == t.shape:
+            max_abs, max_rel = _errors(r, t)
+            if Row(pre, last, tuple(r.shape), max_abs, max_rel, tolerance(pre, n_layers, report.u, report.n,
+                                                                          report.scale)).agrees:
+                note += (f"; theirs agrees with {pre}, the output before the final norm: store the normed output "
+                         f"as {last} (or name this one blocks.{n_layers - 1}.hook_resid_post)")
+    return [note]

@@ -209,7 +209,7 @@ def hf_activations(model, ids, *, dtype: str = "float32") -> tuple[dict[str, np.
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError as e:
-        raise ValueError(f"--hf needs torch and transformers (pip install -e '.[test]'): {e}") from None
+        raise ValueError(f"--hf needs torch and transformers (pip install -e '.[oracle]'): {e}") from None
     dtypes = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
         raise ValueError(f"dtype must be one of {sorted(dtypes)}; got {dtype!r}")

@@ -161,8 +161,28 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
     if not ids:
         raise _Usage(f"the input ({_given_flag(args, flag)}) has no tokens; give at least one")
     if limit is not None:
-        ids = ids[:limit]
+        ids = ids[:limit] if args.ids is not None else \
+            ids[:_word_cut(model.tokenizer, ids, limit, phrase=text is default)]
     return np.asarray(ids, dtype=np.int64)
+
+
+def _word_cut(tokenizer, ids, limit: int, *, phrase: bool = False) -> int:
+    """The most tokens k <= limit of a text's ids that end at a word boundary (token k starts a new word: the
+    text decoded from ids[:k + 1] goes on after ids[:k]'s with a space or a punctuation mark), so a cut text never
+    ends mid-word; phrase=True (the default text): at a phrase boundary (a punctuation mark ends ids[:k] or
+    starts token k). `limit` when the text is no longer, or no boundary lies in its last half or 16 tokens."""
+    if len(ids) <= limit:
+        return len(ids)
+    start = max(0, limit - 32)  # decode a tail only: the loop looks back 16 tokens at most
+    for k in range(limit, max(1, limit // 2, limit - 16) - 1, -1):
+        head, more = tokenizer.decode(list(ids[start:k])), tokenizer.decode(list(ids[start:k + 1]))
+        nxt = more[len(head):] if more.startswith(head) else ""
+        if phrase:
+            if (head[-1:] and head[-1] in ",;:.!?") or (nxt.strip()[:1] and nxt.strip()[0] in ",;:.!?"):
+                return k
+        elif nxt[:1] and not nxt[:1].isalnum():
+            return k
+    return limit
 
 
 def _given_flag(args, ids_flag: str) -> str:
@@ -380,7 +400,8 @@ def cmd_streaming(args) -> int:
         print(f"note: {len(ids)} tokens fit in the cache of {M}: nothing is evicted, so the "
               "methods agree and 'ppl after M' is empty (nan); give more tokens to compare them", file=sys.stderr)
     bos_row = bos if args.ids is None and M >= 2 else None  # the windows a BOS-trained model saw: a fourth row
-    rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True, bos=bos_row)
+    rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True, bos=bos_row,
+                                      progress=True)
     family = "GPT-2" if gpt2 else model.config.model_type
     policy = ("positions min(t, M - 1), learned, baked into the cached keys" if gpt2 else
               f"keys cached before RoPE; positions = cache slots 0 .. {M - 1}")
@@ -388,9 +409,13 @@ def cmd_streaming(args) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     span = max(1, min(64, len(ids) // 8))
-    for method, nll in nlls.items():
+    # Methods that agree draw the same curve: each its own line style, marker and width, so every one shows.
+    styles = (("-", "o", 2.6), ("--", "s", 1.8), (":", "^", 1.4), ("-.", "x", 1.0))
+    for (method, nll), (ls, marker, lw) in zip(nlls.items(), styles * len(nlls)):
         local = np.convolve(nll, np.ones(span) / span, mode="valid")  # mean nll over the last `span` predictions
-        ax.plot(np.arange(span, len(nll) + 1), np.exp(local), label=method, lw=1)
+        x = np.arange(span, len(nll) + 1)
+        ax.plot(x, np.exp(local), label=method, ls=ls, lw=lw, marker=marker, ms=4,
+                markevery=max(1, len(x) // 12), markerfacecolor="none")
     ax.axvline(M, color="gray", ls=":", lw=1)
     ax.set_xlabel(f"tokens predicted (the cache holds M = {M}; {name} = {P}; dotted: first eviction)")
     ax.set_ylabel(f"perplexity of the last {span} tokens")
@@ -1034,7 +1059,9 @@ def main(argv: list[str]) -> int:
         print(f"error: give a subcommand first, one of: {', '.join(subs)} (python -m refimpl inspect --help); "
               f"got {'nothing' if not argv else argv[0]}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    from refimpl._argparse import parse_args
+
+    args = parse_args(parser, argv)  # an unknown flag: the subcommand's usage
     try:
         if getattr(args, "max_tokens", 1) is not None and getattr(args, "max_tokens", 1) < 1:
             raise _Usage(f"--max-tokens must be >= 1; got {args.max_tokens}")

@@ -332,7 +332,7 @@ def negative_log_likelihood(logits, ids) -> np.ndarray:  # [N, V], [N] -> [N - 1
 
 
 def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = None, return_nll: bool = False,
-                         bos: int | None = None):
+                         bos: int | None = None, progress: bool = False):
     """Perplexity exp(mean nll) and seconds per token of (a) window without sinks, (b) sinks + window, (c) recompute.
 
     All three keep M = n_sink + window tokens of context (window defaults to the context - n_sink).
@@ -344,6 +344,7 @@ def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = No
     [bos] + the last M - 1 tokens each token (recompute_window_logits with bos), the window such a
     model saw in training; n_sink 1 (the BOS), window M - 1.
     return_nll=True also returns {method: nll [N - 1]} (per-token losses, for plots).
+    progress=True: each method's start and end (with its seconds) on stderr (refimpl._progress).
     """
     ids = _ids_1d(model, ids)
     n_sink, window = _default_window(model, n_sink, window)
@@ -360,9 +361,15 @@ def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = No
         runs.append(("recompute BOS + last M-1 each token",
                      lambda: recompute_window_logits(model, ids, context=M, bos=bos), 1, M - 1))
     rows, nlls = [], {}
-    for name, run, s, w in runs:
+    for i, (name, run, s, w) in enumerate(runs, 1):
         t0 = time.perf_counter()
-        z = run()
+        if progress:
+            from .._progress import Progress
+
+            with Progress(f"streaming {i}/{len(runs)}: {name}, {len(ids)} tokens"):
+                z = run()
+        else:
+            z = run()
         dt = time.perf_counter() - t0
         nll = negative_log_likelihood(z, ids)
         nlls[name] = nll
