@@ -23,7 +23,7 @@ def main() -> int:
 
     import refimpl
     from refimpl import compare
-    from test_compare import porters_gpt2
+    from porters import porters_gpt2  # NumPy only: runs without pytest
 
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "refimpl" / "data" / "default" / "figures"
     out.mkdir(parents=True, exist_ok=True)
