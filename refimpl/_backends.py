@@ -35,8 +35,9 @@ def resolve_backend(backend, table: dict[str, str], ops_type: type):
 
 
 def _note_compilation(module: str) -> None:
-    """One line on stderr before an accel module is first loaded in this process, when its kernels will compile
-    (Numba CPU: none of them in the disk cache, accel.numba_cpu._launch.kernels_cached; the GPU backends: always)."""
+    """One line on stderr before an accel module is first loaded in this process: its kernels compile (Numba CPU:
+    none in the disk cache, accel.numba_cpu._launch.kernels_cached; the GPU backends: always), or load from the
+    cache (which takes seconds too)."""
     import sys
 
     if not module.startswith("accel.") or module in sys.modules:
@@ -49,6 +50,8 @@ def _note_compilation(module: str) -> None:
         except ImportError:  # no Numba: the import below says so
             return
         if kernels_cached(module.rsplit(".", 1)[1]):
+            note_once(module, f"loading the kernels of {module} from Numba's disk cache (seconds; any kernel "
+                      "missing from it compiles now)")
             return
     note_once(module, f"compiling the kernels of {module} on first use (cached afterwards where the backend "
               "caches): this can take a minute")

@@ -161,26 +161,23 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
     if not ids:
         raise _Usage(f"the input ({_given_flag(args, flag)}) has no tokens; give at least one")
     if limit is not None:
-        ids = ids[:limit] if args.ids is not None else \
-            ids[:_word_cut(model.tokenizer, ids, limit, phrase=text is default)]
+        default_text = args.ids is None and text is default
+        ids = ids[:_phrase_cut(model.tokenizer, ids, limit)] if default_text else ids[:limit]
     return np.asarray(ids, dtype=np.int64)
 
 
-def _word_cut(tokenizer, ids, limit: int, *, phrase: bool = False) -> int:
-    """The most tokens k <= limit of a text's ids that end at a word boundary (token k starts a new word: the
-    text decoded from ids[:k + 1] goes on after ids[:k]'s with a space or a punctuation mark), so a cut text never
-    ends mid-word; phrase=True (the default text): at a phrase boundary (a punctuation mark ends ids[:k] or
-    starts token k). `limit` when the text is no longer, or no boundary lies in its last half or 16 tokens."""
+def _phrase_cut(tokenizer, ids, limit: int) -> int:
+    """The most tokens k <= limit of the default text's ids that end at a phrase boundary (a punctuation mark
+    ends ids[:k] or starts token k), so the default text is never cut mid-phrase ("lend me your" without
+    "ears"); `limit` when the text is no longer, or no boundary lies in its last half or 16 tokens. A user's
+    text is cut at exactly --max-tokens."""
     if len(ids) <= limit:
         return len(ids)
-    start = max(0, limit - 32)  # decode a tail only: the loop looks back 16 tokens at most
+    start = max(0, limit - 32)  # decode a tail only
     for k in range(limit, max(1, limit // 2, limit - 16) - 1, -1):
         head, more = tokenizer.decode(list(ids[start:k])), tokenizer.decode(list(ids[start:k + 1]))
-        nxt = more[len(head):] if more.startswith(head) else ""
-        if phrase:
-            if (head[-1:] and head[-1] in ",;:.!?") or (nxt.strip()[:1] and nxt.strip()[0] in ",;:.!?"):
-                return k
-        elif nxt[:1] and not nxt[:1].isalnum():
+        nxt = (more[len(head):] if more.startswith(head) else "").strip()
+        if head.rstrip()[-1:] in tuple(",;:.!?") or nxt[:1] in tuple(",;:.!?"):
             return k
     return limit
 
