@@ -22,9 +22,8 @@ from hypothesis import strategies as st
 from refimpl import compare, gpt2
 from refimpl.compare.core import first_divergence, sum_length, tolerance, unit_roundoff
 from refimpl.compare.names import reference_name, to_reference
-from refimpl.gpt2 import GPT2Model
 from gpt2_oracle import ODD, oracle_pair
-from porters import _gelu, _layer_norm, porters_gpt2  # noqa: F401  (the bug zoo's GPT-2)
+from porters import _gelu, porters_gpt2  # the bug zoo's GPT-2 (tests/porters.py)
 from report import MaxDiffs
 
 DIFFS = MaxDiffs("refimpl.compare: max err / tol of correct implementations (must be <= 1; margin = 1 / it)")

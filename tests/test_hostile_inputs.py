@@ -20,7 +20,6 @@ Properties:
 from __future__ import annotations
 
 import io
-import json
 import os
 import struct
 import subprocess
