@@ -27,7 +27,8 @@ OMP_NUM_THREADS, MKL_NUM_THREADS is set (a value you set always wins), generate 
 compare / demo on a model narrower than SMALL_MODEL_WIDTH (the shipped GPT-2 and LLaMA, MiniLM: their
 matrices are too small to share out) run with one thread: set before NumPy loads for the shipped
 default models, else after the model is loaded, from its config object (by name or path alike; no
-file is read for it); wider models (a real LLaMA checkpoint), the accelerated backends
+file is read for it; threadpoolctl, which the numba extra installs, changes the count at run time:
+without it the library's default stays); wider models (a real LLaMA checkpoint), the accelerated backends
 (generate --backend numba|cuda: their kernels set their own threads) and the other commands keep the
 library's default. benchmarks/NOTES.md ("refimpl command line: BLAS threads") has the measurements.
 """
