@@ -2,7 +2,7 @@
 
     note(text)                     one line on stderr ("note: ..."), at once
     note_once(key, text)           the same, only the first time `key` is given in this process
-    Progress(what, total)          .step(n) / .close(): on a terminal one line redrawn with \\r
+    Progress(what, total, unit)    .step(n) / .close(): on a terminal one line redrawn with \\r
                                    ("what: 37/120 (12 s)"); elsewhere a start line and an end line
 
 Nothing here touches stdout, so piped results stay clean.
@@ -37,7 +37,7 @@ class Progress:
     second), else one line at the start and one at the end with the elapsed time. Use as a context manager or
     call close()."""
 
-    def __init__(self, what: str, total: int | None = None, *, stream=None):
+    def __init__(self, what: str, total: int | None = None, *, unit: str = "steps", stream=None):
         self.what, self.total, self.done = what, total, 0
         self.stream = sys.stderr if stream is None else stream
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -46,7 +46,7 @@ class Progress:
         if self.tty:
             self._write(self._line())
         else:
-            of = f" ({total} steps)" if total is not None else ""
+            of = f" ({total} {unit})" if total is not None else ""
             self._write(f"{what}{of}...\n")
 
     def _write(self, text: str) -> None:

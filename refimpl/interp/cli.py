@@ -408,11 +408,12 @@ def cmd_streaming(args) -> int:
     span = max(1, min(64, len(ids) // 8))
     # Methods that agree draw the same curve: each its own line style, marker and width, so every one shows.
     styles = (("-", "o", 2.6), ("--", "s", 1.8), (":", "^", 1.4), ("-.", "x", 1.0))
-    for (method, nll), (ls, marker, lw) in zip(nlls.items(), styles * len(nlls)):
+    for k, ((method, nll), (ls, marker, lw)) in enumerate(zip(nlls.items(), styles * len(nlls))):
         local = np.convolve(nll, np.ones(span) / span, mode="valid")  # mean nll over the last `span` predictions
         x = np.arange(span, len(nll) + 1)
+        every = max(1, len(x) // 12)  # markers staggered between the methods, so each shows where curves meet
         ax.plot(x, np.exp(local), label=method, ls=ls, lw=lw, marker=marker, ms=4,
-                markevery=max(1, len(x) // 12), markerfacecolor="none")
+                markevery=(k * every // len(nlls), every), markerfacecolor="none")
     ax.axvline(M, color="gray", ls=":", lw=1)
     ax.set_xlabel(f"tokens predicted (the cache holds M = {M}; {name} = {P}; dotted: first eviction)")
     ax.set_ylabel(f"perplexity of the last {span} tokens")

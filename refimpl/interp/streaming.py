@@ -207,18 +207,22 @@ def _length_free_rope(model, n: int) -> bool:
     return bool(np.array_equal(w(1), w(n)))
 
 
-def _prefill(model, cache: SinkCache, ids: np.ndarray) -> np.ndarray:  # [N] -> [N, V]
+def _prefill(model, cache: SinkCache, ids: np.ndarray, on_token=None) -> np.ndarray:  # [N] -> [N, V]
     """Feed ids into an empty cache; the first M in one forward (positions 0..M-1) where that is the same as one
-    by one (_length_free_rope), else one at a time like every later token."""
+    by one (_length_free_rope), else one at a time like every later token. on_token(n): n more tokens done."""
     N, M = len(ids), cache.capacity
     first = min(N, M) if _length_free_rope(model, min(N, M)) else 1
     z0 = _enter(model, cache, ids[None, :first])[0]  # [first, V]
     out = np.empty((N, z0.shape[-1]), dtype=z0.dtype)
     out[:first] = z0
+    if on_token is not None:
+        on_token(first)
     for t in range(first, N):
         if cache.kv.length == M:
             cache.evict_one()
         out[t] = _enter(model, cache, ids[None, t:t + 1])[0, -1]
+        if on_token is not None:
+            on_token(1)
     return out
 
 
@@ -242,7 +246,8 @@ def _new_cache(model, n_sink: int, window: int | None) -> SinkCache:
     return SinkCache.allocate(model.config, n_sink=n_sink, window=window, dtype=dec.dtype(model.params))
 
 
-def streaming_logits(model, ids, *, n_sink: int = 4, window: int | None = None) -> np.ndarray:  # [N] -> [N, V]
+def streaming_logits(model, ids, *, n_sink: int = 4, window: int | None = None,
+                     on_token=None) -> np.ndarray:  # [N] -> [N, V]
     """Next-token logits at every position of ids fed one token at a time through a SinkCache.
 
     model: a GPT2Model or a LlamaModel. window defaults to the context - n_sink (the cache holds
@@ -251,9 +256,10 @@ def streaming_logits(model, ids, *, n_sink: int = 4, window: int | None = None) 
     except where the RoPE frequencies change with the length within M (dynamic past
     max_position_embeddings, LongRoPE past original_max_position_embeddings): then one by one,
     each step at its own length, as every later step.
+    on_token(n), if given, is called as tokens are done (n of them each time; for progress).
     """
     cache = _new_cache(model, n_sink, window)
-    return _prefill(model, cache, _ids_1d(model, ids))
+    return _prefill(model, cache, _ids_1d(model, ids), on_token)
 
 
 def streaming_generate(model, prompt, *, n_sink: int = 4, window: int | None = None,
@@ -289,12 +295,14 @@ def streaming_generate(model, prompt, *, n_sink: int = 4, window: int | None = N
     return out
 
 
-def recompute_window_logits(model, ids, *, context: int | None = None, bos: int | None = None) -> np.ndarray:
+def recompute_window_logits(model, ids, *, context: int | None = None, bos: int | None = None,
+                            on_token=None) -> np.ndarray:
     """z_t = model(ids[max(0, t-M+1) .. t])[-1]: a fresh forward over the last M = context tokens, per token.
 
     bos (a token id): for t >= M the window is [bos] + ids[t-M+2 .. t] instead, M tokens that begin
     with the BOS, as every training window of a model trained with one did; z_0 .. z_{M-1} are the
     same prefix forward either way (a text read with its tokenizer starts with its BOS already).
+    on_token(n), if given, is called as tokens are done (n of them each time; for progress).
     Shapes: ids [N] -> logits [N, V].
     """
     dec = decoder_of(model)
@@ -315,10 +323,14 @@ def recompute_window_logits(model, ids, *, context: int | None = None, bos: int 
     z0 = dec.lm_head(model, dec.hidden_states(model.params, model.config, ids[None, :first])[0])  # [first, V]
     out = np.empty((N, z0.shape[-1]), dtype=z0.dtype)
     out[:first] = z0
+    if on_token is not None:
+        on_token(first)
     for t in range(first, N):  # positions 0 .. M-1 for the window ids[t-M+1 .. t] (or [bos] + ids[t-M+2 .. t])
         window = ids[t - M + 1:t + 1] if bos is None else np.concatenate([[bos], ids[t - M + 2:t + 1]])
         h = dec.hidden_states(model.params, model.config, window[None, :], last_only=True)  # [1, 1, C]
         out[t] = dec.lm_head(model, h[0, -1])
+        if on_token is not None:
+            on_token(1)
     return out
 
 
@@ -344,7 +356,8 @@ def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = No
     [bos] + the last M - 1 tokens each token (recompute_window_logits with bos), the window such a
     model saw in training; n_sink 1 (the BOS), window M - 1.
     return_nll=True also returns {method: nll [N - 1]} (per-token losses, for plots).
-    progress=True: each method's start and end (with its seconds) on stderr (refimpl._progress).
+    progress=True: each method's tokens done on stderr (refimpl._progress: a line redrawn on a terminal, else
+    its start and end with the seconds).
     """
     ids = _ids_1d(model, ids)
     n_sink, window = _default_window(model, n_sink, window)
@@ -353,23 +366,25 @@ def streaming_perplexity(model, ids, *, n_sink: int = 4, window: int | None = No
         bos = _bos_id(model, bos)
         if M < 2:
             raise ValueError(f"with bos, n_sink + window must be >= 2 (the BOS and one token); got {M}")
-    runs = [("sliding window (no sinks)", lambda: streaming_logits(model, ids, n_sink=0, window=M), 0, M),
-            ("sinks + window (StreamingLLM)", lambda: streaming_logits(model, ids, n_sink=n_sink, window=window),
-             n_sink, window),
-            ("recompute window each token", lambda: recompute_window_logits(model, ids, context=M), 0, M)]
+    runs = [("sliding window (no sinks)", lambda f: streaming_logits(model, ids, n_sink=0, window=M, on_token=f),
+             0, M),
+            ("sinks + window (StreamingLLM)",
+             lambda f: streaming_logits(model, ids, n_sink=n_sink, window=window, on_token=f), n_sink, window),
+            ("recompute window each token", lambda f: recompute_window_logits(model, ids, context=M, on_token=f),
+             0, M)]
     if bos is not None:
         runs.append(("recompute BOS + last M-1 each token",
-                     lambda: recompute_window_logits(model, ids, context=M, bos=bos), 1, M - 1))
+                     lambda f: recompute_window_logits(model, ids, context=M, bos=bos, on_token=f), 1, M - 1))
     rows, nlls = [], {}
     for i, (name, run, s, w) in enumerate(runs, 1):
         t0 = time.perf_counter()
         if progress:
             from .._progress import Progress
 
-            with Progress(f"streaming {i}/{len(runs)}: {name}, {len(ids)} tokens"):
-                z = run()
+            with Progress(f"streaming {i}/{len(runs)}: {name}", len(ids), unit="tokens") as bar:
+                z = run(bar.step)
         else:
-            z = run()
+            z = run(None)
         dt = time.perf_counter() - t0
         nll = negative_log_likelihood(z, ids)
         nlls[name] = nll
