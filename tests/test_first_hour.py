@@ -11,6 +11,8 @@ Properties:
   error names the .[oracle] extra;
 - refimpl._progress: one line per note (once per key), start and end lines off a terminal, \\r lines on
   one; the first load of an accel backend says it compiles (a stand-in module in the table);
+  streaming_perplexity(progress=True) reports each method's tokens (quiet otherwise), and on_token
+  counts every token once;
 - the command line: --help names the LLaMA family; an unknown flag after a subcommand shows that
   subcommand's usage; --top-k / --top-p errors never say "or None"; the shipped LLaMA's default inspect
   text is cut at a phrase, GPT-2's keeps "ears"; a user's text keeps --max-tokens tokens.
@@ -201,3 +203,32 @@ def test_the_default_inspect_text_is_cut_at_a_phrase(name, tail):
     assert len(ids) <= 16 and text.endswith(tail)
     mine = argparse.Namespace(ids=None, text="lend me your ears " * 20, file=None)  # a user's text: 16 tokens
     assert len(_ids(model, mine, limit=16)) == 16
+
+
+def test_streaming_perplexity_reports_each_method_s_tokens(capsys):
+    import refimpl
+    from refimpl.interp.streaming import streaming_perplexity
+
+    model = refimpl.load("shakespeare-gpt2")
+    ids = np.arange(1, 21)
+    rows = streaming_perplexity(model, ids, n_sink=2, window=6, progress=True)
+    err = capsys.readouterr().err.splitlines()
+    assert len(rows) == 3 and len(err) == 6, err  # off a terminal: a start line and an end line per method
+    for i, row in enumerate(rows):
+        assert err[2 * i] == f"streaming {i + 1}/3: {row['method']} (20 tokens)..."
+        assert err[2 * i + 1].startswith(f"streaming {i + 1}/3: {row['method']}: done in ")
+    streaming_perplexity(model, ids, n_sink=2, window=6)
+    assert capsys.readouterr().err == ""  # the library is quiet unless asked
+
+
+def test_streaming_logits_counts_every_token_once():
+    import refimpl
+    from refimpl.interp.streaming import recompute_window_logits, streaming_logits
+
+    model = refimpl.load("shakespeare-gpt2")
+    ids = np.arange(1, 21)
+    for run in (lambda f: streaming_logits(model, ids, n_sink=2, window=6, on_token=f),
+                lambda f: recompute_window_logits(model, ids, context=8, on_token=f)):
+        counts = []
+        run(counts.append)
+        assert sum(counts) == len(ids) and counts[0] == 8 and set(counts[1:]) == {1}, counts
