@@ -32,11 +32,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_WRAP = ("import atexit, resource, runpy, sys\n"
+# The peak is VmHWM of this process's own memory map: ru_maxrss would count the parent's resident set at fork.
+_WRAP = ("import atexit, re, resource, runpy, sys\n"
          "limit = int(sys.argv[1])\n"
          "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
-         "atexit.register(lambda: sys.__stderr__.write('PEAK_KB %d\\n' % "
-         "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+         "atexit.register(lambda: sys.__stderr__.write('PEAK_KB %s\\n' % "
+         "re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]))\n"
          "sys.argv = ['refimpl', *sys.argv[2:]]\n"
          "runpy.run_module('refimpl', run_name='__main__', alter_sys=True)\n")
 
