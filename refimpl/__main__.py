@@ -1,6 +1,6 @@
 """Command line: python -m refimpl {generate, tokenize, export, verify, embed, inspect, demo} ...
 
-    python -m refimpl generate [--model NAME|PATH] [--prompt TEXT | --ids '1 2 3'] [--max-new-tokens N]
+    python -m refimpl generate [--model NAME|PATH] [--prompt TEXT | --ids '1 2 3' | --chat TEXT [--system TEXT]] [--max-new-tokens N]
                                [--greedy | --temperature T --top-k K --top-p P --seed S]
                                [--beams N --length-penalty L] [--repetition-penalty R] [--stop STR]
                                [--no-eos] [--on-context-limit error|stop] [--backend numpy|numba|cuda]
@@ -136,7 +136,22 @@ def cmd_generate(args) -> int:
     one_blas_thread_for(model.config)  # a small model: one BLAS thread (module docstring)
     if args.ids is not None and args.prompt is not None:
         raise UsageError("give either --prompt or --ids, not both")
-    if args.ids is not None:
+    if args.system is not None and args.chat is None:
+        raise UsageError("--system is the system message of a --chat conversation: add --chat TEXT")
+    if args.chat is not None:  # the conversation through the model's chat template (refimpl.tokenizers.chat)
+        if args.ids is not None or args.prompt is not None:
+            raise UsageError("--chat is the prompt: it cannot be combined with --prompt or --ids")
+        if model.tokenizer is None:
+            from refimpl.models import no_tokenizer_reason
+
+            raise UsageError(f"--chat needs a tokenizer: {no_tokenizer_reason(args.model)}")
+        if getattr(model, "chat_template", None) is None:
+            raise UsageError(f"--chat needs a chat template, and {args.model or 'this model'} has none (a chat "
+                             "model's tokenizer_config.json chat_template or chat_template.jinja); use --prompt")
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+            {"role": "user", "content": args.chat}]
+        prompt = decoding.chat_prompt(model, messages)
+    elif args.ids is not None:
         prompt = parse_token_ids(args.ids, model.config.vocab_size, flag="--ids")
     elif args.prompt is not None:
         if model.tokenizer is None:
@@ -427,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
     g.add_argument("--ids", nargs="+", metavar="ID", help="the prompt as token ids (1 2 3, or '1,2,3'), for models "
                    "without tokenizer files")
+    g.add_argument("--chat", metavar="TEXT", help="a user message, put through the model's chat template (its "
+                   "tokenizer_config.json chat_template, chat_template.jinja, or a GGUF's tokenizer.chat_template); "
+                   "prints the reply")
+    g.add_argument("--system", metavar="TEXT", help="with --chat: the system message before it")
     g.add_argument("--max-new-tokens", type=int, default=50, help="at most this many new tokens (default 50)")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the default without sampling options)")
     g.add_argument("--temperature", type=float, help="sample, with logits divided by T (default 1 when sampling)")

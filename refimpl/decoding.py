@@ -77,7 +77,7 @@ __all__ = [
     "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
     "log_softmax", "sample_from_logits",
     "Decoder", "NoCache", "recomputing", "Generation", "TokenLogprob", "token_logprob", "Trace",
-    "generate_from", "stream_from", "stream_text_from", "generate_batch_from",
+    "generate_from", "stream_from", "stream_text_from", "generate_batch_from", "chat_prompt",
     "generate", "stream", "stream_text", "generate_batch",
 ]
 
@@ -1060,24 +1060,64 @@ def _family(model):
                     f"got {type(model).__name__}")
 
 
-def generate(model, prompt_or_ids, **kw) -> Generation:
+def chat_prompt(model, messages, *, add_generation_prompt: bool = True) -> list[int]:  # -> ids [P]
+    """ids = encode(render_chat(model.chat_template, messages)): a conversation as the prompt a chat model answers.
+
+    As Hugging Face's apply_chat_template(messages, add_generation_prompt=True, tokenize=True):
+    the template sees bos_token / eos_token (the text of the config's bos_token_id and first
+    eos_token_id), the rendered text is encoded with its special tokens recognised, and no BOS
+    is added by the tokenizer (a template that wants one writes it). A model without a chat
+    template or a tokenizer is a ValueError saying so (refimpl.tokenizers.chat for the rest).
+    """
+    from .tokenizers.chat import render_chat
+
+    template, tok = getattr(model, "chat_template", None), getattr(model, "tokenizer", None)
+    if template is None:
+        raise ValueError(f"this {type(model).__name__} has no chat template (a model folder's tokenizer_config.json "
+                         "chat_template or chat_template.jinja, a GGUF's tokenizer.chat_template); give a plain prompt")
+    if tok is None:
+        raise ValueError(f"this {type(model).__name__} has a chat template but no tokenizer, so a conversation cannot "
+                         "become token ids; give the prompt as ids")
+    variables = {}
+    for name in ("bos", "eos"):
+        i = getattr(model.config, f"{name}_token_id", None)
+        i = i[0] if isinstance(i, (list, tuple)) and i else i
+        if is_int(i) and 0 <= i < tok.vocab_size:
+            variables[f"{name}_token"] = tok.decode([i])
+    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, **variables)
+    return list(tok.encode(text, allowed_special="all"))
+
+
+def _prompt_or_messages(model, prompt_or_ids, messages):
+    if messages is None:
+        if prompt_or_ids is None:
+            raise TypeError("give a prompt (text or token ids) or messages=[{'role': 'user', 'content': ...}]")
+        return prompt_or_ids
+    if prompt_or_ids is not None:
+        raise TypeError("give either a prompt or messages=, not both")
+    return chat_prompt(model, messages)
+
+
+def generate(model, prompt_or_ids=None, *, messages=None, **kw) -> Generation:
     """The family's generate (refimpl.gpt2.generate.generate or refimpl.llama.generate.generate) for this model.
 
     model: a GPT2Model or a LlamaModel (anything else is a TypeError naming both); keywords as
     generate_from's (trace= among them), plus backend=, causal= and attention_scale= (the attention
     switches, refimpl._switches) and the family's own, e.g. the LLaMA family's prefill_chunk.
+    messages: a conversation ([{"role": "user", "content": "..."}]) instead of a prompt: the
+    prompt is then chat_prompt(model, messages), the model's chat template applied.
     """
-    return _family(model).generate(model, prompt_or_ids, **kw)
+    return _family(model).generate(model, _prompt_or_messages(model, prompt_or_ids, messages), **kw)
 
 
-def stream(model, prompt_or_ids, **kw) -> Iterator[int]:
+def stream(model, prompt_or_ids=None, *, messages=None, **kw) -> Iterator[int]:
     """The family's stream for this model (see generate)."""
-    return _family(model).stream(model, prompt_or_ids, **kw)
+    return _family(model).stream(model, _prompt_or_messages(model, prompt_or_ids, messages), **kw)
 
 
-def stream_text(model, prompt_or_ids, **kw) -> Iterator[str]:
+def stream_text(model, prompt_or_ids=None, *, messages=None, **kw) -> Iterator[str]:
     """The family's stream_text for this model (see generate)."""
-    return _family(model).stream_text(model, prompt_or_ids, **kw)
+    return _family(model).stream_text(model, _prompt_or_messages(model, prompt_or_ids, messages), **kw)
 
 
 def generate_batch(model, prompts, **kw) -> list[Generation]:

@@ -187,7 +187,10 @@ def load(path=None, **kw):
 
     p = Path(os.fspath(path))
     config, params = load_weights(p, **kw)
-    return LlamaModel(config, params, llama_tokenizer(p if p.is_dir() else p.parent, config.vocab_size))
+    from .tokenizers.chat import read_chat_template
+
+    folder = p if p.is_dir() else p.parent
+    return LlamaModel(config, params, llama_tokenizer(folder, config.vocab_size), read_chat_template(folder))
 
 
 # ----------------------------------------------------------------------------- the LLaMA family's tokenizer

@@ -84,7 +84,7 @@ __all__ = ["LlamaModel", "KVCache", "LlamaOps", "NUMPY_OPS", "BACKENDS", "get_op
 
 @dataclass(frozen=True, eq=False)
 class LlamaModel:
-    """A loaded LLaMA-family decoder: its config, its weights and its tokenizer (None when there is none).
+    """A loaded LLaMA-family decoder: its config, its weights, its tokenizer and chat template (None when absent).
 
     Build one from refimpl.llama.load_weights: LlamaModel(*load_weights(path)).
     `refimpl.llama.model.logits` takes it.
@@ -93,9 +93,12 @@ class LlamaModel:
     config: LlamaConfig
     params: LlamaParams
     tokenizer: object | None = None
+    chat_template: str | None = None  # Jinja2 source (refimpl.tokenizers.chat); None: the model has none
 
     def __post_init__(self) -> None:
         check_params(self.params, self.config)
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise TypeError(f"chat_template must be a string or None; got {type(self.chat_template).__name__}")
 
 
 # ----------------------------------------------------------------------------- KV cache
