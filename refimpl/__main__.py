@@ -1,6 +1,7 @@
 """Command line: python -m refimpl {generate, tokenize, export, verify, embed, inspect, demo} ...
 
-    python -m refimpl generate [--model NAME|PATH] [--prompt TEXT | --ids '1 2 3' | --chat TEXT [--system TEXT]] [--max-new-tokens N]
+    python -m refimpl generate [--model NAME|PATH] [--prompt TEXT | --ids '1 2 3' | --chat TEXT [--system TEXT]]
+                               [--max-new-tokens N]
                                [--greedy | --temperature T --top-k K --top-p P --seed S]
                                [--beams N --length-penalty L] [--repetition-penalty R] [--stop STR]
                                [--no-eos] [--on-context-limit error|stop] [--backend numpy|numba|cuda]

@@ -71,7 +71,8 @@ Today: {{ strftime_now("%Y") }} {{ {"tools": tools, "n": messages | length} | to
 def conversations() -> list[list[dict]]:
     """20 conversations: with and without a system message, one to five turns, Unicode, whitespace, JSON-ish text,
     ending with a user or an assistant message, two with two user messages in a row."""
-    users = ["Hi!", "What is 2 + 2?", "Écris un poème 🐍 sur\nPython.", "  spaces around  ", "<b>tags</b> & \"quotes\"",
+    users = ["Hi!", "What is 2 + 2?", "Écris un poème 🐍 sur\nPython.", "  spaces around  ",
+             "<b>tags</b> & \"quotes\"",
              "skip me", "中文问题？", "tabs\tand\nnewlines\n"]
     replies = ["Hello.", "4", "Le serpent…", "ok", "{\"a\": [1, 2]}"]
     out = []
@@ -91,12 +92,10 @@ def conversations() -> list[list[dict]]:
 
 @pytest.fixture(scope="module")
 def smol_template() -> str:
-    from transformers.integrations.gguf.reader import read_gguf_metadata
-
+    from refimpl.gguf import read_gguf
     from refimpl.tokenizers.gguf import chat_template_from_gguf
 
-    meta, _ = read_gguf_metadata(str(SMOL), ())
-    return chat_template_from_gguf(meta)
+    return chat_template_from_gguf(read_gguf(SMOL).metadata)
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma-style", "llama3-style"])

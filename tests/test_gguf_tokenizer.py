@@ -10,8 +10,7 @@
 - every named pre-tokenizer: `tokenizers`' Sequence of Split(Isolated) with the same regexes.
 - malformed metadata: one TokenizerFileError naming the key.
 
-Metadata is read with transformers' GGUF reader (an independent reader; arrays of numbers are
-handed over as NumPy arrays, as refimpl's reader gives them).
+Metadata is read with refimpl.gguf.read_gguf (itself checked against gguf-py in tests/test_gguf.py).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from refimpl.gguf import read_gguf
 from refimpl.tokenizers import TokenizerFileError
 from refimpl.tokenizers.formats import TokenizerNotImplemented, byte_to_unicode
 from refimpl.tokenizers.gguf import PRE_TOKENIZERS, chat_template_from_gguf, tokenizer_from_gguf
@@ -27,17 +27,10 @@ from tokenizer_oracles import CACHE, corpus
 
 SMOL = CACHE / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = CACHE / "gemma-3-270m" / "gemma-3-270m-q4_k_m.gguf"
-_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 
 def read_metadata(path) -> dict:
-    from transformers.integrations.gguf.reader import read_gguf_metadata
-
-    meta, _ = read_gguf_metadata(str(path), _ARRAYS)
-    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
-        if key in meta:
-            meta[key] = np.asarray(meta[key])
-    return meta
+    return read_gguf(path).metadata
 
 
 def lines() -> list[str]:
@@ -131,7 +124,8 @@ def _textbook_spm(text: str, index: dict, normal: dict, user: list) -> list[int]
 def test_gemma3_sentencepiece_style_equals_the_textbook_algorithm():
     meta = read_metadata(GEMMA)
     ours = tokenizer_from_gguf(meta, str(GEMMA))
-    tokens, scores, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"]
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
+    types = meta["tokenizer.ggml.token_type"]
     index = {t: i for i, t in enumerate(tokens)}
     normal = {t: float(scores[i]) for i, t in enumerate(tokens) if types[i] == 1}
     user = sorted((t for i, t in enumerate(tokens) if types[i] == 4), key=len, reverse=True)

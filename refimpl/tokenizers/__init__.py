@@ -5,6 +5,8 @@
     tok = load("qwen.tiktoken", pattern="qwen2", special_tokens={"<|endoftext|>": 151643})
     ids = tok.encode("Hello world", allowed_special={"<|endoftext|>"})
     tok.decode(ids); tok.stream_decoder().push(ids[0])
+    tok = tokenizer_from_gguf(read_gguf(path).metadata, str(path))   # a GGUF's tokenizer (gguf.py)
+    text = render_chat(template, [{"role": "user", "content": "Hi"}])  # a chat template, sandboxed (chat.py)
 
 Files are read by `formats.py` into the one `Tokenizer` of `tokenizer.py`, whose merges run
 in `engine.py`; `pretokenize.py` holds the pre-tokenizer patterns, `protobuf.py` the reader
@@ -12,11 +14,14 @@ of SentencePiece's model files. refimpl.gpt2's tokenizer is this `Tokenizer` con
 GPT-2 (refimpl.gpt2.tokenizer: GPT-2's strict loaders and its vocab.json + merges.txt writer).
 """
 
+from .chat import ChatTemplateError, render_chat
 from .formats import (TokenizerFileError, load, load_sentencepiece, load_tekken, load_tiktoken,
                       load_tokenizer_json, load_vocab_merges)
+from .gguf import tokenizer_from_gguf
 from .pretokenize import PATTERNS, Split
 from .tokenizer import AddedToken, StreamDecoder, Tokenizer
 
 __all__ = ["load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece", "load_tekken", "load_vocab_merges",
            "Tokenizer",
-           "StreamDecoder", "AddedToken", "TokenizerFileError", "PATTERNS", "Split"]
+           "StreamDecoder", "AddedToken", "TokenizerFileError", "PATTERNS", "Split", "tokenizer_from_gguf",
+           "render_chat", "ChatTemplateError"]

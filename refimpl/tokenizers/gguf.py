@@ -263,7 +263,8 @@ def _numbers(metadata, key, n: int, where, *, integer: bool) -> list | None:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:
         raise TokenizerFileError(f"{where}.{name} must be an array of numbers ({e})") from None
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or (not integer and np.issubdtype(arr.dtype, np.floating))):
+    numeric = np.issubdtype(arr.dtype, np.integer) or (not integer and np.issubdtype(arr.dtype, np.floating))
+    if arr.ndim != 1 or not numeric:
         raise TokenizerFileError(f"{where}.{name} must be a 1-D array of {'integers' if integer else 'numbers'}; "
                                  f"got dtype {arr.dtype}, shape {arr.shape}")
     if not integer:
