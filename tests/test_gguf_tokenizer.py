@@ -7,6 +7,8 @@
 - Gemma 3 270M's GGUF ("llama" model: tokens, scores, token types, byte fallback): a textbook
   SentencePiece BPE written here (merge the adjacent pair whose concatenation is a normal token
   of highest score, leftmost on a tie; leftovers as <0xNN> bytes).
+- SmolLM2's chat template (from the GGUF) through our tokenizer: the ids of transformers'
+  apply_chat_template(tokenize=True) on 20 conversations.
 - every named pre-tokenizer: `tokenizers`' Sequence of Split(Isolated) with the same regexes.
 - malformed metadata: one TokenizerFileError naming the key.
 
@@ -40,7 +42,7 @@ def lines() -> list[str]:
 
 @pytest.fixture(scope="module")
 def smol():
-    """(metadata, our tokenizer, tokenizers' Tokenizer with SmolLM2's pre-tokenizer, transformers' GGUF tokenizer)."""
+    """(metadata, our tokenizer, tokenizers' Tokenizer with SmolLM2's pre-tokenizer, transformers' tokenizer of the GGUF)."""
     from tokenizers import Tokenizer, pre_tokenizers
     from transformers import AutoTokenizer
 
@@ -49,7 +51,7 @@ def smol():
     oracle = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     oracle.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    return meta, tokenizer_from_gguf(meta, str(SMOL)), oracle, hf.backend_tokenizer
+    return meta, tokenizer_from_gguf(meta, str(SMOL)), oracle, hf
 
 
 def test_smollm2_ids_and_decoding_equal_tokenizers(smol):
@@ -61,7 +63,7 @@ def test_smollm2_ids_and_decoding_equal_tokenizers(smol):
         theirs = oracle.encode(text, add_special_tokens=False).ids
         n_ids += len(theirs)
         differ += ids != theirs
-        differ_loaded += ids != as_loaded.encode(text, add_special_tokens=False).ids
+        differ_loaded += ids != as_loaded.backend_tokenizer.encode(text, add_special_tokens=False).ids
         decode_differ += ours.decode(ids) != oracle.decode(theirs, skip_special_tokens=False)
     print(f"\nSmolLM2 GGUF: {len(texts)} texts, {n_ids} ids: {differ} differ from tokenizers with SmolLM2's "
           f"pre-tokenizer, {decode_differ} decode differently; {differ_loaded} differ from transformers' GGUF "
@@ -226,3 +228,25 @@ def test_llama_kind_checks_scores_and_byte_pieces():
         tokenizer_from_gguf({**meta, "tokenizer.ggml.tokens": tokens[:-1] + ["a"]}, "t.gguf")
     with pytest.raises(TokenizerNotImplemented):
         tokenizer_from_gguf({**meta, "tokenizer.ggml.model": "t5"}, "t.gguf")
+
+
+def test_smollm2_chat_prompts_equal_apply_chat_template(smol):
+    """The GGUF's own chat template through our tokenizer: the ids of transformers' apply_chat_template(tokenize=True)."""
+    from types import SimpleNamespace
+
+    from test_chat import conversations
+
+    from refimpl.decoding import chat_prompt
+
+    meta, ours, _, hf = smol
+    model = SimpleNamespace(chat_template=chat_template_from_gguf(meta), tokenizer=ours,
+                            config=SimpleNamespace(bos_token_id=meta["tokenizer.ggml.bos_token_id"],
+                                                   eos_token_id=meta["tokenizer.ggml.eos_token_id"]))
+    n_ids = 0
+    for chat in conversations():
+        for generation in (True, False):
+            theirs = list(hf.apply_chat_template(chat, add_generation_prompt=generation, tokenize=True,
+                                                 return_dict=False))
+            assert chat_prompt(model, chat, add_generation_prompt=generation) == theirs
+            n_ids += len(theirs)
+    print(f"\nSmolLM2 GGUF chat prompts: 20 conversations x generation prompt on/off, {n_ids} ids, all equal")
