@@ -277,3 +277,16 @@ def test_generate_chat_cli_without_a_template_or_tokenizer(capsys):
     assert "--chat needs a chat template" in err and err.count("\n") == 1
     assert main(["generate", "--chat", "hi"]) != 0  # the default GPT-2 has no chat template either
     assert "--chat needs a chat template" in capsys.readouterr().err
+
+
+def test_generate_chat_cli_without_a_tokenizer(chat_folder, tmp_path, capsys):
+    import shutil
+
+    from refimpl.__main__ import main
+
+    bare = tmp_path / "no_tokenizer"
+    shutil.copytree(chat_folder, bare)
+    (bare / "tokenizer.json").unlink()  # the chat template stays (tokenizer_config.json)
+    assert main(["generate", "--model", str(bare), "--chat", "hi"]) != 0
+    err = capsys.readouterr().err
+    assert "--chat needs a tokenizer" in err and err.count("\n") == 1
