@@ -81,6 +81,8 @@ def test_smollm2_specials_and_ends(smol):
     assert ours.encode("Hello world! 123") == [19556, 905, 17, 216, 33, 34, 35]  # digits one by one
     assert ours.encode("a\x04b") == ours.encode("a") + ours.encode("b")  # byte 0x04 has no token: dropped
     assert chat_template_from_gguf(meta).startswith("{% for message in messages %}")
+    with pytest.raises(TokenizerFileError, match="^m.gguf: tokenizer.chat_template must be a string"):
+        chat_template_from_gguf({"tokenizer.chat_template": ["x"]}, "m.gguf")
 
 
 # ----------------------------------------------------------------------------- SentencePiece-style (Gemma 3)

@@ -90,11 +90,12 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 _LIMIT = 1 << 24  # tokens or merges: far above any real vocabulary (262144 for Gemma 3), below 2**31
 
 
-def chat_template_from_gguf(metadata: Mapping) -> str | None:
-    """The chat template a GGUF stores (`tokenizer.chat_template`), or None; anything but a string is an error."""
+def chat_template_from_gguf(metadata: Mapping, source: str = "GGUF") -> str | None:
+    """The chat template a GGUF stores (`tokenizer.chat_template`), or None; anything but a string is an
+    error naming `source` (the file). Render it with refimpl.tokenizers.chat.render_chat."""
     template = metadata.get("tokenizer.chat_template")
     if template is not None and not isinstance(template, str):
-        raise TokenizerFileError(f"tokenizer.chat_template must be a string; got {type(template).__name__}")
+        raise TokenizerFileError(f"{source}: tokenizer.chat_template must be a string; got {type(template).__name__}")
     return template
 
 
