@@ -1085,7 +1085,9 @@ def chat_prompt(model, messages, *, add_generation_prompt: bool = True) -> list[
         if is_int(i) and 0 <= i < tok.vocab_size:
             variables[f"{name}_token"] = tok.decode([i])
     text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, **variables)
-    return list(tok.encode(text, allowed_special="all"))
+    # Only the special tokens the text holds: the same ids as allowed_special="all", without a splitter
+    # over every special token (Gemma 3 has 6249).
+    return list(tok.encode(text, allowed_special={s for s in tok.special_tokens if s in text}))
 
 
 def _prompt_or_messages(model, prompt_or_ids, messages):
