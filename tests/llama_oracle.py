@@ -27,7 +27,8 @@ torch.set_num_threads(1)  # tiny models; torch's OpenMP threads spin on a loaded
 __all__ = ["CASES", "hf_llama", "hf_logits", "max_rel_diff", "float64_throughout", "FLOAT32_STEPS"]
 
 # case -> (model_type, config changes on top of test_llama_config's CASES[model_type], whose rope types are
-# llama3 (llama), linear (mistral), yarn (qwen2), dynamic (qwen3), default (gemma, gemma2), longrope (phi3))
+# llama3 (llama), linear (mistral), yarn (qwen2), dynamic (qwen3), default (gemma, gemma2), longrope (phi3),
+# linear on the full layers and default on the sliding ones (gemma3_text))
 CASES = {
     "llama": ("llama", {}),  # biases, tied head, GQA 6/2, llama3 RoPE
     "mistral": ("mistral", {}),  # sliding window 7, linear RoPE
@@ -36,6 +37,7 @@ CASES = {
     "gemma": ("gemma", {}),  # (1 + w) norms, embed scale, GELU tanh, D=16
     "gemma2": ("gemma2", {}),  # sandwich norms, attention soft-cap 20, final soft-cap 15, windows 6
     "gemma2_tight_caps": ("gemma2", dict(attn_logit_softcapping=0.5, final_logit_softcapping=1.0)),  # caps that bite
+    "gemma3": ("gemma3_text", {}),  # q/k (1 + w) norms, sandwich norms, RoPE per layer type, windows 4, 2 full layers
     "phi3": ("phi3", {}),  # fused projections, half the head rotated, window 9, LongRoPE
 }
 
@@ -43,7 +45,7 @@ FLOAT32_STEPS = (
     "RMSNorm: hidden_states.to(torch.float32) (Gemma: x.float(), 1 + w.float()), cast back after",
     "rotary: inv_freq made in float32 and freqs = position_ids.float() * inv_freq.float(), cos / sin in float32",
     "eager attention: softmax(..., dtype=torch.float32).to(query.dtype)",
-    "Gemma / Gemma-2: the embed_scale buffer is torch.tensor(sqrt(C)), float32, widened by .double()",
+    "Gemma / Gemma-2 / Gemma 3: the embed_scale buffer is torch.tensor(sqrt(C)), float32, widened by .double()",
 )
 
 
@@ -55,7 +57,7 @@ def hf_llama(case: str, *, seed: int = 0, **change):
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     gen = torch.Generator().manual_seed(seed)
-    offset = 0.0 if model_type in ("gemma", "gemma2") else 1.0  # Gemma's norm weights are offsets from one
+    offset = 0.0 if model_type.startswith("gemma") else 1.0  # Gemma's norm weights are offsets from one
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
@@ -92,28 +94,30 @@ def _rms_norm_in_dtype(module, x):
     return y * ((1.0 + module.weight) if module._plus_one else module.weight)
 
 
-def _rotary_in_float64(module, x, position_ids):
+def _rotary_in_float64(module, x, position_ids, layer_type=None):
     """HF's cos / sin with the frequencies made in float64: refimpl.rope_scaling's for the config's rope_type
     (checked against Hugging Face's own float32 ones to ~1e-7 in tests/test_rope_scaling.py), at the length
-    Hugging Face's dynamic / longrope updates read, max(position_ids) + 1."""
+    Hugging Face's dynamic / longrope updates read, max(position_ids) + 1. Gemma 3 passes the layer type, whose
+    own rope parameters and attention scaling it reads."""
     from refimpl.rope_scaling import scaled_rope_frequencies
 
     config = module.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = dict(config.rope_parameters)
+    rope = dict(config.rope_parameters if layer_type is None else config.rope_parameters[layer_type])
+    scaling = module.attention_scaling if layer_type is None else getattr(module, f"{layer_type}_attention_scaling")
     rope.pop("type", None)
     dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     inv_freq = torch.as_tensor(scaled_rope_frequencies(dim, max_position_embeddings=config.max_position_embeddings,
                                                        seq_len=int(position_ids.max()) + 1, **rope))
     freqs = position_ids[..., None].double() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * module.attention_scaling).to(x.dtype), (emb.sin() * module.attention_scaling).to(x.dtype)
+    return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
 
 
 def float64_throughout(model, monkeypatch):
     """model.double() with each of FLOAT32_STEPS done in float64 instead."""
     model = model.double()
-    gemma = model.config.model_type in ("gemma", "gemma2")
+    gemma = model.config.model_type.startswith("gemma")
     for module in model.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm"):

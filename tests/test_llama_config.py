@@ -1,4 +1,4 @@
-"""LlamaConfig reads Hugging Face's config.json for the seven LLaMA-family model types as Hugging Face does.
+"""LlamaConfig reads Hugging Face's config.json for the eight LLaMA-family model types as Hugging Face does.
 
 The oracle is transformers' own config class of each model_type: what it derives (head_dim,
 layer_types, the effective sliding window, the normalized rope parameters) must be what
@@ -34,7 +34,7 @@ def assert_agrees(ours: LlamaConfig, hf) -> None:
         value = getattr(hf, name)
         assert getattr(ours, name) == (tuple(value) if isinstance(value, list) else value), name
     assert ours.head_dim == getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
-    act = hf.hidden_activation if hf.model_type == "gemma2" else hf.hidden_act
+    act = hf.hidden_activation if hf.model_type in ("gemma2", "gemma3_text") else hf.hidden_act
     assert ours.hidden_act == act
     for name in ("attention_bias", "mlp_bias", "query_pre_attn_scalar", "attn_logit_softcapping",
                  "final_logit_softcapping"):
@@ -45,6 +45,9 @@ def assert_agrees(ours: LlamaConfig, hf) -> None:
                 else "full_attention" for t in (hf_types or [None] * hf.num_hidden_layers)]
     assert list(ours.layer_types) == expected
     assert ours.sliding_window == window
+    if hf.model_type == "gemma3_text":  # a RoPE per layer type
+        assert ours.rope_parameters() == {t: {"partial_rotary_factor": 1.0, **r} for t, r in hf.rope_parameters.items()}
+        return
     rope = {k: v for k, v in hf.rope_parameters.items() if k != "type"}
     assert ours.rope.to_dict() == {"partial_rotary_factor": 1.0, **rope}
 
@@ -64,6 +67,11 @@ CASES = {
     "gemma": dict(num_key_value_heads=1, head_dim=16, hidden_act="gelu_pytorch_tanh"),
     "gemma2": dict(num_key_value_heads=3, head_dim=8, sliding_window=6, query_pre_attn_scalar=12,
                    attn_logit_softcapping=20.0, final_logit_softcapping=15.0, tie_word_embeddings=False),
+    # two full layers of five (pattern 2), window 4, linear RoPE on the full layers only (older keys: Hugging Face
+    # writes them back as rope_parameters per layer type), q k scaled by 20^-1/2 with D=16 != C/H=8
+    "gemma3_text": dict(num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=20,
+                        sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=1e4,
+                        rope_scaling=dict(rope_type="linear", factor=8.0), max_position_embeddings=512),
     "phi3": dict(num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
                  partial_rotary_factor=0.5, sliding_window=9, pad_token_id=0,
                  rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 3.0])),
@@ -107,9 +115,10 @@ def test_older_rope_theta_and_rope_scaling_keys():
 def test_family_properties_each_in_one_place():
     c = {t: LlamaConfig.from_dict({"model_type": t, **SHAPES, **CASES[t]}) for t in MODEL_TYPES}
     assert LlamaConfig.from_dict({"model_type": "mistral", **SHAPES_96}).num_key_value_heads == 8
-    assert [t for t in MODEL_TYPES if c[t].qk_norm] == ["qwen3"]
-    assert [t for t in MODEL_TYPES if c[t].norm_plus_one] == ["gemma", "gemma2"]
-    assert [t for t in MODEL_TYPES if c[t].sandwich_norms] == ["gemma2"]
+    assert [t for t in MODEL_TYPES if c[t].qk_norm] == ["qwen3", "gemma3_text"]
+    assert [t for t in MODEL_TYPES if c[t].norm_plus_one] == ["gemma", "gemma2", "gemma3_text"]
+    assert [t for t in MODEL_TYPES if c[t].sandwich_norms] == ["gemma2", "gemma3_text"]
+    assert [t for t in MODEL_TYPES if c[t].rope_local is not None] == ["gemma3_text"]
     assert [t for t in MODEL_TYPES if c[t].fused_projections] == ["phi3"]
     assert c["gemma"].embed_scale == 48 ** 0.5 and c["llama"].embed_scale is None
     assert c["qwen2"].qkv_bias and not c["qwen2"].attention_bias  # Qwen2: biased q, k, v; unbiased output
@@ -117,6 +126,11 @@ def test_family_properties_each_in_one_place():
     assert c["phi3"].rotary_dim == 4  # head_dim 8, half rotated
     assert [c["gemma2"].window(i) for i in range(5)] == [6, None, 6, None, 6]
     assert [c["qwen2"].window(i) for i in range(5)] == [None, None, None, 5, 5]
+    g3 = c["gemma3_text"]
+    assert [g3.window(i) for i in range(5)] == [4, None, 4, None, 4] and g3.attention_scale == 20 ** -0.5
+    assert [g3.rope_of(i).rope_theta for i in range(5)] == [1e4, 1e6, 1e4, 1e6, 1e4]
+    assert g3.rope_of(1).factor == 8.0 and g3.rope_of(0).rope_type == "default"
+    assert c["gemma3_text"].embed_scale == 48 ** 0.5 and c["llama"].rope_of(3) is c["llama"].rope
 
 
 def test_gemmas_legacy_gelu_name_is_the_tanh_form():
@@ -177,6 +191,7 @@ def test_not_a_dict():
     ("mistral", dict(sliding_window=None)),  # Mistral-7B v0.2 and later: no window
     ("phi3", dict(sliding_window=None)),
     ("gemma2", dict(attn_logit_softcapping=None, final_logit_softcapping=None)),
+    ("gemma3_text", dict(attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=None)),
     ("llama", dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)),
 ])
 def test_an_explicit_null_means_none_as_in_hugging_face(model_type, nulls):
@@ -363,3 +378,61 @@ def test_the_rule_holds_for_a_config_built_in_code_too():
                                                     original_max_position_embeddings=8))
     with pytest.raises(TypeError, match="rope_interleaved must be True or False"):
         dataclasses.replace(ok, rope_interleaved="no")
+
+
+# ----------------------------------------------------------------------------- Gemma 3
+
+# config.json of a published gemma3_text checkpoint, written before Transformers 5 (the 270M's: 18 layers, window
+# 512, rope_theta for the full layers, rope_local_base_freq for the sliding ones), and the multimodal gemma3's text
+# part as it stands in its text_config (linear RoPE x 8 on the full layers); shapes shrunk, every key kept.
+GEMMA3_270M = {
+    "_sliding_window_pattern": 6, "architectures": ["Gemma3ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640,
+    "initializer_range": 0.02, "intermediate_size": 2048,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 5 + ["full_attention"]
+    + ["sliding_attention"] * 5 + ["full_attention"], "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+    "rope_theta": 1000000.0, "sliding_window": 512, "torch_dtype": "bfloat16", "transformers_version": "4.55.0.dev0",
+    "use_bidirectional_attention": False, "use_cache": True, "vocab_size": 262144}
+GEMMA3_OLDER = {  # (the 1B's keys: sliding_window_pattern without layer_types, cache_implementation)
+    "model_type": "gemma3_text", **SHAPES_96, "num_hidden_layers": 8, "num_key_value_heads": 1, "head_dim": 16,
+    "sliding_window_pattern": 3, "cache_implementation": "hybrid", "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512, "query_pre_attn_scalar": 16}
+
+
+@pytest.mark.parametrize("d", [GEMMA3_270M, GEMMA3_OLDER], ids=["270m", "older-pattern"])
+def test_published_gemma3_configs_read_as_hugging_face_reads_them(d):
+    """Both the older keys (rope_theta / rope_local_base_freq / rope_scaling, a pattern) and what Transformers 5 writes
+    back from them (rope_parameters per layer type) read as Hugging Face's Gemma3TextConfig reads them."""
+    hf = transformers.Gemma3TextConfig(**{k: v for k, v in d.items() if k != "model_type"})
+    ours = LlamaConfig.from_dict(d)
+    assert_agrees(ours, hf)
+    assert LlamaConfig.from_dict(hf.to_dict()) == ours
+    full = [i for i, t in enumerate(ours.layer_types) if t == "full_attention"]
+    assert full == ([5, 11, 17] if d is GEMMA3_270M else [2, 5])
+    assert ours.rope_local == RopeParameters(rope_theta=1e4) and ours.rope.rope_theta == 1e6
+    assert ours.rope.factor == (None if d is GEMMA3_270M else 8.0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attn_logit_softcapping": 50.0}, "Gemma 3 attention never applies it"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not implemented"),
+    ({"_sliding_window_pattern": 4}, "_sliding_window_pattern 4 makes the layer types"),  # (no layer_types given)
+    ({"sliding_window_pattern": 2, "layer_types": ["sliding_attention"] * 5}, "sliding_window_pattern 2 makes the"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "must map the layer types 'full_attention'"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "factor": 2.0}}},
+     "the sliding layers' rope_type 'dynamic' reads the sequence length"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "linear"}}}, "gemma3_text full_attention config rope"),
+    ({"rope_local_base_freq": -1.0}, "rope_theta must be a positive finite number"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 2, "bogus": 1}},
+     "does not implement ['bogus']"),
+    ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a positive finite number"),
+    ({"final_logit_softcapping": "high"}, "final_logit_softcapping must be a positive"),
+    ({"partial_rotary_factor": 0.5}, "does not implement: ['partial_rotary_factor']"),
+])
+def test_bad_gemma3_configs_name_the_field(change, message):
+    with pytest.raises(ValueError) as e:
+        LlamaConfig.from_dict({"model_type": "gemma3_text", **SHAPES, "num_key_value_heads": 2, **change})
+    assert message in str(e.value)

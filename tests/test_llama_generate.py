@@ -33,7 +33,7 @@ from report import MaxDiffs
 from test_llama_model import _SAVED, pair
 
 DIFFS = MaxDiffs("LLaMA-family decoding: max rel diff = max|ours - ref| / max|ref| per step's logits")
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"]  # one case per model type
+MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"]  # one case per model type
 
 
 def model_of(case, tmp_path_factory, dtype=np.float32, tokenizer=None) -> tuple:
@@ -133,10 +133,10 @@ def test_beam_search_is_token_identical_to_hugging_face(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- cache, batching, sampling
 
-@pytest.mark.parametrize("case, P, n", [("mistral", 4, 12), ("gemma2", 3, 10), ("phi3", 58, 12)])
+@pytest.mark.parametrize("case, P, n", [("mistral", 4, 12), ("gemma2", 3, 10), ("gemma3", 6, 10), ("phi3", 58, 12)])
 def test_cached_decoding_equals_full_recomputation(case, P, n, tmp_path_factory):
     """Greedy through the KV cache = argmax of a full forward over the whole sequence at every step (float64), and the
-    step logits are that forward's last row. mistral / gemma2 run past their windows; phi3 passes LongRoPE's switch
+    step logits are that forward's last row. mistral / gemma2 / gemma3 run past their windows; phi3 passes LongRoPE's switch
     at 64 tokens (without recomputing the cache there, the steps after it differ from recomputation by ~10)."""
     _, model = model_of(case, tmp_path_factory, dtype=np.float64)
     prompt = prompt_of(P, seed=4)
@@ -152,7 +152,7 @@ def test_cached_decoding_equals_full_recomputation(case, P, n, tmp_path_factory)
     assert err <= 1e-12
 
 
-@pytest.mark.parametrize("case", ["qwen2", "gemma"])
+@pytest.mark.parametrize("case", ["qwen2", "gemma", "gemma3"])
 def test_left_padded_batch_equals_each_prompt_alone(case, tmp_path_factory):
     _, model = model_of(case, tmp_path_factory)
     prompts = [prompt_of(n, seed=n) for n in (9, 2, 5)]
@@ -416,7 +416,7 @@ def test_repetition_penalty_is_checked_at_the_call_against_the_bound(tmp_path_fa
 
 # ----------------------------------------------------------------------------- chunked prefill
 
-@pytest.mark.parametrize("case", ["mistral", "qwen2", "gemma2", "phi3", "llama"])
+@pytest.mark.parametrize("case", ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "llama"])
 def test_chunked_prefill_equals_one_shot(case, tmp_path_factory):
     """Chunks of 1, 2, 3, 4 (inside every window: 5, 6, 7, 9), the window sizes and 13 over a 20-token prompt with a
     left-padded row: the last h (so the logits) and every cache entry equal the one-shot prefill's."""

@@ -20,7 +20,7 @@ from llama_oracle import CASES, FLOAT32_STEPS, float64_throughout, hf_llama, hf_
 from report import MaxDiffs
 
 DIFFS = MaxDiffs("LLaMA family: max rel diff = max|ours - ref| / max|ref| (vs Hugging Face, or the full forward)")
-T = 12  # longer than the windows of mistral (7), qwen2 (5), gemma2 (6) and phi3 (9)
+T = 12  # longer than the windows of mistral (7), qwen2 (5), gemma2 (6), gemma3 (4) and phi3 (9)
 
 _SAVED: dict = {}
 
@@ -87,7 +87,7 @@ def test_left_padded_batch_matches_hugging_face_with_its_positions(tmp_path_fact
 
 # ----------------------------------------------------------------------------- KV cache, padding, causality
 
-@pytest.mark.parametrize("case", ["mistral", "qwen3", "gemma2", "phi3"])
+@pytest.mark.parametrize("case", ["mistral", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_cached_decoding_equals_the_full_forward(case, tmp_path_factory):
     """Prefill 5 tokens, then one at a time past every window: the logits of the full forward, row for row."""
     _, config, params = pair(case, tmp_path_factory)
@@ -121,7 +121,7 @@ def test_the_cache_holds_rotated_keys(tmp_path_factory):
     assert not cache.k[:, :, :, 6:].any()
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "gemma"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "gemma", "gemma3"])
 def test_left_padded_batch_equals_each_row_alone(case, tmp_path_factory):
     _, config, params = pair(case, tmp_path_factory)
     a, b = rand_ids(T, seed=2), rand_ids(7, seed=3)

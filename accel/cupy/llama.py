@@ -139,7 +139,8 @@ def eager_decode_blocks(kernels, xp):
 
 def _step_applies(x, params, config, cache, xp) -> bool:
     """True when decode_step covers this call: make_ops' device weights, one new token per sequence,
-    a float32 / float64 cache of xp arrays [L, B, K, S, D] laid out as the config says, C-contiguous."""
+    a float32 / float64 cache of xp arrays [L, B, K, S, D] laid out as the config says, C-contiguous,
+    one RoPE for every layer (not Gemma 3's two: the step reads one cos / sin table)."""
     if not _is_prepared(params) or not isinstance(cache.k, xp.ndarray) or not isinstance(cache.v, xp.ndarray):
         return False
     dtype = cache.k.dtype
@@ -149,6 +150,8 @@ def _step_applies(x, params, config, cache, xp) -> bool:
     B = x.shape[0]
     shape = (c.num_hidden_layers, B, c.num_key_value_heads, cache.k.shape[3], c.head_dim)
     if x.shape != (B, 1, c.hidden_size) or cache.k.shape != shape or cache.v.shape != shape:
+        return False
+    if c.rope_local not in (None, c.rope):  # Gemma 3: a RoPE per layer type; the step takes one table
         return False
     return bool(cache.k.flags.c_contiguous and cache.v.flags.c_contiguous) and c.hidden_act in GATE_ACTIVATION
 

@@ -19,8 +19,10 @@
               matvec_rows: a decoding step, a short prompt); else for one token per sequence one compiled call
               per block (`_decode_block`, products on the threaded BLAS); declined (None) for other
               dtypes, layouts, replaced operations, interleaved RoPE pairs (the compiled blocks turn
-              half-split pairs only: such a config runs one operation at a time, `rope` included), or a
-              cache long enough for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
+              half-split pairs only: such a config runs one operation at a time, `rope` included), a
+              RoPE per layer type (Gemma 3: the compiled blocks read one cos / sin table; its steps
+              run one operation at a time, each on this module's kernels), or a cache long enough for
+              decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
 within gamma_n of |x||W|), the norms' and the gate's float64 rows, and attention's online softmax: the
@@ -590,8 +592,8 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
     operation at a time: when `ops` is not this module's OPS in its hot operations
     (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype, layout or shape is not
     the one the compiled code reads, when the config's RoPE pairs are interleaved (the compiled blocks
-    turn (i, i + R/2)), or when the cache is long enough that decode_attention would run in parallel
-    (DECODE_PARALLEL_WORK).
+    turn (i, i + R/2)), when the layers' RoPE differ (Gemma 3's config.rope_local), or when the cache is
+    long enough that decode_attention would run in parallel (DECODE_PARALLEL_WORK).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
         return None
@@ -607,7 +609,8 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
             or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
             or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
             or k.shape != v.shape or k.shape[:3] != (c.num_hidden_layers, B, K) or k.shape[4] != D or S > k.shape[3]
-            or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
+            or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)
+            or c.rope_local not in (None, c.rope)):  # Gemma 3's RoPE per layer type: the kernels read one table
         return None
     shared = _shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 else None
     starts = np.zeros(B, dtype=np.int64)  # each sequence's first real key

@@ -1,9 +1,10 @@
 """LlamaConfig: the hyper-parameters of one decoder of the LLaMA family, read from Hugging Face's config.json.
 
 One config serves LLaMA (Touvron et al. 2023), Mistral (Jiang et al. 2023), Qwen2 / Qwen3,
-Gemma / Gemma-2 (Gemma Team 2024) and Phi-3 (Abdin et al. 2024). Fields keep Hugging Face's
-names; what differs between the families is either a field (head_dim, sliding_window,
-layer_types, the soft-caps, rope) or one property below that names the family it belongs to
+Gemma / Gemma-2 (Gemma Team 2024), Gemma 3 text (gemma3_text, Gemma Team 2025) and Phi-3 (Abdin
+et al. 2024). Fields keep Hugging Face's names; what differs between the families is either a
+field (head_dim, sliding_window, layer_types, the soft-caps, rope, rope_local) or one property
+below that names the family it belongs to
 (qk_norm, norm_plus_one, embed_scale, sandwich_norms, fused_projections), so each difference
 has one visible place.
 
@@ -35,7 +36,7 @@ from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 
 __all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES"]
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")  # gelu: the erf form; the others tanh
 
@@ -174,6 +175,15 @@ _FAMILIES = {
                     hidden_activation="gelu_pytorch_tanh", head_dim=256, sliding_window=4096,
                     query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                     num_key_value_heads=4, bos_token_id=2, eos_token_id=1, pad_token_id=0)),
+    # Gemma 3's rope_parameters map each layer type to its RoPE (older configs: rope_theta + rope_scaling for the
+    # full layers, rope_local_base_freq for the sliding ones); sliding_window_pattern derives layer_types.
+    "gemma3_text": ({"head_dim", "attention_bias", "hidden_activation", "use_bidirectional_attention",
+                     "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
+                     "layer_types", "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"},
+                    dict(rms_norm_eps=1e-6, max_position_embeddings=131072, tie_word_embeddings=True,
+                         hidden_activation="gelu_pytorch_tanh", head_dim=256, sliding_window=4096,
+                         query_pre_attn_scalar=256, num_key_value_heads=4, bos_token_id=2, eos_token_id=1,
+                         pad_token_id=0, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)),
     "phi3": ({"sliding_window", "original_max_position_embeddings", "partial_rotary_factor"},
              dict(rms_norm_eps=1e-5, max_position_embeddings=4096, tie_word_embeddings=False, hidden_act="silu",
                   bos_token_id=1, eos_token_id=32000, pad_token_id=32000)),
@@ -192,6 +202,9 @@ class LlamaConfig:
     "full_attention" or "sliding_attention" (a causal window of sliding_window keys, the query's
     own included). Soft-caps (Gemma-2):
     s -> cap tanh(s / cap) on the attention scores and on the final logits, when not None.
+    rope_local (Gemma 3): the RoPE of the sliding_attention layers (Hugging Face's
+    rope_parameters["sliding_attention"], formerly rope_local_base_freq), `rope` then being the
+    full_attention layers'; None: `rope` for every layer (rope_of).
     """
 
     model_type: str
@@ -218,6 +231,7 @@ class LlamaConfig:
     bos_token_id: int | tuple[int, ...] | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
+    rope_local: RopeParameters | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -231,12 +245,24 @@ class LlamaConfig:
         _positive_real(self.rms_norm_eps, f"{self.model_type} config rms_norm_eps")
         if not isinstance(self.rope, RopeParameters):
             raise TypeError(f"LlamaConfig.rope must be a RopeParameters; got {type(self.rope).__name__}")
+        if self.rope_local is not None:
+            if not isinstance(self.rope_local, RopeParameters):
+                raise TypeError(f"LlamaConfig.rope_local must be a RopeParameters or None; got "
+                                f"{type(self.rope_local).__name__}")
+            if self.rope_local.rope_type in _LENGTH_DEPENDENT:  # (prefill, generation read config.rope's length)
+                raise ValueError(f"{self.model_type} config: the sliding layers' rope_type "
+                                 f"{self.rope_local.rope_type!r} reads the sequence length; only the full layers' "
+                                 "RoPE may (not implemented per layer type)")
+            if self.rope_local.partial_rotary_factor != self.rope.partial_rotary_factor:
+                raise ValueError(f"{self.model_type} config: both layer types must rotate the same part of a head")
         if self.rotary_dim % 2 or self.rotary_dim == 0:
             raise ValueError(f"{self.model_type} config: the rotated part of each head, head_dim "
                              f"{self.head_dim} x partial_rotary_factor {self.rope.partial_rotary_factor} = "
                              f"{self.rotary_dim}, must be a positive even number")
         check_bool(self.rope_interleaved, f"{self.model_type} config rope_interleaved")
         _check_rope_is_finite(self)
+        if self.rope_local is not None:
+            _check_rope_is_finite(self, self.rope_local)
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"{self.model_type} config hidden_act {self.hidden_act!r} is not implemented; "
                              f"known: {list(ACTIVATIONS)}")
@@ -266,23 +292,24 @@ class LlamaConfig:
 
     @property
     def qk_norm(self) -> bool:
-        """Qwen3: each head's query and key pass through an RMSNorm over D before RoPE."""
-        return self.model_type == "qwen3"
+        """Qwen3, Gemma 3: each head's query and key pass through an RMSNorm over D before RoPE."""
+        return self.model_type in ("qwen3", "gemma3_text")
 
     @property
     def norm_plus_one(self) -> bool:
-        """Gemma: RMSNorm scales by (1 + w), not w (its weights are stored as offsets from one)."""
-        return self.model_type in ("gemma", "gemma2")
+        """Gemma (1, 2, 3): RMSNorm scales by (1 + w), not w (its weights are stored as offsets from one)."""
+        return self.model_type in ("gemma", "gemma2", "gemma3_text")
 
     @property
     def embed_scale(self) -> float | None:
-        """Gemma: the token embeddings are multiplied by sqrt(C), rounded to the model's dtype; None for the others."""
-        return math.sqrt(self.hidden_size) if self.model_type in ("gemma", "gemma2") else None
+        """Gemma (1, 2, 3): the token embeddings are multiplied by sqrt(C), rounded to the model's dtype; None for
+        the others."""
+        return math.sqrt(self.hidden_size) if self.model_type in ("gemma", "gemma2", "gemma3_text") else None
 
     @property
     def sandwich_norms(self) -> bool:
-        """Gemma-2: an RMSNorm after the attention and after the MLP too, before each residual add."""
-        return self.model_type == "gemma2"
+        """Gemma-2, Gemma 3: an RMSNorm after the attention and after the MLP too, before each residual add."""
+        return self.model_type in ("gemma2", "gemma3_text")
 
     @property
     def fused_projections(self) -> bool:
@@ -291,7 +318,7 @@ class LlamaConfig:
 
     @property
     def attention_scale(self) -> float:
-        """The factor on q k^T: query_pre_attn_scalar^(-1/2) for Gemma-2, else D^(-1/2)."""
+        """The factor on q k^T: query_pre_attn_scalar^(-1/2) for Gemma-2 and 3, else D^(-1/2)."""
         return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
 
     @property
@@ -302,6 +329,11 @@ class LlamaConfig:
     def window(self, layer: int) -> int | None:
         """The sliding window of block `layer` (None: full causal attention)."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+    def rope_of(self, layer: int) -> RopeParameters:
+        """The RoPE of block `layer`: rope_local on Gemma 3's sliding layers, else rope."""
+        local = self.rope_local is not None and self.layer_types[layer] == "sliding_attention"
+        return self.rope_local if local else self.rope
 
     # --- config.json
 
@@ -339,7 +371,7 @@ class LlamaConfig:
         H, L = get("num_attention_heads"), get("num_hidden_layers")
         check_positive_int(H, f"{model_type} config num_attention_heads")
         check_positive_int(L, f"{model_type} config num_hidden_layers")
-        hidden_act = get("hidden_activation") if model_type == "gemma2" else get("hidden_act")
+        hidden_act = get("hidden_activation") if model_type in ("gemma2", "gemma3_text") else get("hidden_act")
         if model_type == "gemma" and hidden_act == "gelu":
             hidden_act = "gelu_pytorch_tanh"  # Gemma's legacy name for the tanh form (Hugging Face maps it too)
         if check_bool(get("use_bidirectional_attention", False), f"{model_type} config use_bidirectional_attention"):
@@ -348,14 +380,21 @@ class LlamaConfig:
         if check_bool(get("use_mrope", False), f"{model_type} config use_mrope"):
             raise ValueError(f"{model_type} config use_mrope=true (multimodal RoPE: sections of each head turned by "
                              "separate position ids) is not implemented; this decoder rotates by one position per token")
+        if model_type == "gemma3_text" and get("attn_logit_softcapping") is not None:
+            raise ValueError(f"gemma3_text config attn_logit_softcapping={get('attn_logit_softcapping')!r}: Hugging "
+                             "Face's Gemma 3 attention never applies it; give null (refusing rather than guessing)")
         window, layer_types = _attention_layout(model_type, get, L)
+        if model_type == "gemma3_text":
+            rope, rope_local = _gemma3_rope(get)
+        else:
+            rope, rope_local = _rope_parameters(model_type, get), None
         return cls(
             model_type=model_type, vocab_size=get("vocab_size"), hidden_size=get("hidden_size"),
             intermediate_size=get("intermediate_size"), num_hidden_layers=L, num_attention_heads=H,
             num_key_value_heads=get("num_key_value_heads", H),
             head_dim=get("head_dim", _divide(get("hidden_size"), H, model_type)),
             rms_norm_eps=get("rms_norm_eps"), max_position_embeddings=get("max_position_embeddings"),
-            rope=_rope_parameters(model_type, get), rope_interleaved=get("rope_interleaved", False),
+            rope=rope, rope_local=rope_local, rope_interleaved=get("rope_interleaved", False),
             hidden_act=hidden_act,
             tie_word_embeddings=get("tie_word_embeddings"), attention_bias=get("attention_bias", False),
             mlp_bias=get("mlp_bias", False), layer_types=layer_types, sliding_window=window,
@@ -363,14 +402,20 @@ class LlamaConfig:
             final_logit_softcapping=get("final_logit_softcapping"), bos_token_id=_ids(get("bos_token_id")),
             eos_token_id=_ids(get("eos_token_id")), pad_token_id=get("pad_token_id"))
 
+    def rope_parameters(self) -> dict:
+        """config.json's rope_parameters: `rope`'s, or Gemma 3's {"full_attention": rope, "sliding_attention": rope_local}."""
+        if self.model_type == "gemma3_text":
+            return {"full_attention": self.rope.to_dict(), "sliding_attention": (self.rope_local or self.rope).to_dict()}
+        return self.rope.to_dict()
+
     def to_dict(self) -> dict:
         """The config.json form, which Hugging Face's config class of model_type reads back to the same model."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope"}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rope", "rope_local")}
         d["layer_types"] = list(self.layer_types)
         for name in ("bos_token_id", "eos_token_id"):
             if isinstance(d[name], tuple):
                 d[name] = list(d[name])
-        if self.model_type == "gemma2":
+        if self.model_type in ("gemma2", "gemma3_text"):
             d["hidden_activation"] = d.pop("hidden_act")
         if self.model_type in ("mistral", "phi3"):
             d.pop("layer_types")  # their window applies to every layer
@@ -380,7 +425,7 @@ class LlamaConfig:
             d.pop("rope_interleaved")  # (written only where it says something: Hugging Face's own classes lack it)
         own, _ = _FAMILIES[self.model_type]
         d = {k: v for k, v in d.items() if k in _COMMON or k in own}
-        d["rope_parameters"] = self.rope.to_dict()
+        d["rope_parameters"] = self.rope_parameters()
         if self.model_type == "phi3" and self.rope.original_max_position_embeddings is not None:
             d["original_max_position_embeddings"] = self.rope.original_max_position_embeddings  # Phi-3 reads it here
         return d
@@ -405,11 +450,13 @@ def _check_inert(value, kind: str, name: str) -> None:
         check_positive_int(value, name, allow_zero=kind == "token id")
 
 
-def _check_rope_is_finite(config: "LlamaConfig") -> None:
-    """The inverse frequencies w [R/2] and the attention factor a of config.rope, computed at every length that
-    changes them (dynamic: the base at L and past it; longrope: short_factor, then long_factor past L0), must be
-    finite and > 0: a config whose RoPE cannot be formed is refused when it is built, not when it is run."""
-    rope, R, M = config.rope, config.rotary_dim, config.max_position_embeddings
+def _check_rope_is_finite(config: "LlamaConfig", rope: RopeParameters | None = None) -> None:
+    """The inverse frequencies w [R/2] and the attention factor a of config.rope (or of `rope`: Gemma 3's
+    rope_local), computed at every length that changes them (dynamic: the base at L and past it; longrope:
+    short_factor, then long_factor past L0), must be finite and > 0: a config whose RoPE cannot be formed is
+    refused when it is built, not when it is run."""
+    rope = config.rope if rope is None else rope
+    R, M = config.rotary_dim, config.max_position_embeddings
     where = f"{config.model_type} config rope parameters {rope.to_dict()} (rotary_dim {R}, max_position_embeddings {M})"
     if rope.rope_type == "longrope":
         for name in ("short_factor", "long_factor"):
@@ -458,6 +505,10 @@ def _attention_layout(model_type: str, get, L: int) -> tuple[int | None, tuple[s
         types = tuple(given)
     elif model_type == "gemma2":  # alternating, the first layer sliding
         types = tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L))
+    elif model_type == "gemma3_text":  # every pattern-th layer full (pattern 6: five sliding, then one full)
+        pattern = get("sliding_window_pattern", 6)
+        check_positive_int(pattern, "gemma3_text config sliding_window_pattern")
+        types = tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L))
     elif model_type in ("qwen2", "qwen3"):  # the layers from max_window_layers on slide
         first = get("max_window_layers", 28)
         check_positive_int(first, f"{model_type} config max_window_layers", allow_zero=True)
@@ -465,17 +516,57 @@ def _attention_layout(model_type: str, get, L: int) -> tuple[int | None, tuple[s
                       for i in range(L))
     else:  # Mistral, Phi-3: one window for every layer, or none
         types = tuple("sliding_attention" if window is not None else "full_attention" for _ in range(L))
-    pattern = get("_sliding_window_pattern")
-    if pattern is not None:  # (Gemma-3's rule, which saved Gemma configs state: layer i is full iff (i + 1) % pattern == 0)
-        check_positive_int(pattern, f"{model_type} config _sliding_window_pattern")
-        implied = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(L))
-        if implied != types:
-            raise ValueError(f"{model_type} config _sliding_window_pattern {pattern} makes the layer types "
-                             f"{list(implied)}, which disagree with layer_types {list(types)}"
-                             + ("" if given is not None else " (derived as Hugging Face derives them when absent)"))
+    # A pattern stated beside the layer types must describe them (layer i full iff (i + 1) % pattern == 0).
+    # Gemma 3: sliding_window_pattern derives them when absent; Hugging Face records the pattern it derived from
+    # as _sliding_window_pattern and never reads it, so beside a given layer_types (where it writes its default
+    # 6, whatever they are) that key is not compared.
+    keys = ("_sliding_window_pattern",)
+    if model_type == "gemma3_text":
+        keys = ("sliding_window_pattern",) + (keys if given is None else ())
+    for key in keys:
+        pattern = get(key)
+        if pattern is not None:
+            check_positive_int(pattern, f"{model_type} config {key}")
+            implied = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(L))
+            if implied != types:
+                raise ValueError(f"{model_type} config {key} {pattern} makes the layer types "
+                                 f"{list(implied)}, which disagree with layer_types {list(types)}"
+                                 + ("" if given is not None else " (derived as Hugging Face derives them when absent)"))
     if window is None:  # a sliding layer without a window is a full one (as Hugging Face's attention reads it)
         types = tuple("full_attention" if t == "sliding_attention" else t for t in types)
     return window, types
+
+
+_LENGTH_DEPENDENT = ("dynamic", "longrope")  # rope types whose frequencies read the forward's length
+
+
+def _gemma3_rope(get) -> tuple[RopeParameters, RopeParameters]:
+    """(full layers' RoPE, sliding layers' RoPE) of a gemma3_text config, as Hugging Face's Gemma3TextConfig reads them.
+
+    Transformers 5 writes rope_parameters = {"full_attention": {...}, "sliding_attention": {...}};
+    older configs give rope_theta and rope_scaling (the full layers') and rope_local_base_freq
+    (the sliding layers', unscaled). A theta missing from the per-type form takes those keys,
+    then the defaults 1e6 (full) and 1e4 (sliding); rope_scaling updates the full layers' entry.
+    """
+    given = get("rope_parameters")
+    given = {} if given is None else given
+    if not isinstance(given, dict) or not set(given) <= {"full_attention", "sliding_attention"}:
+        raise ValueError("gemma3_text config rope_parameters must map the layer types 'full_attention' and "
+                         f"'sliding_attention' to their RoPE parameters; got {given!r}")
+    scaling = get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ValueError(f"gemma3_text config rope_scaling must be an object; got {type(scaling).__name__}")
+    out = []
+    for layer_type, theta_key, extra in (("full_attention", "rope_theta", scaling),
+                                         ("sliding_attention", "rope_local_base_freq", None)):
+        p = given.get(layer_type)
+        if p is not None and not isinstance(p, dict):
+            raise ValueError(f"gemma3_text config rope_parameters[{layer_type!r}] must be an object; got {p!r}")
+        p = {"rope_type": "default", **(p or {}), **(extra or {})}
+        p.setdefault("rope_theta", get(theta_key))
+        entry = {"rope_parameters": p, "max_position_embeddings": get("max_position_embeddings")}
+        out.append(_rope_parameters(f"gemma3_text {layer_type}", {**entry}.get))
+    return out[0], out[1]
 
 
 def _rope_parameters(model_type: str, get) -> RopeParameters:

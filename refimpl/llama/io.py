@@ -54,7 +54,7 @@ __all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "
 # model_type -> the Hugging Face *ForCausalLM class that config.json's "architectures" names.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 # Files export copies from the source folder when it has them: tokenizers (GPT-2-style ones, which
 # refimpl reads, and the SentencePiece tokenizer.model, kept for whoever reads it) and generation defaults.
 COPIED_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

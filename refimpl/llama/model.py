@@ -1,19 +1,20 @@
-"""The LLaMA-family decoder forward (LLaMA, Mistral, Qwen2 / 3, Gemma / Gemma-2, Phi-3) with a preallocated KV cache.
+"""The LLaMA-family decoder forward (LLaMA, Mistral, Qwen2 / 3, Gemma 1 / 2 / 3, Phi-3) with a preallocated KV cache.
 
 Read top to bottom, as the data flows (Touvron et al. 2023, sec. 2.2; the families' differences
 are the config's fields and properties, refimpl.llama.config, each used in one place below):
 
     ids [B, T] -> x = E[ids] (Gemma: * sqrt(C))                               (embed)
-               -> L x { x += attn(norm(x)); x += mlp(norm(x)) }            (pre-norm blocks; Gemma-2
-                                                                            norms each branch's output too)
+               -> L x { x += attn(norm(x)); x += mlp(norm(x)) }            (pre-norm blocks; Gemma-2 / 3
+                                                                            norm each branch's output too)
                -> h = norm(x) -> logits = h E_out^T                        (LM head; Gemma-2: cap tanh(logits / cap))
 
     norm    RMSNorm (Zhang & Sennrich 2019); Gemma scales by (1 + w)
     attn    q, k, v = h W_q (+ b), h W_k (+ b), h W_v (+ b), split into H and K heads of D;
-            Qwen3: RMSNorm of each q and k head over D; RoPE on q and k (Su et al. 2021; Phi-3
-            rotates the leading rotary_dim of each head; pairs (i, i + R/2), or (2i, 2i+1)
-            with rope_interleaved); grouped-query attention (Ainslie et
-            al. 2023), causal, with the layer's sliding window (Mistral, Qwen2, Gemma-2, Phi-3)
+            Qwen3, Gemma 3: RMSNorm of each q and k head over D; RoPE on q and k (Su et al. 2021;
+            Phi-3 rotates the leading rotary_dim of each head; pairs (i, i + R/2), or (2i, 2i+1)
+            with rope_interleaved; Gemma 3's sliding layers have their own theta, config.rope_of);
+            grouped-query attention (Ainslie et al. 2023), causal, with the layer's sliding window
+            (Mistral, Qwen2, Gemma-2 / 3, Phi-3)
             and the padding key mask; then the output projection W_o
     mlp     GLU (Shazeer 2020): (act(h W_gate) * h W_up) W_down, act SiLU or GELU
 
@@ -27,8 +28,8 @@ checked once, at the door (refimpl.llama.checks); the equations call refimpl's u
 bodies, through an `LlamaOps` object (`ops`, default NUMPY_OPS): the hot operations (norm,
 products, rotation, attention, the gated hidden layer, the LM head) are swappable, so the
 accel backends run this same forward; NUMPY_OPS's attention is refimpl.attention.masked_attention
-itself. The rotation's cos and sin are computed once per forward (`rope_cos_sin`), as Hugging
-Face's rotary embedding is.
+itself. The rotation's cos and sin are computed once per forward (`rope_cos_sin`; once per layer
+type for Gemma 3), as Hugging Face's rotary embedding is.
 
 Hook points (as refimpl.gpt2.model): `hidden_states` / `forward` take `hook`, a callable
 hook(name, x) -> x' called at each named intermediate; what it returns replaces x. The
@@ -73,7 +74,7 @@ from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 from .checks import check_forward_inputs, check_key_positions, check_params, check_token_ids, context_limit
-from .config import LlamaConfig
+from .config import LlamaConfig, RopeParameters
 from .params import LlamaBlockParams, LlamaParams
 
 __all__ = ["LlamaModel", "KVCache", "LlamaOps", "NUMPY_OPS", "BACKENDS", "get_ops", "no_hook", "embed", "rms_norm",
@@ -274,18 +275,28 @@ def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig, ops: LlamaOps = 
     return ops.rms_norm(x, w.dtype.type(1) + w if config.norm_plus_one else w, config.rms_norm_eps)
 
 
-def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1, 1, T, R/2]
-    """a cos(p w_i), a sin(p w_i) for every position p of a forward, once for all its layers and heads.
+def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype,
+                 rope: RopeParameters | None = None) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1, 1, T, R/2]
+    """a cos(p w_i), a sin(p w_i) for every position p of a forward, once for all its layers (of one RoPE) and heads.
 
-    Frequencies w: config.rope's scaling (refimpl.rope_scaling) over the leading rotary_dim dims
+    rope: the RoPE to use (None: config.rope; Gemma 3's sliding layers have their own,
+    config.rope_of). Frequencies w: that rope's scaling (refimpl.rope_scaling) over the leading rotary_dim dims
     of a head (Phi-3 rotates part of it); the length-dependent ones (dynamic, longrope) read the
     sequence length as Hugging Face does, max(positions) + 1 of this forward; a is YaRN /
     LongRoPE's attention factor (1 otherwise). Angles in float64, rounded once to `dtype`
     (refimpl.positional.apply_rope's Precision note).
     """
-    seq_len = _length_read(config.rope, config.max_position_embeddings, int(np.max(positions)) + 1)
-    w, a = _rope_frequencies(config.rope, config.rotary_dim, config.max_position_embeddings, seq_len)
+    rope = config.rope if rope is None else rope
+    seq_len = _length_read(rope, config.max_position_embeddings, int(np.max(positions)) + 1)
+    w, a = _rope_frequencies(rope, config.rotary_dim, config.max_position_embeddings, seq_len)
     return _rope_cos_sin(positions[:, None, :], w, a, dtype)  # [B|1, 1, T, R/2] each
+
+
+def _rope_tables(positions: np.ndarray, config: LlamaConfig, dtype) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each layer's (cos, sin) of rope_cos_sin, made once per distinct RoPE (one, or Gemma 3's two)."""
+    made: dict = {}
+    return [made[r] if r in made else made.setdefault(r, rope_cos_sin(positions, config, dtype, r))
+            for r in map(config.rope_of, range(config.num_hidden_layers))]
 
 
 def _length_read(rope, max_position_embeddings: int, seq_len: int) -> int | None:
@@ -482,7 +493,7 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     key_rope = None
     if key_positions is not None:
         key_positions = check_key_positions(key_positions, positions, ids.shape[0], start + T, config)
-        key_rope = rope_cos_sin(key_positions, config, params.dtype)  # [B|1, 1, S, R/2] each, once for every layer
+        key_rope = _rope_tables(key_positions, config, params.dtype)  # per layer: [B|1, 1, S, R/2] each
         positions = key_positions[:, start:]
     if positions is None:
         positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
@@ -499,11 +510,11 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
         x = fused
     else:
         # once for every layer (keys cached before rotation: the queries' angles are the last T of the keys')
-        rope = (rope_cos_sin(positions, config, params.dtype) if key_rope is None
-                else tuple(a[:, :, start:] for a in key_rope))
+        ropes = (_rope_tables(positions, config, params.dtype) if key_rope is None
+                 else [tuple(a[:, :, start:] for a in layer_rope) for layer_rope in key_rope])
         for layer, p in enumerate(params.blocks):
-            x = block(x, p, config, rope, key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook,
-                      key_rope=key_rope, causal=causal, scale=scale)
+            x = block(x, p, config, ropes[layer], key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook,
+                      key_rope=None if key_rope is None else key_rope[layer], causal=causal, scale=scale)
     if cache is not None:
         cache.length = start + T
     return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
