@@ -15,7 +15,7 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
 
     config.json's model_type    (in the directory, or beside a weights file)
         "gpt2"                  -> refimpl.gpt2.load    (every format it reads)
-        refimpl.llama.MODEL_TYPES (llama, mistral, qwen2, qwen3, gemma, gemma2, phi3)
+        refimpl.llama.MODEL_TYPES (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3)
                                 -> refimpl.llama.load_weights + the tokenizer rule below
         "bert"                  -> refimpl.bert.load    (MiniLM / sentence-transformers directories)
         anything else           -> an error listing the supported model types

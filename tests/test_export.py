@@ -31,7 +31,7 @@ from safetensors.torch import load_file as st_load_file  # noqa: E402  (an indep
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")  # llama_oracle cases
 
 
 def source_tensors(model) -> dict:
@@ -96,7 +96,7 @@ def test_a_hub_name_of_every_supported_model_type_exports_the_same_tensors(case,
     (snap / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
     out = export(f"org/{case}-tiny", tmp_path / "out")
     assert_same_tensors(out, model)
-    assert json.loads((out / "config.json").read_text())["model_type"] == case
+    assert json.loads((out / "config.json").read_text())["model_type"] == model.config.model_type
     assert (out / "special_tokens_map.json").read_text() == '{"eos_token": "</s>"}'
 
 
@@ -106,7 +106,7 @@ def test_a_hub_name_is_refused_in_one_line_when_its_model_type_is_not_supported_
 
     (hub_repo(offline_hub, "org/t5-tiny") / "config.json").write_text('{"model_type": "t5"}')
     with pytest.raises(WeightFileError, match=r"org/t5-tiny: .*model_type 't5'.*it exports gpt2, llama, mistral, "
-                                              r"qwen2, qwen3, gemma, gemma2, phi3$"):
+                                              r"qwen2, qwen3, gemma, gemma2, gemma3_text, phi3$"):
         export("org/t5-tiny", tmp_path / "out")
     hf_llama("mistral").save_pretrained(hub_repo(offline_hub, "org/mistral-tiny"))
     with pytest.raises(WeightFileError, match="model_type 'mistral', not GPT-2"):
