@@ -85,6 +85,25 @@ def test_left_padded_batch_matches_hugging_face_with_its_positions(tmp_path_fact
     assert err <= 2e-6
 
 
+def test_gemma3s_differences_each_move_the_logits_far_from_hugging_face(tmp_path_factory):
+    """The gemma3 parity above sees each of Gemma 3's own settings: the sliding layers given the full layers' RoPE
+    (theta 1e6, linear x 8, instead of theta 1e4), every layer full (no window of 4), q k scaled by D^-1/2
+    instead of query_pre_attn_scalar^-1/2, or the layers' pattern shifted, each moves the float32 logits by
+    more than 100 times the parity tolerance (2e-6) from Hugging Face's."""
+    model, config, params = pair("gemma3", tmp_path_factory)
+    ids = rand_ids((2, T))
+    ref = hf_logits(model, ids)
+    assert max_rel_diff(forward(params, config, ids), ref) <= 2e-6
+    L = config.num_hidden_layers
+    for what, changed in (("one RoPE", dict(rope_local=None)),
+                          ("no windows", dict(layer_types=("full_attention",) * L)),
+                          ("D^-1/2", dict(query_pre_attn_scalar=None)),
+                          ("pattern shifted", dict(layer_types=config.layer_types[1:] + config.layer_types[:1]))):
+        err = max_rel_diff(forward(params, dataclasses.replace(config, **changed), ids), ref)
+        DIFFS.show(f"gemma3 with {what} vs HF (must be far)", max_rel=err)
+        assert err > 2e-4, what
+
+
 # ----------------------------------------------------------------------------- KV cache, padding, causality
 
 @pytest.mark.parametrize("case", ["mistral", "qwen3", "gemma2", "gemma3", "phi3"])
