@@ -496,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model: "
                        "GPT-2 or the LLaMA family")
     e.add_argument("--model", required=True, metavar="NAME|PATH", help="a local Hugging Face directory (GPT-2, or "
-                   "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3), a shipped model's "
+                   "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, or gemma3's "
+                   "text decoder), a shipped model's "
                    "name (shakespeare-gpt2, shakespeare-llama), or a Hugging Face hub name (org/name) of any of "
                    "these model types, fetched into the Hugging Face cache (or read from it alone with "
                    "HF_HUB_OFFLINE=1)")

@@ -15,7 +15,8 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
 
     config.json's model_type    (in the directory, or beside a weights file)
         "gpt2"                  -> refimpl.gpt2.load    (every format it reads)
-        refimpl.llama.MODEL_TYPES (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3)
+        refimpl.llama.MODEL_TYPES (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3),
+        "gemma3" (its text decoder: refimpl.llama.config.TEXT_PARTS)
                                 -> refimpl.llama.load_weights + the tokenizer rule below
         "bert"                  -> refimpl.bert.load    (MiniLM / sentence-transformers directories)
         anything else           -> an error listing the supported model types
@@ -54,9 +55,9 @@ __all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenize
 
 
 def _llama_types() -> tuple[str, ...]:
-    from .llama.config import MODEL_TYPES
+    from .llama.config import MODEL_TYPES, TEXT_PARTS
 
-    return MODEL_TYPES
+    return MODEL_TYPES + tuple(TEXT_PARTS)  # (a multimodal gemma3: its text decoder)
 
 
 SUPPORTED_MODEL_TYPES = ("gpt2", *_llama_types(), "bert")

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch", reason="the Hugging Face oracle needs torch
 transformers = pytest.importorskip("transformers", reason="the Hugging Face oracle needs transformers")
 torch.set_num_threads(1)  # tiny models; torch's OpenMP threads spin on a loaded machine
 
-__all__ = ["CASES", "hf_llama", "hf_logits", "max_rel_diff", "float64_throughout", "FLOAT32_STEPS"]
+__all__ = ["CASES", "hf_llama", "randomize", "hf_logits", "max_rel_diff", "float64_throughout", "FLOAT32_STEPS"]
 
 # case -> (model_type, config changes on top of test_llama_config's CASES[model_type], whose rope types are
 # llama3 (llama), linear (mistral), yarn (qwen2), dynamic (qwen3), default (gemma, gemma2), longrope (phi3),
@@ -56,19 +56,25 @@ def hf_llama(case: str, *, seed: int = 0, **change):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return randomize(model, gemma=model_type.startswith("gemma"), hidden_size=model.config.hidden_size, seed=seed)
+
+
+def randomize(model, *, gemma: bool, hidden_size: int, seed: int = 0):
+    """Every parameter of a HF model drawn afresh (norms near 1, Gemma's offsets near 0; biases ~0.1; embeddings
+    ~0.5, / sqrt(C) for Gemma; matrices ~ 1/sqrt(fan-in)); returned in eval mode."""
     gen = torch.Generator().manual_seed(seed)
-    offset = 0.0 if model_type.startswith("gemma") else 1.0  # Gemma's norm weights are offsets from one
+    offset = 0.0 if gemma else 1.0  # Gemma's norm weights are offsets from one
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
             if "norm" in name:
                 p.copy_(offset + 0.1 * noise)
-            elif name.endswith("bias"):
+            elif name.endswith("bias") or p.ndim < 2:
                 p.copy_(0.1 * noise)
             elif "embed_tokens" in name or name == "lm_head.weight":
-                p.copy_(0.5 * noise / (math.sqrt(model.config.hidden_size) if offset == 0.0 else 1.0))
+                p.copy_(0.5 * noise / (math.sqrt(hidden_size) if gemma else 1.0))
             else:
-                p.copy_(noise / math.sqrt(p.shape[1]))  # [out, in]: unit-scale outputs
+                p.copy_(noise / math.sqrt(p.shape[-1]))  # [out, in]: unit-scale outputs
     return model.eval()
 
 

@@ -168,10 +168,10 @@ def test_minilm_loads_as_bert_and_has_no_logits():
 def test_unknown_model_type_is_an_error_listing_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
     with pytest.raises(WeightFileError, match="model_type 't5' is not supported; refimpl reads gpt2, llama, "
-                                              "mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, bert"):
+                                              "mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, gemma3, bert"):
         refimpl.load(tmp_path)
-    assert SUPPORTED_MODEL_TYPES == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
-                                     "bert")
+    assert SUPPORTED_MODEL_TYPES == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                                     "phi3", "gemma3", "bert")
 
 
 def test_a_llama_folder_without_its_config_or_model_type_is_named_as_such(tmp_path_factory, tmp_path):

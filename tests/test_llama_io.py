@@ -264,3 +264,43 @@ def test_a_pickled_checkpoint_with_a_huge_layer_count_is_refused_before_the_conf
                                                   r"model.layers.0 .. model.layers.4 \(5 layers\)"):
             export(path, tmp_path / "out")
     assert time.perf_counter() - t0 < 5.0
+
+
+# ----------------------------------------------------------------------------- a multimodal Gemma 3's text decoder
+
+def test_a_multimodal_gemma3_loads_its_text_decoder(tmp_path):
+    """Gemma3ForConditionalGeneration (config.json model_type gemma3 with a text_config; the decoder stored under
+    language_model.model., beside vision_tower. and multi_modal_projector.): load_weights and refimpl.load read
+    the text decoder alone, as gemma3_text, and its logits equal Hugging Face's multimodal model's on text."""
+    import refimpl
+    import torch
+    from refimpl.llama import LlamaConfig
+    from refimpl.llama.model import forward
+    from llama_oracle import hf_logits, max_rel_diff, randomize
+
+    text = dict(SHAPES, **CASES["gemma3_text"])
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    hf_config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                          image_token_index=96, boi_token_index=95, eoi_token_index=94)
+    torch.manual_seed(0)
+    hf = randomize(transformers.Gemma3ForConditionalGeneration(hf_config), gemma=True, hidden_size=48)
+    hf.config._attn_implementation = "eager"
+    hf.save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert stored["model_type"] == "gemma3" and "text_config" in stored
+    assert any(n.startswith("vision_tower.") for n in load_file(tmp_path / "model.safetensors"))
+    config, params = load_weights(tmp_path)
+    assert config == LlamaConfig.from_dict(stored["text_config"]) and config.model_type == "gemma3_text"
+    ids = np.random.default_rng(0).integers(0, 90, (2, 12))  # (below the image tokens)
+    err = max_rel_diff(forward(params, config, ids), hf_logits(hf, ids))
+    print(f"multimodal gemma3's text decoder vs HF Gemma3ForConditionalGeneration on text: max rel diff {err:.3e}")
+    assert err <= 2e-6
+    assert refimpl.load(tmp_path).config == config
+    bad = dict(stored, mm_patch_merge="spatial")
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(WeightFileError, match=r"config.json: gemma3 config has fields .* \['mm_patch_merge'\]"):
+        load_weights(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dict(stored, tie_word_embeddings=False)))
+    with pytest.raises(WeightFileError, match="tie_word_embeddings is False at the top level and True in text_config"):
+        load_weights(tmp_path)

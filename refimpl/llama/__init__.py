@@ -1,6 +1,6 @@
-"""refimpl.llama: the LLaMA family of decoders (LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, Phi-3).
+"""refimpl.llama: the LLaMA family of decoders (LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, Gemma 3, Phi-3).
 
-    config   LlamaConfig.from_dict(config.json): one config for the seven model types, Hugging
+    config   LlamaConfig.from_dict(config.json): one config for the eight model types, Hugging
              Face's field names, every family difference in one named field or property
     params   LlamaParams / LlamaBlockParams (frozen dataclasses of arrays, weights [in, out]) and
              checkpoint_shapes(config), the one table of checkpoint tensor names and shapes

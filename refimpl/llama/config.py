@@ -34,11 +34,19 @@ import numpy as np
 from .._checks import check_bool, check_positive_int, is_real
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 
-__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES"]
+__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES", "TEXT_PARTS", "text_part"]
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")  # gelu: the erf form; the others tanh
+# model_type of a multimodal checkpoint -> that of its text decoder (its config.json's text_config), which is
+# read alone (text_part; refimpl.llama.io maps the tensor names): Gemma 3's Gemma3ForConditionalGeneration.
+TEXT_PARTS = {"gemma3": "gemma3_text"}
+# Its other top-level keys: the image side (unused for text), and ids / tying that must agree with the text part.
+_MULTIMODAL_KEYS = frozenset({"model_type", "text_config", "vision_config", "mm_tokens_per_image", "boi_token_index",
+                              "eoi_token_index", "image_token_index", "boi_token_id", "eoi_token_id",
+                              "image_token_id", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+                              "pad_token_id"})
 
 
 # ----------------------------------------------------------------------------- RoPE parameters
@@ -429,6 +437,34 @@ class LlamaConfig:
         if self.model_type == "phi3" and self.rope.original_max_position_embeddings is not None:
             d["original_max_position_embeddings"] = self.rope.original_max_position_embeddings  # Phi-3 reads it here
         return d
+
+
+def text_part(d: dict) -> dict:
+    """The config.json of a multimodal checkpoint's text decoder (d's model_type in TEXT_PARTS): its text_config,
+    with the top level's bos / eos / pad ids where the text_config has none.
+
+    The image keys are dropped (a text-only forward never reads them); any other key that changes
+    the forward is refused by name, and a top-level tie_word_embeddings must agree with the text
+    part's (default true)."""
+    model_type = d.get("model_type")
+    text = d.get("text_config")
+    text = {} if text is None else text
+    if not isinstance(text, dict):
+        raise ValueError(f"{model_type} config text_config must be an object; got {type(text).__name__}")
+    unknown = sorted(k for k in d if k not in _MULTIMODAL_KEYS and k not in _INERT and d[k] is not None)
+    if unknown:
+        raise ValueError(f"{model_type} config has fields this implementation does not implement: {unknown} "
+                         "(refusing rather than ignoring them)")
+    if text.get("model_type", TEXT_PARTS[model_type]) != TEXT_PARTS[model_type]:
+        raise ValueError(f"{model_type} config text_config has model_type {text['model_type']!r}; expected "
+                         f"{TEXT_PARTS[model_type]!r}")
+    out = {**{k: d[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in d}, **text,
+           "model_type": TEXT_PARTS[model_type]}
+    tied = {k: v.get("tie_word_embeddings", True) for k, v in (("top level", d), ("text_config", text))}
+    if tied["top level"] != tied["text_config"]:
+        raise ValueError(f"{model_type} config tie_word_embeddings is {tied['top level']!r} at the top level and "
+                         f"{tied['text_config']!r} in text_config")
+    return out
 
 
 # ----------------------------------------------------------------------------- reading helpers

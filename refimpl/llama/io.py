@@ -5,6 +5,11 @@
   a directory with config.json + model.safetensors, or + model.safetensors.index.json and its
   shards, or a single .safetensors file with a config.json beside it.
 
+A multimodal Gemma 3 (config.json model_type "gemma3", Gemma3ForConditionalGeneration) is read as its
+text decoder: the config's text_config (refimpl.llama.config.text_part), the tensors under
+language_model.model. / language_model.lm_head. (or model.language_model.) renamed model. / lm_head.,
+and the vision tower and projector (vision_tower., multi_modal_projector.) not read.
+
 The end-of-sequence ids are generation_config.json's eos_token_id where that file beside config.json
 gives one (instruct models list their extra stop tokens there, and Hugging Face's generate stops on
 them), else config.json's. (Where generation_config.json exists without the key, Hugging Face's
@@ -45,7 +50,7 @@ from ..checkpoint import (INDEX_NAME, PICKLE_INDEX_NAME, Tensor, WeightFileError
                           read_checkpoint, read_small_file, read_weight_map, regular_file, safetensors_source,
                           sharded_source)
 from ..safetensors import SafetensorsError, _gc_paused, read_header
-from .config import LlamaConfig
+from .config import TEXT_PARTS, LlamaConfig, text_part
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
 __all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError", "ARCHITECTURES",
@@ -60,6 +65,11 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 COPIED_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "added_tokens.json", "tokenizer.model", "generation_config.json")
 _BUFFER = re.compile(r"model\.layers\.[0-9]{1,9}\.self_attn\.rotary_emb\.inv_freq")
+# A multimodal Gemma 3 (config.json model_type "gemma3", TEXT_PARTS) holds its text decoder under these prefixes
+# (Transformers' saved names, and its in-memory ones), beside the vision tower and the projector, which are dropped.
+_TEXT_PREFIXES = {"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
+                  "model.language_model.": "model."}
+_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 _LAYER = re.compile(r"model\.layers\.([0-9]{1,18})\.")
 _PICKLED = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
 _CONVERT = ("refimpl never unpickles a file (unpickling can run arbitrary code); save the state dict as "
@@ -84,6 +94,11 @@ def _config(path: Path, names) -> LlamaConfig:
         raise WeightFileError(f"{path}: no config.json {'in it' if path.is_dir() else 'beside it'}; a LLaMA-family "
                               "model's head count and norms cannot be read from its tensors")
     d = config_object(read_small_file(config_json, "config"), config_json.name)
+    if d.get("model_type") in TEXT_PARTS:  # a multimodal checkpoint: its text decoder
+        try:
+            d = text_part(d)
+        except ValueError as e:
+            raise WeightFileError(f"{config_json.name}: {e}") from None
     if names is not None:  # (before from_dict, whose per-layer fields cost O(num_hidden_layers))
         _check_layers(d.get("num_hidden_layers"), names, config_json.name)
     generation_json = config_json.parent / "generation_config.json"
@@ -123,11 +138,11 @@ def _weight_names(path: Path):
             path = path / "model.safetensors"
         else:
             index = next((path / n for n in (INDEX_NAME, PICKLE_INDEX_NAME) if (path / n).exists()), None)
-            return None if index is None else read_weight_map(index)
+            return None if index is None else _canonical(read_weight_map(index))
     elif _is_pickle(path):
         return None
     try:
-        return read_header(regular_file(path, "weight file")).tensors
+        return _canonical(read_header(regular_file(path, "weight file")).tensors)
     except SafetensorsError as e:
         raise WeightFileError(str(e)) from None
 
@@ -151,8 +166,22 @@ def _check_layers(n_layers, names, where: str) -> None:
 
 
 def _canonical(raw: dict) -> dict:
-    """Drop the constant RoPE buffers; every other name is kept as it is."""
-    return {name: t for name, t in raw.items() if not _BUFFER.fullmatch(name)}
+    """Drop the constant RoPE buffers; where the names are a multimodal Gemma 3's (some under _TEXT_PREFIXES), its
+    text decoder's under the *ForCausalLM names and the image side dropped; every other name is kept as it is."""
+    multimodal = any(name.startswith(tuple(_TEXT_PREFIXES)) for name in raw)
+    out = {}
+    for name, t in raw.items():
+        if _BUFFER.fullmatch(name) or (multimodal and name.startswith(_IMAGE_PREFIXES)):
+            continue
+        source = name
+        for prefix, replacement in _TEXT_PREFIXES.items() if multimodal else ():
+            if name.startswith(prefix):
+                name = replacement + name[len(prefix):]
+                break
+        if name in out:
+            raise WeightFileError(f"tensor {name!r} is stored twice (also as {source!r})")
+        out[name] = t
+    return out
 
 
 def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> dict[str, Tensor]:
