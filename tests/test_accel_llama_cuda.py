@@ -84,6 +84,9 @@ CASES = {
     "gemma": dict(num_key_value_heads=1, head_dim=8, hidden_act="gelu_pytorch_tanh"),  # (1 + w), embed scale, GeGLU
     "gemma2": dict(num_key_value_heads=2, head_dim=4, sliding_window=3, query_pre_attn_scalar=12,
                    attn_logit_softcapping=0.5, final_logit_softcapping=1.0, tie_word_embeddings=False),  # caps that bite
+    "gemma3_text": dict(num_key_value_heads=2, head_dim=8, sliding_window=3, query_pre_attn_scalar=12,
+                        sliding_window_pattern=2, rope_local_base_freq=100.0,
+                        rope_scaling=dict(rope_type="linear", factor=8.0)),  # q/k (1 + w) norms, RoPE per layer type
     "phi3": dict(num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=8,
                  partial_rotary_factor=0.5, sliding_window=4, pad_token_id=0,
                  rope_scaling=dict(type="longrope", short_factor=[1.0], long_factor=[2.0])),  # half the head rotated
@@ -271,7 +274,7 @@ def test_interleaved_rope_pairs_on_the_gpu_ops_and_in_decode_step():
 def test_decode_step_declines_what_it_does_not_cover():
     """accel.cupy.llama._step_applies (the cuda backend's test before its graph step), over NumPy arrays: our
     device weights and a [L, B, K, S, D] float cache take the step; host weights, float16, T = 2, a misshaped or
-    non-contiguous cache do not."""
+    non-contiguous cache, Gemma 3's two RoPE tables do not."""
     from accel.cupy.llama import _step_applies
 
     model = tiny_model("mistral")
@@ -288,6 +291,10 @@ def test_decode_step_declines_what_it_does_not_cover():
     assert not _step_applies(x, dev, cfg, other, np)
     strided = KVCache(np.zeros(cache.k.shape[:-1] + (2 * D,), np.float32)[..., ::2], cache.v)
     assert not _step_applies(x, dev, cfg, strided, np)
+    gemma3 = tiny_model("gemma3_text")  # a RoPE per layer type: the step reads one cos / sin table
+    g_dev, g_cache = sim_ops().prepare(gemma3.params), KVCache.allocate(gemma3.config, 2, max_len=6)
+    one_rope = dataclasses.replace(gemma3.config, rope_local=None)
+    assert _step_applies(x, g_dev, one_rope, g_cache, np) and not _step_applies(x, g_dev, gemma3.config, g_cache, np)
 
 
 def test_kv_write_kernel_writes_each_row_at_its_length():

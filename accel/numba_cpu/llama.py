@@ -17,12 +17,12 @@
               operations in its order without the Python between them: up to SHARED_MAX_ROWS float32 rows
               with HF's weight layout, every block in one multi-threaded call (`_decode_step_shared`, products on
               matvec_rows: a decoding step, a short prompt); else for one token per sequence one compiled call
-              per block (`_decode_block`, products on the threaded BLAS); declined (None) for other
-              dtypes, layouts, replaced operations, interleaved RoPE pairs (the compiled blocks turn
-              half-split pairs only: such a config runs one operation at a time, `rope` included), a
-              RoPE per layer type (Gemma 3: the compiled blocks read one cos / sin table; its steps
-              run one operation at a time, each on this module's kernels), or a cache long enough for
-              decode_attention to run in parallel (DECODE_PARALLEL_WORK)
+              per block (`_decode_block`, products on the threaded BLAS; also every step of a model
+              with a RoPE per layer type, Gemma 3, each block given its layer's cos / sin: the
+              shared step reads one table); declined (None) for other dtypes, layouts, replaced
+              operations, interleaved RoPE pairs (the compiled blocks turn half-split pairs only:
+              such a config runs one operation at a time, `rope` included), or a cache long enough
+              for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
 within gamma_n of |x||W|), the norms' and the gate's float64 rows, and attention's online softmax: the
@@ -585,15 +585,15 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
     cache.length tokens filled (the new ones go from that index; the caller advances it); positions
     [B|1, T]; key_start None, or for T = 1 [B] int64: row b's keys before cache index key_start[b] are left
     padding (the shared path only). Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight
-    layout: _decode_step_shared (every block in one multi-threaded call, the products on matvec_rows); else,
-    for T = 1, one compiled call
-    per block (_decode_block, the products on the threaded BLAS). Returns the residual stream after
-    the last block [B, T, C], or None when neither applies and the caller runs the blocks one
-    operation at a time: when `ops` is not this module's OPS in its hot operations
+    layout, one RoPE for every layer: _decode_step_shared (every block in one multi-threaded call, the products
+    on matvec_rows); else, for T = 1, one compiled call per block (_decode_block, the products on the
+    threaded BLAS, each block with its layer's RoPE table: Gemma 3's sliding and full layers differ).
+    Returns the residual stream after the last block [B, T, C], or None when neither applies and the caller
+    runs the blocks one operation at a time: when `ops` is not this module's OPS in its hot operations
     (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype, layout or shape is not
     the one the compiled code reads, when the config's RoPE pairs are interleaved (the compiled blocks
-    turn (i, i + R/2)), when the layers' RoPE differ (Gemma 3's config.rope_local), or when the cache is
-    long enough that decode_attention would run in parallel (DECODE_PARALLEL_WORK).
+    turn (i, i + R/2)), or when the cache is long enough that decode_attention would run in parallel
+    (DECODE_PARALLEL_WORK).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
         return None
@@ -609,10 +609,12 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
             or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
             or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
             or k.shape != v.shape or k.shape[:3] != (c.num_hidden_layers, B, K) or k.shape[4] != D or S > k.shape[3]
-            or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)
-            or c.rope_local not in (None, c.rope)):  # Gemma 3's RoPE per layer type: the kernels read one table
+            or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
         return None
-    shared = _shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 else None
+    ropes = [c.rope_of(layer) for layer in range(c.num_hidden_layers)]  # one, or Gemma 3's two (per layer type)
+    one_rope = all(r == c.rope for r in ropes)  # (the shared step reads one cos / sin table for every block)
+    shared = (_shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 and one_rope
+              else None)
     starts = np.zeros(B, dtype=np.int64)  # each sequence's first real key
     if key_start is not None:
         key_start = np.asarray(key_start)
@@ -627,14 +629,17 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
         blocks = [_block_arrays(p, c, dtype, empty) for p in params.blocks]
         if len(blocks) != c.num_hidden_layers or any(b is None for b in blocks):
             return None
-    cos, sin = rope_cos_sin(positions, c, dtype)  # [B|1, 1, T, R/2] each
-    if cos.shape[0] not in (1, B) or cos.shape[2] != T:
-        return None
-    if T == 1:
-        cos, sin = (np.ascontiguousarray(t.reshape(t.shape[0], t.shape[3])) for t in (cos, sin))  # [B|1, R/2]
-    else:  # one row of each per token, sequence by sequence: [B T, R/2]
-        cos, sin = (np.ascontiguousarray(np.broadcast_to(t[:, 0], (B, T, t.shape[3])).reshape(B * T, t.shape[3]))
-                    for t in (cos, sin))
+    tables = {}  # RoPE -> its (cos, sin) as the kernels read them
+    for rope in dict.fromkeys(ropes):
+        cos, sin = rope_cos_sin(positions, c, dtype, rope)  # [B|1, 1, T, R/2] each
+        if cos.shape[0] not in (1, B) or cos.shape[2] != T:
+            return None
+        if T == 1:
+            cos, sin = (np.ascontiguousarray(t.reshape(t.shape[0], t.shape[3])) for t in (cos, sin))  # [B|1, R/2]
+        else:  # one row of each per token, sequence by sequence: [B T, R/2]
+            cos, sin = (np.ascontiguousarray(np.broadcast_to(t[:, 0], (B, T, t.shape[3])).reshape(B * T, t.shape[3]))
+                        for t in (cos, sin))
+        tables[rope] = cos, sin
     eps = float(c.rms_norm_eps)
     scale = dtype.type(_scale_for(D, c.attention_scale, dtype))  # (scalars in x's dtype, as decode_attention passes them)
     softcap = dtype.type(0 if c.attn_logit_softcapping is None else c.attn_logit_softcapping)  # 0: no cap
@@ -644,11 +649,11 @@ def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # 
     windows = [0 if c.window(layer) is None else int(c.window(layer)) for layer in range(c.num_hidden_layers)]
     if shared is not None:  # HF's layout: every W^T has contiguous rows; all blocks in one launch
         with LAUNCH_LOCK:
-            _decode_step_shared(x, *shared, k, v, cache.length, cos, sin, eps, scale, softcap,
+            _decode_step_shared(x, *shared, k, v, cache.length, *tables[c.rope], eps, scale, softcap,
                                 np.array(windows, dtype=np.int64), act, bool(c.norm_plus_one), T, starts, threads)
         return x.reshape(B, T, C)
     for layer, arrays in enumerate(blocks):
-        _decode_block(x, *arrays, k[layer], v[layer], cache.length, cos, sin, eps, scale, softcap,
+        _decode_block(x, *arrays, k[layer], v[layer], cache.length, *tables[ropes[layer]], eps, scale, softcap,
                       windows[layer], act, threads)
     return x[:, None, :]
 
