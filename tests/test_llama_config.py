@@ -428,6 +428,7 @@ def test_published_gemma3_configs_read_as_hugging_face_reads_them(d):
     ({"rope_local_base_freq": -1.0}, "rope_theta must be a positive finite number"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 2, "bogus": 1}},
      "does not implement ['bogus']"),
+    ({"rope_scaling": {"type": "linear", "factor": 8.0}}, "with the older key 'type'"),  # (HF 5: unscaled; 4: x 8)
     ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a positive finite number"),
     ({"final_logit_softcapping": "high"}, "final_logit_softcapping must be a positive"),
     ({"partial_rotary_factor": 0.5}, "does not implement: ['partial_rotary_factor']"),

@@ -592,13 +592,17 @@ def _gemma3_rope(get) -> tuple[RopeParameters, RopeParameters]:
     scaling = get("rope_scaling")
     if scaling is not None and not isinstance(scaling, dict):
         raise ValueError(f"gemma3_text config rope_scaling must be an object; got {type(scaling).__name__}")
+    if scaling is not None and "type" in scaling and "rope_type" not in scaling:
+        raise ValueError(f"gemma3_text config rope_scaling {scaling!r} names its type with the older key 'type', "
+                         "which Transformers 5 leaves beside rope_type 'default' (no scaling) and earlier versions "
+                         "applied; write 'rope_type'")
     out = []
     for layer_type, theta_key, extra in (("full_attention", "rope_theta", scaling),
                                          ("sliding_attention", "rope_local_base_freq", None)):
         p = given.get(layer_type)
         if p is not None and not isinstance(p, dict):
             raise ValueError(f"gemma3_text config rope_parameters[{layer_type!r}] must be an object; got {p!r}")
-        p = {"rope_type": "default", **(p or {}), **(extra or {})}
+        p = {**(p or {}), **(extra or {})}  # (no rope_type / type: "default")
         p.setdefault("rope_theta", get(theta_key))
         entry = {"rope_parameters": p, "max_position_embeddings": get("max_position_embeddings")}
         out.append(_rope_parameters(f"gemma3_text {layer_type}", {**entry}.get))
