@@ -16,8 +16,9 @@
     python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR) [--json F] [--plot P]
     python -m refimpl demo
 
---model takes a shipped model's name, shakespeare-gpt2 (the default) or shakespeare-llama, or a
-path; a path that exists wins over a name (refimpl.models.resolve_model).
+--model takes a shipped model's name, shakespeare-gpt2 (the default) or shakespeare-llama, a fetched
+one's, smollm2-135m-instruct (a GGUF file, fetched on first use), or a path (a GGUF file too); a path
+that exists wins over a name (refimpl.models.resolve_model).
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
 input: a missing file, a malformed model, an out-of-range argument. A closed output pipe
@@ -97,12 +98,12 @@ def set_blas_threads(argv, environ=os.environ) -> str | None:
 def _existing_model(name_or_path) -> Path:
     """The path `--model` stands for (refimpl.models.resolve_model), or a FileNotFoundError naming the flag, the path
     and the shipped models' names when nothing is there."""
-    from refimpl.models import MODEL_NAMES, resolve_model
+    from refimpl.models import FETCHED_MODELS, MODEL_NAMES, resolve_model
 
     path = resolve_model(name_or_path)
     if not path.exists():
         raise FileNotFoundError(f"--model {name_or_path}: no such file or directory (nor a shipped model's name: "
-                                f"{', '.join(MODEL_NAMES)})")
+                                f"{', '.join([*MODEL_NAMES, *FETCHED_MODELS])})")
     return path
 
 
@@ -354,15 +355,31 @@ def _llama_tokenizer(path: Path):
     return llama_tokenizer(path, load_config(path).vocab_size)
 
 
+def _gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file's metadata holds (refimpl.tokenizers.gguf), or a UsageError saying it has none."""
+    from refimpl.gguf import read_gguf
+    from refimpl.tokenizers.gguf import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(read_gguf(path).metadata, str(path))
+    if tok is None:
+        raise UsageError(f"{path}: its metadata holds no tokenizer refimpl reads. Without a tokenizer, give prompts "
+                         "as token ids: generate --ids '1 2 3', inspect ... --ids '1 2 3'")
+    return tok
+
+
 def cmd_tokenize(args) -> int:
     from refimpl.gpt2 import load_tokenizer
 
     from refimpl.models import family_of
 
+    from refimpl.llama.gguf import gguf_path
+
     path = _existing_model(args.model)  # a path, or a shipped model's name
     if path.is_file() and path.suffix in (".safetensors", ".npz", ".bin"):  # a weights file: its directory's tokenizer
         path = path.parent                                                       # (as `generate --model FILE` finds it)
-    if path.is_dir() and family_of(path) == "llama":
+    if gguf_path(path) is not None:
+        tok = _gguf_tokenizer(gguf_path(path))
+    elif path.is_dir() and family_of(path) == "llama":
         tok = _llama_tokenizer(path)
     else:
         tok = load_tokenizer(path)

@@ -6,13 +6,19 @@
 
 Names (`resolve_model`): the shipped models are "shakespeare-gpt2" (the default: a small GPT-2,
 refimpl/data/default/) and "shakespeare-llama" (a small LLaMA, refimpl/data/shakespeare-llama/),
-both trained on Shakespeare. Wherever a model path is taken (load, family_of, export, every
+both trained on Shakespeare; FETCHED_MODELS are pretrained GGUF files fetched into the data
+directory on first use ("smollm2-135m-instruct"; "gemma-3-270m", whose architecture gemma3 is not
+read yet). Wherever a model path is taken (load, family_of, export, every
 command's --model), a path that exists is that path, and otherwise a name in MODEL_NAMES is its
 shipped directory: so ./shakespeare-gpt2, if there is such a folder, is that folder. A name whose
 directory is missing from this installation is a one-line error saying so.
 
 Which family reads `path` (`family_of`) is decided by the files, in this order:
 
+    a GGUF file (*.gguf, or a folder holding one *.gguf and no config.json)
+                                -> refimpl.llama.gguf.load_gguf_model: general.architecture
+                                   llama, qwen2, qwen3, gemma, gemma2 or phi3 (else an error naming it),
+                                   with the tokenizer and chat template of its metadata
     config.json's model_type    (in the directory, or beside a weights file)
         "gpt2"                  -> refimpl.gpt2.load    (every format it reads)
         refimpl.llama.MODEL_TYPES (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3),
@@ -51,7 +57,7 @@ import numpy as np
 from .checkpoint import WeightFileError, config_object, read_small_file
 
 __all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "no_tokenizer_reason", "SUPPORTED_MODEL_TYPES",
-           "MODEL_NAMES", "DEFAULT_MODEL", "resolve_model"]
+           "MODEL_NAMES", "FETCHED_MODELS", "DEFAULT_MODEL", "resolve_model"]
 
 
 def _llama_types() -> tuple[str, ...]:
@@ -77,12 +83,42 @@ MODEL_NAMES: dict[str, Path] = {
 }
 DEFAULT_MODEL = "shakespeare-gpt2"
 
+#: name -> a pretrained GGUF model fetched on first use into the data directory (<repo>/.cache, or
+#: REFIMPL_DATA_DIR) by `scripts/fetch_data.py NAME` (sha256-checked): the path under that directory.
+FETCHED_MODELS: dict[str, str] = {
+    "smollm2-135m-instruct": "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma-3-270m": "gemma-3-270m/gemma-3-270m-q4_k_m.gguf",
+}
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _fetched_model(name: str) -> Path:
+    """The GGUF file of FETCHED_MODELS[name], fetched first when missing (scripts/fetch_data.py, in a source
+    checkout), or a one-line WeightFileError saying the command that fetches it."""
+    import subprocess
+
+    path = Path(os.environ.get("REFIMPL_DATA_DIR") or _REPO / ".cache") / FETCHED_MODELS[name]
+    if path.is_file():
+        return path
+    script = _REPO / "scripts" / "fetch_data.py"
+    command = f"python scripts/fetch_data.py {name}"
+    if not script.is_file():
+        raise WeightFileError(f"the model {name!r} is not downloaded ({path} is missing) and this installation has no "
+                              f"scripts/fetch_data.py: in a source checkout of refimpl, run `{command}`")
+    print(f"fetching {name!r} into {path.parent} ({command})", file=sys.stderr)
+    done = subprocess.run([sys.executable, str(script), name], check=False)
+    if done.returncode != 0 or not path.is_file():
+        raise WeightFileError(f"fetching the model {name!r} failed (`{command}` exited with {done.returncode}); "
+                              f"{path} is missing")
+    return path
+
 
 def resolve_model(name_or_path) -> Path:
     """The path a model name or path stands for: an existing path; else a name's shipped directory; else the path.
 
     None is DEFAULT_MODEL. A name in MODEL_NAMES whose directory (with its config.json) is missing is
-    a WeightFileError saying so in one line. A path that does not exist and is no name comes back as
+    a WeightFileError saying so in one line. A name in FETCHED_MODELS is its GGUF file, fetched first
+    when missing (_fetched_model). A path that does not exist and is no name comes back as
     it is, for the loader to report (or for export, a hub name).
     """
     if name_or_path is None:
@@ -91,6 +127,8 @@ def resolve_model(name_or_path) -> Path:
     if p.exists():
         return p
     name = os.fspath(name_or_path)
+    if name in FETCHED_MODELS:
+        return _fetched_model(name)
     if name in MODEL_NAMES:
         d = Path(MODEL_NAMES[name])
         if not (d / "config.json").is_file():
@@ -103,7 +141,7 @@ def resolve_model(name_or_path) -> Path:
 
 def _names_hint() -> str:
     """A hint for a path that does not exist: the names a model may also be given by."""
-    return f" (nor a shipped model's name: {', '.join(MODEL_NAMES)})"
+    return f" (nor a shipped model's name: {', '.join([*MODEL_NAMES, *FETCHED_MODELS])})"
 
 
 # ----------------------------------------------------------------------------- which family
@@ -119,9 +157,13 @@ def family_of(path) -> str:
     An unknown model_type in config.json is a WeightFileError (a ValueError) naming the file and
     listing the supported model types; a missing path is a WeightFileError naming it.
     """
+    from .llama.gguf import gguf_path
+
     p = resolve_model(path)
     if not p.exists():
         raise WeightFileError(f"{p}: no such file or directory{_names_hint()}")
+    if gguf_path(p) is not None:  # llama.cpp's format: its architecture is checked when it is read
+        return "llama"
     config_json = _config_json(p)
     if not config_json.exists():
         if _llama_tensor_names(p):
@@ -166,13 +208,19 @@ def load(path=None, **kw):
     """The model at `path`: a GPT2Model, a LlamaModel or a BertModel, chosen by family_of(path).
 
     kw: passed to the family's loader: dtype (every family; float32 by default), mmap (LLaMA
-    family: map single safetensors files), flavor (BERT's tokenizer flavor). A keyword the
+    family: map single safetensors files; not for GGUF), flavor (BERT's tokenizer flavor). A keyword the
     family's loader does not take is a TypeError naming it.
     path: a path, or a shipped model's name ("shakespeare-gpt2", "shakespeare-llama"; resolve_model).
     path=None: the default, "shakespeare-gpt2" (the GPT-2 shipped with the package).
     """
+    from .llama.gguf import gguf_path, load_gguf_model
+
     path = resolve_model(path)
     family = family_of(path)
+    if gguf_path(path) is not None:
+        if set(kw) - {"dtype"}:
+            raise TypeError(f"load() of a GGUF model takes the keyword dtype; got {sorted(set(kw) - {'dtype'})}")
+        return load_gguf_model(gguf_path(path), **kw)
     unknown = sorted(set(kw) - set(_KEYWORDS[family]))
     if unknown:
         raise TypeError(f"load() of a {family} model takes the keywords {list(_KEYWORDS[family])}; got {unknown}")

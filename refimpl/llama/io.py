@@ -118,8 +118,16 @@ def load_weights(path, *, dtype=np.float32, mmap: bool = False) -> tuple[LlamaCo
 
     dtype: float dtype of the arrays (float32 default, float64 for exact comparisons, None keeps
     the stored dtype with bfloat16 as float32). mmap: map single safetensors files instead of
-    reading them (float32 tensors then stay read-only views of the file).
+    reading them (float32 tensors then stay read-only views of the file). A GGUF file (or a folder
+    holding one and no config.json) is read by refimpl.llama.gguf.load_gguf.
     """
+    from .gguf import gguf_path, load_gguf
+
+    if gguf_path(path) is not None:  # a GGUF file, or a folder holding one (refimpl.llama.gguf)
+        if mmap:
+            raise ValueError(f"{path}: mmap=True maps safetensors files; a GGUF file's tensors are dequantized")
+        return load_gguf(path, dtype=dtype)[:2]
+
     def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams]:
         names = _weight_names(path)
         if names is None:  # no safetensors weights: _tensors says why, before the config is built

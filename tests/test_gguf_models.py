@@ -1,0 +1,316 @@
+"""GGUF models (llama.cpp's format) read by refimpl.llama.gguf: parity with transformers' GGUF loading, the converter's conventions, errors.
+
+Oracles: transformers' AutoModelForCausalLM.from_pretrained(folder, gguf_file=name), which reads
+and dequantizes with the gguf package (refimpl reads with refimpl.gguf and refimpl.quant), for
+SmolLM2-135M-Instruct Q4_1 (scripts/fetch_data.py smollm2-135m-instruct) and for random small
+models of each architecture written here as llama.cpp's converter writes them (F32 tensors, the
+q / k rows of `llama` permuted, Gemma's norms stored as 1 + w). transformers reads no `gemma`
+(Gemma 1) GGUF: that case is compared with the Hugging Face model the file was written from.
+Differences are max|ours - ref| / max|ref| over all logits (run with -s, or -v for the table).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the Hugging Face oracle needs torch")
+transformers = pytest.importorskip("transformers", reason="the Hugging Face oracle needs transformers")
+gguf = pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package")
+
+import refimpl  # noqa: E402
+from refimpl.checkpoint import WeightFileError  # noqa: E402
+from refimpl.llama.gguf import half_split_rows, interleaved_rows, load_gguf  # noqa: E402
+from refimpl.llama.model import forward  # noqa: E402
+from refimpl.positional import apply_rope  # noqa: E402
+from refimpl.models import family_of, resolve_model  # noqa: E402
+from llama_oracle import FLOAT32_STEPS, float64_throughout, hf_logits, max_rel_diff  # noqa: E402
+from report import MaxDiffs  # noqa: E402
+from test_llama_config import assert_agrees  # noqa: E402
+
+DIFFS = MaxDiffs("GGUF models: max rel diff = max|ours - ref| / max|ref| (vs transformers' GGUF loading)")
+
+# SmolLM2-135M-Instruct prompts as token ids (its tokenizer, through transformers' GGUF reading):
+PROMPTS = {
+    "capital": [504, 3575, 282, 4649, 314],  # "The capital of France is"
+    "code": [1604, 3987, 46477, 24, 94, 727, 198],  # "def fibonacci(n):\n"
+    "story": [6403, 1980, 253, 655, 28, 665, 436, 253, 1838],  # "Once upon a time, there was a little"
+    "chat": [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
+             8182, 2, 198, 1, 4093, 198, 1780, 314, 9354, 47, 2, 198, 1, 520, 9531, 198],  # its chat template,
+}                                                                     # user "What is gravity?", generation prompt
+
+
+def hf_from_gguf(path):
+    """transformers' model of a GGUF file (float32, eager attention, eval mode), built as from_pretrained(folder,
+    gguf_file=name) builds it for these architectures: the config from the metadata (AutoConfig), then the tensors of
+    load_gguf_checkpoint (its GGUF -> Hugging Face names and conventions, dequantized by the gguf package). (from_pretrained
+    itself also asks for accelerate, to place the weights; that adds nothing to the arithmetic.)"""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if config.tie_word_embeddings else set()), (
+        missing, unexpected)
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- SmolLM2-135M-Instruct Q4_1
+
+@pytest.fixture(scope="module")
+def smol():
+    """(path, ours float32 through the front door, transformers' model of the same file)."""
+    path = resolve_model("smollm2-135m-instruct")
+    return path, refimpl.load("smollm2-135m-instruct"), hf_from_gguf(path)
+
+
+def test_smollm2_is_read_by_the_front_door(smol):
+    path, ours, hf = smol
+    assert family_of(path) == family_of(path.parent) == family_of("smollm2-135m-instruct") == "llama"
+    assert ours.params.dtype == np.float32 and ours.config.model_type == "llama"
+    assert_agrees(ours.config, hf.config)  # field by field, as transformers builds it from the same metadata
+    c = ours.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size) == (
+        30, 576, 9, 3, 49152)
+    assert c.tie_word_embeddings and ours.params.lm_head is None  # no output.weight in the file
+
+
+def test_smollm2_logits_match_transformers_float32(smol):
+    _, ours, hf = smol
+    for name, ids in PROMPTS.items():
+        z, ref = refimpl.logits(ours, np.array([ids])), hf_logits(hf, [ids])
+        assert z.dtype == np.float32 and z.shape == ref.shape
+        err = max_rel_diff(z, ref)
+        DIFFS.show(f"smollm2 Q4_1 float32 '{name}' vs transformers", max_rel=err, tol=2e-6)
+        assert err <= 2e-6
+
+
+def test_smollm2_greedy_64_tokens_equal_transformers_generate(smol):
+    _, ours, hf = smol
+    hf.generation_config.eos_token_id = None  # run all 64 steps, as ours with eos_token_id=None
+    hf.generation_config.pad_token_id = 2
+    for name, ids in PROMPTS.items():
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False)[0, len(ids):].tolist()
+        got = refimpl.generate(ours, ids, max_new_tokens=64, eos_token_id=None).ids
+        assert len(ref) == 64 and got == ref, name
+
+
+def test_smollm2_float64_matches_transformers_in_float64_throughout(smol, monkeypatch):
+    """float64: ours equals transformers' model to 1e-12 once its float32-only steps (FLOAT32_STEPS) are lifted."""
+    path, _, hf = smol
+    ours = refimpl.load(path, dtype=np.float64)
+    assert ours.params.dtype == np.float64
+    lifted = float64_throughout(copy.deepcopy(hf), monkeypatch)
+    for name in ("capital", "chat"):
+        ids = [PROMPTS[name]]
+        err = max_rel_diff(refimpl.logits(ours, np.array(ids)), hf_logits(lifted, ids))
+        DIFFS.show(f"smollm2 Q4_1 float64 '{name}' vs transformers in float64 throughout", max_rel=err, tol=1e-12)
+        assert err <= 1e-12, FLOAT32_STEPS
+
+
+# ----------------------------------------------------------------------------- convention 1: the RoPE row order
+
+def converter_permute(w, n_heads):
+    """llama.cpp's convert_hf_to_gguf.py reordering of q / k rows, in its own form: [n, 2, D/2, ...], axes 1, 2 swapped."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("n_heads, D", [(6, 8), (2, 16), (1, 64), (3, 2)])
+def test_half_split_rows_inverts_the_converters_permutation(n_heads, D):
+    rng = np.random.default_rng(n_heads)
+    w, b = rng.standard_normal((n_heads * D, 5)), rng.standard_normal(n_heads * D)
+    assert np.array_equal(interleaved_rows(w, n_heads), converter_permute(w, n_heads))
+    assert np.array_equal(interleaved_rows(b, n_heads), converter_permute(b, n_heads))
+    assert np.array_equal(half_split_rows(converter_permute(w, n_heads), n_heads), w)
+    assert np.array_equal(converter_permute(half_split_rows(w, n_heads), n_heads), w)
+
+
+def test_permuted_rows_with_interleaved_rope_give_the_same_scores():
+    """q_gguf = x W_q_gguf^T rotated in adjacent pairs has the scores of q = x W_q^T rotated in half-split pairs (GQA)."""
+    rng = np.random.default_rng(0)
+    H, K, D, C, T = 4, 2, 8, 12, 7
+    wq, wk, x = rng.standard_normal((H * D, C)), rng.standard_normal((K * D, C)), rng.standard_normal((T, C))
+    pos = np.arange(T)
+
+    def scores(wq, wk, interleaved):
+        q = apply_rope((x @ wq.T).reshape(T, H, D).transpose(1, 0, 2), pos, interleaved=interleaved)
+        k = apply_rope((x @ wk.T).reshape(T, K, D).transpose(1, 0, 2), pos, interleaved=interleaved)
+        return q @ np.repeat(k, H // K, axis=0).transpose(0, 2, 1)  # [H, T, T]
+
+    hf = scores(wq, wk, False)
+    gguf_rows = scores(converter_permute(wq, H), converter_permute(wk, K), True)
+    err = float(np.max(np.abs(gguf_rows - hf)) / np.max(np.abs(hf)))
+    DIFFS.show("permuted rows + interleaved RoPE vs half-split (scores, float64)", max_rel=err, tol=1e-14)
+    assert err <= 1e-14
+    wrong = scores(converter_permute(wq, H), converter_permute(wk, K), False)  # the permuted rows read as HF's
+    assert np.max(np.abs(wrong - hf)) > 0.1 * np.max(np.abs(hf))
+
+
+# ----------------------------------------------------------------------------- random models of each architecture
+
+SHAPES = dict(vocab_size=97, hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=6,
+              max_position_embeddings=256, rms_norm_eps=2.0**-17, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# (rms_norm_eps a float32 number: GGUF stores it in float32.) arch -> Hugging Face config changes. head_dim where transformers' GGUF reading takes its config class's default
+# instead of the file's (qwen3: 128; gemma2's query_pre_attn_scalar: 256) is that default, so both read one model.
+ARCHS = {
+    "llama": dict(num_key_value_heads=2, rope_parameters=dict(rope_type="default", rope_theta=5e5)),
+    "qwen2": dict(num_key_value_heads=2, rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+    "qwen3": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=128),
+    "gemma": dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16),
+    "gemma2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                   sliding_window=6),
+    "phi3": dict(num_key_value_heads=2, sliding_window=None),
+}
+T = 12  # longer than gemma2's window
+
+
+def hf_random(arch: str, seed: int = 0):
+    """A random *ForCausalLM of ARCHS[arch], every parameter random (Hugging Face's init zeroes biases, sets norms to 1)."""
+    config = transformers.AutoConfig.for_model(arch, **{**SHAPES, **ARCHS[arch]})
+    config.tie_word_embeddings = arch in ("gemma", "gemma2")
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    gemma = arch in ("gemma", "gemma2")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+            if "norm" in name:
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                p.copy_(0.5 * noise / (math.sqrt(config.hidden_size) if gemma else 1.0))
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]))
+    return model.eval()
+
+
+def write_like_llama_cpp(model, path, *, arch=None, drop=(), reshape=None, extra=None, more_tensors=None):
+    """Write `model` as llama.cpp's converter would (F32): its metadata keys, GGUF tensor names, q / k rows of
+    `llama` permuted, Gemma's norm weights as 1 + w. drop / reshape / extra / more_tensors spoil it for error tests."""
+    c = model.config
+    arch = arch or c.model_type
+    D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(D)
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_vocab_size(c.vocab_size)
+    if c.model_type in ("gemma2",):
+        w.add_sliding_window(c.sliding_window)
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    w.add_pad_token_id(c.pad_token_id)
+    for key, value in (extra or {}).items():
+        (w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32)(
+            key, value)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == c.model_type),
+                                     c.num_hidden_layers)
+    tensors = {}
+    for hf_name, t in model.state_dict().items():
+        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        stem, suffix = hf_name.rsplit(".", 1)
+        name = names.get_name(stem) + "." + suffix
+        a = t.detach().numpy().astype(np.float32)
+        if c.model_type == "llama" and (".attn_q." in name or ".attn_k." in name):
+            a = converter_permute(a, c.num_attention_heads if ".attn_q." in name else c.num_key_value_heads)
+        if c.model_type in ("gemma", "gemma2") and name.endswith("norm.weight"):
+            a = a + np.float32(1)
+        tensors[name] = a
+    tensors.update(more_tensors or {})
+    for name, a in tensors.items():
+        if name in drop:
+            continue
+        w.add_tensor(name, (reshape or {}).get(name, a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """arch -> (the Hugging Face model, the GGUF file written from it); built on first use."""
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            model = hf_random(arch)
+            cache[arch] = model, write_like_llama_cpp(model, tmp_path_factory.mktemp(arch) / f"{arch}.gguf")
+        return cache[arch]
+    return get
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_random_model_matches_transformers(arch, written):
+    """Ours from the GGUF file vs transformers' GGUF loading of it (gemma: vs the model it was written from)."""
+    model, path = written(arch)
+    config, params = load_gguf(path)[:2]
+    ids = np.random.default_rng(1).integers(0, SHAPES["vocab_size"], (2, T))
+    ours = forward(params, config, ids)
+    if arch != "gemma":  # transformers reads no Gemma-1 GGUF
+        hf = hf_from_gguf(path)
+        assert_agrees(config, hf.config)
+        err = max_rel_diff(ours, hf_logits(hf, ids))
+        DIFFS.show(f"{arch} random F32 float32 vs transformers' GGUF loading", max_rel=err, tol=2e-6)
+        assert err <= 2e-6
+    assert_agrees(config, model.config)
+    err = max_rel_diff(ours, hf_logits(model, ids))
+    DIFFS.show(f"{arch} random F32 float32 vs the Hugging Face model written", max_rel=err, tol=2e-6)
+    assert err <= 2e-6
+
+
+# ----------------------------------------------------------------------------- errors name the file and the key
+
+def _error(path) -> str:
+    with pytest.raises(WeightFileError) as e:
+        load_gguf(path)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("spoil, names", [
+    (dict(arch="mamba"), ["'mamba'", "not supported", "llama, qwen2"]),
+    (dict(drop=("blk.1.ffn_up.weight",)), ["missing", "blk.1.ffn_up.weight"]),
+    (dict(reshape={"blk.2.attn_k.weight": np.zeros((8, 48), np.float32)}), ["blk.2.attn_k.weight", "[8, 48]", "[16, 48]"]),
+    (dict(more_tensors={"blk.0.attn_rot_embd.weight": np.zeros(4, np.float32)}), ["unexpected", "attn_rot_embd"]),
+    (dict(more_tensors={"rope_freqs.weight": np.ones(4, np.float32)}), ["rope_freqs.weight", "not implemented"]),
+    (dict(extra={"llama.attention.layer_norm_epsilon": 1e-5}), ["llama.attention.layer_norm_epsilon"]),
+    (dict(extra={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}), ["yarn", "rope.scaling"]),
+    (dict(extra={"llama.attention.sliding_window": 16}), ["llama.attention.sliding_window"]),
+])
+def test_a_bad_file_is_one_error_naming_the_file_and_the_fault(spoil, names, written, tmp_path):
+    model, _ = written("llama")
+    path = write_like_llama_cpp(model, tmp_path / "bad.gguf", **spoil)
+    msg = _error(path)
+    assert str(path) in msg and all(n in msg for n in names), msg
+
+
+def test_gemma3_is_refused_naming_its_architecture():
+    msg = _error(resolve_model("gemma-3-270m"))
+    assert "gemma-3-270m-q4_k_m.gguf" in msg and "'gemma3'" in msg and "llama, qwen2, qwen3, gemma, gemma2, phi3" in msg
+
+
+def test_a_folder_of_several_gguf_files_is_an_error(written, tmp_path):
+    model, _ = written("llama")
+    write_like_llama_cpp(model, tmp_path / "a.gguf")
+    write_like_llama_cpp(model, tmp_path / "b.gguf")
+    with pytest.raises(WeightFileError, match="2 GGUF files"):
+        refimpl.load(tmp_path)
