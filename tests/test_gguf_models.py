@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers", reason="the Hugging Face orac
 gguf = pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package")
 
 import refimpl  # noqa: E402
+import refimpl.decoding  # noqa: E402
 from refimpl.checkpoint import WeightFileError  # noqa: E402
 from refimpl.llama.gguf import half_split_rows, interleaved_rows, load_gguf  # noqa: E402
 from refimpl.llama.model import forward  # noqa: E402
@@ -80,24 +81,31 @@ def test_smollm2_is_read_by_the_front_door(smol):
 
 
 def test_smollm2_logits_match_transformers_float32(smol):
+    """float32: within 5e-6 of transformers. (30 layers of float32 rounding: transformers' own logits lie up to
+    2.6e-6 from the float64 result on these prompts and ours up to 3.6e-6, so 2e-6, the bound of the 3-layer random
+    models below, is out of reach for either; the float64 test below shows the arithmetic is the same.)"""
     _, ours, hf = smol
     for name, ids in PROMPTS.items():
         z, ref = refimpl.logits(ours, np.array([ids])), hf_logits(hf, [ids])
-        assert z.dtype == np.float32 and z.shape == ref.shape
+        assert z.dtype == np.float32 and z.shape == ref.shape == (1, len(ids), 49152)
         err = max_rel_diff(z, ref)
-        DIFFS.show(f"smollm2 Q4_1 float32 '{name}' vs transformers", max_rel=err, tol=2e-6)
-        assert err <= 2e-6
+        DIFFS.show(f"smollm2 Q4_1 float32 '{name}' vs transformers", max_rel=err, tol=5e-6)
+        assert err <= 5e-6
 
 
 def test_smollm2_greedy_64_tokens_equal_transformers_generate(smol):
+    """The four prompts as one left-padded batch on both sides (refimpl's batch equals one prompt at a time)."""
     _, ours, hf = smol
     hf.generation_config.eos_token_id = None  # run all 64 steps, as ours with eos_token_id=None
-    hf.generation_config.pad_token_id = 2
-    for name, ids in PROMPTS.items():
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False)[0, len(ids):].tolist()
-        got = refimpl.generate(ours, ids, max_new_tokens=64, eos_token_id=None).ids
-        assert len(ref) == 64 and got == ref, name
+    prompts = list(PROMPTS.values())
+    width = max(map(len, prompts))
+    padded = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        ref = hf.generate(padded, attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=2)
+    got = refimpl.decoding.generate_batch(ours, prompts, max_new_tokens=64, eos_token_id=None)
+    for name, g, r in zip(PROMPTS, got, ref[:, width:].tolist()):
+        assert len(r) == 64 and g.ids == r, name
 
 
 def test_smollm2_float64_matches_transformers_in_float64_throughout(smol, monkeypatch):
@@ -106,11 +114,10 @@ def test_smollm2_float64_matches_transformers_in_float64_throughout(smol, monkey
     ours = refimpl.load(path, dtype=np.float64)
     assert ours.params.dtype == np.float64
     lifted = float64_throughout(copy.deepcopy(hf), monkeypatch)
-    for name in ("capital", "chat"):
-        ids = [PROMPTS[name]]
-        err = max_rel_diff(refimpl.logits(ours, np.array(ids)), hf_logits(lifted, ids))
-        DIFFS.show(f"smollm2 Q4_1 float64 '{name}' vs transformers in float64 throughout", max_rel=err, tol=1e-12)
-        assert err <= 1e-12, FLOAT32_STEPS
+    ids = [PROMPTS["chat"]]
+    err = max_rel_diff(refimpl.logits(ours, np.array(ids)), hf_logits(lifted, ids))
+    DIFFS.show("smollm2 Q4_1 float64 'chat' vs transformers in float64 throughout", max_rel=err, tol=1e-12)
+    assert err <= 1e-12, FLOAT32_STEPS
 
 
 # ----------------------------------------------------------------------------- convention 1: the RoPE row order
@@ -314,3 +321,43 @@ def test_a_folder_of_several_gguf_files_is_an_error(written, tmp_path):
     write_like_llama_cpp(model, tmp_path / "b.gguf")
     with pytest.raises(WeightFileError, match="2 GGUF files"):
         refimpl.load(tmp_path)
+
+
+# ----------------------------------------------------------------------------- metadata rules, the command line
+
+def _metadata(arch, **keys):
+    base = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 96, "attention.head_count": 4,
+            "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": 1e-6, "context_length": 128}
+    return {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in {**base, **keys}.items()}}
+
+
+def test_metadata_rules_that_transformers_does_not_read():
+    """llama.cpp's readings where transformers keeps its config class's defaults: Gemma-2's query scale (head_dim;
+    C / H for the 46-layer 27B), linear RoPE scaling, Phi-3's partial rotation."""
+    from refimpl.llama.gguf import config_from_gguf
+
+    shapes = {"token_embd.weight": (50, 64)}
+    g2 = config_from_gguf(_metadata("gemma2", **{"attention.key_length": 32, "attention.sliding_window": 8}), shapes)
+    assert g2.query_pre_attn_scalar == 32 and g2.attention_scale == 32 ** -0.5 and g2.sliding_window == 8
+    assert (g2.attn_logit_softcapping, g2.final_logit_softcapping) == (50.0, 30.0)
+    g27 = config_from_gguf(_metadata("gemma2", block_count=46, **{"attention.key_length": 32,
+                                                                  "attention.sliding_window": 8}), shapes)
+    assert g27.query_pre_attn_scalar == 64 // 4
+    lin = config_from_gguf(_metadata("llama", **{"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}), shapes)
+    assert (lin.rope.rope_type, lin.rope.factor) == ("linear", 4.0)
+    phi = config_from_gguf(_metadata("phi3", **{"rope.dimension_count": 8}), {**shapes, "output.weight": (50, 64)})
+    assert phi.rotary_dim == 8 and phi.rope.partial_rotary_factor == 0.5 and not phi.tie_word_embeddings
+    with pytest.raises(WeightFileError, match="rope.dimension_count=8"):
+        config_from_gguf(_metadata("qwen2", **{"rope.dimension_count": 8}), shapes, "x.gguf")
+    with pytest.raises(WeightFileError, match="x.gguf.*context_length"):
+        config_from_gguf({k: v for k, v in _metadata("qwen3").items() if "context" not in k}, shapes, "x.gguf")
+
+
+def test_the_command_line_reads_a_gguf_models_width_for_its_blas_threads(written, smol):
+    """A GGUF model narrower than SMALL_MODEL_WIDTH runs with one BLAS thread, read from the file before NumPy loads."""
+    from refimpl.__main__ import _model_width, blas_threads_for
+
+    _, small = written("llama")
+    assert _model_width(small) == _model_width(small.parent) == 48
+    assert blas_threads_for(["generate", "--model", str(small)], {}) == "1"
+    assert _model_width(smol[0]) == 576 and blas_threads_for(["generate", "--model", str(smol[0])], {}) is None
