@@ -361,3 +361,30 @@ def test_the_command_line_reads_a_gguf_models_width_for_its_blas_threads(written
     assert _model_width(small) == _model_width(small.parent) == 48
     assert blas_threads_for(["generate", "--model", str(small)], {}) == "1"
     assert _model_width(smol[0]) == 576 and blas_threads_for(["generate", "--model", str(smol[0])], {}) is None
+
+
+def test_a_fetched_models_name_runs_the_fetch_script_when_its_file_is_missing(tmp_path, monkeypatch):
+    """resolve_model("smollm2-135m-instruct"): the file under REFIMPL_DATA_DIR, fetched by scripts/fetch_data.py when
+    missing; without the script (an installed package), a one-line error saying the command."""
+    import subprocess
+
+    import refimpl.models as models
+
+    monkeypatch.setenv("REFIMPL_DATA_DIR", str(tmp_path / "data"))
+    target = tmp_path / "data" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    ran = []
+
+    def fake_run(argv, check):
+        ran.append(argv)
+        target.parent.mkdir(parents=True)
+        target.write_bytes(b"GGUF")
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert resolve_model("smollm2-135m-instruct") == target
+    assert ran[0][1:] == [str(models._REPO / "scripts" / "fetch_data.py"), "smollm2-135m-instruct"]
+    assert resolve_model("smollm2-135m-instruct") == target and len(ran) == 1  # present: not fetched again
+    monkeypatch.setattr(models, "_REPO", tmp_path / "installed")
+    with pytest.raises(WeightFileError, match=r"'gemma-3-270m' is not downloaded.*python scripts/fetch_data.py "
+                                              r"gemma-3-270m"):
+        resolve_model("gemma-3-270m")
