@@ -1,4 +1,4 @@
-"""GGUF models (llama.cpp's format) read by refimpl.llama.gguf: parity with transformers' GGUF loading, the converter's conventions, errors.
+"""GGUF models (llama.cpp's format) read by refimpl.llama.gguf: parity with transformers, the converter's conventions.
 
 Oracles: transformers' AutoModelForCausalLM.from_pretrained(folder, gguf_file=name), which reads
 and dequantizes with the gguf package (refimpl reads with refimpl.gguf and refimpl.quant), for
@@ -23,6 +23,7 @@ gguf = pytest.importorskip("gguf", reason="transformers reads GGUF files with th
 
 import refimpl  # noqa: E402
 import refimpl.decoding  # noqa: E402
+import refimpl.models  # noqa: E402
 from refimpl.checkpoint import WeightFileError  # noqa: E402
 from refimpl.llama.gguf import half_split_rows, interleaved_rows, load_gguf  # noqa: E402
 from refimpl.llama.model import forward  # noqa: E402
@@ -46,9 +47,9 @@ PROMPTS = {
 
 def hf_from_gguf(path):
     """transformers' model of a GGUF file (float32, eager attention, eval mode), built as from_pretrained(folder,
-    gguf_file=name) builds it for these architectures: the config from the metadata (AutoConfig), then the tensors of
-    load_gguf_checkpoint (its GGUF -> Hugging Face names and conventions, dequantized by the gguf package). (from_pretrained
-    itself also asks for accelerate, to place the weights; that adds nothing to the arithmetic.)"""
+    gguf_file=name) builds it for these architectures: the config from the metadata (AutoConfig), then the tensors
+    of load_gguf_checkpoint (its GGUF -> Hugging Face names and conventions, dequantized by the gguf package).
+    (from_pretrained itself also asks for accelerate, to place the weights; that adds nothing to the arithmetic.)"""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
@@ -162,8 +163,9 @@ def test_permuted_rows_with_interleaved_rope_give_the_same_scores():
 
 SHAPES = dict(vocab_size=97, hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=6,
               max_position_embeddings=256, rms_norm_eps=2.0**-17, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-# (rms_norm_eps a float32 number: GGUF stores it in float32.) arch -> Hugging Face config changes. head_dim where transformers' GGUF reading takes its config class's default
-# instead of the file's (qwen3: 128; gemma2's query_pre_attn_scalar: 256) is that default, so both read one model.
+# rms_norm_eps is a float32 number: GGUF stores it in float32. arch -> Hugging Face config changes; head_dim, where
+# transformers' GGUF reading takes its config class's default instead of the file's (qwen3: 128; gemma2's
+# query_pre_attn_scalar: 256), is that default, so that both read the same model.
 ARCHS = {
     "llama": dict(num_key_value_heads=2, rope_parameters=dict(rope_type="default", rope_theta=5e5)),
     "qwen2": dict(num_key_value_heads=2, rope_parameters=dict(rope_type="default", rope_theta=1e6)),
@@ -296,7 +298,8 @@ def _error(path) -> str:
 @pytest.mark.parametrize("spoil, names", [
     (dict(arch="mamba"), ["'mamba'", "not supported", "llama, qwen2"]),
     (dict(drop=("blk.1.ffn_up.weight",)), ["missing", "blk.1.ffn_up.weight"]),
-    (dict(reshape={"blk.2.attn_k.weight": np.zeros((8, 48), np.float32)}), ["blk.2.attn_k.weight", "[8, 48]", "[16, 48]"]),
+    (dict(reshape={"blk.2.attn_k.weight": np.zeros((8, 48), np.float32)}),
+     ["blk.2.attn_k.weight", "[8, 48]", "[16, 48]"]),
     (dict(more_tensors={"blk.0.attn_rot_embd.weight": np.zeros(4, np.float32)}), ["unexpected", "attn_rot_embd"]),
     (dict(more_tensors={"rope_freqs.weight": np.ones(4, np.float32)}), ["rope_freqs.weight", "not implemented"]),
     (dict(extra={"llama.attention.layer_norm_epsilon": 1e-5}), ["llama.attention.layer_norm_epsilon"]),
@@ -388,3 +391,18 @@ def test_a_fetched_models_name_runs_the_fetch_script_when_its_file_is_missing(tm
     with pytest.raises(WeightFileError, match=r"'gemma-3-270m' is not downloaded.*python scripts/fetch_data.py "
                                               r"gemma-3-270m"):
         resolve_model("gemma-3-270m")
+
+
+def test_export_writes_a_gguf_model_as_a_hugging_face_folder(written, tmp_path):
+    """export (GGUF -> config.json + model.safetensors, float32): Hugging Face's from_pretrained reads the model written."""
+    from refimpl.llama import load_weights
+
+    model, path = written("llama")
+    out = refimpl.models.export(path, tmp_path / "out")
+    config, params = load_weights(out)
+    assert config == load_gguf(path)[0]
+    ids = np.random.default_rng(2).integers(0, SHAPES["vocab_size"], (1, T))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    assert np.array_equal(hf_logits(hf, ids), hf_logits(model, ids))  # the same float32 weights, bit for bit
+    with pytest.raises(WeightFileError, match="bfloat16"):
+        refimpl.models.export(path, tmp_path / "bf16", dtype="bfloat16")

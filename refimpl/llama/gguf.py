@@ -114,25 +114,26 @@ def interleaved_rows(w: np.ndarray, n_heads: int) -> np.ndarray:  # [n D, ...] -
 
 # ----------------------------------------------------------------------------- metadata -> config
 
+_KINDS = {int: "an integer", float: "a finite number", str: "a string"}
+
+
 def _get(metadata: Mapping, key: str, where: str, kind, default=None, required: bool = False):
-    """metadata[key], checked to be an int (kind int, not bool), a real (kind float) or a str; default when absent."""
+    """metadata[key] checked to be of `kind` (int: an integer, not a bool; float: a finite real, returned as float;
+    str), or `default` when absent (an error naming the key when `required`)."""
     if key not in metadata:
         if required:
             raise WeightFileError(f"{where}: the GGUF metadata has no {key!r}, which a LLaMA-family model needs")
         return default
     v = metadata[key]
-    if isinstance(v, np.generic):
-        v = v.item()
-    ok = (isinstance(v, int) and not isinstance(v, bool) if kind is int else
-          isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) if kind is float else
-          isinstance(v, bool) if kind is bool else isinstance(v, str))
-    if not ok:
-        raise WeightFileError(f"{where}: GGUF metadata {key!r} must be {'an integer' if kind is int else 'a number' if kind is float else kind.__name__}; "
-                              f"got {v!r:.60}")
+    v = v.item() if isinstance(v, np.generic) else v
+    real = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not (real and math.isfinite(v) if kind is float else isinstance(v, kind) and not isinstance(v, bool)):
+        raise WeightFileError(f"{where}: GGUF metadata {key!r} must be {_KINDS[kind]}; got {v!r:.60}")
     return float(v) if kind is float else v
 
 
-def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, ...]], where: str = "") -> LlamaConfig:
+def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, ...]],
+                     where: str = "GGUF file") -> LlamaConfig:
     """The LlamaConfig of a GGUF file from its metadata and its tensors' shapes (module docstring: which keys).
 
     tensor_shapes: name -> shape in NumPy order (used for the vocabulary size and tie_word_embeddings).
@@ -148,8 +149,8 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
         raise WeightFileError(f"{where}: GGUF metadata {unknown[:5]} not implemented for architecture {arch!r} "
                               "(refusing rather than ignoring them)")
     if _get(metadata, "split.count", where, int, 1) != 1:
-        raise WeightFileError(f"{where}: one part of a split GGUF model (split.count="
-                              f"{metadata['split.count']}); merge the parts into one file first (llama-gguf-split --merge)")
+        raise WeightFileError(f"{where}: one part of a split GGUF model (split.count={metadata['split.count']}); "
+                              "merge the parts into one file first (llama-gguf-split --merge)")
     for name, what in _REFUSED_TENSORS.items():
         if name in tensor_shapes:
             raise WeightFileError(f"{where}: tensor {name!r} ({what}) is not implemented")
@@ -212,7 +213,8 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
     else:
         present = [p + cap for cap in _SOFT_CAPS if p + cap in metadata]
         if present:
-            raise WeightFileError(f"{where}: GGUF metadata {present}: soft-capping is Gemma-2's; not implemented for {arch!r}")
+            raise WeightFileError(f"{where}: GGUF metadata {present}: soft-capping is Gemma-2's; not implemented "
+                                  f"for {arch!r}")
     for ours, theirs in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                          ("pad_token_id", "padding_token_id")):
         if "tokenizer.ggml." + theirs in metadata:

@@ -318,7 +318,9 @@ def write_model_files(folder, config: LlamaConfig, params: LlamaParams, *,
 def export(source, out_dir, *, dtype: str = "source") -> Path:
     """Read the LLaMA-family checkpoint `source` and write it to out_dir in our format; return out_dir.
 
-    source: any layout load_weights reads, or, on this explicit request only, a pickled PyTorch
+    source: any layout load_weights reads (a GGUF file's tensors dequantized, its q / k rows and norms as
+    Hugging Face's: refimpl.llama.gguf; its tokenizer, kept in its metadata, is not written), or, on this
+    explicit request only, a pickled PyTorch
     checkpoint: a folder holding pytorch_model.bin (or model.pt / .pth / .ckpt), or
     pytorch_model.bin.index.json and the shards it lists, beside its config.json, or such a file
     itself, each read with torch.load(weights_only=True) (refimpl.checkpoint.read_pickled_state_dict,
@@ -340,6 +342,11 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     check_export_dtype(dtype)
     src, out = Path(source), Path(out_dir)
     check_model_folder(out, also=COPIED_FILES)
+    from .gguf import gguf_path, load_gguf
+
+    if gguf_path(src) is not None:  # dequantized to float32 ("source"), or the dtype asked where exact
+        config, params, _ = load_gguf(src)
+        return save_weights(config, params, out, dtypes=export_dtypes(params.to_checkpoint(config), {}, dtype, src))
 
     def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams, dict[str, str]]:
         pickled = _pickled_source(path)
