@@ -382,13 +382,19 @@ def gguf_path(path) -> Path | None:
 def load_gguf_model(path, *, dtype=np.float32):
     """The LlamaModel of a GGUF file, with the tokenizer and chat template its metadata holds (None where none).
 
-    The tokenizer is refimpl.tokenizers.gguf.tokenizer_from_gguf's; its ids must fit the vocabulary.
+    The tokenizer is refimpl.tokenizers.gguf.tokenizer_from_gguf's; its ids must fit the vocabulary. One of
+    a kind it does not build is None (prompts are then token ids, as for a folder without tokenizer files);
+    malformed tokenizer metadata is its TokenizerFileError, naming the file and the key.
     """
+    from ..tokenizers.formats import TokenizerNotImplemented
     from ..tokenizers.gguf import tokenizer_from_gguf
     from .model import LlamaModel
 
     config, params, metadata = load_gguf(path, dtype=dtype)
-    tokenizer = tokenizer_from_gguf(metadata, str(path))
+    try:
+        tokenizer = tokenizer_from_gguf(metadata, str(path))
+    except TokenizerNotImplemented:
+        tokenizer = None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise WeightFileError(f"{path}: the tokenizer has ids up to {tokenizer.vocab_size - 1}, more than the "
                               f"model's vocab_size {config.vocab_size}")
