@@ -36,10 +36,12 @@ from test_llama_config import assert_agrees  # noqa: E402
 DIFFS = MaxDiffs("GGUF models: max rel diff = max|ours - ref| / max|ref| (vs transformers' GGUF loading)")
 
 # SmolLM2-135M-Instruct prompts as token ids (its tokenizer, through transformers' GGUF reading):
+TEXTS = {"capital": "The capital of France is", "code": "def fibonacci(n):\n",
+         "story": "Once upon a time, there was a little"}
 PROMPTS = {
-    "capital": [504, 3575, 282, 4649, 314],  # "The capital of France is"
-    "code": [1604, 3987, 46477, 24, 94, 727, 198],  # "def fibonacci(n):\n"
-    "story": [6403, 1980, 253, 655, 28, 665, 436, 253, 1838],  # "Once upon a time, there was a little"
+    "capital": [504, 3575, 282, 4649, 314],
+    "code": [1604, 3987, 46477, 24, 94, 727, 198],
+    "story": [6403, 1980, 253, 655, 28, 665, 436, 253, 1838],
     "chat": [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
              8182, 2, 198, 1, 4093, 198, 1780, 314, 9354, 47, 2, 198, 1, 520, 9531, 198],  # its chat template,
 }                                                                     # user "What is gravity?", generation prompt
@@ -79,6 +81,15 @@ def test_smollm2_is_read_by_the_front_door(smol):
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size) == (
         30, 576, 9, 3, 49152)
     assert c.tie_word_embeddings and ours.params.lm_head is None  # no output.weight in the file
+
+
+def test_smollm2_has_the_tokenizer_and_chat_template_of_its_metadata(smol):
+    """The front door attaches the file's tokenizer (its ids are transformers' for these texts) and chat template."""
+    path, ours, _ = smol
+    assert ours.tokenizer is not None and ours.chat_template.startswith("{% for message in messages %}")
+    for name, text in TEXTS.items():
+        assert ours.tokenizer.encode(text) == PROMPTS[name], name
+    assert refimpl.generate(ours, TEXTS["capital"], max_new_tokens=3).text.startswith(" Paris")
 
 
 def test_smollm2_logits_match_transformers_float32(smol):
