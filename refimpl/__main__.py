@@ -370,9 +370,8 @@ def _gguf_tokenizer(path: Path):
 def cmd_tokenize(args) -> int:
     from refimpl.gpt2 import load_tokenizer
 
-    from refimpl.models import family_of
-
     from refimpl.llama.gguf import gguf_path
+    from refimpl.models import family_of
 
     path = _existing_model(args.model)  # a path, or a shipped model's name
     if path.is_file() and path.suffix in (".safetensors", ".npz", ".bin"):  # a weights file: its directory's tokenizer

@@ -8,10 +8,10 @@ Names (`resolve_model`): the shipped models are "shakespeare-gpt2" (the default:
 refimpl/data/default/) and "shakespeare-llama" (a small LLaMA, refimpl/data/shakespeare-llama/),
 both trained on Shakespeare; FETCHED_MODELS are pretrained GGUF files fetched into the data
 directory on first use ("smollm2-135m-instruct"; "gemma-3-270m", whose architecture gemma3 is not
-read yet). Wherever a model path is taken (load, family_of, export, every
-command's --model), a path that exists is that path, and otherwise a name in MODEL_NAMES is its
-shipped directory: so ./shakespeare-gpt2, if there is such a folder, is that folder. A name whose
-directory is missing from this installation is a one-line error saying so.
+read yet). Wherever a model path is taken (load, family_of, export, every command's --model), a
+path that exists is that path, and otherwise a name in MODEL_NAMES is its shipped directory (a name
+in FETCHED_MODELS its file): so ./shakespeare-gpt2, if there is such a folder, is that folder. A
+name whose directory is missing from this installation is a one-line error saying so.
 
 Which family reads `path` (`family_of`) is decided by the files, in this order:
 
