@@ -361,6 +361,10 @@ def test_metadata_rules_that_transformers_does_not_read():
     assert (lin.rope.rope_type, lin.rope.factor) == ("linear", 4.0)
     phi = config_from_gguf(_metadata("phi3", **{"rope.dimension_count": 8}), {**shapes, "output.weight": (50, 64)})
     assert phi.rotary_dim == 8 and phi.rope.partial_rotary_factor == 0.5 and not phi.tie_word_embeddings
+    assert phi.sliding_window is None
+    phi4 = config_from_gguf(_metadata("phi3", **{"attention.sliding_window": 0}), shapes)  # Phi-4: no window
+    assert phi4.sliding_window is None and set(phi4.layer_types) == {"full_attention"}
+    assert config_from_gguf(_metadata("phi3", **{"attention.sliding_window": 9}), shapes).window(1) == 9
     with pytest.raises(WeightFileError, match="rope.dimension_count=8"):
         config_from_gguf(_metadata("qwen2", **{"rope.dimension_count": 8}), shapes, "x.gguf")
     with pytest.raises(WeightFileError, match="x.gguf.*context_length"):

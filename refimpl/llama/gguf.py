@@ -18,13 +18,20 @@ attention.head_count_kv (default: head_count), attention.key_length / value_leng
 C / H; the two must agree), rope.freq_base (default 10000), rope.dimension_count (the rotated
 part of each head: all of it, except Phi-3 may rotate a part), rope.scaling.type none or linear
 with rope.scaling.factor, attention.sliding_window (Gemma-2: the windowed layers, every other one
-from the first; Phi-3: every layer), Gemma-2's attn_logit_softcapping and final_logit_softcapping
-(default 50 and 30, as llama.cpp's). vocab_size is the token embedding's rows (and "{arch}.vocab_size",
-if given, must agree); tie_word_embeddings when output.weight is absent; bos, eos and pad ids from
+from the first; Phi-3: every layer, and 0 means no window, as the converter writes it for Phi-4),
+Gemma-2's attn_logit_softcapping and final_logit_softcapping (default 50 and 30, as llama.cpp's).
+vocab_size is the token embedding's rows (and "{arch}.vocab_size", if given, must agree);
+tie_word_embeddings when output.weight is absent; bos, eos and pad ids from
 tokenizer.ggml.{bos,eos,padding}_token_id. Another "{arch}." key, or a rope scaling of another type,
 is an error naming it: a setting this code does not implement is never ignored. The config is
 then LlamaConfig.from_dict of the Hugging Face fields, so missing optional fields take the
 defaults of that model type's Hugging Face config class, as transformers' own GGUF loader does.
+Where that loader (transformers 5.25, integrations/ggml.py) reads a key differently, this follows
+llama.cpp, which runs these files: it keeps its config class's defaults for Qwen3's head_dim (128),
+Gemma-2's soft-caps and query_pre_attn_scalar (256), and Phi-3's partial rotation and window; it
+ignores rope.scaling.*; and it makes a `llama` file whose general.name holds "mistral" a Mistral
+model, whose config class adds a 4096-key window that llama.cpp does not apply. (On the files where
+both apply, the configs agree field by field: tests/test_gguf_models.py.)
 
 Conventions of llama.cpp's converter (convert_hf_to_gguf.py), each undone here so that the forward
 is Hugging Face's:
@@ -197,6 +204,8 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
     if arch == "llama":
         d["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_shapes
     window = get("attention.sliding_window", int)
+    if window == 0 and arch == "phi3":  # the converter's mark of a Phi-3-family model with no window (Phi-4)
+        window = None
     if window is not None:
         if arch not in _WINDOWED:
             raise WeightFileError(f"{where}: {p}attention.sliding_window={window}: llama.cpp applies no window for "
