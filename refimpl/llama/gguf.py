@@ -393,10 +393,11 @@ def load_gguf_model(path, *, dtype=np.float32):
 
     The tokenizer is refimpl.tokenizers.gguf.tokenizer_from_gguf's; its ids must fit the vocabulary. One of
     a kind it does not build is None (prompts are then token ids, as for a folder without tokenizer files);
-    malformed tokenizer metadata is its TokenizerFileError, naming the file and the key.
+    malformed tokenizer metadata is its TokenizerFileError, naming the file and the key. The chat template
+    is refimpl.tokenizers.gguf.chat_template_from_gguf's (tokenizer.chat_template, a string, or None).
     """
     from ..tokenizers.formats import TokenizerNotImplemented
-    from ..tokenizers.gguf import tokenizer_from_gguf
+    from ..tokenizers.gguf import chat_template_from_gguf, tokenizer_from_gguf
     from .model import LlamaModel
 
     config, params, metadata = load_gguf(path, dtype=dtype)
@@ -407,5 +408,4 @@ def load_gguf_model(path, *, dtype=np.float32):
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise WeightFileError(f"{path}: the tokenizer has ids up to {tokenizer.vocab_size - 1}, more than the "
                               f"model's vocab_size {config.vocab_size}")
-    template = metadata.get("tokenizer.chat_template")
-    return LlamaModel(config, params, tokenizer, chat_template=template if isinstance(template, str) else None)
+    return LlamaModel(config, params, tokenizer, chat_template=chat_template_from_gguf(metadata, str(path)))
