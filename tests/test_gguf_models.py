@@ -350,12 +350,15 @@ def test_metadata_rules_that_transformers_does_not_read():
     C / H for the 46-layer 27B), linear RoPE scaling, Phi-3's partial rotation."""
     from refimpl.llama.gguf import config_from_gguf
 
-    shapes = {"token_embd.weight": (50, 64)}
+    def blocks(n):
+        return {"token_embd.weight": (50, 64), **{f"blk.{i}.attn_norm.weight": (64,) for i in range(n)}}
+
+    shapes = blocks(2)
     g2 = config_from_gguf(_metadata("gemma2", **{"attention.key_length": 32, "attention.sliding_window": 8}), shapes)
     assert g2.query_pre_attn_scalar == 32 and g2.attention_scale == 32 ** -0.5 and g2.sliding_window == 8
     assert (g2.attn_logit_softcapping, g2.final_logit_softcapping) == (50.0, 30.0)
     g27 = config_from_gguf(_metadata("gemma2", block_count=46, **{"attention.key_length": 32,
-                                                                  "attention.sliding_window": 8}), shapes)
+                                                                  "attention.sliding_window": 8}), blocks(46))
     assert g27.query_pre_attn_scalar == 64 // 4
     lin = config_from_gguf(_metadata("llama", **{"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}), shapes)
     assert (lin.rope.rope_type, lin.rope.factor) == ("linear", 4.0)
@@ -367,6 +370,9 @@ def test_metadata_rules_that_transformers_does_not_read():
     assert config_from_gguf(_metadata("phi3", **{"attention.sliding_window": 9}), shapes).window(1) == 9
     with pytest.raises(WeightFileError, match="rope.dimension_count=8"):
         config_from_gguf(_metadata("qwen2", **{"rope.dimension_count": 8}), shapes, "x.gguf")
+    with pytest.raises(WeightFileError, match=r"x.gguf: llama.block_count=1000000000 but the tensors' blocks are "
+                                              r"blk.0 .. blk.1 \(2 blocks\)"):  # checked before O(L) work
+        config_from_gguf(_metadata("llama", block_count=10**9), shapes, "x.gguf")
     with pytest.raises(WeightFileError, match="x.gguf.*context_length"):
         config_from_gguf({k: v for k, v in _metadata("qwen3").items() if "context" not in k}, shapes, "x.gguf")
 

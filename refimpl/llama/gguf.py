@@ -12,8 +12,9 @@ among them, for now). The file is read with refimpl.gguf and each tensor dequant
 refimpl.quant into the requested dtype, one tensor at a time (a quantized file becomes about
 4 / (bits per weight / 8) times its size in float32, and no more than that is kept).
 
-Metadata (keys under "{arch}."): block_count, embedding_length, feed_forward_length,
-attention.head_count, context_length, attention.layer_norm_rms_epsilon are required;
+Metadata (keys under "{arch}."): block_count (which must be the tensors' blocks blk.0 .. blk.L-1,
+checked before anything costs O(L)), embedding_length, feed_forward_length, attention.head_count,
+context_length, attention.layer_norm_rms_epsilon are required;
 attention.head_count_kv (default: head_count), attention.key_length / value_length (default
 C / H; the two must agree), rope.freq_base (default 10000), rope.dimension_count (the rotated
 part of each head: all of it, except Phi-3 may rotate a part), rope.scaling.type none or linear
@@ -86,6 +87,7 @@ _KEYS = frozenset({
     "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.finetuned",
     "attn_logit_softcapping", "final_logit_softcapping", "expert_count", "expert_used_count", "tensor_data_layout",
 })
+_BLOCK = re.compile(r"blk\.([0-9]{1,18})\.")  # a tensor of block N
 _WINDOWED = ("gemma2", "phi3")  # the architectures whose attention.sliding_window llama.cpp applies
 _SOFT_CAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 _REFUSED_TENSORS = {
@@ -168,6 +170,11 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
     def get(key, kind, default=None, required=False):
         return _get(metadata, p + key, where, kind, default, required)
 
+    L = get("block_count", int, required=True)
+    layers = sorted({int(m[1]) for m in map(_BLOCK.match, tensor_shapes) if m})
+    if len(layers) != L or (layers and layers[-1] != L - 1):  # (before the config: its per-layer fields cost O(L))
+        found = f"blk.0 .. blk.{layers[-1]} ({len(layers)} blocks)" if layers else "none"
+        raise WeightFileError(f"{where}: {p}block_count={L} but the tensors' blocks are {found}")
     C = get("embedding_length", int, required=True)
     H = get("attention.head_count", int, required=True)
     if "token_embd.weight" not in tensor_shapes:
@@ -189,7 +196,7 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
                               "attention.key_length is not given")
     d = {"model_type": arch, "vocab_size": V, "hidden_size": C, "head_dim": D,
          "intermediate_size": get("feed_forward_length", int, required=True),
-         "num_hidden_layers": get("block_count", int, required=True), "num_attention_heads": H,
+         "num_hidden_layers": L, "num_attention_heads": H,
          "num_key_value_heads": get("attention.head_count_kv", int, H),
          "rms_norm_eps": get("attention.layer_norm_rms_epsilon", float, required=True),
          "max_position_embeddings": get("context_length", int, required=True),
@@ -218,7 +225,7 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
     if arch == "gemma2":
         for cap, default in zip(_SOFT_CAPS, (50.0, 30.0)):
             d[cap] = get(cap, float, default)
-        d["query_pre_attn_scalar"] = C // H if d["num_hidden_layers"] == 46 else D
+        d["query_pre_attn_scalar"] = C // H if L == 46 else D
     else:
         present = [p + cap for cap in _SOFT_CAPS if p + cap in metadata]
         if present:
