@@ -377,14 +377,15 @@ def test_metadata_rules_that_transformers_does_not_read():
         config_from_gguf({k: v for k, v in _metadata("qwen3").items() if "context" not in k}, shapes, "x.gguf")
 
 
-def test_the_command_line_reads_a_gguf_models_width_for_its_blas_threads(written, smol):
-    """A GGUF model narrower than SMALL_MODEL_WIDTH runs with one BLAS thread, read from the file before NumPy loads."""
-    from refimpl.__main__ import _model_width, blas_threads_for
+def test_the_command_lines_thread_rule_reads_a_gguf_models_width_from_its_config(written, smol):
+    """The one-BLAS-thread rule of `python -m refimpl` (refimpl._threads) takes a GGUF model's width from its
+    loaded config, as any other's: narrower than SMALL_MODEL_WIDTH for the random model, wider for SmolLM2."""
+    from refimpl.__main__ import blas_threads_for
+    from refimpl._threads import SMALL_MODEL_WIDTH, width_of
 
     _, small = written("llama")
-    assert _model_width(small) == _model_width(small.parent) == 48
-    assert blas_threads_for(["generate", "--model", str(small)], {}) == "1"
-    assert _model_width(smol[0]) == 576 and blas_threads_for(["generate", "--model", str(smol[0])], {}) is None
+    assert blas_threads_for(["generate", "--model", str(small)], {}) is None  # decided after the load
+    assert width_of(load_gguf(small)[0]) == 48 < SMALL_MODEL_WIDTH <= width_of(smol[1].config) == 576
 
 
 def test_a_fetched_models_name_runs_the_fetch_script_when_its_file_is_missing(tmp_path, monkeypatch):
