@@ -428,3 +428,21 @@ def test_export_writes_a_gguf_model_as_a_hugging_face_folder(written, tmp_path):
     assert np.array_equal(hf_logits(hf, ids), hf_logits(model, ids))  # the same float32 weights, bit for bit
     with pytest.raises(WeightFileError, match="bfloat16"):
         refimpl.models.export(path, tmp_path / "bf16", dtype="bfloat16")
+
+
+def test_f64_and_f16_tensors_are_read_exactly(written, tmp_path):
+    """An F64 file loads bit for bit in float64; an F16 one to the F16 values, which every loader sees."""
+    model, _ = written("qwen2")
+    f32 = load_gguf(write_like_llama_cpp(model, tmp_path / "f32.gguf"))[1]
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, 3)
+    f64 = {names.get_name(k.rsplit(".", 1)[0]) + "." + k.rsplit(".", 1)[1]: v.astype(np.float64) * (1 + 2.0 ** -40)
+           for k, v in sd.items()}  # values float32 does not hold
+    p = write_like_llama_cpp(model, tmp_path / "f64.gguf", reshape=f64)
+    _, params, _ = load_gguf(p, dtype=np.float64)
+    assert np.array_equal(params.blocks[1].attn.q.b, f64["blk.1.attn_q.bias"])
+    assert np.array_equal(params.embed, f64["token_embd.weight"])
+    p16 = write_like_llama_cpp(model, tmp_path / "f16.gguf", reshape={k: v.astype(np.float16) for k, v in f64.items()})
+    _, h, _ = load_gguf(p16)
+    assert h.embed.dtype == np.float32 and np.array_equal(h.embed, f64["token_embd.weight"].astype(np.float16))
+    assert not np.array_equal(h.embed, f32.embed)

@@ -351,7 +351,10 @@ def _tensor(f, name: str, config: LlamaConfig, dtype: np.dtype, where: str) -> n
         raise WeightFileError(f"{where}: GGUF tensor {name!r} is stored as integers ({kind.name}); weights are floats")
     raw = f.tensor_bytes(name)
     try:
-        a = dequantize(raw, t.ggml_type, tuple(t.shape))
+        if kind.name == "F64" and raw.nbytes == 8 * math.prod(t.shape):  # (dequantize's float32 would round it)
+            a = raw.view("<f8").reshape(t.shape).astype(dtype)
+        else:
+            a = dequantize(raw, t.ggml_type, tuple(t.shape))
     except ValueError as e:
         raise WeightFileError(f"{where}: GGUF tensor {name!r} ({kind.name}): {e}") from None
     if a.dtype != dtype or np.may_share_memory(a, raw):  # (never keep a view of the mapped file)
