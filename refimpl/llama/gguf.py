@@ -292,8 +292,9 @@ def gguf_names(config: LlamaConfig) -> dict[str, str]:
 def load_gguf(path, *, dtype=np.float32) -> tuple[LlamaConfig, LlamaParams, dict]:
     """(config, params, metadata) of the GGUF file at `path` (module docstring: which files, which conventions).
 
-    dtype: float32 (default; None too) or float64: each tensor is dequantized (to float32, exactly
-    for every GGUF type) and then widened. Every failure is a WeightFileError naming the file and the key or tensor.
+    dtype: float32 (default; None too) or float64: each tensor is dequantized by refimpl.quant (to float32,
+    exactly for every block type and F16 / BF16) and then widened; an F64 tensor is read as float64. Every
+    failure is a WeightFileError naming the file and the key or tensor.
     """
     from ..gguf import read_gguf
 
