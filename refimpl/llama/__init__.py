@@ -6,14 +6,17 @@
              checkpoint_shapes(config), the one table of checkpoint tensor names and shapes
     io       load_weights(path) -> (config, params) from a Hugging Face directory (single or
              sharded safetensors) or one .safetensors file; no pickle on any path
+    gguf     load_gguf(path) -> (config, params, metadata) from a GGUF file (llama.cpp's format: architectures
+             llama, qwen2, qwen3, gemma, gemma2, phi3), the converter's conventions undone; load_weights reads it too
     checks   the checks at the door of the forward (ids, cache, mask, positions, the context limit)
     model    the forward, read top to bottom: LlamaModel, KVCache, hidden_states, forward, logits
 """
 
 from .config import MODEL_TYPES, LlamaConfig, RopeParameters
+from .gguf import load_gguf
 from .io import load_weights
 from .model import KVCache, LlamaModel, forward, hidden_states, logits
 from .params import LlamaBlockParams, LlamaParams, checkpoint_shapes
 
 __all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES", "LlamaParams", "LlamaBlockParams", "checkpoint_shapes",
-           "load_weights", "LlamaModel", "KVCache", "hidden_states", "forward", "logits"]
+           "load_weights", "load_gguf", "LlamaModel", "KVCache", "hidden_states", "forward", "logits"]
