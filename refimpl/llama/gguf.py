@@ -202,11 +202,11 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
          "max_position_embeddings": get("context_length", int, required=True),
          "tie_word_embeddings": "output.weight" not in tensor_shapes,
          "rope_parameters": _rope(get, arch, D, where)}
-    if arch in ("qwen2", "phi3"):  # (their Hugging Face configs have no head_dim: it is C / H)
-        del d["head_dim"]
+    if arch in ("qwen2", "phi3"):  # their configs have no head_dim (it is C / H) and no attention_bias (Qwen2's
+        del d["head_dim"]           # q, k, v biases are always there, its config's qkv_bias; Phi-3 has none)
         if D * H != C:
             raise WeightFileError(f"{where}: {arch} heads are C / H = {C} / {H} wide; attention.key_length={D}")
-    else:  # (Qwen2's q, k, v biases are its config's qkv_bias, always on; Phi-3 has none)
+    else:
         d["attention_bias"] = "blk.0.attn_q.bias" in tensor_shapes or "blk.0.attn_output.bias" in tensor_shapes
     if arch == "llama":
         d["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_shapes
