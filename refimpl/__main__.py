@@ -42,7 +42,7 @@ import os
 import sys
 from pathlib import Path
 
-from refimpl._threads import BLAS_THREAD_VARS, SMALL_MODEL_WIDTH, one_blas_thread_for  # NumPy-free
+from refimpl._threads import BLAS_THREAD_VARS, SMALL_MODEL_WIDTH, one_blas_thread_for  # noqa: F401 (re-exported)
 
 
 class UsageError(Exception):

@@ -222,7 +222,7 @@ def write_model_card(out: Path, *, config: GPT2Config, settings: TrainSettings, 
         f"{config.n_positions}, vocabulary {config.vocab_size}; {s['n_params']:,} parameters "
         f"({s['weight_mb']:.1f} MB float32).",
         f"- Settings: `{json.dumps(asdict(settings))}`",
-        f"- AdamW (decay on 2-D weights only), global-norm clipping before each step, linear warmup + cosine.",
+        "- AdamW (decay on 2-D weights only), global-norm clipping before each step, linear warmup + cosine.",
         f"- Wall time: {history['seconds'] / 60:.1f} min on {s['machine']}.",
         "",
         "## Results (nats per token)",

@@ -285,7 +285,7 @@ def test_prompt_id_99999999999999999999_is_named_with_the_vocabulary():
         with pytest.raises(ValueError, match=rf"prompt has token id {prompt[-1]} at index \({len(prompt) - 1},\), "
                                              rf"outside the vocabulary \[0, {V}\)"):
             gpt2.generate(model, prompt)
-    with pytest.raises(ValueError, match=rf"ids has token id 99999999999999999999 at index \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"ids has token id 99999999999999999999 at index \(0, 1\)"):
         forward(model.params, model.config, [[1, 99999999999999999999]])
 
 

@@ -236,7 +236,7 @@ def test_hypothesis_text_matches_every_oracle(gpt2, qwen, llama3, llama2, text):
 @settings(max_examples=30)
 @given(text=st.one_of(assigned_text, tricky_text))
 def test_hypothesis_text_matches_sentencepiece(text):
-    spm = pytest.importorskip("sentencepiece", reason="sentencepiece is the oracle for .model files (extra 'oracle')")
+    pytest.importorskip("sentencepiece", reason="sentencepiece is the oracle for .model files (extra 'oracle')")
     tok, sp = _v3()
     assert tok.encode(text) == sp.encode(text)
     if "\u2581" not in text:

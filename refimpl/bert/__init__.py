@@ -25,7 +25,7 @@ from .._checks import is_int
 from .._files import check_regular_file
 from ..safetensors import load_file
 from .config import BertConfig
-from .model import BertModel, check_ids, forward, l2_normalize, mean_pool
+from .model import BertModel, check_ids, forward, l2_normalize, mean_pool  # noqa: F401 (check_ids re-exported)
 from .params import BertParams, EmbeddingParams, LayerNormParams, LayerParams, tensor_table
 from .tokenizer import Encoding, WordPieceTokenizer, check_sentences, load_tokenizer, read_json_object
 

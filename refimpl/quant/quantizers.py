@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import QK_K, row_nbytes
+from . import row_nbytes
 from . import ggml_type as _as_type
 from .dequant import unpack_scale_min_k4
 
