@@ -405,10 +405,32 @@ def cmd_export(args) -> int:
     from refimpl.gpt2.io import _looks_like_path
     from refimpl.models import export
 
+    if args.gguf_type is not None or str(args.out).lower().endswith(".gguf"):
+        return _export_gguf(args)
     if _looks_like_path(args.model):  # (anything else may be a Hugging Face hub name)
         _existing_model(args.model)  # a missing path: the same line as every other command's
     out = export(args.model, args.out, dtype=args.dtype)
     print(f"wrote {out}")
+    return 0
+
+
+def _export_gguf(args) -> int:
+    """export --out FILE.gguf [--gguf-type T]: a LLaMA-family model as one GGUF file (refimpl.llama.gguf_write)."""
+    from collections import Counter
+
+    from refimpl.llama.gguf_write import save_gguf
+    from refimpl.models import family_of
+
+    if args.dtype != "source":
+        raise UsageError("--dtype applies to a folder; a GGUF file's tensors take --gguf-type")
+    path = _existing_model(args.model)  # a path, or a shipped model's name
+    if family_of(path) != "llama":
+        raise UsageError(f"{path} is a {family_of(path)} model; GGUF export writes the LLaMA family only")
+    saved = save_gguf(path, args.out, type=args.gguf_type or "F32")
+    counts = Counter(saved.tensor_types.values())
+    print(f"wrote {saved.path} ({', '.join(f'{n} {t}' for t, n in counts.most_common())} tensors)")
+    if saved.note:
+        print(f"note: {saved.note}")
     return 0
 
 
@@ -517,7 +539,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "name (shakespeare-gpt2, shakespeare-llama), or a Hugging Face hub name (org/name) of any of "
                    "these model types, fetched into the Hugging Face cache (or read from it alone with "
                    "HF_HUB_OFFLINE=1)")
-    e.add_argument("--out", required=True, help="output directory")
+    e.add_argument("--out", required=True, help="output directory (a FILE.gguf: one GGUF file, as --gguf-type)")
+    e.add_argument("--gguf-type", type=str.upper, choices=("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                   "Q4_K", "Q5_K", "Q6_K"), help="write --out as a GGUF file (llama.cpp's format) whose 2-D weights "
+                   "take this type (norms and biases stay F32; k-quant rows not a multiple of 256 fall back as "
+                   "llama-quantize does); LLaMA-family models; default F32 for an --out ending in .gguf")
     e.add_argument("--dtype", choices=("source", "float32", "bfloat16", "float16"), default="source",
                    help="dtype of the written tensors: source (default) keeps each tensor's stored dtype (a bfloat16 "
                    "or float16 checkpoint stays so, bit for bit); float32 widens every tensor (exact); bfloat16 / "

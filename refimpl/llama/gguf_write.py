@@ -1,0 +1,233 @@
+"""Write a LLaMA-family model as a GGUF file (llama.cpp's format), as llama.cpp's converter and quantizer lay it out.
+
+    save_gguf(source, path, *, type="F32") -> GGUFSaved(path, tensor_types, note)
+    gguf_metadata(config, name) -> the "general." and "{arch}." keys of a config
+    GGUF_SAVE_TYPES: the tensor types save_gguf writes
+
+The inverse of refimpl.llama.gguf.load_gguf: the file written reads back (load_gguf, and llama.cpp's loader)
+as the same config, and as the same weights up to the rounding of the chosen type. The converter's
+conventions (refimpl.llama.gguf's module docstring) are applied, not undone:
+  1. q / k rows (and biases) of `llama` in llama.cpp's interleaved RoPE order (interleaved_rows);
+  2. Gemma / Gemma-2 norm weights stored as 1 + w, computed in float32 (so w' = (1 + w) - 1 read back
+     differs from w by at most half an ulp of 1 + w, 2^-24 |1 + w|: the one inexact step of an F32 file);
+  3.-4. names of gguf_names, shapes [out, in] as Hugging Face's (ggml's ne is the shape reversed).
+Tensor types (convert_hf_to_gguf.py's and llama-quantize's rules): 1-D tensors (norms, biases) stay F32;
+every 2-D weight (the token embedding and the LM head included, as the converter writes them for
+--outtype f16 / bf16 / q8_0 and llama-quantize for --pure) takes `type`, quantized by refimpl.quant.quantize
+(bit-exact with ggml's reference quantizers). A row that is not a whole number of blocks falls back as
+llama-quantize does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and to F16 when the row is not a whole
+number of 32 either (the converter's fallback for Q8_0 too); GGUFSaved.tensor_types says what each got.
+
+Metadata: general.architecture (mistral is written as `llama`, as the converter does, when its
+forward is llama's: no sliding window), general.name, general.file_type (llama.cpp's llama_ftype; the
+k-quants as their _S mix), general.quantization_version 2 for block types; "{arch}." block_count,
+context_length, embedding_length, feed_forward_length, attention.head_count, attention.head_count_kv,
+attention.key_length, attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base,
+rope.dimension_count, vocab_size, rope.scaling.type / factor (linear only), attention.sliding_window
+(Gemma-2, Phi-3), Gemma-2's soft-caps. GGUF stores these reals as float32 (as the converter does), so a
+float64 eps or theta is rounded to float32. Before anything is written, the metadata is read back with
+config_from_gguf: a config whose forward GGUF cannot carry (a RoPE scaling other than linear, Gemma-2's
+query_pre_attn_scalar other than llama.cpp's, a window llama.cpp does not apply, gemma3_text, ...) is a
+WeightFileError naming the field, never a file that runs a different model.
+
+The tokenizer: a GGUF source's `tokenizer.*` keys (its vocabulary, merges or scores, token types,
+special ids, chat template) are copied as they are, and so are its general.* keys (name, license, ...)
+but for the architecture, file type, quantization version and alignment, written anew. A Hugging Face folder's or an in-memory model's
+tokenizer is not written (refimpl has no writer of tokenizer.ggml.* from tokenizer.json yet, and a
+pre-tokenizer guessed wrong would tokenize silently differently): the file then holds the model
+alone, with tokenizer.ggml.{bos,eos,padding}_token_id from the config (the first eos where several),
+and GGUFSaved.note says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..checkpoint import WeightFileError
+from ..gguf import GGUFValue, read_gguf, write_gguf
+from ..quant import ggml_type, quantize
+from .config import LlamaConfig
+from .gguf import (GGUF_ARCHITECTURES, PERMUTED_ARCHITECTURES, _PLUS_ONE_ARCHITECTURES, config_from_gguf, gguf_names,
+                   gguf_path, interleaved_rows)
+
+__all__ = ["save_gguf", "gguf_metadata", "GGUFSaved", "GGUF_SAVE_TYPES", "FILE_TYPES"]
+
+# type -> llama.cpp's llama_ftype (general.file_type): the type of most 2-D weights
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 14, "Q5_K": 16,
+              "Q6_K": 18, "BF16": 32}
+GGUF_SAVE_TYPES = tuple(FILE_TYPES)
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama-quantize's, for rows not whole super-blocks
+_PLAIN = ("F32", "F16", "BF16")
+# general.* keys of a GGUF source written anew rather than copied (its other general.* and tokenizer.* keys are kept)
+_NOT_KEPT = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
+_Q_OR_K = re.compile(r"blk\.[0-9]+\.attn_([qk])\.(weight|bias)")
+_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # carried by tokenizer.ggml.*, compared apart
+
+
+@dataclass(frozen=True)
+class GGUFSaved:
+    """What save_gguf wrote: the file, each tensor's GGML type name, and a one-line note (None when nothing to say)."""
+
+    path: Path
+    tensor_types: dict[str, str]
+    note: str | None = None
+
+
+def tensor_type(name: str, shape: tuple[int, ...], type: str) -> str:
+    """The GGML type a tensor is written in: F32 for 1-D tensors, else `type`, with llama-quantize's fallback for
+    rows that are not whole blocks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16)."""
+    if len(shape) == 1:
+        return "F32"
+    t = type
+    if shape[-1] % ggml_type(t).values_per_block:
+        t = _FALLBACK.get(t, "F16")
+        if shape[-1] % ggml_type(t).values_per_block:
+            t = "F16"
+    return t
+
+
+def gguf_metadata(config: LlamaConfig, name: str) -> dict:
+    """general.* and "{arch}." metadata of `config` (module docstring: which keys), with the converter's value types."""
+    c = config
+    arch = "llama" if c.model_type == "mistral" else c.model_type
+    if arch not in GGUF_ARCHITECTURES:
+        raise WeightFileError(f"model_type {c.model_type!r} has no GGUF architecture here; refimpl writes (and "
+                              f"reads) {', '.join(GGUF_ARCHITECTURES)}")
+    u32, f32, p = (lambda v: GGUFValue("UINT32", int(v))), (lambda v: GGUFValue("FLOAT32", float(v))), arch + "."
+    m = {"general.architecture": arch, "general.type": "model", "general.name": name,
+         p + "block_count": u32(c.num_hidden_layers), p + "context_length": u32(c.max_position_embeddings),
+         p + "embedding_length": u32(c.hidden_size), p + "feed_forward_length": u32(c.intermediate_size),
+         p + "attention.head_count": u32(c.num_attention_heads),
+         p + "attention.head_count_kv": u32(c.num_key_value_heads),
+         p + "attention.key_length": u32(c.head_dim), p + "attention.value_length": u32(c.head_dim),
+         p + "attention.layer_norm_rms_epsilon": f32(c.rms_norm_eps), p + "rope.freq_base": f32(c.rope.rope_theta),
+         p + "rope.dimension_count": u32(c.rotary_dim), p + "vocab_size": u32(c.vocab_size)}
+    if c.rope.rope_type == "linear":
+        m.update({p + "rope.scaling.type": "linear", p + "rope.scaling.factor": f32(c.rope.factor)})
+    if c.sliding_window is not None and arch in ("gemma2", "phi3"):
+        m[p + "attention.sliding_window"] = u32(c.sliding_window)
+    if arch == "gemma2":
+        m[p + "attn_logit_softcapping"] = f32(c.attn_logit_softcapping)
+        m[p + "final_logit_softcapping"] = f32(c.final_logit_softcapping)
+    for ours, theirs in zip(_IDS, ("bos", "eos", "padding")):
+        v = getattr(c, ours)
+        v = v[0] if isinstance(v, tuple) and v else v
+        if isinstance(v, int):
+            m[f"tokenizer.ggml.{theirs}_token_id"] = u32(v)
+    return m
+
+
+def _read_back_check(config: LlamaConfig, metadata: dict, shapes: dict, where: str) -> None:
+    """config_from_gguf of what is about to be written must be `config` (float32-rounded reals, ids apart)."""
+    f32 = lambda x: float(np.float32(x))  # noqa: E731  (the value a FLOAT32 key holds once written)
+    plain = {k: (f32(v.value) if isinstance(v, GGUFValue) and getattr(v.type, "name", v.type) == "FLOAT32" else
+                 v.value if isinstance(v, GGUFValue) else v) for k, v in metadata.items()}
+    back = config_from_gguf(plain, shapes, where)
+    want = dataclasses.replace(config, model_type=back.model_type if config.model_type == "mistral" else
+                               config.model_type, rms_norm_eps=f32(config.rms_norm_eps),
+                               rope=dataclasses.replace(config.rope, rope_theta=f32(config.rope.rope_theta)),
+                               **{k: getattr(back, k) for k in _IDS})
+    if config.model_type == "gemma2":
+        want = dataclasses.replace(want, attn_logit_softcapping=f32(config.attn_logit_softcapping),
+                                   final_logit_softcapping=f32(config.final_logit_softcapping))
+    differ = [f.name for f in dataclasses.fields(want) if getattr(want, f.name) != getattr(back, f.name)]
+    if differ:
+        shown = "; ".join(f"{k}: the model's {a!r:.160}, the file's {b!r:.160}" for k in differ[:4]
+                          for a, b in [_differing(getattr(want, k), getattr(back, k))])
+        raise WeightFileError(f"{where}: a GGUF file cannot carry this {config.model_type} model as it is "
+                              f"(llama.cpp would run another model): {shown}")
+
+
+def _differing(a, b):
+    """(a, b), or for two RoPE parameter sets the fields where they differ."""
+    if not hasattr(a, "to_dict") or not hasattr(b, "to_dict"):
+        return a, b
+    a, b = a.to_dict(), b.to_dict()
+    keys = [k for k in {**a, **b} if a.get(k) != b.get(k)]
+    return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
+
+
+def _gguf_tensors(model, config: LlamaConfig, type: str, overrides: Mapping[str, str]) -> tuple[dict, dict[str, str]]:
+    """name -> (ggml type, shape, bytes) with conventions 1 and 2 applied, in the order of the forward (token_embd,
+    blk.0 .. blk.L-1, output_norm, output); and name -> type."""
+    arrays = model.params.to_checkpoint(config)
+    tensors, types = {}, {}
+    names = gguf_names(config)
+    last = [n for n in ("output_norm.weight", "output.weight") if n in names]
+    for name in [n for n in names if n not in last] + last:
+        hf_name = names[name]
+        a = np.asarray(arrays[hf_name], np.float32)
+        m = _Q_OR_K.fullmatch(name)
+        if m and config.model_type in PERMUTED_ARCHITECTURES + ("mistral",):  # convention 1
+            a = interleaved_rows(a, config.num_attention_heads if m[1] == "q" else config.num_key_value_heads)
+        if name.endswith("norm.weight") and config.model_type in _PLUS_ONE_ARCHITECTURES:  # convention 2
+            a = a + np.float32(1)
+        t = tensor_type(name, a.shape, overrides.get(name, type))
+        if t not in _PLAIN and not np.isfinite(a).all():
+            raise WeightFileError(f"tensor {name!r} holds inf or NaN, which {t} cannot store")
+        tensors[name], types[name] = (t, a.shape, quantize(a, t)), t
+    return tensors, types
+
+
+def _save_type(type) -> str:
+    t = type.upper() if isinstance(type, str) else type
+    if t not in FILE_TYPES:
+        raise ValueError(f"GGUF tensor type must be one of {', '.join(GGUF_SAVE_TYPES)}; got {type!r:.40}")
+    return t
+
+
+def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str] | None = None) -> GGUFSaved:
+    """Write `source` (a LlamaModel, or a path refimpl.load reads: a Hugging Face folder or a GGUF file) to `path`
+    as a GGUF version 3 file of tensor type `type` (module docstring: which tensors take it); atomically.
+
+    type: one of GGUF_SAVE_TYPES (case-insensitive). tensor_types: GGUF tensor name -> type, for 2-D tensors that
+    take another (llama-quantize's --tensor-type; e.g. a Q4_1 file's Q8_0 token embedding). Returns GGUFSaved (the path, every tensor's type, and a
+    note when the tokenizer is not written). Raises WeightFileError for a model GGUF cannot carry as it is
+    and ValueError for an unknown type, before the file is touched.
+    """
+    t = _save_type(type)
+    overrides = {name: _save_type(v) for name, v in (tensor_types or {}).items()}
+    kept_keys, note, order = {}, None, None
+    if isinstance(source, (str, Path)):
+        src = Path(source)
+        gguf_file = gguf_path(src)
+        if gguf_file is not None:
+            from .gguf import load_gguf_model
+
+            model = load_gguf_model(gguf_file)
+            f = read_gguf(gguf_file)
+            typed, order = f.typed_metadata(), list(f.tensors)
+            name = typed.get("general.name", GGUFValue("STRING", gguf_file.stem)).value
+            kept = {k: v for k, v in typed.items() if k.startswith("tokenizer.") or k.startswith("general.")}
+            kept_keys = {k: v for k, v in kept.items() if k not in _NOT_KEPT}
+        else:
+            from .io import load_weights
+            from .model import LlamaModel
+
+            model, name = LlamaModel(*load_weights(src)), (src if src.is_dir() else src.parent).name
+            note = (f"{src}: the tokenizer is not written (refimpl writes tokenizer.ggml.* only from a GGUF source); "
+                    "the file holds the model alone")
+    else:
+        model, name = source, source.config.model_type
+        note = "an in-memory model: the tokenizer is not written; the file holds the model alone"
+    config = model.config
+    metadata = gguf_metadata(config, str(name))
+    unknown = sorted(set(overrides) - set(gguf_names(config)))
+    if unknown:
+        raise ValueError(f"tensor_types names tensor(s) {unknown[:5]} that this {config.model_type} model does not have")
+    tensors, types = _gguf_tensors(model, config, t, overrides)
+    if order is not None:  # a GGUF source's tensor order, kept
+        tensors = {n: tensors[n] for n in order}
+    metadata["general.file_type"] = GGUFValue("UINT32", FILE_TYPES[t])
+    if any(v not in _PLAIN for v in types.values()):
+        metadata["general.quantization_version"] = GGUFValue("UINT32", 2)
+    metadata.update(kept_keys)  # (a GGUF source's own names and special ids win over the config's)
+    _read_back_check(config, metadata, {n: tuple(v[1]) for n, v in tensors.items()}, str(path))
+    write_gguf(path, metadata, tensors)
+    return GGUFSaved(Path(path), types, note)
