@@ -70,7 +70,7 @@ def folders(tmp_path_factory):
 
 
 def expected_model(model: LlamaModel, type: str) -> LlamaModel:
-    """The model a GGUF of `type` stands for: each 2-D weight as dequantize(quantize(w)), Gemma's norms as (1 + w) - 1."""
+    """The model a GGUF of `type` stands for: 2-D weights as dequantize(quantize(w)), Gemma's norms as (1 + w) - 1."""
     c = model.config
     arrays = {}
     for name, w in model.params.to_checkpoint(c).items():
@@ -87,8 +87,8 @@ def logits(model: LlamaModel) -> np.ndarray:
     return forward(model.params, model.config, IDS)
 
 
-@pytest.mark.parametrize("type", ["F32", "F16", "Q8_0", "Q4_0"])
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch, type", [(arch, type) for type in ("F32", "F16", "Q8_0", "Q4_0") for arch in ARCHS]
+                         + [("llama", type) for type in ("BF16", "Q4_1", "Q5_0", "Q5_1")])
 def test_round_trip_gives_the_quantized_models_logits_bit_for_bit(arch, type, folders, tmp_path):
     hf, folder, model = folders(arch)
     saved = save_gguf(folder, tmp_path / "m.gguf", type=type)
@@ -224,6 +224,14 @@ def test_eps_and_theta_are_stored_in_float32_as_llama_cpp_does(tmp_path):
     model = random_llama(_config(), dtype=np.float32)
     back = refimpl.load(save_gguf(model, tmp_path / "x.gguf").path)
     assert back.config.rms_norm_eps == float(np.float32(1e-5)) != 1e-5
+
+
+def test_a_weight_beyond_f16s_range_is_refused_for_f16(tmp_path):
+    model = random_llama(_config(), dtype=np.float32)
+    model.params.embed[3, 5] = 7e4
+    with pytest.raises(WeightFileError, match="token_embd.weight.*65504"):
+        save_gguf(model, tmp_path / "x.gguf", type="F16")
+    assert save_gguf(model, tmp_path / "x.gguf", type="BF16").tensor_types["token_embd.weight"] == "BF16"
 
 
 def test_unknown_types_are_value_errors(tmp_path):

@@ -1,22 +1,25 @@
 """Write a LLaMA-family model as a GGUF file (llama.cpp's format), as llama.cpp's converter and quantizer lay it out.
 
-    save_gguf(source, path, *, type="F32") -> GGUFSaved(path, tensor_types, note)
+    save_gguf(source, path, *, type="F32", tensor_types=None) -> GGUFSaved(path, tensor_types, note)
     gguf_metadata(config, name) -> the "general." and "{arch}." keys of a config
+    tensor_type(name, shape, type) -> the type one tensor is written in
     GGUF_SAVE_TYPES: the tensor types save_gguf writes
 
-The inverse of refimpl.llama.gguf.load_gguf: the file written reads back (load_gguf, and llama.cpp's loader)
-as the same config, and as the same weights up to the rounding of the chosen type. The converter's
-conventions (refimpl.llama.gguf's module docstring) are applied, not undone:
+The inverse of refimpl.llama.gguf.load_gguf: the file reads back (load_gguf, llama.cpp) as the same config,
+and as the same weights up to the rounding of the chosen type. The converter's conventions
+(refimpl.llama.gguf's module docstring) are applied, not undone:
   1. q / k rows (and biases) of `llama` in llama.cpp's interleaved RoPE order (interleaved_rows);
-  2. Gemma / Gemma-2 norm weights stored as 1 + w, computed in float32 (so w' = (1 + w) - 1 read back
-     differs from w by at most half an ulp of 1 + w, 2^-24 |1 + w|: the one inexact step of an F32 file);
+  2. Gemma / Gemma-2 norm weights stored as s = float32(1 + w). Read back, w' = s - 1 is exact (Sterbenz,
+     for w in [-1/2, 1]) and the forward's 1 + w' is s again: an F32 file gives the same logits;
   3.-4. names of gguf_names, shapes [out, in] as Hugging Face's (ggml's ne is the shape reversed).
 Tensor types (convert_hf_to_gguf.py's and llama-quantize's rules): 1-D tensors (norms, biases) stay F32;
 every 2-D weight (the token embedding and the LM head included, as the converter writes them for
---outtype f16 / bf16 / q8_0 and llama-quantize for --pure) takes `type`, quantized by refimpl.quant.quantize
+--outtype f16 / bf16 / q8_0 and llama-quantize for --pure; its default mixes give the embedding of a
+tied model another type, which tensor_types can name) takes `type`, quantized by refimpl.quant.quantize
 (bit-exact with ggml's reference quantizers). A row that is not a whole number of blocks falls back as
 llama-quantize does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and to F16 when the row is not a whole
 number of 32 either (the converter's fallback for Q8_0 too); GGUFSaved.tensor_types says what each got.
+A weight beyond F16's range (65504) is refused for F16 rather than stored as inf.
 
 Metadata: general.architecture (mistral is written as `llama`, as the converter does, when its
 forward is llama's: no sliding window), general.name, general.file_type (llama.cpp's llama_ftype; the
@@ -32,11 +35,11 @@ WeightFileError naming the field, never a file that runs a different model.
 
 The tokenizer: a GGUF source's `tokenizer.*` keys (its vocabulary, merges or scores, token types,
 special ids, chat template) are copied as they are, and so are its general.* keys (name, license, ...)
-but for the architecture, file type, quantization version and alignment, written anew. A Hugging Face folder's or an in-memory model's
-tokenizer is not written (refimpl has no writer of tokenizer.ggml.* from tokenizer.json yet, and a
-pre-tokenizer guessed wrong would tokenize silently differently): the file then holds the model
-alone, with tokenizer.ggml.{bos,eos,padding}_token_id from the config (the first eos where several),
-and GGUFSaved.note says so.
+but for the architecture, file type, quantization version and alignment, written anew. A Hugging Face
+folder's or an in-memory model's tokenizer is not written (refimpl has no writer of tokenizer.ggml.*
+from tokenizer.json yet, and a pre-tokenizer named wrong would tokenize differently without a word):
+the file holds the model alone, with tokenizer.ggml.{bos,eos,padding}_token_id from the config (the
+first eos where several), and GGUFSaved.note says so in one line.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from .config import LlamaConfig
 from .gguf import (GGUF_ARCHITECTURES, PERMUTED_ARCHITECTURES, _PLUS_ONE_ARCHITECTURES, config_from_gguf, gguf_names,
                    gguf_path, interleaved_rows)
 
-__all__ = ["save_gguf", "gguf_metadata", "GGUFSaved", "GGUF_SAVE_TYPES", "FILE_TYPES"]
+__all__ = ["save_gguf", "gguf_metadata", "tensor_type", "GGUFSaved", "GGUF_SAVE_TYPES", "FILE_TYPES"]
 
 # type -> llama.cpp's llama_ftype (general.file_type): the type of most 2-D weights
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 14, "Q5_K": 16,
@@ -169,8 +172,10 @@ def _gguf_tensors(model, config: LlamaConfig, type: str, overrides: Mapping[str,
         if name.endswith("norm.weight") and config.model_type in _PLUS_ONE_ARCHITECTURES:  # convention 2
             a = a + np.float32(1)
         t = tensor_type(name, a.shape, overrides.get(name, type))
-        if t not in _PLAIN and not np.isfinite(a).all():
-            raise WeightFileError(f"tensor {name!r} holds inf or NaN, which {t} cannot store")
+        if not np.isfinite(a).all():
+            raise WeightFileError(f"tensor {name!r} holds inf or NaN; refimpl's GGUF reader refuses such a file")
+        if t == "F16" and np.abs(a).max(initial=0) > 65504:
+            raise WeightFileError(f"tensor {name!r} has a value of size {np.abs(a).max():.4g}, beyond F16's 65504")
         tensors[name], types[name] = (t, a.shape, quantize(a, t)), t
     return tensors, types
 
@@ -186,10 +191,11 @@ def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str
     """Write `source` (a LlamaModel, or a path refimpl.load reads: a Hugging Face folder or a GGUF file) to `path`
     as a GGUF version 3 file of tensor type `type` (module docstring: which tensors take it); atomically.
 
-    type: one of GGUF_SAVE_TYPES (case-insensitive). tensor_types: GGUF tensor name -> type, for 2-D tensors that
-    take another (llama-quantize's --tensor-type; e.g. a Q4_1 file's Q8_0 token embedding). Returns GGUFSaved (the path, every tensor's type, and a
-    note when the tokenizer is not written). Raises WeightFileError for a model GGUF cannot carry as it is
-    and ValueError for an unknown type, before the file is touched.
+    type: one of GGUF_SAVE_TYPES (case-insensitive). tensor_types: GGUF tensor name -> type, for 2-D tensors
+    that take another (llama-quantize's --tensor-type; e.g. a Q4_1 file's Q8_0 token embedding).
+    Returns GGUFSaved (the path, every tensor's type, and a note when the tokenizer is not written).
+    Raises WeightFileError for a model GGUF cannot carry as it is (naming the field or tensor) and
+    ValueError for an unknown type, before the file is touched.
     """
     t = _save_type(type)
     overrides = {name: _save_type(v) for name, v in (tensor_types or {}).items()}
@@ -220,7 +226,8 @@ def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str
     metadata = gguf_metadata(config, str(name))
     unknown = sorted(set(overrides) - set(gguf_names(config)))
     if unknown:
-        raise ValueError(f"tensor_types names tensor(s) {unknown[:5]} that this {config.model_type} model does not have")
+        raise ValueError(f"tensor_types names tensor(s) {unknown[:5]} that this {config.model_type} model "
+                         "does not have")
     tensors, types = _gguf_tensors(model, config, t, overrides)
     if order is not None:  # a GGUF source's tensor order, kept
         tensors = {n: tensors[n] for n in order}
