@@ -22,6 +22,8 @@ torch = pytest.importorskip("torch", reason="the Hugging Face oracle needs torch
 transformers = pytest.importorskip("transformers", reason="the Hugging Face oracle needs transformers")
 gguf = pytest.importorskip("gguf", reason="the gguf package is the independent reader and quantizer")
 
+from hypothesis import given, strategies as st  # noqa: E402
+
 import refimpl  # noqa: E402
 from refimpl.__main__ import main  # noqa: E402
 from refimpl.checkpoint import WeightFileError  # noqa: E402
@@ -33,7 +35,8 @@ from refimpl.llama.model import LlamaModel, forward  # noqa: E402
 from refimpl.llama.params import LlamaParams  # noqa: E402
 from refimpl.models import resolve_model  # noqa: E402
 from refimpl.quant import dequantize, quantize  # noqa: E402
-from refimpl.tokenizers.gguf import tokenizer_from_gguf  # noqa: E402
+from refimpl.tokenizers.gguf import PRE_TOKENIZERS, tokenizer_from_gguf  # noqa: E402
+from refimpl.tokenizers.pretokenize import compile_pattern, match_spans  # noqa: E402
 from llama_oracle import hf_logits, max_rel_diff, randomize  # noqa: E402
 from llama_random import random_llama  # noqa: E402
 from report import MaxDiffs  # noqa: E402
@@ -188,6 +191,49 @@ def test_smollm2_q4_1_written_back_is_the_same_tensors_byte_for_byte(smol_again)
     tok = tokenizer_from_gguf(b.metadata, str(saved.path))
     assert tok.encode("The capital of France is") == [504, 3575, 282, 4649, 314]
     assert saved.note is None
+
+
+# ----------------------------------------------------------------------------- a Hugging Face folder's tokenizer
+
+TEXTS = ["ROMEO:\nWhat light through yonder window breaks?", "  two leading,  two inner and trailing  ",
+         "tabs\tand\n\n\nnewlines \n  \n", "don't we'll it's I'M", "1234567 3.14159 x2y3", "café naïve 東京 🙂",
+         "<|endoftext|> in text", "", " ", "a\u00a0b\u2003c"]
+
+
+@pytest.fixture(scope="module")
+def shakespeare_q8(tmp_path_factory):
+    src = resolve_model("shakespeare-llama")
+    return src, save_gguf(src, tmp_path_factory.mktemp("shakes") / "s.gguf", type="Q8_0")
+
+
+def test_a_byte_level_tokenizer_is_written_and_splits_text_as_tokenizers_does(shakespeare_q8):
+    """tokenizer.json (a ByteLevel pre-tokenizer) as tokenizer.ggml.* with pre 'gpt-2': the written tokenizer gives
+    the `tokenizers` library's ids for texts with the whitespace, digit and Unicode cases GPT-2's regex separates."""
+    tokenizers = pytest.importorskip("tokenizers", reason="the tokenizers library is the oracle")
+    src, saved = shakespeare_q8
+    assert saved.note is None
+    meta = read_gguf(saved.path).metadata
+    assert (meta["tokenizer.ggml.model"], meta["tokenizer.ggml.pre"]) == ("gpt2", "gpt-2")
+    ours = tokenizer_from_gguf(meta, str(saved.path))
+    theirs = tokenizers.Tokenizer.from_file(str(src / "tokenizer.json"))
+    for text in TEXTS:
+        assert ours.encode(text, allowed_special="all") == theirs.encode(text, add_special_tokens=False).ids, text
+    assert ours.bos_token == 3071 and meta["tokenizer.ggml.add_bos_token"] is True
+    assert refimpl.load(saved.path).tokenizer.encode(TEXTS[0]) == refimpl.load(src).tokenizer.encode(TEXTS[0])
+
+
+def _pieces(pattern: str, text: str) -> list[str]:
+    """The pieces of an Isolated split: each match and each gap between matches."""
+    cuts = sorted({0, len(text), *(i for span in match_spans(text, compile_pattern(pattern)) for i in span)})
+    return [text[i:j] for i, j in zip(cuts, cuts[1:])]
+
+
+@given(st.text(st.sampled_from(list(" \t\n\u00a0'sdmtlvrea1Z.!東🙂")), max_size=24))
+def test_gpt2s_regex_as_tiktoken_and_llama_cpp_spell_it_splits_alike(text):
+    """The equivalence gguf_tokenizer_metadata relies on: refimpl's 'gpt2' pattern (tiktoken's r50k spelling, what
+    tokenizer.json's ByteLevel runs) and llama.cpp's 'gpt-2' regex cut text into the same pieces."""
+    for t in (text, *TEXTS):
+        assert _pieces("gpt2", t) == _pieces(PRE_TOKENIZERS["gpt-2"][0], t), t
 
 
 # ----------------------------------------------------------------------------- refusals and the command line

@@ -2,6 +2,7 @@
 
     save_gguf(source, path, *, type="F32", tensor_types=None) -> GGUFSaved(path, tensor_types, note)
     gguf_metadata(config, name) -> the "general." and "{arch}." keys of a config
+    gguf_tokenizer_metadata(tokenizer, config) -> its tokenizer.ggml.* keys, or None
     tensor_type(name, shape, type) -> the type one tensor is written in
     GGUF_SAVE_TYPES: the tensor types save_gguf writes
 
@@ -35,11 +36,12 @@ WeightFileError naming the field, never a file that runs a different model.
 
 The tokenizer: a GGUF source's `tokenizer.*` keys (its vocabulary, merges or scores, token types,
 special ids, chat template) are copied as they are, and so are its general.* keys (name, license, ...)
-but for the architecture, file type, quantization version and alignment, written anew. A Hugging Face
-folder's or an in-memory model's tokenizer is not written (refimpl has no writer of tokenizer.ggml.*
-from tokenizer.json yet, and a pre-tokenizer named wrong would tokenize differently without a word):
-the file holds the model alone, with tokenizer.ggml.{bos,eos,padding}_token_id from the config (the
-first eos where several), and GGUFSaved.note says so in one line.
+but for the architecture, file type, quantization version and alignment, written anew. Another
+source's tokenizer is written when it is byte-level BPE and one of llama.cpp's pre-tokenizer names
+rebuilds it part for part (gguf_tokenizer_metadata), with its chat template; otherwise (SentencePiece-
+style tokenizers for now, or a pre-tokenizer llama.cpp has no name for) the file holds the model alone,
+with tokenizer.ggml.{bos,eos,padding}_token_id from the config (the first eos where several), and
+GGUFSaved.note says so in one line: never a tokenizer that would split text differently.
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ from ..checkpoint import WeightFileError
 from ..gguf import GGUFValue, read_gguf, write_gguf
 from ..quant import ggml_type, quantize
 from .config import LlamaConfig
+from .model import LlamaModel
 from .gguf import (GGUF_ARCHITECTURES, PERMUTED_ARCHITECTURES, _PLUS_ONE_ARCHITECTURES, config_from_gguf, gguf_names,
                    gguf_path, interleaved_rows)
 
-__all__ = ["save_gguf", "gguf_metadata", "tensor_type", "GGUFSaved", "GGUF_SAVE_TYPES", "FILE_TYPES"]
+__all__ = ["save_gguf", "gguf_metadata", "gguf_tokenizer_metadata", "tensor_type", "GGUFSaved", "GGUF_SAVE_TYPES",
+           "FILE_TYPES"]
 
 # type -> llama.cpp's llama_ftype (general.file_type): the type of most 2-D weights
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 14, "Q5_K": 16,
@@ -156,6 +160,86 @@ def _differing(a, b):
     return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
 
 
+# ----------------------------------------------------------------------------- the tokenizer
+
+def gguf_tokenizer_metadata(tokenizer, config: LlamaConfig, where: str = "tokenizer") -> dict | None:
+    """The tokenizer.ggml.* keys of a byte-level BPE tokenizer (tokenizer.json's GPT-2 / Llama-3 / Qwen kind), or None
+    where refimpl cannot show that llama.cpp would rebuild the same tokenizer from them.
+
+    tokens: each id's bytes in GPT-2's byte alphabet (added tokens as their text; type 3 control where special,
+    4 user-defined otherwise, 1 normal); merges "a b" in rank order; bos / eos / padding ids from `config`,
+    add_bos_token / add_eos_token as the tokenizer adds them; tokenizer.ggml.pre the first of llama.cpp's
+    pre-tokenizer names (refimpl.tokenizers.gguf.PRE_TOKENIZERS) for which tokenizer_from_gguf of these keys
+    builds the same tokenizer, part for part (vocabulary, merges in order, pre-tokenizer regexes, added tokens
+    and their flags, whole-word rule, normalizer, BOS / EOS). None for SentencePiece-style tokenizers (not
+    written yet), ids with no token, or no name that gives the same tokenizer.
+    """
+    from ..tokenizers.engine import SHIFT
+    from ..tokenizers.formats import TokenizerFileError, TokenizerNotImplemented, byte_to_unicode
+    from ..tokenizers.gguf import PRE_TOKENIZERS, tokenizer_from_gguf
+
+    args = getattr(tokenizer, "_args", None)
+    if args is None or args["symbols"] != "bytes":
+        return None
+    n = tokenizer.vocab_size
+    letters = byte_to_unicode()
+    tokens, types = [None] * n, [1] * n
+    for i, b in args["vocab"].items():
+        tokens[i] = "".join(letters[x] for x in b)
+    for t in tokenizer.added_tokens:
+        tokens[t.id], types[t.id] = t.content, 3 if t.special else 4
+    if any(t is None for t in tokens):
+        return None
+    mask = (1 << SHIFT) - 1
+    by_rank = sorted(args["pairs"].items(), key=lambda kv: kv[1])  # (value: rank * 2**32 + merged id)
+    merges = [f"{tokens[k >> SHIFT]} {tokens[k & mask]}" for k, _ in by_rank]
+    keys = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": GGUFValue("INT32", types), "tokenizer.ggml.merges": merges}
+    for ours, theirs in zip(_IDS, ("bos", "eos", "padding")):
+        v = getattr(config, ours)
+        v = v[0] if isinstance(v, tuple) and v else v
+        if isinstance(v, int) and 0 <= v < n:
+            keys[f"tokenizer.ggml.{theirs}_token_id"] = GGUFValue("UINT32", v)
+    keys["tokenizer.ggml.add_bos_token"] = tokenizer.bos_token is not None
+    keys["tokenizer.ggml.add_eos_token"] = tokenizer.eos_token is not None
+    plain = {k: (v.value if isinstance(v, GGUFValue) else v) for k, v in keys.items()}
+    want = _parts(tokenizer)
+    for pre in PRE_TOKENIZERS:
+        try:
+            built = tokenizer_from_gguf({**plain, "tokenizer.ggml.pre": pre}, where)
+        except (TokenizerFileError, TokenizerNotImplemented):
+            continue
+        if _parts(built) == want:
+            return {**keys, "tokenizer.ggml.pre": pre}
+    return None
+
+
+def _parts(tokenizer) -> tuple:
+    """What a byte-level Tokenizer does, as comparable data: merges by rank order (not rank values), pre-tokenizer
+    regexes spelled out (line anchors only where a regex has ^ or $), added tokens by id (and not as vocabulary
+    entries, which tokenizer.json lists them as too: merges that make one are compared with the merges)."""
+    from ..tokenizers.pretokenize import PATTERNS
+
+    from ..tokenizers.gguf import PRE_TOKENIZERS
+
+    # GPT-2's regex as tiktoken spells it (r50k, refimpl's "gpt2", which tokenizer.json's ByteLevel runs) and as
+    # llama.cpp spells it: the same pieces under an Isolated split (tests/test_gguf_export.py checks the two).
+    same = {PATTERNS["gpt2"]: PRE_TOKENIZERS["gpt-2"][0]}
+    a = tokenizer._args
+    merges = [(k, v & ((1 << 32) - 1)) for k, v in sorted(a["pairs"].items(), key=lambda kv: kv[1])]
+    regex = [PATTERNS.get(sp.pattern, sp.pattern) for sp in tokenizer._splits]
+    splits = tuple((same.get(r, r), sp.behavior, sp.invert, sp.line_anchors and any(c in r for c in "^$"))
+                   for r, sp in zip(regex, tokenizer._splits))
+    added = sorted((t.id, t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
+                   for t in tokenizer.added_tokens)
+    rest = {k: a[k] for k in ("symbols", "byte_fallback", "unk", "fuse_unk", "space", "prefix", "prefix_unless_space",
+                              "collapse_spaces", "whole_words", "strip_leading_space", "normalize")}
+    special = {t.id for t in tokenizer.added_tokens}  # (matched as added tokens first, whether or not in the vocab)
+    vocab = {i: b for i, b in a["vocab"].items() if i not in special}
+    return (vocab, dict(a["initial"]), merges, splits, added, sorted(rest.items(), key=str),
+            tokenizer.bos_token, tokenizer.eos_token)
+
+
 def _gguf_tensors(model, config: LlamaConfig, type: str, overrides: Mapping[str, str]) -> tuple[dict, dict[str, str]]:
     """name -> (ggml type, shape, bytes) with conventions 1 and 2 applied, in the order of the forward (token_embd,
     blk.0 .. blk.L-1, output_norm, output); and name -> type."""
@@ -199,7 +283,7 @@ def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str
     """
     t = _save_type(type)
     overrides = {name: _save_type(v) for name, v in (tensor_types or {}).items()}
-    kept_keys, note, order = {}, None, None
+    kept_keys, note, order, gguf_file = {}, None, None, None
     if isinstance(source, (str, Path)):
         src = Path(source)
         gguf_file = gguf_path(src)
@@ -213,16 +297,27 @@ def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str
             kept = {k: v for k, v in typed.items() if k.startswith("tokenizer.") or k.startswith("general.")}
             kept_keys = {k: v for k, v in kept.items() if k not in _NOT_KEPT}
         else:
-            from .io import load_weights
-            from .model import LlamaModel
+            from .. import load as refimpl_load
 
-            model, name = LlamaModel(*load_weights(src)), (src if src.is_dir() else src.parent).name
-            note = (f"{src}: the tokenizer is not written (refimpl writes tokenizer.ggml.* only from a GGUF source); "
-                    "the file holds the model alone")
+            model = refimpl_load(src)
+            name = (src if src.is_dir() else src.parent).name
     else:
-        model, name = source, source.config.model_type
-        note = "an in-memory model: the tokenizer is not written; the file holds the model alone"
+        model, name = source, None
+    if not isinstance(model, LlamaModel):
+        raise WeightFileError(f"{source if isinstance(source, (str, Path)) else source.__class__.__name__}: a "
+                              f"{model.__class__.__name__}; GGUF export writes LLaMA-family models (LlamaModel)")
     config = model.config
+    name = config.model_type if name is None else name
+    if gguf_file is None:
+        keys = gguf_tokenizer_metadata(model.tokenizer, config, str(source)) if model.tokenizer is not None else None
+        if keys is None:
+            what = "no tokenizer" if model.tokenizer is None else "a tokenizer GGUF metadata here cannot describe " \
+                   "(byte-level BPE only, with a pre-tokenizer llama.cpp names)"
+            note = f"the model has {what}: the file holds the model without one (give token ids)"
+        else:
+            kept_keys.update(keys)
+        if model.chat_template is not None:
+            kept_keys["tokenizer.chat_template"] = model.chat_template
     metadata = gguf_metadata(config, str(name))
     unknown = sorted(set(overrides) - set(gguf_names(config)))
     if unknown:
