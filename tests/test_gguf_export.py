@@ -249,7 +249,7 @@ def _config(**change) -> LlamaConfig:
                                high_freq_factor=4.0, original_max_position_embeddings=32)), ["rope", "llama3"]),
     (dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=64, sliding_window=8), ["query_pre_attn_scalar"]),
     (dict(model_type="mistral", sliding_window=8), ["sliding_window"]),
-    (dict(model_type="gemma3_text", head_dim=16), ["gemma3_text", "GGUF architecture"]),
+    (dict(model_type="gemma3_text", head_dim=16), ["gemma3_text", "GGUF architecture 'gemma3'"]),
 ])
 def test_a_model_gguf_cannot_carry_is_refused_naming_the_field(change, words, tmp_path):
     model = random_llama(_config(**change), dtype=np.float32)

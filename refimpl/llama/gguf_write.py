@@ -2,6 +2,7 @@
 
     save_gguf(source, path, *, type="F32", tensor_types=None) -> GGUFSaved(path, tensor_types, note)
     gguf_metadata(config, name) -> the "general." and "{arch}." keys of a config
+    gguf_architecture(config) -> its general.architecture
     gguf_tokenizer_metadata(tokenizer, config) -> its tokenizer.ggml.* keys, or None
     tensor_type(name, shape, type) -> the type one tensor is written in
     GGUF_SAVE_TYPES: the tensor types save_gguf writes
@@ -62,8 +63,8 @@ from .model import LlamaModel
 from .gguf import (GGUF_ARCHITECTURES, PERMUTED_ARCHITECTURES, _PLUS_ONE_ARCHITECTURES, config_from_gguf, gguf_names,
                    gguf_path, interleaved_rows)
 
-__all__ = ["save_gguf", "gguf_metadata", "gguf_tokenizer_metadata", "tensor_type", "GGUFSaved", "GGUF_SAVE_TYPES",
-           "FILE_TYPES"]
+__all__ = ["save_gguf", "gguf_metadata", "gguf_architecture", "gguf_tokenizer_metadata", "tensor_type", "GGUFSaved",
+           "GGUF_SAVE_TYPES", "FILE_TYPES"]
 
 # type -> llama.cpp's llama_ftype (general.file_type): the type of most 2-D weights
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 14, "Q5_K": 16,
@@ -71,6 +72,7 @@ FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q
 GGUF_SAVE_TYPES = tuple(FILE_TYPES)
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama-quantize's, for rows not whole super-blocks
 _PLAIN = ("F32", "F16", "BF16")
+_ARCHITECTURE = {"mistral": "llama", "gemma3_text": "gemma3"}  # model_type -> general.architecture, where they differ
 # general.* keys of a GGUF source written anew rather than copied (its other general.* and tokenizer.* keys are kept)
 _NOT_KEPT = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
 _Q_OR_K = re.compile(r"blk\.[0-9]+\.attn_([qk])\.(weight|bias)")
@@ -99,13 +101,20 @@ def tensor_type(name: str, shape: tuple[int, ...], type: str) -> str:
     return t
 
 
+def gguf_architecture(config: LlamaConfig) -> str:
+    """general.architecture of a config: its model_type, but `llama` for Mistral and `gemma3` for gemma3_text (the
+    converter's names); one refimpl.llama.gguf does not read is a WeightFileError naming both."""
+    arch = _ARCHITECTURE.get(config.model_type, config.model_type)
+    if arch not in GGUF_ARCHITECTURES:
+        raise WeightFileError(f"model_type {config.model_type!r} (GGUF architecture {arch!r}) is not written: refimpl "
+                              f"writes and reads the GGUF architectures {', '.join(GGUF_ARCHITECTURES)}")
+    return arch
+
+
 def gguf_metadata(config: LlamaConfig, name: str) -> dict:
     """general.* and "{arch}." metadata of `config` (module docstring: which keys), with the converter's value types."""
     c = config
-    arch = "llama" if c.model_type == "mistral" else c.model_type
-    if arch not in GGUF_ARCHITECTURES:
-        raise WeightFileError(f"model_type {c.model_type!r} has no GGUF architecture here; refimpl writes (and "
-                              f"reads) {', '.join(GGUF_ARCHITECTURES)}")
+    arch = gguf_architecture(c)
     u32, f32, p = (lambda v: GGUFValue("UINT32", int(v))), (lambda v: GGUFValue("FLOAT32", float(v))), arch + "."
     m = {"general.architecture": arch, "general.type": "model", "general.name": name,
          p + "block_count": u32(c.num_hidden_layers), p + "context_length": u32(c.max_position_embeddings),
@@ -244,6 +253,7 @@ def _gguf_tensors(model, config: LlamaConfig, type: str, overrides: Mapping[str,
     """name -> (ggml type, shape, bytes) with conventions 1 and 2 applied, in the order of the forward (token_embd,
     blk.0 .. blk.L-1, output_norm, output); and name -> type."""
     arrays = model.params.to_checkpoint(config)
+    arch = gguf_architecture(config)
     tensors, types = {}, {}
     names = gguf_names(config)
     last = [n for n in ("output_norm.weight", "output.weight") if n in names]
@@ -251,9 +261,9 @@ def _gguf_tensors(model, config: LlamaConfig, type: str, overrides: Mapping[str,
         hf_name = names[name]
         a = np.asarray(arrays[hf_name], np.float32)
         m = _Q_OR_K.fullmatch(name)
-        if m and config.model_type in PERMUTED_ARCHITECTURES + ("mistral",):  # convention 1
+        if m and arch in PERMUTED_ARCHITECTURES:  # convention 1
             a = interleaved_rows(a, config.num_attention_heads if m[1] == "q" else config.num_key_value_heads)
-        if name.endswith("norm.weight") and config.model_type in _PLUS_ONE_ARCHITECTURES:  # convention 2
+        if name.endswith("norm.weight") and arch in _PLUS_ONE_ARCHITECTURES:  # convention 2
             a = a + np.float32(1)
         t = tensor_type(name, a.shape, overrides.get(name, type))
         if not np.isfinite(a).all():
