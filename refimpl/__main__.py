@@ -9,6 +9,7 @@
                                [--logprobs [K]] [--timing [--compare-beam N]]
     python -m refimpl tokenize [--model NAME|PATH] [--allow-special] TEXT
     python -m refimpl export --model DIR_OR_HUB_NAME --out DIR [--dtype source|float32|bfloat16|float16]
+    python -m refimpl export --model DIR_OR_GGUF --out FILE.gguf [--gguf-type F32|F16|BF16|Q8_0|Q4_0|...|Q6_K]
     python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings,
@@ -532,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tokenize)
 
     e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model: "
-                       "GPT-2 or the LLaMA family")
+                       "GPT-2 or the LLaMA family; or a LLaMA-family model as a GGUF file (--out FILE.gguf)")
     e.add_argument("--model", required=True, metavar="NAME|PATH", help="a local Hugging Face directory (GPT-2, or "
                    "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, or gemma3's "
                    "text decoder), a shipped model's "
