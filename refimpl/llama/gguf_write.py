@@ -40,9 +40,11 @@ special ids, chat template) are copied as they are, and so are its general.* key
 but for the architecture, file type, quantization version and alignment, written anew. Another
 source's tokenizer is written when it is byte-level BPE and one of llama.cpp's pre-tokenizer names
 rebuilds it part for part (gguf_tokenizer_metadata), with its chat template; otherwise (SentencePiece-
-style tokenizers for now, or a pre-tokenizer llama.cpp has no name for) the file holds the model alone,
-with tokenizer.ggml.{bos,eos,padding}_token_id from the config (the first eos where several), and
-GGUFSaved.note says so in one line: never a tokenizer that would split text differently.
+style tokenizers for now, or a pre-tokenizer llama.cpp has no name for) the file holds the model alone:
+tokenizer.ggml.model "none" (llama.cpp's LLAMA_VOCAB_TYPE_NONE; it loads and runs on token ids, and
+refimpl reads it as no tokenizer), tokenizer.ggml.{bos,eos,padding}_token_id from the config (the first
+eos where several), and GGUFSaved.note says so in one line: never a tokenizer that would split text
+differently.
 """
 
 from __future__ import annotations
@@ -324,6 +326,7 @@ def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str
             what = "no tokenizer" if model.tokenizer is None else "a tokenizer GGUF metadata here cannot describe " \
                    "(byte-level BPE only, with a pre-tokenizer llama.cpp names)"
             note = f"the model has {what}: the file holds the model without one (give token ids)"
+            kept_keys["tokenizer.ggml.model"] = "none"  # llama.cpp's mark of a file without a vocabulary
         else:
             kept_keys.update(keys)
         if model.chat_template is not None:
