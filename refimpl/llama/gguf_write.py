@@ -300,9 +300,9 @@ def save_gguf(source, path, *, type: str = "F32", tensor_types: Mapping[str, str
         src = Path(source)
         gguf_file = gguf_path(src)
         if gguf_file is not None:
-            from .gguf import load_gguf_model
+            from .gguf import load_gguf
 
-            model = load_gguf_model(gguf_file)
+            model = LlamaModel(*load_gguf(gguf_file)[:2])  # (its tokenizer is copied as keys, not rebuilt)
             f = read_gguf(gguf_file)
             typed, order = f.typed_metadata(), list(f.tensors)
             name = typed.get("general.name", GGUFValue("STRING", gguf_file.stem)).value
