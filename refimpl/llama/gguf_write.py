@@ -29,8 +29,8 @@ k-quants as their _S mix), general.quantization_version 2 for block types; "{arc
 context_length, embedding_length, feed_forward_length, attention.head_count, attention.head_count_kv,
 attention.key_length, attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base,
 rope.dimension_count, vocab_size, rope.scaling.type / factor (linear only), attention.sliding_window
-(Gemma-2, Phi-3), Gemma-2's soft-caps. GGUF stores these reals as float32 (as the converter does), so a
-float64 eps or theta is rounded to float32. Before anything is written, the metadata is read back with
+(Gemma-2, Phi-3), Gemma-2's soft-caps. GGUF stores these reals as float32 (as the converter does), so an
+eps, theta, RoPE factor or soft-cap that float32 does not hold exactly is rounded to it. Before anything is written, the metadata is read back with
 config_from_gguf: a config whose forward GGUF cannot carry (a RoPE scaling other than linear, Gemma-2's
 query_pre_attn_scalar other than llama.cpp's, a window llama.cpp does not apply, gemma3_text, ...) is a
 WeightFileError naming the field, never a file that runs a different model.
@@ -130,9 +130,9 @@ def gguf_metadata(config: LlamaConfig, name: str) -> dict:
         m.update({p + "rope.scaling.type": "linear", p + "rope.scaling.factor": f32(c.rope.factor)})
     if c.sliding_window is not None and arch in ("gemma2", "phi3"):
         m[p + "attention.sliding_window"] = u32(c.sliding_window)
-    if arch == "gemma2":
-        m[p + "attn_logit_softcapping"] = f32(c.attn_logit_softcapping)
-        m[p + "final_logit_softcapping"] = f32(c.final_logit_softcapping)
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if arch == "gemma2" and getattr(c, cap) is not None:  # (None: llama.cpp's defaults would apply; refused below)
+            m[p + cap] = f32(getattr(c, cap))
     for ours, theirs in zip(_IDS, ("bos", "eos", "padding")):
         v = getattr(c, ours)
         v = v[0] if isinstance(v, tuple) and v else v
@@ -143,13 +143,16 @@ def gguf_metadata(config: LlamaConfig, name: str) -> dict:
 
 def _read_back_check(config: LlamaConfig, metadata: dict, shapes: dict, where: str) -> None:
     """config_from_gguf of what is about to be written must be `config` (float32-rounded reals, ids apart)."""
-    f32 = lambda x: float(np.float32(x))  # noqa: E731  (the value a FLOAT32 key holds once written)
+    def f32(x):  # the value a FLOAT32 key holds once written
+        return None if x is None else float(np.float32(x))
+
     plain = {k: (f32(v.value) if isinstance(v, GGUFValue) and getattr(v.type, "name", v.type) == "FLOAT32" else
                  v.value if isinstance(v, GGUFValue) else v) for k, v in metadata.items()}
     back = config_from_gguf(plain, shapes, where)
     want = dataclasses.replace(config, model_type=back.model_type if config.model_type == "mistral" else
                                config.model_type, rms_norm_eps=f32(config.rms_norm_eps),
-                               rope=dataclasses.replace(config.rope, rope_theta=f32(config.rope.rope_theta)),
+                               rope=dataclasses.replace(config.rope, rope_theta=f32(config.rope.rope_theta),
+                                                        factor=f32(config.rope.factor)),
                                **{k: getattr(back, k) for k in _IDS})
     if config.model_type == "gemma2":
         want = dataclasses.replace(want, attn_logit_softcapping=f32(config.attn_logit_softcapping),
