@@ -30,10 +30,11 @@ context_length, embedding_length, feed_forward_length, attention.head_count, att
 attention.key_length, attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base,
 rope.dimension_count, vocab_size, rope.scaling.type / factor (linear only), attention.sliding_window
 (Gemma-2, Phi-3), Gemma-2's soft-caps. GGUF stores these reals as float32 (as the converter does), so an
-eps, theta, RoPE factor or soft-cap that float32 does not hold exactly is rounded to it. Before anything is written, the metadata is read back with
-config_from_gguf: a config whose forward GGUF cannot carry (a RoPE scaling other than linear, Gemma-2's
-query_pre_attn_scalar other than llama.cpp's, a window llama.cpp does not apply, gemma3_text, ...) is a
-WeightFileError naming the field, never a file that runs a different model.
+eps, theta, RoPE factor or soft-cap that float32 does not hold exactly is rounded to it. Before anything
+is written, the metadata is read back with config_from_gguf: a config whose forward GGUF cannot carry (a
+RoPE scaling other than linear, Gemma-2's query_pre_attn_scalar other than llama.cpp's or no soft-cap,
+a window llama.cpp does not apply, gemma3_text, ...) is a WeightFileError naming the field, never a file
+that runs a different model.
 
 The tokenizer: a GGUF source's `tokenizer.*` keys (its vocabulary, merges or scores, token types,
 special ids, chat template) are copied as they are, and so are its general.* keys (name, license, ...)
