@@ -233,15 +233,15 @@ def _parts(tokenizer) -> tuple:
     """What a byte-level Tokenizer does, as comparable data: merges by rank order (not rank values), pre-tokenizer
     regexes spelled out (line anchors only where a regex has ^ or $), added tokens by id (and not as vocabulary
     entries, which tokenizer.json lists them as too: merges that make one are compared with the merges)."""
-    from ..tokenizers.pretokenize import PATTERNS
-
+    from ..tokenizers.engine import SHIFT
     from ..tokenizers.gguf import PRE_TOKENIZERS
+    from ..tokenizers.pretokenize import PATTERNS
 
     # GPT-2's regex as tiktoken spells it (r50k, refimpl's "gpt2", which tokenizer.json's ByteLevel runs) and as
     # llama.cpp spells it: the same pieces under an Isolated split (tests/test_gguf_export.py checks the two).
     same = {PATTERNS["gpt2"]: PRE_TOKENIZERS["gpt-2"][0]}
     a = tokenizer._args
-    merges = [(k, v & ((1 << 32) - 1)) for k, v in sorted(a["pairs"].items(), key=lambda kv: kv[1])]
+    merges = [(k, v & ((1 << SHIFT) - 1)) for k, v in sorted(a["pairs"].items(), key=lambda kv: kv[1])]
     regex = [PATTERNS.get(sp.pattern, sp.pattern) for sp in tokenizer._splits]
     splits = tuple((same.get(r, r), sp.behavior, sp.invert, sp.line_anchors and any(c in r for c in "^$"))
                    for r, sp in zip(regex, tokenizer._splits))
