@@ -262,3 +262,53 @@ def test_a_wrong_qk_pairing_is_far_outside_the_tolerance(smollm2_logits):
         print(f"wrong q/k pairing, {len(p['ids'])} tokens: centered RMS vs llama.cpp {g_bug:.3f}, "
               f"{g_bug / g8:.1f}x g8 ({g8:.3f})")
         assert g_bug > 4 * g8
+
+
+# ---- the speed benchmark's llama.cpp worker (benchmarks/llamacpp.py), on a stand-in llama_cpp ----------------
+
+FAKE_LLAMA_CPP = '''
+import ctypes
+__version__ = "stand-in"
+def llama_print_system_info():
+    return b"CPU : STAND-IN = 1 | "
+class Llama:  # next token's logits: one-hot at (last id fed + 3) mod 7
+    def __init__(self, model_path, n_ctx, n_batch, n_threads, n_threads_batch, logits_all, verbose):
+        if model_path.endswith("missing.gguf"):
+            raise ValueError(f"Failed to load model from file: {model_path}")
+        self.buf = (ctypes.c_float * 7)()
+        self.ctx = self
+    def n_vocab(self):
+        return 7
+    def reset(self):
+        pass
+    def eval(self, tokens):
+        for i in range(7):
+            self.buf[i] = 0.0
+        self.buf[(tokens[-1] + 3) % 7] = 1.0
+def llama_get_logits_ith(ctx, i):
+    return ctypes.cast(ctx.buf, ctypes.POINTER(ctypes.c_float))
+'''
+
+
+def test_the_benchmarks_llama_cpp_worker_decodes_greedily_and_reports_errors(tmp_path, monkeypatch):
+    """The worker's loop (prompt, then argmax fed back one token at a time) and its protocol, on a stand-in
+    llama_cpp module: the tokens are the argmax chain, a failure is an error naming the request."""
+    import sys
+
+    from benchmarks.llamacpp import LlamaCppWorker
+
+    (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    worker = LlamaCppWorker(sys.executable)
+    try:
+        assert worker.ask("about") == {"llama_cpp_python": "stand-in", "system_info": "CPU : STAND-IN = 1 |"}
+        assert worker.ask("load", name="m", path="x.gguf", threads=2, n_ctx=64) == {"n_vocab": 7}
+        assert worker.ask("decode", name="m", prompt=[1, 2], new=4) == {"tokens": [5, 1, 4, 0]}
+        assert worker.ask("prefill", name="m", ids=[0, 6]) == {"argmax": 2}
+        with pytest.raises(RuntimeError, match="'load'.*missing.gguf"):
+            worker.ask("load", name="n", path="missing.gguf", threads=1, n_ctx=64)
+        with pytest.raises(RuntimeError, match="'decode'.*KeyError"):
+            worker.ask("decode", name="never loaded", prompt=[1], new=1)
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0
