@@ -62,7 +62,7 @@ def main() -> int:
                 out = {"argmax": int(z.argmax())}
             else:
                 out = {"error": f"unknown op {op!r}"}
-        except Exception as e:  # answered, so the parent reports it instead of waiting
+        except Exception as e:  # noqa: BLE001 - answered, so the parent reports it instead of waiting
             out = {"error": f"{type(e).__name__}: {e}"}
         sys.stdout.write(json.dumps(out) + "\n")
         sys.stdout.flush()

@@ -19,7 +19,7 @@ Implementations
   average ~3) SmolLM2 decoded at 1-7 tokens/s on 2 threads and 60-70 on 1: these rows show whether a
   run met that.
 - refimpl on SmolLM2 from the same GGUF (refimpl.load: float32 dequantized weights), the numba backend
-  (accel's kernels and threaded BLAS), `threads` threads.
+  (accel's kernels and threaded BLAS), `threads` threads, and again on 1.
 
 Cases (interleaved rounds, harness.time_interleaved; "paired": the median of per-round ratios)
 - decode B=1: 8 prompt ids, then 64 new tokens, greedy: the prompt into an empty KV cache, then one token
@@ -52,7 +52,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import RESULTS_DIR, Result, machine_info, paired_ratio, set_threads, time_interleaved, write_results
+from .harness import (
+    RESULTS_DIR,
+    Result,
+    machine_info,
+    paired_ratio,
+    set_threads,
+    time_interleaved,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "_llamacpp_worker.py"
@@ -120,6 +128,17 @@ def cpu_folder_name(info: dict) -> str:
     return f"{name}_f{fam}m{mod}_{time.strftime('%Y-%m-%d')}"
 
 
+def one_thread(fn, threads: int):
+    """fn run with refimpl's side on 1 thread (harness.set_threads), then back on `threads`."""
+    def call():
+        set_threads(1)
+        try:
+            return fn()
+        finally:
+            set_threads(threads)
+    return call
+
+
 def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
     import refimpl
     from refimpl.llama.model import KVCache, get_ops, hidden_states, lm_head
@@ -158,6 +177,9 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
         decoders = {f"llama.cpp {name}": (lambda name=name: worker.ask("decode", name=name, prompt=prompt.tolist(),
                                                                          new=n_new)) for name in names}
         decoders[f"refimpl[numba] {SMOL} (float32)"] = lambda: greedy(params, cfg, ops, prompt, n_new)
+        if threads != 1:
+            decoders[f"refimpl[numba] {SMOL} (float32), 1 thread"] = one_thread(
+                lambda: greedy(params, cfg, ops, prompt, n_new), threads)
         decoders[BOUND] = lambda: [probe_w @ probe_x for _ in range(n_new)]
         rounds = 7 if quick else 11
         timings = time_interleaved(decoders, repeats=rounds, warmup=1)
@@ -187,6 +209,8 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
         prefills = {f"llama.cpp {name}": (lambda name=name: worker.ask("prefill", name=name, ids=ids.tolist()))
                     for name in names}
         prefills[f"refimpl[numba] {SMOL} (float32)"] = refimpl_prefill
+        if threads != 1:
+            prefills[f"refimpl[numba] {SMOL} (float32), 1 thread"] = one_thread(refimpl_prefill, threads)
         agree_prefill = int(refimpl_prefill().argmax()) == worker.ask("prefill", name=SMOL, ids=ids.tolist())["argmax"]
         timings = time_interleaved(prefills, repeats=rounds, warmup=1)
         for impl, t in timings.items():

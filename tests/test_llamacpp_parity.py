@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from report import MaxDiffs
 
 ROOT = Path(__file__).resolve().parents[1]
