@@ -105,6 +105,14 @@ _F32_F64 = ("float32", "float64")
 KERNELS: list[KernelSpec] = [
     # ---------------------------------------------------------------- numba (CPU)
     KernelSpec(
+        "quantized_matvec", "numba", "accel.numba_cpu.qmatvec:quantized_matvec", "refimpl.quant.matmul:quantized_matvec",
+        ("float32",), rtol={"float32": 0.0}, atol={"float32": 1.6e-3},
+        note="Q8_0 / Q4_1 blocks summed as d S_b (+ m X_b) per block of 32: |y - twin| <= (gamma_{K/32+33} + u) "
+             "sum |d q x| + |m x| (qmatvec.error_bound, checked per entry in tests/test_accel_qmatvec.py); the "
+             "suite's cases (verify._case_quantized_matvec: |d q| + |m| <= 1, |x| <= 1, K <= 512) bound that by "
+             "(49 + 1) 2^-24 x 512 = 1.53e-3",
+    ),
+    KernelSpec(
         "softmax", "numba", "accel.numba_cpu.softmax:softmax", "refimpl.attention:softmax", _F32_F64,
         rtol={"float32": 4e-7, "float64": 1e-13}, atol={"float32": 1e-30, "float64": 1e-300},
         note="each row is computed in float64 (max, exp, a sum in a vectorised order, times 1 / sum) and rounded once "

@@ -235,6 +235,32 @@ def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths
     return Case((q, k, v), kw, f"B={B} H={H} K={K} S={S} D={D} Dv={Dv}" + label)
 
 
+def _f16_scales(rng, shape, top: float) -> np.ndarray:  # f16 scales in [-top, top]: zeros, negatives, subnormals
+    s = rng.uniform(-top, top, size=shape).astype(np.float16)
+    pick = rng.random(shape)
+    s[pick < 0.05] = 0.0
+    s[(pick >= 0.05) & (pick < 0.1)] = np.float16(rng.choice([1, -1, 3, -1023]) * 2.0 ** -24)  # subnormal f16
+    return s
+
+
+def _case_quantized_matvec(rng, dtype, d) -> Case:  # dims: fmt, lead, N, K
+    """W [N, K] as GGUF blocks with |w| <= 1 (Q8_0: |d| <= 2^-7; Q4_1: |d| <= 2^-5, |m| <= 2^-5, so
+    |d q| + |m| <= 1/2), random quants, x uniform in [-1, 1]: the registry's atol assumes these ranges."""
+    fmt, N, K = d["fmt"], d["N"], d["K"]
+    nb = K // 32
+    if fmt == "Q8_0":
+        blocks = np.empty((N, nb, 34), np.uint8)
+        blocks[:, :, 0:2] = _f16_scales(rng, (N, nb, 1), 2.0 ** -7).view(np.uint8)
+        blocks[:, :, 2:] = rng.integers(0, 256, size=(N, nb, 32), dtype=np.uint8)
+    else:
+        blocks = np.empty((N, nb, 20), np.uint8)
+        blocks[:, :, 0:2] = _f16_scales(rng, (N, nb, 1), 2.0 ** -5).view(np.uint8)
+        blocks[:, :, 2:4] = _f16_scales(rng, (N, nb, 1), 2.0 ** -5).view(np.uint8)
+        blocks[:, :, 4:] = rng.integers(0, 256, size=(N, nb, 16), dtype=np.uint8)
+    x = rng.uniform(-1, 1, size=(*d["lead"], K)).astype(dtype)
+    return Case((blocks.reshape(-1), fmt, (N, K), x), {}, f"{fmt} W({N}, {K}) x{x.shape}")
+
+
 _BUILDERS = {
     "softmax": _case_softmax,
     "layer_norm": _case_layer_norm,
@@ -246,6 +272,7 @@ _BUILDERS = {
     "glu_gate": _case_glu_gate,
     "masked_attention": _case_masked_attention,
     "decode_attention": _case_decode_attention,
+    "quantized_matvec": _case_quantized_matvec,
 }
 
 
@@ -334,6 +361,11 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
                  dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, window=5, softcap=1.0, special=True)],
         "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True), dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True),
                  dict(B=3, H=2, K=1, S=7, D=3, Dv=2, lengths=True, window=3, softcap=1.0)],
+    },
+    "quantized_matvec": {  # SmolLM2's widths, one and three rows of x, a tail of rows after whole blocks
+        "full": [dict(fmt="Q4_1", lead=(1,), N=192, K=576), dict(fmt="Q4_1", lead=(3,), N=70, K=512),
+                 dict(fmt="Q8_0", lead=(1,), N=129, K=512), dict(fmt="Q8_0", lead=(2, 2), N=5, K=32)],
+        "tiny": [dict(fmt="Q4_1", lead=(1,), N=3, K=32), dict(fmt="Q8_0", lead=(2,), N=3, K=64)],
     },
 }
 

@@ -178,6 +178,13 @@ def decode_dims_BHKSD(draw, tiny: bool = False, *, max_G: int | None = None, max
                 lengths=draw(st.booleans()), special=draw(st.booleans()))
 
 
+@st.composite
+def quantized_matvec_dims(draw, tiny: bool = False) -> dict:
+    """W [N, K] in Q8_0 or Q4_1 blocks (K a multiple of 32, up to 512; N with tails past whole row blocks), x [..., K]."""
+    return dict(fmt=draw(st.sampled_from(["Q8_0", "Q4_1"])), lead=draw(lead_dims(1, 2)),
+                N=draw(dims(1, 8 if tiny else 200)), K=32 * draw(dims(1, 2 if tiny else 16)))
+
+
 KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "softmax": softmax_dims,
     "layer_norm": layer_norm_dims_NC,
@@ -189,6 +196,7 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "glu_gate": glu_gate_dims_NF,
     "masked_attention": attention_dims_BHKTSD,
     "decode_attention": decode_dims_BHKSD,
+    "quantized_matvec": quantized_matvec_dims,
 }
 
 

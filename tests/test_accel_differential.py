@@ -145,7 +145,7 @@ def test_registry_lookups_and_backend_reasons():
         registry.kernels("fortran")
     assert {s.name for s in registry.kernels("numba")} == {
         "softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention",
-        "decode_attention"}
+        "decode_attention", "quantized_matvec"}
     avail = registry.available_backends()
     assert set(avail) == set(registry.BACKENDS)
     assert avail["numba"] == "", avail["numba"]

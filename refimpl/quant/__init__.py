@@ -14,6 +14,7 @@ Q4_3) and 31-33, 36-38 are retired and never appear in a GGUF file.
 The formats' math (one function per format, its equation and block layout in its docstring):
     dequantize(data, t, shape) -> float32 [*shape]   bytes as stored -> values, bit for bit as ggml (dequant.py)
     quantize(x, t) -> uint8 [nbytes]                  values -> bytes as llama.cpp's reference quantizers (quantizers.py)
+    quantized_matvec(blocks, t, (N, K), x) -> [..., N] x W^T with W decoded, summed in float64 (matmul.py)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["GGMLType", "GGML_TYPES", "ggml_type", "row_nbytes", "QK_K", "dequantize", "DEQUANTIZERS",
-           "quantize", "QUANTIZERS"]
+           "quantize", "QUANTIZERS", "quantized_matvec"]
 
 QK_K = 256  # values in one super-block of the k-quants and the 256-value i-quants
 
@@ -103,3 +104,4 @@ def row_nbytes(t, n: int) -> int:
 # The formats' math lives in submodules that import the table above, hence imported last.
 from .dequant import DEQUANTIZERS, dequantize  # noqa: E402
 from .quantizers import QUANTIZERS, quantize  # noqa: E402
+from .matmul import quantized_matvec  # noqa: E402
