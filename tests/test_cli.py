@@ -190,7 +190,7 @@ def test_verify_numba_prints_a_passing_table(capsys):
     assert main(["verify", "--backend", "numba"]) == 0
     out = capsys.readouterr().out
     for name in ("softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "apply_rope", "masked_attention",
-                 "decode_attention"):
+                 "decode_attention", "quantized_matvec"):
         assert name in out
     assert " 0 failed" in out
 
