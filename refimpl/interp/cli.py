@@ -316,7 +316,7 @@ def cmd_sinks(args) -> int:
 
     model = _load(args.model)
     context = _context(model, default=1024)
-    T = context if args.max_tokens is None else min(args.max_tokens, context)
+    T = min(context, _sink_chunk(model)) if args.max_tokens is None else min(args.max_tokens, context)
     if args.chunks < 1:
         raise _Usage(f"--chunks must be >= 1; got {args.chunks}")
     # A text for a model whose tokenizer has a BOS: each chunk is [BOS] + its next T - 1 tokens, as the
@@ -346,7 +346,13 @@ def cmd_sinks(args) -> int:
             raise _Usage(f"--k must lie in 1 .. T={T}; got {k}")
     chunks = [np.concatenate([[bos] * b, ids[c * S:(c + 1) * S]]).astype(np.int64) for c in range(n // S)]
     # share is linear in w, so the mean of the chunks' shares is the share of their mean weights
-    w = np.mean([attention_weights(model, c) for c in chunks], axis=0)  # [L, H, T, T]
+    from .._progress import Progress
+
+    w = 0.0
+    with Progress(f"sinks: attention maps of {len(chunks)} chunk(s) of {T} tokens", len(chunks), unit="chunks") as bar:
+        for c in chunks:
+            w = w + attention_weights(model, c) / len(chunks)  # [L, H, T, T]
+            bar.step()
     out = Path(args.out)
     result = {"tokens_per_chunk": int(T), "chunks": len(chunks), "bos_first": bool(b),
               **({"bos_token": int(bos)} if b else {}), "tables": {}}
@@ -359,10 +365,40 @@ def cmd_sinks(args) -> int:
         paths.append(plot_sink_statistics(sink_share(w, k), uniform, out / name, k=k))
         print(f"attention on the first {k} token(s), T={T} ({len(chunks)} chunk(s) averaged"
               f"{f', each [BOS {bos}] + {S} input tokens' if b else ''}); a uniform causal head gives {uniform:.4f}")
-        print(_table(["layer", "head", "share", "ratio"], [[r["layer"], r["head"], r["share"], r["ratio"]] for r in rows]))
+        if len(rows) <= SINK_ROWS_PRINTED:
+            print(_table(["layer", "head", "share", "ratio"],
+                         [[r["layer"], r["head"], r["share"], r["ratio"]] for r in rows]))
+        else:  # a wide model: one line per layer (every head's row is in sinks.json and the picture)
+            print(_table(["layer", "median share", "median ratio", "max ratio", "heads >= 2x"],
+                         [_sink_layer_row(rows, l) for l in sorted({r["layer"] for r in rows})]))
+            ratios = np.array([r["ratio"] for r in rows])
+            print(f"{int((ratios >= 2).sum())} of {len(rows)} heads put >= 2x uniform on the first {k} token(s); "
+                  f"largest {ratios.max():.1f}x")
     paths.append(_write_json(out, "sinks.json", result))
     _done(paths)
     return 0
+
+
+STREAM_WIDE_CONTEXT = 1024  # streaming: a context longer than this gets a cache of STREAM_WIDE_CACHE by default
+STREAM_WIDE_CACHE = 64
+SINK_ROWS_PRINTED = 64  # more heads than this: the table prints one line per layer
+SINK_MAP_BYTES = 256 << 20  # the default chunk length keeps one chunk's maps [L, H, T, T] float64 within this
+
+
+def _sink_chunk(model) -> int:
+    """The default tokens per sinks chunk: the most T whose attention maps L * H * T * T * 8 bytes fit
+    SINK_MAP_BYTES, floored to a multiple of 64 (1024 for a 4-layer, 8-head model; 320 for 30 x 9)."""
+    from ._family import decoder_of
+
+    L, H = decoder_of(model).n_layers(model.config), model.config.n_head if hasattr(model.config, "n_head") else \
+        model.config.num_attention_heads
+    return max(64, int(math.sqrt(SINK_MAP_BYTES / (8 * L * H))) // 64 * 64)
+
+
+def _sink_layer_row(rows, layer) -> list:
+    r = [x for x in rows if x["layer"] == layer]
+    share, ratio = np.array([x["share"] for x in r]), np.array([x["ratio"] for x in r])
+    return [layer, float(np.median(share)), float(np.median(ratio)), float(ratio.max()), f"{int((ratio >= 2).sum())}/{len(r)}"]
 
 
 def cmd_streaming(args) -> int:
@@ -381,14 +417,20 @@ def cmd_streaming(args) -> int:
     if args.window is None and not 0 <= args.n_sink < P:
         raise _Usage(f"--n-sink must lie in 0 .. {name} - 1 = {P - 1} (the window gets the rest of the "
                      f"context); got {args.n_sink}")
-    window = P - args.n_sink if args.window is None else args.window
+    # A long context (SmolLM2: 8192) would make the default 4 x P tokens, one forward each, take hours: its
+    # cache defaults to STREAM_WIDE_CACHE tokens instead (the eviction, and the collapse, after the first 64).
+    wide = args.window is None and P is not None and P > STREAM_WIDE_CONTEXT
+    if wide and not 0 <= args.n_sink < STREAM_WIDE_CACHE:
+        raise _Usage(f"--n-sink must lie in 0 .. {STREAM_WIDE_CACHE - 1} (the default cache of a long-context "
+                     f"model; give --window for another); got {args.n_sink}")
+    window = (STREAM_WIDE_CACHE if wide else P) - args.n_sink if args.window is None else args.window
     if args.n_sink < 0 or window < 1 or (P is not None and args.n_sink + window > P):  # checked before the note below
         raise _Usage(f"--n-sink must be >= 0 and --window >= 1 with n_sink + window <= {name} = {P}; "
                      f"got n_sink {args.n_sink}, window {window}")
     if args.tokens is not None and args.tokens < 1:
         raise _Usage(f"--tokens must be >= 1; got {args.tokens}")
     M = args.n_sink + window
-    limit = args.tokens or 4 * (P or M)
+    limit = args.tokens or 4 * (M if wide else P or M)
     ids = _ids(model, args, default=None, limit=limit)
     bos = getattr(model.tokenizer, "bos_token", None)
     if args.ids is None and bos is not None and ids[0] != bos:  # a text starts with the BOS its tokenizer puts first
@@ -948,7 +990,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("streaming", help="StreamingLLM perplexity: window vs sinks + window vs recompute")
     common(p, max_tokens=False)
     p.add_argument("--n-sink", type=int, default=4)
-    p.add_argument("--window", type=int, help="recent tokens kept (default: the context - n_sink)")
+    p.add_argument("--window", type=int, help="recent tokens kept (default: the context - n_sink; for a context "
+                   f"over {STREAM_WIDE_CONTEXT} tokens, {STREAM_WIDE_CACHE} - n_sink)")
     p.add_argument("--tokens", type=int, help="tokens of the input used (default 4 x the context)")
     p.set_defaults(func=cmd_streaming)
 

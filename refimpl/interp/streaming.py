@@ -295,6 +295,9 @@ def streaming_generate(model, prompt, *, n_sink: int = 4, window: int | None = N
     return out
 
 
+RECOMPUTE_BATCH_TOKENS = 1024  # recompute_window_logits runs its windows in batches of about this many tokens
+
+
 def recompute_window_logits(model, ids, *, context: int | None = None, bos: int | None = None,
                             on_token=None) -> np.ndarray:
     """z_t = model(ids[max(0, t-M+1) .. t])[-1]: a fresh forward over the last M = context tokens, per token.
@@ -325,12 +328,15 @@ def recompute_window_logits(model, ids, *, context: int | None = None, bos: int 
     out[:first] = z0
     if on_token is not None:
         on_token(first)
-    for t in range(first, N):  # positions 0 .. M-1 for the window ids[t-M+1 .. t] (or [bos] + ids[t-M+2 .. t])
-        window = ids[t - M + 1:t + 1] if bos is None else np.concatenate([[bos], ids[t - M + 2:t + 1]])
-        h = dec.hidden_states(model.params, model.config, window[None, :], last_only=True)  # [1, 1, C]
-        out[t] = dec.lm_head(model, h[0, -1])
+    B = max(1, RECOMPUTE_BATCH_TOKENS // M)  # windows per forward: all of them are M long, so they stack
+    for t0 in range(first, N, B):  # positions 0 .. M-1 for the window ids[t-M+1 .. t] (or [bos] + ids[t-M+2 .. t])
+        ts = range(t0, min(N, t0 + B))
+        windows = np.stack([ids[t - M + 1:t + 1] if bos is None else np.concatenate([[bos], ids[t - M + 2:t + 1]])
+                            for t in ts])  # [b, M]
+        h = dec.hidden_states(model.params, model.config, windows, last_only=True)  # [b, 1, C]
+        out[t0:t0 + len(ts)] = dec.lm_head(model, h[:, -1])
         if on_token is not None:
-            on_token(1)
+            on_token(len(ts))
     return out
 
 
