@@ -7,8 +7,8 @@
     GGUF_ARCHITECTURES: the general.architecture values read here
 
 Architectures: llama (LLaMA, Mistral, SmolLM2 and the others llama.cpp's converter writes as
-`llama`), qwen2, qwen3, gemma, gemma2, phi3. Any other is a WeightFileError naming it (gemma3
-among them, for now). The file is read with refimpl.gguf and each tensor dequantized with
+`llama`), qwen2, qwen3, gemma, gemma2, gemma3 (Gemma 3's text decoder, model type gemma3_text), phi3.
+Any other is a WeightFileError naming it. The file is read with refimpl.gguf and each tensor dequantized with
 refimpl.quant into the requested dtype, one tensor at a time (a quantized file becomes about
 4 / (bits per weight / 8) times its size in float32, and no more than that is kept).
 
@@ -19,7 +19,8 @@ attention.head_count_kv (default: head_count), attention.key_length / value_leng
 C / H; the two must agree), rope.freq_base (default 10000), rope.dimension_count (the rotated
 part of each head: all of it, except Phi-3 may rotate a part), rope.scaling.type none or linear
 with rope.scaling.factor, attention.sliding_window (Gemma-2: the windowed layers, every other one
-from the first; Phi-3: every layer, and 0 means no window, as the converter writes it for Phi-4),
+from the first; Gemma 3, where it is required: the sliding layers, as below; Phi-3: every layer, and 0 means
+no window, as the converter writes it for Phi-4),
 Gemma-2's attn_logit_softcapping and final_logit_softcapping (default 50 and 30, as llama.cpp's).
 vocab_size is the token embedding's rows (and "{arch}.vocab_size", if given, must agree);
 tie_word_embeddings when output.weight is absent; bos, eos and pad ids from
@@ -41,14 +42,21 @@ is Hugging Face's:
      their biases) from half-split to interleaved order. `half_split_rows` undoes it (the rows of
      each head taken in refimpl.positional.rope_pair_permutation's order). qwen2, qwen3, gemma,
      gemma2 and phi3 run llama.cpp's half-split ("NEOX") RoPE and are stored unpermuted.
-  2. Gemma / Gemma-2 norms: the converter stores every RMSNorm weight as 1 + w (llama.cpp
+  2. Gemma / Gemma-2 / Gemma 3 norms: the converter stores every RMSNorm weight as 1 + w (llama.cpp
      multiplies by the weight itself); Hugging Face's Gemma multiplies by 1 + w, so w = stored - 1
-     (computed in the requested dtype: exact for stored values >= 0.5, as in Hugging Face's loader).
+     (computed in the requested dtype, as in Hugging Face's loader: exact for stored values >= 0.5, up to
+     2^24 in float32; correctly rounded below 0.5. Gemma 3 270M: exact for all its 55,936 norm weights, 44,873 of them outside
+     [0.5, 2]; tests/test_gguf_models.py).
   3. Gemma-2's query scale: the file has no query_pre_attn_scalar; llama.cpp scales scores by
      1 / sqrt(head_dim), and by 1 / sqrt(C / H) for its 27B model (46 layers), so query_pre_attn_scalar
-     is head_dim, or C / H for 46 layers, as llama.cpp reads it.
+     is head_dim, or C / H for 46 layers, as llama.cpp reads it. Gemma 3 likewise: head_dim (key_length), or
+     C / H for its 27B (62 layers). Gemma 3's layout and local RoPE, not in the file either, are
+     llama.cpp's fixed ones (Hugging Face's defaults): layer i full when (i + 1) % 6 == 0, else windowed
+     with attention.sliding_window (required, > 0); the windowed layers' RoPE theta 10000, unscaled (the
+     file's rope.freq_base and rope.scaling.* are the full layers'). (llama.cpp's newer optional keys
+     attention.sliding_window_pattern and rope.freq_base_swa are refused by name, not read.)
   4. Names: token_embd, output_norm, output, blk.N.{attn_norm, attn_q, attn_k, attn_v,
-     attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}; Gemma-2's
+     attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}; Gemma-2's and 3's
      blk.N.post_attention_norm and post_ffw_norm (its ffn_norm is the pre-feed-forward norm); Phi-3's
      fused blk.N.attn_qkv (rows q | k | v) and ffn_up (rows gate | up), laid out as Hugging Face's
      qkv_proj and gate_up_proj. Shapes in NumPy order (ggml's ne reversed) are Hugging Face's
@@ -74,9 +82,10 @@ from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 __all__ = ["GGUF_ARCHITECTURES", "PERMUTED_ARCHITECTURES", "config_from_gguf", "gguf_names", "gguf_path", "load_gguf",
            "load_gguf_model", "half_split_rows", "interleaved_rows"]
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
 PERMUTED_ARCHITECTURES = ("llama",)  # convention 1: q, k rows in interleaved RoPE order
-_PLUS_ONE_ARCHITECTURES = ("gemma", "gemma2")  # convention 2: norm weights stored as 1 + w
+_PLUS_ONE_ARCHITECTURES = ("gemma", "gemma2", "gemma3_text")  # convention 2 (model types): norms stored as 1 + w
+_MODEL_TYPES = {"gemma3": "gemma3_text"}  # architecture -> model type, where they differ
 
 # "{arch}." keys read here; any other is refused. (Keys outside "{arch}.", such as general.*, tokenizer.*,
 # quantize.*, describe the file, its tokenizer or its making, not the forward.)
@@ -88,7 +97,7 @@ _KEYS = frozenset({
     "attn_logit_softcapping", "final_logit_softcapping", "expert_count", "expert_used_count", "tensor_data_layout",
 })
 _BLOCK = re.compile(r"blk\.([0-9]{1,18})\.")  # a tensor of block N
-_WINDOWED = ("gemma2", "phi3")  # the architectures whose attention.sliding_window llama.cpp applies
+_WINDOWED = ("gemma2", "gemma3", "phi3")  # the architectures whose attention.sliding_window llama.cpp applies
 _SOFT_CAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 _REFUSED_TENSORS = {
     "rope_freqs.weight": "per-frequency RoPE divisors (Llama-3.1-style rope scaling)",
@@ -194,7 +203,7 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
     if D is None:
         raise WeightFileError(f"{where}: {p}embedding_length={C} is not divisible by attention.head_count={H} and "
                               "attention.key_length is not given")
-    d = {"model_type": arch, "vocab_size": V, "hidden_size": C, "head_dim": D,
+    d = {"model_type": _MODEL_TYPES.get(arch, arch), "vocab_size": V, "hidden_size": C, "head_dim": D,
          "intermediate_size": get("feed_forward_length", int, required=True),
          "num_hidden_layers": L, "num_attention_heads": H,
          "num_key_value_heads": get("attention.head_count_kv", int, H),
@@ -218,8 +227,9 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
             raise WeightFileError(f"{where}: {p}attention.sliding_window={window}: llama.cpp applies no window for "
                                   f"architecture {arch!r}, and refimpl does not implement one there")
         d["sliding_window"] = window
-    elif arch == "gemma2":
-        raise WeightFileError(f"{where}: the GGUF metadata has no {p}attention.sliding_window, which Gemma-2 needs")
+    elif arch in ("gemma2", "gemma3"):
+        raise WeightFileError(f"{where}: the GGUF metadata has no {p}attention.sliding_window, which "
+                              f"{'Gemma-2' if arch == 'gemma2' else 'Gemma 3'} needs")
     elif arch == "phi3":
         d["sliding_window"] = None
     if arch == "gemma2":
@@ -231,6 +241,14 @@ def config_from_gguf(metadata: Mapping, tensor_shapes: Mapping[str, tuple[int, .
         if present:
             raise WeightFileError(f"{where}: GGUF metadata {present}: soft-capping is Gemma-2's; not implemented "
                                   f"for {arch!r}")
+    if arch == "gemma3":  # convention 3 (Gemma 3): llama.cpp's fixed layout and local RoPE, its 27B's query scale
+        if window == 0:
+            raise WeightFileError(f"{where}: {p}attention.sliding_window=0: a Gemma 3 without windowed layers "
+                                  "is not implemented")
+        d["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(L)]
+        d["rope_parameters"] = {"full_attention": d["rope_parameters"],
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        d["query_pre_attn_scalar"] = C // H if L == 62 else D
     for ours, theirs in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                          ("pad_token_id", "padding_token_id")):
         if "tokenizer.ggml." + theirs in metadata:
