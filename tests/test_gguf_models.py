@@ -25,7 +25,7 @@ import refimpl  # noqa: E402
 import refimpl.decoding  # noqa: E402
 import refimpl.models  # noqa: E402
 from refimpl.checkpoint import WeightFileError  # noqa: E402
-from refimpl.llama.gguf import half_split_rows, interleaved_rows, load_gguf  # noqa: E402
+from refimpl.llama.gguf import gguf_names, half_split_rows, interleaved_rows, load_gguf  # noqa: E402
 from refimpl.llama.model import forward  # noqa: E402
 from refimpl.positional import apply_rope  # noqa: E402
 from refimpl.models import family_of, resolve_model  # noqa: E402
@@ -132,6 +132,110 @@ def test_smollm2_float64_matches_transformers_in_float64_throughout(smol, monkey
     assert err <= 1e-12, FLOAT32_STEPS
 
 
+# ----------------------------------------------------------------------------- Gemma 3 270M Q4_K_M
+
+# Gemma 3 270M prompts: text, and its ids through transformers' GGUF tokenizer (the BOS first).
+GEMMA3_PROMPTS = {
+    "capital": ("The capital of France is", [2, 818, 5279, 529, 7001, 563]),
+    "story": ("Once upon a time, there was a little girl who lived in a village near the forest.",
+              [2, 14946, 3324, 496, 990, 236764, 993, 691, 496, 2268, 3953, 1015, 11742, 528, 496, 9744, 3541, 506,
+               6426, 236761]),
+}
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    """(path, ours float32 through the front door, transformers' model of the same file). transformers builds a
+    GGUFReader for the config and again for the tensors, and each costs many seconds on this file's 262,144-token
+    vocabulary: here the two share the first (the same object each would build: a read-only view of the file)."""
+    import gguf as gguf_package
+
+    path = resolve_model("gemma-3-270m")
+    reader, readers = gguf_package.GGUFReader, {}
+
+    def shared_reader(p, *args, **kwargs):
+        key = (str(p), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader(p, *args, **kwargs)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf_package, "GGUFReader", shared_reader)
+        hf = hf_from_gguf(path)
+    return path, refimpl.load("gemma-3-270m"), hf
+
+
+def test_gemma3_270m_is_read_by_the_front_door(gemma3):
+    """The config equals transformers' field by field (the rms_norm_eps both read is the file's float32
+    9.99999997e-07); the layout and local RoPE llama.cpp fixes for gemma3 (not in the file) are Hugging Face's."""
+    path, ours, hf = gemma3
+    assert family_of(path) == family_of("gemma-3-270m") == "llama"
+    c = ours.config
+    assert c.model_type == "gemma3_text" and ours.params.dtype == np.float32
+    assert_agrees(c, hf.config)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.vocab_size) == (18, 640, 4, 1, 256, 262144)
+    assert c.rms_norm_eps == float(np.float32(1e-6)) == hf.config.rms_norm_eps
+    assert [i for i, t in enumerate(c.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert (c.sliding_window, c.query_pre_attn_scalar, c.rope.rope_theta, c.rope_local.rope_theta) == (
+        512, 256, 1e6, 1e4)
+    assert c.tie_word_embeddings and ours.params.lm_head is None and ours.chat_template is None
+
+
+def test_gemma3_norms_stored_as_one_plus_w_come_back_exactly(gemma3):
+    """w = stored - 1 in float32 is exact for every norm weight of the file (equal to the float64 difference,
+    and to transformers' weight), though most stored values lie outside [0.5, 2], where Sterbenz's lemma
+    would promise it."""
+    from refimpl.gguf import read_gguf
+    from refimpl.quant import dequantize
+
+    path, ours, hf = gemma3
+    f = read_gguf(path)
+    ours_state, hf_state = ours.params.to_checkpoint(ours.config), hf.state_dict()
+    outside = total = 0
+    for name, hf_name in gguf_names(ours.config).items():
+        if name.endswith("norm.weight"):
+            t = f.tensors[name]
+            stored = dequantize(f.tensor_bytes(name), t.ggml_type, tuple(t.shape)).astype(np.float64)
+            assert np.array_equal(ours_state[hf_name].astype(np.float64), stored - 1), name
+            assert np.array_equal(hf_state[hf_name].numpy(), ours_state[hf_name]), name
+            outside += int(np.count_nonzero((stored < 0.5) | (stored > 2)))
+            total += stored.size
+    print(f"\ngemma-3-270m: {total} norm weights, {outside} stored outside [0.5, 2], all recovered exactly")
+    assert total == 18 * (4 * 640 + 2 * 256) + 640
+
+
+def test_gemma3_270m_has_the_tokenizer_of_its_metadata(gemma3):
+    """The file's SentencePiece-style tokenizer: a text prompt's ids (BOS first) are transformers'."""
+    _, ours, _ = gemma3
+    assert ours.tokenizer.vocab_size == 262144 and ours.tokenizer.bos_token == 2
+    for name, (text, ids) in GEMMA3_PROMPTS.items():
+        assert refimpl.generate(ours, text, max_new_tokens=0).prompt_ids == ids, name
+
+
+def test_gemma3_270m_logits_match_transformers_float32(gemma3):
+    """float32: within 2e-6 of transformers (scripts/gemma3_gguf_check.py: the float64 figures, a prompt past
+    the 512-key window)."""
+    _, ours, hf = gemma3
+    for name, (_, ids) in GEMMA3_PROMPTS.items():
+        z, ref = refimpl.logits(ours, np.array([ids])), hf_logits(hf, [ids])
+        assert z.dtype == np.float32 and z.shape == ref.shape == (1, len(ids), 262144)
+        err = max_rel_diff(z, ref)
+        DIFFS.show(f"gemma-3-270m Q4_K_M float32 '{name}' ({len(ids)} tokens) vs transformers", max_rel=err, tol=2e-6)
+        assert err <= 2e-6
+
+
+def test_gemma3_270m_greedy_32_tokens_equal_transformers_generate(gemma3):
+    _, ours, hf = gemma3
+    hf.generation_config.eos_token_id = None  # run all 32 steps, as ours with eos_token_id=None
+    for name, (text, ids) in GEMMA3_PROMPTS.items():
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=32, do_sample=False, pad_token_id=0)
+        got = refimpl.generate(ours, text, max_new_tokens=32, eos_token_id=None)
+        assert got.prompt_ids == ids and got.ids == ref[0, len(ids):].tolist(), name
+
+
 # ----------------------------------------------------------------------------- convention 1: the RoPE row order
 
 def converter_permute(w, n_heads):
@@ -184,6 +288,8 @@ ARCHS = {
     "gemma": dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16),
     "gemma2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
                    sliding_window=6),
+    "gemma3_text": dict(num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                        query_pre_attn_scalar=256, sliding_window=6),  # layer 5 full, the others windowed
     "phi3": dict(num_key_value_heads=2, sliding_window=None),
 }
 T = 12  # longer than gemma2's window
@@ -192,11 +298,11 @@ T = 12  # longer than gemma2's window
 def hf_random(arch: str, seed: int = 0):
     """A random *ForCausalLM of ARCHS[arch], every parameter random (Hugging Face's init zeroes biases, sets norms to 1)."""
     config = transformers.AutoConfig.for_model(arch, **{**SHAPES, **ARCHS[arch]})
-    config.tie_word_embeddings = arch in ("gemma", "gemma2")
+    gemma = arch in ("gemma", "gemma2", "gemma3_text")
+    config.tie_word_embeddings = gemma
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     gen = torch.Generator().manual_seed(seed)
-    gemma = arch in ("gemma", "gemma2")
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
@@ -215,7 +321,9 @@ def write_like_llama_cpp(model, path, *, arch=None, drop=(), reshape=None, extra
     """Write `model` as llama.cpp's converter would (F32): its metadata keys, GGUF tensor names, q / k rows of
     `llama` permuted, Gemma's norm weights as 1 + w. drop / reshape / extra / more_tensors spoil it for error tests."""
     c = model.config
-    arch = arch or c.model_type
+    own_arch = {"gemma3_text": "gemma3"}.get(c.model_type, c.model_type)  # the GGUF architecture of the model
+    arch = arch or own_arch
+    gemma = c.model_type in ("gemma", "gemma2", "gemma3_text")
     D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
@@ -225,13 +333,14 @@ def write_like_llama_cpp(model, path, *, arch=None, drop=(), reshape=None, extra
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_rope_freq_base(c.rope_parameters.get("full_attention", c.rope_parameters)["rope_theta"])
     w.add_rope_dimension_count(D)
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_vocab_size(c.vocab_size)
-    if c.model_type in ("gemma2",):
+    if c.model_type in ("gemma2", "gemma3_text"):
         w.add_sliding_window(c.sliding_window)
+    if c.model_type == "gemma2":
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
     w.add_bos_token_id(c.bos_token_id)
@@ -240,7 +349,7 @@ def write_like_llama_cpp(model, path, *, arch=None, drop=(), reshape=None, extra
     for key, value in (extra or {}).items():
         (w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32)(
             key, value)
-    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == c.model_type),
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == own_arch),
                                      c.num_hidden_layers)
     tensors = {}
     for hf_name, t in model.state_dict().items():
@@ -251,7 +360,7 @@ def write_like_llama_cpp(model, path, *, arch=None, drop=(), reshape=None, extra
         a = t.detach().numpy().astype(np.float32)
         if c.model_type == "llama" and (".attn_q." in name or ".attn_k." in name):
             a = converter_permute(a, c.num_attention_heads if ".attn_q." in name else c.num_key_value_heads)
-        if c.model_type in ("gemma", "gemma2") and name.endswith("norm.weight"):
+        if gemma and name.endswith("norm.weight"):
             a = a + np.float32(1)
         tensors[name] = a
     tensors.update(more_tensors or {})
@@ -324,11 +433,6 @@ def test_a_bad_file_is_one_error_naming_the_file_and_the_fault(spoil, names, wri
     assert str(path) in msg and all(n in msg for n in names), msg
 
 
-def test_gemma3_is_refused_naming_its_architecture():
-    msg = _error(resolve_model("gemma-3-270m"))
-    assert "gemma-3-270m-q4_k_m.gguf" in msg and "'gemma3'" in msg and "llama, qwen2, qwen3, gemma, gemma2, phi3" in msg
-
-
 def test_a_folder_of_several_gguf_files_is_an_error(written, tmp_path):
     model, _ = written("llama")
     write_like_llama_cpp(model, tmp_path / "a.gguf")
@@ -375,6 +479,32 @@ def test_metadata_rules_that_transformers_does_not_read():
         config_from_gguf(_metadata("llama", block_count=10**9), shapes, "x.gguf")
     with pytest.raises(WeightFileError, match="x.gguf.*context_length"):
         config_from_gguf({k: v for k, v in _metadata("qwen3").items() if "context" not in k}, shapes, "x.gguf")
+
+
+def test_gemma3_metadata_rules_of_llama_cpp():
+    """gemma3: llama.cpp's fixed 5:1 layout and local RoPE (theta 1e4, unscaled: rope.scaling.* is the full
+    layers'), the query scale head_dim or, for the 62-layer 27B, C / H; a missing or zero window and the keys
+    this code does not read are errors naming them."""
+    from refimpl.llama.gguf import config_from_gguf
+
+    def blocks(n):
+        return {"token_embd.weight": (50, 64), **{f"blk.{i}.attn_norm.weight": (64,) for i in range(n)}}
+
+    keys = {"attention.key_length": 32, "attention.sliding_window": 8}
+    g = config_from_gguf(_metadata("gemma3", block_count=12, **keys, **{"rope.scaling.type": "linear",
+                                                                         "rope.scaling.factor": 8.0}), blocks(12))
+    assert g.model_type == "gemma3_text" and g.query_pre_attn_scalar == 32 and g.window(0) == 8
+    assert [i for i, t in enumerate(g.layer_types) if t == "full_attention"] == [5, 11] and g.window(5) is None
+    assert (g.rope.rope_type, g.rope.factor, g.rope.rope_theta) == ("linear", 8.0, 10000.0)
+    assert (g.rope_local.rope_type, g.rope_local.rope_theta) == ("default", 10000.0) and g.rope_of(0) == g.rope_local
+    assert config_from_gguf(_metadata("gemma3", block_count=62, **keys), blocks(62)).query_pre_attn_scalar == 64 // 4
+    for spoil, message in (({"attention.sliding_window": None}, "no gemma3.attention.sliding_window"),
+                           ({"attention.sliding_window": 0}, "sliding_window=0"),
+                           ({"final_logit_softcapping": 30.0}, "soft-capping"),
+                           ({"attention.sliding_window_pattern": 6}, "sliding_window_pattern.*not implemented")):
+        metadata = {k: v for k, v in _metadata("gemma3", **{**keys, **spoil}).items() if v is not None}
+        with pytest.raises(WeightFileError, match="x.gguf: .*" + message):
+            config_from_gguf(metadata, blocks(2), "x.gguf")
 
 
 def test_the_command_lines_thread_rule_reads_a_gguf_models_width_from_its_config(written, smol):
