@@ -7,8 +7,8 @@
 Names (`resolve_model`): the shipped models are "shakespeare-gpt2" (the default: a small GPT-2,
 refimpl/data/default/) and "shakespeare-llama" (a small LLaMA, refimpl/data/shakespeare-llama/),
 both trained on Shakespeare; FETCHED_MODELS are pretrained GGUF files fetched into the data
-directory on first use ("smollm2-135m-instruct"; "gemma-3-270m", whose architecture gemma3 is not
-read yet). Wherever a model path is taken (load, family_of, export, every command's --model), a
+directory on first use ("smollm2-135m-instruct"; "gemma-3-270m", Gemma 3's text decoder of 270M
+parameters). Wherever a model path is taken (load, family_of, export, every command's --model), a
 path that exists is that path, and otherwise a name in MODEL_NAMES is its shipped directory (a name
 in FETCHED_MODELS its file): so ./shakespeare-gpt2, if there is such a folder, is that folder. A
 name whose directory is missing from this installation is a one-line error saying so.
@@ -17,7 +17,7 @@ Which family reads `path` (`family_of`) is decided by the files, in this order:
 
     a GGUF file (*.gguf, or a folder holding one *.gguf and no config.json)
                                 -> refimpl.llama.gguf.load_gguf_model: general.architecture
-                                   llama, qwen2, qwen3, gemma, gemma2 or phi3 (else an error naming it),
+                                   llama, qwen2, qwen3, gemma, gemma2, gemma3 or phi3 (else an error naming it),
                                    with the tokenizer and chat template of its metadata
     config.json's model_type    (in the directory, or beside a weights file)
         "gpt2"                  -> refimpl.gpt2.load    (every format it reads)

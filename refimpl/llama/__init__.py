@@ -7,7 +7,8 @@
     io       load_weights(path) -> (config, params) from a Hugging Face directory (single or
              sharded safetensors) or one .safetensors file; no pickle on any path
     gguf     load_gguf(path) -> (config, params, metadata) from a GGUF file (llama.cpp's format: architectures
-             llama, qwen2, qwen3, gemma, gemma2, phi3), the converter's conventions undone; load_weights reads it too
+             llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3), the converter's conventions undone; load_weights reads
+             it too
     gguf_write  save_gguf(model or path, out, type="F32") writes one (F32, F16, BF16, Q8_0 .. Q5_1, Q4_K .. Q6_K)
     checks   the checks at the door of the forward (ids, cache, mask, positions, the context limit)
     model    the forward, read top to bottom: LlamaModel, KVCache, hidden_states, forward, logits

@@ -45,8 +45,8 @@ is Hugging Face's:
   2. Gemma / Gemma-2 / Gemma 3 norms: the converter stores every RMSNorm weight as 1 + w (llama.cpp
      multiplies by the weight itself); Hugging Face's Gemma multiplies by 1 + w, so w = stored - 1
      (computed in the requested dtype, as in Hugging Face's loader: exact for stored values >= 0.5, up to
-     2^24 in float32; correctly rounded below 0.5. Gemma 3 270M: exact for all its 55,936 norm weights, 44,873 of them outside
-     [0.5, 2]; tests/test_gguf_models.py).
+     2^24 in float32; correctly rounded below 0.5. Gemma 3 270M: exact for all its 55,936 norm weights,
+     44,873 of them outside [0.5, 2]; tests/test_gguf_models.py).
   3. Gemma-2's query scale: the file has no query_pre_attn_scalar; llama.cpp scales scores by
      1 / sqrt(head_dim), and by 1 / sqrt(C / H) for its 27B model (46 layers), so query_pre_attn_scalar
      is head_dim, or C / H for 46 layers, as llama.cpp reads it. Gemma 3 likewise: head_dim (key_length), or
