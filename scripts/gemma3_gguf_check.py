@@ -2,11 +2,11 @@
 
     PYTHONPATH=. python scripts/gemma3_gguf_check.py [n_tokens]
 
-Prints max|ours - ref| / max|ref| over all logits: float32 ours vs transformers on one prompt of n_tokens
-(default 600: past the 512-key window of the sliding layers); then, on tests/test_gguf_models.py's short
-prompts, ours float64 vs transformers run in float64 throughout (its float32-only steps lifted:
-tests/llama_oracle.float64_throughout), and each side's float32 logits vs that float64 reference.
-Needs about 6 GB of memory.
+Prints max|ours - ref| / max|ref| over all logits, on tests/test_gguf_models.py's short prompts and on one
+of n_tokens (default 600: past the 512-key window of the sliding layers): float32 ours vs transformers; ours
+float64 vs transformers run in float64 throughout (its float32-only steps lifted:
+tests/llama_oracle.float64_throughout); and each side's float32 logits vs that float64 reference.
+Needs about 9 GB of memory.
 """
 
 import sys
@@ -33,28 +33,27 @@ TEXT = ("The history of the city begins with a small settlement on the river, wh
 def main(n_tokens: int = 600) -> None:
     path = resolve_model("gemma-3-270m")
     ours = refimpl.load(path)
-    ids = encode_prompt(ours.tokenizer, TEXT * 20)[:n_tokens]
-    assert len(ids) == n_tokens
+    long = encode_prompt(ours.tokenizer, TEXT * 20)[:n_tokens]
+    assert len(long) == n_tokens
+    prompts = {**{name: ids for name, (_, ids) in GEMMA3_PROMPTS.items()}, f"{n_tokens} tokens": long}
     hf = hf_from_gguf(path)
     t = time.perf_counter()
-    z = refimpl.logits(ours, np.array([ids]))
-    print(f"ours float32 forward of {n_tokens} tokens: {time.perf_counter() - t:.1f} s")
-    print(f"float32, {n_tokens} tokens: ours vs transformers {max_rel_diff(z, hf_logits(hf, [ids])):.3g}")
-    del z
-    short = {name: ids for name, (_, ids) in GEMMA3_PROMPTS.items()}
-    z32 = {name: refimpl.logits(ours, np.array([ids])) for name, ids in short.items()}
-    r32 = {name: hf_logits(hf, [ids]) for name, ids in short.items()}
+    z32 = {name: refimpl.logits(ours, np.array([ids])) for name, ids in prompts.items()}
+    print(f"ours float32 forwards: {time.perf_counter() - t:.1f} s")
+    r32 = {name: hf_logits(hf, [ids]) for name, ids in prompts.items()}
     del ours
     with pytest.MonkeyPatch.context() as mp:
         lifted = float64_throughout(hf, mp)
-        r64 = {name: hf_logits(lifted, [ids]) for name, ids in short.items()}
+        r64 = {name: hf_logits(lifted, [ids]) for name, ids in prompts.items()}
     del hf, lifted
     ours64 = refimpl.load(path, dtype=np.float64)
-    for name, ids in short.items():
+    for name, ids in prompts.items():
         z64 = refimpl.logits(ours64, np.array([ids]))
-        print(f"'{name}' ({len(ids)} tokens): float64 ours vs transformers {max_rel_diff(z64, r64[name]):.3g}; "
-              f"vs transformers float64: ours float32 {max_rel_diff(z32[name], r64[name]):.3g}, "
+        print(f"'{name}' ({len(ids)} tokens): float32 ours vs transformers {max_rel_diff(z32[name], r32[name]):.3g}; "
+              f"float64 ours vs transformers {max_rel_diff(z64, r64[name]):.3g}; vs transformers float64: "
+              f"ours float32 {max_rel_diff(z32[name], r64[name]):.3g}, "
               f"transformers float32 {max_rel_diff(r32[name], r64[name]):.3g}")
+        del z64
 
 
 if __name__ == "__main__":
