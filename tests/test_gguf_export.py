@@ -251,7 +251,8 @@ def _config(**change) -> LlamaConfig:
     (dict(model_type="mistral", sliding_window=8), ["sliding_window"]),
     (dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=16, sliding_window=8, final_logit_softcapping=None),
      ["final_logit_softcapping", "None", "30.0"]),  # (no cap: llama.cpp would cap at its default 30)
-    (dict(model_type="gemma3_text", head_dim=16), ["gemma3_text", "GGUF architecture 'gemma3'"]),
+    (dict(model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=8, sliding_window=8),
+     ["query_pre_attn_scalar", "8", "16"]),  # (llama.cpp scales Gemma 3's scores by head_dim^-1/2)
 ])
 def test_a_model_gguf_cannot_carry_is_refused_naming_the_field(change, words, tmp_path):
     model = random_llama(_config(**change), dtype=np.float32)

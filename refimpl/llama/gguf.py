@@ -84,7 +84,7 @@ __all__ = ["GGUF_ARCHITECTURES", "PERMUTED_ARCHITECTURES", "config_from_gguf", "
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
 PERMUTED_ARCHITECTURES = ("llama",)  # convention 1: q, k rows in interleaved RoPE order
-_PLUS_ONE_ARCHITECTURES = ("gemma", "gemma2", "gemma3_text")  # convention 2 (model types): norms stored as 1 + w
+_PLUS_ONE_ARCHITECTURES = ("gemma", "gemma2", "gemma3")  # convention 2: norm weights stored as 1 + w
 _MODEL_TYPES = {"gemma3": "gemma3_text"}  # architecture -> model type, where they differ
 
 # "{arch}." keys read here; any other is refused. (Keys outside "{arch}.", such as general.*, tokenizer.*,
@@ -384,7 +384,8 @@ def _tensor(f, name: str, config: LlamaConfig, dtype: np.dtype, where: str) -> n
     m = _Q_OR_K.fullmatch(name)
     if m and config.model_type in PERMUTED_ARCHITECTURES:  # convention 1
         a = half_split_rows(a, config.num_attention_heads if m[1] == "q" else config.num_key_value_heads)
-    if name.endswith("norm.weight") and config.model_type in _PLUS_ONE_ARCHITECTURES:  # convention 2
+    arch = {t: a for a, t in _MODEL_TYPES.items()}.get(config.model_type, config.model_type)
+    if name.endswith("norm.weight") and arch in _PLUS_ONE_ARCHITECTURES:  # convention 2
         a -= 1
     return a
 

@@ -29,12 +29,12 @@ k-quants as their _S mix), general.quantization_version 2 for block types; "{arc
 context_length, embedding_length, feed_forward_length, attention.head_count, attention.head_count_kv,
 attention.key_length, attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base,
 rope.dimension_count, vocab_size, rope.scaling.type / factor (linear only), attention.sliding_window
-(Gemma-2, Phi-3), Gemma-2's soft-caps. GGUF stores these reals as float32 (as the converter does), so an
+(Gemma-2, Gemma 3, Phi-3), Gemma-2's soft-caps. GGUF stores these reals as float32 (as the converter does), so an
 eps, theta, RoPE factor or soft-cap that float32 does not hold exactly is rounded to it. Before anything
 is written, the metadata is read back with config_from_gguf: a config whose forward GGUF cannot carry (a
 RoPE scaling other than linear, Gemma-2's query_pre_attn_scalar other than llama.cpp's or no soft-cap,
-a window llama.cpp does not apply, gemma3_text, ...) is a WeightFileError naming the field, never a file
-that runs a different model.
+a window llama.cpp does not apply, Gemma 3's layout other than llama.cpp's, ...) is a WeightFileError
+naming the field, never a file that runs a different model.
 
 The tokenizer: a GGUF source's `tokenizer.*` keys (its vocabulary, merges or scores, token types,
 special ids, chat template) are copied as they are, and so are its general.* keys (name, license, ...)
@@ -129,7 +129,7 @@ def gguf_metadata(config: LlamaConfig, name: str) -> dict:
          p + "rope.dimension_count": u32(c.rotary_dim), p + "vocab_size": u32(c.vocab_size)}
     if c.rope.rope_type == "linear":
         m.update({p + "rope.scaling.type": "linear", p + "rope.scaling.factor": f32(c.rope.factor)})
-    if c.sliding_window is not None and arch in ("gemma2", "phi3"):
+    if c.sliding_window is not None and arch in ("gemma2", "gemma3", "phi3"):
         m[p + "attention.sliding_window"] = u32(c.sliding_window)
     for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
         if arch == "gemma2" and getattr(c, cap) is not None:  # (None: llama.cpp's defaults would apply; refused below)
