@@ -120,18 +120,8 @@ def write_bytes_atomic(path, data: bytes, *, mode: int = 0o644, fsync: bool = Tr
     folder must exist. Returns `path`.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+    with open_atomic(path, mode=mode, fsync=fsync) as f:
+        f.write(data)
     return path
 
 
