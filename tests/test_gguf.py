@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from real_files import REAL_GGUF, real_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,10 +39,7 @@ gguf = pytest.importorskip("gguf", reason="the oracle is the gguf package (pip i
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("REFIMPL_DATA_DIR") or ROOT / ".cache")
-REAL_FILES = {
-    "smollm2-135m-instruct": DATA / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "gemma-3-270m": DATA / "gemma-3-270m" / "gemma-3-270m-q4_k_m.gguf",
-}
+REAL_FILES = REAL_GGUF
 T = GGUFValueType
 A = T.ARRAY
 
@@ -386,11 +384,7 @@ def test_writing_replaces_atomically(tmp_path):
 
 @pytest.mark.parametrize("name", list(REAL_FILES))
 def test_real_files_equal_the_oracle(name, tmp_path):
-    path = REAL_FILES[name]
-    if not path.is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{path} is missing in CI: scripts/test.sh runs scripts/fetch_data.py, which fetches it")
-        pytest.skip(f"{path} is missing: run `.venv/bin/python scripts/fetch_data.py {name}`")
+    path = real_gguf(name)
     t0 = time.perf_counter()
     ours = read_gguf(path)
     ours_s = time.perf_counter() - t0

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from real_files import real_gguf
 from report import MaxDiffs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,12 +40,7 @@ DIFFS = MaxDiffs("refimpl vs llama.cpp (llama-cpp-python 0.3.36), SmolLM2-135M-I
 
 
 def real_file(key: str) -> Path:
-    name, path = REAL_FILES[key]
-    if not path.is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{path} is missing in CI: scripts/test.sh runs scripts/fetch_data.py, which fetches it")
-        pytest.skip(f"{path} is missing: run `.venv/bin/python scripts/fetch_data.py {name}`")
-    return path
+    return real_gguf(REAL_FILES[key][0])
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ an f16 NaN (F16 dequantize), NaN payloads in f32 -> f16, and which zero is a blo
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from real_files import REAL_GGUF, real_gguf
 from hypothesis import given, strategies as st
 
 from refimpl.quant import GGML_TYPES, dequantize, ggml_type, quantize, row_nbytes
@@ -30,10 +30,7 @@ gguf = pytest.importorskip("gguf")  # the oracle extra; conftest makes a missing
 from gguf import GGMLQuantizationType  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL_FILES = {  # scripts/fetch_data.py name -> path
-    "smollm2-135m-instruct": ROOT / ".cache/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
-    "gemma-3-270m": ROOT / ".cache/gemma-3-270m/gemma-3-270m-q4_k_m.gguf",
-}
+REAL_FILES = REAL_GGUF  # scripts/fetch_data.py name -> path
 
 # The formats gguf-py can decode (it has no Q8_K): each is compared with it bit for bit.
 ORACLE_FORMATS = [n for n in SUPPORTED if n not in ("Q8_K", "F64", "I8", "I16", "I32", "I64")]
@@ -205,11 +202,7 @@ BIG = 16 << 20  # tensors over 16 MB: only every 8th row and the last are compar
 
 @pytest.mark.parametrize("name", list(REAL_FILES))
 def test_every_tensor_of_a_real_file_dequantizes_as_gguf(name):
-    path = REAL_FILES[name]
-    if not path.is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{path} is missing in CI: scripts/test.sh runs scripts/fetch_data.py, which fetches it")
-        pytest.skip(f"{path} is missing: run `.venv/bin/python scripts/fetch_data.py {name}`")
+    path = real_gguf(name)
     t0, c0 = time.perf_counter(), time.process_time()
     reader = _PlainReader(path)
     counts: dict[str, list[int]] = {}
