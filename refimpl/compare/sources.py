@@ -17,7 +17,7 @@ shows a five-line NumPy function for a porter's side that needs nothing from thi
 from __future__ import annotations
 
 import zipfile
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -83,18 +83,11 @@ def read_ids(path) -> np.ndarray | None:
         except (SafetensorsError, OSError) as e:
             raise ValueError(f"{path}: not a readable .safetensors file: {e}") from None
     elif suffix == ".npz":
-        with ExitStack() as stack:
-            try:
-                z, members = _npz_members(path, stack)
-                if IDS_KEY + ".npy" not in members:
-                    return None
-                ids = npz_read(z, IDS_KEY + ".npy", max_bytes=MAX_IDS_BYTES)
-            except WeightFileError as e:
-                raise ValueError(f"{path}: {e}") from None
-            except OSError as e:  # a missing file: its own message names it
-                raise ValueError(str(e)) from None
-            except NPZ_ERRORS as e:
-                raise ValueError(f"{path}: not a readable .npz archive: {type(e).__name__}: {e}") from None
+        with ExitStack() as stack, _npz_errors(path):
+            z, members = _npz_members(path, stack)
+            if IDS_KEY + ".npy" not in members:
+                return None
+            ids = npz_read(z, IDS_KEY + ".npy", max_bytes=MAX_IDS_BYTES)
     else:
         raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got {suffix or 'no suffix'!r}")
     if ids.dtype.kind not in "iu":
@@ -136,18 +129,11 @@ def read_activations(path, max_bytes: int | None = None) -> tuple[dict[str, np.n
         stored = [_SAFETENSORS_DTYPES.get(info.dtype) for info in header.tensors.values()]
     elif suffix == ".npz":
         arrays = {}
-        with ExitStack() as stack:
-            try:
-                z, members = _npz_members(path, stack)
-                over(sum(z.getinfo(m).file_size for m in members))  # declared sizes, checked again per entry
-                for m in members:
-                    arrays[m[:-4]] = npz_read(z, m, max_bytes=max_bytes)
-            except WeightFileError as e:
-                raise ValueError(f"{path}: {e}") from None
-            except OSError as e:  # a missing file: its own message names it
-                raise ValueError(str(e)) from None
-            except NPZ_ERRORS as e:
-                raise ValueError(f"{path}: not a readable .npz archive: {type(e).__name__}: {e}") from None
+        with ExitStack() as stack, _npz_errors(path):
+            z, members = _npz_members(path, stack)
+            over(sum(z.getinfo(m).file_size for m in members))  # declared sizes, checked again per entry
+            for m in members:
+                arrays[m[:-4]] = npz_read(z, m, max_bytes=max_bytes)
         stored = [a.dtype.name for a in arrays.values()]
     else:
         raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got {suffix or 'no suffix'!r}")
@@ -229,3 +215,16 @@ def hf_activations(model, ids, *, dtype: str = "float32") -> tuple[dict[str, np.
     acts.update({f"attentions.{i}": host(a) for i, a in enumerate(out.attentions)})
     acts["logits"] = host(out.logits)
     return acts, dtype
+
+
+@contextmanager
+def _npz_errors(path):
+    """A failed .npz read as one ValueError naming the file (a missing file's own message names it)."""
+    try:
+        yield
+    except WeightFileError as e:
+        raise ValueError(f"{path}: {e}") from None
+    except OSError as e:
+        raise ValueError(str(e)) from None
+    except NPZ_ERRORS as e:
+        raise ValueError(f"{path}: not a readable .npz archive: {type(e).__name__}: {e}") from None
