@@ -25,8 +25,8 @@ from math import prod
 
 import numpy as np
 
-from . import GGMLType, QK_K, row_nbytes
-from . import ggml_type as _as_type
+from .ggml_types import QK_K, GGMLType, row_nbytes
+from .ggml_types import ggml_type as _as_type
 
 __all__ = [
     "dequantize", "DEQUANTIZERS", "SUPPORTED",

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import row_nbytes
-from . import ggml_type as _as_type
+from .ggml_types import row_nbytes
+from .ggml_types import ggml_type as _as_type
 from .dequant import unpack_scale_min_k4
 
 __all__ = [
