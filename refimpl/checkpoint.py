@@ -1,4 +1,5 @@
-"""Reading checkpoint files whatever the model: lazily-read tensors from safetensors files and sharded directories.
+"""Checkpoint files whatever the model: lazily-read tensors from safetensors files and sharded directories,
+and a model's folder written whole.
 
 Every model family's loader (refimpl.gpt2.io, refimpl.llama.io) sees a checkpoint as a dict of
 tensor name -> `Tensor` (shape and dtype kind from the file's header; `read()` fetches the bytes
@@ -17,6 +18,8 @@ and a file's failure is one `WeightFileError` naming the file and the tensor or 
     export_dtypes(arrays, stored, dtype)    the dtype each tensor is written in by an export
     hub_config_file(name), hub_model_folder(name, config_file, extra)
                                             a Hugging Face hub model's files, from the hub or its cache
+    model_folder(path, also=(), keep=())    a context manager: write a new folder, then swap it in for path
+    check_model_folder(path, also=())       the error model_folder would raise (a folder holding a user's files)
 
 Only regular files are read (a FIFO or device in a model's place is refused at once: reading
 one could block forever); a shard is opened only while its header or one tensor is read, so a
@@ -25,7 +28,9 @@ model in more shards than the open-file limit loads.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import zipfile
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -35,14 +40,16 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from ._checks import json_object
-from ._files import NotARegularFileError, check_regular_file, open_regular, read_regular_bytes
+from ._files import (NotARegularFileError, check_regular_file, check_replaceable_folder, open_regular,
+                     read_regular_bytes, read_regular_text, replace_folder)
 from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, safe_open
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
            "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read", "torch_state_dict_tensors",
            "read_pickled_state_dict", "read_weight_map", "read_pickled_shards", "EXPORT_DTYPES", "check_export_dtype",
-           "export_dtypes", "hub_config_file", "hub_model_folder"]
+           "export_dtypes", "hub_config_file", "hub_model_folder", "TOKENIZER_FILES", "MODEL_FOLDER_FILES", "model_folder",
+           "check_model_folder"]
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_INDEX_NAME = "pytorch_model.bin.index.json"  # Hugging Face's index of pickled shards
@@ -494,6 +501,72 @@ def export_dtypes(arrays: dict[str, np.ndarray], stored: dict[str, str], dtype: 
             except SafetensorsError as e:
                 raise WeightFileError(f"{where}: cannot export as dtype {dtype!r} without rounding: {e}") from None
     return out
+
+
+# ----------------------------------------------------------------------------- a model's folder, written whole
+
+# Tokenizer files a model folder may hold beside its weights (GPT-2's vocab.json + merges.txt or
+# encoder.json + vocab.bpe, Hugging Face's tokenizer.json and its configs; *.tiktoken ranks too).
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "encoder.json", "vocab.bpe")
+# Names a model folder may hold. Saving or exporting replaces such a folder as a whole (so no file
+# of the model that was there survives beside the new one); a folder holding anything else is
+# refused, so a user's own files are never deleted. Also: shards named model-NNNNN-of-NNNNN or
+# listed in the index, and *.tiktoken files.
+MODEL_FOLDER_FILES = ("config.json", "generation_config.json", "model.safetensors",
+                      INDEX_NAME, "model.npz", *TOKENIZER_FILES, "added_tokens.json",
+                      "MODEL_CARD.md", "README.md")
+_SHARD_NAME = re.compile(r"model-[0-9]{5}-of-[0-9]{5}\.safetensors")
+
+
+def _indexed_shards(directory: Path) -> list[str]:
+    """The shard file names that directory/model.safetensors.index.json lists (plain names in the
+    directory only; none if there is no readable index)."""
+    try:
+        text = read_regular_text(directory / INDEX_NAME, "index", max_bytes=64 << 20)
+        weight_map = json.loads(text)["weight_map"]
+        names = {str(v) for v in weight_map.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return []
+    return sorted(n for n in names if n == Path(n).name and n.endswith(".safetensors") and n != "model.safetensors")
+
+
+def _not_model_files(folder: Path, also: tuple[str, ...] = ()) -> list[str]:
+    """Entries of `folder` that are not a model's files (sub-folders get a trailing '/')."""
+    allowed = {*MODEL_FOLDER_FILES, *also, *_indexed_shards(folder)}
+    bad = []
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            bad.append(entry.name + "/")
+        elif not (entry.name in allowed or entry.name.endswith(".tiktoken") or _SHARD_NAME.fullmatch(entry.name)):
+            bad.append(entry.name)
+    return bad
+
+
+def model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...] = ()):
+    """Context manager writing the model folder `path` as a whole: it yields a new empty folder
+    beside `path`; when the block ends without an exception, that folder replaces `path`
+    (`refimpl._files.replace_folder`: an atomic exchange on Linux) and the old one is deleted.
+    An exception, a full disk or a kill at any moment leaves the old model or the new one at
+    `path`, whole, and no stray file of the old model beside the new one.
+
+    An existing `path` may hold only a model's files (MODEL_FOLDER_FILES, shards, *.tiktoken,
+    and the names in `also`); anything else (a sub-folder, notes.txt, pytorch_model.bin, ...)
+    is refused with a FolderNotReplaceableError (a ValueError) naming it, before anything is
+    written. `keep`: entries of the old folder moved into the new one untouched. `path` must
+    not be a symlink (refused, naming its target: pass the folder itself): replacing the link
+    would leave the folder it names stale, and following it would write somewhere other than
+    the path given. Afterwards `path` is a new folder: a shell whose working directory was the
+    old one must cd into it again.
+    """
+    return replace_folder(path, unrelated=lambda folder: _not_model_files(folder, also),
+                          what="model folder", keep=keep)
+
+
+def check_model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> None:
+    """Raise the error `model_folder(path, ...)` would, before any work (a long export or training)."""
+    check_replaceable_folder(path, unrelated=lambda folder: _not_model_files(folder, also),
+                             what="model folder", keep=keep)
 
 
 # ----------------------------------------------------------------------------- models on the Hugging Face hub

@@ -39,8 +39,10 @@ tensor's shape, a truncated or oversized file, non-finite weights, an unknown fo
 `save_weights` writes a directory holding `config.json` + `model.safetensors` (Hugging Face
 names without prefix, the config again in the metadata) that both `load_weights` and
 Hugging Face's `GPT2LMHeadModel.from_pretrained` read, or `model.npz` with format="npz".
-It writes the folder beside its target and swaps it in whole (`model_folder`), so an export
-that fails or is killed at any moment leaves the old model or the new one, never a mix.
+It writes the folder beside its target and swaps it in whole (`model_folder`, from
+refimpl.checkpoint, as `check_model_folder`, MODEL_FOLDER_FILES and TOKENIZER_FILES: the rules of
+every family's model folder), so an export that fails or is killed at any moment leaves the old
+model or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -58,12 +60,12 @@ from pathlib import Path
 import numpy as np
 
 from .._checks import json_object
-from .._files import (check_replaceable_folder, read_regular_bytes, read_regular_text, replace_folder,
-                      write_bytes_atomic, write_text_atomic)
+from .._files import read_regular_bytes, write_bytes_atomic, write_text_atomic
 from ..checkpoint import Tensor as _Tensor
 from ..checkpoint import NPZ_ERRORS as _NPZ_ERRORS
-from ..checkpoint import (PICKLE_INDEX_NAME, WeightFileError, read_checkpoint, read_pickled_shards,
-                          read_pickled_state_dict, safetensors_source, sharded_source)
+from ..checkpoint import (MODEL_FOLDER_FILES, PICKLE_INDEX_NAME, TOKENIZER_FILES, WeightFileError, check_model_folder,
+                          model_folder, read_checkpoint, read_pickled_shards, read_pickled_state_dict,
+                          safetensors_source, sharded_source)
 from ..checkpoint import npz_member_header as _npz_member_header
 from ..checkpoint import npz_read as _npz_read
 from ..checkpoint import open_weights as _open_weights
@@ -99,9 +101,6 @@ _BLOCK_NAME = re.compile(r"h\.([0-9]{1,9})\.")  # h.<block index>.<rest>; ASCII 
 # Every name GPT2Params.expected_shapes can produce, and the tied head (after _canonical_names).
 _GPT2_NAME = re.compile(r"(?:wte|wpe)\.weight|ln_f\.(?:weight|bias)|lm_head\.weight|h\.(?:0|[1-9][0-9]{0,8})\."
                         r"(?:ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(?:weight|bias)")
-# Tokenizer files copied by save_weights / export when the source has them (and any *.tiktoken file).
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "encoder.json", "vocab.bpe")
 _PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt")
 _CONVERT_HINT = (
     "refimpl never unpickles a file (unpickling can run arbitrary code). Convert it once with "
@@ -568,16 +567,6 @@ def _llmc_source(path: Path, stack: ExitStack, mmap: bool) -> tuple[GPT2Config, 
 # ---- saving ---------------------------------------------------------------------------------------
 
 
-# Names a model folder may hold. save_weights / export replace such a folder as a whole (so no
-# file of the model that was there survives beside the new one); a folder holding anything else
-# is refused, so a user's own files are never deleted. Also: shards named model-NNNNN-of-NNNNN
-# or listed in the index, and *.tiktoken files.
-MODEL_FOLDER_FILES = ("config.json", "generation_config.json", "model.safetensors",
-                      "model.safetensors.index.json", "model.npz", *TOKENIZER_FILES, "added_tokens.json",
-                      "MODEL_CARD.md", "README.md")
-_SHARD_NAME = re.compile(r"model-[0-9]{5}-of-[0-9]{5}\.safetensors")
-
-
 def _copy_tokenizer_files(src_dir: Path | None, out_dir: Path) -> list[str]:
     """Copy the tokenizer files of `src_dir` into the new folder `out_dir` (read as regular files
     only; written by temp file + rename, so nothing is written through a link)."""
@@ -592,56 +581,6 @@ def _copy_tokenizer_files(src_dir: Path | None, out_dir: Path) -> list[str]:
             write_bytes_atomic(out_dir / name, read_regular_bytes(src, "tokenizer file"), fsync=False)
             copied.append(name)
     return copied
-
-
-def _indexed_shards(directory: Path) -> list[str]:
-    """The shard file names that directory/model.safetensors.index.json lists (plain names in the
-    directory only; none if there is no readable index)."""
-    try:
-        text = read_regular_text(directory / "model.safetensors.index.json", "index", max_bytes=64 << 20)
-        weight_map = json.loads(text)["weight_map"]
-        names = {str(v) for v in weight_map.values()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return []
-    return sorted(n for n in names if n == Path(n).name and n.endswith(".safetensors") and n != "model.safetensors")
-
-
-def _not_model_files(folder: Path, also: tuple[str, ...] = ()) -> list[str]:
-    """Entries of `folder` that are not a model's files (sub-folders get a trailing '/')."""
-    allowed = {*MODEL_FOLDER_FILES, *also, *_indexed_shards(folder)}
-    bad = []
-    for entry in os.scandir(folder):
-        if entry.is_dir(follow_symlinks=False):
-            bad.append(entry.name + "/")
-        elif not (entry.name in allowed or entry.name.endswith(".tiktoken") or _SHARD_NAME.fullmatch(entry.name)):
-            bad.append(entry.name)
-    return bad
-
-
-def model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...] = ()):
-    """Context manager writing the model folder `path` as a whole: it yields a new empty folder
-    beside `path`; when the block ends without an exception, that folder replaces `path`
-    (`refimpl._files.replace_folder`: an atomic exchange on Linux) and the old one is deleted.
-    An exception, a full disk or a kill at any moment leaves the old model or the new one at
-    `path`, whole, and no stray file of the old model beside the new one.
-
-    An existing `path` may hold only a model's files (MODEL_FOLDER_FILES, shards, *.tiktoken,
-    and the names in `also`); anything else (a sub-folder, notes.txt, pytorch_model.bin, ...)
-    is refused with a FolderNotReplaceableError (a ValueError) naming it, before anything is
-    written. `keep`: entries of the old folder moved into the new one untouched. `path` must
-    not be a symlink (refused, naming its target: pass the folder itself): replacing the link
-    would leave the folder it names stale, and following it would write somewhere other than
-    the path given. Afterwards `path` is a new folder: a shell whose working directory was the
-    old one must cd into it again.
-    """
-    return replace_folder(path, unrelated=lambda folder: _not_model_files(folder, also),
-                          what="model folder", keep=keep)
-
-
-def check_model_folder(path, *, also: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> None:
-    """Raise the error `model_folder(path, ...)` would, before any work (a long export or training)."""
-    check_replaceable_folder(path, unrelated=lambda folder: _not_model_files(folder, also),
-                             what="model folder", keep=keep)
 
 
 def write_model_files(folder, config: GPT2Config, params: GPT2Params, *, format: str = "safetensors",

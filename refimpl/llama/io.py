@@ -34,7 +34,7 @@ that both `load_weights` and Hugging Face's AutoModelForCausalLM.from_pretrained
 also pickled checkpoints (one file, or pytorch_model.bin.index.json and its shards), then writes
 save_weights' format with each tensor in its stored dtype (a bfloat16 checkpoint stays bfloat16)
 or the one asked for, and the source's tokenizer files and generation_config.json copied. Both
-write the folder beside its target and swap it in whole (refimpl.gpt2.io.model_folder's rules).
+write the folder beside its target and swap it in whole (refimpl.checkpoint.model_folder's rules).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import (INDEX_NAME, PICKLE_INDEX_NAME, Tensor, WeightFileError, config_object, open_weights,
-                          read_checkpoint, read_small_file, read_weight_map, regular_file, safetensors_source,
-                          sharded_source)
+from ..checkpoint import (INDEX_NAME, PICKLE_INDEX_NAME, Tensor, WeightFileError, check_model_folder, config_object,
+                          model_folder, open_weights, read_checkpoint, read_small_file, read_weight_map, regular_file,
+                          safetensors_source, sharded_source)
 from ..safetensors import SafetensorsError, _gc_paused, read_header
 from .config import TEXT_PARTS, LlamaConfig, text_part
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
@@ -272,10 +272,9 @@ def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=No
     copy_from: a folder whose COPIED_FILES (tokenizer files, generation_config.json) are copied
     too. Arrays keep their dtype, except those `dtypes` names (checkpoint name -> "BF16", "F16",
     "F32", "F64": refimpl.safetensors.save_file's exact conversion). An existing `path` must hold
-    only a model's files (refimpl.gpt2.io.model_folder), which are replaced entirely.
+    only a model's files (refimpl.checkpoint.model_folder), which are replaced entirely.
     """
     from .._files import read_regular_bytes, write_bytes_atomic
-    from ..gpt2.io import model_folder
     from .checks import check_params
 
     check_params(params, config)
@@ -294,7 +293,7 @@ def save_weights(config: LlamaConfig, params: LlamaParams, path, *, copy_from=No
 def write_model_files(folder, config: LlamaConfig, params: LlamaParams, *,
                       dtypes: dict[str, str] | None = None) -> Path:
     """Write config.json + model.safetensors of (config, params) into `folder`, a new folder (as
-    refimpl.gpt2.io.model_folder yields); what save_weights writes, for callers that add files of their own.
+    refimpl.checkpoint.model_folder yields); what save_weights writes, for callers that add files of their own.
     config.json's "dtype" is the embedding's stored dtype, which Hugging Face's dtype="auto" loads in."""
     import json
 
@@ -337,7 +336,6 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
         Export never rounds a weight (round in PyTorch first if that is what you want).
     """
     from ..checkpoint import check_export_dtype, export_dtypes
-    from ..gpt2.io import check_model_folder
 
     check_export_dtype(dtype)
     src, out = Path(source), Path(out_dir)
