@@ -52,7 +52,8 @@ sys.path.insert(0, str(REPO))
 from refimpl.gpt2 import GPT2Config, GPT2Model, generate  # noqa: E402
 from refimpl.gpt2.bpe_train import save_bpe, train_bpe  # noqa: E402
 from refimpl._files import write_text_atomic  # noqa: E402
-from refimpl.gpt2.io import check_model_folder, model_folder, write_model_files  # noqa: E402
+from refimpl.checkpoint import check_model_folder, model_folder  # noqa: E402
+from refimpl.gpt2.io import write_model_files  # noqa: E402
 from refimpl.gpt2.tokenizer import ENDOFTEXT, load_tokenizer  # noqa: E402
 from refimpl.gpt2.train import TrainSettings, evaluate, plot_loss_curve, train  # noqa: E402
 
@@ -78,7 +79,7 @@ SMOKE_SETTINGS = TrainSettings(steps=30, batch_size=4, seq_len=64, max_lr=3e-3, 
 # from GPT2_DIR, not retrained; shipped as a tokenizer.json whose post_processor puts <|endoftext|>
 # first), so per-token losses compare. Every window starts with
 # <|endoftext|> (the config's bos_token_id) in place of its first token: a dedicated sink token
-# (refimpl.gpt2.train.windows). All settings are GPT-2's, its 2000 steps included (the same batches
+# (refimpl.training.windows). All settings are GPT-2's, its 2000 steps included (the same batches
 # and tokens seen, so the two models differ by architecture and the BOS): measured at 1.35 s per step
 # over the first steps on the shared 2-core machine, the run took 46 min.
 GPT2_DIR = REPO / "refimpl" / "data" / "default"
@@ -171,9 +172,10 @@ def same_token_losses(params, config, train_ids: np.ndarray, val_ids: np.ndarray
     the evaluation's windows (`evaluate`: eval_batches x batch_size windows of seq_len, spread over
     the held-out tokens) and every held-out prediction in non-overlapping seq_len windows.
     family: the model's TrainFamily (default GPT-2's); bos: each window's first id replaced by it
-    (refimpl.gpt2.train.windows), which changes the model's inputs, not the predictions scored.
+    (refimpl.training.windows), which changes the model's inputs, not the predictions scored.
     The bigram reads the true previous token at every prediction."""
-    from refimpl.gpt2.train import GPT2_FAMILY, evaluation_starts, windows
+    from refimpl.gpt2.train import GPT2_FAMILY
+    from refimpl.training import evaluation_starts, windows
 
     family = family or GPT2_FAMILY
     T, B = settings.seq_len, settings.batch_size
@@ -504,8 +506,8 @@ def sink_statistics(model, val_ids: np.ndarray, T: int, n_windows: int, bos: int
     over a uniform causal head's) per layer and head, the weights averaged over n_windows held-out
     windows of T tokens (evenly spread, as `evaluate`'s), two ways: with `bos` in place of each
     window's first token (as the LLaMA was trained) and with the text's own first token."""
-    from refimpl.gpt2.train import evaluation_starts, windows
     from refimpl.interp import attention_weights, sink_table, uniform_sink_share
+    from refimpl.training import evaluation_starts, windows
 
     starts = evaluation_starts(len(val_ids), T, n_windows)
     tables = {}

@@ -2,7 +2,7 @@
 
 The training forward against refimpl.llama.model.forward; whole-model gradients against float64
 central differences and against PyTorch autograd through Hugging Face's LlamaForCausalLM with the
-same weights; training through refimpl.gpt2.train's loop (loss goes down, resume is exact, BOS
+same weights; training through refimpl.training's loop (loss goes down, resume is exact, BOS
 windows); the shipped directory (loads, equals Hugging Face's logits, size, BOS) and the recipe's
 smoke run.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from refimpl.gpt2.train import (TrainSettings, adamw_init, adamw_step, clip_by_global_norm, load_checkpoint, train,
-                                windows)
+from refimpl.training import (TrainSettings, adamw_init, adamw_step, clip_by_global_norm, load_checkpoint, train,
+                              windows)
 from refimpl.llama.config import LlamaConfig
 from refimpl.llama.model import forward
 from refimpl.llama.params import LlamaParams
@@ -124,7 +124,7 @@ def test_gradients_equal_torch_autograd(config, monkeypatch):
 
 
 def test_a_few_steps_reduce_the_loss_and_resume_is_exact(tmp_path):
-    """Through refimpl.gpt2.train's loop with LLAMA_FAMILY and BOS windows: 40 steps on a repetitive
+    """Through refimpl.training's loop with LLAMA_FAMILY and BOS windows: 40 steps on a repetitive
     stream more than halve the loss (each window's first target, after BOS, stays a guess among 11); 4 steps in one run equal 2 + checkpoint + 2 resumed (float32)."""
     config = _config(vocab_size=12, hidden_size=16, intermediate_size=32, max_position_embeddings=8, bos_token_id=11)
     toks = np.tile(np.arange(11), 60)
@@ -156,17 +156,19 @@ def test_windows_put_bos_first_and_keep_the_targets():
 
 
 def test_optimizer_on_named_tensors_equals_the_gpt2params_form():
-    """adamw_step / clip_by_global_norm on a dict name -> array (the loop's form) are the GPT2Params form's numbers."""
+    """adamw_step / clip_by_global_norm on a dict name -> array (refimpl.training, the loop's form) are the numbers of
+    refimpl.gpt2.train's GPT2Params form."""
     from refimpl.gpt2 import GPT2Config
-    from refimpl.gpt2.train import init_params as gpt2_init, loss_and_grads as gpt2_grads
+    from refimpl.gpt2.train import adamw_init as gpt2_adamw_init, adamw_step as gpt2_adamw_step
+    from refimpl.gpt2.train import clip_by_global_norm as gpt2_clip, init_params as gpt2_init, loss_and_grads as gpt2_grads
 
     config = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None)
     p = gpt2_init(config, seed=0)
     _, g = gpt2_grads(p, config, np.arange(8)[None] % 20, (np.arange(8)[None] + 1) % 20)
-    gc, n1 = clip_by_global_norm(g, 0.01)
+    gc, n1 = gpt2_clip(g, 0.01)
     gd, n2 = clip_by_global_norm(g.named_tensors(), 0.01)
     assert n1 == n2 and isinstance(gd, dict)
-    p1, s1 = adamw_step(p, gc, adamw_init(p), lr=1e-2, weight_decay=0.1)
+    p1, s1 = gpt2_adamw_step(p, gc, gpt2_adamw_init(p), lr=1e-2, weight_decay=0.1)
     p2, s2 = adamw_step(p.named_tensors(), gd, adamw_init(p.named_tensors()), lr=1e-2, weight_decay=0.1)
     for n, a in p1.named_tensors().items():
         np.testing.assert_array_equal(a, p2[n], err_msg=n)

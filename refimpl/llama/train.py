@@ -1,8 +1,8 @@
 """Training a LLaMA decoder in NumPy: initialisation, the forward with its intermediates, loss and gradients.
 
     loss, grads = loss_and_grads(params, config, ids, targets)      # grads: a LlamaParams of dL/dW
-    params, history = refimpl.gpt2.train.train(config, train_ids, val_ids, settings,
-                                               family=LLAMA_FAMILY, bos=config.bos_token_id)
+    params, history = refimpl.training.train(config, train_ids, val_ids, settings,
+                                             family=LLAMA_FAMILY, bos=config.bos_token_id)
 
 What is trained is the plain LLaMA block (Touvron et al. 2023, sec. 2.2): RMSNorm before each
 branch, RoPE on q and k (Hugging Face's half-split pairs), grouped-query causal attention,
@@ -14,9 +14,9 @@ The forward here is the one of `refimpl.llama.model` written out once more, keep
 intermediate the backward needs (a test checks that its logits equal `model.forward`'s); the
 backward calls `refimpl.grad`'s readable functions in the reverse order of the forward. Loss:
 mean cross-entropy over all B*T positions (nats). The optimizer, the clipping, the schedule,
-the batches, checkpoints and the loop are `refimpl.gpt2.train`'s, which know a model through
-LLAMA_FAMILY. Windows: `bos` replaces every window's first token with the beginning-of-text
-token (refimpl.gpt2.train.windows), so that the model can learn an attention sink there.
+the batches, checkpoints and the loop are every family's (refimpl.training), which knows a model
+through LLAMA_FAMILY. Windows: `bos` replaces every window's first token with the beginning-of-text
+token (refimpl.training.windows), so that the model can learn an attention sink there.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import numpy as np
 
 from ..attention import AttentionParams, _grouped_query_attention
 from ..ffn import GLUParams, _silu
-from ..gpt2.train import TrainFamily
 from ..grad import (cross_entropy, cross_entropy_with_grad, embedding_backward, grouped_query_attention_backward,
                     linear_backward, rms_norm_backward, rope_backward, swiglu_backward)
 from ..linear import LinearParams, _linear
 from ..masks import _causal_mask
 from ..norms import _rms_norm
 from ..positional import _rope_rotate
+from ..training import TrainFamily
 from .checks import check_params, check_token_ids
 from .config import LlamaConfig
 from .io import load_weights, write_model_files
