@@ -34,7 +34,7 @@ import numpy as np
 from .._checks import check_bool, check_positive_int, is_real
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 
-__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES", "TEXT_PARTS", "text_part"]
+__all__ = ["LlamaConfig", "RopeParameters", "MODEL_TYPES", "TEXT_PARTS", "text_part", "shape_summary"]
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -466,6 +466,13 @@ def text_part(d: dict) -> dict:
                          f"{tied['text_config']!r} in text_config")
     return out
 
+
+def shape_summary(config: LlamaConfig) -> str:
+    """The sizes that decide a checkpoint's tensor shapes, in one line for error messages: L layers, C width,
+    H heads, K key/value heads, D head dim, F FFN width, V vocabulary, and whether the LM head is tied."""
+    c = config
+    return (f"L={c.num_hidden_layers}, C={c.hidden_size}, H={c.num_attention_heads}, K={c.num_key_value_heads}, "
+            f"D={c.head_dim}, F={c.intermediate_size}, V={c.vocab_size}, tie_word_embeddings={c.tie_word_embeddings}")
 
 # ----------------------------------------------------------------------------- reading helpers
 

@@ -76,7 +76,7 @@ import numpy as np
 
 from ..checkpoint import WeightFileError, read_checkpoint
 from ..positional import rope_pair_permutation
-from .config import LlamaConfig
+from .config import LlamaConfig, shape_summary
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
 __all__ = ["GGUF_ARCHITECTURES", "PERMUTED_ARCHITECTURES", "config_from_gguf", "gguf_names", "gguf_path", "load_gguf",
@@ -336,22 +336,20 @@ def load_gguf(path, *, dtype=np.float32) -> tuple[LlamaConfig, LlamaParams, dict
 
 def _check_tensors(shapes: Mapping[str, tuple], names: dict[str, str], config: LlamaConfig, where: str) -> None:
     """The file holds exactly the tensors of `names` (no other), each of the shape checkpoint_shapes gives."""
-    from .io import _summary
-
     unexpected = sorted(n for n in shapes if n not in names)
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise WeightFileError(f"{where}: unexpected GGUF tensor(s) {unexpected[:5]}{more}: not {config.model_type} "
-                              f"weights of this config ({_summary(config)})")
+                              f"weights of this config ({shape_summary(config)})")
     missing = [n for n in names if n not in shapes]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise WeightFileError(f"{where}: missing GGUF tensor(s) {missing[:5]}{more} ({_summary(config)})")
+        raise WeightFileError(f"{where}: missing GGUF tensor(s) {missing[:5]}{more} ({shape_summary(config)})")
     hf = checkpoint_shapes(config)
     for name, hf_name in names.items():
         if shapes[name] != hf[hf_name]:
             raise WeightFileError(f"{where}: GGUF tensor {name!r} has shape {list(shapes[name])}; the metadata "
-                                  f"({_summary(config)}) requires {list(hf[hf_name])}")
+                                  f"({shape_summary(config)}) requires {list(hf[hf_name])}")
 
 
 _Q_OR_K = re.compile(r"blk\.[0-9]+\.attn_([qk])\.(weight|bias)")

@@ -50,7 +50,7 @@ from ..checkpoint import (INDEX_NAME, PICKLE_INDEX_NAME, Tensor, WeightFileError
                           model_folder, open_weights, read_checkpoint, read_small_file, read_weight_map, regular_file,
                           safetensors_source, sharded_source)
 from ..safetensors import SafetensorsError, _gc_paused, read_header
-from .config import TEXT_PARTS, LlamaConfig, text_part
+from .config import TEXT_PARTS, LlamaConfig, shape_summary, text_part
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
 __all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError", "ARCHITECTURES",
@@ -222,17 +222,11 @@ def _check_names(names, expected: dict, config: LlamaConfig, where: str = "") ->
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise WeightFileError(f"{where}unexpected tensor(s) {unexpected[:5]}{more}: not {config.model_type} "
-                              f"weights of this config ({_summary(config)})")
+                              f"weights of this config ({shape_summary(config)})")
     missing = [n for n in expected if n not in names]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise WeightFileError(f"{where}missing tensor(s) {missing[:5]}{more} ({_summary(config)})")
-
-
-def _summary(config: LlamaConfig) -> str:
-    c = config
-    return (f"L={c.num_hidden_layers}, C={c.hidden_size}, H={c.num_attention_heads}, K={c.num_key_value_heads}, "
-            f"D={c.head_dim}, F={c.intermediate_size}, V={c.vocab_size}, tie_word_embeddings={c.tie_word_embeddings}")
+        raise WeightFileError(f"{where}missing tensor(s) {missing[:5]}{more} ({shape_summary(config)})")
 
 
 def _build(config: LlamaConfig, tensors: dict[str, Tensor], dtype) -> LlamaParams:
@@ -241,7 +235,7 @@ def _build(config: LlamaConfig, tensors: dict[str, Tensor], dtype) -> LlamaParam
     for name, shape in expected.items():
         t = tensors[name]
         if t.shape != shape:
-            raise WeightFileError(f"tensor {name!r} has shape {list(t.shape)}; config.json ({_summary(config)}) "
+            raise WeightFileError(f"tensor {name!r} has shape {list(t.shape)}; config.json ({shape_summary(config)}) "
                                   f"requires {list(shape)}")
         if t.kind != "f":
             raise WeightFileError(f"tensor {name!r} must be floating point; it is stored as kind {t.kind!r}")
