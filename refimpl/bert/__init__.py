@@ -9,9 +9,9 @@
     from refimpl.bert import teach                    # attention maps, [CLS]/[SEP] sinks, word in context
     python -m refimpl embed [--similarity] TEXT...    # refimpl.bert.cli.main
 
-Modules, in the order the data flows: config, params (the name table), tokenizer (WordPiece),
-model (embeddings, post-LN layers, mean pooling), teach (attention maps, sinks, word in context),
-cli (python -m refimpl embed).
+Text becomes ids by WordPiece (refimpl.tokenizers.wordpiece, re-exported here). Modules, in the
+order the data flows: config, params (the name table), model (embeddings, post-LN layers, mean
+pooling), teach (attention maps, sinks, word in context), cli (python -m refimpl embed).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..safetensors import load_file
 from .config import BertConfig
 from .model import BertModel, check_ids, forward, l2_normalize, mean_pool  # noqa: F401 (check_ids re-exported)
 from .params import BertParams, EmbeddingParams, LayerNormParams, LayerParams, tensor_table
-from .tokenizer import Encoding, WordPieceTokenizer, check_sentences, load_tokenizer, read_json_object
+from ..tokenizers.wordpiece import Encoding, WordPieceTokenizer, check_sentences, load_tokenizer, read_json_object
 
 __all__ = [
     "BertConfig", "BertParams", "EmbeddingParams", "LayerParams", "LayerNormParams", "BertModel",
@@ -86,7 +86,7 @@ def load(path=None, *, dtype=np.float32, flavor: str = "tokenizers") -> BertMode
     (refimpl.bert.params.tensor_table): a missing or misshaped tensor is a ValueError naming it.
     The tokenizer's max_length is sentence-transformers' max_seq_length (256 for all-MiniLM-L6-v2)
     when sentence_bert_config.json gives one, else the tokenizer's model_max_length (capped at
-    max_position_embeddings). flavor: see refimpl.bert.tokenizer.
+    max_position_embeddings). flavor: see refimpl.tokenizers.wordpiece.
     """
     d = default_model_dir() if path is None else Path(os.fspath(path))
     if not d.is_dir():

@@ -79,7 +79,7 @@ def sink_statistics(model: BertModel, sentences) -> list[SinkRow]:
     and [SEP] position T_s - 1.
     """
     model = _check_model(model)
-    from .tokenizer import check_sentences
+    from ..tokenizers.wordpiece import check_sentences
     sentences = check_sentences(sentences)
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     cls = np.zeros((L, H))

@@ -1,4 +1,10 @@
-"""WordPiece tokenization for BERT (Devlin et al. 2019, sec. 3; Wu et al. 2016, sec. 4.1), read from vocab.txt.
+"""WordPiece tokenization, BERT's (Devlin et al. 2019, sec. 3; Wu et al. 2016, sec. 4.1), read from vocab.txt.
+
+    tok = load_tokenizer("path/to/bert_dir", max_length=256)     # vocab.txt (+ tokenizer_config.json)
+    enc = tok.encode_batch(["A man is eating."])                  # ids [B, T], key_mask [B, T], tokens
+
+Not a BPE: the vocabulary is matched greedily, longest piece first, word by word (refimpl.bert
+reads it; refimpl.bert re-exports WordPieceTokenizer, Encoding and load_tokenizer).
 
     text -> split out special tokens written in the text ([CLS], [SEP], [PAD], [UNK], [MASK])
          -> basic tokenization: clean_text (drop NUL, U+FFFD and control characters; whitespace -> " ")
