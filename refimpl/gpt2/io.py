@@ -712,7 +712,7 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     dtype: "source" (default) writes each tensor in the dtype the source stores it in
     (bfloat16, as llm.c's version-5 files hold it, stays bfloat16); "float32" widens every
     tensor; "bfloat16" / "float16" store every tensor so, only where each value is exactly
-    representable (else refused, naming the tensor). refimpl.llama.io.export says more.
+    representable (else refused, naming the tensor): refimpl.checkpoint.export_dtypes.
     """
     from ..checkpoint import check_export_dtype, export_dtypes
 
