@@ -16,8 +16,8 @@ Steps:
      (these files come already stripped: 0 expected).
   3. held-out split: whole works VAL_WORKS are validation; the rest is training.
   4. a byte-level BPE (refimpl.gpt2.bpe_train) trained on the training works only.
-  5. the model (refimpl.gpt2.train): GPT-2 architecture, init and batches from a fixed seed,
-     AdamW + clipping + warmup/cosine; checkpoints under .cache/ (resumable with --resume).
+  5. the model (refimpl.gpt2.train; the loop: refimpl.training): GPT-2 architecture, init and batches
+     from a fixed seed, AdamW + clipping + warmup/cosine; checkpoints under .cache/ (resumable with --resume).
   6. outputs: config.json, model.safetensors, vocab.json, merges.txt, loss.png, MODEL_CARD.md
      (losses, a bigram baseline on the same tokens, samples, the command). The LLaMA's tokenizer is
      the same BPE as tokenizer.json + tokenizer_config.json, saying <|endoftext|> goes first.
@@ -566,7 +566,7 @@ def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dic
         "# shakespeare-llama: a tiny LLaMA trained on Shakespeare",
         "",
         "Trained from scratch with this repository's own NumPy code (refimpl/llama/train.py, the loop and AdamW",
-        "of refimpl/gpt2/train.py, backward passes in refimpl/grad.py), on the data and with the tokenizer of",
+        "of refimpl/training.py, backward passes in refimpl/grad.py), on the data and with the tokenizer of",
         "the default GPT-2 (refimpl/data/default), so that their per-token losses compare. Load it with",
         "`refimpl.load(\"refimpl/data/shakespeare-llama\")` or Hugging Face's `LlamaForCausalLM.from_pretrained`.",
         "",
