@@ -238,3 +238,19 @@ def test_recipe_strips_gutenberg_license_text():
     text, removed = mod.strip_gutenberg(wrapped)
     assert text == body and removed == wrapped.count("\n") - body.count("\n")
     assert mod.strip_gutenberg(body) == (body, 0)
+
+
+def test_gpt2_train_keeps_the_names_of_the_shared_loop():
+    """refimpl.gpt2.train still gives every name it had: the shared ones are refimpl.training's own objects, and
+    train / evaluate / checkpoints default to GPT2_FAMILY (the loop itself takes the family as a required keyword)."""
+    import inspect
+
+    import refimpl.gpt2.train as gt
+    import refimpl.training as tr
+
+    for name in ("TrainSettings", "TrainFamily", "AdamWState", "lr_at", "decays", "windows", "sample_batch",
+                 "evaluation_starts", "plot_loss_curve"):
+        assert getattr(gt, name) is getattr(tr, name), name
+    for name in ("train", "evaluate", "save_checkpoint", "load_checkpoint"):
+        assert inspect.signature(getattr(gt, name)).parameters["family"].default is gt.GPT2_FAMILY, name
+        assert inspect.signature(getattr(tr, name)).parameters["family"].default is inspect.Parameter.empty, name

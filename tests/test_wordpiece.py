@@ -254,3 +254,13 @@ _low = st.characters(max_codepoint=0x5FF) | st.characters(min_codepoint=0x3000, 
 def test_hypothesis_unicode_blocks_equal_tokenizers(ours, hf, text):
     """Drawn text from those blocks (controls, Latin, Greek, Cyrillic, Hebrew, CJK, emoji): tokenizers flavor = Rust oracle."""
     assert ours["tokenizers"].encode(text) == hf_ids(hf["tokenizers"], text)
+
+
+def test_wordpiece_names_in_bert_and_tokenizers():
+    """The module lives in refimpl.tokenizers; refimpl.bert and refimpl.tokenizers give its public objects."""
+    import refimpl.bert as rb
+    import refimpl.tokenizers as rt
+
+    for name in ("WordPieceTokenizer", "Encoding", "load_tokenizer", "check_sentences", "read_json_object"):
+        assert getattr(rb, name) is getattr(wp, name), name
+    assert rt.WordPieceTokenizer is wp.WordPieceTokenizer and rt.load_wordpiece is wp.load_tokenizer

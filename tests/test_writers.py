@@ -1,6 +1,6 @@
 """Every file refimpl writes: inside its target folder, never through a planted symlink; and a
 model folder replaced as a whole, so a failed, full-disk or killed export leaves the old model
-or the new one, loadable, never a mix (refimpl._files.replace_folder, refimpl.gpt2.io.model_folder)."""
+or the new one, loadable, never a mix (refimpl._files.replace_folder, refimpl.checkpoint.model_folder)."""
 
 from __future__ import annotations
 
@@ -500,3 +500,11 @@ def test_bert_teaching_plots_never_write_through_planted_links(tmp_path, outside
     plot_sinks([SinkRow(1, h, 0.5, 0.3, 1 / 3) for h in range(2)], tmp_path / "pics" / "s.png")
     assert_replaced(tmp_path / "pics", ["a.png", "s.png"], outside)
     assert (tmp_path / "pics" / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_model_folder_rules_are_every_familys():
+    """The model folder's rules live in refimpl.checkpoint; refimpl.gpt2.io gives the same objects under its names."""
+    import refimpl.checkpoint as ck
+
+    for name in ("model_folder", "check_model_folder", "MODEL_FOLDER_FILES", "TOKENIZER_FILES"):
+        assert getattr(gio, name) is getattr(ck, name), name
