@@ -48,8 +48,8 @@ __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
            "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read", "torch_state_dict_tensors",
            "read_pickled_state_dict", "read_weight_map", "read_pickled_shards", "EXPORT_DTYPES", "check_export_dtype",
-           "export_dtypes", "hub_config_file", "hub_model_folder", "TOKENIZER_FILES", "MODEL_FOLDER_FILES", "model_folder",
-           "check_model_folder"]
+           "export_dtypes", "hub_config_file", "hub_model_folder", "TOKENIZER_FILES", "MODEL_FOLDER_FILES",
+           "model_folder", "check_model_folder"]
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_INDEX_NAME = "pytorch_model.bin.index.json"  # Hugging Face's index of pickled shards

@@ -160,7 +160,8 @@ def test_optimizer_on_named_tensors_equals_the_gpt2params_form():
     refimpl.gpt2.train's GPT2Params form."""
     from refimpl.gpt2 import GPT2Config
     from refimpl.gpt2.train import adamw_init as gpt2_adamw_init, adamw_step as gpt2_adamw_step
-    from refimpl.gpt2.train import clip_by_global_norm as gpt2_clip, init_params as gpt2_init, loss_and_grads as gpt2_grads
+    from refimpl.gpt2.train import clip_by_global_norm as gpt2_clip
+    from refimpl.gpt2.train import init_params as gpt2_init, loss_and_grads as gpt2_grads
 
     config = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None)
     p = gpt2_init(config, seed=0)
