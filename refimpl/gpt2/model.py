@@ -42,10 +42,11 @@ from typing import Callable
 import numpy as np
 
 from .._backends import resolve_backend
-from .._checks import check_positive_int
 from .._switches import attention_scale_factor, check_causal, check_no_cache
 from ..attention import masked_attention, scaled_dot_product_attention
+from ..cache import KVCache
 from ..ffn import _gelu_tanh_bias
+from ..hooks import no_hook, prefixed as _prefixed
 from ..linear import _linear
 from ..masks import causal_mask, combine_masks, key_mask_to_attention_mask
 from ..norms import _layer_norm
@@ -170,58 +171,7 @@ def get_ops(backend: str | Ops = "numpy") -> Ops:
     return resolve_backend(backend, BACKENDS, Ops)
 
 
-# ----------------------------------------------------------------------------- KV cache
-
-@dataclass
-class KVCache:
-    """Keys and values of every layer for the tokens seen so far, preallocated.
-
-    k, v: [L, B, H, S_max, D] arrays; entries [..., :length, :] are filled. `forward` writes
-    new tokens at [length, length + T) in place and then advances `length` (the only field
-    that changes). Full is an error, never a reallocation.
-    """
-
-    k: np.ndarray  # [L, B, H, S_max, D]
-    v: np.ndarray  # [L, B, H, S_max, D]
-    length: int = 0
-
-    @classmethod
-    def allocate(cls, config: GPT2Config, batch_size: int, *, max_len: int | None = None,
-                 dtype=np.float32, zeros: Callable = np.zeros) -> "KVCache":
-        """An empty cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
-        batch_size = check_positive_int(batch_size, "batch_size")
-        max_len = config.n_positions if max_len is None else check_positive_int(max_len, "max_len")
-        if max_len > config.n_positions:
-            raise ValueError(f"max_len must be at most n_positions={config.n_positions}; got {max_len}")
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        return cls(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype), 0)
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    def reorder(self, rows) -> None:  # [B'] row indices, B' = B
-        """k[:, b] <- k[:, rows[b]] (and v) for the filled entries: beam search's re-selection."""
-        rows = np.asarray(rows)
-        n = self.length
-        self.k[:, :, :, :n] = self.k[:, rows, :, :n]
-        self.v[:, :, :, :n] = self.v[:, rows, :, :n]
-
-
 # ----------------------------------------------------------------------------- the model
-
-def no_hook(name: str, x):  # (name, [...]) -> the same x
-    """The default hook: x itself. Every hook point calls the hook, so the plain forward is the hooked one."""
-    return x
-
-
-def _prefixed(hook, prefix: str):  # hook(name, x) -> hook(prefix + name, x); no_hook stays no_hook
-    return hook if hook is no_hook else lambda name, x: hook(prefix + name, x)
-
 
 _LAST_ONLY_WITH_HOOK = "last_only runs without hooks: a hook expects every position's intermediates"
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,16 +63,18 @@ import numpy as np
 from typing import Callable
 
 from .._backends import resolve_backend
-from .._checks import check_fits_in_memory, check_float_dtype, check_positive_int
+from .._checks import check_positive_int
 from .._switches import attention_scale_factor, check_causal, check_no_cache
 from ..attention import _grouped_query_attention, _soft_cap, masked_attention
+from ..cache import KVCache
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
+from ..hooks import no_hook, prefixed as _prefixed
 from ..linear import LinearParams, _linear
 from ..masks import _causal_mask, _combine_masks, _key_mask_to_attention_mask, _local_window_mask
 from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
-from .checks import check_forward_inputs, check_key_positions, check_params, check_token_ids, context_limit
+from .checks import check_forward_inputs, check_key_positions, check_params, check_token_ids
 from .config import LlamaConfig, RopeParameters
 from .params import LlamaBlockParams, LlamaParams
 
@@ -100,66 +101,6 @@ class LlamaModel:
         check_params(self.params, self.config)
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise TypeError(f"chat_template must be a string or None; got {type(self.chat_template).__name__}")
-
-
-# ----------------------------------------------------------------------------- KV cache
-
-@dataclass
-class KVCache:
-    """Rotated keys and the values of every layer for the tokens seen so far, preallocated.
-
-    k, v: [L, B, K, S_max, D] arrays (K key/value heads); entries [..., :length, :] are filled.
-    `forward` writes new tokens at [length, length + T) in place and then advances `length`
-    (the only field that changes). Full is an error, never a reallocation. Sliding-window layers
-    keep every key too (the window is a mask, so positions never wrap around).
-    """
-
-    k: np.ndarray  # [L, B, K, S_max, D]
-    v: np.ndarray  # [L, B, K, S_max, D]
-    length: int = 0
-
-    @classmethod
-    def allocate(cls, config: LlamaConfig, batch_size: int, max_len: int | None = None, *,
-                 dtype=np.float32, zeros=np.zeros) -> "KVCache":
-        """An empty cache for `batch_size` sequences of up to `max_len` tokens (default and most: the context limit).
-
-        The context limit is max_position_embeddings (refimpl.llama.checks); dynamic RoPE has
-        none, and then max_len must be given. zeros(shape, dtype) allocates the storage (a
-        backend's `LlamaOps.zeros` puts it on its device).
-        """
-        batch_size = check_positive_int(batch_size, "batch_size")
-        dtype = check_float_dtype(dtype, "dtype")
-        limit = context_limit(config)
-        if max_len is None:
-            if limit is None:
-                raise ValueError(f"max_len must be given: rope_type {config.rope.rope_type!r} has no context limit")
-            max_len = limit
-        max_len = check_positive_int(max_len, "max_len")
-        if limit is not None and max_len > limit:
-            raise ValueError(f"max_len must be at most max_position_embeddings={limit}; got {max_len}")
-        c = config
-        shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
-        if zeros is np.zeros:  # (host memory; a backend's zeros allocates on its device)
-            check_fits_in_memory(2 * math.prod(shape) * dtype.itemsize,
-                                 f"a KV cache of {batch_size} x {max_len} positions ({c.num_hidden_layers} layers, "
-                                 f"{c.num_key_value_heads} key/value heads of {c.head_dim}, {dtype})",
-                                 "ask for fewer positions (in generation: a shorter prompt or a smaller "
-                                 "max_new_tokens)")
-        return cls(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype), 0)
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    def reorder(self, rows) -> None:
-        """Row b of every layer's cache <- row rows[b] (beam search: each beam takes its parent's cache), in place."""
-        rows = np.asarray(rows)
-        self.k[:, :, :, :self.length] = self.k[:, rows, :, :self.length]
-        self.v[:, :, :, :self.length] = self.v[:, rows, :, :self.length]
 
 
 # ----------------------------------------------------------------------------- backends
@@ -252,15 +193,6 @@ def get_ops(backend: str | LlamaOps = "numpy") -> LlamaOps:
 
 
 # ----------------------------------------------------------------------------- the model
-
-def no_hook(name: str, x):  # (name, [...]) -> the same x
-    """The default hook: x itself. Every hook point calls the hook, so the plain forward is the hooked one."""
-    return x
-
-
-def _prefixed(hook, prefix: str):  # hook(name, x) -> hook(prefix + name, x); no_hook stays no_hook
-    return hook if hook is no_hook else lambda name, x: hook(prefix + name, x)
-
 
 def embed(params: LlamaParams, config: LlamaConfig, ids: np.ndarray) -> np.ndarray:  # [B, T] -> [B, T, C]
     """x_t = E[id_t], times sqrt(C) for Gemma (rounded to the parameters' dtype first, as Hugging Face rounds it)."""

@@ -1,0 +1,59 @@
+"""The LLaMA family's entry in the table of model types (refimpl.families): what decoding, interp, compare and the CLI use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..cache import KVCache
+from ..families import Family
+from .checks import check_token_ids, context_limit
+from .config import LlamaConfig
+from .generate import decoder
+from .io import load_weights
+from .model import LlamaModel, get_ops, hidden_states, lm_head, logits, rms_norm
+
+__all__ = ["FAMILY", "load"]
+
+
+def load(path, **kw) -> LlamaModel:
+    """The LLaMA-family model at `path` (a folder or weights file) with its tokenizer and chat template.
+
+    kw: load_weights' (dtype, mmap). The tokenizer: refimpl.models.llama_tokenizer (None where the
+    folder has no tokenizer refimpl reads); the chat template: refimpl.tokenizers.chat.read_chat_template.
+    """
+    from ..models import llama_tokenizer
+    from ..tokenizers.chat import read_chat_template
+
+    p = Path(os.fspath(path))
+    config, params = load_weights(p, **kw)
+    folder = p if p.is_dir() else p.parent
+    return LlamaModel(config, params, llama_tokenizer(folder, config.vocab_size), read_chat_template(folder))
+
+
+def _tokenizer_absence(folder) -> str | None:
+    from ..models import tokenizer_absence
+
+    return tokenizer_absence(folder)
+
+
+FAMILY = Family(
+    name="llama", label="LLaMA family", model_class=LlamaModel, config_class=LlamaConfig,
+    load=load, load_keywords=("dtype", "mmap"), logits=logits,
+    decoder=decoder, decoder_options=("prefill_chunk",), get_ops=get_ops,
+    model_type=lambda c: c.model_type, positions="rope",
+    context_name="max_position_embeddings", context=context_limit,
+    n_layers=lambda c: c.num_hidden_layers, width=lambda c: c.hidden_size,
+    n_heads=lambda c: c.num_attention_heads, n_kv_heads=lambda c: c.num_key_value_heads,
+    head_dim=lambda c: c.head_dim,
+    block_points=("resid_pre", "attn.q", "attn.k", "attn.v", "attn.q_rot", "attn.k_rot", "attn.weights",
+                  "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post"),
+    final_point="norm.out",
+    check_ids=check_token_ids,
+    hidden_states=hidden_states,
+    lm_head=lambda m, h: lm_head(h, m.params, m.config),
+    final_norm=lambda m, r: rms_norm(r, m.params.norm, m.config),
+    allocate_cache=lambda m, B, n: KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
+    dtype=lambda p: p.dtype,
+    tokenizer_absence=_tokenizer_absence,
+)
