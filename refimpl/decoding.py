@@ -13,11 +13,12 @@ scored by their summed log-probabilities.
 The strategies know nothing of a model's layers: they drive a `Decoder`, the small adapter a
 family provides for one model and one backend (vocabulary, eos / bos, the context limit, a
 bound on its logits, a cache, a prefill and a one-token step that return last-position logits).
-refimpl.gpt2.generate and refimpl.llama.generate build theirs and expose the entry points:
+Each family's entry in the table of model types (refimpl.families: Family.decoder) builds its
+own; `decoder_of(model)` finds it by the model's type. The entry points take any decoder:
 `generate` (all ids, and text when the model has a tokenizer), `stream` (a generator of token
 ids, as they come), `stream_text` (a generator of text chunks, with stop strings honoured),
-`generate_batch` (several prompts, left-padded, one forward per step). `generate(model, ...)`
-here (and `stream`, `stream_text`, `generate_batch`) dispatches on the model's type.
+`generate_batch` (several prompts, left-padded, one forward per step); the `*_from` functions
+take a Decoder instead of a model. This module imports no family.
 
 Policies, stated once:
 - Context limit: a family's decoder sees at most `context_limit` positions (GPT-2: n_positions
@@ -72,13 +73,14 @@ import numpy as np
 from ._checks import check_token_ids, is_int, is_real
 from ._tokens import encode_prompt
 from .attention import softmax
+from .families import of_model
 
 __all__ = [
     "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
     "log_softmax", "sample_from_logits",
     "Decoder", "NoCache", "recomputing", "Generation", "TokenLogprob", "token_logprob", "Trace",
     "generate_from", "stream_from", "stream_text_from", "generate_batch_from", "chat_prompt",
-    "generate", "stream", "stream_text", "generate_batch",
+    "generate", "stream", "stream_text", "generate_batch", "decoder_of",
 ]
 
 
@@ -1045,21 +1047,6 @@ def generate_batch_from(dec: Decoder, prompts: Sequence, **kw) -> list[Generatio
 
 # ----------------------------------------------------------------------------- one front door for every family
 
-def _family(model):
-    """The generate module of the model's family (imported when asked for: this module imports no family)."""
-    from importlib import import_module
-
-    from .gpt2.model import GPT2Model
-    from .llama.model import LlamaModel
-
-    if isinstance(model, GPT2Model):
-        return import_module("refimpl.gpt2.generate")  # (the package's `generate` attribute is the function)
-    if isinstance(model, LlamaModel):
-        return import_module("refimpl.llama.generate")
-    raise TypeError(f"model must be a GPT2Model or a LlamaModel (both from refimpl.load(path)); "
-                    f"got {type(model).__name__}")
-
-
 def chat_prompt(model, messages, *, add_generation_prompt: bool = True) -> list[int]:  # -> ids [P]
     """ids = encode(render_chat(model.chat_template, messages)): a conversation as the prompt a chat model answers.
 
@@ -1100,28 +1087,49 @@ def _prompt_or_messages(model, prompt_or_ids, messages):
     return chat_prompt(model, messages)
 
 
-def generate(model, prompt_or_ids=None, *, messages=None, **kw) -> Generation:
-    """The family's generate (refimpl.gpt2.generate.generate or refimpl.llama.generate.generate) for this model.
+def decoder_of(model, backend="numpy", kw: dict | None = None, *, caller: str = "generate",
+               names=tuple(_GENERATE_DEFAULTS)) -> Decoder:
+    """The Decoder of `model` through its family's entry in refimpl.families; `kw` loses the decoder's switches.
+
+    The switches taken out of kw: causal, attention_scale and the family's own (Family.decoder_options,
+    e.g. the LLaMA family's prefill_chunk). What is left of kw must be among `names` (generate's
+    keywords): anything else is the TypeError a function with those keywords gives, before any work.
+    """
+    fam = of_model(model, where="(both from refimpl.load(path))")
+    kw = {} if kw is None else kw
+    switches = {k: kw.pop(k) for k in ("causal", "attention_scale", *fam.decoder_options) if k in kw}
+    _keywords(caller, kw, names)
+    return fam.decoder(model, backend, **switches)
+
+
+def generate(model, prompt_or_ids=None, *, messages=None, backend="numpy", **kw) -> Generation:
+    """Continue a prompt (text or token ids) with any decoder: generate_from(its Decoder, prompt, **kw).
 
     model: a GPT2Model or a LlamaModel (anything else is a TypeError naming both); keywords as
     generate_from's (trace= among them), plus backend=, causal= and attention_scale= (the attention
-    switches, refimpl._switches) and the family's own, e.g. the LLaMA family's prefill_chunk.
+    switches, refimpl._switches) and the family's own, e.g. the LLaMA family's prefill_chunk
+    (refimpl.families: Family.decoder_options).
     messages: a conversation ([{"role": "user", "content": "..."}]) instead of a prompt: the
     prompt is then chat_prompt(model, messages), the model's chat template applied.
     """
-    return _family(model).generate(model, _prompt_or_messages(model, prompt_or_ids, messages), **kw)
+    prompt = _prompt_or_messages(model, prompt_or_ids, messages)
+    return generate_from(decoder_of(model, backend, kw), prompt, **kw)
 
 
-def stream(model, prompt_or_ids=None, *, messages=None, **kw) -> Iterator[int]:
-    """The family's stream for this model (see generate)."""
-    return _family(model).stream(model, _prompt_or_messages(model, prompt_or_ids, messages), **kw)
+def stream(model, prompt_or_ids=None, *, messages=None, backend="numpy", **kw) -> Iterator[int]:
+    """stream_from(the model's Decoder, prompt, **kw): generated ids one at a time (keywords as generate)."""
+    prompt = _prompt_or_messages(model, prompt_or_ids, messages)
+    return stream_from(decoder_of(model, backend, kw, caller="stream"), prompt, **kw)
 
 
-def stream_text(model, prompt_or_ids=None, *, messages=None, **kw) -> Iterator[str]:
-    """The family's stream_text for this model (see generate)."""
-    return _family(model).stream_text(model, _prompt_or_messages(model, prompt_or_ids, messages), **kw)
+def stream_text(model, prompt_or_ids=None, *, messages=None, backend="numpy", **kw) -> Iterator[str]:
+    """stream_text_from(the model's Decoder, prompt, **kw): generated text in chunks (keywords as generate)."""
+    prompt = _prompt_or_messages(model, prompt_or_ids, messages)
+    return stream_text_from(decoder_of(model, backend, kw, caller="stream_text"), prompt, **kw)
 
 
-def generate_batch(model, prompts, **kw) -> list[Generation]:
-    """The family's generate_batch for this model (see generate)."""
-    return _family(model).generate_batch(model, prompts, **kw)
+def generate_batch(model, prompts, *, backend="numpy", **kw) -> list[Generation]:
+    """generate_batch_from(the model's Decoder, prompts, **kw): several prompts at once (keywords as generate's,
+    without the beam search ones)."""
+    return generate_batch_from(decoder_of(model, backend, kw, caller="generate_batch", names=_BATCH_NAMES),
+                               prompts, **kw)

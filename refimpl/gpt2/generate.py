@@ -1,4 +1,4 @@
-"""GPT-2's decoding: the adapter refimpl.decoding's strategies drive, and the entry points for a GPT2Model.
+"""GPT-2's decoding: the adapter refimpl.decoding's strategies drive (its entry in refimpl.families).
 
 The strategies (logits processors, greedy, seeded sampling, beam search, stop strings, the
 context-limit policy) are refimpl.decoding's, for every family; their names are re-exported
@@ -8,6 +8,7 @@ and step through hidden_states(last_only=True) and the tied LM head, and the log
 the final layer norm and the tied embedding (`_score_bound`). causal=False (no causal mask)
 has no cache: prefill and every step run hidden_states over the whole sequence so far
 (refimpl._switches says why); attention_scale changes the factor on q k^T in every forward.
+generate / stream / stream_text / generate_batch here are refimpl.decoding's, for a GPT2Model only.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .. import decoding
 from .._switches import attention_scale_factor, check_causal
-from ..decoding import (_DEFAULT, Decoder, Generation, apply_repetition_penalty, apply_temperature,
-                        generate_batch_from, generate_from, log_softmax, recomputing, sample_from_logits, stream_from,
-                        stream_text_from, top_k_filter, top_p_filter)
+from ..decoding import (Decoder, Generation, apply_repetition_penalty, apply_temperature, log_softmax, recomputing,
+                        sample_from_logits, top_k_filter, top_p_filter)
 from .model import GPT2Model, KVCache, get_ops, hidden_states, lm_head
 
 __all__ = [
@@ -89,7 +90,7 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
         cache_fields = dict(
             allocate=lambda B, max_len: KVCache.allocate(config, B, max_len=max_len, dtype=dtype, zeros=ops.zeros),
             prefill=prefill, step=lambda weights, ids, cache, mask: prefill(weights, ids[:, -1:], cache, mask),
-            first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
+            first_rows=KVCache.first_rows,
             reorder=lambda cache, rows: cache.reorder(rows))
     else:  # no cache: every step runs the whole sequence (refimpl._switches)
         cache_fields = recomputing(recompute)
@@ -103,68 +104,25 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
 
 # ----------------------------------------------------------------------------- the entry points
 
-def generate(model: GPT2Model, prompt, *, max_new_tokens: int = 20, do_sample: bool = False,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
-             early_stopping: bool | str = False, eos_token_id=_DEFAULT, stop=(), seed=None,
-             on_context_limit: str = "error", backend: str = "numpy", causal: bool = True, attention_scale=None,
-             trace=None) -> Generation:
-    """Continue `prompt` (text or token ids) by up to max_new_tokens tokens.
-
-    Strategy: greedy (default), sampling (do_sample=True with temperature, top_k, top_p;
-    `seed` makes it reproducible), or beam search (num_beams > 1, length_penalty,
-    early_stopping as Hugging Face). repetition_penalty applies to all of them.
-    eos_token_id defaults to the config's (None: never stop on a token). See refimpl.decoding
-    for stop strings and the context-limit policy (n_positions here). causal, attention_scale:
-    the attention switches (decoder). trace: a refimpl.decoding.Trace to fill (log-probabilities,
-    ranks, timings). Returns a Generation.
-    """
-    return generate_from(decoder(model, backend, causal=causal, attention_scale=attention_scale), prompt, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                         temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                         num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
-                         eos_token_id=eos_token_id, stop=stop, seed=seed, on_context_limit=on_context_limit,
-                         trace=trace)
+def generate(model: GPT2Model, prompt, *, backend="numpy", **kw) -> Generation:
+    """refimpl.decoding.generate for a GPT2Model (the keywords are there; causal, attention_scale: the switches of decoder)."""
+    _check_model(model)
+    return decoding.generate(model, prompt, backend=backend, **kw)
 
 
-def stream(model: GPT2Model, prompt, *, backend="numpy", causal: bool = True, attention_scale=None,
-           **kw) -> Iterator[int]:
-    """Yield generated token ids one at a time, as `generate(model, prompt, **kw)` makes them.
-
-    Same keywords as generate, checked at the call (not at the first `next`). The ids are
-    exactly generate's `.ids`: an ending eos is yielded, and so is the token that completes a
-    stop string (use stream_text for text that stops before it). Beam search cannot know its
-    best beam before the end: with num_beams > 1 the ids come all at once when the search ends.
-    """
-    return stream_from(decoder(model, backend, causal=causal, attention_scale=attention_scale), prompt, **kw)
+def stream(model: GPT2Model, prompt, *, backend="numpy", **kw) -> Iterator[int]:
+    """refimpl.decoding.stream for a GPT2Model: generated token ids one at a time, as generate makes them."""
+    _check_model(model)
+    return decoding.stream(model, prompt, backend=backend, **kw)
 
 
-def stream_text(model: GPT2Model, prompt, *, backend="numpy", causal: bool = True, attention_scale=None,
-                **kw) -> Iterator[str]:
-    """Yield the generated text in chunks as tokens come (needs a tokenizer).
-
-    Same keywords as generate, checked at the call; the chunks join to generate's `.text`.
-    Bytes of an unfinished UTF-8 character are held back until it completes, and so is any
-    tail of the text that could be the beginning of a stop string; the text ends just before
-    the stop string.
-    """
-    return stream_text_from(decoder(model, backend, causal=causal, attention_scale=attention_scale), prompt, **kw)
+def stream_text(model: GPT2Model, prompt, *, backend="numpy", **kw) -> Iterator[str]:
+    """refimpl.decoding.stream_text for a GPT2Model: the generated text in chunks (needs a tokenizer)."""
+    _check_model(model)
+    return decoding.stream_text(model, prompt, backend=backend, **kw)
 
 
-def generate_batch(model: GPT2Model, prompts: Sequence, *, max_new_tokens: int = 20, do_sample: bool = False,
-                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   repetition_penalty: float = 1.0, eos_token_id=_DEFAULT, stop=(), seed=None,
-                   on_context_limit: str = "error", backend: str = "numpy", causal: bool = True,
-                   attention_scale=None) -> list[Generation]:
-    """Greedy or sampled continuations of several prompts at once (one forward per step).
-
-    Prompts of different lengths are left-padded; the padding is masked and positions come
-    from the mask, so greedy results equal generate() on each prompt alone. Each row ends on
-    its own (eos, stop string); the batch runs until all have ended or the step limit. The
-    context limit applies to the longest prompt. Sampling draws one uniform per row per step
-    from one seeded Generator, so a row's samples differ from those of a single-prompt run
-    with the same seed. Beam search is single-prompt (use generate).
-    """
-    return generate_batch_from(decoder(model, backend, causal=causal, attention_scale=attention_scale), prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                               temperature=temperature, top_k=top_k, top_p=top_p,
-                               repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, stop=stop,
-                               seed=seed, on_context_limit=on_context_limit)
+def generate_batch(model: GPT2Model, prompts: Sequence, *, backend="numpy", **kw) -> list[Generation]:
+    """refimpl.decoding.generate_batch for a GPT2Model: several prompts at once, left-padded."""
+    _check_model(model)
+    return decoding.generate_batch(model, prompts, backend=backend, **kw)

@@ -1,8 +1,9 @@
-"""The LLaMA family's decoding: the adapter refimpl.decoding's strategies drive, and the entry points for an LlamaModel.
+"""The LLaMA family's decoding: the adapter refimpl.decoding's strategies drive (its entry in refimpl.families).
 
 The strategies (greedy, seeded sampling, beam search, repetition penalty, stop strings, the
 context-limit policy) are refimpl.decoding's, shared with GPT-2; the keywords are GPT-2's
-(refimpl.gpt2.generate), plus `prefill_chunk`. What is the family's own is `decoder(model,
+(refimpl.gpt2.generate), plus `prefill_chunk`; generate / stream / stream_text / generate_batch
+here are refimpl.decoding's, for an LlamaModel only. What is the family's own is `decoder(model,
 backend, prefill_chunk=...)`, the `refimpl.decoding.Decoder` of an LlamaModel:
 
 - context: context_limit(config) = max_position_embeddings (refimpl.llama.checks), none for
@@ -36,8 +37,8 @@ import numpy as np
 
 from .._checks import check_positive_int
 from .._switches import attention_scale_factor, check_causal
-from ..decoding import (_DEFAULT, Decoder, Generation, generate_batch_from, generate_from, recomputing,
-                        stream_from, stream_text_from)
+from .. import decoding
+from ..decoding import Decoder, Generation, recomputing
 from .checks import context_limit
 from .config import LlamaConfig
 from .model import KVCache, LlamaModel, get_ops, hidden_states, lm_head, prefill
@@ -138,7 +139,7 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
         cache_fields = dict(
             allocate=lambda B, max_len: KVCache.allocate(config, B, max_len, dtype=dtype, zeros=ops.zeros),
             prefill=prefill_prompt, step=step,
-            first_rows=lambda cache, n: KVCache(cache.k[:, :n], cache.v[:, :n], 0),
+            first_rows=KVCache.first_rows,
             reorder=lambda cache, rows: cache.reorder(rows))
     else:  # no cache: every step runs the whole sequence (refimpl._switches)
         cache_fields = recomputing(recompute)
@@ -154,58 +155,25 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
 
 # ----------------------------------------------------------------------------- the entry points
 
-def generate(model: LlamaModel, prompt, *, max_new_tokens: int = 20, do_sample: bool = False,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
-             early_stopping: bool | str = False, eos_token_id=_DEFAULT, stop=(), seed=None,
-             on_context_limit: str = "error", backend: str = "numpy",
-             prefill_chunk: int | None = None, causal: bool = True, attention_scale=None,
-             trace=None) -> Generation:
-    """Continue `prompt` (text, with a tokenizer, or token ids) by up to max_new_tokens tokens.
-
-    Keywords as refimpl.gpt2.generate.generate (greedy, sampling, beam search as Hugging Face;
-    eos_token_id defaults to the config's, None never stops on a token; the context policy with
-    max_position_embeddings, refimpl.decoding). prefill_chunk: prefill the prompt this many
-    tokens at a time (None: one forward). causal, attention_scale: the attention switches (decoder).
-    trace: a refimpl.decoding.Trace to fill (log-probabilities, ranks, timings). Returns a
-    refimpl.decoding.Generation.
-    """
-    dec = decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal, attention_scale=attention_scale)
-    return generate_from(dec, prompt, max_new_tokens=max_new_tokens,
-                         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                         repetition_penalty=repetition_penalty, num_beams=num_beams, length_penalty=length_penalty,
-                         early_stopping=early_stopping, eos_token_id=eos_token_id, stop=stop, seed=seed,
-                         on_context_limit=on_context_limit, trace=trace)
+def generate(model: LlamaModel, prompt, *, backend="numpy", **kw) -> Generation:
+    """refimpl.decoding.generate for an LlamaModel (the keywords are there; prefill_chunk, causal, attention_scale: those of decoder)."""
+    _check_model(model)
+    return decoding.generate(model, prompt, backend=backend, **kw)
 
 
-def stream(model: LlamaModel, prompt, *, backend="numpy", prefill_chunk: int | None = None, causal: bool = True,
-           attention_scale=None, **kw) -> Iterator[int]:
-    """Yield generated token ids one at a time, as `generate(model, prompt, **kw)` makes them (checked at the call)."""
-    return stream_from(decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal,
-                               attention_scale=attention_scale), prompt, **kw)
+def stream(model: LlamaModel, prompt, *, backend="numpy", **kw) -> Iterator[int]:
+    """refimpl.decoding.stream for an LlamaModel: generated token ids one at a time, as generate makes them."""
+    _check_model(model)
+    return decoding.stream(model, prompt, backend=backend, **kw)
 
 
-def stream_text(model: LlamaModel, prompt, *, backend="numpy", prefill_chunk: int | None = None,
-                causal: bool = True, attention_scale=None, **kw) -> Iterator[str]:
-    """Yield the generated text in chunks as tokens come (needs a tokenizer); the chunks join to generate's `.text`."""
-    return stream_text_from(decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal,
-                                    attention_scale=attention_scale), prompt, **kw)
+def stream_text(model: LlamaModel, prompt, *, backend="numpy", **kw) -> Iterator[str]:
+    """refimpl.decoding.stream_text for an LlamaModel: the generated text in chunks (needs a tokenizer)."""
+    _check_model(model)
+    return decoding.stream_text(model, prompt, backend=backend, **kw)
 
 
-def generate_batch(model: LlamaModel, prompts: Sequence, *, max_new_tokens: int = 20, do_sample: bool = False,
-                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   repetition_penalty: float = 1.0, eos_token_id=_DEFAULT, stop=(), seed=None,
-                   on_context_limit: str = "error", backend: str = "numpy",
-                   prefill_chunk: int | None = None, causal: bool = True,
-                   attention_scale=None) -> list[Generation]:
-    """Greedy or sampled continuations of several prompts at once, left-padded (refimpl.decoding.generate_batch_from).
-
-    The padding is masked and positions come from the mask, so greedy results equal generate()
-    on each prompt alone (except LongRoPE rows that straddle its switch: module docstring); each
-    row ends on its own; the context limit applies to the longest prompt.
-    """
-    return generate_batch_from(decoder(model, backend, prefill_chunk=prefill_chunk, causal=causal,
-                                       attention_scale=attention_scale), prompts,
-                               max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                               top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                               eos_token_id=eos_token_id, stop=stop, seed=seed, on_context_limit=on_context_limit)
+def generate_batch(model: LlamaModel, prompts: Sequence, *, backend="numpy", **kw) -> list[Generation]:
+    """refimpl.decoding.generate_batch for an LlamaModel: several prompts at once, left-padded."""
+    _check_model(model)
+    return decoding.generate_batch(model, prompts, backend=backend, **kw)
