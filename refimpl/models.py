@@ -201,9 +201,6 @@ def _llama_tensor_names(p: Path) -> bool:
 
 # ----------------------------------------------------------------------------- load
 
-_KEYWORDS = {"gpt2": ("dtype",), "llama": ("dtype", "mmap"), "bert": ("dtype", "flavor")}
-
-
 def load(path=None, **kw):
     """The model at `path`: a GPT2Model, a LlamaModel or a BertModel, chosen by family_of(path).
 
@@ -221,25 +218,13 @@ def load(path=None, **kw):
         if set(kw) - {"dtype"}:
             raise TypeError(f"load() of a GGUF model takes the keyword dtype; got {sorted(set(kw) - {'dtype'})}")
         return load_gguf_model(gguf_path(path), **kw)
-    unknown = sorted(set(kw) - set(_KEYWORDS[family]))
+    from .families import named
+
+    loader = named(family)
+    unknown = sorted(set(kw) - set(loader.load_keywords))
     if unknown:
-        raise TypeError(f"load() of a {family} model takes the keywords {list(_KEYWORDS[family])}; got {unknown}")
-    if family == "gpt2":
-        from . import gpt2
-
-        return gpt2.load(path, **kw)
-    if family == "bert":
-        from . import bert
-
-        return bert.load(path, **kw)
-    from .llama import LlamaModel, load_weights
-
-    p = Path(os.fspath(path))
-    config, params = load_weights(p, **kw)
-    from .tokenizers.chat import read_chat_template
-
-    folder = p if p.is_dir() else p.parent
-    return LlamaModel(config, params, llama_tokenizer(folder, config.vocab_size), read_chat_template(folder))
+        raise TypeError(f"load() of a {family} model takes the keywords {list(loader.load_keywords)}; got {unknown}")
+    return loader.load(path, **kw)
 
 
 # ----------------------------------------------------------------------------- the LLaMA family's tokenizer
@@ -398,24 +383,10 @@ def logits(model, ids, *, backend: str = "numpy", attention_mask=None, causal: b
     attention_scale: the factor on q k^T, None (the model's own), "head-dim" (1/sqrt(D)),
     "model-width" (1/sqrt(C)) or a positive number. refimpl._switches says what they show.
     """
-    from .gpt2 import GPT2Model
-    from .llama.model import LlamaModel
+    from .families import of_model
 
-    if isinstance(model, GPT2Model):
-        from . import gpt2
-
-        return gpt2.logits(model, ids, backend=backend, attention_mask=attention_mask, causal=causal,
-                           attention_scale=attention_scale)
-    if isinstance(model, LlamaModel):
-        from .llama.model import logits as llama_logits
-
-        return llama_logits(model, ids, backend=backend, attention_mask=attention_mask, causal=causal,
-                            attention_scale=attention_scale)
-    bert = sys.modules.get("refimpl.bert.model")  # a BertModel exists only once that module is imported
-    if bert is not None and isinstance(model, bert.BertModel):
-        raise TypeError("a BertModel is an encoder without a language-model head, so it has no next-token logits: "
-                        "use refimpl.bert.embed(model, sentences) or refimpl.bert.hidden_states")
-    raise TypeError(f"model must be a GPT2Model or a LlamaModel (from refimpl.load); got {type(model).__name__}")
+    return of_model(model).logits(model, ids, backend=backend, attention_mask=attention_mask, causal=causal,
+                                  attention_scale=attention_scale)
 
 
 # ----------------------------------------------------------------------------- export
