@@ -49,6 +49,7 @@ class Family:
       load(path, **kw)       the model at a path (refimpl.models.load picks the family by the files)
       load_keywords          the keywords load takes
       not_a_decoder          an encoder's: why its models have no logits and what to call instead
+      export(source, out_dir, *, dtype) -> Path   its files in our format (None: read as they are)
     A decoder family:
       logits(model, ids, *, backend, attention_mask, causal, attention_scale) -> [B, T, V] or [T, V]
       decoder(model, backend="numpy", **switches) -> refimpl.decoding.Decoder
@@ -76,6 +77,7 @@ class Family:
     load: Callable
     load_keywords: tuple[str, ...]
     not_a_decoder: str | None = None
+    export: Callable | None = None
     logits: Callable | None = None
     decoder: Callable | None = None
     decoder_options: tuple[str, ...] = ()

@@ -420,15 +420,13 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
         if _looks_like_path(os.fspath(source)):
             raise WeightFileError(f"{os.fspath(source)}: no such file or directory{_names_hint()}")
         src, family = _hub_source(os.fspath(source), out_dir)
-    if family == "llama":
-        from .llama.io import export as llama_export
+    from .families import named
 
-        return llama_export(src, out_dir, dtype=dtype)
-    if family == "bert":
-        raise WeightFileError(f"{src}: a BERT directory is read as it is by refimpl.load; there is nothing to export")
-    from .gpt2.io import export as gpt2_export
-
-    return gpt2_export(src, out_dir, dtype=dtype)
+    exporter = named(family)
+    if exporter.export is None:
+        raise WeightFileError(f"{src}: a {exporter.label} directory is read as it is by refimpl.load; there is "
+                              "nothing to export")
+    return exporter.export(src, out_dir, dtype=dtype)
 
 
 def _hub_source(name: str, out_dir) -> tuple[Path, str]:

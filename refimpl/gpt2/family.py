@@ -11,9 +11,16 @@ from .model import GPT2Model, KVCache, check_token_ids, get_ops, hidden_states, 
 
 __all__ = ["FAMILY"]
 
+
+def _export(source, out_dir, *, dtype: str = "source"):
+    from .io import export  # (imported when asked for: reading a model needs none of it)
+
+    return export(source, out_dir, dtype=dtype)
+
+
 FAMILY = Family(
     name="gpt2", label="GPT-2", model_class=GPT2Model, config_class=GPT2Config,
-    load=load, load_keywords=("dtype",), logits=logits,
+    load=load, load_keywords=("dtype",), export=_export, logits=logits,
     decoder=decoder, get_ops=get_ops, model_type=lambda c: "GPT-2", positions="learned",
     context_name="n_positions", context=lambda c: c.n_positions,
     n_layers=lambda c: c.n_layer, width=lambda c: c.n_embd,

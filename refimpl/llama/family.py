@@ -10,7 +10,7 @@ from ..families import Family
 from .checks import check_token_ids, context_limit
 from .config import LlamaConfig
 from .generate import decoder
-from .io import load_weights
+from .io import export, load_weights
 from .model import LlamaModel, get_ops, hidden_states, lm_head, logits, rms_norm
 
 __all__ = ["FAMILY", "load"]
@@ -39,7 +39,7 @@ def _tokenizer_absence(folder) -> str | None:
 
 FAMILY = Family(
     name="llama", label="LLaMA family", model_class=LlamaModel, config_class=LlamaConfig,
-    load=load, load_keywords=("dtype", "mmap"), logits=logits,
+    load=load, load_keywords=("dtype", "mmap"), export=export, logits=logits,
     decoder=decoder, decoder_options=("prefill_chunk",), get_ops=get_ops,
     model_type=lambda c: c.model_type, positions="rope",
     context_name="max_position_embeddings", context=context_limit,
