@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_positive_int, is_int
+from ..cache import KVCache
 from ..decoding import log_softmax, sample_from_logits, top_k_filter
 from ..gpt2 import model as gpt2_model
 from ..gpt2.config import GPT2Config
@@ -74,7 +75,7 @@ __all__ = ["SinkCache", "streaming_positions", "streaming_step", "streaming_logi
 
 def _context_name(config) -> str:
     """The config field that bounds a sequence's positions, as each family names it."""
-    return "n_positions" if isinstance(config, GPT2Config) else "max_position_embeddings"
+    return decoder_for_config(config).context_name
 
 
 @dataclass
@@ -84,13 +85,14 @@ class SinkCache:
     kv: the family's KV cache of max_len M ([L, B, H or K, M, D]): refimpl.gpt2.model.KVCache
     (keys with their positions baked in) or refimpl.llama.model.KVCache holding the keys BEFORE
     rotation. Slots [0, n_sink) hold the sinks, [n_sink, kv.length) the window, oldest first.
-    n_seen counts the tokens that have entered.
+    n_seen counts the tokens that have entered; family: the name of the family allocated for.
     """
 
     kv: object
     n_sink: int
     window: int
     n_seen: int = 0
+    family: str | None = None
 
     @classmethod
     def allocate(cls, config: GPT2Config | LlamaConfig, *, n_sink: int, window: int, batch_size: int = 1,
@@ -105,11 +107,8 @@ class SinkCache:
                     "the model's context (RoPE positions it was trained on) is")
             raise ValueError(f"n_sink + window = {M} must be <= {name}={limit}: a token's position is its slot in "
                              f"the cache, and {what} 0..{limit - 1} only")
-        if dec is GPT2:
-            kv = gpt2_model.KVCache.allocate(config, batch_size, max_len=M, dtype=dtype)
-        else:
-            kv = llama_model.KVCache.allocate(config, batch_size, max_len=M, dtype=dtype)
-        return cls(kv, n_sink, window, 0)
+        kv = KVCache.allocate(config, batch_size, max_len=M, dtype=dtype)
+        return cls(kv, n_sink, window, 0, dec.name)
 
     @property
     def capacity(self) -> int:
@@ -135,7 +134,7 @@ def _enter(model, cache: SinkCache, ids: np.ndarray) -> np.ndarray:  # [B, T] ->
     entered with). LLaMA family: every key, cached or new, rotated at its slot index 0 .. n + T - 1.
     """
     n, T = cache.kv.length, ids.shape[1]
-    if isinstance(model, gpt2_model.GPT2Model):
+    if decoder_of(model).positions == "learned":
         h = gpt2_model.hidden_states(model.params, model.config, ids, cache=cache.kv, positions=np.arange(n, n + T))
         z = gpt2_model.lm_head(h, model.params)
     else:
@@ -150,11 +149,10 @@ def _check_cache(model, cache) -> None:
     if not isinstance(cache, SinkCache):
         raise TypeError(f"cache must be a SinkCache (SinkCache.allocate(model.config, ...)); got {type(cache).__name__}")
     dec = decoder_of(model)
-    want = gpt2_model.KVCache if dec is GPT2 else llama_model.KVCache
-    if not isinstance(cache.kv, want) or cache.kv.k.dtype != dec.dtype(model.params) or \
-            cache.kv.k.shape[0] != dec.n_layers(model.config):
+    if not isinstance(cache.kv, KVCache) or cache.family not in (None, dec.name) or \
+            cache.kv.k.dtype != dec.dtype(model.params) or cache.kv.k.shape[0] != dec.n_layers(model.config):
         raise ValueError(f"cache must be allocated for this {dec.family} model (SinkCache.allocate(model.config, "
-                         f"dtype=the parameters' dtype)); got a {type(cache.kv).__module__} cache of "
+                         f"dtype=the parameters' dtype)); got a {cache.family or 'foreign'} cache of "
                          f"{cache.kv.k.dtype} {list(cache.kv.k.shape)}")
 
 
@@ -196,7 +194,7 @@ def _length_free_rope(model, n: int) -> bool:
     original_max_position_embeddings) change with the length, each once and in one direction,
     so comparing the lengths 1 and n decides it.
     """
-    if isinstance(model, gpt2_model.GPT2Model):
+    if decoder_of(model).positions == "learned":
         return True
     c = model.config
     rope = c.rope.to_dict()
