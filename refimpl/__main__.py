@@ -324,7 +324,7 @@ def _compare_beam(model, prompt, kw, args) -> int:
 def _note_numba_compile(model) -> None:
     """One line on stderr before --backend numba compiles its kernels: when its disk cache holds none for this
     model's family (accel.numba_cpu._launch.kernels_cached), or always where the cache cannot be looked at."""
-    from refimpl.gpt2 import GPT2Model
+    from refimpl.families import of_model
 
     try:
         from accel.numba_cpu._launch import kernels_cached
@@ -332,7 +332,7 @@ def _note_numba_compile(model) -> None:
         return
     from refimpl._progress import note_once
 
-    module = "gpt2" if isinstance(model, GPT2Model) else "llama"
+    module = of_model(model).name  # (accel.numba_cpu's module of that family)
     cached = kernels_cached(module)
     if cached is None:
         note_once(f"accel.numba_cpu.{module}", "--backend numba compiles its kernels on first use (cached afterwards "

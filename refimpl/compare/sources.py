@@ -37,8 +37,9 @@ _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF
 
 def n_layers(model) -> int:
     """The number of blocks of a refimpl model (GPT-2's n_layer, the LLaMA family's num_hidden_layers)."""
-    c = model.config
-    return c.n_layer if hasattr(c, "n_layer") else c.num_hidden_layers
+    from ..families import of_model
+
+    return of_model(model).n_layers(model.config)
 
 
 def reference_activations(model, ids) -> dict[str, np.ndarray]:

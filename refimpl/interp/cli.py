@@ -112,14 +112,14 @@ def _n_layers(model) -> int:
 
 def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> _Usage:
     """The error for text given to a model without a tokenizer: why it has none, and the flag to use instead."""
-    from refimpl.llama import LlamaModel
+    from ._family import decoder_of
 
     why = "this model has no tokenizer files"
-    if isinstance(model, LlamaModel) and path is not None:
-        from refimpl.models import resolve_model, tokenizer_absence
+    if path is not None:
+        from refimpl.models import resolve_model
 
         p = resolve_model(path)  # (a shipped model's name, too)
-        why = tokenizer_absence(p if p.is_dir() else p.parent) or why
+        why = decoder_of(model).tokenizer_absence(p if p.is_dir() else p.parent) or why
     return _Usage(f"{why}; give {what} as token ids with {flag}")
 
 
@@ -390,8 +390,7 @@ def _sink_chunk(model) -> int:
     SINK_MAP_BYTES, floored to a multiple of 64 (1024 for a 4-layer, 8-head model; 320 for 30 x 9)."""
     from ._family import decoder_of
 
-    L, H = decoder_of(model).n_layers(model.config), model.config.n_head if hasattr(model.config, "n_head") else \
-        model.config.num_attention_heads
+    L, H = decoder_of(model).n_layers(model.config), decoder_of(model).n_heads(model.config)
     return max(64, int(math.sqrt(SINK_MAP_BYTES / (8 * L * H))) // 64 * 64)
 
 
@@ -406,11 +405,9 @@ def cmd_streaming(args) -> int:
     from ._plot import pyplot, save
     from .streaming import streaming_perplexity
 
-    from refimpl.gpt2 import GPT2Model
-
     model = _load(args.model)
-    gpt2 = isinstance(model, GPT2Model)
-    name = "n_positions" if gpt2 else "max_position_embeddings"
+    fam = decoder_of(model)
+    name = fam.context_name
     P = decoder_of(model).context(model.config)  # None: no limit (dynamic RoPE)
     if args.window is None and P is None:
         raise _Usage(f"--window must be given: rope_type {model.config.rope.rope_type!r} has no context limit")
@@ -441,8 +438,8 @@ def cmd_streaming(args) -> int:
     bos_row = bos if args.ids is None and M >= 2 else None  # the windows a BOS-trained model saw: a fourth row
     rows, nlls = streaming_perplexity(model, ids, n_sink=args.n_sink, window=window, return_nll=True, bos=bos_row,
                                       progress=True)
-    family = "GPT-2" if gpt2 else model.config.model_type
-    policy = ("positions min(t, M - 1), learned, baked into the cached keys" if gpt2 else
+    family = fam.model_type(model.config)
+    policy = ("positions min(t, M - 1), learned, baked into the cached keys" if fam.positions == "learned" else
               f"keys cached before RoPE; positions = cache slots 0 .. {M - 1}")
     out = Path(args.out)
     plt = pyplot()
@@ -710,7 +707,7 @@ def cmd_context(args) -> int:
         raise _Usage("give one of --minilm (the default all-MiniLM-L6-v2) or --model PATH, not both")
     if args.context_ids and args.context:
         raise _Usage("give the contexts as --context TEXT (repeated) or as --context-ids IDS with --position N, not both")
-    from refimpl.bert import BertModel
+    from refimpl.families import of_model
     from refimpl.models import load
 
     if args.minilm:
@@ -720,11 +717,12 @@ def cmd_context(args) -> int:
     else:
         model = load(args.model)
     one_blas_thread_for(model.config)
-    family = "bert" if isinstance(model, BertModel) else None
+    fam = of_model(model, decoders=False)
+    family = fam.name
     word = args.word or DEFAULT_CONTEXT_WORD
     contexts = []  # {label, ids / tokens, position(s)}
     states = []
-    if family == "bert":
+    if not fam.is_decoder:  # (BERT)
         if args.context_ids:
             raise _Usage("--context-ids is for decoders; give BERT its contexts as --context TEXT")
         for text in args.context or DEFAULT_CONTEXTS:
@@ -735,9 +733,6 @@ def cmd_context(args) -> int:
             states.append(s)
             contexts.append({"text": text, "tokens": tokens, "positions": list(range(span.start, span.stop))})
     else:
-        from ._family import decoder_of
-
-        family = decoder_of(model).family
         if args.context_ids:
             if len(args.position or ()) != len(args.context_ids):
                 raise _Usage(f"--position must be given once per --context-ids ({len(args.context_ids)}); got "
