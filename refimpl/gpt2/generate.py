@@ -105,7 +105,7 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
 # ----------------------------------------------------------------------------- the entry points
 
 def generate(model: GPT2Model, prompt, *, backend="numpy", **kw) -> Generation:
-    """refimpl.decoding.generate for a GPT2Model (the keywords are there; causal, attention_scale: the switches of decoder)."""
+    """refimpl.decoding.generate for a GPT2Model (the keywords are there; causal, attention_scale: decoder's)."""
     _check_model(model)
     return decoding.generate(model, prompt, backend=backend, **kw)
 

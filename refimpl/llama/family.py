@@ -1,4 +1,4 @@
-"""The LLaMA family's entry in the table of model types (refimpl.families): what decoding, interp, compare and the CLI use."""
+"""The LLaMA family's entry in the table of model types (refimpl.families): what decoding, interp, the CLI use."""
 
 from __future__ import annotations
 

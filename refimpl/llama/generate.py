@@ -156,7 +156,8 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
 # ----------------------------------------------------------------------------- the entry points
 
 def generate(model: LlamaModel, prompt, *, backend="numpy", **kw) -> Generation:
-    """refimpl.decoding.generate for an LlamaModel (the keywords are there; prefill_chunk, causal, attention_scale: those of decoder)."""
+    """refimpl.decoding.generate for an LlamaModel (the keywords are there; prefill_chunk, causal,
+    attention_scale: decoder's)."""
     _check_model(model)
     return decoding.generate(model, prompt, backend=backend, **kw)
 
