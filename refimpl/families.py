@@ -67,7 +67,9 @@ class Family:
       lm_head(model, h [..., C]) -> [..., V]; final_norm(model, r [..., C]) -> [..., C]
       allocate_cache(model, batch_size, max_len) -> a refimpl.cache.KVCache
       dtype(params)          the float dtype of the parameters
-      tokenizer_absence(folder) -> why a model folder has no tokenizer refimpl reads, or None
+      front_door_tokenizer   whether refimpl.models finds the tokenizer (llama_tokenizer, and tokenizer_absence
+                             says why there is none): a rule that reads other families' files too, so it
+                             lives above the families and load takes it as load(path, tokenizer=rule)
     """
 
     name: str
@@ -99,7 +101,7 @@ class Family:
     final_norm: Callable | None = None
     allocate_cache: Callable | None = None
     dtype: Callable | None = None
-    tokenizer_absence: Callable | None = None
+    front_door_tokenizer: bool = False
 
     @property
     def family(self) -> str:

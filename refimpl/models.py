@@ -224,6 +224,8 @@ def load(path=None, **kw):
     unknown = sorted(set(kw) - set(loader.load_keywords))
     if unknown:
         raise TypeError(f"load() of a {family} model takes the keywords {list(loader.load_keywords)}; got {unknown}")
+    if loader.front_door_tokenizer:  # (a rule that reads other families' tokenizer files too: llama_tokenizer)
+        return loader.load(path, tokenizer=llama_tokenizer, **kw)
     return loader.load(path, **kw)
 
 

@@ -34,5 +34,4 @@ FAMILY = Family(
     final_norm=lambda m, r: layer_norm(r, m.params.ln_f.g, m.params.ln_f.b, eps=m.config.layer_norm_epsilon),
     allocate_cache=lambda m, B, n: KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
     dtype=lambda p: p.wte.dtype,
-    tokenizer_absence=lambda folder: None,  # (a GPT-2 without tokenizer files has no other kind to look for)
 )

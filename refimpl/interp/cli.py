@@ -115,11 +115,11 @@ def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> 
     from ._family import decoder_of
 
     why = "this model has no tokenizer files"
-    if path is not None:
-        from refimpl.models import resolve_model
+    if decoder_of(model).front_door_tokenizer and path is not None:
+        from refimpl.models import resolve_model, tokenizer_absence
 
         p = resolve_model(path)  # (a shipped model's name, too)
-        why = decoder_of(model).tokenizer_absence(p if p.is_dir() else p.parent) or why
+        why = tokenizer_absence(p if p.is_dir() else p.parent) or why
     return _Usage(f"{why}; give {what} as token ids with {flag}")
 
 

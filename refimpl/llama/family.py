@@ -16,25 +16,20 @@ from .model import LlamaModel, get_ops, hidden_states, lm_head, logits, rms_norm
 __all__ = ["FAMILY", "load"]
 
 
-def load(path, **kw) -> LlamaModel:
+def load(path, *, tokenizer=None, **kw) -> LlamaModel:
     """The LLaMA-family model at `path` (a folder or weights file) with its tokenizer and chat template.
 
-    kw: load_weights' (dtype, mmap). The tokenizer: refimpl.models.llama_tokenizer (None where the
-    folder has no tokenizer refimpl reads); the chat template: refimpl.tokenizers.chat.read_chat_template.
+    kw: load_weights' (dtype, mmap). tokenizer(folder, vocab_size): the rule that finds the
+    tokenizer (refimpl.models.llama_tokenizer; None: no tokenizer). The chat template:
+    refimpl.tokenizers.chat.read_chat_template.
     """
-    from ..models import llama_tokenizer
     from ..tokenizers.chat import read_chat_template
 
     p = Path(os.fspath(path))
     config, params = load_weights(p, **kw)
     folder = p if p.is_dir() else p.parent
-    return LlamaModel(config, params, llama_tokenizer(folder, config.vocab_size), read_chat_template(folder))
-
-
-def _tokenizer_absence(folder) -> str | None:
-    from ..models import tokenizer_absence
-
-    return tokenizer_absence(folder)
+    tok = None if tokenizer is None else tokenizer(folder, config.vocab_size)
+    return LlamaModel(config, params, tok, read_chat_template(folder))
 
 
 FAMILY = Family(
@@ -55,5 +50,5 @@ FAMILY = Family(
     final_norm=lambda m, r: rms_norm(r, m.params.norm, m.config),
     allocate_cache=lambda m, B, n: KVCache.allocate(m.config, B, max_len=n, dtype=m.params.dtype),
     dtype=lambda p: p.dtype,
-    tokenizer_absence=_tokenizer_absence,
+    front_door_tokenizer=True,
 )
