@@ -2,13 +2,15 @@
 
 - No import circle among refimpl's modules: neither through the imports that run when a module
   is imported (module level and class bodies) nor through those inside functions, which run when
-  the function is called (one known circle excused: KNOWN_CIRCLE_EDGES).
+  the function is called.
 - The model families are siblings: no family package imports another, at module level or inside
   a function. What they share (the training loop, a model folder's rules, checkpoint files,
   tokenizers) lives below them.
 - refimpl.tokenizers imports no family: the families read the tokenizers, not the reverse; and
   more generally no module a family stands on (imports, directly or through others) imports a
   family: the arrows point down.
+- Decoding imports no family, and no module outside a family tests a model's or config's class
+  against that family's: they reach a family through the table of model types (refimpl.families).
 
 Relative imports are resolved against the importing module's package; `from pkg import name`
 is an import of pkg and, where pkg.name is a module, of pkg.name too; importlib.import_module
@@ -25,12 +27,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "refimpl"
 FAMILIES = ("gpt2", "llama", "bert")  # refimpl's model families, each a package; a new one is added here
-# A known circle through imports inside functions: decoding picks the family's generate module by
-# the model's type (decoding -> refimpl.gpt2 / refimpl.llama -> their generate -> decoding). It goes
-# when decoding talks to one model protocol instead; until then these edges are left out of
-# test_no_circle_through_any_import, and test_known_circle_is_still_there says when to delete them.
-KNOWN_CIRCLE_EDGES = {"refimpl.decoding": frozenset({"refimpl.gpt2", "refimpl.gpt2.model", "refimpl.gpt2.generate",
-                                                     "refimpl.llama", "refimpl.llama.model", "refimpl.llama.generate"})}
 
 
 def _module_name(path: Path) -> str:
@@ -227,10 +223,8 @@ def test_circle_finder():
     assert _circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
 
 
-def _edges(*, at_import_only: bool, skip=None) -> dict[str, set[str]]:
-    skip = skip or {}
-    return {m: {t for t, _, top in found if (top or not at_import_only) and t not in skip.get(m, ())}
-            for m, found in IMPORTS.items()}
+def _edges(*, at_import_only: bool) -> dict[str, set[str]]:
+    return {m: {t for t, _, top in found if top or not at_import_only} for m, found in IMPORTS.items()}
 
 
 def _say(circles: list[list[str]]) -> str:
@@ -245,19 +239,9 @@ def test_no_import_circle():
 
 
 def test_no_circle_through_any_import():
-    """Nor through the imports inside functions: the modules' dependencies have no circle (DESIGN.md),
-    except KNOWN_CIRCLE_EDGES."""
-    circles = _circles(_edges(at_import_only=False, skip=KNOWN_CIRCLE_EDGES))
+    """Nor through the imports inside functions: the modules' dependencies have no circle (DESIGN.md)."""
+    circles = _circles(_edges(at_import_only=False))
     assert not circles, _say(circles)
-
-
-def test_known_circle_is_still_there():
-    """KNOWN_CIRCLE_EDGES names imports that exist and make a circle; once they are gone, delete it."""
-    for module, targets in KNOWN_CIRCLE_EDGES.items():
-        gone = targets - {t for t, _, _ in IMPORTS[module]}
-        assert not gone, f"{module} no longer imports {sorted(gone)}: remove them from KNOWN_CIRCLE_EDGES"
-    assert any(set(KNOWN_CIRCLE_EDGES) & set(c) for c in _circles(_edges(at_import_only=False))), \
-        "the circle KNOWN_CIRCLE_EDGES excuses is gone: delete KNOWN_CIRCLE_EDGES"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -292,10 +276,54 @@ def _below_the_families() -> set[str]:
 
 def test_what_the_families_stand_on_imports_no_family():
     """The shared machinery below the families (training loop, checkpoint files, tokenizers, the math) imports
-    no family, at import time or inside a function, except KNOWN_CIRCLE_EDGES."""
+    no family, at import time or inside a function."""
     below = _below_the_families()
     assert {"refimpl.training", "refimpl.checkpoint", "refimpl.tokenizers.wordpiece", "refimpl.attention"} <= below
     crossings = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
                  for m in sorted(below) for t, line, _ in IMPORTS[m]
-                 if _family(t) and t not in KNOWN_CIRCLE_EDGES.get(m, ())]
+                 if _family(t)]
     assert not crossings, "\n".join(crossings)
+
+
+def test_decoding_imports_no_family():
+    """refimpl.decoding finds a model's family through refimpl.families (by type), importing none, at import time or
+    inside a function (import_module("refimpl.gpt2...") included)."""
+    crossings = [f"refimpl/decoding.py:{line} imports {t}" for t, line, _ in IMPORTS["refimpl.decoding"] if _family(t)]
+    assert "refimpl.families" in {t for t, _, _ in IMPORTS["refimpl.decoding"]}
+    assert not crossings, "\n".join(crossings)
+
+
+def _own_family(path: Path) -> str | None:
+    """The family a module belongs to: refimpl/<family>/..., or an accel module named after it (accel/*/gpt2.py)."""
+    rel = path.relative_to(ROOT).parts
+    if rel[0] == PACKAGE and len(rel) > 2 and rel[1] in FAMILIES:
+        return rel[1]
+    return path.stem if rel[0] == "accel" and path.stem in FAMILIES else None
+
+
+def test_no_isinstance_dispatch_on_families_outside_the_table():
+    """isinstance(x, C) with C a family's model or config class (refimpl.families' table) only in that family's own
+    modules (its checks at the door); everywhere else the family is found through the table (of_model, of_config)."""
+    from refimpl.families import _TYPES
+
+    classes = {qualname.rsplit(".", 1)[1]: family for qualname, family in _TYPES.items()}  # GPT2Model -> gpt2
+    assert set(classes) >= {"GPT2Model", "LlamaModel", "BertModel", "GPT2Config", "LlamaConfig", "BertConfig"}
+    bad, own = [], 0
+    for path in sorted([*(ROOT / PACKAGE).rglob("*.py"), *(ROOT / "accel").rglob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        if not any(name in text for name in classes):
+            continue
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"
+                    and len(node.args) == 2):
+                continue
+            named = {x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(node.args[1])
+                     if isinstance(x, (ast.Name, ast.Attribute))}
+            for name in named & set(classes):
+                if classes[name] == _own_family(path):
+                    own += 1
+                else:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} isinstance(..., {name})")
+    print(f"isinstance on a family's classes: {own} in its own modules, {len(bad)} elsewhere")
+    assert own > 0  # (the scan sees them: each family checks its own inputs)
+    assert not bad, "find the family through refimpl.families (of_model / of_config) instead:\n" + "\n".join(bad)
