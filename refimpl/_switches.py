@@ -27,13 +27,14 @@ What a student should notice:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ._checks import is_real
 
-__all__ = ["ATTENTION_SCALE_NAMES", "check_causal", "check_attention_scale", "attention_scale_factor",
-           "check_no_cache", "parse_attention_scale"]
+__all__ = ["ATTENTION_SCALE_NAMES", "AttentionRule", "MODEL_RULE", "check_causal", "check_attention_scale",
+           "attention_scale_factor", "check_no_cache", "check_rule", "parse_attention_scale"]
 
 #: The named scales attention_scale accepts besides a positive number (module docstring).
 ATTENTION_SCALE_NAMES = ("head-dim", "model-width")
@@ -41,6 +42,42 @@ ATTENTION_SCALE_NAMES = ("head-dim", "model-width")
 _NO_CACHE = ("causal=False has no KV cache: a cache keeps each position's keys and values, which stay valid "
              "only under the causal mask (without it, a new token changes what every earlier position computed); "
              "run the whole sequence without cache=")
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    """How a forward's attention masks and scales its scores: causal or not, and the factor on q k^T.
+
+    causal: the causal mask (and one-sided sliding windows); False: none (module docstring).
+    scale: the factor on q k^T; None: the model's own (1/sqrt(D); Gemma-2's query_pre_attn_scalar^-1/2).
+    The forward reads it in one place, where it calls attention; MODEL_RULE is the models' own.
+    """
+
+    causal: bool = True
+    scale: float | None = None
+
+    @classmethod
+    def of(cls, causal=True, attention_scale=None, *, head_dim: int, width: int) -> "AttentionRule":
+        """The rule the public switches name (causal=, attention_scale=; module docstring), checked."""
+        return cls(check_causal(causal), attention_scale_factor(attention_scale, head_dim=head_dim, width=width,
+                                                                default=None))
+
+    def scale_or(self, own: float | None) -> float | None:
+        """The factor on q k^T: this rule's, else the model's own."""
+        return own if self.scale is None else self.scale
+
+
+#: The rule every model was trained with: causal, at its own scale.
+MODEL_RULE = AttentionRule()
+
+
+def check_rule(rule, cache) -> AttentionRule:
+    """rule, an AttentionRule (TypeError naming what came), and no KV cache without the causal mask (ValueError)."""
+    if not isinstance(rule, AttentionRule):
+        raise TypeError(f"rule must be a refimpl._switches.AttentionRule (AttentionRule.of(causal, attention_scale, "
+                        f"...)); got {type(rule).__name__}")
+    check_no_cache(rule.causal, cache)
+    return rule
 
 
 def check_causal(causal) -> bool:

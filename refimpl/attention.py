@@ -373,12 +373,17 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
 
 
 def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, key_mask, alibi_slopes, scale,
-                      softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+                      softcap=None, on_weights=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """masked_attention with no checks: inputs already validated (_check_masked_attention: key_mask
-    bool [B, S] or None, alibi_slopes [H] in the result dtype or None; softcap None or a positive finite number)."""
+    bool [B, S] or None, alibi_slopes [H] in the result dtype or None; softcap None or a positive finite number).
+
+    on_weights (None: not asked): w [B, H, T, S] -> w', the softmax weights made explicit and handed to it
+    (a model's "attn.weights" hook); the output is then w' v, query head h reading value head h // (H / K).
+    """
     B, H, T, _ = q.shape
     S = k.shape[2]
-    if T == 0 or S == 0 or B == 0:  # every row sees no key (zeros, the convention above), or there is no row
+    if on_weights is None and (T == 0 or S == 0 or B == 0):  # every row sees no key (zeros, the convention
+        # above), or there is no row
         return np.zeros((B, H, T, v.shape[3]), dtype=float_result_type(q, k, v))
     if window is None:
         pattern = _causal_mask(T, S) if causal else None  # [T, S] or None
@@ -392,7 +397,13 @@ def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, ke
     if alibi_slopes is not None:
         distance = (_query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(alibi_slopes.dtype)  # [T, S]: p_i - j, exact ints first
         bias = -alibi_slopes[:, None, None] * distance  # [H, T, S]: -m_h (p_i - j)
-    return _grouped_query_attention(q, k, v, mask, bias, scale, False, softcap)
+    if on_weights is None:
+        return _grouped_query_attention(q, k, v, mask, bias, scale, False, softcap)
+    _, w = _grouped_query_attention(q, k, v, mask, bias, scale, True, softcap)
+    w = on_weights(w)  # [B, H, T, S]
+    K = k.shape[1]
+    y = w.reshape(B, K, H // K, T, S) @ v[:, :, None]  # [B, K, G, T, Dv]: group g reads value head g
+    return y.reshape(B, H, T, v.shape[3])
 
 
 def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]

@@ -74,6 +74,12 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
+    def key_positions(self, n_new: int) -> None:  # -> None, or a subclass's [S] / [B, S] for S = length + n_new
+        """None: each key is rotated once, at its token's position, before it is written. A cache type that
+        stores keys before rotation returns the positions all its keys are rotated at when read
+        (refimpl.interp.streaming's, StreamingLLM's positions within the cache)."""
+        return None
+
     def reorder(self, rows) -> None:  # [B'] row indices, B' = B
         """Row b of every layer's cache <- row rows[b] (beam search: each beam takes its parent's cache), in place."""
         rows = np.asarray(rows)

@@ -780,7 +780,9 @@ def test_gpt2_decode_step_matches_numpy_backend():
         matmul=np.matmul, gelu_tanh_bias=nc.gelu_tanh_bias, kv_append=_kv_append_host,
         decode_attention=lambda q, k, v, lengths: nc.decode_attention(q, k, v, key_lengths=lengths))
 
-    def decode_blocks(x, params, config, cache, ops):
+    def decode_blocks(x, params, config, cache, ops, positions, key_mask):
+        if x.shape[1] != 1 or key_mask is not None:
+            return None  # (decode_step takes one new token per sequence and no key mask)
         steps.append(cache.length)
         B = x.shape[0]
         lengths = np.full(B, cache.length + 1, np.int64)

@@ -217,8 +217,8 @@ def test_decode_step_equals_the_numpy_backend(case):
     calls = []
     step = eager_decode_blocks(step_kernels(), np)
 
-    def decode_blocks(x, params, config, cache, ops, positions):
-        out = step(x, params, config, cache, ops, positions)
+    def decode_blocks(x, params, config, cache, ops, positions, key_mask):
+        out = step(x, params, config, cache, ops, positions, key_mask)
         calls.append(None if out is None else cache.length)  # None: declined, the blocks ran op by op
         return out
 
@@ -252,8 +252,8 @@ def test_interleaved_rope_pairs_on_the_gpu_ops_and_in_decode_step():
     calls = []
     step = eager_decode_blocks(step_kernels(), np)
 
-    def decode_blocks(x, params, config, cache, ops, positions):
-        out = step(x, params, config, cache, ops, positions)
+    def decode_blocks(x, params, config, cache, ops, positions, key_mask):
+        out = step(x, params, config, cache, ops, positions, key_mask)
         calls.append(out is not None)
         return out
 

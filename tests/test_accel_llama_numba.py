@@ -17,6 +17,7 @@ orders of magnitude above those differences.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -268,7 +269,7 @@ def test_left_padded_batch_and_its_cached_decoding_match_numpy(case, tmp_path_fa
         steps += [forward(params, config, ids[:, t:t + 1], cache=cache, attention_mask=mask[:, :t + 1], ops=ops)
                   for t in range(8, T)]
         out[name] = np.concatenate(steps, axis=1)
-    assert counting.ran == T - 8 and counting.declined == 0  # (a masked prompt is never offered: T > 1)
+    assert counting.ran == T - 8 and counting.declined == 1  # (the masked prompt, T > 1, is declined)
     alone = []
     for b in range(3):
         real_ids = ids[b:b + 1, mask[b]]
@@ -288,41 +289,33 @@ def test_left_padded_batch_and_its_cached_decoding_match_numpy(case, tmp_path_fa
     assert err <= tol
 
 
-def test_left_padding_is_offered_only_where_decode_blocks_takes_key_start_and_bad_starts_are_declined(
-        tmp_path_factory):
-    """A decode_blocks written without the key_start keyword is never offered a left-padded step (no TypeError); and
-    numba's declines (None) a key_start of the wrong shape, dtype or range, or with T > 1."""
+def test_a_key_mask_other_than_left_padding_of_one_token_is_declined_with_its_reason(tmp_path_factory):
+    """numba's decode_blocks declines (None, the reason counted in ops.declined) a key mask of the wrong shape, with a
+    hole, or with T > 1, and runs the left-padded step (each row's keys from its first real one)."""
     _, config, params = pair("llama", tmp_path_factory)
     ids = rand_ids((2, 9), seed=8)
     mask = np.ones((2, 9), dtype=bool)
     mask[1, :3] = False
-    calls = []
-
-    def six_arguments(x, params, config, cache, ops, positions):
-        calls.append(x.shape)
-        return None
-
-    ops = dataclasses.replace(OPS, decode_blocks=six_arguments)
-    cache = KVCache.allocate(config, 2, max_len=9, dtype=np.float32)
-    forward(params, config, ids[:, :8], cache=cache, attention_mask=mask[:, :8], ops=ops)
-    out = forward(params, config, ids[:, 8:], cache=cache, attention_mask=mask, ops=ops)
-    assert calls == [] and out.shape == (2, 1, config.vocab_size)
     from refimpl.llama.model import embed
 
-    cache = KVCache.allocate(config, 2, max_len=9, dtype=np.float32)
+    cache = KVCache.allocate(config, 2, max_len=10, dtype=np.float32)  # (room for T = 2 new tokens)
     forward(params, config, ids[:, :8], cache=cache, attention_mask=mask[:, :8], ops=OPS)
     x1, x2 = embed(params, config, ids[:, 8:]), embed(params, config, ids[:, 7:9])
     pos1 = np.array([[8], [5]])
-    for x, pos, start in ((x1, pos1, np.array([0, 3, 0])), (x1, pos1, np.array([0.0, 3.0])),
-                          (x1, pos1, np.array([0, -1])), (x1, pos1, np.array([0, 9])),
-                          (x2, pos1.repeat(2, 1), np.array([0, 3]))):
-        assert nl.decode_blocks(x, params, config, cache, OPS, pos, key_start=start) is None, start
-    assert nl.decode_blocks(x1, params, config, cache, OPS, pos1, key_start=np.array([0, 3])) is not None
+    hole = mask.copy()
+    hole[0, 4] = False
+    ops = dataclasses.replace(OPS, declined=Counter())
+    for x, pos, key_mask in ((x1, pos1, mask[:, :8]), (x1, pos1, hole), (x1, pos1, ~mask),
+                             (x2, pos1.repeat(2, 1), np.ones((2, 10), bool))):
+        assert nl.decode_blocks(x, params, config, cache, ops, pos, key_mask) is None, key_mask
+    assert ops.declined == {"a key mask other than left padding of one new token per sequence": 4}
+    assert nl.decode_blocks(x1, params, config, cache, ops, pos1, mask) is not None
+    assert sum(ops.declined.values()) == 4
 
 
 def test_a_mask_that_is_not_left_padding_is_not_offered_to_the_shared_step(tmp_path_factory):
-    """A pad between real keys (a hole) is not left padding: the step runs op by op (masked_attention), and its
-    logits equal numpy's with the same mask."""
+    """A pad between real keys (a hole) is not left padding: the fused step declines it (the prompt of 8 tokens
+    too), the step runs op by op (masked_attention), and its logits equal numpy's with the same mask."""
     _, config, params = pair("llama", tmp_path_factory)
     ids = rand_ids((2, 9), seed=7)
     mask = np.ones((2, 9), dtype=bool)
@@ -333,7 +326,7 @@ def test_a_mask_that_is_not_left_padding_is_not_offered_to_the_shared_step(tmp_p
         cache = KVCache.allocate(config, 2, max_len=9, dtype=np.float32)
         forward(params, config, ids[:, :8], cache=cache, attention_mask=mask[:, :8], ops=ops)
         out[name] = forward(params, config, ids[:, 8:], cache=cache, attention_mask=mask, ops=ops)
-    assert counting.ran == counting.declined == 0
+    assert counting.ran == 0 and counting.declined == 2
     err, tol = rel(out["numba"], out["numpy"]), logit_tolerance(config, np.float32)
     DIFFS.show("llama a hole in the key mask, one step", max_rel=err, tol=tol)
     assert err <= tol
@@ -365,19 +358,22 @@ def test_greedy_decoding_is_token_identical(case, tmp_path_factory):
 
 
 def test_fused_step_declines_what_it_does_not_cover(tmp_path_factory):
-    """decode_blocks returns None (the per-operation path runs) for replaced operations, a key mask
-    (hidden_states never asks), float16 weights, and C-contiguous-but-misshaped weights."""
+    """decode_blocks returns None (the per-operation path runs), counting its reason in ops.declined, for replaced
+    operations, float16 weights, and C-contiguous-but-misshaped weights."""
     _, config, params = pair("llama", tmp_path_factory)
     cache = KVCache.allocate(config, 1, max_len=4)
     x = np.zeros((1, 1, config.hidden_size), np.float32)
     pos = np.zeros((1, 1), np.int64)
-    assert nl.decode_blocks(x, params, config, cache, OPS, pos) is not None
-    assert nl.decode_blocks(x, params, config, cache, dataclasses.replace(OPS, linear=NUMPY_OPS.linear), pos) is None
-    assert nl.decode_blocks(x.astype(np.float16), params, config, cache, OPS, pos) is None
+    ops = dataclasses.replace(OPS, declined=Counter())
+    assert nl.decode_blocks(x, params, config, cache, ops, pos) is not None
+    assert nl.decode_blocks(x, params, config, cache, dataclasses.replace(ops, linear=NUMPY_OPS.linear), pos) is None
+    assert nl.decode_blocks(x.astype(np.float16), params, config, cache, ops, pos) is None
     blk = params.blocks[0]
     bad = dataclasses.replace(blk, attn_norm=np.ones(config.hidden_size + 1, np.float32))
     bad_params = dataclasses.replace(params, blocks=(bad,) + params.blocks[1:])
-    assert nl.decode_blocks(x, bad_params, config, cache, OPS, pos) is None
+    assert nl.decode_blocks(x, bad_params, config, cache, ops, pos) is None
+    assert ops.declined == {"replaced operations": 1, "x not float32 / float64 [B, T >= 1, hidden_size]": 1,
+                            "weights not in the compiled block's layout": 1}
 
 
 # ----------------------------------------------------------------------------- each operation vs its twin

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from refimpl.attention import (
     AttentionParams,
+    _masked_attention,
     FusedQKVParams,
     decode_attention,
     grouped_query_attention,
@@ -392,6 +393,39 @@ def test_masked_attention_equals_explicit_mask_and_bias(dtype, data):
                                                 enable_gqa=True).numpy()
         record("torch SDPA enable_gqa vs masked_attention (mask + ALiBi)", dtype, ours[seen], theirs[seen])
         close(ours[seen], theirs[seen], dtype, 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(data=st.data())
+def test_masked_attention_hands_its_weights_to_a_hook_and_uses_what_it_returns(dtype, data):
+    """_masked_attention(on_weights=f) (a model's "attn.weights" hook): f sees the softmax weights w [B, H, T, S] of
+    the same mask (rows of seen keys sum to 1, hidden keys weigh 0), and the output is f(w) v per key/value group:
+    with f the identity, masked_attention's (the same scores and softmax, then the weighted sum of the values);
+    with f = 2 w, twice it."""
+    q, k, v = data.draw(qkv_BHKTD(dtype))
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    causal = data.draw(st.booleans())
+    window = data.draw(st.one_of(st.none(), dims(1, 6)))
+    lengths = data.draw(st.one_of(st.none(), st.lists(st.integers(0, S), min_size=B, max_size=B)))
+    key_mask = None if lengths is None else padding_mask(lengths, S)
+    want = masked_attention(q, k, v, causal=causal, window=window, key_mask=key_mask)
+    seen = []
+    got = _masked_attention(q, k, v, causal, window, 0, key_mask, None, None, None, lambda w: seen.append(w) or w)
+    (w,) = seen
+    mask = np.broadcast_to(mask_by_loop(T, S, causal, window, 0), (B, 1, T, S)).copy()
+    if lengths is not None:
+        for b in range(B):
+            mask[b, :, :, lengths[b]:] = False
+    mask = np.broadcast_to(mask, w.shape)
+    assert w.shape == (B, H, T, S) and w.dtype == got.dtype == dtype
+    np.testing.assert_array_equal(w[~mask], 0)
+    rows = mask.any(-1)
+    close(w.sum(-1)[rows], np.ones(int(rows.sum()), dtype), dtype, 10)
+    record("masked_attention with its weights handed to a hook vs without", dtype, got, want)
+    close(got, want, dtype, 10)
+    twice = _masked_attention(q, k, v, causal, window, 0, key_mask, None, None, None, lambda w: 2 * w)
+    close(twice, 2 * want, dtype, 10)
 
 
 @pytest.mark.filterwarnings("error")  # no overflow warning either

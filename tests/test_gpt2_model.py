@@ -334,15 +334,16 @@ def test_attention_crosses_the_ops_seam_as_structure():
 def test_a_pad_query_sees_no_key_and_its_row_is_zero():
     """A left-pad query sees no key (every key at or before it is a pad), so its attention output is a zero
     row; ops.attention gets the key mask, and the attention output before W_O is 0 there."""
-    from refimpl.gpt2.model import attention
+    from refimpl._switches import MODEL_RULE
+    from refimpl.gpt2.model import Forward, attention
 
     _, params = pair("tiny", np.float64)
     x = np.random.default_rng(3).standard_normal((2, 4, TINY.n_embd))
     key = np.array([[False, False, True, True], [True] * 4])
     p = params.blocks[0]
-    out = attention(x, p, TINY.n_head, NUMPY_OPS, key_mask=key)
+    out = attention(x, p, 0, Forward(TINY, NUMPY_OPS, MODEL_RULE, None, key))
     no_proj = dataclasses.replace(p, attn_proj=dataclasses.replace(p.attn_proj, b=np.zeros_like(p.attn_proj.b)))
-    out0 = attention(x, no_proj, TINY.n_head, NUMPY_OPS, key_mask=key)
+    out0 = attention(x, no_proj, 0, Forward(TINY, NUMPY_OPS, MODEL_RULE, None, key))
     assert np.array_equal(out0[0, :2], np.zeros((2, TINY.n_embd)))  # y = 0 there: 0 W_O + 0
     assert np.abs(out0[0, 2:]).min() > 0 and np.abs(out[1]).min() > 0
 
@@ -356,7 +357,7 @@ def test_the_default_hook_is_the_identity_called_at_every_point():
     assert no_hook("anything", x) is x
     decoded = []
 
-    def decode_blocks(x, params, config, cache, ops):
+    def decode_blocks(x, params, config, cache, ops, positions, key_mask):
         decoded.append(cache.length)
         return None  # declined: the blocks run one operation at a time
 
@@ -369,7 +370,7 @@ def test_the_default_hook_is_the_identity_called_at_every_point():
         cache = KVCache.allocate(TINY, 1, max_len=6)
         hidden_states(params, TINY, ids[:, :4], cache=cache, ops=ops, hook=hook)
         hooked[id(hook)] = hidden_states(params, TINY, ids[:, 4:], cache=cache, ops=ops, hook=hook)
-    assert decoded == [4, 4]  # the step, with no_hook and with None; not with the user's hook
+    assert decoded == [0, 4, 0, 4]  # the prompt and the step, with no_hook and with None; not with the user's hook
     per_block = ["resid_pre", "attn.q", "attn.k", "attn.v", "attn.weights", "attn.out", "resid_mid",
                  "mlp.hidden", "mlp.out", "resid_post"]
     one_pass = [f"blocks.{i}.{n}" for i in range(TINY.n_layer) for n in per_block] + ["ln_f.out"]

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from refimpl.attention import scaled_dot_product_attention
 from refimpl.ffn import gelu_tanh_bias
 from refimpl.gpt2 import GPT2Config, GPT2Model, GPT2Params, generate
-from refimpl.gpt2.model import NUMPY_OPS, block, embed, forward, lm_head
+from refimpl._switches import MODEL_RULE
+from refimpl.gpt2.model import NUMPY_OPS, Forward, block, embed, forward, lm_head
 from refimpl.interp import (
     SinkCache,
     add,
@@ -303,7 +304,7 @@ def masked_reference(model: GPT2Model, ids, n_sink: int, window: int) -> np.ndar
     # The sink + window pattern in place of the model's causal one (it is causal itself).
     ops = dataclasses.replace(NUMPY_OPS, attention=lambda q, k, v, **_: scaled_dot_product_attention(q, k, v, mask))
     for i, p in enumerate(model.params.blocks):
-        x = block(x, p, model.config, ops, layer=i)
+        x = block(x, p, i, Forward(model.config, ops, MODEL_RULE, None, None))
     h = layer_norm(x, model.params.ln_f.g, model.params.ln_f.b, eps=model.config.layer_norm_epsilon)
     return lm_head(h, model.params)[0]
 

@@ -22,7 +22,7 @@ import refimpl.llama.model as llama_model
 from refimpl.interp import (SinkCache, recompute_window_logits, run_with_cache, streaming_generate,
                             streaming_logits, streaming_perplexity, streaming_positions, streaming_step)
 from refimpl.gpt2.config import GPT2Config
-from refimpl.interp.streaming import negative_log_likelihood
+from refimpl.interp.streaming import SlotRotatedCache, negative_log_likelihood
 from refimpl.llama import LlamaModel, logits as model_logits
 from refimpl.llama.config import LlamaConfig
 from refimpl.llama.generate import generate
@@ -328,13 +328,18 @@ def test_bad_arguments_are_named(models):
     with pytest.raises(TypeError, match="GPT2Model or a LlamaModel"):
         streaming_logits("a model", [1, 2])
     c = model.config
-    kv = llama_model.KVCache.allocate(c, 1, max_len=8, dtype=np.float64)
+
+    def cache_with(key_positions):  # a cache type that rotates its keys when read, at these positions
+        kind = type("Keyed", (SlotRotatedCache,), {"key_positions": lambda self, n_new: key_positions})
+        return kind.allocate(c, 1, max_len=8, dtype=np.float64)
+
+    kv = SlotRotatedCache.allocate(c, 1, max_len=8, dtype=np.float64)
     with pytest.raises(ValueError, match="positions or key_positions, not both"):
-        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=kv, positions=[0], key_positions=[0])
+        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=kv, positions=[0])
     with pytest.raises(ValueError, match=r"key_positions must have shape \[S\] or \[B, S\] = \[1, 1\]"):
-        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=kv, key_positions=[0, 1])
+        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=cache_with([0, 1]))
     with pytest.raises(ValueError, match=r"key_positions must lie in \[0, 64\)"):
-        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=kv, key_positions=[64])
+        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=cache_with([64]))
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -17,6 +17,7 @@ import pytest
 
 import refimpl
 from refimpl import decoding
+from refimpl._switches import AttentionRule
 from refimpl.__main__ import main
 from refimpl.decoding import Trace, log_softmax
 from refimpl.gpt2 import DEFAULT_MODEL_DIR, GPT2Config, GPT2Model, GPT2Params
@@ -139,6 +140,25 @@ def test_attention_maps_and_the_lens_take_the_switches(model):
                                rtol=1e-10, atol=1e-12)
 
 
+def test_the_switches_are_one_attention_rule_the_forward_reads():
+    """causal= / attention_scale= become an AttentionRule once, at the public entry points; the forward takes the
+    rule (MODEL_RULE: causal, the model's own scale) and refuses anything else, naming what came."""
+    from refimpl._switches import MODEL_RULE
+    from refimpl.llama.model import attention_rule, hidden_states, lm_head
+
+    m = built("llama")
+    c = m.config
+    assert attention_rule(c) == MODEL_RULE == AttentionRule(True, None)
+    assert attention_rule(c, False, "model-width") == AttentionRule(False, 1 / math.sqrt(c.hidden_size))
+    assert attention_rule(c, True, "head-dim") == AttentionRule(True, 1 / math.sqrt(c.head_dim))
+    assert AttentionRule(True, 0.5).scale_or(0.25) == 0.5 and MODEL_RULE.scale_or(0.25) == 0.25
+    with pytest.raises(TypeError, match="rule must be a refimpl._switches.AttentionRule"):
+        hidden_states(m.params, c, ids_of(4)[None], rule="non-causal")
+    z = hidden_states(m.params, c, ids_of(4)[None], rule=attention_rule(c, False, 0.5))
+    np.testing.assert_array_equal(lm_head(z, m.params, c),
+                                  refimpl.logits(m, ids_of(4)[None], causal=False, attention_scale=0.5))
+
+
 @pytest.mark.parametrize("family", two_families())
 def test_a_kv_cache_without_the_mask_is_refused_saying_why(family):
     m = built(family)
@@ -148,7 +168,7 @@ def test_a_kv_cache_without_the_mask_is_refused_saying_why(family):
         from refimpl.llama.model import KVCache, forward
     cache = KVCache.allocate(m.config, 1, max_len=16, dtype=np.float64)
     with pytest.raises(ValueError, match="causal=False has no KV cache"):
-        forward(m.params, m.config, ids_of(4)[None], cache=cache, causal=False)
+        forward(m.params, m.config, ids_of(4)[None], cache=cache, rule=AttentionRule(causal=False))
     with pytest.raises(TypeError, match="causal must be True or False"):
         refimpl.logits(m, ids_of(4), causal="no")
     if family == "llama":
@@ -253,9 +273,8 @@ def test_a_scale_of_its_own_skips_a_backends_fused_decode_blocks(family):
     got = refimpl.generate(m, prompt, max_new_tokens=4, eos_token_id=None, attention_scale=1.0, backend=ops)
     assert got.ids == ref.ids and calls == []
     refimpl.generate(m, prompt, max_new_tokens=4, eos_token_id=None, backend=ops)
-    # the default scale: every step after the prefill offers them the work, and LLaMA's forward offers the
-    # (causal) prefill too
-    assert len(calls) == (3 if family == "gpt2" else 4)
+    # the default scale: every step offers them the work, the (causal) prefill too (the backend decides)
+    assert len(calls) == 4
 
 
 # ----------------------------------------------------------------------------- log-probabilities and timing

@@ -356,9 +356,13 @@ def _cupy_ops() -> Ops:
     graphs: dict[int, tuple] = {}  # id(KVCache) -> (weakref to it, _DecodeGraph)
     own: list = []  # this Ops' operations, filled in below
 
-    def decode_blocks(x, params, config, cache, ops):
-        if not _step_applies(x, params, config, cache, cp) or any(a is not b for a, b in zip(_operations(ops), own)):
-            return None  # not a case the step covers, or an operation replaced: the blocks run one by one
+    def decode_blocks(x, params, config, cache, ops, positions=None, key_mask=None):
+        reason = ("a key mask" if key_mask is not None else
+                  "not one token per sequence in the step's layout" if not _step_applies(x, params, config, cache, cp)
+                  else "replaced operations" if any(a is not b for a, b in zip(_operations(ops), own)) else None)
+        if reason is not None:  # the blocks run one operation at a time
+            ops.declined[reason] += 1
+            return None
         from accel.numba_cuda.attention import decode_split
 
         _, B, H, S, _ = cache.k.shape

@@ -122,9 +122,11 @@ def eager_decode_blocks(kernels, xp):
     """An LlamaOps.decode_blocks that runs decode_step as it is (no graph), over any array module."""
     norms_of: dict[int, tuple] = {}
 
-    def decode_blocks(x, params, config, cache, ops, positions, key_start=None):
-        if key_start is not None or not _step_applies(x, params, config, cache, xp):
-            return None  # (left padding: the blocks run one operation at a time)
+    def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):
+        reason = _step_refusal(x, params, config, cache, key_mask, xp)
+        if reason is not None:  # the blocks run one operation at a time
+            ops.declined[reason] += 1
+            return None
         key = id(params)
         if key not in norms_of or norms_of[key][0]() is not params:
             norms_of[key] = (weakref.ref(params), effective_norms(params, config))
@@ -135,6 +137,13 @@ def eager_decode_blocks(kernels, xp):
                            xp.asarray(sin), norms_of[key][1], kernels, xp)[:, None, :]
 
     return decode_blocks
+
+
+def _step_refusal(x, params, config, cache, key_mask, xp) -> str | None:
+    """Why decode_step does not cover this step (a key mask, or not _step_applies), or None where it does."""
+    if key_mask is not None:
+        return "a key mask"
+    return None if _step_applies(x, params, config, cache, xp) else "not one token per sequence in the step's layout"
 
 
 def _step_applies(x, params, config, cache, xp) -> bool:
@@ -345,10 +354,13 @@ def _cupy_ops() -> LlamaOps:
     graphs: dict[int, tuple] = {}  # id(KVCache) -> (weakref to it, _DecodeGraph)
     own: list = []  # this LlamaOps' operations, filled in below
 
-    def decode_blocks(x, params, config, cache, ops, positions, key_start=None):
-        if (key_start is not None or not _step_applies(x, params, config, cache, cp)
-                or any(a is not b for a, b in zip(_operations(ops), own))):
-            return None  # left padding, not a case the step covers, or an operation replaced: one op at a time
+    def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):
+        reason = _step_refusal(x, params, config, cache, key_mask, cp)
+        if reason is None and any(a is not b for a, b in zip(_operations(ops), own)):
+            reason = "replaced operations"
+        if reason is not None:  # the blocks run one operation at a time
+            ops.declined[reason] += 1
+            return None
         from accel.numba_cuda.attention import decode_split
 
         cos, sin = rope_cos_sin(positions, config, params.dtype)  # [B|1, 1, 1, R/2] on the host

@@ -293,14 +293,22 @@ def _block_arrays(p) -> tuple:
             p.ln_2.g, p.ln_2.b, p.mlp_fc.w, p.mlp_fc.b, p.mlp_proj.w, p.mlp_proj.b)
 
 
-def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or None
+def _declined(ops, reason: str) -> None:
+    """decode_blocks' refusal: the reason counted in ops.declined (the caller then runs the blocks one operation
+    at a time)."""
+    ops.declined[reason] += 1
+    return None
+
+
+def decode_blocks(x, params, config, cache, ops, positions=None, key_mask=None):  # [B, 1, C] -> [B, 1, C] or None
     """Every block for one new token per sequence over the KV cache (no padding), one compiled call each.
 
-    Shapes: x [B, 1, C] the embedded tokens; cache.k / cache.v [L, B, H, S_max, D] NumPy arrays
-    with cache.length tokens filled (the new ones go at that index; the caller advances it).
-    Returns the residual stream after the last block [B, 1, C], or None when this path does not
-    apply and the caller must run the blocks one operation at a time: when `ops` is not this
-    module's OPS in its hot operations (someone replaced one, e.g. dataclasses.replace(OPS,
+    Shapes: x [B, 1, C] the embedded tokens (positions added: `positions` is not read); cache.k / cache.v
+    [L, B, H, S_max, D] NumPy arrays with cache.length tokens filled (the new ones go at that index; the
+    caller advances it); key_mask [B, S] or None.
+    Returns the residual stream after the last block [B, 1, C], or declines (None, the reason counted in
+    ops.declined) and the caller runs the blocks one operation at a time: for T > 1 or a key mask, when
+    `ops` is not this module's OPS in its hot operations (someone replaced one, e.g. dataclasses.replace(OPS,
     linear=f): the compiled block would ignore f), when a dtype, layout or shape is not the one
     the compiled block reads (float16, a missing bias, Fortran-ordered or misshaped weights, a cache
     of another head split: the per-operation path then runs, and raises its own errors), or when
@@ -308,24 +316,30 @@ def decode_blocks(x, params, config, cache, ops):  # [B, 1, C] -> [B, 1, C] or N
     all of GPT-2 small's context at B = 1 runs serially).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
-        return None
+        return _declined(ops, "replaced operations")
     B, T, C = x.shape
     k, v = cache.k, cache.v
     dtype = x.dtype
     S = cache.length + 1
     H, D = config.n_head, config.head_dim
-    if (T != 1 or C != config.n_embd or dtype not in (np.float32, np.float64)
-            or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
+    if T != 1:
+        return _declined(ops, "more than one new token per sequence")
+    if key_mask is not None:
+        return _declined(ops, "a key mask")
+    if C != config.n_embd or dtype not in (np.float32, np.float64):
+        return _declined(ops, "x not float32 / float64 [B, 1, n_embd]")
+    if (not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
             or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
-            or k.shape != v.shape or k.shape[:3] != (config.n_layer, B, H) or k.shape[4] != D or S > k.shape[3]
-            or (2 * B * H * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
-        return None
+            or k.shape != v.shape or k.shape[:3] != (config.n_layer, B, H) or k.shape[4] != D or S > k.shape[3]):
+        return _declined(ops, "cache not C-contiguous NumPy [L, B, H, S_max, D] in x's dtype with room")
+    if 2 * B * H * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1:
+        return _declined(ops, "cache long enough for parallel decode attention")
     shapes = _block_shapes(config)
     blocks = [_block_arrays(p) for p in params.blocks]
     if len(blocks) != config.n_layer or any(
             not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous
             for arrays in blocks for a, shape in zip(arrays, shapes)):
-        return None
+        return _declined(ops, "weights not C-contiguous NumPy of the config's shapes in x's dtype")
     eps = float(config.layer_norm_epsilon)
     scale = _scale_for(D, None, dtype)
     x = np.array(x[:, 0, :], dtype=dtype, order="C")  # [B, C], updated in place block by block

@@ -13,13 +13,15 @@
   glu_hidden  the gate and up products on BLAS, then SiLU(g) * u in one pass (ffn.glu_gate); the GELU
               activations (Gemma) take refimpl's elementwise functions after the products
   decode_blocks  T new tokens per sequence with no key mask (causal), or one token per sequence of a
-              left-padded batch (key_start: the shared path only), the per-operation path's
+              left-padded batch (its key mask read as each row's first real key: the shared path only), the
+              per-operation path's
               operations in its order without the Python between them: up to SHARED_MAX_ROWS float32 rows
               with HF's weight layout, every block in one multi-threaded call (`_decode_step_shared`, products on
               matvec_rows: a decoding step, a short prompt); else for one token per sequence one compiled call
               per block (`_decode_block`, products on the threaded BLAS; also every step of a model
               with a RoPE per layer type, Gemma 3, each block given its layer's cos / sin: the
-              shared step reads one table); declined (None) for other dtypes, layouts, replaced
+              shared step reads one table); declined (None, the reason counted in ops.declined) for
+              other dtypes, layouts, replaced
               operations, interleaved RoPE pairs (the compiled blocks turn half-split pairs only:
               such a config runs one operation at a time, `rope` included), or a cache long enough
               for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
@@ -47,7 +49,7 @@ from numba.typed import List
 from refimpl._checks import check_bool
 from refimpl.attention import _scale_for, _soft_cap
 from refimpl.linear import LinearParams, _linear
-from refimpl.llama.model import _ACTIVATIONS, LlamaOps, lm_head, rope_cos_sin
+from refimpl.llama.model import _ACTIVATIONS, LlamaOps, _left_padding, lm_head, rope_cos_sin
 from refimpl.norms import _rms_norm
 from refimpl.positional import _rope_rotate
 
@@ -577,63 +579,76 @@ def _read_only_list(arrays) -> List:  # a typed list of read-only arrays (writab
     return out
 
 
-def decode_blocks(x, params, config, cache, ops, positions, key_start=None):  # [B, T, C] -> [B, T, C] or None
+def _declined(ops, reason: str) -> None:
+    """decode_blocks' refusal: the reason counted in ops.declined (the caller then runs the blocks one operation
+    at a time)."""
+    ops.declined[reason] += 1
+    return None
+
+
+def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [B, T, C] -> [B, T, C] or None
     """Every block for T new tokens per sequence over the KV cache (causal; no key mask, or left padding) in
     compiled code.
 
     Shapes: x [B, T, C] the embedded tokens; cache.k / cache.v [L, B, K, S_max, D] NumPy arrays with
     cache.length tokens filled (the new ones go from that index; the caller advances it); positions
-    [B|1, T]; key_start None, or for T = 1 [B] int64: row b's keys before cache index key_start[b] are left
-    padding (the shared path only). Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight
+    [B|1, T]; key_mask None, or for T = 1 a [B, S] bool left padding (row b's keys before its first real
+    one are pads; the shared path only). Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight
     layout, one RoPE for every layer: _decode_step_shared (every block in one multi-threaded call, the products
     on matvec_rows); else, for T = 1, one compiled call per block (_decode_block, the products on the
     threaded BLAS, each block with its layer's RoPE table: Gemma 3's sliding and full layers differ).
-    Returns the residual stream after the last block [B, T, C], or None when neither applies and the caller
-    runs the blocks one operation at a time: when `ops` is not this module's OPS in its hot operations
-    (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype, layout or shape is not
-    the one the compiled code reads, when the config's RoPE pairs are interleaved (the compiled blocks
-    turn (i, i + R/2)), or when the cache is long enough that decode_attention would run in parallel
-    (DECODE_PARALLEL_WORK).
+    Returns the residual stream after the last block [B, T, C], or declines (None, the reason counted in
+    ops.declined) and the caller runs the blocks one operation at a time: when `ops` is not this module's
+    OPS in its hot operations (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype,
+    layout or shape is not the one the compiled code reads, when the config's RoPE pairs are interleaved
+    (the compiled blocks turn (i, i + R/2)), when the key mask is not left padding of one new token per
+    sequence on the shared path, or when the cache is long enough that decode_attention would run in
+    parallel (DECODE_PARALLEL_WORK).
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
-        return None
+        return _declined(ops, "replaced operations")
     if config.rope_interleaved:
-        return None  # (the per-operation path, whose `rope` turns interleaved pairs)
+        return _declined(ops, "interleaved RoPE pairs")  # (the per-operation path, whose `rope` turns them)
     B, T, C = x.shape
     k, v = cache.k, cache.v
     dtype = x.dtype
     S = cache.length + T
     c = config
     K, D = c.num_key_value_heads, c.head_dim
-    if (T < 1 or C != c.hidden_size or dtype not in _FLOATS or c.hidden_act not in _ACT_CODES
-            or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
+    if T < 1 or C != c.hidden_size or dtype not in _FLOATS:
+        return _declined(ops, "x not float32 / float64 [B, T >= 1, hidden_size]")
+    if c.hidden_act not in _ACT_CODES:
+        return _declined(ops, f"activation {c.hidden_act}")
+    if (not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray)
             or k.dtype != dtype or v.dtype != dtype or not (k.flags.c_contiguous and v.flags.c_contiguous)
-            or k.shape != v.shape or k.shape[:3] != (c.num_hidden_layers, B, K) or k.shape[4] != D or S > k.shape[3]
-            or (2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1)):
-        return None
+            or k.shape != v.shape or k.shape[:3] != (c.num_hidden_layers, B, K) or k.shape[4] != D or S > k.shape[3]):
+        return _declined(ops, "cache not C-contiguous NumPy [L, B, K, S_max, D] in x's dtype with room")
+    if 2 * B * T * K * S * D >= DECODE_PARALLEL_WORK and kernel_threads() > 1:
+        return _declined(ops, "cache long enough for parallel decode attention")
     ropes = [c.rope_of(layer) for layer in range(c.num_hidden_layers)]  # one, or Gemma 3's two (per layer type)
     one_rope = all(r == c.rope for r in ropes)  # (the shared step reads one cos / sin table for every block)
     shared = (_shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 and one_rope
               else None)
     starts = np.zeros(B, dtype=np.int64)  # each sequence's first real key
-    if key_start is not None:
-        key_start = np.asarray(key_start)
-        if (shared is None or T != 1 or key_start.shape != (B,) or key_start.dtype.kind not in "iu"
-                or key_start.min() < 0 or key_start.max() >= S):  # (the new token, at S - 1, is real)
-            return None
-        starts[:] = key_start
+    if key_mask is not None:
+        first = _left_padding(key_mask) if T == 1 and np.shape(key_mask) == (B, S) else None
+        if first is None:
+            return _declined(ops, "a key mask other than left padding of one new token per sequence")
+        if shared is None:
+            return _declined(ops, "left padding off the shared step")
+        starts[:] = first
     if shared is None:
         if T != 1:
-            return None
+            return _declined(ops, "more than one new token per sequence off the shared step")
         empty = np.empty(0, dtype=dtype)
         blocks = [_block_arrays(p, c, dtype, empty) for p in params.blocks]
         if len(blocks) != c.num_hidden_layers or any(b is None for b in blocks):
-            return None
+            return _declined(ops, "weights not in the compiled block's layout")
     tables = {}  # RoPE -> its (cos, sin) as the kernels read them
     for rope in dict.fromkeys(ropes):
         cos, sin = rope_cos_sin(positions, c, dtype, rope)  # [B|1, 1, T, R/2] each
         if cos.shape[0] not in (1, B) or cos.shape[2] != T:
-            return None
+            return _declined(ops, "positions not [B|1, T]")
         if T == 1:
             cos, sin = (np.ascontiguousarray(t.reshape(t.shape[0], t.shape[3])) for t in (cos, sin))  # [B|1, R/2]
         else:  # one row of each per token, sequence by sequence: [B T, R/2]

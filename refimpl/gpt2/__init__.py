@@ -28,7 +28,7 @@ from .generate import (
     top_k_filter,
     top_p_filter,
 )
-from .model import BACKENDS, GPT2Model, KVCache, check_token_ids, forward, get_ops
+from .model import BACKENDS, GPT2Model, KVCache, attention_rule, check_token_ids, forward, get_ops
 from .params import BlockParams, GPT2Params, LayerNormParams, LinearParams
 
 __all__ = [
@@ -103,6 +103,6 @@ def logits(model: GPT2Model, ids, *, backend: str = "numpy", attention_mask=None
         if single and attention_mask.ndim == 1:
             attention_mask = attention_mask[None]
     out = forward(ops.prepare(model.params), model.config, ids[None] if single else ids,
-                  attention_mask=attention_mask, ops=ops, causal=causal, attention_scale=attention_scale)
+                  attention_mask=attention_mask, ops=ops, rule=attention_rule(model.config, causal, attention_scale))
     out = ops.to_numpy(out)
     return out[0] if single else out

@@ -19,10 +19,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .. import decoding
-from .._switches import attention_scale_factor, check_causal
 from ..decoding import (Decoder, Generation, apply_repetition_penalty, apply_temperature, log_softmax, recomputing,
                         sample_from_logits, top_k_filter, top_p_filter)
-from .model import GPT2Model, KVCache, get_ops, hidden_states, lm_head
+from .model import GPT2Model, KVCache, attention_rule, get_ops, hidden_states, lm_head
 
 __all__ = [
     "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter",
@@ -69,9 +68,8 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
     """
     _check_model(model)
     ops = get_ops(backend)
-    causal = check_causal(causal)
     config, params = model.config, model.params
-    attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.n_embd, default=None)  # checked now
+    rule = attention_rule(config, causal, attention_scale)  # the switches, checked once
     dtype = params.wte.dtype
 
     def last_logits(h, weights):  # [B, 1, C] -> [B, V] on the host
@@ -79,14 +77,14 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
 
     def prefill(weights, ids, cache, attention_mask):  # [B, P] -> [B, V]
         return last_logits(hidden_states(weights, config, ids, cache=cache, attention_mask=attention_mask, ops=ops,
-                                         last_only=True, attention_scale=attention_scale), weights)
+                                         last_only=True, rule=rule), weights)
 
     def recompute(weights, ids, cache, attention_mask):  # [B, S] every token so far -> [B, V]; no cache
         cache.length = ids.shape[1]
         return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
-                                         last_only=True, causal=False, attention_scale=attention_scale), weights)
+                                         last_only=True, rule=rule), weights)
 
-    if causal:
+    if rule.causal:
         cache_fields = dict(
             allocate=lambda B, max_len: KVCache.allocate(config, B, max_len=max_len, dtype=dtype, zeros=ops.zeros),
             prefill=prefill, step=lambda weights, ids, cache, mask: prefill(weights, ids[:, -1:], cache, mask),

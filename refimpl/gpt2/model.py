@@ -36,19 +36,19 @@ backend (refimpl.interp uses it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from .._backends import resolve_backend
-from .._switches import attention_scale_factor, check_causal, check_no_cache
-from ..attention import masked_attention, scaled_dot_product_attention
+from .._switches import MODEL_RULE, AttentionRule, check_rule
+from ..attention import _masked_attention, masked_attention
 from ..cache import KVCache
 from ..ffn import _gelu_tanh_bias
 from ..hooks import no_hook, prefixed as _prefixed
 from ..linear import _linear
-from ..masks import causal_mask, combine_masks, key_mask_to_attention_mask
 from ..norms import _layer_norm
 from ..positional import learned_positional_embedding, positions_from_attention_mask
 from .checks import check_forward_inputs, check_token_ids, parse_token_ids
@@ -58,7 +58,7 @@ from .params import BlockParams, GPT2Params
 __all__ = [
     "GPT2Model", "Ops", "NUMPY_OPS", "BACKENDS", "get_ops",
     "KVCache", "check_token_ids", "parse_token_ids", "no_hook",
-    "embed", "attention", "mlp", "block", "hidden_states", "lm_head", "forward",
+    "embed", "Forward", "attention", "mlp", "block", "hidden_states", "lm_head", "forward", "attention_rule",
 ]
 
 
@@ -114,12 +114,14 @@ class Ops:
         `logits` or `generate` call; identity for NumPy).
     zeros(shape, dtype): allocate cache storage on the backend's device.
     to_numpy(x) -> np.ndarray: bring logits back to the host.
-    decode_blocks(x [B, 1, C], params, config, cache, ops) -> [B, 1, C] or None: optional; every
-        block at once for a step of one new token per sequence that sees every cached key (no
-        key mask; called only with the default hook), writing the cache as `attention` does;
-        None means "not here", and the blocks then run one operation at a time (accel's numba
-        backend compiles a block into one call, and declines when `ops`, the Ops in use, has
-        other operations than its own).
+    decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T], key_mask [B, S] | None)
+        -> [B, T, C] or None: optional; every block at once (offered with a cache, the default hook and
+        the model's own attention rule), writing the cache as `attention` does; it decides what it
+        runs: None declines, with the reason counted in ops.declined[reason], and the blocks then run
+        one operation at a time (accel's numba backend compiles a block into one call for one new
+        token per sequence with no key mask, and declines when `ops`, the Ops in use, has other
+        operations than its own)
+    declined: Counter of reason -> how many forwards decode_blocks declined for it (filled by the backend)
     """
 
     name: str
@@ -134,6 +136,7 @@ class Ops:
     to_numpy: Callable = np.asarray
     decode_blocks: Callable | None = None
     lm_head: Callable = None  # None: refimpl's `lm_head` (defined below)
+    declined: Counter = field(default_factory=Counter, compare=False, repr=False)
 
 
 def _np_layer_norm(x, g, b, eps):  # [..., C] -> [..., C]
@@ -181,28 +184,43 @@ def embed(params: GPT2Params, ids: np.ndarray, positions: np.ndarray) -> np.ndar
     return params.wte[ids] + learned_positional_embedding(params.wpe, positions)
 
 
-def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache: KVCache | None = None,
-              layer: int = 0, hook=no_hook, last_only: bool = False, causal: bool = True,
-              scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+@dataclass(frozen=True)
+class Forward:
+    """What every block of one forward reads besides x and its weights, made once by hidden_states.
+
+    ops: the backend's operations; rule: the attention's mask and scale (refimpl._switches); cache: a
+    KVCache or None; key_mask [B, S] bool or None (the real keys).
+    """
+
+    config: GPT2Config
+    ops: Ops
+    rule: AttentionRule
+    cache: KVCache | None
+    key_mask: np.ndarray | None
+
+
+def attention(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
+              last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """MultiHead(x) = Concat_h(softmax(q_h k_h^T * scale, masked) v_h) W_O, scale 1/sqrt(D)  (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; q, k, v come from GPT-2's fused projection c_attn, x W + b
     [B, T, 3C] with columns [q | k | v] and head h owning D consecutive columns of each.
-    key_mask [B, S] bool (the real keys) or None. Returns [B, T, C].
-    Notes: query i sees key j iff j <= S - T + i (causal) and key j is real; one query (at the
-    end of the keys) sees every real key, so it needs no causal pattern. With a cache, this
-    token's k and v are written into cache.k/v[layer] at [length, length + T) and attention
-    reads the filled prefix [0, length + T) as views; the caller advances cache.length once all
-    layers have run. hook sees "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out"
-    (module docstring); block() prefixes the names with "blocks.i.". last_only: keys and values
-    of every position (the cache needs them), the query and output of the last position only.
-    causal=False: every query sees every real key; scale: the factor on q k^T (None: 1/sqrt(D))
-    (refimpl._switches).
+    Returns [B, T, C].
+    Notes: query i sees key j iff j <= S - T + i (causal; fwd.rule) and key j is real (fwd.key_mask);
+    one query (at the end of the keys) sees every real key, so it needs no causal pattern. The
+    factor on q k^T: fwd.rule.scale, None: 1/sqrt(D). With a cache, this token's k and v are written
+    into cache.k/v[layer] at [length, length + T) and attention reads the filled prefix
+    [0, length + T) as views; the caller advances cache.length once all layers have run. hook sees
+    "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out" (module docstring); block()
+    prefixes the names with "blocks.i.". With no_hook attention is `ops.attention`; with another
+    hook, NUMPY_OPS.attention's arithmetic with the weights made explicit for the hook. last_only:
+    keys and values of every position (the cache needs them), the query and output of the last
+    position only.
     """
-    if last_only and hook is not no_hook:
-        raise ValueError(_LAST_ONLY_WITH_HOOK)
+    ops, cache = fwd.ops, fwd.cache
     B, T, C = x.shape
-    H, D = n_head, C // n_head
+    H = fwd.config.n_head
+    D = C // H
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
     q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
     q, k, v = hook("attn.q", q[:, :, -1:] if last_only else q), hook("attn.k", k), hook("attn.v", v)
@@ -212,17 +230,21 @@ def attention(x, p: BlockParams, n_head: int, ops: Ops, *, key_mask=None, cache:
         cache.v[layer, :, :, start:start + T] = v
         k = cache.k[layer, :, :, :start + T]  # [B, H, S, D] view of the filled prefix
         v = cache.v[layer, :, :, :start + T]
-    causal = causal and q.shape[2] > 1  # one query (a new token, last_only's) sees every key: no pattern needed
-    if hook is no_hook:
-        scaled = {} if scale is None else {"scale": scale}  # (None: every backend's default, 1/sqrt(D))
-        y = ops.attention(q, k, v, causal=causal, key_mask=key_mask, **scaled)  # [B, H, T, D]
-    else:  # the weights made explicit, for the hook to see or replace
-        mask = combine_masks(causal_mask(T, k.shape[2]) if causal else None,
-                             None if key_mask is None else key_mask_to_attention_mask(key_mask))
-        _, w = scaled_dot_product_attention(q, k, v, mask, scale=scale, return_weights=True)  # w [B, H, T, S]
-        y = hook("attn.weights", w) @ v  # [B, H, T, D]
+    causal = fwd.rule.causal and q.shape[2] > 1  # one query (a new token, last_only's) sees every key
+    attend = ops.attention if hook is no_hook else _with_weights(hook)
+    scaled = {} if fwd.rule.scale is None else {"scale": fwd.rule.scale}  # (None: every backend's 1/sqrt(D))
+    y = attend(q, k, v, causal=causal, key_mask=fwd.key_mask, **scaled)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, q.shape[2], C)  # merge heads: [B, T, H, D] -> [B, T, C]
     return hook("attn.out", ops.linear(y, p.attn_proj))
+
+
+def _with_weights(hook) -> Callable:
+    """NUMPY_OPS.attention (refimpl.attention.masked_attention, unchecked: the forward's inputs are) with its
+    softmax weights handed to hook("attn.weights", w) and y = w' v from what the hook returns."""
+    def attend(q, k, v, *, causal, key_mask, scale=None):  # [B, H, T, D], [B, H, S, D] x2 -> [B, H, T, D]
+        return _masked_attention(q, k, v, causal, None, 0, key_mask, None, scale, None,
+                                 lambda w: hook("attn.weights", w))
+    return attend
 
 
 def mlp(x, p: BlockParams, ops: Ops, *, hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
@@ -234,28 +256,27 @@ def mlp(x, p: BlockParams, ops: Ops, *, hook=no_hook) -> np.ndarray:  # [B, T, C
     return hook("mlp.out", ops.linear(h, p.mlp_proj))  # [B, T, C]
 
 
-def block(x, p: BlockParams, config: GPT2Config, ops: Ops, *, key_mask=None, cache: KVCache | None = None,
-          layer: int = 0, hook=no_hook, last_only: bool = False, causal: bool = True,
-          scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+def block(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
+          last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
     """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3).
 
     hook sees "blocks.{layer}.resid_pre", ".resid_mid", ".resid_post" and the attention / MLP
     names under the same prefix. last_only (no hook): the block's output at the last position
     only, from the keys and values of every position (see attention); the other positions'
-    rows would feed nothing after the last block. causal, scale: as attention's.
+    rows would feed nothing after the last block.
     """
-    eps = config.layer_norm_epsilon
+    ops, eps = fwd.ops, fwd.config.layer_norm_epsilon
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
-    a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, config.n_head, ops, key_mask=key_mask,
-                  cache=cache, layer=layer, hook=local, last_only=last_only, causal=causal, scale=scale)
+    a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, layer, fwd, local, last_only)
     x = local("resid_mid", (x[:, -1:] if last_only else x) + a)
     return local("resid_post", x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops, hook=local))
 
 
 def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
                   attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False, causal: bool = True, attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
+                  last_only: bool = False,
+                  rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
     """h = LN_f(Block_L(... Block_1(W_te[ids] + W_pe[positions])))  (GPT-2's transformer; the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token,
@@ -268,8 +289,8 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     - Mask: query i sees key j iff j <= S - T + i (causal) and key j is real. A pad query sees
       no key and its row is zero (its outputs are meaningless and must be ignored).
     - Cache: new keys / values are written at [length, length + T) and length advances by T.
-      One new token with no attention_mask and the default hook may run every block at once
-      (ops.decode_blocks).
+      With the default hook and rule the backend's decode_blocks is offered every block at once;
+      it runs them or declines (None, the reason counted in ops.declined).
     - hook: hook(name, x) -> x' called at every named intermediate (module docstring); no_hook
       (or None), the identity, by default.
     - last_only: return h at the last position only, [B, 1, C] (what a decoding loop's prefill
@@ -279,34 +300,29 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
       outputs of the last block feed nothing. The last position's h is the same function of the
       inputs as without it (it differs only by the rounding of products over 1 row instead of T).
       Not with a hook (ValueError).
-    - causal=False: no causal mask, every query sees every real key of the sequence given; not
-      with a cache (ValueError: a cache is valid only under the mask). attention_scale: the factor
-      on q k^T, None (1/sqrt(D)), "head-dim", "model-width" (1/sqrt(C)) or a positive number
-      (refimpl._switches, which says what a student should notice).
+    - rule: the attention's mask and scale (refimpl._switches.AttentionRule; MODEL_RULE the model's
+      own). AttentionRule(causal=False) has no cache (ValueError: a cache is valid only under the mask).
     """
     hook = no_hook if hook is None else hook
     if last_only and hook is not no_hook:
         raise ValueError(_LAST_ONLY_WITH_HOOK)
-    causal = check_causal(causal)
-    check_no_cache(causal, cache)
-    scale = attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.n_embd, default=None)
     ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
                                                            attention_mask=attention_mask, positions=positions)
+    rule = check_rule(rule, cache)
     T = ids.shape[1]
     if positions is None:
         positions = (positions_from_attention_mask(key_mask)[:, start:] if key_mask is not None
                      else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
     x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
-    fused = None
-    if (ops.decode_blocks is not None and cache is not None and T == 1 and key_mask is None and hook is no_hook
-            and scale is None):  # (the fused blocks use the default scale)
-        fused = ops.decode_blocks(x, params, config, cache, ops)  # the same blocks, compiled whole
-    if fused is not None:
+    fused = None  # the backend's every-block step, offered where the plain arithmetic is asked for
+    if ops.decode_blocks and hook is no_hook and rule == MODEL_RULE and cache is not None:
+        fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_mask)  # None: declined
+    if fused is not None:  # the backend ran every block at once
         x = fused
     else:
+        fwd, L = Forward(config, ops, rule, cache, key_mask), len(params.blocks)
         for layer, p in enumerate(params.blocks):
-            x = block(x, p, config, ops, key_mask=key_mask, cache=cache, layer=layer, hook=hook,
-                      last_only=last_only and layer == len(params.blocks) - 1, causal=causal, scale=scale)
+            x = block(x, p, layer, fwd, hook, last_only and layer == L - 1)
     if cache is not None:
         cache.length = start + T
     h = ops.layer_norm(x[:, -1:] if last_only else x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)
@@ -319,15 +335,19 @@ def lm_head(h, params: GPT2Params) -> np.ndarray:  # [..., C] -> [..., V]
 
 
 def forward(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook, causal: bool = True,
-            attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook,
+            rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = LN_f(transformer(ids)) W_te^T  (GPT-2, Radford et al. 2019): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype (float32 weights give float32).
-    Notes: see hidden_states for the cache, attention_mask, positions, hook, causal and attention_scale. Decoding loops
+    Notes: see hidden_states for the cache, attention_mask, positions, hook and rule. Decoding loops
     call hidden_states + lm_head on the last position only, which saves the [T, C] x [C, V]
     product for every earlier position.
     """
     return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                  positions=positions, ops=ops, hook=hook, causal=causal,
-                                                  attention_scale=attention_scale), params)
+                                                  positions=positions, ops=ops, hook=hook, rule=rule), params)
+
+
+def attention_rule(config: GPT2Config, causal=True, attention_scale=None) -> AttentionRule:
+    """The AttentionRule the public switches name (causal=, attention_scale=; refimpl._switches), checked."""
+    return AttentionRule.of(causal, attention_scale, head_dim=config.head_dim, width=config.n_embd)

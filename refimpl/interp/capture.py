@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from .._switches import AttentionRule
 from ._family import as_batch, decoder_for_config, decoder_of
 
 __all__ = ["hook_names", "select_names", "Intervention", "replace", "add",
@@ -148,8 +149,8 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     ids2, single = as_batch(dec, model, ids)
     store: dict[str, np.ndarray] = {}
     hook = make_hook(model.config, names=names, interventions=interventions, store=store)
-    h = dec.hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook,
-                          causal=causal, attention_scale=attention_scale)
+    rule = AttentionRule.of(causal, attention_scale, head_dim=model.config.head_dim, width=dec.width(model.config))
+    h = dec.hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook, rule=rule)
     logits = dec.lm_head(model, h)
     if single:
         return logits[0], {k: v[0] for k, v in store.items()}

@@ -19,9 +19,9 @@ LLaMA family (RoPE): positions within the cache, the paper's rule (sec. 3.2). Ke
 BEFORE rotation; at every step a token's position is its slot index in the cache at that step:
 the sinks are 0 .. n_sink-1, the window entries follow consecutively, and the new token's query
 (and its own key) gets the next index, n = min(t, M - 1). Each step rotates all n + 1 keys at
-0 .. n (refimpl.llama.model.hidden_states with key_positions), so the model never sees a
-position beyond M - 1, however long the text, and the distance between the query and a window
-entry is the true one. The masks are the model's own, over cache slots: a sliding-window layer
+0 .. n (a SlotRotatedCache: its key_positions, which refimpl.llama.model.hidden_states reads, are its
+slots), so the model never sees a position beyond M - 1, however long the text, and the distance
+between the query and a window entry is the true one. The masks are the model's own, over cache slots: a sliding-window layer
 (Mistral, Qwen2, Gemma-2's local layers) lets the query at slot n see slot j iff
 n - j < sliding_window, as it lets position n see position j; global layers see every slot.
 So the cache is read as one contiguous sequence of n + 1 tokens at positions 0 .. n: where
@@ -69,7 +69,8 @@ from ..llama.config import LlamaConfig
 from ..rope_scaling import scaled_rope_frequencies
 from ._family import GPT2, decoder_for_config, decoder_of
 
-__all__ = ["SinkCache", "streaming_positions", "streaming_step", "streaming_logits", "streaming_generate",
+__all__ = ["SinkCache", "SlotRotatedCache", "streaming_positions", "streaming_step", "streaming_logits",
+           "streaming_generate",
            "recompute_window_logits", "negative_log_likelihood", "streaming_perplexity"]
 
 
@@ -78,21 +79,32 @@ def _context_name(config) -> str:
     return decoder_for_config(config).context_name
 
 
+class SlotRotatedCache(KVCache):
+    """A LLaMA-family KV cache of keys stored BEFORE rotation, every key rotated at its slot index when read.
+
+    At a forward of n_new tokens the keys in slots 0 .. length + n_new - 1 are rotated at those
+    indices, the new tokens' queries at the last n_new (the paper's positions within the cache,
+    sec. 3.2; module docstring). A cache filled this way must always be read this way.
+    """
+
+    def key_positions(self, n_new: int) -> np.ndarray:  # -> [S], S = length + n_new
+        return np.arange(self.length + n_new)
+
+
 @dataclass
 class SinkCache:
     """Keys and values of n_sink sink tokens plus the `window` most recent tokens, M = n_sink + window slots.
 
     kv: the family's KV cache of max_len M ([L, B, H or K, M, D]): refimpl.gpt2.model.KVCache
-    (keys with their positions baked in) or refimpl.llama.model.KVCache holding the keys BEFORE
-    rotation. Slots [0, n_sink) hold the sinks, [n_sink, kv.length) the window, oldest first.
-    n_seen counts the tokens that have entered; family: the name of the family allocated for.
+    (keys with their positions baked in) or a SlotRotatedCache (keys BEFORE rotation, rotated at
+    their slots). Slots [0, n_sink) hold the sinks, [n_sink, kv.length) the window, oldest first.
+    n_seen counts the tokens that have entered.
     """
 
     kv: object
     n_sink: int
     window: int
     n_seen: int = 0
-    family: str | None = None
 
     @classmethod
     def allocate(cls, config: GPT2Config | LlamaConfig, *, n_sink: int, window: int, batch_size: int = 1,
@@ -107,8 +119,11 @@ class SinkCache:
                     "the model's context (RoPE positions it was trained on) is")
             raise ValueError(f"n_sink + window = {M} must be <= {name}={limit}: a token's position is its slot in "
                              f"the cache, and {what} 0..{limit - 1} only")
-        kv = KVCache.allocate(config, batch_size, max_len=M, dtype=dtype)
-        return cls(kv, n_sink, window, 0, dec.name)
+        if dec is GPT2:
+            kv = KVCache.allocate(config, batch_size, max_len=M, dtype=dtype)
+        else:
+            kv = SlotRotatedCache.allocate(config, batch_size, max_len=M, dtype=dtype)
+        return cls(kv, n_sink, window, 0)
 
     @property
     def capacity(self) -> int:
@@ -138,7 +153,7 @@ def _enter(model, cache: SinkCache, ids: np.ndarray) -> np.ndarray:  # [B, T] ->
         h = gpt2_model.hidden_states(model.params, model.config, ids, cache=cache.kv, positions=np.arange(n, n + T))
         z = gpt2_model.lm_head(h, model.params)
     else:
-        h = llama_model.hidden_states(model.params, model.config, ids, cache=cache.kv, key_positions=np.arange(n + T))
+        h = llama_model.hidden_states(model.params, model.config, ids, cache=cache.kv)  # keys at slots 0 .. n + T - 1
         z = llama_model.lm_head(h, model.params, model.config)
     cache.n_seen += T
     return z
@@ -149,10 +164,11 @@ def _check_cache(model, cache) -> None:
     if not isinstance(cache, SinkCache):
         raise TypeError(f"cache must be a SinkCache (SinkCache.allocate(model.config, ...)); got {type(cache).__name__}")
     dec = decoder_of(model)
-    if not isinstance(cache.kv, KVCache) or cache.family not in (None, dec.name) or \
-            cache.kv.k.dtype != dec.dtype(model.params) or cache.kv.k.shape[0] != dec.n_layers(model.config):
+    want = KVCache if dec is GPT2 else SlotRotatedCache
+    if type(cache.kv) is not want or cache.kv.k.dtype != dec.dtype(model.params) or \
+            cache.kv.k.shape[0] != dec.n_layers(model.config):
         raise ValueError(f"cache must be allocated for this {dec.family} model (SinkCache.allocate(model.config, "
-                         f"dtype=the parameters' dtype)); got a {cache.family or 'foreign'} cache of "
+                         f"dtype=the parameters' dtype)); got a {type(cache.kv).__name__} of "
                          f"{cache.kv.k.dtype} {list(cache.kv.k.shape)}")
 
 

@@ -36,12 +36,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .._checks import check_positive_int
-from .._switches import attention_scale_factor, check_causal
 from .. import decoding
 from ..decoding import Decoder, Generation, recomputing
 from .checks import context_limit
 from .config import LlamaConfig
-from .model import KVCache, LlamaModel, get_ops, hidden_states, lm_head, prefill
+from .model import KVCache, LlamaModel, attention_rule, get_ops, hidden_states, lm_head, prefill
 from .params import LlamaParams
 
 __all__ = ["logit_bound", "decoder", "generate", "stream", "stream_text", "generate_batch", "Generation"]
@@ -103,12 +102,11 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
     _check_model(model)
     ops = get_ops(backend)
     chunk = None if prefill_chunk is None else check_positive_int(prefill_chunk, "prefill_chunk")
-    causal = check_causal(causal)
-    if not causal and chunk is not None:
+    config, params = model.config, model.params
+    rule = attention_rule(config, causal, attention_scale)  # the switches, checked once
+    if not rule.causal and chunk is not None:
         raise ValueError("prefill_chunk fills a KV cache in chunks; causal=False keeps no cache (each step "
                          "recomputes the whole sequence): leave prefill_chunk=None")
-    config, params = model.config, model.params
-    attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.hidden_size, default=None)
     dtype = params.dtype
     head = ops.lm_head or lm_head
 
@@ -117,7 +115,7 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
 
     def prefill_prompt(weights, ids, cache, attention_mask):  # [B, P] -> [B, V]
         return last_logits(prefill(weights, config, ids, cache, chunk_size=chunk, attention_mask=attention_mask,
-                                   ops=ops, attention_scale=attention_scale), weights)
+                                   ops=ops, rule=rule), weights)
 
     short_until = config.rope.original_max_position_embeddings if config.rope.rope_type == "longrope" else None
 
@@ -126,16 +124,16 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
         if short_until is not None and length == short_until + 1:  # LongRoPE turns to its long factors:
             cache.length = 0  # every cached layer was computed with the short ones, so recompute them all
             return last_logits(prefill(weights, config, ids, cache, attention_mask=attention_mask, ops=ops,
-                                       attention_scale=attention_scale), weights)
+                                       rule=rule), weights)
         return last_logits(hidden_states(weights, config, ids[:, -1:], cache=cache, attention_mask=attention_mask,
-                                         ops=ops, last_only=True, attention_scale=attention_scale), weights)
+                                         ops=ops, last_only=True, rule=rule), weights)
 
     def recompute(weights, ids, cache, attention_mask):  # [B, S] every token so far -> [B, V]; no cache
         cache.length = ids.shape[1]
         return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
-                                         last_only=True, causal=False, attention_scale=attention_scale), weights)
+                                         last_only=True, rule=rule), weights)
 
-    if causal:
+    if rule.causal:
         cache_fields = dict(
             allocate=lambda B, max_len: KVCache.allocate(config, B, max_len, dtype=dtype, zeros=ops.zeros),
             prefill=prefill_prompt, step=step,

@@ -21,8 +21,9 @@ are the config's fields and properties, refimpl.llama.config, each used in one p
 Conventions: heads are an array axis; masks are boolean (True = may attend); queries are
 aligned to the end of the keys (refimpl.masks). float32 parameters give float32 logits,
 float64 give float64. The KV cache holds the ROTATED keys (each key is rotated once, at its
-own position; hidden_states' key_positions instead caches keys before rotation and rotates
-them all in every forward, for StreamingLLM's positions within the cache); `forward` writes the new keys / values into it in place and advances
+own position; a cache type whose key_positions are not None holds keys before rotation and has
+them all rotated in every forward: StreamingLLM's positions within the cache,
+refimpl.interp.streaming); `forward` writes the new keys / values into it in place and advances
 `cache.length` after the last block; full is an error, never a reallocation. The inputs are
 checked once, at the door (refimpl.llama.checks); the equations call refimpl's unchecked
 bodies, through an `LlamaOps` object (`ops`, default NUMPY_OPS): the hot operations (norm,
@@ -38,7 +39,7 @@ default, `no_hook`, is the identity. Names, with i the block index (shapes for i
     blocks.i.resid_pre [B, T, C]
     blocks.i.attn.q [B, H, T, D], .k / .v [B, K, T, D]   projected (Qwen3: after q_norm / k_norm), before RoPE
     blocks.i.attn.q_rot [B, H, T, D], .k_rot [B, K, T, D]  after RoPE (k_rot is what the cache stores;
-                                     with key_positions: [B, K, S, D], and the cache stores k)
+                                     from a cache rotating keys when read: [B, K, S, D], and it stores k)
     blocks.i.attn.weights [B, H, T, S]  softmax weights (S = keys seen; see below)
     blocks.i.attn.out [B, T, C]      after W_o (before Gemma-2's post_attn_norm)
     blocks.i.resid_mid [B, T, C]
@@ -55,8 +56,8 @@ for the hook to see or replace. Hooks see NumPy arrays and are meant for the Num
 from __future__ import annotations
 
 import functools
-import inspect
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,13 +65,12 @@ from typing import Callable
 
 from .._backends import resolve_backend
 from .._checks import check_positive_int
-from .._switches import attention_scale_factor, check_causal, check_no_cache
-from ..attention import _grouped_query_attention, _soft_cap, masked_attention
+from .._switches import MODEL_RULE, AttentionRule, check_rule
+from ..attention import _masked_attention, _soft_cap, masked_attention
 from ..cache import KVCache
 from ..ffn import _gelu_erf, _gelu_tanh, _silu
 from ..hooks import no_hook, prefixed as _prefixed
 from ..linear import LinearParams, _linear
-from ..masks import _causal_mask, _combine_masks, _key_mask_to_attention_mask, _local_window_mask
 from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
@@ -79,7 +79,8 @@ from .config import LlamaConfig, RopeParameters
 from .params import LlamaBlockParams, LlamaParams
 
 __all__ = ["LlamaModel", "KVCache", "LlamaOps", "NUMPY_OPS", "BACKENDS", "get_ops", "no_hook", "embed", "rms_norm",
-           "rope_cos_sin", "attention", "mlp", "block", "hidden_states", "prefill", "lm_head", "forward", "logits"]
+           "rope_cos_sin", "Forward", "attention", "mlp", "block", "hidden_states", "prefill", "lm_head", "forward",
+           "logits", "attention_rule"]
 
 
 # ----------------------------------------------------------------------------- the loaded model
@@ -130,12 +131,12 @@ class LlamaOps:
         `logits` or a decoding run; identity for NumPy)
     zeros(shape, dtype): the KV cache's storage on the backend's device
     to_numpy(x) -> np.ndarray: logits back to the host
-    decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T], key_start=None) -> [B, T, C]
-        or None: optional; every block at once for T new tokens per sequence (causal when T > 1) with
-        the default hook, writing the cache as `attention` does, and no key mask, or for T = 1 left
-        padding given as key_start [B] int64 (row b's keys before cache index key_start[b] are pads;
-        offered only to a function with that keyword); None means "not here" and the blocks run one
-        operation at a time
+    decode_blocks(x [B, T, C], params, config, cache, ops, positions [B|1, T], key_mask [B, S] | None)
+        -> [B, T, C] or None: optional; every block at once for T new tokens per sequence, causal, at the
+        model's own scale, with the default hook, writing the cache (of rotated keys) as `attention` does;
+        it decides what it runs: None declines, with the reason counted in ops.declined[reason], and
+        the blocks then run one operation at a time
+    declined: Counter of reason -> how many forwards decode_blocks declined for it (filled by the backend)
     """
 
     name: str
@@ -150,6 +151,7 @@ class LlamaOps:
     zeros: Callable = np.zeros
     to_numpy: Callable = np.asarray
     decode_blocks: Callable | None = None
+    declined: Counter = field(default_factory=Counter, compare=False, repr=False)
 
 
 _ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh, "gelu_new": _gelu_tanh, "gelu": _gelu_erf}
@@ -253,55 +255,54 @@ def _rope_frequencies(rope, rotary_dim: int, max_position_embeddings: int, seq_l
     return w, rope_attention_factor(**params, max_position_embeddings=max_position_embeddings)
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask, config: LlamaConfig, layer: int,
-            ops: LlamaOps, hook=no_hook, causal: bool = True, scale: float | None = None) -> np.ndarray:
-    """softmax(softcap(q k^T * scale), causal, the layer's window, the key mask) v, H query heads sharing K key heads.
+@dataclass(frozen=True)
+class Forward:
+    """What every block of one forward reads besides x and its weights, made once by hidden_states.
 
-    Shapes: q [B, H, T, D], k and v [B, K, S, D], key_mask [B, S] bool or None -> [B, H, T, D].
-    scale: the factor on q k^T (None: config.attention_scale). causal=False: no causal pattern, and
-    a sliding window is two-sided (|p_i - j| < w; refimpl.masks.local_window_mask).
-    softcap: Gemma-2's attn_logit_softcapping (cap tanh(s / cap) on the scaled scores), else none.
-    With no_hook this is `ops.attention` (no weights materialised). With another hook the
-    weights w [B, H, T, S] are made explicit, by the arithmetic of NUMPY_OPS.attention
-    (refimpl.attention.masked_attention: the same mask, scale, cap and softmax, query head h
-    reading key head h // (H / K)), handed to hook("attn.weights", w), and y = w v per group.
+    ops: the backend's operations; rule: the attention's mask and scale (refimpl._switches); cache: a
+    KVCache or None; key_mask [B, S] bool or None (the real keys); rope[layer]: the queries' (cos, sin)
+    [B|1, 1, T, R/2] (rope_cos_sin, once per distinct RoPE); key_rope[layer]: every key's [B|1, 1, S, R/2]
+    where the cache rotates its keys when read (cache.key_positions), else None: each new key is rotated
+    as its query is, once, before it enters the cache.
     """
-    c, window = config, config.window(layer)
-    scale = c.attention_scale if scale is None else scale
-    if hook is no_hook:
-        return ops.attention(q, k, v, causal=causal, window=window, key_mask=key_mask,
-                             scale=scale, softcap=c.attn_logit_softcapping)
-    B, H, T, D = q.shape
-    K, S = k.shape[1], k.shape[2]
-    if window is None:
-        pattern = _causal_mask(T, S) if causal else None  # [T, S] or None
-    else:
-        pattern = _local_window_mask(T, S, window, causal)  # [T, S]
-    mask = _combine_masks(pattern, None if key_mask is None else _key_mask_to_attention_mask(key_mask))
-    _, w = _grouped_query_attention(q, k, v, mask, None, scale, True, c.attn_logit_softcapping)
-    w = hook("attn.weights", w)  # [B, H, T, S]
-    y = w.reshape(B, K, H // K, T, S) @ v[:, :, None]  # [B, K, G, T, D]: group g reads key/value head g
-    return y.reshape(B, H, T, v.shape[3])
+
+    config: LlamaConfig
+    ops: LlamaOps
+    rule: AttentionRule
+    cache: KVCache | None
+    key_mask: np.ndarray | None
+    rope: list
+    key_rope: list | None
+
+    @classmethod
+    def of(cls, config: LlamaConfig, ops: LlamaOps, rule: AttentionRule, cache, key_mask, positions,
+           key_positions, dtype) -> "Forward":  # positions [B|1, T]; key_positions [B|1, S] or None
+        if key_positions is None:
+            return cls(config, ops, rule, cache, key_mask, _rope_tables(positions, config, dtype), None)
+        key_rope = _rope_tables(key_positions, config, dtype)  # the queries' angles: the last T of the keys'
+        T = positions.shape[1]
+        rope = [tuple(a[:, :, a.shape[2] - T:] for a in layer_rope) for layer_rope in key_rope]
+        return cls(config, ops, rule, cache, key_mask, rope, key_rope)
 
 
-def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
-              cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
-              hook=no_hook, key_rope: tuple | None = None, causal: bool = True,
-              scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+def attention(h: np.ndarray, p: LlamaBlockParams, layer: int, fwd: Forward,
+              hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
 
-    Shapes: h [B, T, C] (normed), rope = rope_cos_sin(positions, ...) ([B|1, 1, T, R/2] each),
-    key_mask [B, S] bool or None. RoPE pairs dims (i, i + R/2), or (2i, 2i+1) where
-    config.rope_interleaved: the one place the pairing is read.
-    With a cache, the rotated k and v go to cache.k/v[layer] at [length, length + T) and
-    attention reads the filled prefix [0, length + T) as views; the caller advances
-    cache.length once all layers have run. hook sees attn.q, .k, .v, .q_rot, .k_rot, .weights, .out.
-    key_rope ([B|1, 1, S, R/2] each, or None): the cache holds keys BEFORE rotation; the new k
-    is stored unrotated and all S keys are rotated by key_rope in this call (attn.k_rot is then
-    [B, K, S, D]): positions assigned within the cache, refimpl.interp.streaming.
-    causal, scale: as _attend's (refimpl._switches).
+    Shapes: h [B, T, C] (normed). RoPE pairs dims (i, i + R/2), or (2i, 2i+1) where
+    config.rope_interleaved: the one place the pairing is read. With a cache, the rotated k and v
+    go to cache.k/v[layer] at [length, length + T) and attention reads the filled prefix
+    [0, length + T) as views; the caller advances cache.length once all layers have run (a cache
+    that rotates its keys when read stores k before rotation, and all S keys are rotated here:
+    attn.k_rot is then [B, K, S, D]). hook sees attn.q, .k, .v, .q_rot, .k_rot, .weights, .out.
+    The mask and scale: fwd.rule (causal or not, the factor on q k^T, None: config.attention_scale),
+    the layer's sliding window (two-sided without the causal mask), the key mask; Gemma-2's
+    attn_logit_softcapping caps the scaled scores. With no_hook this is `ops.attention` (no
+    weights materialised); with another hook it is NUMPY_OPS.attention's arithmetic with the
+    weights made explicit, handed to hook("attn.weights", w [B, H, T, S]) and y = w v.
     """
-    c, B, T = config, h.shape[0], h.shape[1]
+    c, ops, cache = fwd.config, fwd.ops, fwd.cache
+    B, T = h.shape[0], h.shape[1]
     H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     q = ops.linear(h, p.attn.q).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
     k = ops.linear(h, p.attn.k).reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
@@ -309,21 +310,31 @@ def attention(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tup
     if c.qk_norm:  # Qwen3: each head normed over D
         q, k = rms_norm(q, p.q_norm, c, ops), rms_norm(k, p.k_norm, c, ops)
     q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
-    start = 0 if cache is None else cache.length
-    S = start + T
     pairs = c.rope_interleaved  # (2i, 2i+1) if True, else (i, i + R/2)
-    q = hook("attn.q_rot", ops.rope(q, *rope, interleaved=pairs))
-    if key_rope is None:
-        k = hook("attn.k_rot", ops.rope(k, *rope, interleaved=pairs))
+    q = hook("attn.q_rot", ops.rope(q, *fwd.rope[layer], interleaved=pairs))
+    if fwd.key_rope is None:  # each key rotated once, at its token's position
+        k = hook("attn.k_rot", ops.rope(k, *fwd.rope[layer], interleaved=pairs))
     if cache is not None:
+        start, S = cache.length, cache.length + T
         cache.k[layer, :, :, start:S] = k  # written in place
         cache.v[layer, :, :, start:S] = v
         k, v = cache.k[layer, :, :, :S], cache.v[layer, :, :, :S]  # [B, K, S, D] views of the filled prefix
-    if key_rope is not None:  # keys cached before rotation: every key rotated at its position now
-        k = hook("attn.k_rot", ops.rope(k, *key_rope, interleaved=pairs))
-    y = _attend(q, k, v, key_mask, c, layer, ops, hook, causal, scale)  # [B, H, T, D]
+    if fwd.key_rope is not None:  # keys cached before rotation: every key rotated at its position now
+        k = hook("attn.k_rot", ops.rope(k, *fwd.key_rope[layer], interleaved=pairs))
+    attend = ops.attention if hook is no_hook else _with_weights(hook)
+    y = attend(q, k, v, causal=fwd.rule.causal, window=c.window(layer), key_mask=fwd.key_mask,
+               scale=fwd.rule.scale_or(c.attention_scale), softcap=c.attn_logit_softcapping)  # [B, H, T, D]
     y = y.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # merge heads
     return hook("attn.out", ops.linear(y, p.attn.o))  # [B, T, C]
+
+
+def _with_weights(hook) -> Callable:
+    """NUMPY_OPS.attention (refimpl.attention.masked_attention, unchecked: the forward's inputs are) with its
+    softmax weights handed to hook("attn.weights", w) and y = w' v from what the hook returns."""
+    def attend(q, k, v, *, causal, window, key_mask, scale, softcap):  # [B, H, T, D], [B, K, S, D] x2 -> [B, H, T, D]
+        return _masked_attention(q, k, v, causal, window, 0, key_mask, None, scale, softcap,
+                                 lambda w: hook("attn.weights", w))
+    return attend
 
 
 def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, ops: LlamaOps = NUMPY_OPS,
@@ -337,42 +348,29 @@ def mlp(h: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, *, ops: LlamaOp
     return hook("mlp.out", ops.linear(a, p.mlp.down))
 
 
-def block(x: np.ndarray, p: LlamaBlockParams, config: LlamaConfig, rope: tuple, *, key_mask=None,
-          cache: KVCache | None = None, layer: int = 0, ops: LlamaOps = NUMPY_OPS,
-          hook=no_hook, key_rope: tuple | None = None, causal: bool = True,
-          scale: float | None = None) -> np.ndarray:  # [B, T, C] -> [B, T, C]
+def block(x: np.ndarray, p: LlamaBlockParams, layer: int, fwd: Forward,
+          hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
     """x <- x + Attn(norm(x)); x <- x + MLP(norm(x))  (pre-norm residual block; Gemma-2 norms each branch's output too).
 
     hook sees blocks.{layer}.resid_pre, .resid_mid, .resid_post and the attention / MLP names
-    under the same prefix. key_rope, causal, scale: see attention.
+    under the same prefix.
     """
+    c, ops = fwd.config, fwd.ops
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
-    a = attention(rms_norm(x, p.attn_norm, config, ops), p, config, rope, key_mask=key_mask, cache=cache,
-                  layer=layer, ops=ops, hook=local, key_rope=key_rope, causal=causal, scale=scale)
-    if config.sandwich_norms:
-        a = rms_norm(a, p.post_attn_norm, config, ops)
+    a = attention(rms_norm(x, p.attn_norm, c, ops), p, layer, fwd, local)
+    if c.sandwich_norms:
+        a = rms_norm(a, p.post_attn_norm, c, ops)
     x = local("resid_mid", x + a)
-    m = mlp(rms_norm(x, p.mlp_norm, config, ops), p, config, ops=ops, hook=local)
-    if config.sandwich_norms:
-        m = rms_norm(m, p.post_mlp_norm, config, ops)
+    m = mlp(rms_norm(x, p.mlp_norm, c, ops), p, c, ops=ops, hook=local)
+    if c.sandwich_norms:
+        m = rms_norm(m, p.post_mlp_norm, c, ops)
     return local("resid_post", x + m)
-
-
-def _takes_key_start(decode_blocks) -> bool:
-    """Whether a backend's decode_blocks takes the key_start keyword (one written to the form without it is never
-    offered a left-padded batch). Asked at each such step: ~10 us against a step's milliseconds, and no cache
-    keeping a backend's closure alive."""
-    try:
-        parameters = inspect.signature(decode_blocks).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "key_start" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _left_padding(key_mask: np.ndarray) -> np.ndarray | None:  # [B, S] -> [B] int64, or None
     """Each row's first real key when the mask is left padding (row b: False before it, True from it on, the
-    last key real), else None."""
+    last key real), else None (for a backend's decode_blocks, which reads left padding as these starts)."""
     real = np.asarray(key_mask, dtype=bool)
     first = np.argmax(real, axis=1)  # (the first True; 0 for a row with none, refused below)
     if not real[:, -1].all() or not np.array_equal(real, np.arange(real.shape[1])[None, :] >= first[:, None]):
@@ -380,10 +378,24 @@ def _left_padding(key_mask: np.ndarray) -> np.ndarray | None:  # [B, S] -> [B] i
     return first.astype(np.int64)
 
 
+def _positions(config: LlamaConfig, cache, key_mask, positions, start: int, B: int, T: int) -> tuple:
+    """(the new tokens' positions [B|1, T], every key's [B|1, S] or None): given, else from the mask (cumsum - 1,
+    as Hugging Face's generation), else cache indices; where the cache rotates its keys when read
+    (cache.key_positions(T) not None) its positions for all S = start + T keys, the new tokens' the last T."""
+    key_positions = None if cache is None else cache.key_positions(T)
+    if key_positions is not None:
+        key_positions = check_key_positions(key_positions, positions, B, start + T, config)
+        return key_positions[:, start:], key_positions
+    if positions is None:
+        positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
+                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
+    return positions, None
+
+
 def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
                   attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False, key_positions=None, causal: bool = True,
-                  attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
+                  last_only: bool = False,
+                  rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
     """h = norm(Block_L(... Block_1(E[ids])))  (the input to the LM head).
 
     Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token, 0 =
@@ -392,7 +404,8 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     Notes:
     - Positions: given, else from the mask as Hugging Face's generation does (cumsum - 1: each
       row's first real token is position 0, so a left-padded row equals the row run alone),
-      else cache.length + arange(T).
+      else cache.length + arange(T). A cache that rotates its keys when read (StreamingLLM's,
+      refimpl.interp.streaming) gives every key's position instead (positions must be None).
     - Mask: query i sees key j iff j <= S - T + i (causal), S - T + i - j < window on sliding
       layers, and key j is real. A pad query sees no key and its row is zero (its outputs are
       meaningless and must be ignored).
@@ -400,60 +413,37 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     - Cache: new rotated keys / values are written at [length, length + T); length advances by T.
     - hook: hook(name, x) -> x' at every named intermediate (module docstring); None is no_hook.
     - ops: the backend's operations (LlamaOps; params as its `prepare` left them). With the
-      default hook, a cache, no key mask and causal attention (or one new token per row, whose key
-      mask may then be left padding), a backend's decode_blocks may run every block in one call.
+      default hook and rule and a cache of rotated keys, the backend's decode_blocks is offered
+      every block at once; it runs them or declines (None, the reason counted in ops.declined),
+      and then the blocks run one operation at a time.
     - last_only: norm only the last position (what a decoding step needs): [B, 1, C].
-    - key_positions [S] or [B, S] (None: the usual cache of rotated keys): the cache holds keys
-      BEFORE rotation, and every key j is rotated at key_positions[j] in this forward; the new
-      tokens' positions are the last T entries (positions must then be None). The masks stay
-      functions of cache indices. StreamingLLM's positions within the cache use it
-      (refimpl.interp.streaming); a cache filled this way must always be read this way.
-    - causal=False: no causal mask (every query sees every real key; sliding windows become
-      two-sided); not with a cache (ValueError: a cache is valid only under the mask).
-      attention_scale: the factor on q k^T, None (the model's: config.attention_scale, Gemma-2's
-      query_pre_attn_scalar^-1/2), "head-dim" (1/sqrt(D)), "model-width" (1/sqrt(C)) or a positive
-      number (refimpl._switches, which says what a student should notice).
+    - rule: the attention's mask and scale (refimpl._switches.AttentionRule; MODEL_RULE the model's
+      own). AttentionRule(causal=False) has no cache (ValueError: a cache is valid only under the mask).
     """
     hook = no_hook if hook is None else hook
-    causal = check_causal(causal)
-    check_no_cache(causal, cache)
-    scale = attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.hidden_size,
-                                   default=None)
     ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
                                                            attention_mask=attention_mask, positions=positions)
-    T = ids.shape[1]
-    key_rope = None
-    if key_positions is not None:
-        key_positions = check_key_positions(key_positions, positions, ids.shape[0], start + T, config)
-        key_rope = _rope_tables(key_positions, config, params.dtype)  # per layer: [B|1, 1, S, R/2] each
-        positions = key_positions[:, start:]
-    if positions is None:
-        positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
-                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
+    rule = check_rule(rule, cache)
+    (B, T), dtype = ids.shape, params.dtype
+    positions, key_positions = _positions(config, cache, key_mask, positions, start, B, T)
     x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
-    fused = None
-    if (ops.decode_blocks is not None and cache is not None and (T == 1 or causal)
-            and hook is no_hook and key_rope is None and scale is None):  # (the fused blocks use the config's scale)
-        if key_mask is None:  # the same blocks, compiled whole
-            fused = ops.decode_blocks(x, params, config, cache, ops, positions)
-        elif T == 1 and _takes_key_start(ops.decode_blocks) and (first := _left_padding(key_mask)) is not None:
-            fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_start=first)  # left-padded batch
-    if fused is not None:
+    fused = None  # the backend's every-block step, offered where the plain arithmetic is asked for
+    if ops.decode_blocks and hook is no_hook and rule == MODEL_RULE and cache is not None and key_positions is None:
+        fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_mask)  # None: declined
+    if fused is not None:  # the backend ran every block at once
         x = fused
     else:
-        # once for every layer (keys cached before rotation: the queries' angles are the last T of the keys')
-        ropes = (_rope_tables(positions, config, params.dtype) if key_rope is None
-                 else [tuple(a[:, :, start:] for a in layer_rope) for layer_rope in key_rope])
+        fwd = Forward.of(config, ops, rule, cache, key_mask, positions, key_positions, dtype)
         for layer, p in enumerate(params.blocks):
-            x = block(x, p, config, ropes[layer], key_mask=key_mask, cache=cache, layer=layer, ops=ops, hook=hook,
-                      key_rope=None if key_rope is None else key_rope[layer], causal=causal, scale=scale)
+            x = block(x, p, layer, fwd, hook)
     if cache is not None:
         cache.length = start + T
     return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
 
 
 def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, chunk_size: int | None = None,
-            attention_mask=None, ops: LlamaOps = NUMPY_OPS, attention_scale=None) -> np.ndarray:  # [B, P] -> [B, 1, C]
+            attention_mask=None, ops: LlamaOps = NUMPY_OPS,
+            rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, P] -> [B, 1, C]
     """A prompt into the cache chunk_size tokens at a time: the last position's h, as hidden_states(last_only=True).
 
     Shapes: ids [B, P]; attention_mask [B, S] over the cached tokens and the prompt (S =
@@ -470,7 +460,7 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
     max(positions) + 1, refimpl.llama.model.rope_cos_sin), as each decoding step's do: a chunk
     that would see other frequencies than the whole prompt is refused (ValueError), before
     anything is written. Everything is checked for the whole prompt before the first chunk.
-    attention_scale: as hidden_states'. (A cache needs the causal mask: refimpl._switches.)
+    rule: as hidden_states' (a cache needs the causal mask: refimpl._switches).
     """
     if cache is None:
         raise ValueError("prefill writes a KV cache: pass cache=KVCache.allocate(config, B, max_len)")
@@ -493,12 +483,11 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
                 raise ValueError(f"chunk_size={chunk} would rotate the chunk [{s}, {e}) with other RoPE frequencies "
                                  f"than the whole prompt ({P} tokens): rope_type {config.rope.rope_type!r} reads the "
                                  f"forward's length; prefill it with chunk_size=None")
-    attention_scale_factor(attention_scale, head_dim=config.head_dim, width=config.hidden_size, default=None)
+    check_rule(rule, cache)
     h = None
     for s, e in zip([0] + ends, ends):
         h = hidden_states(params, config, ids[:, s:e], cache=cache, ops=ops, last_only=True,
-                          attention_mask=None if key_mask is None else key_mask[:, :start + e],
-                          attention_scale=attention_scale)
+                          attention_mask=None if key_mask is None else key_mask[:, :start + e], rule=rule)
     return h
 
 
@@ -509,16 +498,20 @@ def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarr
 
 
 def forward(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
-            attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook, causal: bool = True,
-            attention_scale=None) -> np.ndarray:  # [B, T] -> [B, T, V]
+            attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
+            rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits = lm_head(norm(transformer(ids))): next-token scores at every position.
 
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype. See hidden_states for the
-    cache, attention_mask, positions, hook, causal and attention_scale.
+    cache, attention_mask, positions, hook and rule.
     """
     return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                  positions=positions, ops=ops, hook=hook, causal=causal,
-                                                  attention_scale=attention_scale), params, config)
+                                                  positions=positions, ops=ops, hook=hook, rule=rule), params, config)
+
+
+def attention_rule(config: LlamaConfig, causal=True, attention_scale=None) -> AttentionRule:
+    """The AttentionRule the public switches name (causal=, attention_scale=; refimpl._switches), checked."""
+    return AttentionRule.of(causal, attention_scale, head_dim=config.head_dim, width=config.hidden_size)
 
 
 def logits(model: LlamaModel, ids, *, backend: str | LlamaOps = "numpy", attention_mask=None, causal: bool = True,
@@ -544,6 +537,6 @@ def logits(model: LlamaModel, ids, *, backend: str | LlamaOps = "numpy", attenti
         if attention_mask.ndim == 1:
             attention_mask = attention_mask[None]
     out = ops.to_numpy(forward(ops.prepare(model.params), model.config, ids[None] if single else ids,
-                               attention_mask=attention_mask, ops=ops, causal=causal,
-                               attention_scale=attention_scale))
+                               attention_mask=attention_mask, ops=ops,
+                               rule=attention_rule(model.config, causal, attention_scale)))
     return out[0] if single else out
