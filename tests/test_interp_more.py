@@ -73,24 +73,24 @@ def test_patchscope_into_the_same_prompt_layer_and_position_is_the_models_own_co
     """replace(h, positions=[p]) at layer l with h = the prompt's own h_l[p] writes the value the forward
     computed, so every later number is the plain forward's: the greedy continuation is refimpl.generate's,
     token for token, at every layer 0 .. L. A different source state at the same point changes the logits
-    (the patch is really applied). At layer L the last block's output at the placeholder (not the last
-    position) is read by nothing that follows, so a patch there is refused."""
+    (the patch is really applied). The identity prompt's placeholder is its last token, so layer L is
+    patched too; at layer L a position before the last is read by nothing that follows: refused."""
     from refimpl.interp.patchscope import IDENTITY_PROMPT, patchscope_generate, placeholder_position, source_states
 
     model = gpt2 if which == "gpt2" else llama
     tgt = np.asarray(model.tokenizer.encode(IDENTITY_PROMPT))
     p = placeholder_position(model, tgt)
-    assert model.tokenizer.decode([int(tgt[p])]).strip() == "?"
+    assert model.tokenizer.decode([int(tgt[p])]).strip() == "?" and p == len(tgt) - 1
     own = source_states(model, tgt, position=p)
     other = source_states(model, model.tokenizer.encode("Friends, Romans, countrymen"))
     plain = refimpl.generate(model, tgt.tolist(), max_new_tokens=6, eos_token_id=None).ids
     z_plain = run_with_cache(model, tgt, names=())[0][-1]
     with pytest.raises(ValueError, match="after the last block"):
-        patchscope_generate(model, own[-1], tgt, target_layer=len(own) - 1, target_position=p)
+        patchscope_generate(model, own[-1], tgt, target_layer=len(own) - 1, target_position=p - 1)
     own_last = source_states(model, tgt, position=len(tgt) - 1)
     ids, _ = patchscope_generate(model, own_last[-1], tgt, target_layer=len(own) - 1, target_position=len(tgt) - 1)
     assert ids[0] == plain[0]  # at the last position layer L is read: its own state gives its own next token
-    for layer in range(len(own) - 1):
+    for layer in range(len(own)):
         ids, z = patchscope_generate(model, own[layer], tgt, target_layer=layer, target_position=p, max_new_tokens=6)
         assert ids == list(plain), layer
         np.testing.assert_allclose(z, z_plain, rtol=1e-5, atol=1e-5)  # float32: cached vs full forward
@@ -107,15 +107,24 @@ def test_patchscope_cli_writes_the_grid(gpt2, tmp_path, capsys):
     assert {"source", "source_tokens", "source_position", "target", "target_tokens", "target_position", "layers",
             "rows"} <= set(data)
     L = gpt2.config.n_layer
-    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L)]  # not L
+    # the placeholder is the last token: every layer 0 .. L, L included
+    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L + 1)]
     assert data["target_tokens"][data["target_position"]].strip() == "?"
     assert all(len(r["ids"]) == 2 and 0 < r["p_first"] <= 1 for r in data["rows"])
+    from refimpl.interp.patchscope import layers_decoding
+
+    assert data["expected"] == [data["rows"][0]["source_next"]]  # default: the source's own next token
+    assert data["layers_decoding_expected"] == layers_decoding(data["rows"], data["expected"])
+    assert [r["source_layer"] for r in data["rows"] if r["holds_expected"]] == data["layers_decoding_expected"]
+    assert "continuations holding" in printed
     assert f"wrote {out / 'patchscope.png'}" in printed
     run_cli(["patchscope", "--out", str(out), "--grid", "--source-layer", "0", "--source-layer", "4",
              "--max-new-tokens", "1"], capsys)
     rows = json.loads((out / "patchscope.json").read_text())["rows"]
-    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L)]
-    run_cli(["patchscope", "--out", str(out), "--target-layer", str(L)], capsys, code=2)  # refused, naming the flag
+    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L + 1)]
+    _, err = run_cli(["patchscope", "--out", str(out), "--target-layer", str(L), "--target-position", "0"], capsys,
+                     code=2)  # refused, naming the flag
+    assert "--target-layer" in err
 
 
 def test_patchscope_on_a_llama_directory(llama_dir, tmp_path, capsys):
@@ -135,6 +144,7 @@ def test_patchscope_on_a_llama_directory(llama_dir, tmp_path, capsys):
     (["--grid", "--target-layer", "1"], "--grid"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--placeholder", "#"], "--placeholder"),
+    (["--expect", "Friends, Romans"], "--expect"),
 ])
 def test_patchscope_bad_flags_exit_2_naming_the_flag(args, flag, tmp_path, capsys):
     _, err = run_cli(["patchscope", "--out", str(tmp_path / "x"), *args], capsys, code=2)

@@ -9,6 +9,8 @@ scripts/fetch_data.py shakespeare) and prints what it saw (run with -s):
                stay near recomputation (the same paper, sec. 3.2 / fig. 3)
     lens       the logit lens (nostalgebraist 2020) finds the answer late: " Paris" enters the top 5 for
                "The capital of France is" only in the last third of the 30 blocks, and is the final top-1.
+    patchscope the token-identity Patchscope (Ghandeharioun et al. 2024, sec. 4.1) reads the entity ' Paris'
+               from its own state in the early layers and the answer ' Paris' from "... France is" late.
 Thresholds keep a margin under the measured values (in each test's comment).
 """
 
@@ -22,6 +24,7 @@ import pytest
 import refimpl
 from refimpl.interp.attention_maps import attention_weights, sink_share, uniform_sink_share
 from refimpl.interp.logit_lens import lens_top_tokens, logit_lens
+from refimpl.interp.patchscope import IDENTITY_PROMPT, layers_decoding, patchscope_grid
 from refimpl.interp.streaming import streaming_perplexity
 from refimpl.models import resolve_model
 
@@ -85,6 +88,26 @@ def test_logit_lens_finds_paris_late(smol):
           f"final top-1 {smol.tokenizer.decode([int(top[-1, 0, 0])])!r} p={prob[-1, 0, 0]:.3f}")
     assert first is not None and first >= 20  # measured: row 29 (after block 28) of 30, p(final top-1) 0.773
     assert top[-1, 0, 0] == paris[0]
+
+
+def test_patchscope_decodes_the_entity_early_and_the_answer_late(smol):
+    """The paper's identity prompt (IDENTITY_PROMPT, the placeholder last) decodes the state at ' Paris' of "The
+    capital of France is Paris" as ' -> Paris' in the early layers, and the state at ' is' of "The capital of
+    France is" as ' Paris -> Paris' only in the late ones: the entity is read early, the answer formed late."""
+    tok = smol.tokenizer
+    paris = tok.encode(" Paris")
+    tgt = np.asarray(tok.encode(IDENTITY_PROMPT), dtype=np.int64)
+    entity = patchscope_grid(smol, np.asarray(tok.encode("The capital of France is Paris")), tgt,
+                             source_layers=[4, 12, 22, 28], max_new_tokens=3)
+    answer = patchscope_grid(smol, np.asarray(tok.encode("The capital of France is")), tgt,
+                             source_layers=[12, 20, 26, 30], max_new_tokens=3)
+    for name, rows in (("' Paris' state", entity), ("' is' state", answer)):
+        print(f"\npatchscope, {name}:", " | ".join(f"{r['source_layer']}: {tok.decode(r['ids'])!r}" for r in rows))
+    # measured (every layer, 4 tokens): ' Paris' state decodes ' Paris' at layers 0-16, punctuation from 17 on;
+    # ' is' state decodes ' a ...' / ' the answer is' to 21, ' London' at 22-23, ' Paris' at 24-30 (p 0.77-0.84)
+    assert layers_decoding(entity, paris) == [4, 12]
+    assert layers_decoding(answer, paris) == [26, 30]
+    assert all(r["ids"][0] == paris[0] for r in answer[2:])  # late: the answer comes first, " Paris -> Paris"
 
 
 MEDIAN_SINK_MIN = 3.0

@@ -640,7 +640,7 @@ def _index(value: int, n: int, flag: str, what: str) -> int:
 
 
 def cmd_patchscope(args) -> int:
-    from .patchscope import IDENTITY_PROMPT, patchscope_grid, placeholder_position, plot_patchscope
+    from .patchscope import IDENTITY_PROMPT, layers_decoding, patchscope_grid, placeholder_position, plot_patchscope
 
     if args.max_new_tokens < 1:
         raise _Usage(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
@@ -678,29 +678,61 @@ def cmd_patchscope(args) -> int:
     if not last and args.target_layer is None:
         print(f"note: target layer {L} (after the last block) is left out: a state patched there at position {tp} "
               f"reaches nothing decoded from the last position", file=sys.stderr)
+    expect = _expected_tokens(model, args.expect) if args.expect is not None else None  # checked before any work
     rows = patchscope_grid(model, src, tgt, source_position=sp, target_position=tp, source_layers=args.source_layer,
                            target_layers=targets, max_new_tokens=args.max_new_tokens)
     decode = (lambda ids: model.tokenizer.decode(ids)) if model.tokenizer is not None else (lambda ids: ids)
+    expect = expect or ([rows[0]["source_next"]] if rows else [])
+    hits = layers_decoding(rows, expect)
     for r in rows:
         r["text"] = decode(r["ids"])
         r["top5_first_tokens"] = _labels(model, r["top5_first"])
+        r["holds_expected"] = r["source_layer"] in hits
     out = Path(args.out)
     data = {"source": src.tolist(), "source_tokens": _labels(model, src), "source_position": sp,
             "target": tgt.tolist(), "target_tokens": _labels(model, tgt), "target_position": tp,
             "layers": "state l = residual stream entering block l (l = 0: the embedding output); "
                       f"l = {L}: leaving the last block, before the final norm",
-            "max_new_tokens": args.max_new_tokens, "rows": rows}
+            "max_new_tokens": args.max_new_tokens, "expected": [int(t) for t in expect],
+            "expected_tokens": _labels(model, expect), "layers_decoding_expected": hits, "rows": rows}
     paths = [plot_patchscope(model, rows, out / "patchscope.png",
                              title=f"patchscope: source {_labels(model, src[sp:sp + 1])[0]!r} (position {sp}) "
                                    f"patched into target position {tp} ({_labels(model, tgt[tp:tp + 1])[0]!r})"),
              _write_json(out, "patchscope.json", data)]
     print(f"source position {sp} {_labels(model, src[sp:sp + 1])[0]!r} -> target position {tp} "
           f"{_labels(model, tgt[tp:tp + 1])[0]!r}; greedy {args.max_new_tokens} tokens")
-    print(_table(["source l", "target l'", "continuation", "p(first)", "top first tokens"],
+    print(_table(["source l", "target l'", "continuation", "p(first)", "top first tokens", "holds"],
                  [[r["source_layer"], r["target_layer"], repr(r["text"])[:28], r["p_first"],
-                   " ".join(f"'{t}'" for t in r["top5_first_tokens"][:3])[:40]] for r in rows]))
+                   " ".join(f"'{t}'" for t in r["top5_first_tokens"][:3])[:40], "yes" if r["holds_expected"] else ""]
+                  for r in rows]))
+    what = " or ".join(f"'{t}'" for t in _labels(model, expect)) + (
+        "" if args.expect is not None else " (the source's own next token; --expect TEXT for another)")
+    print(f"continuations holding {what}: source layers {_spans(hits) or 'none'} ({len(hits)} of {len(rows)} rows)")
     _done(paths)
     return 0
+
+
+def _expected_tokens(model, text: str) -> list[int]:
+    """--expect: the one-token spellings of TEXT, with and without a leading space (" Paris", "Paris"), or an id."""
+    if model.tokenizer is None or text.strip().isdigit():
+        return [_token(model, text, "--expect")]
+    found = [t[0] for t in (model.tokenizer.encode(v) for v in dict.fromkeys((text, " " + text.strip(), text.strip())))
+             if len(t) == 1]
+    if not found:
+        raise _Usage(f"--expect must be one token (with or without a leading space); {text!r} is "
+                     f"{model.tokenizer.encode(text)}")
+    return sorted(set(found))
+
+
+def _spans(layers) -> str:
+    """Sorted integers as runs: [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    runs, xs = [], sorted(layers)
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def cmd_context(args) -> int:
@@ -1036,7 +1068,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-layer", type=int, action="append",
                    help="source layer l in 0 .. L (repeatable; default all; 0 = embedding output)")
     p.add_argument("--target", help="target prompt (default the identity prompt "
-                   "'cat -> cat; 1135 -> 1135; hello -> hello; ? ->')")
+                   "'cat -> cat\\n1135 -> 1135\\nhello -> hello\\n?')")
     p.add_argument("--target-ids", nargs="+", metavar="ID", help="target as token ids")
     p.add_argument("--target-position", type=int,
                    help="position patched (default: the placeholder's token; with --target-ids the last)")
@@ -1044,6 +1076,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-layer", type=int, help="patch every source state into this layer l' (default l' = l)")
     p.add_argument("--grid", action="store_true", help="every source layer into every target layer")
     p.add_argument("--max-new-tokens", type=int, default=4)
+    p.add_argument("--expect", metavar="TOKEN", help="mark the layers whose continuation holds this token (text, "
+                   "with or without its leading space, or an id; default: the source's own next token)")
     p.set_defaults(func=cmd_patchscope)
 
     p = sub.add_parser("context", help="one word in several contexts: cosine of its states per layer")
