@@ -66,6 +66,36 @@ def run_cli(args, capsys, *, code=0):
     return captured.out, captured.err
 
 
+# ----------------------------------------------------------------------------- lens table
+
+def test_lens_table_quotes_every_guess_and_ranks_the_answer(gpt2, tmp_path, capsys):
+    """Every cell of the printed lens table is a quoted token, so a guessed space (' ') or a token that begins
+    with one is seen, never a blank cell; --answer's rank per row is the count of logits above the answer's
+    at the last position (rank 0: the top guess), and the first row with rank < k is named."""
+    from refimpl.interp.logit_lens import logit_lens
+
+    text = "Friends, Romans, countrymen, lend me"
+    printed, _ = run_cli(["lens", "--text", text, "--answer", " your", "--out", str(tmp_path)], capsys)
+    data = json.loads((tmp_path / "lens.json").read_text())
+    T = len(data["ids"])
+    table = printed.splitlines()[2:2 + len(data["rows"])]
+    for r, line in enumerate(table):
+        assert line.startswith(data["rows"][r])
+        at = len(data["rows"][r])
+        for t in range(max(0, T - 8), T):  # each shown guess, quoted, in order
+            cell = f"'{data['top_tokens'][r][t][0]}'"
+            at = line.find(cell, at)
+            assert at >= 0, (line, cell)
+            at += len(cell)
+    z = logit_lens(gpt2, np.asarray(data["ids"]))[:, -1].astype(np.float64)
+    a = gpt2.tokenizer.encode(" your")[0]
+    rank = [int((row > row[a]).sum()) for row in z]
+    assert data["answer"] == a and data["answer_rank_last_position"] == rank
+    first = next((r for r in range(len(rank)) if rank[r] < 5), None)
+    assert data["answer_first_in_top_k"] == (None if first is None else data["rows"][first])
+    assert f"first in the top 5: {data['answer_first_in_top_k'] or 'never'}" in printed
+
+
 # ----------------------------------------------------------------------------- patchscope
 
 @pytest.mark.parametrize("which", ["gpt2", "llama"])

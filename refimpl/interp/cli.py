@@ -269,6 +269,7 @@ def cmd_lens(args) -> int:
     V = model.config.vocab_size
     if not 1 <= args.top_k <= V:
         raise _Usage(f"--top-k must lie in 1 .. {V} (the vocabulary size); got {args.top_k}")
+    answer = _token(model, args.answer, "--answer") if args.answer is not None else None
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
     lens = logit_lens(model, ids, **_switches(args))
     top, prob = lens_top_tokens(lens, args.top_k)
@@ -277,6 +278,12 @@ def cmd_lens(args) -> int:
     data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "rows": names,
             "top_ids": top.tolist(), "top_tokens": [[_labels(model, t) for t in row] for row in top],
             "top_probs": prob.round(6).tolist(), **_switches(args)}
+    if answer is not None:  # rank 0 = the top guess; ties counted in the answer's favour
+        z = lens[:, -1].astype(np.float64)  # [L + 1, V]
+        rank = (z > z[:, answer:answer + 1]).sum(axis=-1)  # [L + 1]
+        first = next((r for r in range(n_rows) if rank[r] < args.top_k), None)
+        data.update(answer=answer, answer_rank_last_position=rank.tolist(),
+                    answer_first_in_top_k=None if first is None else names[first])
     out = Path(args.out)
     paths = [plot_logit_lens(model, ids, lens, out / "lens.png"), _write_json(out, "lens.json", data)]
     T, drawn = len(ids), min(len(ids), MAX_LENS_POSITIONS)
@@ -284,8 +291,13 @@ def cmd_lens(args) -> int:
     print(f"top-1 guess per layer at the last {len(show)} of {T} positions; lens.png shows "
           + (f"all {T}" if drawn == T else f"the last {drawn} (at most {MAX_LENS_POSITIONS} fit a picture)")
           + f", lens.json all {T} with the top {args.top_k}")
-    print(_table(["layer \\ input"] + [_labels(model, ids)[t] for t in show],
-                 [[names[r]] + [data["top_tokens"][r][t][0] for t in show] for r in range(n_rows)]))
+    # Each token in quotes: a guess that is a space, or begins with one (' ', ' the'), is then seen, not a blank cell.
+    print(_table(["layer \\ input"] + [f"'{_labels(model, ids)[t]}'" for t in show],
+                 [[names[r]] + [f"'{data['top_tokens'][r][t][0]}'" for t in show] for r in range(n_rows)]))
+    if answer is not None:
+        print(f"rank of {_quoted(model, answer)} at the last position (0 = top), embed then after each block: "
+              + " ".join(map(str, data["answer_rank_last_position"])))
+        print(f"first in the top {args.top_k}: {data['answer_first_in_top_k'] or 'never'}")
     _done(paths)
     return 0
 
@@ -1001,6 +1013,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(max_tokens=16)
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--answer", metavar="TOKEN", help="a token (text of one token, or an id): its rank per layer at "
+                   "the last position, and the first layer with it in the top k")
     _add_switch_flags(p)
     p.set_defaults(func=cmd_lens)
 

@@ -74,7 +74,8 @@ def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = N
     """Heatmap (layers x positions) of each lens row's top-1 probability, annotated with its token; returns the path.
 
     Draws the last `max_positions` positions (at most; the title says when some were cut), each
-    annotation in black or white by the luminance of its cell."""
+    annotation in quotes (a guessed space shows as ' ', not as an empty cell) and in black or white
+    by the luminance of its cell."""
     from ._plot import pyplot, save, text_colour, token_labels
 
     if not is_int(max_positions) or max_positions < 1:
@@ -90,7 +91,7 @@ def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = N
     labels = token_labels(model, top[..., 0].reshape(-1))
     for r in range(n_rows):
         for t in range(n):
-            ax.text(t, r, labels[r * n + t][:10], ha="center", va="center", fontsize=7,
+            ax.text(t, r, f"'{labels[r * n + t][:10]}'", ha="center", va="center", fontsize=7,
                     color=text_colour(im.cmap, im.norm, prob[r, t, 0]))
     ax.set_xticks(range(n), [s[:10] for s in token_labels(model, ids)], rotation=60, fontsize=7)
     ax.set_yticks(range(n_rows), ["embed"] + [f"after block {i}" for i in range(n_rows - 1)], fontsize=7)
