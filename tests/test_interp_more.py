@@ -96,6 +96,26 @@ def test_lens_table_quotes_every_guess_and_ranks_the_answer(gpt2, tmp_path, caps
     assert f"first in the top 5: {data['answer_first_in_top_k'] or 'never'}" in printed
 
 
+def test_neurons_ranked_from_a_start_position_leave_the_first_tokens_out():
+    """top_neurons / top_contexts with start = s rank only positions >= s: the massive first-token activations
+    of a pretrained model (planted here at position 0) no longer pick the neuron or the context."""
+    from refimpl.interp.neurons import top_contexts, top_neurons
+
+    rng = np.random.default_rng(0)
+    acts = rng.random((3, 8, 5))
+    acts[:, 0, 4] = 100.0  # a sink neuron: huge at every chunk's first token
+    chunks = [np.arange(8) + 10 * c for c in range(3)]
+    assert top_neurons(acts, 1) == [4]
+    want = int(np.argmax(acts[:, 1:].reshape(-1, 5).max(axis=0)))
+    assert top_neurons(acts, 1, start=1) == [want]
+    ctx = top_contexts(acts, chunks, neuron=4, k=24, width=3, start=1)
+    assert len(ctx) == 21 and all(c["position"] >= 1 for c in ctx)
+    assert max(c["activation"] for c in ctx) == acts[:, 1:, 4].max() and ctx[0]["ids"][-1] == \
+        chunks[ctx[0]["chunk"]][ctx[0]["position"]]
+    with pytest.raises(ValueError, match="start"):
+        top_neurons(acts, 1, start=8)
+
+
 # ----------------------------------------------------------------------------- patchscope
 
 @pytest.mark.parametrize("which", ["gpt2", "llama"])

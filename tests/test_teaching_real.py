@@ -9,6 +9,9 @@ scripts/fetch_data.py shakespeare) and prints what it saw (run with -s):
                stay near recomputation (the same paper, sec. 3.2 / fig. 3)
     lens       the logit lens (nostalgebraist 2020) finds the answer late: " Paris" enters the top 5 for
                "The capital of France is" only in the last third of the 30 blocks, and is the final top-1.
+    patching   a name swap's effect sits at the name's position in the middle blocks and at the last position in
+               the late ones (Wang et al. 2023, activation patching)
+    neurons    an FFN neuron as a key-value memory: keyed on '[', it promotes ']' (Geva et al. 2021)
     patchscope the token-identity Patchscope (Ghandeharioun et al. 2024, sec. 4.1) reads the entity ' Paris'
                from its own state in the early layers and the answer ' Paris' from "... France is" late.
 Thresholds keep a margin under the measured values (in each test's comment).
@@ -24,6 +27,8 @@ import pytest
 import refimpl
 from refimpl.interp.attention_maps import attention_weights, sink_share, uniform_sink_share
 from refimpl.interp.logit_lens import lens_top_tokens, logit_lens
+from refimpl.interp.neurons import neuron_activations, neuron_values
+from refimpl.interp.patching import logit_diff_metric, patch_sweep, where_carried
 from refimpl.interp.patchscope import IDENTITY_PROMPT, layers_decoding, patchscope_grid
 from refimpl.interp.streaming import streaming_perplexity
 from refimpl.models import resolve_model
@@ -108,6 +113,40 @@ def test_patchscope_decodes_the_entity_early_and_the_answer_late(smol):
     assert layers_decoding(entity, paris) == [4, 12]
     assert layers_decoding(answer, paris) == [26, 30]
     assert all(r["ids"][0] == paris[0] for r in answer[2:])  # late: the answer comes first, " Paris -> Paris"
+
+
+def test_patching_finds_the_name_at_its_position_then_at_the_last(smol):
+    """Activation patching on a name swap (Wang et al. 2023, IOI): which name the model gives is carried at the
+    name's own position in the middle layers and at the last position in the late ones (attention moved it)."""
+    tok = smol.tokenizer
+    src = np.asarray(tok.encode("When Mary and John went to the store, John gave a drink to"))
+    tgt = np.asarray(tok.encode("When Mary and John went to the store, Mary gave a drink to"))
+    name = int(np.flatnonzero(src != tgt)[0])
+    metric = logit_diff_metric(tok.encode(" Mary")[0], tok.encode(" John")[0])
+    e = patch_sweep(smol, src, tgt, metric, rows=[12, 27])  # into block 12, into block 27
+    print(f"\npatching, largest |effect| into block 12: position {np.argmax(np.abs(e[0]))} "
+          f"({e[0].max():.2f}); into block 27: position {np.argmax(np.abs(e[1]))} ({e[1].max():.2f}); name at {name}")
+    # measured (all 31 rows, `inspect patch`): the name's position leads through block 23 (11.6 at block 12),
+    # the last position from block 24 on (11.3 at block 27); the other positions stay below 0.7
+    assert where_carried(e) == [(0, 0, name), (1, 1, len(tgt) - 1)]
+    assert e[0, name] > 5 and e[1, -1] > 5
+
+
+def test_a_neuron_keyed_on_an_open_bracket_promotes_closing_ones(smol):
+    """FFN neurons as key-value memories (Geva et al. 2021): block 18's neuron 1295 fires at '[' (its key) and its
+    value vector, read through the output embedding, promotes ']' and its kin (found by `inspect neurons
+    --layer 18` on the opening of Julius Caesar: 7.9 at '[', the next context 0.76)."""
+    tok = smol.tokenizer
+    ids = np.asarray(tok.encode("Rome. A street.\n\n[Enter Flavius, Marullus and Commoners.]\n\nFLAVIUS. Hence! "
+                                "home, you idle creatures, get you home."))
+    m = neuron_activations(smol, [ids], layer=18)[0, :, 1295]  # [T]
+    up, _ = neuron_values(smol, layer=18, neuron=1295, k=5)
+    promoted = [tok.decode([d["id"]]) for d in up]
+    t = int(np.argmax(m[1:])) + 1
+    print(f"\nneuron 18/1295: largest at {tok.decode([int(ids[t])])!r} ({m[t]:.2f}; next largest "
+          f"{np.sort(m[1:])[-2]:.2f}); promotes {promoted}")
+    assert "[" in tok.decode([int(ids[t])]) and m[t] > 3 * np.sort(m[1:])[-2]
+    assert sum("]" in p for p in promoted) >= 3
 
 
 MEDIAN_SINK_MIN = 3.0

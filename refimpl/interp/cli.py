@@ -543,7 +543,7 @@ def cmd_steer(args) -> int:
 
 
 def cmd_patch(args) -> int:
-    from .patching import logit_diff_metric, patch_points, patch_sweep, plot_patching
+    from .patching import logit_diff_metric, patch_points, patch_sweep, plot_patching, where_carried
 
     model = _load(args.model)
 
@@ -565,10 +565,11 @@ def cmd_patch(args) -> int:
         raise _Usage(f"--answer-a and --answer-b are the same token {_quoted(model, a)} (id {a}): the metric "
                      "z[a] - z[b] would be 0 in every run; give two different tokens")
     metric = logit_diff_metric(a, b)
-    effects = patch_sweep(model, src, tgt, metric)
+    effects = patch_sweep(model, src, tgt, metric, progress=True)
     out = Path(args.out)
     data = {"source": src.tolist(), "target": tgt.tolist(), "answer_a": a, "answer_b": b,
-            "rows": patch_points(model), "tokens": _labels(model, tgt), "effects": effects.tolist()}
+            "rows": patch_points(model), "tokens": _labels(model, tgt), "effects": effects.tolist(),
+            "largest_by_row": [{"first_row": a, "last_row": b, "position": t} for a, b, t in where_carried(effects)]}
     paths = [plot_patching(model, tgt, effects, out / "patch.png", source_ids=src,
                            title=f"patching: change of z[{_quoted(model, a)}] - z[{_quoted(model, b)}] "
                                  "at the last position"),
@@ -577,6 +578,10 @@ def cmd_patch(args) -> int:
     print(f"metric: logit[{_quoted(model, a)}] - logit[{_quoted(model, b)}] (ids {a}, {b}) at the last target position")
     print(_table(["row \\ position"] + labels[-8:],
                  [[n] + [float(v) for v in effects[r, -8:]] for r, n in enumerate(patch_points(model))]))
+    names = patch_points(model)
+    print("largest |effect| by row: " + "; ".join(
+        f"{names[a]}{'' if a == b else ' .. ' + names[b]}: '{labels[t]}' (position {t})"
+        for a, b, t in where_carried(effects)))
     _done(paths)
     return 0
 
@@ -931,21 +936,26 @@ def cmd_neurons(args) -> int:
     for n in args.neuron or ():
         if not 0 <= n < F:
             raise _Usage(f"--neuron must lie in 0 .. {F - 1} (the FFN width of layer {layer}); got {n}")
-    neurons = args.neuron or top_neurons(acts, args.top or 4)
+    if not 0 <= args.from_position < chunk:
+        raise _Usage(f"--from-position must lie in 0 .. {chunk - 1} (a chunk has {chunk} tokens); got "
+                     f"{args.from_position}")
+    start = args.from_position
+    neurons = args.neuron or top_neurons(acts, args.top or 4, start=start)
     entries = []
     for n in neurons:
         up, down = neuron_values(model, layer=layer, neuron=n, k=args.values)
         for lst in (up, down):
             for e, tok in zip(lst, _labels(model, [d["id"] for d in lst])):
                 e["token"] = tok
-        ctx = top_contexts(acts, chunks, neuron=n, k=args.k, width=args.width)
+        ctx = top_contexts(acts, chunks, neuron=n, k=args.k, width=args.width, start=start)
         for c in ctx:
             c["tokens"] = _labels(model, c["ids"])
-        entries.append({"neuron": int(n), "max_activation": float(acts[..., n].max()),
-                        "mean_activation": float(acts[..., n].mean()), "contexts": ctx, "promoted": up,
+        entries.append({"neuron": int(n), "max_activation": float(acts[:, start:, n].max()),
+                        "mean_activation": float(acts[:, start:, n].mean()), "contexts": ctx, "promoted": up,
                         "suppressed": down})
     family = decoder_of(model).family
     data = {"family": family, "layer": layer, "tokens_used": len(chunks) * chunk, "chunk": chunk,
+            "from_position": start,
             "activation": "blocks.%d.mlp.hidden: %s" % (layer, "gelu(x W_fc + b_fc)" if family == "gpt2" else
                                                         f"{model.config.hidden_act}(x W_gate) * (x W_up)"),
             "value": "E v_i: row i of the second FFN map projected through the output embedding directly "
@@ -956,7 +966,7 @@ def cmd_neurons(args) -> int:
     print(f"layer {layer}: {len(chunks)} chunk(s) of {chunk} tokens; activation {data['activation']}")
     sep = "" if getattr(model, "tokenizer", None) is not None else " "  # (ids, without a tokenizer: apart)
     print(_table(["neuron", "max act", "top context (fires at its end)", "promotes (E v)"],
-                 [[e["neuron"], e["max_activation"], repr(sep.join(e["contexts"][0]["tokens"]))[-34:],
+                 [[e["neuron"], e["max_activation"], f"'{sep.join(e['contexts'][0]['tokens'])}'"[-34:],
                    " ".join(f"'{p['token']}'" for p in e["promoted"][:4])] for e in entries], [6, 8, 34, 44]))
     _done(paths)
     return 0
@@ -1126,6 +1136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=8, help="tokens shown per context, ending at the firing token")
     p.add_argument("--values", type=int, default=10, help="promoted / suppressed tokens listed")
     p.add_argument("--chunk", type=int, default=64, help="tokens per chunk the text is cut into (each run alone)")
+    p.add_argument("--from-position", type=int, default=1, help="rank activations from this position of each chunk "
+                   "on (default 1: the first token's massive activations, the attention sink's, left out; 0 keeps them)")
     p.set_defaults(func=cmd_neurons)
 
     p = sub.add_parser("training", help="loss and gradient-norm curves from a model's history.json")
