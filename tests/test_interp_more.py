@@ -451,3 +451,109 @@ def test_training_errors_name_the_problem(llama_dir, tmp_path, capsys):
         _, err = run_cli(["training", "--out", str(tmp_path / "o"), *args], capsys, code=2)
         assert flag in err, err
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- KV memory of local and global layers
+
+def tiny_gemma3(window: int = 4):
+    """A random 6-block Gemma 3 (5 local : 1 global, its layer pattern), GQA 4 / 2 heads, sliding window `window`."""
+    from refimpl.llama import LlamaModel
+    from refimpl.llama.config import LlamaConfig
+    from refimpl.llama.params import LlamaParams, checkpoint_shapes
+
+    cfg = LlamaConfig.from_dict({"model_type": "gemma3_text", "vocab_size": 61, "hidden_size": 32,
+                                 "intermediate_size": 40, "num_hidden_layers": 6, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "head_dim": 8, "sliding_window": window,
+                                 "query_pre_attn_scalar": 8, "sliding_window_pattern": 6, "rope_theta": 1e6,
+                                 "rope_local_base_freq": 1e4, "max_position_embeddings": 64})
+    rng = np.random.default_rng(1)
+    arrays = {n: 0.1 * rng.standard_normal(s) if "norm" in n else rng.standard_normal(s) / np.sqrt(s[-1])
+              for n, s in checkpoint_shapes(cfg).items()}
+    return LlamaModel(cfg, LlamaParams.from_checkpoint(arrays, cfg))
+
+
+def test_kv_cache_tokens_are_the_keys_the_last_query_attends_to():
+    """kv_cache_tokens(config, T)[l] is what the forward itself uses: the number of keys with a nonzero weight for
+    the last of T queries in block l, in every head (softmax gives no visible key exactly 0 in these random maps;
+    the window's mask gives exactly 0). The bytes: 2 K D n_l 4 summed, and 1 / 6 of all-global in the limit."""
+    from refimpl.interp.attention_maps import attention_weights
+    from refimpl.interp.memory import kv_cache_bytes, kv_cache_tokens
+
+    model = tiny_gemma3(window=4)
+    c = model.config
+    assert c.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    for T in (3, 4, 5, 11):
+        w = attention_weights(model, np.arange(T) % 61)  # [L, H, T, T]
+        seen = (w[:, :, -1] != 0).sum(axis=-1)  # [L, H]
+        want = kv_cache_tokens(c, T)
+        assert np.all(seen == want[:, None]), (T, seen, want)
+        assert kv_cache_bytes(c, T) == 2 * 2 * 8 * 4 * int(want.sum())
+        assert kv_cache_bytes(c, T, windowed=False) == 2 * 2 * 8 * 4 * 6 * T
+    assert kv_cache_tokens(c, 11).tolist() == [4, 4, 4, 4, 4, 11]
+    assert kv_cache_bytes(c, 10**6) / kv_cache_bytes(c, 10**6, windowed=False) == pytest.approx(1 / 6, abs=1e-5)
+
+
+def test_memory_with_a_model_answers_for_its_layers(tmp_path, capsys, gpt2):
+    out = tmp_path / "kv"
+    printed, _ = run_cli(["memory", "--model", "shakespeare-gpt2", "--out", str(out), "--T", "64", "256"], capsys)
+    data = json.loads((out / "kv_memory.json").read_text())
+    c = gpt2.config
+    assert data["local_layers"] == 0 and [r["ratio"] for r in data["rows"]] == [1.0, 1.0]
+    assert data["rows"][1]["bytes"] == 2 * c.n_layer * c.n_embd * 4 * 256  # K D = n_embd
+    assert "no local layers" in printed
+    run_cli(["memory", "--model", str(tmp_path / "nothing"), "--out", str(out)], capsys, code=2)
+    from refimpl.llama.io import save_weights
+
+    g = tiny_gemma3(window=4)
+    save_weights(g.config, g.params, tmp_path / "g3")
+    printed, _ = run_cli(["memory", "--model", str(tmp_path / "g3"), "--out", str(out), "--T", "4", "12"], capsys)
+    data = json.loads((out / "kv_memory.json").read_text())
+    assert data["local_layers"] == 5 and data["limit_ratio"] == 1 / 6
+    assert [r["ratio"] for r in data["rows"]] == [1.0, (5 * 4 + 12) / (6 * 12)]
+    assert "falls toward 1/6" in printed
+
+
+def test_head_group_similarity_compares_heads_that_share_a_key_head():
+    """Maps equal within a group give within = 1; two groups with different maps give across < 1; K = 1 has no
+    'across' pair (nan), K = H no 'within' pair."""
+    from refimpl.interp.attention_maps import head_group_similarity
+
+    rng = np.random.default_rng(0)
+    a, b = rng.random((2, 5, 5))
+    w = np.stack([a, a, b, b])[None]  # [1, 4, 5, 5]: heads 0, 1 share key head 0; heads 2, 3 key head 1
+    within, across = head_group_similarity(w, 2)
+    x, y = a[1:, 1:].ravel(), b[1:, 1:].ravel()
+    assert within[0] == pytest.approx(1.0) and across[0] == pytest.approx(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
+    assert np.isnan(head_group_similarity(w, 1)[1]).all() and np.isnan(head_group_similarity(w, 4)[0]).all()
+    with pytest.raises(ValueError, match="divide"):
+        head_group_similarity(w, 3)
+
+
+def test_attention_on_a_wide_model_prints_one_line_per_layer_and_draws_a_spread(tmp_path, capsys, monkeypatch):
+    """Past SINK_ROWS_PRINTED heads the table is one line per layer (with its local / global kind), plus the
+    previous-token heads and the GQA groups; past MAX_ATTENTION_PANELS panels a spread of layers is drawn and
+    kept in attention.json, first and last included; --layer picks the layers."""
+    import refimpl.interp.cli as cli
+    from refimpl.interp.attention_maps import attention_weights
+    from refimpl.llama.io import save_weights
+
+    g = tiny_gemma3(window=4)
+    save_weights(g.config, g.params, tmp_path / "g3")
+    monkeypatch.setattr(cli, "SINK_ROWS_PRINTED", 8)
+    monkeypatch.setattr(cli, "MAX_ATTENTION_PANELS", 8)
+    out = tmp_path / "a"
+    printed, _ = run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3 4 5 6 7", "--out", str(out)],
+                         capsys)
+    data = json.loads((out / "attention.json").read_text())
+    w = attention_weights(g, [1, 2, 3, 4, 5, 6, 7])
+    assert data["layers_drawn"] == [0, 5] and np.max(np.abs(np.array(data["weights"]) - w[[0, 5]])) <= 1e-5
+    lines = printed.splitlines()
+    assert lines[1].split()[:2] == ["layer", "type"] and lines[2].split()[:3] == ["0", "local", "(4)"]
+    assert lines[7].split()[:2] == ["5", "global"]
+    assert "4 query heads share 2 key/value heads, [h0 h1] [h2 h3]" in printed
+    assert data["head_groups"]["groups"] == [[0, 1], [2, 3]]
+    check_png(out / "attention.png")
+    run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3", "--layer", "3", "--out", str(out)], capsys)
+    assert json.loads((out / "attention.json").read_text())["layers_drawn"] == [3]
+    run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3", "--layer", "6", "--out", str(out)], capsys,
+            code=2)

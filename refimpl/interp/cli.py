@@ -303,24 +303,81 @@ def cmd_lens(args) -> int:
 
 
 def cmd_attention(args) -> int:
-    from .attention_maps import attention_weights, plot_attention_maps
+    from .attention_maps import attention_weights, head_group_similarity, plot_attention_maps
 
     model = _load(args.model)
+    L = _n_layers(model)
+    for l in args.layer or ():
+        if not 0 <= l < L:
+            raise _Usage(f"--layer must lie in 0 .. {L - 1}; got {l}")
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
     w = attention_weights(model, ids, **_switches(args))  # [L, H, T, T]
     L, H, T, _ = w.shape
     ent = 0.0 - np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
     prev = np.mean([w[:, :, i, i - 1] for i in range(1, T)], axis=0) if T > 1 else np.zeros((L, H))
     first = w[..., 0].mean(axis=-1)
-    data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "weights": w.round(5).tolist(),
-            "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(), "mean_on_first": first.tolist(),
-            **_switches(args)}
+    # The layers drawn (and kept in attention.json): those asked for, else all of them when they fit
+    # MAX_ATTENTION_PANELS panels, else that many panels' worth spread evenly from the first to the last.
+    drawn = sorted(set(args.layer)) if args.layer else (list(range(L)) if L * H <= MAX_ATTENTION_PANELS else
+                                                        np.linspace(0, L - 1, max(1, MAX_ATTENTION_PANELS // H))
+                                                        .round().astype(int).tolist())
+    kinds = _layer_kinds(model, L)
+    few = len(drawn) * H * T * T <= MAX_JSON_WEIGHTS
+    data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "layers_drawn": drawn,
+            "weights": w[drawn].round(5).tolist() if few else None,
+            **({} if few else {"weights_note": f"left out: {len(drawn) * H * T * T:,} values (more than "
+                                              f"{MAX_JSON_WEIGHTS:,}); fewer --layer or --max-tokens keep them"}),
+            "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(),
+            "mean_on_first": first.tolist(), **_switches(args)}
+    K = getattr(model.config, "num_key_value_heads", H)
+    if K < H and T > 2:
+        within, across = head_group_similarity(w, K)
+        data["head_groups"] = {"kv_heads": K, "groups": [list(range(g * (H // K), (g + 1) * (H // K))) for g in range(K)],
+                               "cosine_within": within.tolist(), "cosine_across": across.tolist()}
     out = Path(args.out)
-    paths = [plot_attention_maps(model, ids, w, out / "attention.png"), _write_json(out, "attention.json", data)]
-    print(_table(["layer", "head", "entropy", "on first", "on previous"],
-                 [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])] for l in range(L) for h in range(H)]))
+    paths = [plot_attention_maps(model, ids, w[drawn], out / "attention.png", layers=drawn,
+                                 titles=None if kinds is None else [kinds[l] for l in drawn]),
+             _write_json(out, "attention.json", data)]
+    if L * H <= SINK_ROWS_PRINTED:
+        print(_table(["layer", "head", "entropy", "on first", "on previous"],
+                     [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])] for l in range(L) for h in range(H)]))
+    else:  # a wide model: one line per layer, then the heads that stand out (every head is in attention.json)
+        print(f"{L} layers x {H} heads, T = {T}: per layer, the median head and the head that stands out most")
+        print(_table(["layer"] + (["type"] if kinds else []) + ["median entropy", "most on first", "most on previous"],
+                     [[l] + ([kinds[l]] if kinds else []) + [float(np.median(ent[l])),
+                      f"h{int(first[l].argmax())} {first[l].max():.3f}", f"h{int(prev[l].argmax())} {prev[l].max():.3f}"]
+                      for l in range(L)]))
+        top = np.argsort(-prev.ravel(), kind="stable")[:5]
+        print("previous-token heads (mean weight on the token before): "
+              + ", ".join(f"{l}.h{h} {prev[l, h]:.2f}" for l, h in (divmod(int(i), H) for i in top)))
+    if "head_groups" in data:
+        g = data["head_groups"]
+        line = (f"grouped-query attention: {H} query heads share {K} key/value heads, "
+                + " ".join("[" + " ".join(f"h{h}" for h in grp) + "]" for grp in g["groups"]))
+        if K > 1:
+            n = int(np.sum(within > across))
+            line += (f"; map cosine (first token left out) within a group {np.mean(within):.2f}, across groups "
+                     f"{np.mean(across):.2f} (within > across in {n} of {L} layers)")
+        else:
+            line += f"; map cosine (first token left out) between its heads {np.mean(within):.2f}"
+        print(line)
+    if len(drawn) < L:
+        print(f"attention.png draws layers {_spans(drawn)} (--layer N, repeatable, for others)")
     _done(paths)
     return 0
+
+
+MAX_JSON_WEIGHTS = 1 << 20  # attention.json keeps the drawn maps up to this many values (about 8 MB of text)
+MAX_ATTENTION_PANELS = 64  # attention.png: more layers x heads than this draws a spread of layers (--layer for others)
+
+
+def _layer_kinds(model, L: int) -> list[str] | None:
+    """Each layer's attention kind, "local (window W)" / "global", for a model that mixes them (Gemma 2/3); else None."""
+    types = getattr(model.config, "layer_types", ()) or ()
+    if len(set(types)) < 2:
+        return None
+    W = model.config.sliding_window
+    return [f"local ({W})" if t == "sliding_attention" else "global" for t in types[:L]]
 
 
 def cmd_sinks(args) -> int:
@@ -858,6 +915,8 @@ MAX_MEMORY_T, MAX_MEMORY_HEADS, MAX_MEMORY_SCORES = 4096, 64, 1 << 26
 def cmd_memory(args) -> int:
     from .memory import measure_attention, plot_memory, summarize
 
+    if args.model is not None:
+        return _kv_memory(args)
     for flag, values, top in (("--T", args.T, MAX_MEMORY_T), ("--heads", args.heads, MAX_MEMORY_HEADS)):
         for v in values:
             if not 1 <= v <= top:
@@ -907,6 +966,50 @@ def cmd_memory(args) -> int:
             else:  # its traced peak is the output and the call's own arrays: O(T) with or without a window
                 print(f"{kernel}: {ratios}; its peak is O(T) either way (buffers inside the compiled kernel are "
                       "not traced, so small ratios move between runs)")
+    _done(paths)
+    return 0
+
+
+def _kv_memory(args) -> int:
+    """inspect memory --model: the KV cache a model's layers must keep at each --T, local layers bounded by their window."""
+    from refimpl.models import load
+
+    from .memory import kv_cache_bytes, kv_cache_tokens
+
+    for t in args.T:
+        if t < 1:
+            raise _Usage(f"--T values must be >= 1; got {t}")
+    try:
+        model = load(args.model)
+    except (OSError, ValueError) as e:
+        raise _Usage(f"--model {args.model}: {e}") from None
+    c = model.config
+    L = len(kv_cache_tokens(c, 1))
+    W = getattr(c, "sliding_window", None)
+    types = tuple(getattr(c, "layer_types", ()) or ())
+    n_local = sum(t == "sliding_attention" for t in types) if W else 0
+    rows = [{"T": t, "all_global_bytes": kv_cache_bytes(c, t, windowed=False), "bytes": kv_cache_bytes(c, t),
+             "tokens_per_layer": kv_cache_tokens(c, t).tolist()} for t in sorted(set(args.T))]
+    for r in rows:
+        r["ratio"] = r["bytes"] / r["all_global_bytes"]
+    out = Path(args.out)
+    K = getattr(c, "num_key_value_heads", None) or c.n_head
+    D = getattr(c, "head_dim", None) or c.n_embd // c.n_head
+    data = {"model": str(args.model), "layers": L, "local_layers": n_local, "sliding_window": W, "kv_heads": K,
+            "head_dim": D, "dtype": "float32", "limit_ratio": (L - n_local) / L,
+            "what": "keys + values a decoder must keep to predict token T + 1: 2 K D n_l(T) 4 bytes per layer, "
+                    "n_l = min(T, window) for a local layer (its older keys get weight exactly 0), T for a global one",
+            "rows": rows}
+    paths = [_write_json(out, "kv_memory.json", data)]
+    print(f"{args.model}: {L} layers, {n_local} local (window {W}) and {L - n_local} global; {K} key/value head(s) of "
+          f"{D}; float32")
+    print(_table(["T", "all global MiB", "local bounded MiB", "ratio"],
+                 [[r["T"], r["all_global_bytes"] / 2**20, r["bytes"] / 2**20, r["ratio"]] for r in rows]))
+    if n_local:
+        print(f"as T grows the ratio falls toward {L - n_local}/{L} = {(L - n_local) / L:.3f} (the global layers "
+              f"alone); the local layers hold at most {W} tokens each")
+    else:
+        print("no local layers: every layer keeps all T tokens (ratio 1)")
     _done(paths)
     return 0
 
@@ -1030,6 +1133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("attention", help="attention heatmaps per layer and head")
     common(p)
+    p.add_argument("--layer", type=int, action="append", help="a layer to draw (repeatable; default all, or a spread "
+                   f"of them when layers x heads > {MAX_ATTENTION_PANELS})")
     _add_switch_flags(p)
     p.set_defaults(func=cmd_attention, max_tokens=16)
 
@@ -1116,8 +1221,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--position", type=int, action="append", help="the word's position in each --context-ids")
     p.set_defaults(func=cmd_context)
 
-    p = sub.add_parser("memory", help="attention's peak memory and time: naive T x S scores vs the fused kernel")
+    p = sub.add_parser("memory", help="attention's peak memory and time: naive T x S scores vs the fused kernel; "
+                       "with --model, a model's KV cache with local layers bounded by their window")
     p.add_argument("--out", default="inspect_out", metavar="DIR")
+    p.add_argument("--model", default=None, metavar="NAME|PATH", help="answer for this model's layers instead: the "
+                   "KV cache at each --T, local (sliding-window) layers bounded by the window, vs all layers global")
     p.add_argument("--T", type=int, nargs="+", default=[128, 256, 512, 1024], help="sequence lengths (S = T)")
     p.add_argument("--heads", type=int, nargs="+", default=[1, 4])
     p.add_argument("--window", type=int, nargs="+", default=[0, 64], help="local windows (0: none, full causal)")
