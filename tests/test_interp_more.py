@@ -557,3 +557,31 @@ def test_attention_on_a_wide_model_prints_one_line_per_layer_and_draws_a_spread(
     assert json.loads((out / "attention.json").read_text())["layers_drawn"] == [3]
     run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3", "--layer", "6", "--out", str(out)], capsys,
             code=2)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_capture_stops_the_forward_and_keeps_what_run_with_cache_keeps(which, gpt2, llama, monkeypatch):
+    """capture(model, ids, names) stores the same arrays as run_with_cache, bit for bit, and no hook point after the
+    last one asked for is reached (so neither are the later blocks, the final norm nor the LM head)."""
+    from refimpl.interp import capture as cap
+
+    model = gpt2 if which == "gpt2" else llama
+    ids = np.asarray(model.tokenizer.encode("Friends, Romans, countrymen"))
+    names = ["blocks.0.attn.weights", "blocks.1.resid_pre", "blocks.1.resid_post"]
+    _, want = run_with_cache(model, ids, names=names)
+    seen = []
+    real = cap.make_hook
+
+    def spy(config, **kw):
+        inner = real(config, **kw)
+        return lambda name, x: (seen.append(name), inner(name, x))[1]
+
+    monkeypatch.setattr(cap, "make_hook", spy)
+    got = cap.capture(model, ids, names)
+    assert list(got) == names and all(np.array_equal(got[n], want[n]) for n in names)
+    assert seen[-1] == "blocks.1.resid_post" and len(seen) < len(cap.hook_names(model.config))
+    seen.clear()
+    cap.capture(model, ids[None], ["blocks.0.resid_pre"])
+    assert seen == ["blocks.0.resid_pre"]
+    with pytest.raises(ValueError, match="at least one"):
+        cap.capture(model, ids, [])

@@ -27,7 +27,7 @@ import numpy as np
 from .._checks import is_int
 from ..masks import query_positions
 from ._family import decoder_of
-from .capture import run_with_cache
+from .capture import capture
 
 __all__ = ["attention_weights", "sink_share", "uniform_sink_share", "sink_table", "plot_attention_maps",
            "plot_sink_statistics", "attention_colour_floor", "head_group_similarity"]
@@ -48,7 +48,7 @@ def attention_weights(model, ids, *, causal: bool = True, attention_scale=None) 
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
     L = dec.n_layers(model.config)
     names = [f"blocks.{i}.attn.weights" for i in range(L)]
-    _, acts = run_with_cache(model, ids, names=names, causal=causal, attention_scale=attention_scale)
+    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale)  # (no LM head)
     return np.stack([acts[n] for n in names])  # [L, H, T, T]
 
 

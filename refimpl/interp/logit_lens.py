@@ -19,7 +19,7 @@ import numpy as np
 from .._checks import is_int
 from ..attention import softmax
 from ._family import decoder_of
-from .capture import run_with_cache
+from .capture import capture
 
 __all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens", "MAX_LENS_POSITIONS"]
 
@@ -34,7 +34,7 @@ def residual_stream(model, ids, *, causal: bool = True, attention_scale=None) ->
     ids = np.asarray(ids)
     if ids.ndim != 1:
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
-    _, acts = run_with_cache(model, ids, names=names, causal=causal, attention_scale=attention_scale)
+    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale)
     return np.stack([acts[n] for n in names])  # [L + 1, T, C]
 
 

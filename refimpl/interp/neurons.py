@@ -32,7 +32,7 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 from ._family import decoder_of
-from .capture import run_with_cache
+from .capture import capture
 
 __all__ = ["HELD_OUT_TEXT", "value_vectors", "output_embedding", "neuron_activations", "top_neurons", "top_contexts",
            "neuron_values", "plot_neurons"]
@@ -83,7 +83,7 @@ def neuron_activations(model, chunks, *, layer: int) -> np.ndarray:  # N x [T] -
         raise ValueError(f"chunks must be a non-empty list of equally long id sequences; got lengths "
                          f"{[len(c) for c in chunks]}")
     name = f"blocks.{layer}.mlp.hidden"
-    _, acts = run_with_cache(model, np.stack([np.asarray(c) for c in chunks]), names=[name])
+    acts = capture(model, np.stack([np.asarray(c) for c in chunks]), [name])
     return acts[name].astype(np.float64)  # [N, T, F]
 
 

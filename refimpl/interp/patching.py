@@ -22,7 +22,7 @@ import numpy as np
 
 from .._checks import is_int
 from ._family import decoder_of
-from .capture import replace, run_with_cache, run_with_interventions
+from .capture import capture, run_with_interventions
 
 __all__ = ["patch_points", "logit_diff_metric", "patch_sweep", "where_carried", "plot_patching"]
 
@@ -76,8 +76,8 @@ def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], fl
         if not rows or not all(is_int(r) and 0 <= r < len(points) for r in rows):
             raise ValueError(f"rows must be row indices in 0 .. {len(points) - 1} (patch_points); got {rows!r}")
         points = [points[r] for r in rows]
-    _, src_acts = run_with_cache(model, src, names=points)  # each [T, C]
-    _, tgt_acts = run_with_cache(model, tgt, names=points)
+    src_acts = capture(model, src, points)  # each [T, C]
+    tgt_acts = capture(model, tgt, points)
     T = len(tgt)
     per_batch = max(1, min(T, PATCH_BATCH_LOGITS // (T * model.config.vocab_size) - 1))  # patched runs per batch
     effects = np.zeros((len(points), T))  # a source state equal to the target's own: 0 exactly, not run

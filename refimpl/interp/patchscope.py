@@ -36,7 +36,7 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 from ._family import decoder_of
-from .capture import make_hook, replace, run_with_cache
+from .capture import capture, make_hook, replace, run_with_cache
 from .patching import patch_points
 
 __all__ = ["IDENTITY_PROMPT", "PLACEHOLDER", "source_states", "patchscope_generate", "patchscope_grid",
@@ -65,7 +65,7 @@ def source_states(model, source_ids, *, position=-1) -> np.ndarray:  # [T] -> [L
     ids = _check_ids(model, source_ids, "source_ids")
     position = _check_index(position, len(ids), "position", "a source position")
     points = patch_points(model)
-    _, acts = run_with_cache(model, ids, names=points)
+    acts = capture(model, ids, points)
     return np.stack([acts[p][position] for p in points])  # [L + 1, C]
 
 
