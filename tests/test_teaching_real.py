@@ -16,6 +16,8 @@ scripts/fetch_data.py shakespeare) and prints what it saw (run with -s):
     GQA        query heads that share a key/value head draw more alike maps than heads of different groups
     local      Gemma 3 270M: a local block's weights beyond its 512-token window are exactly 0, the global block's
                are not, so its KV memory with local blocks bounded is 0.18 of all-global at 32768 tokens
+    steer      a love - hate direction added mid-model raises p(' love') and changes the continuation
+    context    one word's states in different sentences drift apart with depth (cosine 0.99 -> 0.66)
     patchscope the token-identity Patchscope (Ghandeharioun et al. 2024, sec. 4.1) reads the entity ' Paris'
                from its own state in the early layers and the answer ' Paris' from "... France is" late.
 Thresholds keep a margin under the measured values (in each test's comment).
@@ -200,6 +202,44 @@ def test_gemma3_local_layers_drop_what_is_past_the_window_and_global_ones_keep_i
     # measured: 0.087, 0.613, 0.639, 0.436 (mostly the BOS, which the local blocks no longer see)
     assert beyond[5].min() > 0.03 and beyond[5].max() > 0.3
     assert ratio[0] == pytest.approx((15 * 512 + 3 * T) / (18 * T)) and ratio[1] < 0.2
+
+
+def test_steering_toward_love_raises_its_probability_and_changes_the_continuation(smol):
+    """A mean-difference direction (love minus hate prompts, `inspect steer`'s defaults) added at block 15's input:
+    alpha 2 raises log p(' love') after "My lord, I" by nats and turns the greedy continuation."""
+    from refimpl.interp.cli import DEFAULT_NEG, DEFAULT_POS, DEFAULT_PROMPT
+    from refimpl.interp.steering import steered_generate, steering_effect, steering_vector
+
+    d = steering_vector(smol, DEFAULT_POS, DEFAULT_NEG, layer=15)
+    love = smol.tokenizer.encode(" love")[0]
+    rows = steering_effect(smol, DEFAULT_PROMPT, d, layer=15, alphas=[0.0, 2.0], target=love)
+    plain, steered = (smol.tokenizer.decode(steered_generate(smol, DEFAULT_PROMPT, d, layer=15, alpha=a,
+                                                             max_new_tokens=2)) for a in (0.0, 2.0))
+    print(f"\nsteering at block 15, alpha 2: log p(' love') {rows[0]['logprob']:.2f} -> {rows[1]['logprob']:.2f}; "
+          f"{plain!r} -> {steered!r}")
+    # measured: -7.37 -> -3.98 (+3.39); ' will not' -> "'m Emily" (`inspect steer`, 12 tokens: ' will not be a
+    # man to be mocked, nor a king' -> "'m Emily...\n\nI'm so life at the same")
+    assert rows[1]["delta_logprob"] > 2.0 and plain != steered
+
+
+def test_a_word_s_states_in_different_contexts_drift_apart_with_depth(smol):
+    """Contextual similarity (Ethayarajh 2019): 'fair' in four sentences has one embedding (cosine 1 at layer 0);
+    the cosines of its states fall with depth, most in the last block."""
+    from refimpl.interp.cli import DEFAULT_CONTEXTS
+    from refimpl.interp.context import cosine_by_layer, word_states
+
+    tok = smol.tokenizer
+    states = []
+    for text in DEFAULT_CONTEXTS:
+        ids = np.asarray(tok.encode(text))
+        assert ids[-1] == tok.encode(" fair")[0]
+        states.append(word_states(smol, ids, len(ids) - 1))
+    cos = cosine_by_layer(np.stack(states))  # [L + 1, N, N]
+    mean = cos[:, *np.triu_indices(len(states), 1)].mean(axis=-1)  # [L + 1]
+    print("\ncontext, mean cosine of 'fair' per layer:", " ".join(f"{l}:{m:.2f}" for l, m in enumerate(mean)))
+    # measured: 1.00, 0.99 (layer 1), 0.90 (10), 0.88 (20), 0.83 (29), 0.66 (30, after the last block)
+    assert np.allclose(mean[0], 1.0) and mean[1] > 0.95
+    assert mean[-1] < mean[1] - 0.2 and mean[-2] < mean[1] - 0.1
 
 
 MEDIAN_SINK_MIN = 3.0
