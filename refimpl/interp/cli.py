@@ -697,13 +697,14 @@ DEFAULT_CONTEXT_WORD = "fair"
 DEFAULT_CONTEXTS = ["Her face was fair", "O, she is fair", "The judge was fair", "We struck a fair"]
 
 
-def _seq(model, args, text, ids_text, flag, default):
-    """Token ids [T] from --FLAG TEXT or --FLAG-ids IDS (one of them), else the default text."""
+def _seq(model, args, text, ids_text, flag, default, *, bos_first: bool = False):
+    """Token ids [T] from --FLAG TEXT or --FLAG-ids IDS (one of them), else the default text (bos_first: as _ids)."""
     if text is not None and ids_text is not None:
         raise _Usage(f"give one of --{flag} TEXT or --{flag}-ids IDS, not both")
     if text is None and ids_text is None:
         text = default
-    return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model), flag=f"--{flag}-ids")
+    return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model), flag=f"--{flag}-ids",
+                bos_first=bos_first)
 
 
 def _index(value: int, n: int, flag: str, what: str) -> int:
@@ -722,8 +723,10 @@ def cmd_patchscope(args) -> int:
         raise _Usage("give one of --grid (every source layer into every target layer) or --target-layer L, not both")
     model = _load(args.model)
     L = _n_layers(model)
-    src = _seq(model, args, args.source, args.source_ids, "source", DEFAULT_PATCHSCOPE_SOURCE)
-    tgt = _seq(model, args, args.target, args.target_ids, "target", IDENTITY_PROMPT)
+    # Texts begin with the BOS their tokenizer puts first (Gemma 3 without it predicts ' France' after "The capital
+    # of France is"); a tokenizer without one (GPT-2, SmolLM2) adds nothing.
+    src = _seq(model, args, args.source, args.source_ids, "source", DEFAULT_PATCHSCOPE_SOURCE, bos_first=True)
+    tgt = _seq(model, args, args.target, args.target_ids, "target", IDENTITY_PROMPT, bos_first=True)
     sp = _index(args.source_position, len(src), "--source-position", "the source")
     if args.target_position is not None:
         tp = _index(args.target_position, len(tgt), "--target-position", "the target")

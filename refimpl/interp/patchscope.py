@@ -186,7 +186,8 @@ def plot_patchscope(model, rows: list[dict], path, *, title: str | None = None):
         j = 0 if diagonal else tgts.index(r["target_layer"])
         p[i, j] = r["p_first"]
         words = model.tokenizer.decode(r["ids"]) if model.tokenizer is not None else " ".join(map(str, r["ids"]))
-        text[i][j] = repr(words)[1:-1][:18]
+        shown = repr(words)[1:-1]
+        text[i][j] = shown if len(shown) <= 18 else shown[:18].rstrip("\\")  # a "\\n" cut after its backslash: dropped
     fig, ax = plt.subplots(figsize=(2.0 + 1.9 * len(cols), 1.2 + 0.45 * len(srcs)))
     im = ax.imshow(p, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
     for i in range(len(srcs)):
