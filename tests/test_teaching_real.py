@@ -196,7 +196,8 @@ def test_gemma3_local_layers_drop_what_is_past_the_window_and_global_ones_keep_i
     print(f"\nGemma 3, {T} tokens: attention on keys >= {W} back, per head: local blocks 0-4 max "
           f"{np.abs(w[:5][:, :, far]).max():.1g}; global block 5 {np.round(beyond[5], 3).tolist()}")
     ratio = [kv_cache_bytes(c, t) / kv_cache_bytes(c, t, windowed=False) for t in (T, 32768)]
-    print(f"KV memory, local blocks bounded by {W}: {ratio[0]:.3f} of all-global at {T} tokens, {ratio[1]:.3f} at 32768")
+    print(f"KV memory, local blocks bounded by {W}: {ratio[0]:.3f} of all-global at {T} tokens, "
+          f"{ratio[1]:.3f} at 32768")
     assert c.layer_types[:6] == ("sliding_attention",) * 5 + ("full_attention",) and W == 512
     assert np.all(w[:5][:, :, far] == 0.0)
     # measured: 0.087, 0.613, 0.639, 0.436 (mostly the BOS, which the local blocks no longer see)

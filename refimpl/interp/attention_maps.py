@@ -92,7 +92,8 @@ def sink_table(weights, k: int = 1) -> list[dict]:  # [L, H, T, S] -> L*H rows
             for l in range(w.shape[0]) for h in range(w.shape[1])]
 
 
-def head_group_similarity(weights, n_kv_heads: int, *, skip: int = 1) -> tuple[np.ndarray, np.ndarray]:  # [L, H, T, S] -> [L] x 2
+def head_group_similarity(weights, n_kv_heads: int, *,
+                          skip: int = 1) -> tuple[np.ndarray, np.ndarray]:  # [L, H, T, S] -> [L] x 2
     """(within [L], across [L]): mean cosine between two query heads' maps, over pairs that share a key/value head
     (grouped-query attention, Ainslie et al. 2023: head h reads key head h // (H / K)) and over pairs that don't.
 

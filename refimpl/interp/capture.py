@@ -167,7 +167,8 @@ class _Captured(Exception):
     """Raised by capture's hook once every activation asked for is stored: the rest of the forward is not run."""
 
 
-def capture(model, ids, names, *, causal: bool = True, attention_scale=None) -> dict[str, np.ndarray]:  # [B, T] -> {name: act}
+def capture(model, ids, names, *, causal: bool = True,
+            attention_scale=None) -> dict[str, np.ndarray]:  # [B, T] -> {name: act}
     """acts[name] of run_with_cache(model, ids, names=names), the forward stopped once the last of them is computed.
 
     The activations are the same arrays run_with_cache stores (the same forward, hooked alike, up to

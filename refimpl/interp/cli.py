@@ -332,7 +332,8 @@ def cmd_attention(args) -> int:
     K = getattr(model.config, "num_key_value_heads", H)
     if K < H and T > 2:
         within, across = head_group_similarity(w, K)
-        data["head_groups"] = {"kv_heads": K, "groups": [list(range(g * (H // K), (g + 1) * (H // K))) for g in range(K)],
+        n = H // K
+        data["head_groups"] = {"kv_heads": K, "groups": [list(range(g * n, (g + 1) * n)) for g in range(K)],
                                "cosine_within": within.tolist(), "cosine_across": across.tolist()}
     out = Path(args.out)
     paths = [plot_attention_maps(model, ids, w[drawn], out / "attention.png", layers=drawn,
@@ -340,12 +341,14 @@ def cmd_attention(args) -> int:
              _write_json(out, "attention.json", data)]
     if L * H <= SINK_ROWS_PRINTED:
         print(_table(["layer", "head", "entropy", "on first", "on previous"],
-                     [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])] for l in range(L) for h in range(H)]))
+                     [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])]
+                      for l in range(L) for h in range(H)]))
     else:  # a wide model: one line per layer, then the heads that stand out (every head is in attention.json)
         print(f"{L} layers x {H} heads, T = {T}: per layer, the median head and the head that stands out most")
         print(_table(["layer"] + (["type"] if kinds else []) + ["median entropy", "most on first", "most on previous"],
                      [[l] + ([kinds[l]] if kinds else []) + [float(np.median(ent[l])),
-                      f"h{int(first[l].argmax())} {first[l].max():.3f}", f"h{int(prev[l].argmax())} {prev[l].max():.3f}"]
+                                                              f"h{int(first[l].argmax())} {first[l].max():.3f}",
+                                                              f"h{int(prev[l].argmax())} {prev[l].max():.3f}"]
                       for l in range(L)]))
         top = np.argsort(-prev.ravel(), kind="stable")[:5]
         print("previous-token heads (mean weight on the token before): "
@@ -372,7 +375,7 @@ MAX_ATTENTION_PANELS = 64  # attention.png: more layers x heads than this draws 
 
 
 def _layer_kinds(model, L: int) -> list[str] | None:
-    """Each layer's attention kind, "local (window W)" / "global", for a model that mixes them (Gemma 2/3); else None."""
+    """Each layer's attention kind, "local (W)" or "global", for a model that mixes them (Gemma 2/3); else None."""
     types = getattr(model.config, "layer_types", ()) or ()
     if len(set(types)) < 2:
         return None
@@ -974,7 +977,7 @@ def cmd_memory(args) -> int:
 
 
 def _kv_memory(args) -> int:
-    """inspect memory --model: the KV cache a model's layers must keep at each --T, local layers bounded by their window."""
+    """inspect memory --model: the KV cache a model's layers keep at each --T, local layers bounded by their window."""
     from refimpl.models import load
 
     from .memory import kv_cache_bytes, kv_cache_tokens
@@ -1247,8 +1250,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=8, help="tokens shown per context, ending at the firing token")
     p.add_argument("--values", type=int, default=10, help="promoted / suppressed tokens listed")
     p.add_argument("--chunk", type=int, default=64, help="tokens per chunk the text is cut into (each run alone)")
-    p.add_argument("--from-position", type=int, default=1, help="rank activations from this position of each chunk "
-                   "on (default 1: the first token's massive activations, the attention sink's, left out; 0 keeps them)")
+    p.add_argument("--from-position", type=int, default=1, help="rank activations from this position of each "
+                   "chunk on (default 1: the first token's massive activations, the attention sink's, left out; "
+                   "0 keeps them)")
     p.set_defaults(func=cmd_neurons)
 
     p = sub.add_parser("training", help="loss and gradient-norm curves from a model's history.json")

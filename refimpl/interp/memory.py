@@ -42,7 +42,8 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 
-__all__ = ["KERNELS", "kv_cache_tokens", "kv_cache_bytes", "fused_attention", "peak_traced_bytes", "rss_growth_bytes", "measure_attention", "summarize",
+__all__ = ["KERNELS", "kv_cache_tokens", "kv_cache_bytes",
+           "fused_attention", "peak_traced_bytes", "rss_growth_bytes", "measure_attention", "summarize",
            "plot_memory"]
 
 KERNELS = ("naive", "fused")
