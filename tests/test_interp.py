@@ -443,6 +443,41 @@ def test_patching_recovers_the_source_where_it_must(m64):
         patch_sweep(m64, src[:5], tgt, metric)
 
 
+def test_patch_sweep_equals_one_patched_run_per_cell(m64):
+    """patch_sweep runs a row's patches as one batch (and skips states equal to the target's own): each
+    effect equals its definition, metric(one run patched at (r, t)) - metric(the target run), to float64
+    rounding; a batch smaller than T gives the same numbers."""
+    import refimpl.interp.patching as patching
+
+    tgt = ids_of(6)
+    src = tgt.copy()
+    src[1] = (src[1] + 5) % CFG.vocab_size
+    metric = logit_diff_metric(3, 4)
+    points = patching.patch_points(m64)
+    _, acts = run_with_cache(m64, src, names=points)
+    base = metric(run_with_interventions(m64, tgt, {}))
+    want = np.array([[metric(run_with_interventions(m64, tgt, {n: replace(acts[n][t], positions=[t])})) - base
+                      for t in range(6)] for n in points])
+    got = patch_sweep(m64, src, tgt, metric)
+    print(f"\npatch_sweep vs one run per cell: max |diff| {np.max(np.abs(got - want)):.2e}")
+    assert np.max(np.abs(got - want)) <= 1e-12 and np.all(got[:, 0] == 0.0)
+    old = patching.PATCH_BATCH_LOGITS
+    try:
+        patching.PATCH_BATCH_LOGITS = 3 * 6 * CFG.vocab_size  # two patched runs per batch
+        assert np.max(np.abs(patch_sweep(m64, src, tgt, metric) - want)) <= 1e-12
+    finally:
+        patching.PATCH_BATCH_LOGITS = old
+
+
+def test_where_carried_groups_rows_by_their_largest_position():
+    from refimpl.interp.patching import where_carried
+
+    e = np.array([[0, 5.0, 0.1], [0, 4.0, -0.2], [0, 0, 0], [0, 1.0, -3.0], [0, 0.5, 2.0], [0, 2.0, 0]])
+    assert where_carried(e) == [(0, 1, 1), (3, 4, 2), (5, 5, 1)]  # row 2 (all 0) in no run; |-3| counts
+    with pytest.raises(ValueError, match=r"\[R, T\]"):
+        where_carried(e[0])
+
+
 # ----------------------------------------------------------------------------- pictures and CLI
 
 def test_pictures_are_written(tmp_path, m64):

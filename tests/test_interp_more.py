@@ -66,6 +66,56 @@ def run_cli(args, capsys, *, code=0):
     return captured.out, captured.err
 
 
+# ----------------------------------------------------------------------------- lens table
+
+def test_lens_table_quotes_every_guess_and_ranks_the_answer(gpt2, tmp_path, capsys):
+    """Every cell of the printed lens table is a quoted token, so a guessed space (' ') or a token that begins
+    with one is seen, never a blank cell; --answer's rank per row is the count of logits above the answer's
+    at the last position (rank 0: the top guess), and the first row with rank < k is named."""
+    from refimpl.interp.logit_lens import logit_lens
+
+    text = "Friends, Romans, countrymen, lend me"
+    printed, _ = run_cli(["lens", "--text", text, "--answer", " your", "--out", str(tmp_path)], capsys)
+    data = json.loads((tmp_path / "lens.json").read_text())
+    T = len(data["ids"])
+    table = printed.splitlines()[2:2 + len(data["rows"])]
+    for r, line in enumerate(table):
+        assert line.startswith(data["rows"][r])
+        at = len(data["rows"][r])
+        for t in range(max(0, T - 8), T):  # each shown guess, quoted, in order
+            cell = f"'{data['top_tokens'][r][t][0]}'"
+            at = line.find(cell, at)
+            assert at >= 0, (line, cell)
+            at += len(cell)
+    z = logit_lens(gpt2, np.asarray(data["ids"]))[:, -1].astype(np.float64)
+    a = gpt2.tokenizer.encode(" your")[0]
+    rank = [int((row > row[a]).sum()) for row in z]
+    assert data["answer"] == a and data["answer_rank_last_position"] == rank
+    first = next((r for r in range(len(rank)) if rank[r] < 5), None)
+    assert data["answer_first_in_top_k"] == (None if first is None else data["rows"][first])
+    assert f"first in the top 5: {data['answer_first_in_top_k'] or 'never'}" in printed
+
+
+def test_neurons_ranked_from_a_start_position_leave_the_first_tokens_out():
+    """top_neurons / top_contexts with start = s rank only positions >= s: the massive first-token activations
+    of a pretrained model (planted here at position 0) no longer pick the neuron or the context."""
+    from refimpl.interp.neurons import top_contexts, top_neurons
+
+    rng = np.random.default_rng(0)
+    acts = rng.random((3, 8, 5))
+    acts[:, 0, 4] = 100.0  # a sink neuron: huge at every chunk's first token
+    chunks = [np.arange(8) + 10 * c for c in range(3)]
+    assert top_neurons(acts, 1) == [4]
+    want = int(np.argmax(acts[:, 1:].reshape(-1, 5).max(axis=0)))
+    assert top_neurons(acts, 1, start=1) == [want]
+    ctx = top_contexts(acts, chunks, neuron=4, k=24, width=3, start=1)
+    assert len(ctx) == 21 and all(c["position"] >= 1 for c in ctx)
+    assert max(c["activation"] for c in ctx) == acts[:, 1:, 4].max() and ctx[0]["ids"][-1] == \
+        chunks[ctx[0]["chunk"]][ctx[0]["position"]]
+    with pytest.raises(ValueError, match="start"):
+        top_neurons(acts, 1, start=8)
+
+
 # ----------------------------------------------------------------------------- patchscope
 
 @pytest.mark.parametrize("which", ["gpt2", "llama"])
@@ -73,24 +123,24 @@ def test_patchscope_into_the_same_prompt_layer_and_position_is_the_models_own_co
     """replace(h, positions=[p]) at layer l with h = the prompt's own h_l[p] writes the value the forward
     computed, so every later number is the plain forward's: the greedy continuation is refimpl.generate's,
     token for token, at every layer 0 .. L. A different source state at the same point changes the logits
-    (the patch is really applied). At layer L the last block's output at the placeholder (not the last
-    position) is read by nothing that follows, so a patch there is refused."""
+    (the patch is really applied). The identity prompt's placeholder is its last token, so layer L is
+    patched too; at layer L a position before the last is read by nothing that follows: refused."""
     from refimpl.interp.patchscope import IDENTITY_PROMPT, patchscope_generate, placeholder_position, source_states
 
     model = gpt2 if which == "gpt2" else llama
     tgt = np.asarray(model.tokenizer.encode(IDENTITY_PROMPT))
     p = placeholder_position(model, tgt)
-    assert model.tokenizer.decode([int(tgt[p])]).strip() == "?"
+    assert model.tokenizer.decode([int(tgt[p])]).strip() == "?" and p == len(tgt) - 1
     own = source_states(model, tgt, position=p)
     other = source_states(model, model.tokenizer.encode("Friends, Romans, countrymen"))
     plain = refimpl.generate(model, tgt.tolist(), max_new_tokens=6, eos_token_id=None).ids
     z_plain = run_with_cache(model, tgt, names=())[0][-1]
     with pytest.raises(ValueError, match="after the last block"):
-        patchscope_generate(model, own[-1], tgt, target_layer=len(own) - 1, target_position=p)
+        patchscope_generate(model, own[-1], tgt, target_layer=len(own) - 1, target_position=p - 1)
     own_last = source_states(model, tgt, position=len(tgt) - 1)
     ids, _ = patchscope_generate(model, own_last[-1], tgt, target_layer=len(own) - 1, target_position=len(tgt) - 1)
     assert ids[0] == plain[0]  # at the last position layer L is read: its own state gives its own next token
-    for layer in range(len(own) - 1):
+    for layer in range(len(own)):
         ids, z = patchscope_generate(model, own[layer], tgt, target_layer=layer, target_position=p, max_new_tokens=6)
         assert ids == list(plain), layer
         np.testing.assert_allclose(z, z_plain, rtol=1e-5, atol=1e-5)  # float32: cached vs full forward
@@ -107,15 +157,24 @@ def test_patchscope_cli_writes_the_grid(gpt2, tmp_path, capsys):
     assert {"source", "source_tokens", "source_position", "target", "target_tokens", "target_position", "layers",
             "rows"} <= set(data)
     L = gpt2.config.n_layer
-    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L)]  # not L
+    # the placeholder is the last token: every layer 0 .. L, L included
+    assert [(r["source_layer"], r["target_layer"]) for r in data["rows"]] == [(l, l) for l in range(L + 1)]
     assert data["target_tokens"][data["target_position"]].strip() == "?"
     assert all(len(r["ids"]) == 2 and 0 < r["p_first"] <= 1 for r in data["rows"])
+    from refimpl.interp.patchscope import layers_decoding
+
+    assert data["expected"] == [data["rows"][0]["source_next"]]  # default: the source's own next token
+    assert data["layers_decoding_expected"] == layers_decoding(data["rows"], data["expected"])
+    assert [r["source_layer"] for r in data["rows"] if r["holds_expected"]] == data["layers_decoding_expected"]
+    assert "continuations holding" in printed
     assert f"wrote {out / 'patchscope.png'}" in printed
     run_cli(["patchscope", "--out", str(out), "--grid", "--source-layer", "0", "--source-layer", "4",
              "--max-new-tokens", "1"], capsys)
     rows = json.loads((out / "patchscope.json").read_text())["rows"]
-    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L)]
-    run_cli(["patchscope", "--out", str(out), "--target-layer", str(L)], capsys, code=2)  # refused, naming the flag
+    assert [(r["source_layer"], r["target_layer"]) for r in rows] == [(s, t) for s in (0, 4) for t in range(L + 1)]
+    _, err = run_cli(["patchscope", "--out", str(out), "--target-layer", str(L), "--target-position", "0"], capsys,
+                     code=2)  # refused, naming the flag
+    assert "--target-layer" in err
 
 
 def test_patchscope_on_a_llama_directory(llama_dir, tmp_path, capsys):
@@ -135,6 +194,7 @@ def test_patchscope_on_a_llama_directory(llama_dir, tmp_path, capsys):
     (["--grid", "--target-layer", "1"], "--grid"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--placeholder", "#"], "--placeholder"),
+    (["--expect", "Friends, Romans"], "--expect"),
 ])
 def test_patchscope_bad_flags_exit_2_naming_the_flag(args, flag, tmp_path, capsys):
     _, err = run_cli(["patchscope", "--out", str(tmp_path / "x"), *args], capsys, code=2)
@@ -391,3 +451,137 @@ def test_training_errors_name_the_problem(llama_dir, tmp_path, capsys):
         _, err = run_cli(["training", "--out", str(tmp_path / "o"), *args], capsys, code=2)
         assert flag in err, err
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- KV memory of local and global layers
+
+def tiny_gemma3(window: int = 4):
+    """A random 6-block Gemma 3 (5 local : 1 global, its layer pattern), GQA 4 / 2 heads, sliding window `window`."""
+    from refimpl.llama import LlamaModel
+    from refimpl.llama.config import LlamaConfig
+    from refimpl.llama.params import LlamaParams, checkpoint_shapes
+
+    cfg = LlamaConfig.from_dict({"model_type": "gemma3_text", "vocab_size": 61, "hidden_size": 32,
+                                 "intermediate_size": 40, "num_hidden_layers": 6, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "head_dim": 8, "sliding_window": window,
+                                 "query_pre_attn_scalar": 8, "sliding_window_pattern": 6, "rope_theta": 1e6,
+                                 "rope_local_base_freq": 1e4, "max_position_embeddings": 64})
+    rng = np.random.default_rng(1)
+    arrays = {n: 0.1 * rng.standard_normal(s) if "norm" in n else rng.standard_normal(s) / np.sqrt(s[-1])
+              for n, s in checkpoint_shapes(cfg).items()}
+    return LlamaModel(cfg, LlamaParams.from_checkpoint(arrays, cfg))
+
+
+def test_kv_cache_tokens_are_the_keys_the_last_query_attends_to():
+    """kv_cache_tokens(config, T)[l] is what the forward itself uses: the number of keys with a nonzero weight for
+    the last of T queries in block l, in every head (softmax gives no visible key exactly 0 in these random maps;
+    the window's mask gives exactly 0). The bytes: 2 K D n_l 4 summed, and 1 / 6 of all-global in the limit."""
+    from refimpl.interp.attention_maps import attention_weights
+    from refimpl.interp.memory import kv_cache_bytes, kv_cache_tokens
+
+    model = tiny_gemma3(window=4)
+    c = model.config
+    assert c.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    for T in (3, 4, 5, 11):
+        w = attention_weights(model, np.arange(T) % 61)  # [L, H, T, T]
+        seen = (w[:, :, -1] != 0).sum(axis=-1)  # [L, H]
+        want = kv_cache_tokens(c, T)
+        assert np.all(seen == want[:, None]), (T, seen, want)
+        assert kv_cache_bytes(c, T) == 2 * 2 * 8 * 4 * int(want.sum())
+        assert kv_cache_bytes(c, T, windowed=False) == 2 * 2 * 8 * 4 * 6 * T
+    assert kv_cache_tokens(c, 11).tolist() == [4, 4, 4, 4, 4, 11]
+    assert kv_cache_bytes(c, 10**6) / kv_cache_bytes(c, 10**6, windowed=False) == pytest.approx(1 / 6, abs=1e-5)
+
+
+def test_memory_with_a_model_answers_for_its_layers(tmp_path, capsys, gpt2):
+    out = tmp_path / "kv"
+    printed, _ = run_cli(["memory", "--model", "shakespeare-gpt2", "--out", str(out), "--T", "64", "256"], capsys)
+    data = json.loads((out / "kv_memory.json").read_text())
+    c = gpt2.config
+    assert data["local_layers"] == 0 and [r["ratio"] for r in data["rows"]] == [1.0, 1.0]
+    assert data["rows"][1]["bytes"] == 2 * c.n_layer * c.n_embd * 4 * 256  # K D = n_embd
+    assert "no local layers" in printed
+    run_cli(["memory", "--model", str(tmp_path / "nothing"), "--out", str(out)], capsys, code=2)
+    from refimpl.llama.io import save_weights
+
+    g = tiny_gemma3(window=4)
+    save_weights(g.config, g.params, tmp_path / "g3")
+    printed, _ = run_cli(["memory", "--model", str(tmp_path / "g3"), "--out", str(out), "--T", "4", "12"], capsys)
+    data = json.loads((out / "kv_memory.json").read_text())
+    assert data["local_layers"] == 5 and data["limit_ratio"] == 1 / 6
+    assert [r["ratio"] for r in data["rows"]] == [1.0, (5 * 4 + 12) / (6 * 12)]
+    assert "falls toward 1/6" in printed
+
+
+def test_head_group_similarity_compares_heads_that_share_a_key_head():
+    """Maps equal within a group give within = 1; two groups with different maps give across < 1; K = 1 has no
+    'across' pair (nan), K = H no 'within' pair."""
+    from refimpl.interp.attention_maps import head_group_similarity
+
+    rng = np.random.default_rng(0)
+    a, b = rng.random((2, 5, 5))
+    w = np.stack([a, a, b, b])[None]  # [1, 4, 5, 5]: heads 0, 1 share key head 0; heads 2, 3 key head 1
+    within, across = head_group_similarity(w, 2)
+    x, y = a[1:, 1:].ravel(), b[1:, 1:].ravel()
+    assert within[0] == pytest.approx(1.0) and across[0] == pytest.approx(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
+    assert np.isnan(head_group_similarity(w, 1)[1]).all() and np.isnan(head_group_similarity(w, 4)[0]).all()
+    with pytest.raises(ValueError, match="divide"):
+        head_group_similarity(w, 3)
+
+
+def test_attention_on_a_wide_model_prints_one_line_per_layer_and_draws_a_spread(tmp_path, capsys, monkeypatch):
+    """Past SINK_ROWS_PRINTED heads the table is one line per layer (with its local / global kind), plus the
+    previous-token heads and the GQA groups; past MAX_ATTENTION_PANELS panels a spread of layers is drawn and
+    kept in attention.json, first and last included; --layer picks the layers."""
+    import refimpl.interp.cli as cli
+    from refimpl.interp.attention_maps import attention_weights
+    from refimpl.llama.io import save_weights
+
+    g = tiny_gemma3(window=4)
+    save_weights(g.config, g.params, tmp_path / "g3")
+    monkeypatch.setattr(cli, "SINK_ROWS_PRINTED", 8)
+    monkeypatch.setattr(cli, "MAX_ATTENTION_PANELS", 8)
+    out = tmp_path / "a"
+    printed, _ = run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3 4 5 6 7", "--out", str(out)],
+                         capsys)
+    data = json.loads((out / "attention.json").read_text())
+    w = attention_weights(g, [1, 2, 3, 4, 5, 6, 7])
+    assert data["layers_drawn"] == [0, 5] and np.max(np.abs(np.array(data["weights"]) - w[[0, 5]])) <= 1e-5
+    lines = printed.splitlines()
+    assert lines[1].split()[:2] == ["layer", "type"] and lines[2].split()[:3] == ["0", "local", "(4)"]
+    assert lines[7].split()[:2] == ["5", "global"]
+    assert "4 query heads share 2 key/value heads, [h0 h1] [h2 h3]" in printed
+    assert data["head_groups"]["groups"] == [[0, 1], [2, 3]]
+    check_png(out / "attention.png")
+    run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3", "--layer", "3", "--out", str(out)], capsys)
+    assert json.loads((out / "attention.json").read_text())["layers_drawn"] == [3]
+    run_cli(["attention", "--model", str(tmp_path / "g3"), "--ids", "1 2 3", "--layer", "6", "--out", str(out)], capsys,
+            code=2)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_capture_stops_the_forward_and_keeps_what_run_with_cache_keeps(which, gpt2, llama, monkeypatch):
+    """capture(model, ids, names) stores the same arrays as run_with_cache, bit for bit, and no hook point after the
+    last one asked for is reached (so neither are the later blocks, the final norm nor the LM head)."""
+    from refimpl.interp import capture as cap
+
+    model = gpt2 if which == "gpt2" else llama
+    ids = np.asarray(model.tokenizer.encode("Friends, Romans, countrymen"))
+    names = ["blocks.0.attn.weights", "blocks.1.resid_pre", "blocks.1.resid_post"]
+    _, want = run_with_cache(model, ids, names=names)
+    seen = []
+    real = cap.make_hook
+
+    def spy(config, **kw):
+        inner = real(config, **kw)
+        return lambda name, x: (seen.append(name), inner(name, x))[1]
+
+    monkeypatch.setattr(cap, "make_hook", spy)
+    got = cap.capture(model, ids, names)
+    assert list(got) == names and all(np.array_equal(got[n], want[n]) for n in names)
+    assert seen[-1] == "blocks.1.resid_post" and len(seen) < len(cap.hook_names(model.config))
+    seen.clear()
+    cap.capture(model, ids[None], ["blocks.0.resid_pre"])
+    assert seen == ["blocks.0.resid_pre"]
+    with pytest.raises(ValueError, match="at least one"):
+        cap.capture(model, ids, [])

@@ -27,10 +27,10 @@ import numpy as np
 from .._checks import is_int
 from ..masks import query_positions
 from ._family import decoder_of
-from .capture import run_with_cache
+from .capture import capture
 
 __all__ = ["attention_weights", "sink_share", "uniform_sink_share", "sink_table", "plot_attention_maps",
-           "plot_sink_statistics", "attention_colour_floor"]
+           "plot_sink_statistics", "attention_colour_floor", "head_group_similarity"]
 
 
 def attention_weights(model, ids, *, causal: bool = True, attention_scale=None) -> np.ndarray:  # [T] -> [L, H, T, T]
@@ -48,7 +48,7 @@ def attention_weights(model, ids, *, causal: bool = True, attention_scale=None) 
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
     L = dec.n_layers(model.config)
     names = [f"blocks.{i}.attn.weights" for i in range(L)]
-    _, acts = run_with_cache(model, ids, names=names, causal=causal, attention_scale=attention_scale)
+    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale)  # (no LM head)
     return np.stack([acts[n] for n in names])  # [L, H, T, T]
 
 
@@ -92,6 +92,34 @@ def sink_table(weights, k: int = 1) -> list[dict]:  # [L, H, T, S] -> L*H rows
             for l in range(w.shape[0]) for h in range(w.shape[1])]
 
 
+def head_group_similarity(weights, n_kv_heads: int, *,
+                          skip: int = 1) -> tuple[np.ndarray, np.ndarray]:  # [L, H, T, S] -> [L] x 2
+    """(within [L], across [L]): mean cosine between two query heads' maps, over pairs that share a key/value head
+    (grouped-query attention, Ainslie et al. 2023: head h reads key head h // (H / K)) and over pairs that don't.
+
+    Each map w[l, h] is compared as one vector, its first `skip` query rows and key columns left out (the
+    attention sink would make every pair alike). `across` is nan when K = 1 (every head in one group),
+    `within` when K = H (no head shares).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 4:
+        raise ValueError(f"weights must have shape [L, H, T, S]; got shape {w.shape}")
+    L, H, T, S = w.shape
+    if not is_int(n_kv_heads) or n_kv_heads < 1 or H % n_kv_heads:
+        raise ValueError(f"n_kv_heads must divide the {H} query heads; got {n_kv_heads!r}")
+    if not is_int(skip) or not 0 <= skip < min(T, S):
+        raise ValueError(f"skip must be an integer in [0, {min(T, S)}); got {skip!r}")
+    x = w[:, :, skip:, skip:].reshape(L, H, -1)
+    x = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), np.finfo(np.float64).tiny)
+    cos = x @ x.transpose(0, 2, 1)  # [L, H, H]
+    group = np.arange(H) // (H // n_kv_heads)
+    i, j = np.triu_indices(H, 1)
+    same = group[i] == group[j]
+    pairs = cos[:, i, j]  # [L, P]
+    mean = lambda m: pairs[:, m].mean(axis=1) if m.any() else np.full(L, np.nan)  # noqa: E731
+    return mean(same), mean(~same)
+
+
 def attention_colour_floor(S: int) -> float:
     """The smallest weight the log colour scale of plot_attention_maps tells apart: 10^floor(log10(0.01 / S)),
     at least two decades below the 1/S a uniform head spreads over S keys (S = 16: 1e-4; S = 256: 1e-5)."""
@@ -103,9 +131,11 @@ def label_step(n: int, inches: float, points: float = 7.0) -> int:
     return max(1, int(np.ceil(n * points / (inches * 72.0))))
 
 
-def plot_attention_maps(model, ids, weights, path):
+def plot_attention_maps(model, ids, weights, path, *, layers=None, titles=None):
     """One heatmap per layer (rows) and head (columns) of w[l, h] (query i down, key j across); returns the path.
 
+    layers: the layer index of each row of weights (default 0 .. L-1: weights holds every layer);
+    titles: a label per row, after the layer's index (e.g. its attention type).
     Colour: a log scale from attention_colour_floor(S) (smaller weights get its colour) to 1, so the
     small weights of long inputs still show; a weight of exactly 0 (a masked key: a future one, or
     one outside a sliding window) is grey. Token labels: every k-th query on the left column and
@@ -120,6 +150,9 @@ def plot_attention_maps(model, ids, weights, path):
     if w.ndim != 4:
         raise ValueError(f"weights must have shape [L, H, T, S]; got shape {w.shape}")
     L, H, T, S = w.shape
+    layers = list(range(L)) if layers is None else list(layers)
+    if len(layers) != L or (titles is not None and len(titles) != L):
+        raise ValueError(f"layers and titles must name each of the {L} rows of weights; got {layers!r}, {titles!r}")
     panel = float(np.clip(max(T, S) / 16, 1.9, 3.2))  # inches per heatmap
     fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.8, panel * L + 1.2), squeeze=False, layout="constrained")
     floor = attention_colour_floor(S)
@@ -136,7 +169,7 @@ def plot_attention_maps(model, ids, weights, path):
             ax.set_yticks([])
             if h == 0:
                 ax.set_yticks(range(0, T, step_q), labels[S - T:][::step_q], fontsize=6)
-                ax.set_ylabel(f"layer {l}", fontsize=8)
+                ax.set_ylabel(f"layer {layers[l]}" + ("" if titles is None else f"\n{titles[l]}"), fontsize=8)
             if l == L - 1:
                 ax.set_xticks(range(0, S, step_k), labels[::step_k], rotation=90, fontsize=6)
             if l == 0:

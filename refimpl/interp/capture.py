@@ -4,6 +4,7 @@
     logits, acts = run_with_cache(model, ids, names=["blocks.*.resid_post"])
     acts["blocks.2.attn.weights"]                                         # [H, T, T] for ids [T]
     logits = run_with_interventions(model, ids, {"blocks.1.resid_pre": add(delta, positions=[3])})
+    acts = capture(model, ids, ["blocks.*.attn.weights"])                # no logits: stops at the last one
 
 The names are the hook points of the model's forward (refimpl.gpt2.model, refimpl.llama.model;
 see `hook_names`: the same block names for both families, refimpl.interp._family); the forward
@@ -28,7 +29,7 @@ from .._switches import AttentionRule
 from ._family import as_batch, decoder_for_config, decoder_of
 
 __all__ = ["hook_names", "select_names", "Intervention", "replace", "add",
-           "make_hook", "run_with_cache", "run_with_interventions"]
+           "make_hook", "run_with_cache", "run_with_interventions", "capture"]
 
 def hook_names(config) -> list[str]:
     """Every hook point of a model with this config (GPT2Config or LlamaConfig), in the order the forward reaches them."""
@@ -161,3 +162,39 @@ def run_with_interventions(model, ids, interventions: Mapping[str, Callable], *,
                            positions=None, cache=None) -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits of model(ids) with interventions[name] applied at each named hook point (nothing captured)."""
     return run_with_cache(model, ids, names=(), interventions=interventions, positions=positions, cache=cache)[0]
+
+
+class _Captured(Exception):
+    """Raised by capture's hook once every activation asked for is stored: the rest of the forward is not run."""
+
+
+def capture(model, ids, names, *, causal: bool = True,
+            attention_scale=None) -> dict[str, np.ndarray]:  # [B, T] -> {name: act}
+    """acts[name] of run_with_cache(model, ids, names=names), the forward stopped once the last of them is computed.
+
+    The activations are the same arrays run_with_cache stores (the same forward, hooked alike, up to
+    that point); what follows them, the later blocks and the LM head ([T, V]: Gemma 3's 262,144
+    logits a token), is never computed. ids [T] gives activations without the batch axis.
+    """
+    dec = decoder_of(model)
+    ids2, single = as_batch(dec, model, ids)
+    want = select_names(model.config, names)
+    if not want:
+        raise ValueError("capture needs at least one hook name")
+    store: dict[str, np.ndarray] = {}
+    inner = make_hook(model.config, names=want, store=store)
+
+    def hook(name: str, x: np.ndarray) -> np.ndarray:
+        x = inner(name, x)
+        if len(store) == len(want):
+            raise _Captured
+        return x
+
+    try:
+        dec.hidden_states(model.params, model.config, ids2, hook=hook, causal=causal, attention_scale=attention_scale)
+    except _Captured:
+        pass
+    missing = [n for n in want if n not in store]
+    if missing:  # (every hook point is reached by a forward; a family that skipped one would be a bug)
+        raise RuntimeError(f"the forward never reached the hook points {missing}")
+    return {k: v[0] for k, v in store.items()} if single else store

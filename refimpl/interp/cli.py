@@ -269,6 +269,7 @@ def cmd_lens(args) -> int:
     V = model.config.vocab_size
     if not 1 <= args.top_k <= V:
         raise _Usage(f"--top-k must lie in 1 .. {V} (the vocabulary size); got {args.top_k}")
+    answer = _token(model, args.answer, "--answer") if args.answer is not None else None
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
     lens = logit_lens(model, ids, **_switches(args))
     top, prob = lens_top_tokens(lens, args.top_k)
@@ -277,6 +278,12 @@ def cmd_lens(args) -> int:
     data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "rows": names,
             "top_ids": top.tolist(), "top_tokens": [[_labels(model, t) for t in row] for row in top],
             "top_probs": prob.round(6).tolist(), **_switches(args)}
+    if answer is not None:  # rank 0 = the top guess; ties counted in the answer's favour
+        z = lens[:, -1].astype(np.float64)  # [L + 1, V]
+        rank = (z > z[:, answer:answer + 1]).sum(axis=-1)  # [L + 1]
+        first = next((r for r in range(n_rows) if rank[r] < args.top_k), None)
+        data.update(answer=answer, answer_rank_last_position=rank.tolist(),
+                    answer_first_in_top_k=None if first is None else names[first])
     out = Path(args.out)
     paths = [plot_logit_lens(model, ids, lens, out / "lens.png"), _write_json(out, "lens.json", data)]
     T, drawn = len(ids), min(len(ids), MAX_LENS_POSITIONS)
@@ -284,31 +291,96 @@ def cmd_lens(args) -> int:
     print(f"top-1 guess per layer at the last {len(show)} of {T} positions; lens.png shows "
           + (f"all {T}" if drawn == T else f"the last {drawn} (at most {MAX_LENS_POSITIONS} fit a picture)")
           + f", lens.json all {T} with the top {args.top_k}")
-    print(_table(["layer \\ input"] + [_labels(model, ids)[t] for t in show],
-                 [[names[r]] + [data["top_tokens"][r][t][0] for t in show] for r in range(n_rows)]))
+    # Each token in quotes: a guess that is a space, or begins with one (' ', ' the'), is then seen, not a blank cell.
+    print(_table(["layer \\ input"] + [f"'{_labels(model, ids)[t]}'" for t in show],
+                 [[names[r]] + [f"'{data['top_tokens'][r][t][0]}'" for t in show] for r in range(n_rows)]))
+    if answer is not None:
+        print(f"rank of {_quoted(model, answer)} at the last position (0 = top), embed then after each block: "
+              + " ".join(map(str, data["answer_rank_last_position"])))
+        print(f"first in the top {args.top_k}: {data['answer_first_in_top_k'] or 'never'}")
     _done(paths)
     return 0
 
 
 def cmd_attention(args) -> int:
-    from .attention_maps import attention_weights, plot_attention_maps
+    from .attention_maps import attention_weights, head_group_similarity, plot_attention_maps
 
     model = _load(args.model)
+    L = _n_layers(model)
+    for l in args.layer or ():
+        if not 0 <= l < L:
+            raise _Usage(f"--layer must lie in 0 .. {L - 1}; got {l}")
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
     w = attention_weights(model, ids, **_switches(args))  # [L, H, T, T]
     L, H, T, _ = w.shape
     ent = 0.0 - np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1).mean(axis=-1)  # [L, H]
     prev = np.mean([w[:, :, i, i - 1] for i in range(1, T)], axis=0) if T > 1 else np.zeros((L, H))
     first = w[..., 0].mean(axis=-1)
-    data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "weights": w.round(5).tolist(),
-            "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(), "mean_on_first": first.tolist(),
-            **_switches(args)}
+    # The layers drawn (and kept in attention.json): those asked for, else all of them when they fit
+    # MAX_ATTENTION_PANELS panels, else that many panels' worth spread evenly from the first to the last.
+    drawn = sorted(set(args.layer)) if args.layer else (list(range(L)) if L * H <= MAX_ATTENTION_PANELS else
+                                                        np.linspace(0, L - 1, max(1, MAX_ATTENTION_PANELS // H))
+                                                        .round().astype(int).tolist())
+    kinds = _layer_kinds(model, L)
+    few = len(drawn) * H * T * T <= MAX_JSON_WEIGHTS
+    data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "layers_drawn": drawn,
+            "weights": w[drawn].round(5).tolist() if few else None,
+            **({} if few else {"weights_note": f"left out: {len(drawn) * H * T * T:,} values (more than "
+                                              f"{MAX_JSON_WEIGHTS:,}); fewer --layer or --max-tokens keep them"}),
+            "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(),
+            "mean_on_first": first.tolist(), **_switches(args)}
+    K = getattr(model.config, "num_key_value_heads", H)
+    if K < H and T > 2:
+        within, across = head_group_similarity(w, K)
+        n = H // K
+        data["head_groups"] = {"kv_heads": K, "groups": [list(range(g * n, (g + 1) * n)) for g in range(K)],
+                               "cosine_within": within.tolist(), "cosine_across": across.tolist()}
     out = Path(args.out)
-    paths = [plot_attention_maps(model, ids, w, out / "attention.png"), _write_json(out, "attention.json", data)]
-    print(_table(["layer", "head", "entropy", "on first", "on previous"],
-                 [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])] for l in range(L) for h in range(H)]))
+    paths = [plot_attention_maps(model, ids, w[drawn], out / "attention.png", layers=drawn,
+                                 titles=None if kinds is None else [kinds[l] for l in drawn]),
+             _write_json(out, "attention.json", data)]
+    if L * H <= SINK_ROWS_PRINTED:
+        print(_table(["layer", "head", "entropy", "on first", "on previous"],
+                     [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])]
+                      for l in range(L) for h in range(H)]))
+    else:  # a wide model: one line per layer, then the heads that stand out (every head is in attention.json)
+        print(f"{L} layers x {H} heads, T = {T}: per layer, the median head and the head that stands out most")
+        print(_table(["layer"] + (["type"] if kinds else []) + ["median entropy", "most on first", "most on previous"],
+                     [[l] + ([kinds[l]] if kinds else []) + [float(np.median(ent[l])),
+                                                              f"h{int(first[l].argmax())} {first[l].max():.3f}",
+                                                              f"h{int(prev[l].argmax())} {prev[l].max():.3f}"]
+                      for l in range(L)]))
+        top = np.argsort(-prev.ravel(), kind="stable")[:5]
+        print("previous-token heads (mean weight on the token before): "
+              + ", ".join(f"{l}.h{h} {prev[l, h]:.2f}" for l, h in (divmod(int(i), H) for i in top)))
+    if "head_groups" in data:
+        g = data["head_groups"]
+        line = (f"grouped-query attention: {H} query heads share {K} key/value heads, "
+                + " ".join("[" + " ".join(f"h{h}" for h in grp) + "]" for grp in g["groups"]))
+        if K > 1:
+            n = int(np.sum(within > across))
+            line += (f"; map cosine (first token left out) within a group {np.mean(within):.2f}, across groups "
+                     f"{np.mean(across):.2f} (within > across in {n} of {L} layers)")
+        else:
+            line += f"; map cosine (first token left out) between its heads {np.mean(within):.2f}"
+        print(line)
+    if len(drawn) < L:
+        print(f"attention.png draws layers {_spans(drawn)} (--layer N, repeatable, for others)")
     _done(paths)
     return 0
+
+
+MAX_JSON_WEIGHTS = 1 << 20  # attention.json keeps the drawn maps up to this many values (about 8 MB of text)
+MAX_ATTENTION_PANELS = 64  # attention.png: more layers x heads than this draws a spread of layers (--layer for others)
+
+
+def _layer_kinds(model, L: int) -> list[str] | None:
+    """Each layer's attention kind, "local (W)" or "global", for a model that mixes them (Gemma 2/3); else None."""
+    types = getattr(model.config, "layer_types", ()) or ()
+    if len(set(types)) < 2:
+        return None
+    W = model.config.sliding_window
+    return [f"local ({W})" if t == "sliding_attention" else "global" for t in types[:L]]
 
 
 def cmd_sinks(args) -> int:
@@ -528,7 +600,7 @@ def cmd_steer(args) -> int:
 
 
 def cmd_patch(args) -> int:
-    from .patching import logit_diff_metric, patch_points, patch_sweep, plot_patching
+    from .patching import logit_diff_metric, patch_points, patch_sweep, plot_patching, where_carried
 
     model = _load(args.model)
 
@@ -550,10 +622,11 @@ def cmd_patch(args) -> int:
         raise _Usage(f"--answer-a and --answer-b are the same token {_quoted(model, a)} (id {a}): the metric "
                      "z[a] - z[b] would be 0 in every run; give two different tokens")
     metric = logit_diff_metric(a, b)
-    effects = patch_sweep(model, src, tgt, metric)
+    effects = patch_sweep(model, src, tgt, metric, progress=True)
     out = Path(args.out)
     data = {"source": src.tolist(), "target": tgt.tolist(), "answer_a": a, "answer_b": b,
-            "rows": patch_points(model), "tokens": _labels(model, tgt), "effects": effects.tolist()}
+            "rows": patch_points(model), "tokens": _labels(model, tgt), "effects": effects.tolist(),
+            "largest_by_row": [{"first_row": a, "last_row": b, "position": t} for a, b, t in where_carried(effects)]}
     paths = [plot_patching(model, tgt, effects, out / "patch.png", source_ids=src,
                            title=f"patching: change of z[{_quoted(model, a)}] - z[{_quoted(model, b)}] "
                                  "at the last position"),
@@ -562,6 +635,10 @@ def cmd_patch(args) -> int:
     print(f"metric: logit[{_quoted(model, a)}] - logit[{_quoted(model, b)}] (ids {a}, {b}) at the last target position")
     print(_table(["row \\ position"] + labels[-8:],
                  [[n] + [float(v) for v in effects[r, -8:]] for r, n in enumerate(patch_points(model))]))
+    names = patch_points(model)
+    print("largest |effect| by row: " + "; ".join(
+        f"{names[a]}{'' if a == b else ' .. ' + names[b]}: '{labels[t]}' (position {t})"
+        for a, b, t in where_carried(effects)))
     _done(paths)
     return 0
 
@@ -620,13 +697,14 @@ DEFAULT_CONTEXT_WORD = "fair"
 DEFAULT_CONTEXTS = ["Her face was fair", "O, she is fair", "The judge was fair", "We struck a fair"]
 
 
-def _seq(model, args, text, ids_text, flag, default):
-    """Token ids [T] from --FLAG TEXT or --FLAG-ids IDS (one of them), else the default text."""
+def _seq(model, args, text, ids_text, flag, default, *, bos_first: bool = False):
+    """Token ids [T] from --FLAG TEXT or --FLAG-ids IDS (one of them), else the default text (bos_first: as _ids)."""
     if text is not None and ids_text is not None:
         raise _Usage(f"give one of --{flag} TEXT or --{flag}-ids IDS, not both")
     if text is None and ids_text is None:
         text = default
-    return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model), flag=f"--{flag}-ids")
+    return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model), flag=f"--{flag}-ids",
+                bos_first=bos_first)
 
 
 def _index(value: int, n: int, flag: str, what: str) -> int:
@@ -637,7 +715,7 @@ def _index(value: int, n: int, flag: str, what: str) -> int:
 
 
 def cmd_patchscope(args) -> int:
-    from .patchscope import IDENTITY_PROMPT, patchscope_grid, placeholder_position, plot_patchscope
+    from .patchscope import IDENTITY_PROMPT, layers_decoding, patchscope_grid, placeholder_position, plot_patchscope
 
     if args.max_new_tokens < 1:
         raise _Usage(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
@@ -645,8 +723,10 @@ def cmd_patchscope(args) -> int:
         raise _Usage("give one of --grid (every source layer into every target layer) or --target-layer L, not both")
     model = _load(args.model)
     L = _n_layers(model)
-    src = _seq(model, args, args.source, args.source_ids, "source", DEFAULT_PATCHSCOPE_SOURCE)
-    tgt = _seq(model, args, args.target, args.target_ids, "target", IDENTITY_PROMPT)
+    # Texts begin with the BOS their tokenizer puts first (Gemma 3 without it predicts ' France' after "The capital
+    # of France is"); a tokenizer without one (GPT-2, SmolLM2) adds nothing.
+    src = _seq(model, args, args.source, args.source_ids, "source", DEFAULT_PATCHSCOPE_SOURCE, bos_first=True)
+    tgt = _seq(model, args, args.target, args.target_ids, "target", IDENTITY_PROMPT, bos_first=True)
     sp = _index(args.source_position, len(src), "--source-position", "the source")
     if args.target_position is not None:
         tp = _index(args.target_position, len(tgt), "--target-position", "the target")
@@ -675,29 +755,61 @@ def cmd_patchscope(args) -> int:
     if not last and args.target_layer is None:
         print(f"note: target layer {L} (after the last block) is left out: a state patched there at position {tp} "
               f"reaches nothing decoded from the last position", file=sys.stderr)
+    expect = _expected_tokens(model, args.expect) if args.expect is not None else None  # checked before any work
     rows = patchscope_grid(model, src, tgt, source_position=sp, target_position=tp, source_layers=args.source_layer,
                            target_layers=targets, max_new_tokens=args.max_new_tokens)
     decode = (lambda ids: model.tokenizer.decode(ids)) if model.tokenizer is not None else (lambda ids: ids)
+    expect = expect or ([rows[0]["source_next"]] if rows else [])
+    hits = layers_decoding(rows, expect)
     for r in rows:
         r["text"] = decode(r["ids"])
         r["top5_first_tokens"] = _labels(model, r["top5_first"])
+        r["holds_expected"] = r["source_layer"] in hits
     out = Path(args.out)
     data = {"source": src.tolist(), "source_tokens": _labels(model, src), "source_position": sp,
             "target": tgt.tolist(), "target_tokens": _labels(model, tgt), "target_position": tp,
             "layers": "state l = residual stream entering block l (l = 0: the embedding output); "
                       f"l = {L}: leaving the last block, before the final norm",
-            "max_new_tokens": args.max_new_tokens, "rows": rows}
+            "max_new_tokens": args.max_new_tokens, "expected": [int(t) for t in expect],
+            "expected_tokens": _labels(model, expect), "layers_decoding_expected": hits, "rows": rows}
     paths = [plot_patchscope(model, rows, out / "patchscope.png",
                              title=f"patchscope: source {_labels(model, src[sp:sp + 1])[0]!r} (position {sp}) "
                                    f"patched into target position {tp} ({_labels(model, tgt[tp:tp + 1])[0]!r})"),
              _write_json(out, "patchscope.json", data)]
     print(f"source position {sp} {_labels(model, src[sp:sp + 1])[0]!r} -> target position {tp} "
           f"{_labels(model, tgt[tp:tp + 1])[0]!r}; greedy {args.max_new_tokens} tokens")
-    print(_table(["source l", "target l'", "continuation", "p(first)", "top first tokens"],
+    print(_table(["source l", "target l'", "continuation", "p(first)", "top first tokens", "holds"],
                  [[r["source_layer"], r["target_layer"], repr(r["text"])[:28], r["p_first"],
-                   " ".join(f"'{t}'" for t in r["top5_first_tokens"][:3])[:40]] for r in rows]))
+                   " ".join(f"'{t}'" for t in r["top5_first_tokens"][:3])[:40], "yes" if r["holds_expected"] else ""]
+                  for r in rows]))
+    what = " or ".join(f"'{t}'" for t in _labels(model, expect)) + (
+        "" if args.expect is not None else " (the source's own next token; --expect TEXT for another)")
+    print(f"continuations holding {what}: source layers {_spans(hits) or 'none'} ({len(hits)} of {len(rows)} rows)")
     _done(paths)
     return 0
+
+
+def _expected_tokens(model, text: str) -> list[int]:
+    """--expect: the one-token spellings of TEXT, with and without a leading space (" Paris", "Paris"), or an id."""
+    if model.tokenizer is None or text.strip().isdigit():
+        return [_token(model, text, "--expect")]
+    found = [t[0] for t in (model.tokenizer.encode(v) for v in dict.fromkeys((text, " " + text.strip(), text.strip())))
+             if len(t) == 1]
+    if not found:
+        raise _Usage(f"--expect must be one token (with or without a leading space); {text!r} is "
+                     f"{model.tokenizer.encode(text)}")
+    return sorted(set(found))
+
+
+def _spans(layers) -> str:
+    """Sorted integers as runs: [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    runs, xs = [], sorted(layers)
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def cmd_context(args) -> int:
@@ -804,6 +916,8 @@ MAX_MEMORY_T, MAX_MEMORY_HEADS, MAX_MEMORY_SCORES = 4096, 64, 1 << 26
 def cmd_memory(args) -> int:
     from .memory import measure_attention, plot_memory, summarize
 
+    if args.model is not None:
+        return _kv_memory(args)
     for flag, values, top in (("--T", args.T, MAX_MEMORY_T), ("--heads", args.heads, MAX_MEMORY_HEADS)):
         for v in values:
             if not 1 <= v <= top:
@@ -857,6 +971,50 @@ def cmd_memory(args) -> int:
     return 0
 
 
+def _kv_memory(args) -> int:
+    """inspect memory --model: the KV cache a model's layers keep at each --T, local layers bounded by their window."""
+    from refimpl.models import load
+
+    from .memory import kv_cache_bytes, kv_cache_tokens
+
+    for t in args.T:
+        if t < 1:
+            raise _Usage(f"--T values must be >= 1; got {t}")
+    try:
+        model = load(args.model)
+    except (OSError, ValueError) as e:
+        raise _Usage(f"--model {args.model}: {e}") from None
+    c = model.config
+    L = len(kv_cache_tokens(c, 1))
+    W = getattr(c, "sliding_window", None)
+    types = tuple(getattr(c, "layer_types", ()) or ())
+    n_local = sum(t == "sliding_attention" for t in types) if W else 0
+    rows = [{"T": t, "all_global_bytes": kv_cache_bytes(c, t, windowed=False), "bytes": kv_cache_bytes(c, t),
+             "tokens_per_layer": kv_cache_tokens(c, t).tolist()} for t in sorted(set(args.T))]
+    for r in rows:
+        r["ratio"] = r["bytes"] / r["all_global_bytes"]
+    out = Path(args.out)
+    K = getattr(c, "num_key_value_heads", None) or c.n_head
+    D = getattr(c, "head_dim", None) or c.n_embd // c.n_head
+    data = {"model": str(args.model), "layers": L, "local_layers": n_local, "sliding_window": W, "kv_heads": K,
+            "head_dim": D, "dtype": "float32", "limit_ratio": (L - n_local) / L,
+            "what": "keys + values a decoder must keep to predict token T + 1: 2 K D n_l(T) 4 bytes per layer, "
+                    "n_l = min(T, window) for a local layer (its older keys get weight exactly 0), T for a global one",
+            "rows": rows}
+    paths = [_write_json(out, "kv_memory.json", data)]
+    print(f"{args.model}: {L} layers, {n_local} local (window {W}) and {L - n_local} global; {K} key/value head(s) of "
+          f"{D}; float32")
+    print(_table(["T", "all global MiB", "local bounded MiB", "ratio"],
+                 [[r["T"], r["all_global_bytes"] / 2**20, r["bytes"] / 2**20, r["ratio"]] for r in rows]))
+    if n_local:
+        print(f"as T grows the ratio falls toward {L - n_local}/{L} = {(L - n_local) / L:.3f} (the global layers "
+              f"alone); the local layers hold at most {W} tokens each")
+    else:
+        print("no local layers: every layer keeps all T tokens (ratio 1)")
+    _done(paths)
+    return 0
+
+
 def cmd_neurons(args) -> int:
     from .neurons import HELD_OUT_TEXT, neuron_activations, neuron_values, plot_neurons, top_contexts, top_neurons
 
@@ -882,21 +1040,26 @@ def cmd_neurons(args) -> int:
     for n in args.neuron or ():
         if not 0 <= n < F:
             raise _Usage(f"--neuron must lie in 0 .. {F - 1} (the FFN width of layer {layer}); got {n}")
-    neurons = args.neuron or top_neurons(acts, args.top or 4)
+    if not 0 <= args.from_position < chunk:
+        raise _Usage(f"--from-position must lie in 0 .. {chunk - 1} (a chunk has {chunk} tokens); got "
+                     f"{args.from_position}")
+    start = args.from_position
+    neurons = args.neuron or top_neurons(acts, args.top or 4, start=start)
     entries = []
     for n in neurons:
         up, down = neuron_values(model, layer=layer, neuron=n, k=args.values)
         for lst in (up, down):
             for e, tok in zip(lst, _labels(model, [d["id"] for d in lst])):
                 e["token"] = tok
-        ctx = top_contexts(acts, chunks, neuron=n, k=args.k, width=args.width)
+        ctx = top_contexts(acts, chunks, neuron=n, k=args.k, width=args.width, start=start)
         for c in ctx:
             c["tokens"] = _labels(model, c["ids"])
-        entries.append({"neuron": int(n), "max_activation": float(acts[..., n].max()),
-                        "mean_activation": float(acts[..., n].mean()), "contexts": ctx, "promoted": up,
+        entries.append({"neuron": int(n), "max_activation": float(acts[:, start:, n].max()),
+                        "mean_activation": float(acts[:, start:, n].mean()), "contexts": ctx, "promoted": up,
                         "suppressed": down})
     family = decoder_of(model).family
     data = {"family": family, "layer": layer, "tokens_used": len(chunks) * chunk, "chunk": chunk,
+            "from_position": start,
             "activation": "blocks.%d.mlp.hidden: %s" % (layer, "gelu(x W_fc + b_fc)" if family == "gpt2" else
                                                         f"{model.config.hidden_act}(x W_gate) * (x W_up)"),
             "value": "E v_i: row i of the second FFN map projected through the output embedding directly "
@@ -907,7 +1070,7 @@ def cmd_neurons(args) -> int:
     print(f"layer {layer}: {len(chunks)} chunk(s) of {chunk} tokens; activation {data['activation']}")
     sep = "" if getattr(model, "tokenizer", None) is not None else " "  # (ids, without a tokenizer: apart)
     print(_table(["neuron", "max act", "top context (fires at its end)", "promotes (E v)"],
-                 [[e["neuron"], e["max_activation"], repr(sep.join(e["contexts"][0]["tokens"]))[-34:],
+                 [[e["neuron"], e["max_activation"], f"'{sep.join(e['contexts'][0]['tokens'])}'"[-34:],
                    " ".join(f"'{p['token']}'" for p in e["promoted"][:4])] for e in entries], [6, 8, 34, 44]))
     _done(paths)
     return 0
@@ -964,11 +1127,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(max_tokens=16)
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--answer", metavar="TOKEN", help="a token (text of one token, or an id): its rank per layer at "
+                   "the last position, and the first layer with it in the top k")
     _add_switch_flags(p)
     p.set_defaults(func=cmd_lens)
 
     p = sub.add_parser("attention", help="attention heatmaps per layer and head")
     common(p)
+    p.add_argument("--layer", type=int, action="append", help="a layer to draw (repeatable; default all, or a spread "
+                   f"of them when layers x heads > {MAX_ATTENTION_PANELS})")
     _add_switch_flags(p)
     p.set_defaults(func=cmd_attention, max_tokens=16)
 
@@ -1031,7 +1198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-layer", type=int, action="append",
                    help="source layer l in 0 .. L (repeatable; default all; 0 = embedding output)")
     p.add_argument("--target", help="target prompt (default the identity prompt "
-                   "'cat -> cat; 1135 -> 1135; hello -> hello; ? ->')")
+                   "'cat -> cat\\n1135 -> 1135\\nhello -> hello\\n?')")
     p.add_argument("--target-ids", nargs="+", metavar="ID", help="target as token ids")
     p.add_argument("--target-position", type=int,
                    help="position patched (default: the placeholder's token; with --target-ids the last)")
@@ -1039,6 +1206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-layer", type=int, help="patch every source state into this layer l' (default l' = l)")
     p.add_argument("--grid", action="store_true", help="every source layer into every target layer")
     p.add_argument("--max-new-tokens", type=int, default=4)
+    p.add_argument("--expect", metavar="TOKEN", help="mark the layers whose continuation holds this token (text, "
+                   "with or without its leading space, or an id; default: the source's own next token)")
     p.set_defaults(func=cmd_patchscope)
 
     p = sub.add_parser("context", help="one word in several contexts: cosine of its states per layer")
@@ -1053,8 +1222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--position", type=int, action="append", help="the word's position in each --context-ids")
     p.set_defaults(func=cmd_context)
 
-    p = sub.add_parser("memory", help="attention's peak memory and time: naive T x S scores vs the fused kernel")
+    p = sub.add_parser("memory", help="attention's peak memory and time: naive T x S scores vs the fused kernel; "
+                       "with --model, a model's KV cache with local layers bounded by their window")
     p.add_argument("--out", default="inspect_out", metavar="DIR")
+    p.add_argument("--model", default=None, metavar="NAME|PATH", help="answer for this model's layers instead: the "
+                   "KV cache at each --T, local (sliding-window) layers bounded by the window, vs all layers global")
     p.add_argument("--T", type=int, nargs="+", default=[128, 256, 512, 1024], help="sequence lengths (S = T)")
     p.add_argument("--heads", type=int, nargs="+", default=[1, 4])
     p.add_argument("--window", type=int, nargs="+", default=[0, 64], help="local windows (0: none, full causal)")
@@ -1073,6 +1245,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=8, help="tokens shown per context, ending at the firing token")
     p.add_argument("--values", type=int, default=10, help="promoted / suppressed tokens listed")
     p.add_argument("--chunk", type=int, default=64, help="tokens per chunk the text is cut into (each run alone)")
+    p.add_argument("--from-position", type=int, default=1, help="rank activations from this position of each "
+                   "chunk on (default 1: the first token's massive activations, the attention sink's, left out; "
+                   "0 keeps them)")
     p.set_defaults(func=cmd_neurons)
 
     p = sub.add_parser("training", help="loss and gradient-norm curves from a model's history.json")

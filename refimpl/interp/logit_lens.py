@@ -19,7 +19,7 @@ import numpy as np
 from .._checks import is_int
 from ..attention import softmax
 from ._family import decoder_of
-from .capture import run_with_cache
+from .capture import capture
 
 __all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens", "MAX_LENS_POSITIONS"]
 
@@ -34,7 +34,7 @@ def residual_stream(model, ids, *, causal: bool = True, attention_scale=None) ->
     ids = np.asarray(ids)
     if ids.ndim != 1:
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
-    _, acts = run_with_cache(model, ids, names=names, causal=causal, attention_scale=attention_scale)
+    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale)
     return np.stack([acts[n] for n in names])  # [L + 1, T, C]
 
 
@@ -74,7 +74,8 @@ def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = N
     """Heatmap (layers x positions) of each lens row's top-1 probability, annotated with its token; returns the path.
 
     Draws the last `max_positions` positions (at most; the title says when some were cut), each
-    annotation in black or white by the luminance of its cell."""
+    annotation in quotes (a guessed space shows as ' ', not as an empty cell) and in black or white
+    by the luminance of its cell."""
     from ._plot import pyplot, save, text_colour, token_labels
 
     if not is_int(max_positions) or max_positions < 1:
@@ -90,7 +91,7 @@ def plot_logit_lens(model, ids, lens: np.ndarray, path, *, title: str | None = N
     labels = token_labels(model, top[..., 0].reshape(-1))
     for r in range(n_rows):
         for t in range(n):
-            ax.text(t, r, labels[r * n + t][:10], ha="center", va="center", fontsize=7,
+            ax.text(t, r, f"'{labels[r * n + t][:10]}'", ha="center", va="center", fontsize=7,
                     color=text_colour(im.cmap, im.norm, prob[r, t, 0]))
     ax.set_xticks(range(n), [s[:10] for s in token_labels(model, ids)], rotation=60, fontsize=7)
     ax.set_yticks(range(n_rows), ["embed"] + [f"after block {i}" for i in range(n_rows - 1)], fontsize=7)

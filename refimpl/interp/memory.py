@@ -42,10 +42,37 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 
-__all__ = ["KERNELS", "fused_attention", "peak_traced_bytes", "rss_growth_bytes", "measure_attention", "summarize",
+__all__ = ["KERNELS", "kv_cache_tokens", "kv_cache_bytes",
+           "fused_attention", "peak_traced_bytes", "rss_growth_bytes", "measure_attention", "summarize",
            "plot_memory"]
 
 KERNELS = ("naive", "fused")
+
+
+def kv_cache_tokens(config, T: int) -> np.ndarray:  # -> [L]
+    """n_l(T): the keys layer l must keep to decode token T + 1: T for a global layer, min(T, W) for a local one.
+
+    A sliding-window layer (layer_types "sliding_attention", window W = sliding_window) gives a key j
+    weight exactly 0 once the query is W or more positions past it (refimpl.masks.local_window_mask),
+    so a cache that drops such keys decodes the same numbers (refimpl's own KVCache keeps them all).
+    GPT-2 and single-kind models: every layer global.
+    """
+    T = check_positive_int(T, "T")
+    L = getattr(config, "num_hidden_layers", None) or config.n_layer
+    types = tuple(getattr(config, "layer_types", ()) or ()) or ("full_attention",) * L
+    W = getattr(config, "sliding_window", None)
+    return np.array([min(T, W) if t == "sliding_attention" and W else T for t in types], dtype=np.int64)
+
+
+def kv_cache_bytes(config, T: int, *, itemsize: int = 4, windowed: bool = True) -> int:
+    """sum_l 2 K D n_l(T) itemsize: keys and values of every layer (n_l from kv_cache_tokens; windowed=False: n_l = T).
+
+    K key/value heads of D dims (GPT-2: K = n_head, D = n_embd / n_head); itemsize 4 for float32.
+    """
+    n = kv_cache_tokens(config, T) if windowed else np.full(len(kv_cache_tokens(config, T)), int(T))
+    K = getattr(config, "num_key_value_heads", None) or config.n_head
+    D = getattr(config, "head_dim", None) or config.n_embd // config.n_head
+    return int(2 * K * D * itemsize * n.sum())
 
 
 def fused_attention():

@@ -32,7 +32,7 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 from ._family import decoder_of
-from .capture import run_with_cache
+from .capture import capture
 
 __all__ = ["HELD_OUT_TEXT", "value_vectors", "output_embedding", "neuron_activations", "top_neurons", "top_contexts",
            "neuron_values", "plot_neurons"]
@@ -83,19 +83,32 @@ def neuron_activations(model, chunks, *, layer: int) -> np.ndarray:  # N x [T] -
         raise ValueError(f"chunks must be a non-empty list of equally long id sequences; got lengths "
                          f"{[len(c) for c in chunks]}")
     name = f"blocks.{layer}.mlp.hidden"
-    _, acts = run_with_cache(model, np.stack([np.asarray(c) for c in chunks]), names=[name])
+    acts = capture(model, np.stack([np.asarray(c) for c in chunks]), [name])
     return acts[name].astype(np.float64)  # [N, T, F]
 
 
-def top_neurons(acts: np.ndarray, n: int) -> list[int]:
-    """The n neurons with the largest single activation anywhere in acts [N, T, F], largest first."""
+def _check_start(start, T: int) -> int:
+    if not is_int(start) or not 0 <= start < T:
+        raise ValueError(f"start must be a position in [0, {T}) (the chunks have {T} tokens); got {start!r}")
+    return int(start)
+
+
+def top_neurons(acts: np.ndarray, n: int, *, start: int = 0) -> list[int]:
+    """The n neurons with the largest single activation in acts [N, T, F] at positions >= start, largest first.
+
+    start = 1 leaves out each chunk's first token, where a pretrained model's attention-sink neurons fire
+    hundreds of times above the rest whatever the token is (Sun et al. 2024, "Massive Activations in
+    Large Language Models": SmolLM2-135M's last block, neurons 999 and 1165 at 509 and 394).
+    """
     n = check_positive_int(n, "n")
-    peak = np.asarray(acts).reshape(-1, acts.shape[-1]).max(axis=0)  # [F]
+    acts = np.asarray(acts)
+    start = _check_start(start, acts.shape[1])
+    peak = acts[:, start:].reshape(-1, acts.shape[-1]).max(axis=0)  # [F]
     return [int(i) for i in np.argsort(-peak, kind="stable")[:n]]
 
 
-def top_contexts(acts: np.ndarray, chunks, *, neuron: int, k: int, width: int) -> list[dict]:
-    """The k (chunk, position) pairs with the largest m_neuron, each with the `width` tokens ending there.
+def top_contexts(acts: np.ndarray, chunks, *, neuron: int, k: int, width: int, start: int = 0) -> list[dict]:
+    """The k (chunk, position >= start) pairs with the largest m_neuron, each with the `width` tokens ending there.
 
     Each dict: chunk, position, activation, ids (the window, at most width tokens, ending at
     the firing token) and window_acts (the neuron's activation at each of them).
@@ -105,10 +118,12 @@ def top_contexts(acts: np.ndarray, chunks, *, neuron: int, k: int, width: int) -
         raise ValueError(f"neuron must be in [0, {F}); got {neuron!r}")
     k, width = check_positive_int(k, "k"), check_positive_int(width, "width")
     a = acts[..., neuron]  # [N, T]
-    order = np.argsort(-a.reshape(-1), kind="stable")[:k]
+    start = _check_start(start, a.shape[1])
+    order = np.argsort(-a[:, start:].reshape(-1), kind="stable")[:k]
     out = []
     for flat in order:
-        c, t = divmod(int(flat), a.shape[1])
+        c, t = divmod(int(flat), a.shape[1] - start)
+        t += start
         lo = max(0, t - width + 1)
         out.append({"chunk": c, "position": t, "activation": float(a[c, t]),
                     "ids": [int(i) for i in chunks[c][lo:t + 1]], "window_acts": a[c, lo:t + 1].tolist()})

@@ -22,9 +22,9 @@ import numpy as np
 
 from .._checks import is_int
 from ._family import decoder_of
-from .capture import replace, run_with_cache, run_with_interventions
+from .capture import capture, run_with_interventions
 
-__all__ = ["patch_points", "logit_diff_metric", "patch_sweep", "plot_patching"]
+__all__ = ["patch_points", "logit_diff_metric", "patch_sweep", "where_carried", "plot_patching"]
 
 
 def patch_points(model) -> list[str]:
@@ -50,12 +50,20 @@ def logit_diff_metric(a: int, b: int, *, position: int = -1) -> Callable[[np.nda
     return metric
 
 
-def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], float]) -> np.ndarray:  # [T], [T] -> [L + 1, T]
+def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], float], *, rows=None,
+                progress: bool = False) -> np.ndarray:  # [T], [T] -> [L + 1, T]
     """effect[r, t] = metric(target with h_r[t] from the source) - metric(target): one patched run per (r, t).
 
-    Shapes: source_ids, target_ids [T] (same T) -> [L + 1, T] float64 (rows as patch_points).
-    Notes: patching the target with its own activations gives exactly 0 everywhere (the
-    replaced value equals the one computed).
+    Shapes: source_ids, target_ids [T] (same T) -> [L + 1, T] float64 (rows as patch_points), or
+    [len(rows), T] for rows = a list of row indices into patch_points (a few layers of a deep model).
+    Notes: the runs of one row r go through the model together, as one batch whose first sequence
+    is the unpatched target and whose sequence 1 + t is patched at position t (batches of at most
+    PATCH_BATCH_LOGITS logits, each with its own unpatched first sequence), so every effect is a
+    difference of two rows of one forward. Patching the target with its own activations gives
+    exactly 0 everywhere (the replaced value equals the one computed, and equal rows of a batch
+    are computed alike), so a position whose source state equals the target's bit for bit (every
+    position before the first token where the prompts differ, at every layer: causal attention)
+    is not run; its effect is that 0. progress: a progress line on stderr (refimpl._progress).
     """
     dec = decoder_of(model)
     src = dec.check_ids(source_ids, model.config, name="source_ids")
@@ -63,15 +71,71 @@ def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], fl
     if src.ndim != 1 or tgt.ndim != 1 or src.shape != tgt.shape:
         raise ValueError(f"source_ids and target_ids must be [T] with the same T; got {src.shape} and {tgt.shape}")
     points = patch_points(model)
-    _, src_acts = run_with_cache(model, src, names=points)  # each [T, C]
-    base = metric(run_with_cache(model, tgt, names=())[0])
+    if rows is not None:
+        rows = list(rows)
+        if not rows or not all(is_int(r) and 0 <= r < len(points) for r in rows):
+            raise ValueError(f"rows must be row indices in 0 .. {len(points) - 1} (patch_points); got {rows!r}")
+        points = [points[r] for r in rows]
+    src_acts = capture(model, src, points)  # each [T, C]
+    tgt_acts = capture(model, tgt, points)
     T = len(tgt)
-    effects = np.zeros((len(points), T))
-    for r, name in enumerate(points):
-        for t in range(T):
-            z = run_with_interventions(model, tgt, {name: replace(src_acts[name][t], positions=[t])})
-            effects[r, t] = metric(z) - base
+    per_batch = max(1, min(T, PATCH_BATCH_LOGITS // (T * model.config.vocab_size) - 1))  # patched runs per batch
+    effects = np.zeros((len(points), T))  # a source state equal to the target's own: 0 exactly, not run
+    bar = None
+    if progress:
+        from .._progress import Progress
+
+        bar = Progress(f"patching: {len(points)} layers x {T} positions", len(points), unit="layers")
+    try:
+        for r, name in enumerate(points):
+            differ = np.flatnonzero(np.any(src_acts[name] != tgt_acts[name], axis=-1))  # [n] positions to run
+            for start in range(0, len(differ), per_batch):
+                ts = differ[start:start + per_batch]  # the positions patched in this batch
+                z = run_with_interventions(model, np.broadcast_to(tgt, (1 + len(ts), T)),
+                                           {name: _diagonal(src_acts[name][ts], ts)})  # [1 + n, T, V]
+                base = metric(z[0])
+                effects[r, ts] = [metric(z[1 + i]) - base for i in range(len(ts))]
+            if bar is not None:
+                bar.step()
+    finally:
+        if bar is not None:
+            bar.close()
     return effects
+
+
+# The most logits [B, T, V] one batch of patch_sweep holds (64 Mi values: 256 MiB in float32).
+PATCH_BATCH_LOGITS = 1 << 26
+
+
+def _diagonal(values, positions) -> Callable[[np.ndarray], np.ndarray]:
+    """x [1 + n, T, C] -> x' with x'[1 + i, positions[i]] = values[i] (sequence 0 and every other cell as they were)."""
+    def patch(x: np.ndarray) -> np.ndarray:
+        y = np.array(x, copy=True)
+        y[1 + np.arange(len(positions)), positions] = values
+        return y
+    return patch
+
+
+def where_carried(effects) -> list[tuple[int, int, int]]:  # [R, T] -> runs (first row, last row, position)
+    """The position of the largest |effect| in each row, as runs of consecutive rows: [(r0, r1, t), ...].
+
+    Rows whose effects are all 0 belong to no run. On a name-swap pair (source and target differ in a
+    name the model must repeat) the runs say where the name is carried: at the name's own position in
+    the early rows, at the last position from the row where attention has moved it there.
+    """
+    e = np.abs(np.asarray(effects, dtype=np.float64))
+    if e.ndim != 2:
+        raise ValueError(f"effects must have shape [R, T]; got shape {e.shape}")
+    runs: list[list[int]] = []
+    for r in range(e.shape[0]):
+        if not np.any(e[r] > 0):
+            continue
+        t = int(np.argmax(e[r]))
+        if runs and runs[-1][2] == t and runs[-1][1] == r - 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r, t])
+    return [tuple(x) for x in runs]
 
 
 def plot_patching(model, target_ids, effects: np.ndarray, path, *, source_ids=None,

@@ -8,9 +8,14 @@ Ghandeharioun et al. 2024, "Patchscopes: A Unifying Framework for Inspecting Hid
 Representations of Language Models", sec. 3: a hidden state h^l_i of a source prompt (layer l,
 position i) replaces the hidden state h^l'*_i* of a target prompt (layer l', position i*), the
 target run continues from there, and its greedy continuation says in words what h^l_i carries.
-The default target is their token-identity prompt (sec. 4.1): a few "x -> x" pairs, then a
-placeholder "? ->" whose position i* receives the state, so a model that has learned to copy
-repeats whatever token the patched state stands for.
+The default target is their token-identity prompt (sec. 4.1, as written in their code): three
+"x -> x" lines, then a last line holding only the placeholder "?", whose position i* (the last)
+receives the state. A model that has learned the pattern continues " -> x" for whatever token x
+the state stands for: an early layer's state at an entity's token continues " -> Paris" (the
+token itself), a late layer's state at the last token of "The capital of France is" continues
+" Paris" (the token it predicts next). Ending the prompt with "? ->" instead makes the continuation
+start at the answer, but on SmolLM2-135M it then copies the last example (" hello") from layer
+15 on, whatever was patched: the model reads "->" as "repeat the line above".
 
 Layers follow refimpl.interp.patching: state l is the residual stream entering block l
 (blocks.l.resid_pre) for l < L, and l = L is the residual leaving the last block
@@ -31,13 +36,13 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 from ._family import decoder_of
-from .capture import make_hook, replace, run_with_cache
+from .capture import capture, make_hook, replace, run_with_cache
 from .patching import patch_points
 
 __all__ = ["IDENTITY_PROMPT", "PLACEHOLDER", "source_states", "patchscope_generate", "patchscope_grid",
-           "placeholder_position", "plot_patchscope"]
+           "placeholder_position", "plot_patchscope", "layers_decoding"]
 
-IDENTITY_PROMPT = "cat -> cat; 1135 -> 1135; hello -> hello; ? ->"
+IDENTITY_PROMPT = "cat -> cat\n1135 -> 1135\nhello -> hello\n?"
 PLACEHOLDER = "?"
 
 
@@ -60,7 +65,7 @@ def source_states(model, source_ids, *, position=-1) -> np.ndarray:  # [T] -> [L
     ids = _check_ids(model, source_ids, "source_ids")
     position = _check_index(position, len(ids), "position", "a source position")
     points = patch_points(model)
-    _, acts = run_with_cache(model, ids, names=points)
+    acts = capture(model, ids, points)
     return np.stack([acts[p][position] for p in points])  # [L + 1, C]
 
 
@@ -123,8 +128,8 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
     target position is the last: a state patched there at an earlier position reaches nothing
     that is decoded (patchscope_generate refuses it when asked for explicitly). Each row: source_layer, target_layer, ids (the continuation),
     p_first (softmax probability of its first token), top5_first (the five likeliest first
-    tokens, best first) and first_is_top1_of_source (whether that
-    token is also what the source run predicts next at the source position).
+    tokens, best first), source_next (the token the source run predicts next at the source position)
+    and first_is_top1_of_source (whether the continuation's first token is source_next).
     """
     L1 = len(patch_points(model))
     states = source_states(model, source_ids, position=source_position)  # [L + 1, C]
@@ -151,8 +156,18 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
             p = np.exp(z - z.max())
             rows.append({"source_layer": int(l), "target_layer": int(t), "ids": ids,
                          "p_first": float(p[ids[0]] / p.sum()), "top5_first": np.argsort(-z, kind="stable")[:5].tolist(),
-                         "first_is_top1_of_source": ids[0] == src_next})
+                         "source_next": src_next, "first_is_top1_of_source": ids[0] == src_next})
     return rows
+
+
+def layers_decoding(rows: list[dict], token_ids) -> list[int]:
+    """The source layers of patchscope_grid rows whose continuation holds one of token_ids, in row order.
+
+    "Decodes x" means x appears among the generated tokens, not only first: the identity prompt's
+    continuation is " -> x" when the state stands for x itself, " x -> x" when it predicts x.
+    """
+    wanted = {int(t) for t in np.atleast_1d(token_ids)}
+    return [r["source_layer"] for r in rows if wanted & set(r["ids"])]
 
 
 def plot_patchscope(model, rows: list[dict], path, *, title: str | None = None):
@@ -171,7 +186,8 @@ def plot_patchscope(model, rows: list[dict], path, *, title: str | None = None):
         j = 0 if diagonal else tgts.index(r["target_layer"])
         p[i, j] = r["p_first"]
         words = model.tokenizer.decode(r["ids"]) if model.tokenizer is not None else " ".join(map(str, r["ids"]))
-        text[i][j] = repr(words)[1:-1][:18]
+        shown = repr(words)[1:-1]
+        text[i][j] = shown if len(shown) <= 18 else shown[:18].rstrip("\\")  # a "\\n" cut after its backslash: dropped
     fig, ax = plt.subplots(figsize=(2.0 + 1.9 * len(cols), 1.2 + 0.45 * len(srcs)))
     im = ax.imshow(p, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
     for i in range(len(srcs)):

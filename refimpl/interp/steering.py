@@ -25,7 +25,7 @@ import numpy as np
 from .._checks import check_positive_int, is_int, is_real
 from ..gpt2.generate import log_softmax
 from ._family import decoder_of
-from .capture import add, make_hook, run_with_cache
+from .capture import add, capture, make_hook
 
 __all__ = ["steering_vector", "steered_generate", "steered_logprobs", "steering_effect"]
 
@@ -62,7 +62,7 @@ def steering_vector(model, prompts_a: Sequence, prompts_b: Sequence, *, layer: i
             raise ValueError(f"prompts_{which} must be a non-empty list of prompts (texts or id lists)")
         acts = []
         for p in prompts:
-            r = run_with_cache(model, _to_ids(model, p, f"a prompt of prompts_{which}"), names=[name])[1][name]  # [T, C]
+            r = capture(model, _to_ids(model, p, f"a prompt of prompts_{which}"), [name])[name]  # [T, C]
             acts.append(r[-1] if position == "last" else r.mean(axis=0))
         return np.mean(acts, axis=0)
 
