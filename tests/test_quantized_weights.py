@@ -1,0 +1,163 @@
+"""LLaMA-family weights kept as their GGUF blocks (refimpl.quant.weights; load_gguf(weights="quantized")).
+
+NumPy: the reference product decodes each matrix and multiplies in float32, so a model kept quantized gives
+the float32 model's logits bit for bit (the same decoded matrices, the same products), which the tests
+check with array_equal.
+
+numba: the products run on qmatvec from the blocks, which sums each row block by block in its own order.
+In exact arithmetic they are the float32 model's products; in float32 each differs from the reference by
+at most gamma_{K/32+33} sum |d q x| (+ |m| sum |x|) (accel.numba_cpu.qmatvec's bound), no more than the
+2 gamma_{n+1} |x||W| the float32 numba backend's BLAS products are allowed, so the logit tolerance is
+tests/test_accel_llama_numba.py's: (4 L + 1) 2 gamma_{n+1} + L * attention's registry atol, relative to
+max|logit| (a first-order estimate along the d = 4 L + 1 products of the path). Greedy tokens are then
+the same wherever the top-2 logit margins exceed that; the real files' margins are printed beside the
+differences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import refimpl
+from refimpl.llama.config import LlamaConfig
+from refimpl.llama.gguf import load_gguf_model
+from refimpl.llama.gguf_write import save_gguf
+from refimpl.llama.model import logits
+from refimpl.quant import dequantize, quantize
+from refimpl.quant.weights import QuantizedLinear, QuantizedTensor, quantized_linear
+from llama_random import random_llama
+from real_files import real_gguf
+from report import MaxDiffs
+
+DIFFS = MaxDiffs("weights kept quantized: max rel diff = max|x - ref| / max|ref|")
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+# ----------------------------------------------------------------------------- the types
+
+def test_a_quantized_tensor_decodes_as_dequantize_does_row_by_row_and_whole():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((7, 64)).astype(np.float32)
+    for t in ("Q4_1", "Q8_0", "Q5_0"):
+        q = QuantizedTensor(t, (7, 64), quantize(w, t))
+        full = dequantize(quantize(w, t), t, (7, 64))
+        assert q.dtype == np.float32 and q.shape == (7, 64) and q.ndim == 2
+        assert np.array_equal(q.dequantize(), full) and np.array_equal(q.T, full.T)
+        ids = np.array([[3, 0], [6, 3]])
+        assert np.array_equal(q[ids], full[ids])  # (only those rows decoded)
+        order = np.array([2, 0, 1, 6])
+        assert np.array_equal(q.take_rows(order).dequantize(), full[order])
+        lin = QuantizedLinear(q, np.ones(7, np.float32))
+        assert (lin.n_in, lin.n_out) == (64, 7) and np.array_equal(lin.w, full.T)
+        x = rng.standard_normal((2, 64)).astype(np.float32)
+        assert np.array_equal(quantized_linear(x, lin), x @ full.T + 1)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: QuantizedTensor("Q4_1", (2, 64), np.zeros(79, np.uint8)), "is 80 bytes; got 79"),
+    (lambda: QuantizedTensor("Q4_1", (2, 48), np.zeros(60, np.uint8)), "whole blocks of 32"),
+    (lambda: QuantizedTensor("Q4_1", (2, 64), np.zeros(80, np.int8)), "1-D uint8"),
+    (lambda: QuantizedTensor("Q9_9", (2, 64), np.zeros(80, np.uint8)), "unknown GGML tensor type"),
+    (lambda: QuantizedTensor("Q4_1", (2, 64, 1), np.zeros(80, np.uint8)), "shape must be"),
+    (lambda: QuantizedTensor("Q4_1", (2, 64), np.zeros(80, np.uint8))[np.array([2])], "row ids must lie in"),
+    (lambda: QuantizedLinear(QuantizedTensor("Q4_1", (2, 64), np.zeros(80, np.uint8)), np.zeros(3)), "[out] = [2]"),
+])
+def test_bad_quantized_weights_are_refused_naming_what_was_expected(make, words):
+    with pytest.raises((ValueError, IndexError)) as e:
+        make()
+    assert words in str(e.value)
+
+
+# ----------------------------------------------------------------------------- a random model written as GGUF
+
+CONFIGS = {
+    "llama": dict(model_type="llama", vocab_size=97, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5),
+    "qwen2": dict(model_type="qwen2", vocab_size=97, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                  tie_word_embeddings=False),
+}
+# (llama: q / k rows permuted back as whole rows of blocks; qwen2: q / k / v biases, an untied head.
+# Q5_1 has no qmatvec kernel here: the dequantizing fallback.)
+CASES = [("llama", "Q4_1"), ("llama", "Q8_0"), ("qwen2", "Q4_1"), ("llama", "Q5_1")]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    out = {}
+    for arch, t in CASES:
+        model = random_llama(LlamaConfig.from_dict(CONFIGS[arch]), seed=1, dtype=np.float32)
+        out[arch, t] = save_gguf(model, tmp_path_factory.mktemp("q") / f"{arch}-{t}.gguf", type=t).path
+    return out
+
+
+IDS = np.array([[5, 17, 3, 90, 41, 8, 0, 66], [1, 2, 3, 4, 5, 6, 7, 8]])
+
+
+@pytest.mark.parametrize("arch, t", CASES)
+def test_numpy_logits_of_quantized_weights_are_the_float32_models_bit_for_bit(files, arch, t):
+    q, f = load_gguf_model(files[arch, t], weights="quantized"), load_gguf_model(files[arch, t])
+    b = q.params.blocks[0]
+    assert isinstance(q.params.embed, QuantizedTensor) and isinstance(b.mlp.down, QuantizedLinear)
+    assert isinstance(b.attn.v.q.blocks, np.memmap) or isinstance(b.attn.v.q.blocks.base, np.memmap)  # not copied
+    assert b.attn_norm.dtype == np.float32 and isinstance(b.attn_norm, np.ndarray)
+    assert (q.params.lm_head is None) == q.config.tie_word_embeddings
+    zq, zf = logits(q, IDS), logits(f, IDS)
+    assert zq.dtype == np.float32 and np.array_equal(zq, zf)
+    DIFFS.show(f"{arch} {t} numpy, quantized vs float32 weights", max_abs=float(np.abs(zq - zf).max()), tol=0.0)
+
+
+def test_the_weights_keyword_is_checked(files):
+    path = files["llama", "Q4_1"]
+    with pytest.raises(ValueError, match="weights must be 'float' or 'quantized'; got 'int4'"):
+        refimpl.load(path, weights="int4")
+    with pytest.raises(ValueError, match="weights='quantized' decodes to float32; got dtype=float64"):
+        refimpl.load(path, weights="quantized", dtype=np.float64)
+    assert isinstance(refimpl.load(path, weights="quantized").params.embed, QuantizedTensor)
+
+
+# ----------------------------------------------------------------------------- the numba backend
+
+numba_llama = pytest.importorskip("accel.numba_cpu.llama", reason="the numba backend needs numba")
+
+
+class Counting:
+    """decode_blocks wrapped to count the steps it ran (not None) and declined (None)."""
+
+    def __init__(self):
+        self.ran = self.declined = 0
+
+    def __call__(self, *args, **kw):
+        out = numba_llama.decode_blocks(*args, **kw)
+        self.ran += out is not None
+        self.declined += out is None
+        return out
+
+
+@pytest.mark.parametrize("arch, t", CASES)
+def test_numba_computes_from_the_blocks_and_decodes_the_reference_tokens(files, arch, t):
+    from accel.numba_cpu import qmatvec
+    from test_accel_llama_numba import logit_tolerance
+
+    q, f = load_gguf_model(files[arch, t], weights="quantized"), load_gguf_model(files[arch, t])
+    before = numba_llama.FALLBACKS[t]
+    counting = Counting()
+    ops = dataclasses.replace(numba_llama.OPS, decode_blocks=counting)
+    zq, zf = logits(q, IDS, backend=ops), logits(f, IDS)
+    err, tol = rel(zq, zf), logit_tolerance(q.config, np.float32)
+    DIFFS.show(f"{arch} {t} numba quantized vs numpy float32, logits", max_rel=err, tol=tol)
+    assert zq.dtype == np.float32 and err <= tol
+    # products from the blocks where qmatvec reads the format, else the counted fallback (each matrix once)
+    n_matrices = 7 * q.config.num_hidden_layers + 1  # (the embedding is only gathered, unless it is the head)
+    assert numba_llama.FALLBACKS[t] - before == (0 if t in qmatvec.FORMATS else n_matrices)
+    gq = refimpl.generate(q, IDS[0].tolist(), max_new_tokens=6, backend=ops, eos_token_id=None)
+    gf = refimpl.generate(f, IDS[0].tolist(), max_new_tokens=6, backend="numpy", eos_token_id=None)
+    assert gq.ids == gf.ids
+    assert counting.ran == 0 and counting.declined >= 6  # the fused blocks decline quantized weights
