@@ -161,3 +161,37 @@ def test_numba_computes_from_the_blocks_and_decodes_the_reference_tokens(files, 
     gf = refimpl.generate(f, IDS[0].tolist(), max_new_tokens=6, backend="numpy", eos_token_id=None)
     assert gq.ids == gf.ids
     assert counting.ran == 0 and counting.declined >= 6  # the fused blocks decline quantized weights
+
+
+# ----------------------------------------------------------------------------- the real files
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma-3-270m"])
+def real(request):  # (name, the model kept quantized, the float32 model on the same file's decoded weights)
+    from refimpl.llama import LlamaModel
+    from refimpl.llama.gguf import load_gguf
+
+    path = real_gguf(request.param)
+    q = load_gguf_model(path, weights="quantized")
+    config, params, _ = load_gguf(path)
+    return request.param, q, LlamaModel(config, params, q.tokenizer, q.chat_template)
+
+
+def test_real_models_decode_the_same_greedy_tokens_from_their_blocks(real):
+    from test_accel_llama_numba import logit_tolerance, margin
+
+    name, q, f = real
+    for prompt in PROMPTS:
+        runs = {(m, backend): refimpl.generate(model, prompt, max_new_tokens=NEW_TOKENS, backend=backend,
+                                               eos_token_id=None).ids
+                for m, model, backend in (("float32", f, "numpy"), ("float32", f, "numba"), ("quantized", q, "numba"))}
+        assert len(set(map(tuple, runs.values()))) == 1, runs
+        ids = np.array(q.tokenizer.encode(prompt) + runs["quantized", "numba"])  # the whole path decoded
+        zq, zf = logits(q, ids, backend="numba"), logits(f, ids)
+        err, tol = rel(zq, zf), logit_tolerance(q.config, np.float32)
+        DIFFS.show(f"{name} {prompt!r}: numba from the blocks vs numpy float32 ({len(ids)} positions; top-2 margin "
+                   f"min {margin(zf[:-1]) / np.abs(zf).max():.1e} rel)", max_rel=err, tol=tol)
+        assert err <= tol
