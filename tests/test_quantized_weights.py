@@ -195,3 +195,16 @@ def test_real_models_decode_the_same_greedy_tokens_from_their_blocks(real):
         DIFFS.show(f"{name} {prompt!r}: numba from the blocks vs numpy float32 ({len(ids)} positions; top-2 margin "
                    f"min {margin(zf[:-1]) / np.abs(zf).max():.1e} rel)", max_rel=err, tol=tol)
         assert err <= tol
+
+
+def test_generate_takes_weights_quantized_from_the_command_line(files, capsys):
+    from refimpl.__main__ import main
+
+    path = str(files["llama", "Q4_1"])
+    runs = []
+    for flags in ([], ["--weights", "quantized"], ["--weights", "quantized", "--backend", "numba"]):
+        assert main(["generate", "--model", path, "--ids", "5 6 7", "--max-new-tokens", "6", "--no-eos", *flags]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] == runs[2] and runs[0].strip()
+    assert main(["generate", "--model", "shakespeare-llama", "--weights", "quantized", "--max-new-tokens", "2"]) == 2
+    assert "--weights quantized reads a GGUF file's blocks" in capsys.readouterr().err
