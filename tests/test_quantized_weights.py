@@ -208,3 +208,62 @@ def test_generate_takes_weights_quantized_from_the_command_line(files, capsys):
     assert runs[0] == runs[1] == runs[2] and runs[0].strip()
     assert main(["generate", "--model", "shakespeare-llama", "--weights", "quantized", "--max-new-tokens", "2"]) == 2
     assert "--weights quantized reads a GGUF file's blocks" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- activations="q8"
+
+def ggml_vec_dot_q4_1_q8_1(blocks, x) -> np.ndarray:  # Q4_1 W [N, K] bytes, float32 x [K] -> float64 [N]
+    """llama.cpp's product written from its block formula, in float64 from the integers: x to Q8_1 (d = amax / 127
+    in f16, q = rint(x 127 / amax), s = f16(d sum q)), then per block d_w d_x sum_j q_w q_x + m_w s."""
+    K = x.size
+    xb = x.reshape(-1, 32)
+    amax = np.abs(xb).max(1)
+    d = amax / np.float32(127)
+    qx = np.rint(xb * (np.float32(127) / amax)[:, None])
+    dx = d.astype(np.float16).astype(np.float64)
+    s = (d * np.float32(qx.sum(1))).astype(np.float16).astype(np.float64)
+    w = blocks.reshape(-1, K // 32, 20)
+    dw, mw = (w[:, :, a:a + 2].copy().view("<f2")[:, :, 0].astype(np.float64) for a in (0, 2))
+    qw = np.concatenate([w[:, :, 4:] & 15, w[:, :, 4:] >> 4], axis=2).astype(np.float64)  # [N, nb, 32]
+    sumi = (qw * qx[None]).sum(2)
+    return (dw * dx[None] * sumi + mw * s[None]).sum(1)
+
+
+def test_q8_activations_are_llama_cpps_block_formula_up_to_summation_order():
+    rng = np.random.default_rng(3)
+    N, K = 40, 256
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    x = (rng.standard_normal(K) * np.repeat(rng.uniform(0.1, 3, K // 32), 32)).astype(np.float32)
+    q = QuantizedTensor("Q4_1", (N, K), quantize(w, "Q4_1"), activations="q8")
+    ref = ggml_vec_dot_q4_1_q8_1(q.blocks, x)
+    from refimpl.quant.weights import quantized_matmul
+
+    y = quantized_matmul(x[None], q)[0]
+    bound = 2 * (K + 2) * 2.0 ** -24 * (np.abs(x) @ np.abs(q.dequantize().T))  # float32 sums (gamma_{K+2}), twice
+    err = np.abs(y - ref)
+    DIFFS.show("Q4_1 x Q8_1: quantized_matmul(q8) vs ggml's block formula", max_abs=float(err.max()),
+               tol=float(bound.min()))
+    assert (err <= bound).all()
+    # and not the float product: the rounding of x shows (by far more than the bound)
+    assert np.abs(quantized_matmul(x[None], dataclasses.replace(q, activations="float"))[0] - ref).max() > 10 * bound.max()
+
+
+def test_numba_q8_products_equal_the_reference_up_to_qmatvecs_bound():
+    from accel.numba_cpu import qmatvec
+
+    rng = np.random.default_rng(4)
+    N, K = 96, 128
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    for t in ("Q4_1", "Q8_0", "Q5_1"):
+        p = QuantizedLinear(QuantizedTensor(t, (N, K), quantize(w, t), activations="q8"), rng.standard_normal(N).astype(np.float32))
+        ref, got = quantized_linear(x, p), numba_llama._linear_op(x, p)
+        from refimpl.quant.weights import round_activations
+
+        xr = round_activations(x, t)
+        bound = (qmatvec.error_bound(p.q.blocks, t, (N, K), xr) if t in qmatvec.FORMATS
+                 else 2 * (K + 2) * 2.0 ** -24 * (np.abs(xr) @ np.abs(p.q.dequantize().T)))
+        bound = bound + 2 * 2.0 ** -24 * np.abs(ref)  # (the bias and Q8_1's term, added in float32)
+        err = np.abs(got - ref)
+        DIFFS.show(f"{t} q8 product, numba vs reference", max_abs=float(err.max()), tol=float(bound.min()))
+        assert got.dtype == np.float32 and (err <= bound).all()

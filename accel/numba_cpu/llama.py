@@ -53,7 +53,7 @@ from refimpl.linear import LinearParams, _linear
 from refimpl.llama.model import _ACTIVATIONS, LlamaOps, lm_head, rope_cos_sin
 from refimpl.norms import _rms_norm
 from refimpl.positional import _rope_rotate
-from refimpl.quant.weights import QuantizedLinear, QuantizedTensor
+from refimpl.quant.weights import QuantizedLinear, QuantizedTensor, round_activations
 
 from . import qmatvec
 
@@ -145,14 +145,21 @@ def _quantized_product(x, q: QuantizedTensor, b) -> np.ndarray:  # [..., K] -> [
     kernel on the BLAS over its decoded matrix; another x dtype: refimpl's definition (decode, then x W^T)."""
     form = _kernel_form(q)
     N, K = q.shape
+    fix = None
+    if q.activations == "q8":  # x rounded per block as llama.cpp's products round it, then the same products
+        fix = q.q8_1_correction(x)  # (Q4_1 / Q5_1: Q8_1's f16 block sum in place of m sum x')
+        x = round_activations(x, q.ggml_type)
     if isinstance(form, np.ndarray):  # [N, K]: its transpose is the float32 model's [in, out] layout
         y = _product(x, form.T, b)
-        return _linear(x, form.T, b) if y is None else y
-    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1 and x.shape[-1] == K and x.size):
-        return _linear(x, q.dequantize().T, b)
-    y = qmatvec.qmatvec(form, x.reshape(-1, K), kernel_threads()).reshape(x.shape[:-1] + (N,))
-    if b is not None:
-        y += b
+        y = _linear(x, form.T, b) if y is None else y
+    elif not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1 and x.shape[-1] == K and x.size):
+        y = _linear(x, q.dequantize().T, b)
+    else:
+        y = qmatvec.qmatvec(form, x.reshape(-1, K), kernel_threads()).reshape(x.shape[:-1] + (N,))
+        if b is not None:
+            y += b
+    if fix is not None:
+        y += fix.reshape(y.shape).astype(y.dtype)
     return y
 
 
