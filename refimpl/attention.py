@@ -292,8 +292,9 @@ class AttentionParams:
         for name in ("q", "k", "v", "o"):
             _check_linear_params(getattr(self, name), f"AttentionParams.{name}")
         if self.k.n_in != self.v.n_in:
-            raise ValueError(f"AttentionParams.k and .v must read the same width; got k.w {[self.k.n_in, self.k.n_out]}, "
-                             f"v.w {[self.v.n_in, self.v.n_out]}")
+            k, v = self.k, self.v
+            raise ValueError(f"AttentionParams.k and .v must read the same width; got k.w {[k.n_in, k.n_out]}, "
+                             f"v.w {[v.n_in, v.n_out]}")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from refimpl.llama.gguf import load_gguf_model
 from refimpl.llama.gguf_write import save_gguf
 from refimpl.llama.model import logits
 from refimpl.quant import dequantize, quantize
-from refimpl.quant.weights import QuantizedLinear, QuantizedTensor, quantized_linear
+from refimpl.quant.weights import (QuantizedLinear, QuantizedTensor, quantized_linear, quantized_matmul,
+                                   round_activations)
 from llama_random import random_llama
 from real_files import real_gguf
 from report import MaxDiffs
@@ -236,8 +237,6 @@ def test_q8_activations_are_llama_cpps_block_formula_up_to_summation_order():
     x = (rng.standard_normal(K) * np.repeat(rng.uniform(0.1, 3, K // 32), 32)).astype(np.float32)
     q = QuantizedTensor("Q4_1", (N, K), quantize(w, "Q4_1"), activations="q8")
     ref = ggml_vec_dot_q4_1_q8_1(q.blocks, x)
-    from refimpl.quant.weights import quantized_matmul
-
     y = quantized_matmul(x[None], q)[0]
     bound = 2 * (K + 2) * 2.0 ** -24 * (np.abs(x) @ np.abs(q.dequantize().T))  # float32 sums (gamma_{K+2}), twice
     err = np.abs(y - ref)
@@ -245,7 +244,8 @@ def test_q8_activations_are_llama_cpps_block_formula_up_to_summation_order():
                tol=float(bound.min()))
     assert (err <= bound).all()
     # and not the float product: the rounding of x shows (by far more than the bound)
-    assert np.abs(quantized_matmul(x[None], dataclasses.replace(q, activations="float"))[0] - ref).max() > 10 * bound.max()
+    exact = quantized_matmul(x[None], dataclasses.replace(q, activations="float"))[0]
+    assert np.abs(exact - ref).max() > 10 * bound.max()
 
 
 def test_numba_q8_products_equal_the_reference_up_to_qmatvecs_bound():
@@ -256,10 +256,9 @@ def test_numba_q8_products_equal_the_reference_up_to_qmatvecs_bound():
     w = rng.standard_normal((N, K)).astype(np.float32)
     x = rng.standard_normal((3, K)).astype(np.float32)
     for t in ("Q4_1", "Q8_0", "Q5_1"):
-        p = QuantizedLinear(QuantizedTensor(t, (N, K), quantize(w, t), activations="q8"), rng.standard_normal(N).astype(np.float32))
+        b = rng.standard_normal(N).astype(np.float32)
+        p = QuantizedLinear(QuantizedTensor(t, (N, K), quantize(w, t), activations="q8"), b)
         ref, got = quantized_linear(x, p), numba_llama._linear_op(x, p)
-        from refimpl.quant.weights import round_activations
-
         xr = round_activations(x, t)
         bound = (qmatvec.error_bound(p.q.blocks, t, (N, K), xr) if t in qmatvec.FORMATS
                  else 2 * (K + 2) * 2.0 ** -24 * (np.abs(xr) @ np.abs(p.q.dequantize().T)))

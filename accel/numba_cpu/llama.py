@@ -3,7 +3,8 @@
   rms_norm    norms' RMSNorm rows (float64 inside, rounded once), called without the public checks
   linear / lm_head  x W (+ b), h E_out^T on the threaded BLAS (gpt2._product: the checkpoints' [in, out]
               weights are transposed views, F-contiguous, read as stored); a head of up to SHARED_MAX_ROWS
-              rows on matvec_rows over E's rows, on the decoding step's threads; Gemma-2's final cap is refimpl's
+              rows on matvec_rows over E's rows, on the decoding step's threads; Gemma-2's final cap is refimpl's;
+              weights kept as GGUF blocks (refimpl.quant.weights) on qmatvec, straight from them (below)
   rope        positional's rotation rows on the forward's own cos / sin table (half-split pairs, or
               interleaved ones for rope_interleaved; the leading rotary_dim dims): the twin's arithmetic,
               so the same bits as refimpl
@@ -21,7 +22,8 @@
               with a RoPE per layer type, Gemma 3, each block given its layer's cos / sin: the
               shared step reads one table); declined (None) for other dtypes, layouts, replaced
               operations, interleaved RoPE pairs (the compiled blocks turn half-split pairs only:
-              such a config runs one operation at a time, `rope` included), or a cache long enough
+              such a config runs one operation at a time, `rope` included), weights kept quantized (their
+              products are qmatvec's, one operation at a time), or a cache long enough
               for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
