@@ -5,6 +5,7 @@
                                [--greedy | --temperature T --top-k K --top-p P --seed S]
                                [--beams N --length-penalty L] [--repetition-penalty R] [--stop STR]
                                [--no-eos] [--on-context-limit error|stop] [--backend numpy|numba|cuda]
+                               [--weights float|quantized]
                                [--no-causal-mask] [--attention-scale S|head-dim|model-width]
                                [--logprobs [K]] [--timing [--compare-beam N]]
     python -m refimpl tokenize [--model NAME|PATH] [--allow-special] TEXT
@@ -108,20 +109,24 @@ def _existing_model(name_or_path) -> Path:
     return path
 
 
-def _load_model(path):
+def _load_model(path, weights: str = "float"):
     """The decoder at `path`, a path or a shipped model's name (None: shakespeare-gpt2), by refimpl.models.family_of:
-    a LLaMA-family model or GPT-2; an unknown model_type or a BERT encoder is an error saying so."""
+    a LLaMA-family model or GPT-2; an unknown model_type or a BERT encoder is an error saying so. weights="quantized":
+    a GGUF file's block-quantized matrices kept as their blocks (refimpl.llama.gguf.load_gguf)."""
     from refimpl import gpt2
+    from refimpl.llama.gguf import gguf_path
     from refimpl.models import family_of
 
     path = _existing_model(path)
     family = family_of(path)  # an unknown model_type: a WeightFileError listing the known ones
+    if weights != "float" and gguf_path(path) is None:
+        raise UsageError(f"--weights {weights} reads a GGUF file's blocks; {path} is not a GGUF file")
     if family == "llama":
         import refimpl
         from refimpl.tokenizers import TokenizerFileError
 
-        try:
-            return refimpl.load(path)  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
+        try:  # with its tokenizer where refimpl reads it (refimpl.models.llama_tokenizer)
+            return refimpl.load(path, **({} if weights == "float" else {"weights": weights}))
         except TokenizerFileError:  # a tokenizer file that cannot be read: prompts as --ids still run, and a
             from refimpl.llama import LlamaModel, load_weights  # --prompt is refused naming the file
 
@@ -135,7 +140,7 @@ def cmd_generate(args) -> int:
     from refimpl import decoding
     from refimpl.gpt2.model import parse_token_ids
 
-    model = _load_model(args.model)  # None: the shipped default model
+    model = _load_model(args.model, args.weights)  # None: the shipped default model
     one_blas_thread_for(model.config)  # a small model: one BLAS thread (module docstring)
     if args.ids is not None and args.prompt is not None:
         raise UsageError("give either --prompt or --ids, not both")
@@ -504,6 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at the model's context length: error (default) or stop generating")
     g.add_argument("--no-eos", action="store_true", help="do not stop at the end-of-text token")
     g.add_argument("--backend", default="numpy", help="numpy (default), numba, cuda")
+    g.add_argument("--weights", choices=("float", "quantized"), default="float",
+                   help="a GGUF model's weights: float (default: decoded to float32 at load) or quantized (kept as "
+                   "their blocks: a quarter of the memory; --backend numba multiplies straight from them)")
     from refimpl._switches import parse_attention_scale
 
     g.add_argument("--no-causal-mask", action="store_true",

@@ -292,7 +292,9 @@ class AttentionParams:
         for name in ("q", "k", "v", "o"):
             _check_linear_params(getattr(self, name), f"AttentionParams.{name}")
         if self.k.n_in != self.v.n_in:
-            raise ValueError(f"AttentionParams.k and .v must read the same width; got k.w {self.k.w.shape}, v.w {self.v.w.shape}")
+            k, v = self.k, self.v
+            raise ValueError(f"AttentionParams.k and .v must read the same width; got k.w {[k.n_in, k.n_out]}, "
+                             f"v.w {[v.n_in, v.n_out]}")
 
 
 @dataclass(frozen=True)
@@ -607,7 +609,9 @@ def _check_merge_heads(x) -> np.ndarray:
 
 
 def _check_linear_params(p, name: str) -> None:
-    check_type(p, LinearParams, name, what="a LinearParams")
+    from .quant.weights import QuantizedLinear  # (weights kept as GGUF blocks: the same map, y = x W + b)
+
+    check_type(p, (LinearParams, QuantizedLinear), name, what="a LinearParams (or QuantizedLinear)")
 
 
 def _divide(width: int, n: int, what: str) -> int:  # width = n * d -> d

@@ -190,16 +190,16 @@ class GLUParams:
     down: LinearParams
 
     def __post_init__(self) -> None:
+        from .quant.weights import QuantizedLinear  # (weights kept as GGUF blocks: the same map)
+
         for name in ("gate", "up", "down"):
-            check_type(getattr(self, name), LinearParams, f"GLUParams.{name}")
-        if self.gate.w.shape != self.up.w.shape:
-            raise ValueError(
-                f"GLUParams.gate.w and GLUParams.up.w must both be [C, F]; got {self.gate.w.shape} "
-                f"and {self.up.w.shape}")
-        if self.down.n_in != self.gate.n_out:
-            raise ValueError(
-                f"GLUParams.down.w must be [F, C] with F={self.gate.n_out} (gate's width); "
-                f"got {self.down.w.shape}")
+            check_type(getattr(self, name), (LinearParams, QuantizedLinear), f"GLUParams.{name}",
+                       what="a LinearParams (or QuantizedLinear)")
+        g, u, d = ([p.n_in, p.n_out] for p in (self.gate, self.up, self.down))
+        if g != u:
+            raise ValueError(f"GLUParams.gate.w and GLUParams.up.w must both be [C, F]; got {g} and {u}")
+        if d[0] != g[1]:
+            raise ValueError(f"GLUParams.down.w must be [F, C] with F={g[1]} (gate's width); got {d}")
 
 
 def glu(x, p: GLUParams, *, activation: Callable) -> np.ndarray:  # [..., C] -> [..., C]

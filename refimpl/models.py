@@ -205,7 +205,9 @@ def load(path=None, **kw):
     """The model at `path`: a GPT2Model, a LlamaModel or a BertModel, chosen by family_of(path).
 
     kw: passed to the family's loader: dtype (every family; float32 by default), mmap (LLaMA
-    family: map single safetensors files; not for GGUF), flavor (BERT's tokenizer flavor). A keyword the
+    family: map single safetensors files; not for GGUF), weights (GGUF: "float", the default, or "quantized": the
+    block-quantized matrices kept as their blocks, refimpl.llama.gguf.load_gguf) and activations ("q8": products
+    round x as llama.cpp's do), flavor (BERT's tokenizer flavor). A keyword the
     family's loader does not take is a TypeError naming it.
     path: a path, or a shipped model's name ("shakespeare-gpt2", "shakespeare-llama"; resolve_model).
     path=None: the default, "shakespeare-gpt2" (the GPT-2 shipped with the package).
@@ -215,8 +217,9 @@ def load(path=None, **kw):
     path = resolve_model(path)
     family = family_of(path)
     if gguf_path(path) is not None:
-        if set(kw) - {"dtype"}:
-            raise TypeError(f"load() of a GGUF model takes the keyword dtype; got {sorted(set(kw) - {'dtype'})}")
+        if set(kw) - {"dtype", "weights", "activations"}:
+            raise TypeError(f"load() of a GGUF model takes the keywords dtype, weights, activations; got "
+                            f"{sorted(set(kw) - {'dtype', 'weights', 'activations'})}")
         return load_gguf_model(gguf_path(path), **kw)
     from .families import named
 

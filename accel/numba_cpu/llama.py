@@ -3,7 +3,8 @@
   rms_norm    norms' RMSNorm rows (float64 inside, rounded once), called without the public checks
   linear / lm_head  x W (+ b), h E_out^T on the threaded BLAS (gpt2._product: the checkpoints' [in, out]
               weights are transposed views, F-contiguous, read as stored); a head of up to SHARED_MAX_ROWS
-              rows on matvec_rows over E's rows, on the decoding step's threads; Gemma-2's final cap is refimpl's
+              rows on matvec_rows over E's rows, on the decoding step's threads; Gemma-2's final cap is refimpl's;
+              weights kept as GGUF blocks (refimpl.quant.weights) on qmatvec, straight from them (below)
   rope        positional's rotation rows on the forward's own cos / sin table (half-split pairs, or
               interleaved ones for rope_interleaved; the leading rotary_dim dims): the twin's arithmetic,
               so the same bits as refimpl
@@ -23,7 +24,8 @@
               shared step reads one table); declined (None, the reason counted in ops.declined) for
               other dtypes, layouts, replaced
               operations, interleaved RoPE pairs (the compiled blocks turn half-split pairs only:
-              such a config runs one operation at a time, `rope` included), or a cache long enough
+              such a config runs one operation at a time, `rope` included), weights kept quantized (their
+              products are qmatvec's, one operation at a time), or a cache long enough
               for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
@@ -38,8 +40,10 @@ Use: refimpl.llama.model.logits(model, ids, backend="numba"), or forward(..., op
 from __future__ import annotations
 
 
+import mmap
 import threading
 import weakref
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -47,11 +51,15 @@ from numba import njit, typeof, types
 from numba.typed import List
 
 from refimpl._checks import check_bool
+from refimpl._progress import note_once
 from refimpl.attention import _scale_for, _soft_cap
 from refimpl.linear import LinearParams, _linear
 from refimpl.llama.model import _ACTIVATIONS, LlamaOps, _left_padding, lm_head, rope_cos_sin
 from refimpl.norms import _rms_norm
 from refimpl.positional import _rope_rotate
+from refimpl.quant.weights import QuantizedLinear, QuantizedTensor, round_activations
+
+from . import qmatvec
 
 from ._launch import LAUNCH_LOCK, kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
@@ -82,9 +90,88 @@ def _norm(x, w, eps) -> np.ndarray:  # [..., C], [C] -> [..., C]
 
 
 def _linear_op(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
-    """y = x W (+ b) on the threaded BLAS where gpt2._product applies, else refimpl's."""
+    """y = x W (+ b) on the threaded BLAS where gpt2._product applies, else refimpl's; a QuantizedLinear's from
+    its blocks (_quantized_product)."""
+    if isinstance(p, QuantizedLinear):
+        return _quantized_product(x, p.q, p.b)
     y = _product(x, p.w, p.b)
     return _linear(x, p.w, p.b) if y is None else y
+
+
+# ----------------------------------------------------------------------------- weights kept quantized
+# A QuantizedTensor (refimpl.quant.weights) is put in qmatvec's layout (qmatvec.repack) on its first product and
+# kept in _KERNEL_FORMS for as long as the tensor lives (a weak key: it goes with the params that hold it). The
+# repack reads the memory-mapped blocks once; their pages are then handed back (madvise DONTNEED; a later read,
+# such as the embedding's row gather, maps them again from the file), so each weight is resident once. A format
+# qmatvec does not read (not in qmatvec.FORMATS) is decoded once to float32 and multiplied on the BLAS like the
+# float32 model's matrices: counted in FALLBACKS (format name -> tensors) and noted once per format on stderr.
+
+_KERNEL_FORMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # QuantizedTensor -> Packed | float32 [N, K]
+_KERNEL_FORMS_LOCK = threading.Lock()
+FALLBACKS: Counter = Counter()  # ggml type name -> tensors decoded to float32 (no quantized kernel for the format)
+
+
+def _kernel_form(q: QuantizedTensor):  # -> qmatvec.Packed, or the decoded float32 W [N, K]
+    """q as the products read it: qmatvec's Packed, or (a format without a kernel) the decoded matrix; made once."""
+    with _KERNEL_FORMS_LOCK:
+        form = _KERNEL_FORMS.get(q)
+        if form is None:
+            fmt = q.ggml_type.name
+            if fmt in qmatvec.FORMATS:
+                form = qmatvec.repack(q.blocks, fmt, q.shape)
+            else:
+                note_once(f"accel.numba_cpu.llama:{fmt}", f"numba: no quantized kernel for {fmt} weights; they are "
+                          "decoded once to float32 and multiplied on the BLAS (the dequantizing fallback)")
+                FALLBACKS[fmt] += 1
+                form = q.dequantize()
+            _release_pages(q.blocks)
+            _KERNEL_FORMS[q] = form
+    return form
+
+
+def _release_pages(blocks) -> None:
+    """Tell the OS this process no longer needs the pages of the file mapping under `blocks` (a read-only map: they
+    are read from the file again if touched). Nothing for an array that is not a memory map."""
+    a = blocks
+    while a is not None and not isinstance(getattr(a, "_mmap", None), mmap.mmap):
+        a = getattr(a, "base", None)
+    m = getattr(a, "_mmap", None)
+    if isinstance(m, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            m.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):  # (closed, or a platform that refuses: the pages just stay)
+            pass
+
+
+def _quantized_product(x, q: QuantizedTensor, b) -> np.ndarray:  # [..., K] -> [..., N]
+    """y = x W^T (+ b) for W [N, K] kept quantized: qmatvec from the blocks for float32 x, on the step's threads
+    (its summation order: qmatvec's error bound against refimpl.quant.weights.quantized_linear); a format without a
+    kernel on the BLAS over its decoded matrix; another x dtype: refimpl's definition (decode, then x W^T)."""
+    form = _kernel_form(q)
+    N, K = q.shape
+    fix = None
+    if q.activations == "q8":  # x rounded per block as llama.cpp's products round it, then the same products
+        fix = q.q8_1_correction(x)  # (Q4_1 / Q5_1: Q8_1's f16 block sum in place of m sum x')
+        x = round_activations(x, q.ggml_type)
+    if isinstance(form, np.ndarray):  # [N, K]: its transpose is the float32 model's [in, out] layout
+        y = _product(x, form.T, b)
+        y = _linear(x, form.T, b) if y is None else y
+    elif not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1 and x.shape[-1] == K and x.size):
+        y = _linear(x, q.dequantize().T, b)
+    else:
+        y = qmatvec.qmatvec(form, x.reshape(-1, K), kernel_threads()).reshape(x.shape[:-1] + (N,))
+        if b is not None:
+            y += b
+    if fix is not None:
+        y += fix.reshape(y.shape).astype(y.dtype)
+    return y
+
+
+def _holds_quantized(params) -> bool:
+    """Whether any weight of `params` is kept quantized (the compiled blocks read float arrays only)."""
+    return isinstance(params.embed, QuantizedTensor) or any(
+        isinstance(f, QuantizedLinear) for p in params.blocks for f in (p.attn.q, p.attn.k, p.attn.v, p.attn.o,
+                                                                         p.mlp.gate, p.mlp.up, p.mlp.down))
 
 
 def _rope(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [B, n, T, D], [B|1, 1, T, R/2] x2 -> [B, n, T, D]
@@ -144,6 +231,9 @@ def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
     on matvec_rows over E's rows where E [V, C] is C-contiguous (the decoding step's threads, _rows_worker), else
     on the threaded BLAS."""
     E = params.output_embedding  # [V, C]
+    if isinstance(E, QuantizedTensor):  # kept quantized: from its blocks
+        z = _quantized_product(h, E, None)
+        return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
     if (isinstance(h, np.ndarray) and isinstance(E, np.ndarray) and h.dtype in _FLOATS and E.dtype == h.dtype
             and E.ndim == 2 and E.flags.c_contiguous and h.ndim >= 1 and 0 < h.shape[-1] == E.shape[1]
             and 0 < h.size <= SHARED_MAX_ROWS * E.shape[1]):
@@ -607,6 +697,8 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
         return _declined(ops, "replaced operations")
+    if _holds_quantized(params):
+        return _declined(ops, "weights kept quantized")  # (the compiled blocks read float32; `linear` runs qmatvec)
     if config.rope_interleaved:
         return _declined(ops, "interleaved RoPE pairs")  # (the per-operation path, whose `rope` turns them)
     B, T, C = x.shape

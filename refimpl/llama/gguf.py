@@ -307,18 +307,36 @@ def gguf_names(config: LlamaConfig) -> dict[str, str]:
     return names
 
 
-def load_gguf(path, *, dtype=np.float32) -> tuple[LlamaConfig, LlamaParams, dict]:
+def load_gguf(path, *, dtype=np.float32, weights: str = "float",
+              activations: str = "float") -> tuple[LlamaConfig, LlamaParams, dict]:
     """(config, params, metadata) of the GGUF file at `path` (module docstring: which files, which conventions).
 
     dtype: float32 (default; None too) or float64: each tensor is dequantized by refimpl.quant (to float32,
     exactly for every block type and F16 / BF16) and then widened; an F64 tensor is read as float64. Every
     failure is a WeightFileError naming the file and the key or tensor.
+    weights: "float" (default: as above) or "quantized": the matrices stored in a block type (the
+    projections, the embedding, the LM head) stay as their blocks, memory-mapped (refimpl.quant.weights:
+    QuantizedLinear, QuantizedTensor; the norms and biases are float32); dtype must then be float32.
+    activations (with weights="quantized"): "float" (default) or "q8": every product with a quantized matrix
+    first rounds x per block as llama.cpp's CPU backend does (refimpl.quant.weights), to compare with its logits.
     """
     from ..gguf import read_gguf
 
     dtype = np.dtype(np.float32 if dtype is None else dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64 for a GGUF model; got {dtype}")
+    if weights not in ("float", "quantized"):
+        raise ValueError(f"weights must be 'float' or 'quantized'; got {weights!r:.60}")
+    if weights == "quantized" and dtype != np.float32:
+        raise ValueError(f"weights='quantized' decodes to float32; got dtype={dtype}")
+    if activations not in ("float", "q8") or (activations == "q8" and weights != "quantized"):
+        raise ValueError(f"activations must be 'float', or 'q8' with weights='quantized'; got {activations!r:.60} "
+                         f"with weights={weights!r}")
+
+    def read_tensor(f, name, config, dtype, where):
+        if weights == "quantized":
+            return _quantized_tensor(f, name, config, dtype, where, activations)
+        return _tensor(f, name, config, dtype, where)
 
     def read(path: Path, stack) -> tuple[LlamaConfig, LlamaParams, dict]:
         file = gguf_path(path) or path
@@ -328,7 +346,7 @@ def load_gguf(path, *, dtype=np.float32) -> tuple[LlamaConfig, LlamaParams, dict
         config = config_from_gguf(f.metadata, shapes, where)
         names = gguf_names(config)
         _check_tensors(shapes, names, config, where)
-        arrays = {hf_name: _tensor(f, name, config, dtype, where) for name, hf_name in names.items()}
+        arrays = {hf_name: read_tensor(f, name, config, dtype, where) for name, hf_name in names.items()}
         return config, LlamaParams.from_checkpoint(arrays, config, dtype=None), dict(f.metadata)
 
     return read_checkpoint(path, dtype, read)
@@ -388,6 +406,30 @@ def _tensor(f, name: str, config: LlamaConfig, dtype: np.dtype, where: str) -> n
     return a
 
 
+def _quantized_tensor(f, name: str, config: LlamaConfig, dtype: np.dtype, where: str, activations: str = "float"):
+    """A matrix stored in a block type as a QuantizedTensor of its mapped bytes (convention 1 undone by moving
+    whole rows of blocks: exact); anything else (norms, biases, F32 / F16 matrices) as _tensor reads it."""
+    from ..quant import ggml_type
+    from ..quant.weights import QuantizedTensor
+
+    t = f.tensors[name]
+    try:
+        kind = ggml_type(t.ggml_type)
+    except ValueError as e:
+        raise WeightFileError(f"{where}: GGUF tensor {name!r}: {e}") from None
+    if kind.values_per_block == 1 or len(t.shape) != 2 or not name.endswith(".weight"):
+        return _tensor(f, name, config, dtype, where)
+    try:
+        q = QuantizedTensor(kind, tuple(t.shape), f.tensor_bytes(name), activations)
+    except ValueError as e:
+        raise WeightFileError(f"{where}: GGUF tensor {name!r} ({kind.name}): {e}") from None
+    m = _Q_OR_K.fullmatch(name)
+    if m and config.model_type in PERMUTED_ARCHITECTURES:  # convention 1, on row indices
+        n = config.num_attention_heads if m[1] == "q" else config.num_key_value_heads
+        q = q.take_rows(half_split_rows(np.arange(q.shape[0]), n))
+    return q
+
+
 # ----------------------------------------------------------------------------- which paths are GGUF
 
 GGUF_MAGIC = b"GGUF"
@@ -416,7 +458,7 @@ def gguf_path(path) -> Path | None:
 
 # ----------------------------------------------------------------------------- the model
 
-def load_gguf_model(path, *, dtype=np.float32):
+def load_gguf_model(path, *, dtype=np.float32, weights: str = "float", activations: str = "float"):
     """The LlamaModel of a GGUF file, with the tokenizer and chat template its metadata holds (None where none).
 
     The tokenizer is refimpl.tokenizers.gguf.tokenizer_from_gguf's; its ids must fit the vocabulary. One of
@@ -428,7 +470,7 @@ def load_gguf_model(path, *, dtype=np.float32):
     from ..tokenizers.gguf import chat_template_from_gguf, tokenizer_from_gguf
     from .model import LlamaModel
 
-    config, params, metadata = load_gguf(path, dtype=dtype)
+    config, params, metadata = load_gguf(path, dtype=dtype, weights=weights, activations=activations)
     try:
         tokenizer = tokenizer_from_gguf(metadata, str(path))
     except TokenizerNotImplemented:

@@ -73,6 +73,7 @@ from ..hooks import no_hook, prefixed as _prefixed
 from ..linear import LinearParams, _linear
 from ..norms import _rms_norm
 from ..positional import _positions_from_attention_mask, _rope_cos_sin, _rope_rotate
+from ..quant.weights import QuantizedLinear, QuantizedTensor, quantized_linear, quantized_matmul
 from ..rope_scaling import rope_attention_factor, scaled_rope_frequencies
 from .checks import check_forward_inputs, check_key_positions, check_params, check_token_ids
 from .config import LlamaConfig, RopeParameters
@@ -158,6 +159,8 @@ _ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh, "gelu_new": _gel
 
 
 def _np_linear(x, p: LinearParams):  # [..., in] -> [..., out]
+    if isinstance(p, QuantizedLinear):  # (weights kept as GGUF blocks: refimpl.quant.weights' definition)
+        return quantized_linear(x, p)
     return _linear(x, p.w, p.b)
 
 
@@ -166,7 +169,7 @@ def _np_rope(x, cos, sin, *, interleaved=False):  # [B, n, T, D], [B|1, 1, T, R/
 
 
 def _np_glu_hidden(h, p, act: str):  # [..., C] -> [..., F]
-    return _ACTIVATIONS[act](_linear(h, p.gate.w, p.gate.b)) * _linear(h, p.up.w, p.up.b)
+    return _ACTIVATIONS[act](_np_linear(h, p.gate)) * _np_linear(h, p.up)
 
 
 # The reference backend: refimpl's unchecked bodies (the forward checks its inputs once, at the door),
@@ -493,7 +496,8 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
 
 def lm_head(h: np.ndarray, params: LlamaParams, config: LlamaConfig) -> np.ndarray:  # [..., C] -> [..., V]
     """logits = h E_out^T (E_out: lm_head, or the tied embedding); Gemma-2: cap tanh(logits / cap)."""
-    z = h @ params.output_embedding.T
+    E = params.output_embedding
+    z = quantized_matmul(h, E) if isinstance(E, QuantizedTensor) else h @ E.T
     return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
 
 

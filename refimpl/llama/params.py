@@ -19,6 +19,7 @@ import numpy as np
 from ..attention import AttentionParams
 from ..ffn import GLUParams
 from ..linear import LinearParams
+from ..quant.weights import QuantizedLinear, QuantizedTensor
 from .config import LlamaConfig
 
 __all__ = ["LlamaBlockParams", "LlamaParams", "checkpoint_shapes", "LM_HEAD"]
@@ -50,6 +51,9 @@ class LlamaParams:
     """All weights of a LLaMA-family *ForCausalLM: embed [V, C], the blocks, the final norm [C], the LM head.
 
     lm_head [V, C] or None when the head is tied to the embedding (logits = h embed^T).
+    Kept quantized (refimpl.llama.gguf.load_gguf(weights="quantized")): embed and lm_head may be
+    QuantizedTensor [V, C] (rows decoded where gathered, the whole matrix where the head multiplies by
+    it) and a block's projections QuantizedLinear (refimpl.quant.weights); norms stay float arrays.
     """
 
     embed: np.ndarray
@@ -75,10 +79,16 @@ class LlamaParams:
         """
         def get(name):
             a = arrays[name]
-            return a if dtype is None else a.astype(dtype, copy=False)
+            return a if dtype is None or isinstance(a, QuantizedTensor) else a.astype(dtype, copy=False)
 
-        def linear(prefix, bias):  # nn.Linear [out, in] -> LinearParams(w [in, out])
-            return LinearParams(get(prefix + ".weight").T, get(prefix + ".bias") if bias else None)
+        def linear_of(w, b=None):  # nn.Linear's [out, in] -> LinearParams(w [in, out]), or kept quantized
+            return QuantizedLinear(w, b) if isinstance(w, QuantizedTensor) else LinearParams(w.T, b)
+
+        def linear(prefix, bias):
+            return linear_of(get(prefix + ".weight"), get(prefix + ".bias") if bias else None)
+
+        def rows(w, start, stop):  # rows [start, stop) of a fused matrix
+            return w.take_rows(np.arange(start, stop)) if isinstance(w, QuantizedTensor) else w[start:stop]
 
         c, D = config, config.head_dim
         blocks = []
@@ -87,9 +97,9 @@ class LlamaParams:
             if c.fused_projections:  # Phi-3: rows [q | k | v] and [gate | up]
                 qkv, gate_up = get(p + "self_attn.qkv_proj.weight"), get(p + "mlp.gate_up_proj.weight")
                 q_rows, kv_rows, F = c.num_attention_heads * D, c.num_key_value_heads * D, c.intermediate_size
-                q, k, v = (LinearParams(w.T) for w in (qkv[:q_rows], qkv[q_rows:q_rows + kv_rows],
-                                                       qkv[q_rows + kv_rows:]))
-                gate, up = LinearParams(gate_up[:F].T), LinearParams(gate_up[F:].T)
+                q, k, v = (linear_of(rows(qkv, a, b)) for a, b in ((0, q_rows), (q_rows, q_rows + kv_rows),
+                                                                  (q_rows + kv_rows, qkv.shape[0])))
+                gate, up = linear_of(rows(gate_up, 0, F)), linear_of(rows(gate_up, F, 2 * F))
             else:
                 q, k, v = (linear(p + f"self_attn.{n}_proj", c.qkv_bias) for n in "qkv")
                 gate, up = (linear(p + f"mlp.{n}_proj", c.mlp_bias) for n in ("gate", "up"))
