@@ -190,8 +190,9 @@ def capture(model, ids, names, *, causal: bool = True,
             raise _Captured
         return x
 
+    rule = AttentionRule.of(causal, attention_scale, head_dim=model.config.head_dim, width=dec.width(model.config))
     try:
-        dec.hidden_states(model.params, model.config, ids2, hook=hook, causal=causal, attention_scale=attention_scale)
+        dec.hidden_states(model.params, model.config, ids2, hook=hook, rule=rule)
     except _Captured:
         pass
     missing = [n for n in want if n not in store]
