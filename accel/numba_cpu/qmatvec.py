@@ -580,7 +580,8 @@ def qmatvec(p: Packed, x, threads: int | None = None, activations: str = "float"
     q8, q4 = (_NO_I8, p.q) if nib else (p.q, _NO_U8)
     m = p.m if nib else np.empty((N, 0), np.float32)
     if activations == "q8":
-        xq, xd, xs = quantize_activations(x2, p.fmt)
+        act = _ACT[p.fmt]
+        xq, xd, xs = _quantize_q8_k(x2) if act == "Q8_K" else _quantize_q8_0(x2, act == "Q8_1")
         kind = 3 if nib else 2
         if p.d.shape[1] * 16 == K:  # Q6_K: the float loop takes x's blocks decoded, fl(xd xq)
             x2 = (xq.reshape(x2.shape[0], -1, 32) * xd[:, :, None]).reshape(x2.shape).astype(np.float32)
