@@ -21,7 +21,7 @@ from numba import njit
 
 from accel.numba_cpu import qmatvec as qm
 from refimpl.quant import quantize, quantized_matvec
-from refimpl.quant.quantizers import quantize_q8_0
+from refimpl.quant.quantizers import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from report import MaxDiffs
 
 TABLE = MaxDiffs("qmatvec vs its twin: max error / its bound")
@@ -161,7 +161,8 @@ def _q8_k_numpy(x):  # ggml's quantize_row_q8_K_ref, transcribed block by block
 @given(R=st.integers(1, 3), nb=st.integers(1, 3), kind=st.sampled_from(["normal", "ties", "zeros", "tiny"]),
        seed=st.integers(0, 2**32 - 1))
 def test_activation_quantizers_are_ggml_s(R, nb, kind, seed):
-    """quantize_activations equals refimpl's quantize_q8_0 (Q8_0), ggml's q8_1 (its s) and q8_K bit for bit,
+    """quantize_activations and refimpl's quantize_q8_1 / quantize_q8_k equal refimpl's quantize_q8_0 (Q8_0) and
+    loop-by-loop transcriptions of ggml's q8_1 (its s) and q8_K bit for bit,
     on normal x, x with ties at half steps, blocks of zeros, and values whose f16 scale is subnormal."""
     rng = np.random.default_rng(seed)
     K = 256 * nb
@@ -178,9 +179,15 @@ def test_activation_quantizers_are_ggml_s(R, nb, kind, seed):
     assert np.array_equal(xd.reshape(-1), b[:, :2].copy().view("<f2")[:, 0].astype(np.float32))
     _, s = _q8_1_numpy(x)
     assert np.array_equal(qm.quantize_activations(x, "Q4_1")[2].reshape(-1), s)
+    b1 = quantize_q8_1(x.reshape(-1, 32))  # refimpl's: the same bytes
+    assert np.array_equal(b1[:, 4:], b[:, 2:]) and np.array_equal(b1[:, 2:4].copy().view("<f2")[:, 0].astype(np.float32), s)
     kq, kd, ks = qm.quantize_activations(x, "Q4_K")
     nq, nd = _q8_k_numpy(x)
     assert np.array_equal(kq, nq) and np.array_equal(kd.reshape(-1, 8)[:, 0], nd)
+    bk = quantize_q8_k(x.reshape(-1, 256))
+    assert np.array_equal(bk[:, 4:260].view(np.int8), nq.reshape(-1, 256))
+    assert np.array_equal(bk[:, :4].copy().view("<f4")[:, 0], nd)
+    assert np.array_equal(bk[:, 260:].copy().view("<i2"), nq.reshape(-1, 16, 16).astype(np.int64).sum(-1))
     assert np.array_equal(ks, (nd.repeat(8) * kq.reshape(-1, 32).astype(np.int64).sum(-1).astype(np.float32)).reshape(ks.shape))
 
 

@@ -4,8 +4,9 @@
     unpack(p) -> uint8 blocks                        the GGUF bytes back (repack's inverse)
     qmatvec(p, x, threads, activations="float")      y = x W^T on `threads` threads (float32 x [R, K])
     quantized_matvec(blocks, ggml_type, shape, x)    the same from the GGUF bytes (repacks each call): refimpl's twin
+    quantized_matvec_q8(blocks, ggml_type, shape, x) the same with activations="q8" (twin: refimpl.quant.quantized_matvec_q8)
     quantize_activations(x, fmt) -> (xq, xd, xs)     x as llama.cpp's vec_dot quantizes it (Q8_0, Q8_1 or Q8_K)
-    q8_matvec_reference(blocks, ggml_type, shape, x) the twin of activations="q8": float64 sums of the same integers
+    q8_matvec_reference(blocks, ggml_type, shape, x) that twin in float64 on float32 x [R, K]
     error_bound(blocks, ggml_type, shape, x, activations="float")   per entry, the bound proved below
 
 Formats (FORMATS): Q4_0, Q4_1, Q5_0, Q8_0 (blocks of 32 values along K), Q4_K, Q6_K (super-blocks of 256).
@@ -53,7 +54,8 @@ from numba import njit, prange
 
 from ._launch import kernel_threads, run_parallel
 
-__all__ = ["Packed", "repack", "unpack", "qmatvec", "quantized_matvec", "quantize_activations", "q8_matvec_reference",
+__all__ = ["Packed", "repack", "unpack", "qmatvec", "quantized_matvec", "quantized_matvec_q8", "quantize_activations",
+           "q8_matvec_reference",
            "error_bound", "STREAM_BLOCK", "FORMATS", "ACTIVATIONS"]
 
 _FAST = {"reassoc", "contract"}  # the reduction may be reordered and fused; no other fast-math licence
@@ -620,23 +622,32 @@ def quantized_matvec(blocks, ggml_type, shape, x):  # uint8 bytes, (N, K), float
     return y.reshape(x.shape[:-1] + (p.shape[0],)).astype(out, copy=False)
 
 
+def quantized_matvec_q8(blocks, ggml_type, shape, x):  # uint8 bytes, (N, K), float32 [..., K] -> [..., N]
+    """quantized_matvec with activations="q8": refimpl.quant.quantized_matvec_q8's twin (the registry's fn)."""
+    from accel._common import cpu_dtypes
+
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        x = x.astype(np.float64)
+    work, out = cpu_dtypes([x], ["x"])
+    if work != np.float32 or x.ndim < 1:
+        raise ValueError(f"qmatvec: x must be float32 (or float16) [..., K]; got {x.dtype} of shape {x.shape}")
+    x = x.astype(np.float32, copy=False)
+    p = repack(blocks, ggml_type, shape)
+    if x.shape[-1] != p.shape[1]:
+        raise ValueError(f"qmatvec: x's last axis must be K = {p.shape[1]}; got shape {x.shape}")
+    y = qmatvec(p, x.reshape(-1, p.shape[1]), activations="q8")
+    return y.reshape(x.shape[:-1] + (p.shape[0],)).astype(out, copy=False)
+
+
 def q8_matvec_reference(blocks, ggml_type, shape, x) -> np.ndarray:  # float32 [R, K] -> float64 [R, N]
-    """ggml's vec_dot with x quantized (activations="q8"), in float64: y = sum_b w_b . (xd_b xq_b) (+ m_b (xs_b -
-    xd_b sum xq_b) for Q4_1, whose Q8_1 carries s = xs_b for that sum), w = refimpl.quant.dequantize(blocks)."""
-    from refimpl.quant import dequantize
+    """The twin of activations="q8" in float64: refimpl.quant.quantized_matvec_q8 (ggml's vec_dot with x quantized
+    by refimpl's quantize_q8_0 / q8_1 / q8_k, the blocks decoded, a float64 sum)."""
+    from refimpl.quant import quantized_matvec_q8 as twin
 
     fmt = _format(ggml_type)
-    N, K = (int(s) for s in shape)
-    x = np.ascontiguousarray(x, np.float32).reshape(-1, K)
-    xq, xd, xs = quantize_activations(x, fmt)
-    R = x.shape[0]
-    xdq = (xq.astype(np.float64).reshape(R, K // 32, 32) * xd.astype(np.float64)[:, :, None]).reshape(R, K)
-    w = dequantize(blocks, fmt, (N, K)).astype(np.float64)
-    y = xdq @ w.T
-    if fmt == "Q4_1":  # ggml uses Q8_1's s (f16) for sum_j x_j, where the dequantized blocks give xd sum xq
-        m = repack(blocks, fmt, (N, K)).m.astype(np.float64)
-        y += (xs.astype(np.float64) - xd.astype(np.float64) * xq.astype(np.float64).reshape(R, K // 32, 32).sum(-1)) @ m.T
-    return y
+    K = int(shape[1])
+    return twin(blocks, fmt, shape, np.asarray(x, np.float32).reshape(-1, K).astype(np.float64))
 
 
 def error_bound(blocks, ggml_type, shape, x, activations: str = "float") -> np.ndarray:  # -> float64 [..., N]
