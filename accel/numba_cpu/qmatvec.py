@@ -14,7 +14,7 @@ Two kinds of layout (`Packed`), each row of W contiguous:
   values  (Q8_0, Q4_0, Q5_0, Q6_K): q [N, K] int8, w = d_b q with d [N, K/B] float32 per block of B values
           (B = 32; Q6_K's sub-blocks B = 16): Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, d_b = d sc_b for Q6_K.
   nibbles (Q4_1, Q4_K): q [N, K/2] uint8, w = d_b q + m_b per block of 32, value j < 16 the low nibble of byte j
-          of the block's 16, value j + 16 its high one; Q4_K's sub-block scales d_b = d sc_b and m_b = -(dmin m_b).
+          of the block's 16, value j + 16 its high one; Q4_K's sub-block scales d_b = d sc_b and m_b = -(dmin mn_b).
 d_b and m_b are exact in float32 (f16 times a 6- or 8-bit integer: at most 19 significant bits), so every w the
 kernels use equals ggml's decoded w up to ggml's own rounding of d_b q + m_b (Q4_1, Q4_K) or (d sc) q (Q6_K).
 The k-quants keep their super-block headers (`extra`) for unpack. Bytes read per 32 weights: Q8_0, Q4_0, Q5_0
@@ -25,9 +25,9 @@ activations="float" (exact weights): per block b of B values and row r of x,
 activations="q8" (llama.cpp's vec_dot): x quantized per 32 values as quantize_row_q8_0 does (Q8_0, Q4_0, Q5_0),
 q8_1 (Q4_1: adds s = f16(d sum q)), or per 256 as q8_K (Q4_K, Q6_K: float32 d), then per block
     y += (d_b xd_b) I_b (+ m_b xs_b),   I_b = sum_j q_j xq_j exactly in int32
-with xs_b Q8_1's s, or for Q8_K fl(xd sum_j xq_j) over the 32 values. The twin (q8_matvec_reference) is the
-same sum in float64 from refimpl's decoded w and x's quantized blocks (bit-exact: quantize_activations equals
-refimpl.quant.quantize_q8_0 and ggml's q8_1 / q8_K reference quantizers).
+with xs_b Q8_1's s, or for Q8_K fl(xd sum_j xq_j) over the 32 values. The twin (refimpl.quant.quantized_matvec_q8)
+is the same sum in float64 from refimpl's decoded w and x's quantized blocks (bit-exact: quantize_activations
+equals refimpl.quant's quantize_q8_0, quantize_q8_1 and quantize_q8_k, ggml's reference quantizers).
 
 Loops: rows of W go four at a time, one from each quarter of a block of STREAM_BLOCK rows (four streams, as
 accel.numba_cpu.matvec), each x element feeding four sums; rows after the last whole block one by one; threads
@@ -38,10 +38,18 @@ Error (Higham sec. 3.1, float32 u = 2^-24, gamma_n = n u / (1 - n u)), for any s
   float: each term d q_j x_j goes through at most 1 + (B - 1) + 1 + 1 + (nb - 1) = nb + B + 1 roundings (nb = K/B)
          |y - y_exact| <= gamma_{nb+B+1} sum_b (|d_b| sum_j |q_j x_j| + |m_b| sum_j |x_j|)
   q8:    I_b is exact; fl(fl(d_b xd_b) I_b) (+ fl(m_b xs_b)), then nb - 1 additions: nb + 3 roundings,
-         |y - y_exact| <= gamma_{nb+3} sum_b (|d_b xd_b I_b| + |m_b xs_b|) (+ u sum_b |m_b xs_b| for Q8_K's xs)
+         |y - y_exact| <= gamma_{nb+3} sum_b (|d_b xd_b I_b| + |m_b xs_b|) (+ u sum_b |m_b xs_b| for Q8_K's xs);
+         Q6_K (blocks of 16) runs the float loop on x' = fl(xd xq): gamma_{nb+B+2} sum |d q x'|
 against the twin's decoded w: exact for Q8_0, Q4_0, Q5_0, within u |w| for Q4_1, Q4_K, Q6_K; and its float64
 sum's gamma_K(2^-53). `error_bound` computes the sum of the three. Scales are assumed finite.
 
+Versions: v1 Q8_0 / Q4_1 with float x, the nibbles converted lane by lane to int32 (~3.5 G weights/s a Zen 4
+core in cache); v2 (this) six formats, the q8 mode, and loops written so LLVM keeps narrow lanes: int16 loads
+and np.int32(s + a * b) around each integer add (Numba widens integer arithmetic to int64; without the casts
+LLVM ran 8 int64 lanes or scalar code), 9-13 G weights/s a core in cache for every format and mode (Q4_1's
+integer sums compile to vpmaddwd / vpdpwssd). Tried and dropped: a block-transposed layout (values [K/32 ...]
+per row, lanes over blocks, no per-block horizontal sum): vpmulld-bound, 8 against 13 G weights/s; a 16-lane
+integer loop for Q6_K's sub-blocks (LLVM leaves it scalar: Q6_K's q8 mode runs the float loop on fl(xd xq)).
 Speed: benchmarks/NOTES.md, "accel.numba_cpu.qmatvec"; `python -m benchmarks.qmatvec`.
 """
 
@@ -408,37 +416,40 @@ def _nib_float(q, d, m, x, xs, y, j0, j1):  # q uint8 [N, K/2], d, m [N, K/32], 
 
 @njit(cache=True, fastmath=_FAST, inline="always")
 def _i8_q8(q, d, xq, xd, y, j0, j1, B):  # q int8 [N, K], d [N, K/B], xq int8 [R, K], xd [R, K/32] -> y[:, j0:j1]
+    """Eight rows of W at a time, one from each eighth of a block (as _nib_q8); B a constant (32)."""
     R = xq.shape[0]
     nb = d.shape[1]
-    per = 32 // B  # W's blocks per block of x
     zero = np.float32(0)
     iz = np.int32(0)
-    qq = STREAM_BLOCK // 4
+    e = STREAM_BLOCK // 8
     j = j0
     while j + STREAM_BLOCK <= j1:
-        for a in range(j, j + qq):
+        for a in range(j, j + e):
             for r in range(R):
-                y0 = zero
-                y1 = zero
-                y2 = zero
-                y3 = zero
+                y0 = y1 = y2 = y3 = y4 = y5 = y6 = y7 = zero
                 for b in range(nb):
-                    s0 = iz
-                    s1 = iz
-                    s2 = iz
-                    s3 = iz
+                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = iz
                     for t in range(B):
                         xi = np.int16(xq[r, B * b + t])
                         s0 = np.int32(s0 + np.int32(q[a, B * b + t]) * xi)
-                        s1 = np.int32(s1 + np.int32(q[a + qq, B * b + t]) * xi)
-                        s2 = np.int32(s2 + np.int32(q[a + 2 * qq, B * b + t]) * xi)
-                        s3 = np.int32(s3 + np.int32(q[a + 3 * qq, B * b + t]) * xi)
-                    xb = xd[r, b // per]
+                        s1 = np.int32(s1 + np.int32(q[a + e, B * b + t]) * xi)
+                        s2 = np.int32(s2 + np.int32(q[a + 2 * e, B * b + t]) * xi)
+                        s3 = np.int32(s3 + np.int32(q[a + 3 * e, B * b + t]) * xi)
+                        s4 = np.int32(s4 + np.int32(q[a + 4 * e, B * b + t]) * xi)
+                        s5 = np.int32(s5 + np.int32(q[a + 5 * e, B * b + t]) * xi)
+                        s6 = np.int32(s6 + np.int32(q[a + 6 * e, B * b + t]) * xi)
+                        s7 = np.int32(s7 + np.int32(q[a + 7 * e, B * b + t]) * xi)
+                    xb = xd[r, b]
                     y0 += (d[a, b] * xb) * np.float32(s0)
-                    y1 += (d[a + qq, b] * xb) * np.float32(s1)
-                    y2 += (d[a + 2 * qq, b] * xb) * np.float32(s2)
-                    y3 += (d[a + 3 * qq, b] * xb) * np.float32(s3)
-                y[r, a], y[r, a + qq], y[r, a + 2 * qq], y[r, a + 3 * qq] = y0, y1, y2, y3
+                    y1 += (d[a + e, b] * xb) * np.float32(s1)
+                    y2 += (d[a + 2 * e, b] * xb) * np.float32(s2)
+                    y3 += (d[a + 3 * e, b] * xb) * np.float32(s3)
+                    y4 += (d[a + 4 * e, b] * xb) * np.float32(s4)
+                    y5 += (d[a + 5 * e, b] * xb) * np.float32(s5)
+                    y6 += (d[a + 6 * e, b] * xb) * np.float32(s6)
+                    y7 += (d[a + 7 * e, b] * xb) * np.float32(s7)
+                y[r, a], y[r, a + e], y[r, a + 2 * e], y[r, a + 3 * e] = y0, y1, y2, y3
+                y[r, a + 4 * e], y[r, a + 5 * e], y[r, a + 6 * e], y[r, a + 7 * e] = y4, y5, y6, y7
         j += STREAM_BLOCK
     for a in range(j, j1):
         for r in range(R):
@@ -447,52 +458,64 @@ def _i8_q8(q, d, xq, xd, y, j0, j1, B):  # q int8 [N, K], d [N, K/B], xq int8 [R
                 s0 = iz
                 for t in range(B):
                     s0 = np.int32(s0 + np.int32(q[a, B * b + t]) * np.int16(xq[r, B * b + t]))
-                y0 += (d[a, b] * xd[r, b // per]) * np.float32(s0)
+                y0 += (d[a, b] * xd[r, b]) * np.float32(s0)
             y[r, a] = y0
 
 
 @njit(cache=True, fastmath=_FAST)
 def _nib_q8(q, d, m, xq, xd, xs, y, j0, j1):  # q uint8 [N, K/2], d, m [N, K/32], xq int8 [R, K], xd, xs [R, K/32]
+    """Eight rows of W at a time, one from each eighth of a block (eight streams: 1.27x four's speed here)."""
     R = xq.shape[0]
     nb = d.shape[1]
     zero = np.float32(0)
     iz = np.int32(0)
-    qq = STREAM_BLOCK // 4
+    e = STREAM_BLOCK // 8
     j = j0
     while j + STREAM_BLOCK <= j1:
-        for a in range(j, j + qq):
+        for a in range(j, j + e):
             for r in range(R):
-                y0 = zero
-                y1 = zero
-                y2 = zero
-                y3 = zero
+                y0 = y1 = y2 = y3 = y4 = y5 = y6 = y7 = zero
                 for b in range(nb):
-                    s0 = iz
-                    s1 = iz
-                    s2 = iz
-                    s3 = iz
+                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = iz
                     for t in range(16):
                         xl = np.int16(xq[r, 32 * b + t])
                         xh = np.int16(xq[r, 32 * b + 16 + t])
                         v0 = np.int16(q[a, 16 * b + t])
-                        v1 = np.int16(q[a + qq, 16 * b + t])
-                        v2 = np.int16(q[a + 2 * qq, 16 * b + t])
-                        v3 = np.int16(q[a + 3 * qq, 16 * b + t])
                         s0 = np.int32(s0 + np.int32(v0 & 15) * xl)
                         s0 = np.int32(s0 + np.int32(v0 >> 4) * xh)
+                        v1 = np.int16(q[a + e, 16 * b + t])
                         s1 = np.int32(s1 + np.int32(v1 & 15) * xl)
                         s1 = np.int32(s1 + np.int32(v1 >> 4) * xh)
+                        v2 = np.int16(q[a + 2 * e, 16 * b + t])
                         s2 = np.int32(s2 + np.int32(v2 & 15) * xl)
                         s2 = np.int32(s2 + np.int32(v2 >> 4) * xh)
+                        v3 = np.int16(q[a + 3 * e, 16 * b + t])
                         s3 = np.int32(s3 + np.int32(v3 & 15) * xl)
                         s3 = np.int32(s3 + np.int32(v3 >> 4) * xh)
+                        v4 = np.int16(q[a + 4 * e, 16 * b + t])
+                        s4 = np.int32(s4 + np.int32(v4 & 15) * xl)
+                        s4 = np.int32(s4 + np.int32(v4 >> 4) * xh)
+                        v5 = np.int16(q[a + 5 * e, 16 * b + t])
+                        s5 = np.int32(s5 + np.int32(v5 & 15) * xl)
+                        s5 = np.int32(s5 + np.int32(v5 >> 4) * xh)
+                        v6 = np.int16(q[a + 6 * e, 16 * b + t])
+                        s6 = np.int32(s6 + np.int32(v6 & 15) * xl)
+                        s6 = np.int32(s6 + np.int32(v6 >> 4) * xh)
+                        v7 = np.int16(q[a + 7 * e, 16 * b + t])
+                        s7 = np.int32(s7 + np.int32(v7 & 15) * xl)
+                        s7 = np.int32(s7 + np.int32(v7 >> 4) * xh)
                     xb = xd[r, b]
                     xm = xs[r, b]
                     y0 += (d[a, b] * xb) * np.float32(s0) + m[a, b] * xm
-                    y1 += (d[a + qq, b] * xb) * np.float32(s1) + m[a + qq, b] * xm
-                    y2 += (d[a + 2 * qq, b] * xb) * np.float32(s2) + m[a + 2 * qq, b] * xm
-                    y3 += (d[a + 3 * qq, b] * xb) * np.float32(s3) + m[a + 3 * qq, b] * xm
-                y[r, a], y[r, a + qq], y[r, a + 2 * qq], y[r, a + 3 * qq] = y0, y1, y2, y3
+                    y1 += (d[a + e, b] * xb) * np.float32(s1) + m[a + e, b] * xm
+                    y2 += (d[a + 2 * e, b] * xb) * np.float32(s2) + m[a + 2 * e, b] * xm
+                    y3 += (d[a + 3 * e, b] * xb) * np.float32(s3) + m[a + 3 * e, b] * xm
+                    y4 += (d[a + 4 * e, b] * xb) * np.float32(s4) + m[a + 4 * e, b] * xm
+                    y5 += (d[a + 5 * e, b] * xb) * np.float32(s5) + m[a + 5 * e, b] * xm
+                    y6 += (d[a + 6 * e, b] * xb) * np.float32(s6) + m[a + 6 * e, b] * xm
+                    y7 += (d[a + 7 * e, b] * xb) * np.float32(s7) + m[a + 7 * e, b] * xm
+                y[r, a], y[r, a + e], y[r, a + 2 * e], y[r, a + 3 * e] = y0, y1, y2, y3
+                y[r, a + 4 * e], y[r, a + 5 * e], y[r, a + 6 * e], y[r, a + 7 * e] = y4, y5, y6, y7
         j += STREAM_BLOCK
     for a in range(j, j1):
         for r in range(R):
@@ -501,7 +524,8 @@ def _nib_q8(q, d, m, xq, xd, xs, y, j0, j1):  # q uint8 [N, K/2], d, m [N, K/32]
                 s0 = iz
                 for t in range(16):
                     v0 = np.int16(q[a, 16 * b + t])
-                    s0 = np.int32(s0 + (v0 & 15) * np.int32(xq[r, 32 * b + t]) + (v0 >> 4) * np.int32(xq[r, 32 * b + 16 + t]))
+                    s0 = np.int32(s0 + np.int32(v0 & 15) * np.int16(xq[r, 32 * b + t]))
+                    s0 = np.int32(s0 + np.int32(v0 >> 4) * np.int16(xq[r, 32 * b + 16 + t]))
                 y0 += (d[a, b] * xd[r, b]) * np.float32(s0) + m[a, b] * xs[r, b]
             y[r, a] = y0
 
