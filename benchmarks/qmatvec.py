@@ -42,7 +42,8 @@ def _matrices(path: Path):  # -> [(name, fmt, (N, K), uint8 bytes)] of the blk.*
         data = np.memmap(fh, dtype=np.uint8, mode="r")
         for t in f.tensors.values():
             if t.name.startswith("blk.") and len(t.shape) == 2:
-                out.append((t.name, qm._format(t.ggml_type), tuple(t.shape), np.array(data[t.offset:t.offset + t.nbytes])))
+                blocks = np.array(data[t.offset:t.offset + t.nbytes])
+                out.append((t.name, qm._format(t.ggml_type), tuple(t.shape), blocks))
     return out
 
 
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--models", default="smollm2,gemma3", help=f"comma-separated, of {sorted(MODELS)}")
-    ap.add_argument("--out", default=None, help="folder for the JSON (default results/<cpu>_<date>/; the file: qmatvec_<threads>threads.json)")
+    ap.add_argument("--out", default=None,
+                    help="folder for the JSON (default results/<cpu>_<date>/; the file: qmatvec_<threads>threads.json)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if any(m not in MODELS for m in models):
@@ -148,7 +150,8 @@ def main(argv=None) -> int:
         bits = [f"{r.seconds * 1e3:8.3f} ms (min {r.extra['min_seconds'] * 1e3:.3f}, IQR {100 * r.spread:.0f}%)",
                 f"{r.extra['gweights_per_s']:5.1f} G weights/s", f"{r.gbps():5.1f} GB/s of its bytes"]
         if "paired_time_vs_f32" in r.extra:
-            bits += [f"{r.extra['gbps_gguf_bytes']:5.1f} GB/s of the GGUF's", f"{r.extra['paired_time_vs_f32']:.2f}x f32's time"]
+            bits += [f"{r.extra['gbps_gguf_bytes']:5.1f} GB/s of the GGUF's",
+                     f"{r.extra['paired_time_vs_f32']:.2f}x f32's time"]
         print(f"{r.params['model']:8s} {r.case:30s} {r.impl:46s} " + ", ".join(bits))
     print(res["validation"], "load average", res["load_average"])
     print(f"-> {path}")

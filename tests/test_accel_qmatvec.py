@@ -73,7 +73,8 @@ def test_product_is_within_the_error_bound(fmt, activations, N, blocks, R, threa
 def test_real_shapes_and_both_modes(fmt):
     """SmolLM2's and Gemma 3's widths (K = 576, 640 or 1536 / 2048), a tail of rows, quantizer-made blocks."""
     rng = np.random.default_rng(5)
-    N, K = (2 * qm.STREAM_BLOCK + 5, 1536) if qm._VALUES[fmt] == 256 else (2 * qm.STREAM_BLOCK + 5, 576 if fmt != "Q5_0" else 640)
+    N = 2 * qm.STREAM_BLOCK + 5
+    K = 1536 if qm._VALUES[fmt] == 256 else 640 if fmt == "Q5_0" else 576
     blocks = _blocks(rng, fmt, N, K, "quantized")
     x = rng.standard_normal((2, K)).astype(np.float32)
     for activations in qm.ACTIVATIONS:
@@ -180,7 +181,8 @@ def test_activation_quantizers_are_ggml_s(R, nb, kind, seed):
     _, s = _q8_1_numpy(x)
     assert np.array_equal(qm.quantize_activations(x, "Q4_1")[2].reshape(-1), s)
     b1 = quantize_q8_1(x.reshape(-1, 32))  # refimpl's: the same bytes
-    assert np.array_equal(b1[:, 4:], b[:, 2:]) and np.array_equal(b1[:, 2:4].copy().view("<f2")[:, 0].astype(np.float32), s)
+    assert np.array_equal(b1[:, 4:], b[:, 2:])
+    assert np.array_equal(b1[:, 2:4].copy().view("<f2")[:, 0].astype(np.float32), s)
     kq, kd, ks = qm.quantize_activations(x, "Q4_K")
     nq, nd = _q8_k_numpy(x)
     assert np.array_equal(kq, nq) and np.array_equal(kd.reshape(-1, 8)[:, 0], nd)
@@ -188,7 +190,8 @@ def test_activation_quantizers_are_ggml_s(R, nb, kind, seed):
     assert np.array_equal(bk[:, 4:260].view(np.int8), nq.reshape(-1, 256))
     assert np.array_equal(bk[:, :4].copy().view("<f4")[:, 0], nd)
     assert np.array_equal(bk[:, 260:].copy().view("<i2"), nq.reshape(-1, 16, 16).astype(np.int64).sum(-1))
-    assert np.array_equal(ks, (nd.repeat(8) * kq.reshape(-1, 32).astype(np.int64).sum(-1).astype(np.float32)).reshape(ks.shape))
+    sums = kq.reshape(-1, 32).astype(np.int64).sum(-1).astype(np.float32)
+    assert np.array_equal(ks, (nd.repeat(8) * sums).reshape(ks.shape))
 
 
 def test_registered_entry_takes_the_twins_arguments_and_dtypes():

@@ -4,7 +4,7 @@
     unpack(p) -> uint8 blocks                        the GGUF bytes back (repack's inverse)
     qmatvec(p, x, threads, activations="float")      y = x W^T on `threads` threads (float32 x [R, K])
     quantized_matvec(blocks, ggml_type, shape, x)    the same from the GGUF bytes (repacks each call): refimpl's twin
-    quantized_matvec_q8(blocks, ggml_type, shape, x) the same with activations="q8" (twin: refimpl.quant.quantized_matvec_q8)
+    quantized_matvec_q8(blocks, ggml_type, shape, x) the same, x quantized (twin: refimpl.quant.quantized_matvec_q8)
     quantize_activations(x, fmt) -> (xq, xd, xs)     x as llama.cpp's vec_dot quantizes it (Q8_0, Q8_1 or Q8_K)
     q8_matvec_reference(blocks, ggml_type, shape, x) that twin in float64 on float32 x [R, K]
     error_bound(blocks, ggml_type, shape, x, activations="float")   per entry, the bound proved below
@@ -130,22 +130,26 @@ def repack(blocks, ggml_type, shape) -> Packed:  # uint8 [N * K/V * bytes] -> Pa
     if N < 0 or K <= 0 or K % V:
         raise ValueError(f"qmatvec: K must be a positive multiple of {V} for {fmt} and N >= 0; got shape ({N}, {K})")
     if not isinstance(blocks, np.ndarray) or blocks.dtype != np.uint8 or blocks.ndim != 1:
-        raise ValueError(f"qmatvec: blocks must be 1-D uint8 (the tensor's bytes); got {getattr(blocks, 'dtype', type(blocks))}")
+        got = getattr(blocks, "dtype", type(blocks))
+        raise ValueError(f"qmatvec: blocks must be 1-D uint8 (the tensor's bytes); got {got}")
     nb = K // V
     if blocks.size != N * nb * _BYTES[fmt]:
-        raise ValueError(f"qmatvec: a {fmt} matrix of shape ({N}, {K}) is {N * nb * _BYTES[fmt]} bytes; got {blocks.size}")
+        raise ValueError(f"qmatvec: a {fmt} matrix of shape ({N}, {K}) is {N * nb * _BYTES[fmt]} bytes; "
+                         f"got {blocks.size}")
     b = blocks.reshape(N, nb, _BYTES[fmt])
     if fmt == "Q8_0":
         return Packed(fmt, (N, K), _f16(b[:, :, 0:2]), _EMPTY_F, b[:, :, 2:].copy().view(np.int8).reshape(N, K))
     if fmt == "Q4_1":
-        return Packed(fmt, (N, K), _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4]), np.ascontiguousarray(b[:, :, 4:]).reshape(N, K // 2))
+        q = np.ascontiguousarray(b[:, :, 4:]).reshape(N, K // 2)
+        return Packed(fmt, (N, K), _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4]), q)
     if fmt in ("Q4_0", "Q5_0"):
         qs = b[:, :, -16:]
         v = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int16)
         if fmt == "Q5_0":
             qh = np.ascontiguousarray(b[:, :, 2:6]).view("<u4")  # [N, nb, 1]: bit j is bit 4 of value j
             v |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int16)
-        return Packed(fmt, (N, K), _f16(b[:, :, 0:2]), _EMPTY_F, (v - (8 if fmt == "Q4_0" else 16)).astype(np.int8).reshape(N, K))
+        q = (v - (8 if fmt == "Q4_0" else 16)).astype(np.int8).reshape(N, K)
+        return Packed(fmt, (N, K), _f16(b[:, :, 0:2]), _EMPTY_F, q)
     if fmt == "Q4_K":
         d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])
         sc, mn = unpack_scale_min_k4(b[:, :, 4:16].reshape(-1, 12))
@@ -157,7 +161,7 @@ def repack(blocks, ggml_type, shape) -> Packed:  # uint8 [N * K/V * bytes] -> Pa
                       np.ascontiguousarray(b[:, :, 0:16]))
     # Q6_K: ql 128 | qh 64 | scales 16 x i8 | d f16
     ql = b[:, :, 0:128].reshape(N, nb, 2, 1, 2, 32)  # [h, nibble, k % 2, l]
-    low = np.concatenate([ql & 15, ql >> 4], axis=3).reshape(N, nb, 2, 4, 32)  # value 128h + 32k + l, k = 2 nibble + k % 2
+    low = np.concatenate([ql & 15, ql >> 4], axis=3).reshape(N, nb, 2, 4, 32)  # 128h + 32k + l, k = 2 nibble + k % 2
     qh = (b[:, :, 128:192].reshape(N, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
     v = (low | (qh << 4)).astype(np.int16) - 32
     sc = b[:, :, 192:208].copy().view(np.int8).astype(np.float32)
