@@ -113,6 +113,13 @@ KERNELS: list[KernelSpec] = [
              "(49 + 1) 2^-24 x 512 = 1.53e-3",
     ),
     KernelSpec(
+        "quantized_matvec_q8", "numba", "accel.numba_cpu.qmatvec:quantized_matvec_q8",
+        "refimpl.quant.matmul:quantized_matvec_q8", ("float32",), rtol={"float32": 0.0}, atol={"float32": 1e-3},
+        note="x quantized as ggml's vec_dot does (bit-exact), integer block sums, then (d xd) I (+ m s): |y - twin| <= "
+             "gamma_{K/32+3} sum |d xd I| + |m s| + u |w x| (qmatvec.error_bound); the suite's cases (|w| <= 1, |x| <= 1, "
+             "K <= 576) bound that by (21 + 1) 2^-24 x 576 = 7.6e-4",
+    ),
+    KernelSpec(
         "softmax", "numba", "accel.numba_cpu.softmax:softmax", "refimpl.attention:softmax", _F32_F64,
         rtol={"float32": 4e-7, "float64": 1e-13}, atol={"float32": 1e-30, "float64": 1e-300},
         note="each row is computed in float64 (max, exp, a sum in a vectorised order, times 1 / sum) and rounded once "

@@ -273,6 +273,7 @@ _BUILDERS = {
     "masked_attention": _case_masked_attention,
     "decode_attention": _case_decode_attention,
     "quantized_matvec": _case_quantized_matvec,
+    "quantized_matvec_q8": _case_quantized_matvec,
 }
 
 
@@ -363,6 +364,11 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
                  dict(B=3, H=2, K=1, S=7, D=3, Dv=2, lengths=True, window=3, softcap=1.0)],
     },
     "quantized_matvec": {  # SmolLM2's widths, one and three rows of x, a tail of rows after whole blocks
+        "full": [dict(fmt="Q4_1", lead=(1,), N=192, K=576), dict(fmt="Q4_1", lead=(3,), N=70, K=512),
+                 dict(fmt="Q8_0", lead=(1,), N=129, K=512), dict(fmt="Q8_0", lead=(2, 2), N=5, K=32)],
+        "tiny": [dict(fmt="Q4_1", lead=(1,), N=3, K=32), dict(fmt="Q8_0", lead=(2,), N=3, K=64)],
+    },
+    "quantized_matvec_q8": {  # as quantized_matvec (x quantized as ggml's vec_dot does)
         "full": [dict(fmt="Q4_1", lead=(1,), N=192, K=576), dict(fmt="Q4_1", lead=(3,), N=70, K=512),
                  dict(fmt="Q8_0", lead=(1,), N=129, K=512), dict(fmt="Q8_0", lead=(2, 2), N=5, K=32)],
         "tiny": [dict(fmt="Q4_1", lead=(1,), N=3, K=32), dict(fmt="Q8_0", lead=(2,), N=3, K=64)],

@@ -197,6 +197,7 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "masked_attention": attention_dims_BHKTSD,
     "decode_attention": decode_dims_BHKSD,
     "quantized_matvec": quantized_matvec_dims,
+    "quantized_matvec_q8": quantized_matvec_dims,
 }
 
 

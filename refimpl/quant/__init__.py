@@ -16,6 +16,7 @@ The formats' math (one function per format, its equation and block layout in its
     dequantize(data, t, shape) -> float32 [*shape]   bytes as stored -> values, bit for bit as ggml (dequant.py)
     quantize(x, t) -> uint8 [nbytes]                  values -> bytes as llama.cpp's reference quantizers (quantizers.py)
     quantized_matvec(blocks, t, (N, K), x) -> [..., N] x W^T with W decoded, summed in float64 (matmul.py)
+    quantized_matvec_q8(blocks, t, (N, K), x)          the same with x quantized as ggml's vec_dot does (matmul.py)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from .ggml_types import GGML_TYPES, QK_K, GGMLType, ggml_type, row_nbytes
 from .dequant import DEQUANTIZERS, dequantize
 from .quantizers import QUANTIZERS, quantize
-from .matmul import quantized_matvec
+from .matmul import quantized_matvec, quantized_matvec_q8
 
 __all__ = ["GGMLType", "GGML_TYPES", "ggml_type", "row_nbytes", "QK_K", "dequantize", "DEQUANTIZERS",
-           "quantize", "QUANTIZERS", "quantized_matvec"]
+           "quantize", "QUANTIZERS", "quantized_matvec", "quantized_matvec_q8"]

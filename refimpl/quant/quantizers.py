@@ -35,6 +35,7 @@ __all__ = [
     "quantize", "QUANTIZERS",
     "quantize_q4_0", "quantize_q4_1", "quantize_q5_0", "quantize_q5_1", "quantize_q8_0",
     "quantize_q4_k", "quantize_q5_k", "quantize_q6_k", "quantize_f16", "quantize_bf16",
+    "quantize_q8_1", "quantize_q8_k",
     "make_qkx2_quants", "make_qx_quants",
 ]
 
@@ -356,6 +357,36 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:  # float32 [N, 256] -> uint8 [N,
                           sc.view(np.uint8), _f16_bytes(d)], axis=-1)
     out[zero] = 0
     return out
+
+
+# ------------------------------------------------------------- activations (vec_dot's other side)
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:  # float32 [N, 32] -> uint8 [N, 36]
+    """Q8_0's d and q, and s = d * sum(q) (the unrounded d): what ggml's vec_dot for Q4_1 / Q5_1 takes x as.
+
+    Block: d f16 | s f16 | qs 32 x i8. Source: ggml-quants.c quantize_row_q8_1_ref.
+    """
+    d = np.abs(x).max(axis=-1) / F32(127)
+    q = _roundf(x * _safe_inverse(d)[:, None])
+    s = q.astype(np.int64).sum(axis=-1).astype(F32) * d
+    return np.concatenate([_f16_bytes(d), _f16_bytes(s), q.astype(np.int8).view(np.uint8)], axis=-1)
+
+
+def quantize_q8_k(x: np.ndarray) -> np.ndarray:  # float32 [N, 256] -> uint8 [N, 292]
+    """iscale = -127 / max (max: the first value of largest |x|), q = min(127, nearest_int(iscale x)),
+    d = 1 / iscale (float32), bsums: sums of 16 q; a block of zeros is all zeros. What ggml's vec_dot for the
+    k-quants takes x as.
+
+    Block: d f32 | qs 256 x i8 | bsums 16 x i16. Source: ggml-quants.c quantize_row_q8_K_ref.
+    """
+    mx = _first_absmax(x)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx != 0, F32(-127) / mx, F32(0)).astype(F32)
+    q = np.minimum(127, _nearest_int(iscale[:, None] * x)).astype(np.int8)
+    with np.errstate(divide="ignore"):
+        d = np.where(mx != 0, F32(1) / iscale, F32(0)).astype("<f4")
+    bsums = q.reshape(-1, 16, 16).astype(np.int16).sum(axis=-1, dtype=np.int16).astype("<i2")
+    return np.concatenate([d.view(np.uint8).reshape(-1, 4), q.view(np.uint8), bsums.view(np.uint8)], axis=-1)
 
 
 # ----------------------------------------------------------------------------------- plain types
