@@ -54,7 +54,7 @@ def quantized_matvec_q8(blocks, ggml_type, shape, x):  # uint8 bytes, (N, K), fl
     whose f16 field s = f16(d sum q) stands for the block's sum of x in the offset term m sum x: so does y here.
     ValueError: a weight type without a vec_dot type here, and every error of `quantized_matvec`.
     """
-    from . import ggml_type as _as_type
+    from .ggml_types import ggml_type as _as_type
     from .dequant import dequantize
     from .quantizers import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
