@@ -28,3 +28,13 @@ def test_kernel_signature_equals_its_twins(spec):
     ours, theirs = inspect.signature(fn), inspect.signature(twin)
     assert ours == theirs, f"{spec.id}: kernel {ours} differs from twin {spec.twin}{theirs}"
     assert spec.name == twin.__name__, f"{spec.id} is registered under another name than its twin's ({twin.__name__})"
+
+
+def test_each_note_is_one_line_and_each_derivation_is_in_notes():
+    """A registry entry's note is one line of at most 100 characters; NOTES holds the derivation of every
+    entry's tolerance, and nothing else (each key names a registered entry)."""
+    ids = {spec.id for spec in registry.KERNELS}
+    for spec in registry.KERNELS:
+        assert "\n" not in spec.note and 0 < len(spec.note) <= 100, f"{spec.id}: note of {len(spec.note)} characters"
+        assert len(registry.NOTES.get(spec.id, "")) >= len(spec.note), f"{spec.id}: no derivation in NOTES"
+    assert set(registry.NOTES) == ids, f"NOTES keys that name no entry: {sorted(set(registry.NOTES) - ids)}"
