@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CheckResult", "check_close", "to_numpy", "check_masked_attention_args"]
+__all__ = ["CheckResult", "check_close", "to_numpy", "check_masked_attention_args", "check_decode_attention_args"]
 
 
 @dataclass(frozen=True)
@@ -106,39 +106,18 @@ def cpu_dtypes(arrays, names) -> tuple[np.dtype, np.dtype]:
     return (np.dtype(np.float32) if out == np.float16 else out), out
 
 
-def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, alibi_slopes):
-    """The boundary checks every masked_attention kernel makes, with its twin's messages.
+def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, alibi_slopes, scale=None):
+    """The boundary checks every masked_attention kernel makes: its twin's own (refimpl.attention), so its words.
 
     Returns (q, k, v, causal, window, n_sink, key_mask, slopes): q, k, v as float arrays of shapes
-    [B, H, T, D], [B, K, S, D], [B, K, S, Dv] (refimpl.attention.check_gqa_inputs); causal a
-    bool (True / False only, as the twin); window and n_sink as ints (window may be None); key_mask a bool [B, S] array or None; slopes a float
-    [H] array or None (each backend casts it to its own dtype).
+    [B, H, T, D], [B, K, S, D], [B, K, S, Dv] with H a multiple of K; causal a bool; window and
+    n_sink as ints (window may be None); key_mask a bool [B, S] array or None; slopes [H] in the
+    promoted dtype of q, k, v, or None. scale is checked as the twin checks it (when there is a
+    query, a key and a row) and not returned.
     """
-    from refimpl._checks import as_float, check_bool, check_positive_int
-    from refimpl.attention import check_gqa_inputs
+    from refimpl.attention import _check_masked_attention
 
-    q, k, v = check_gqa_inputs(q, k, v)
-    B, H = q.shape[:2]
-    S = k.shape[2]
-    n_sink = check_positive_int(n_sink, "n_sink", allow_zero=True)
-    causal = check_bool(causal, "causal")
-    if window is not None:
-        window = check_positive_int(window, "window")
-    if n_sink > 0 and (window is None or not causal):
-        raise ValueError(f"n_sink={n_sink} > 0 needs window=... and causal=True (attention sinks + a causal "
-                         f"sliding window); got window={window}, causal={causal}")
-    if key_mask is not None:
-        key_mask = np.asarray(key_mask)
-        if key_mask.dtype != np.bool_:
-            raise TypeError(f"key_mask must be boolean of shape [B, S] (True = real token); got dtype {key_mask.dtype}")
-        if key_mask.shape != (B, S):
-            raise ValueError(f"key_mask must have shape [B, S] = {(B, S)}; got shape {key_mask.shape}")
-    slopes = None
-    if alibi_slopes is not None:
-        slopes = as_float(alibi_slopes, "alibi_slopes")
-        if slopes.shape != (H,):
-            raise ValueError(f"alibi_slopes must have shape [H] = ({H},); got shape {slopes.shape}")
-    return q, k, v, causal, window, n_sink, key_mask, slopes
+    return _check_masked_attention(q, k, v, causal, window, n_sink, key_mask, alibi_slopes, scale)
 
 
 def check_decode_attention_args(q, k, v, key_lengths):

@@ -96,7 +96,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
                      key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel on CuPy memory). Twin: refimpl.attention.masked_attention."""
     q, k, v, causal, window, n_sink, km, m = check_masked_attention_args(
-        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
+        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes, scale=scale)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
     work, out_dtype = kernel_dtype(q, k, v, names=("q", "k", "v"))

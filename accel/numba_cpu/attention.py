@@ -611,7 +611,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     zero rows are the twin's; the arithmetic is FlashAttention's tiled online softmax (module header).
     """
     q, k, v, causal, window, n_sink, key_mask, slopes = check_masked_attention_args(
-        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
+        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes, scale=scale)
     B, H, T, D = q.shape
     S = k.shape[2]
     work, dtype = cpu_dtypes((q, k, v), ("q", "k", "v"))  # float16 runs in float32

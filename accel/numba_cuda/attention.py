@@ -624,7 +624,7 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     See also: refimpl.attention.masked_attention (the twin).
     """
     q, k, v, causal, window, n_sink, km, m = check_masked_attention_args(
-        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes)
+        q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes, scale=scale)
     B, H, T, D = q.shape
     mask_d = None
     scale = _check_scale(scale)
