@@ -7,6 +7,10 @@ the dtypes it is proved for, and the tolerance of the check in `accel._common.ch
 per dtype, with `note` saying in one line why the tolerance is what it is; `NOTES` (below the
 list) holds each entry's derivation in full, keyed by its id "name[backend]".
 
+The fused decoding steps (llama_decode_step, gpt2_decode_step) are entries too: `fn` is a
+backend's whole-step path and `twin` refimpl's step, both in accel.steps, which also says how a
+step that declines its inputs is reported (a counted refusal in `verify`, never a pass).
+
 Contract for `fn`: it takes the twin's arguments as NumPy arrays (host memory) and returns
 the result in the input dtype, as a NumPy array or a device array that
 `accel._common.to_numpy` can copy back (CuPy `.get()`, Numba `.copy_to_host()`).
@@ -80,12 +84,17 @@ class KernelSpec:
         """"name[backend]", the id used in test names and the verify table."""
         return f"{self.name}[{self.backend}]"
 
+    @property
+    def fused_step(self) -> bool:
+        """Whether this entry is a backend's fused decoding step (accel.steps), not a single kernel."""
+        return self.fn.startswith("accel.steps:")
+
     def load(self) -> Callable:
         """The kernel function (imports its backend)."""
         return resolve(self.fn)
 
     def load_twin(self) -> Callable:
-        """The refimpl twin."""
+        """The refimpl twin (for a fused step: refimpl's step, in accel.steps)."""
         return resolve(self.twin)
 
     def tolerance(self, dtype) -> tuple[float, float]:
@@ -102,6 +111,10 @@ class KernelSpec:
 # a small multiple of the error bound of the kernel's own arithmetic at the input sizes the
 # suite draws (values of order 1, rows of up to a few hundred terms, positions up to 10^4).
 _F32_F64 = ("float32", "float64")
+
+# The fused decoding steps (accel.steps) against refimpl's step: NOTES["llama_decode_step[numba]"] derives these.
+_STEP_RTOL = {"float32": 4e-5, "float64": 8e-14}
+_STEP_ATOL = {"float32": 4e-5, "float64": 8e-14}
 
 KERNELS: list[KernelSpec] = [
     # ---------------------------------------------------------------- numba (CPU)
@@ -158,6 +171,21 @@ KERNELS: list[KernelSpec] = [
         _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
         note="split-S online softmax, chunks merged by rescaling: masked_attention's error model",
+    ),
+    KernelSpec(
+        "rope_rotate", "numba", "accel.numba_cpu.llama:_rope", "refimpl.positional:rope_rotate", _F32_F64,
+        rtol={"float32": 1e-6, "float64": 0.0}, atol={"float32": 1e-6, "float64": 0.0},
+        note="the twin's 2x2 rotation per pair in the dtype: float64 bit-equal, float32 ~3 roundings",
+    ),
+    KernelSpec(
+        "llama_decode_step", "numba", "accel.steps:numba_llama_decode_step", "accel.steps:llama_decode_step",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        note="every block compiled: sums over the block's products, 2 L n u with n <= 170 here",
+    ),
+    KernelSpec(
+        "gpt2_decode_step", "numba", "accel.steps:numba_gpt2_decode_step", "accel.steps:gpt2_decode_step",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        note="one compiled call per block: sums over the block's products, 2 L n u with n <= 170",
     ),
     # ---------------------------------------------------------------- numba_cuda (GPU; CPU simulator in CI)
     # Accumulation is in the input dtype (float32 stays float32, unlike the numba CPU kernels'
@@ -218,6 +246,16 @@ KERNELS: list[KernelSpec] = [
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11}, sizes="tiny",
         note="split-S partial softmaxes merged by rescaling: masked_attention's error model",
     ),
+    KernelSpec(
+        "llama_decode_step", "numba_cuda", "accel.steps:numba_cuda_llama_decode_step", "accel.steps:llama_decode_step",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, sizes="tiny",
+        note="the cuda graph's launches, eager, on these kernels: llama_decode_step[numba]'s bound",
+    ),
+    KernelSpec(
+        "gpt2_decode_step", "numba_cuda", "accel.steps:numba_cuda_gpt2_decode_step", "accel.steps:gpt2_decode_step",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, sizes="tiny",
+        note="the cuda graph's launches, eager, on these kernels: gpt2_decode_step[numba]'s bound",
+    ),
     # ---------------------------------------------------------------- cupy (GPU only; skipped without one)
     # Row kernels: CUDA C RawKernels (accel/cupy/_kernels.py), accumulation in the dtype by
     # strided per-thread sums, warp shuffles, then one warp over the per-warp sums. Attention:
@@ -253,6 +291,16 @@ KERNELS: list[KernelSpec] = [
         _F32_F64,
         rtol={"float32": 2e-5, "float64": 1e-11}, atol={"float32": 2e-5, "float64": 1e-11},
         note="the decode_attention[numba_cuda] kernels on CuPy memory: their tolerance",
+    ),
+    KernelSpec(
+        "llama_decode_step", "cupy", "accel.steps:cupy_llama_decode_step", "accel.steps:llama_decode_step",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        note="the step captured into a CUDA graph (cuBLAS, no TF32): llama_decode_step[numba]'s bound",
+    ),
+    KernelSpec(
+        "gpt2_decode_step", "cupy", "accel.steps:cupy_gpt2_decode_step", "accel.steps:gpt2_decode_step",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        note="the step captured into a CUDA graph (cuBLAS, no TF32): gpt2_decode_step[numba]'s bound",
     ),
 ]
 
@@ -392,6 +440,48 @@ NOTES: dict[str, str] = {
     ),
     "decode_attention[cupy]": (
         "the decode_attention[numba_cuda] kernels on CuPy memory: the same split-S error model"
+    ),
+    "rope_rotate[numba]": (
+        "LlamaOps.rope of the numba backend on x [B, n, T, D] and tables [B|1, 1, T, R/2] (its contract; other "
+        "shapes go to refimpl's rope_rotate): each pair (a, b) becomes a cos - b sin, a sin + b cos in x's dtype "
+        "with the given tables, the twin's arithmetic (no contraction), so float64 equals the twin bit for bit; "
+        "float32 differs from the float64 twin by ~3 roundings of |a| + |b| (2^-24 relative each) and the "
+        "tables' own rounding to float32"
+    ),
+    "llama_decode_step[numba]": (
+        "the new tokens' residual stream after the last block, against refimpl's blocks one operation at a time "
+        "over the same cache in float64. Every product of the block is a sum of n terms, within gamma_n sum |x_i "
+        "w_i| ~ n u of its exact value (Higham, Thm 3.1) whatever the order (BLAS, matvec_rows' vectorised "
+        "sums, the float64 norm rows); along a block the chain RMSNorm (C) -> q/k/v (C) -> scores (D) -> "
+        "weights . v (S) -> o (H D) -> RMSNorm (C) -> gate / up (C) -> down (F) adds at most n_chain = 4C + D "
+        "+ S + H D + F <= 170 roundings for the suite's configs (C = 16, F = 24, D <= 8, H D <= 32, S <= 16: "
+        "144), each relative to values of order 1 (norm weights near 1, weights ~ 1/sqrt(fan-in)); the norms "
+        "(g / rms), SiLU / GELU, softmax and the soft caps pass an error on with a factor of at most ~2 at those "
+        "scales. Over L = 2 blocks: 2 L n_chain u = 680 x 2^-24 = 4.1e-5 (float32, rtol = atol = 4e-5) and "
+        "680 x 2^-53 = 7.5e-14 (float64, 8e-14); ~8e-7 (float32) and ~3e-15 (float64) are seen"
+    ),
+    "gpt2_decode_step[numba]": (
+        "as llama_decode_step[numba]: the chain LayerNorm (C) -> qkv (C) -> scores (D) -> weights . v (S) -> "
+        "proj (C) -> LayerNorm (C) -> fc (C) -> proj (4C) is n_chain = 9C + D + S <= 170 roundings at the "
+        "suite's C = 16, D = 8, S <= 16 (168; GELU's slope <= 1.13), over L = 2 blocks: the same 4e-5 / 8e-14"
+    ),
+    "llama_decode_step[numba_cuda]": (
+        "accel.cupy.llama.decode_step (what the cuda backend captures into a graph) run eagerly over host arrays "
+        "with the Numba-CUDA kernels (simulator in CI), NumPy products and a host copy for the cache write: the "
+        "kernels accumulate in the dtype by tree sums, still within gamma_n of each product, so "
+        "llama_decode_step[numba]'s derivation and tolerance hold"
+    ),
+    "gpt2_decode_step[numba_cuda]": (
+        "accel.cupy.gpt2.decode_step run eagerly over host arrays with the Numba-CUDA kernels (simulator in CI): "
+        "gpt2_decode_step[numba]'s derivation and tolerance"
+    ),
+    "llama_decode_step[cupy]": (
+        "the cuda backend's graph-captured step (cuBLAS GEMMs in the dtype; CuPy does not use TF32 unless "
+        "CUPY_TF32=1, which this tolerance does not cover): llama_decode_step[numba]'s derivation"
+    ),
+    "gpt2_decode_step[cupy]": (
+        "the cuda backend's graph-captured step (cuBLAS GEMMs in the dtype, no TF32): gpt2_decode_step[numba]'s "
+        "derivation"
     ),
 }
 

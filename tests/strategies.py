@@ -127,10 +127,12 @@ def rope_dims_NTD(draw, tiny: bool = False) -> dict:
 @st.composite
 def rope_table_dims_NTD(draw, tiny: bool = False) -> dict:
     """x [..., T, D] (D even) with cos / sin tables [..., T, R/2] per batch row or shared, partial R,
-    both pairings, an attention factor a (the tables' scale) of 1 or more."""
+    both pairings, an attention factor a (the tables' scale) of 1 or more. Full sizes: x [B, n, T, D] and
+    tables [B|1, 1, T, R/2], LlamaOps.rope's layout (rope_rotate[numba] is that operation)."""
     D = 2 * draw(dims(1, 3 if tiny else 8))
     rotary = draw(st.one_of(st.none(), dims(1, D // 2).map(lambda r: 2 * r)))
-    return dict(lead=draw(lead_dims(1 if tiny else 2, 3)), T=draw(dims(1, 4 if tiny else 9)), D=D,
+    lead = draw(lead_dims(1, 3)) if tiny else (draw(dims(1, 3)), draw(dims(1, 3)))
+    return dict(lead=lead, T=draw(dims(1, 4 if tiny else 9)), D=D,
                 rotary_dim=rotary, interleaved=draw(st.booleans()), per_row=draw(st.booleans()),
                 factor=draw(st.sampled_from([1.0, 1.3])))
 

@@ -50,7 +50,9 @@ TABLE = MaxDiffs("accel kernels vs float64 twins (differential suite): max error
 # Examples per (kernel, dtype): the CUDA simulator runs each GPU thread as a Python thread.
 EXAMPLES = {"full": 30, "tiny": 4}
 
-CASES = [pytest.param(spec, dtype, id=f"{spec.id}-{dtype}") for spec in registry.KERNELS for dtype in spec.dtypes]
+# (the fused decoding steps draw whole models: tests/test_accel_steps.py)
+CASES = [pytest.param(spec, dtype, id=f"{spec.id}-{dtype}") for spec in registry.KERNELS for dtype in spec.dtypes
+         if not spec.fused_step]
 
 
 def _record(key: str, res) -> None:
@@ -129,11 +131,15 @@ def test_registry_entries_name_their_twin_and_tolerance():
         assert (spec.name, spec.backend) not in seen, f"duplicate registry entry {spec.id}"
         seen.add((spec.name, spec.backend))
         twin = spec.load_twin()
-        assert twin.__name__ == spec.name and twin.__module__.startswith("refimpl.")
+        home = "accel.steps" if spec.fused_step else "refimpl."  # (a fused step's twin is refimpl's step, there)
+        assert twin.__name__ == spec.name and twin.__module__.startswith(home)
         assert spec.dtypes and all(spec.tolerance(d)[0] >= 0 and spec.tolerance(d)[1] >= 0 for d in spec.dtypes)
         assert len(spec.note) > 40, f"{spec.id}: the note must say why the tolerance is what it is"
         package = {"numba": "accel.numba_cpu", "numba_cuda": "accel.numba_cuda", "cupy": "accel.cupy"}[spec.backend]
-        assert spec.fn.startswith(package + "."), f"{spec.id}: fn {spec.fn} is outside {package}"
+        if spec.fused_step:
+            assert spec.fn == f"accel.steps:{spec.backend}_{spec.name}", f"{spec.id}: fn {spec.fn}"
+        else:
+            assert spec.fn.startswith(package + "."), f"{spec.id}: fn {spec.fn} is outside {package}"
 
 
 def test_registry_lookups_and_backend_reasons():
