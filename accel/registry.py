@@ -56,6 +56,10 @@ class KernelSpec:
     rtol, atol: per dtype name, the tolerance of |out - ref| <= atol + rtol |ref|.
     note: why that tolerance, in one line (<= 100 characters); NOTES[id] gives the derivation.
     sizes: "full" or "tiny" (input sizes the differential suite draws for this entry).
+    entry: what `fn` is. "kernel": a public kernel, checked at its door (any input its twin takes, any
+      float dtype or byte order); "op": an operation of a backend's Ops (LlamaOps.rope, .linear), given
+      what the forward hands it (the Ops contract) and running the kernel on the layouts the suite draws;
+      "step": a backend's fused decoding step (accel.steps), whose twin is refimpl's step.
     """
 
     name: str
@@ -67,10 +71,13 @@ class KernelSpec:
     atol: dict[str, float]
     note: str
     sizes: str = "full"
+    entry: str = "kernel"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"KernelSpec {self.name}: backend must be one of {BACKENDS}; got {self.backend!r}")
+        if self.entry not in ("kernel", "op", "step"):
+            raise ValueError(f"KernelSpec {self.name}: entry must be 'kernel', 'op' or 'step'; got {self.entry!r}")
         if self.sizes not in ("full", "tiny"):
             raise ValueError(f"KernelSpec {self.name}: sizes must be 'full' or 'tiny'; got {self.sizes!r}")
         for d in self.dtypes:
@@ -87,7 +94,7 @@ class KernelSpec:
     @property
     def fused_step(self) -> bool:
         """Whether this entry is a backend's fused decoding step (accel.steps), not a single kernel."""
-        return self.fn.startswith("accel.steps:")
+        return self.entry == "step"
 
     def load(self) -> Callable:
         """The kernel function (imports its backend)."""
@@ -175,16 +182,22 @@ KERNELS: list[KernelSpec] = [
     KernelSpec(
         "rope_rotate", "numba", "accel.numba_cpu.llama:_rope", "refimpl.positional:rope_rotate", _F32_F64,
         rtol={"float32": 1e-6, "float64": 0.0}, atol={"float32": 1e-6, "float64": 0.0},
-        note="the twin's 2x2 rotation per pair in the dtype: float64 bit-equal, float32 ~3 roundings",
+        note="the twin's 2x2 rotation per pair in the dtype: float64 bit-equal, float32 ~3 roundings", entry="op",
+    ),
+    KernelSpec(
+        "linear", "numba", "accel.numba_cpu.llama:_linear_op", "refimpl.linear:linear", _F32_F64,
+        rtol={"float32": 2e-7, "float64": 4e-16}, atol={"float32": 1e-4, "float64": 2e-13},
+        note="x W on the threaded BLAS, + b: gamma_in sum |x||w| <= 1e-4 (float32) at the suite's in <= 96",
+        entry="op",
     ),
     KernelSpec(
         "llama_decode_step", "numba", "accel.steps:numba_llama_decode_step", "accel.steps:llama_decode_step",
-        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, entry="step",
         note="every block compiled: sums over the block's products, 2 L n u with n <= 170 here",
     ),
     KernelSpec(
         "gpt2_decode_step", "numba", "accel.steps:numba_gpt2_decode_step", "accel.steps:gpt2_decode_step",
-        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, entry="step",
         note="one compiled call per block: sums over the block's products, 2 L n u with n <= 170",
     ),
     # ---------------------------------------------------------------- numba_cuda (GPU; CPU simulator in CI)
@@ -248,12 +261,12 @@ KERNELS: list[KernelSpec] = [
     ),
     KernelSpec(
         "llama_decode_step", "numba_cuda", "accel.steps:numba_cuda_llama_decode_step", "accel.steps:llama_decode_step",
-        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, sizes="tiny",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, sizes="tiny", entry="step",
         note="the cuda graph's launches, eager, on these kernels: llama_decode_step[numba]'s bound",
     ),
     KernelSpec(
         "gpt2_decode_step", "numba_cuda", "accel.steps:numba_cuda_gpt2_decode_step", "accel.steps:gpt2_decode_step",
-        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, sizes="tiny",
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, sizes="tiny", entry="step",
         note="the cuda graph's launches, eager, on these kernels: gpt2_decode_step[numba]'s bound",
     ),
     # ---------------------------------------------------------------- cupy (GPU only; skipped without one)
@@ -293,13 +306,18 @@ KERNELS: list[KernelSpec] = [
         note="the decode_attention[numba_cuda] kernels on CuPy memory: their tolerance",
     ),
     KernelSpec(
+        "linear", "cupy", "accel.cupy.wrappers:linear", "refimpl.linear:linear", _F32_F64,
+        rtol={"float32": 2e-7, "float64": 4e-16}, atol={"float32": 1e-4, "float64": 2e-13},
+        note="cuBLAS x W (no TF32), then + b: linear[numba]'s bound, any summation order",
+    ),
+    KernelSpec(
         "llama_decode_step", "cupy", "accel.steps:cupy_llama_decode_step", "accel.steps:llama_decode_step",
-        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, entry="step",
         note="the step captured into a CUDA graph (cuBLAS, no TF32): llama_decode_step[numba]'s bound",
     ),
     KernelSpec(
         "gpt2_decode_step", "cupy", "accel.steps:cupy_gpt2_decode_step", "accel.steps:gpt2_decode_step",
-        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL,
+        _F32_F64, rtol=_STEP_RTOL, atol=_STEP_ATOL, entry="step",
         note="the step captured into a CUDA graph (cuBLAS, no TF32): gpt2_decode_step[numba]'s bound",
     ),
 ]
@@ -447,6 +465,18 @@ NOTES: dict[str, str] = {
         "with the given tables, the twin's arithmetic (no contraction), so float64 equals the twin bit for bit; "
         "float32 differs from the float64 twin by ~3 roundings of |a| + |b| (2^-24 relative each) and the "
         "tables' own rounding to float32"
+    ),
+    "linear[numba]": (
+        "the numba LlamaOps.linear (and GPT-2's unpacked one: both are gpt2._product): x W by the threaded BLAS "
+        "in the dtype, then + b rounded once in the dtype, refimpl.linear's order. Any summation order of the "
+        "in terms is within gamma_in sum_k |x_k||w_kj| of the exact product (Higham, Thm 3.1); the suite's x ~ "
+        "N(0, 1), W ~ N(0, 1/in) give sum_k |x_k||w_kj| ~ 0.64 sqrt(in), under 2 x 6.3 = 12.6 at in <= 96, so "
+        "gamma_96 x 12.6 = 7.2e-5 (float32; atol 1e-4) and 1.3e-13 (float64, against NumPy's own BLAS order; "
+        "2e-13); rtol covers the final roundings of the product and of + b (2 u)"
+    ),
+    "linear[cupy]": (
+        "accel.cupy.wrappers.linear: cuBLAS GEMM in the dtype (CuPy uses no TF32 unless CUPY_TF32=1), then + b: "
+        "linear[numba]'s derivation holds for any summation order"
     ),
     "llama_decode_step[numba]": (
         "the new tokens' residual stream after the last block, against refimpl's blocks one operation at a time "

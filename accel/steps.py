@@ -52,15 +52,20 @@ def _fused(ops, x, params, config, cache, positions, key_start=None):  # [B, T, 
 
 # ----------------------------------------------------------------------------- the twins: refimpl's step
 
-def llama_decode_step(params, config, ids, cache_k, cache_v, length, attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
-    """x_L = Block_L(... Block_1(E[ids])) over the cache's first `length` entries (refimpl.llama.model.hidden_states, one operation at a time)."""
+def llama_decode_step(params, config, ids, cache_k, cache_v, length,
+                      attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
+    """x_L = Block_L(... Block_1(E[ids])) over the cache's first `length` entries (refimpl.llama.model.hidden_states).
+
+    One operation at a time, NumPy's operations, in the cache's dtype."""
     from refimpl.llama.model import KVCache, hidden_states
 
     return _reference_step(hidden_states, KVCache, params, config, ids, cache_k, cache_v, length, attention_mask)
 
 
 def gpt2_decode_step(params, config, ids, cache_k, cache_v, length) -> np.ndarray:  # [B, T] -> [B, T, C]
-    """x_L = Block_L(... Block_1(W_te[ids] + W_pe[p])) over the cache's first `length` entries (refimpl.gpt2.model.hidden_states)."""
+    """x_L = Block_L(... Block_1(W_te[ids] + W_pe[p])) over the cache's first `length` entries (refimpl.gpt2.model).
+
+    hidden_states one operation at a time, NumPy's operations, in the cache's dtype."""
     from refimpl.gpt2.model import KVCache, hidden_states
 
     return _reference_step(hidden_states, KVCache, params, config, ids, cache_k, cache_v, length, None)
@@ -126,7 +131,8 @@ def _run(ops, params, config, ids, cache_k, cache_v, length, attention_mask, xp=
     return ops.to_numpy(out)
 
 
-def numba_llama_decode_step(params, config, ids, cache_k, cache_v, length, attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
+def numba_llama_decode_step(params, config, ids, cache_k, cache_v, length,
+                            attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
     """llama_decode_step by accel.numba_cpu.llama's decode_blocks (compiled blocks)."""
     from accel.numba_cpu.llama import OPS
 
@@ -140,7 +146,8 @@ def numba_gpt2_decode_step(params, config, ids, cache_k, cache_v, length) -> np.
     return _run(OPS, params, config, ids, cache_k, cache_v, length, None)
 
 
-def cupy_llama_decode_step(params, config, ids, cache_k, cache_v, length, attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
+def cupy_llama_decode_step(params, config, ids, cache_k, cache_v, length,
+                           attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
     """llama_decode_step by accel.cupy.llama's decode_blocks (the step captured into a CUDA graph)."""
     import cupy as cp
 
@@ -158,7 +165,8 @@ def cupy_gpt2_decode_step(params, config, ids, cache_k, cache_v, length) -> np.n
     return _run(OPS, params, config, ids, cache_k, cache_v, length, None, cp)
 
 
-def numba_cuda_llama_decode_step(params, config, ids, cache_k, cache_v, length, attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
+def numba_cuda_llama_decode_step(params, config, ids, cache_k, cache_v, length,
+                                 attention_mask=None) -> np.ndarray:  # [B, T] -> [B, T, C]
     """llama_decode_step by accel.cupy.llama.decode_step (the graph's launches, run eagerly) on the Numba-CUDA
     kernels over host arrays; products by NumPy, the cache write a host copy."""
     from accel.cupy.llama import eager_decode_blocks, make_ops

@@ -268,6 +268,20 @@ def _case_quantized_matvec(rng, dtype, d) -> Case:  # dims: fmt, lead, N, K
     return Case((blocks.reshape(-1), fmt, (N, K), x), {}, f"{fmt} W({N}, {K}) x{x.shape}")
 
 
+def _case_linear(rng, dtype, d) -> Case:  # dims: lead, n_in, n_out, bias, layout
+    """x [..., in] ~ N(0, 1), W [in, out] ~ N(0, 1 / in) (C-contiguous, or "F": the transposed view of a stored
+    [out, in], as checkpoints' weights arrive), b ~ N(0, 0.1^2) or None: the registry's atol assumes these."""
+    from refimpl.linear import LinearParams
+
+    x = _normal(rng, (*d["lead"], d["n_in"]), dtype)
+    w = _normal(rng, (d["n_in"], d["n_out"]), dtype, 1 / math.sqrt(max(d["n_in"], 1)))
+    if d.get("layout") == "F":
+        w = np.ascontiguousarray(w.T).T
+    b = _normal(rng, (d["n_out"],), dtype, 0.1) if d.get("bias") else None
+    return Case((x, LinearParams(w, b)), {}, f"x{x.shape} W{w.shape}{' F-order' if d.get('layout') == 'F' else ''}"
+                + (" + b" if b is not None else ""))
+
+
 def _case_decode_step(rng, dtype, d) -> Case:  # dims: family, B, T, length, S_max, padding
     """A random tiny model of d["family"] (accel.steps.tiny_model), a cache of S_max entries whose first `length`
     hold random keys / values (zeros after), T new token ids; padding: a left-padding attention mask (LLaMA
@@ -307,6 +321,7 @@ _BUILDERS = {
     "decode_attention": _case_decode_attention,
     "quantized_matvec": _case_quantized_matvec,
     "quantized_matvec_q8": _case_quantized_matvec,
+    "linear": _case_linear,
     "llama_decode_step": _case_decode_step,
     "gpt2_decode_step": _case_decode_step,
 }
@@ -398,10 +413,18 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
         "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True), dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True),
                  dict(B=3, H=2, K=1, S=7, D=3, Dv=2, lengths=True, window=3, softcap=1.0)],
     },
+    "linear": {
+        "full": [dict(lead=(2, 3), n_in=96, n_out=40, bias=True), dict(lead=(1,), n_in=64, n_out=33, layout="F"),
+                 dict(lead=(5,), n_in=17, n_out=96, bias=True, layout="F"), dict(lead=(3,), n_in=1, n_out=4)],
+        "tiny": [dict(lead=(2,), n_in=8, n_out=5, bias=True)],
+    },
     "llama_decode_step": {  # (numba takes T > 1 and left padding in float32 only: elsewhere a counted refusal)
-        "full": [dict(family="llama", B=2, T=1, length=5, S_max=8), dict(family="qwen2", B=2, T=1, length=3, S_max=6),
-                 dict(family="gemma2", B=1, T=1, length=6, S_max=9), dict(family="gemma3_text", B=2, T=1, length=4, S_max=6),
-                 dict(family="llama", B=2, T=3, length=2, S_max=6), dict(family="qwen2", B=3, T=1, length=4, S_max=6, padding=True)],
+        "full": [dict(family="llama", B=2, T=1, length=5, S_max=8),
+                 dict(family="qwen2", B=2, T=1, length=3, S_max=6),
+                 dict(family="gemma2", B=1, T=1, length=6, S_max=9),
+                 dict(family="gemma3_text", B=2, T=1, length=4, S_max=6),
+                 dict(family="llama", B=2, T=3, length=2, S_max=6),
+                 dict(family="qwen2", B=3, T=1, length=4, S_max=6, padding=True)],
         "tiny": [dict(family="llama", B=2, T=1, length=3, S_max=5), dict(family="gemma2", B=1, T=1, length=4, S_max=5)],
     },
     "gpt2_decode_step": {
@@ -559,7 +582,8 @@ def format_table(rows: list[Row]) -> str:
     n_fail = sum(1 for r in rows if not r.passed and not r.refused and r.dtype != "-")
     n_ok = sum(1 for r in rows if r.passed)
     n_refused = sum(1 for r in rows if r.refused)
-    refused = f"{n_refused} refused (a fused step declined: the backend runs refimpl's blocks there), " if n_refused else ""
+    refused = (f"{n_refused} refused (a fused step declined: the backend runs refimpl's blocks there), "
+               if n_refused else "")
     lines += ["", f"{n_ok} passed, {n_fail} failed, {refused}{sum(1 for r in rows if r.dtype == '-')} kernels skipped "
                   "(check: |out - ref| <= atol + rtol |ref| vs the float64 twin, i.e. err/tol <= 1, the largest "
                   "ratio over the output; max rel err is over entries with ref != 0, where tiny |ref| make it large "

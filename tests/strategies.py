@@ -187,6 +187,14 @@ def quantized_matvec_dims(draw, tiny: bool = False) -> dict:
                 N=draw(dims(1, 8 if tiny else 200)), K=32 * draw(dims(1, 2 if tiny else 16)))
 
 
+@st.composite
+def linear_dims(draw, tiny: bool = False) -> dict:
+    """x [..., in], W [in, out] C- or F-contiguous (a stored [out, in] read transposed), with or without a bias;
+    in <= 96 (the registry's linear tolerance assumes it)."""
+    return dict(lead=draw(lead_dims(2, 3)), n_in=draw(dims(1, 8 if tiny else 96)), n_out=draw(dims(1, 8 if tiny else 64)),
+                bias=draw(st.booleans()), layout=draw(st.sampled_from(["C", "F"])))
+
+
 KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "softmax": softmax_dims,
     "layer_norm": layer_norm_dims_NC,
@@ -200,6 +208,7 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "decode_attention": decode_dims_BHKSD,
     "quantized_matvec": quantized_matvec_dims,
     "quantized_matvec_q8": quantized_matvec_dims,
+    "linear": linear_dims,
 }
 
 

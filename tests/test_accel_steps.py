@@ -11,6 +11,10 @@ the backend's step covers, so a step that silently stopped covering them would s
 reports the ones it declines (counted refusals). Numba-CUDA entries run under the simulator on
 tiny sizes; CuPy ones are skipped without a GPU.
 
+The numba LlamaOps' rope and linear are registered entries too (the generic differential suite checks
+them against their twins); here they are also shown to run their kernels on the cases drawn, not the
+refimpl function they hand other inputs to.
+
 Run with -s to read the max errors seen.
 """
 
@@ -97,7 +101,8 @@ def test_verify_counts_and_shows_the_cases_a_step_declines(monkeypatch):
     assert all(r.passed for r in rows if not r.refused) and len(rows) == 16
     for r in rows:
         if r.passed:
-            TABLE.add(f"{r.kernel}[{r.backend}] {r.dtype} (verify)", max_abs=r.max_abs, max_rel=r.max_rel, worst=r.worst)
+            TABLE.add(f"{r.kernel}[{r.backend}] {r.dtype} (verify)", max_abs=r.max_abs, max_rel=r.max_rel,
+                      worst=r.worst)
     table = verify.format_table(rows)
     assert "14 passed, 0 failed, 2 refused" in table and "refused: the numba backend's decode_blocks declined" in table
 
@@ -124,32 +129,35 @@ def test_the_tolerance_catches_a_cache_read_one_entry_short(name):
     short = spec.load_twin()(params, config, ids, k.astype(np.float64), v.astype(np.float64), length - 1)
     rtol, atol = spec.tolerance("float32")
     res = check_close(out, short, rtol=rtol, atol=atol)
-    print(f"{name}[numba] vs the twin reading one entry fewer: max abs diff {res.max_abs:.2e} ({res.worst:.0f}x the tolerance)")
+    print(f"{name}[numba] vs the twin reading one entry fewer: max abs diff {res.max_abs:.2e} "
+          f"({res.worst:.0f}x the tolerance)")
     assert not res.passed and res.worst > 100
 
 
-def test_numba_llama_rope_takes_the_kernel_on_its_layout(monkeypatch):
-    """rope_rotate[numba] (the numba LlamaOps.rope) runs its kernel, not refimpl's rotation, on every case the suite
-    draws for it (x [B, n, T, D], tables [B|1, 1, T, R/2]): with refimpl's rotation removed they still pass."""
+@pytest.mark.parametrize("name, fallback", [("rope_rotate", "_rope_rotate"), ("linear", "_linear")])
+def test_numba_llama_ops_take_their_kernels_on_the_cases_drawn(monkeypatch, name, fallback):
+    """rope_rotate[numba] and linear[numba] (the numba LlamaOps.rope and .linear) run their kernels, not refimpl's
+    function they hand other inputs to, on every case the suite draws for them (rope: x [B, n, T, D], tables
+    [B|1, 1, T, R/2]; linear: C- or F-contiguous W of x's dtype): with refimpl's function removed they still pass."""
     from hypothesis import HealthCheck
 
     import accel.numba_cpu.llama as numba_llama
-    from strategies import rope_table_dims_NTD
+    from strategies import KERNEL_DIMS
 
-    spec = registry.get("rope_rotate", "numba")
+    spec = registry.get(name, "numba")
     _require(spec)
 
     def refused(*args, **kwargs):
-        raise AssertionError("the numba rope handed its inputs to refimpl's rotation")
+        raise AssertionError(f"the numba {name} handed its inputs to refimpl's {fallback}")
 
-    monkeypatch.setattr(numba_llama, "_rope_rotate", refused)
-    for n, dims in enumerate(verify.VERIFY_DIMS["rope_rotate"]["full"]):
+    monkeypatch.setattr(numba_llama, fallback, refused)
+    for n, dims in enumerate(verify.VERIFY_DIMS[name]["full"]):
         for dtype in spec.dtypes:
-            assert verify.run_case(spec, dtype, verify.make_case(spec.name, np.random.default_rng(n), dtype, dims)).passed
+            assert verify.run_case(spec, dtype, verify.make_case(name, np.random.default_rng(n), dtype, dims)).passed
 
     @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(dims=rope_table_dims_NTD(tiny=False), dtype=st.sampled_from(spec.dtypes), seed=st.integers(0, 2**32 - 1))
+    @given(dims=KERNEL_DIMS[name](tiny=False), dtype=st.sampled_from(spec.dtypes), seed=st.integers(0, 2**32 - 1))
     def check(dims, dtype, seed):
-        assert verify.run_case(spec, dtype, verify.make_case(spec.name, np.random.default_rng(seed), dtype, dims)).passed
+        assert verify.run_case(spec, dtype, verify.make_case(name, np.random.default_rng(seed), dtype, dims)).passed
 
     check()
