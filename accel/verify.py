@@ -284,8 +284,9 @@ def _case_linear(rng, dtype, d) -> Case:  # dims: lead, n_in, n_out, bias, layou
 
 def _case_decode_step(rng, dtype, d) -> Case:  # dims: family, B, T, length, S_max, padding
     """A random tiny model of d["family"] (accel.steps.tiny_model), a cache of S_max entries whose first `length`
-    hold random keys / values (zeros after), T new token ids; padding: a left-padding attention mask (LLaMA
-    family, T = 1), the first row unpadded."""
+    hold random keys / values and the rest NaN (entries a step writes before it reads them, or never reads: the
+    output is finite only if it reads none of them), T new token ids; padding: a left-padding attention mask
+    (LLaMA family, T = 1), the first row unpadded."""
     from .steps import tiny_model
 
     params, config = tiny_model(d["family"], dtype, int(rng.integers(2**31)))
@@ -294,7 +295,7 @@ def _case_decode_step(rng, dtype, d) -> Case:  # dims: family, B, T, length, S_m
         shape = (config.n_layer, B, config.n_head, d["S_max"], config.n_embd // config.n_head)
     else:
         shape = (config.num_hidden_layers, B, config.num_key_value_heads, d["S_max"], config.head_dim)
-    cache_k, cache_v = np.zeros(shape, dtype), np.zeros(shape, dtype)
+    cache_k, cache_v = np.full(shape, np.nan, dtype), np.full(shape, np.nan, dtype)
     cache_k[..., :length, :] = _normal(rng, (*shape[:3], length, shape[4]), dtype)
     cache_v[..., :length, :] = _normal(rng, (*shape[:3], length, shape[4]), dtype)
     ids = rng.integers(0, config.vocab_size, size=(B, T))

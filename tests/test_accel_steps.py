@@ -4,8 +4,8 @@ Every `*_decode_step` entry of accel.registry (accel.steps): Hypothesis draws a 
 of a family (LLaMA with biases and llama3 RoPE, Qwen2's q/k/v biases, Gemma-2's (1 + w) and sandwich
 norms with a window and a soft cap, Gemma 3's q/k norms and two RoPEs; GPT-2), a batch, new tokens
 (several per row, or one per row of a left-padded batch, where the backend's step takes them) and
-a random cache of some length; the step's residual stream after the last block must equal the
-float64 twin's within the registry's tolerance (its derivation: registry.NOTES). A case the step
+a random cache of some length, NaN past it (entries never to be read); the step's residual stream
+after the last block must equal the float64 twin's within the registry's tolerance (its derivation: registry.NOTES). A case the step
 declines raises accel.steps.Declined, and here that fails the test: the cases drawn are the ones
 the backend's step covers, so a step that silently stopped covering them would show. `verify`
 reports the ones it declines (counted refusals). Numba-CUDA entries run under the simulator on
@@ -85,7 +85,9 @@ def test_fused_step_equals_refimpls_step(spec, dtype):
     @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
     def check(data, seed):
         dims = data.draw(covered_dims(spec, dtype))
-        TABLE.check(verify.run_case(spec, dtype, verify.make_case(spec.name, np.random.default_rng(seed), dtype, dims)))
+        case = verify.make_case(spec.name, np.random.default_rng(seed), dtype, dims)
+        TABLE.check(verify.run_case(spec, dtype, case))  # (non-finite values must match the twin's exactly, and
+        assert np.isfinite(spec.load_twin()(*case.args)).all()  # the twin reads no NaN past the filled entries)
 
     check()
 
