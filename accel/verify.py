@@ -282,6 +282,16 @@ def _case_linear(rng, dtype, d) -> Case:  # dims: lead, n_in, n_out, bias, layou
                 + (" + b" if b is not None else ""))
 
 
+def _case_lm_head(rng, dtype, d) -> Case:  # dims: family, lead
+    """h [..., C] ~ N(0, 1) and a random tiny model of d["family"] (accel.steps.tiny_model: E_out ~ N(0, 1/4), or
+    N(0, 1/(4C)) for Gemma; Gemma-2 caps the logits): the registry's atol assumes these."""
+    from .steps import tiny_model
+
+    params, config = tiny_model(d["family"], dtype, int(rng.integers(2**31)))
+    h = _normal(rng, (*d["lead"], config.hidden_size), dtype)
+    return Case((h, params, config), {}, f"{d['family']} h{h.shape}")
+
+
 def _case_decode_step(rng, dtype, d) -> Case:  # dims: family, B, T, length, S_max, padding
     """A random tiny model of d["family"] (accel.steps.tiny_model), a cache of S_max entries whose first `length`
     hold random keys / values and the rest NaN (entries a step writes before it reads them, or never reads: the
@@ -323,6 +333,7 @@ _BUILDERS = {
     "quantized_matvec": _case_quantized_matvec,
     "quantized_matvec_q8": _case_quantized_matvec,
     "linear": _case_linear,
+    "lm_head": _case_lm_head,
     "llama_decode_step": _case_decode_step,
     "gpt2_decode_step": _case_decode_step,
 }
@@ -418,6 +429,11 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
         "full": [dict(lead=(2, 3), n_in=96, n_out=40, bias=True), dict(lead=(1,), n_in=64, n_out=33, layout="F"),
                  dict(lead=(5,), n_in=17, n_out=96, bias=True, layout="F"), dict(lead=(3,), n_in=1, n_out=4)],
         "tiny": [dict(lead=(2,), n_in=8, n_out=5, bias=True)],
+    },
+    "lm_head": {  # up to SHARED_MAX_ROWS = 8 rows on matvec_rows, more on the threaded BLAS; Gemma-2's cap
+        "full": [dict(family="llama", lead=(2, 1)), dict(family="qwen2", lead=(1, 8)),
+                 dict(family="gemma2", lead=(3, 1)), dict(family="gemma2", lead=(3, 5)), dict(family="llama", lead=(9,))],
+        "tiny": [dict(family="llama", lead=(2, 1))],
     },
     "llama_decode_step": {  # (numba takes T > 1 and left padding in float32 only: elsewhere a counted refusal)
         "full": [dict(family="llama", B=2, T=1, length=5, S_max=8),

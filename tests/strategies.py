@@ -195,6 +195,14 @@ def linear_dims(draw, tiny: bool = False) -> dict:
                 bias=draw(st.booleans()), layout=draw(st.sampled_from(["C", "F"])))
 
 
+@st.composite
+def lm_head_dims(draw, tiny: bool = False) -> dict:
+    """h [B, T, C] of a tiny LLaMA-family model (accel.steps.FAMILIES; Gemma-2's capped logits): up to 8 rows on
+    the numba lm_head's matvec path, more on its BLAS path."""
+    return dict(family=draw(st.sampled_from(["llama", "qwen2", "gemma2"])),
+                lead=(draw(dims(1, 3)), draw(dims(1, 2 if tiny else 6))))
+
+
 KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "softmax": softmax_dims,
     "layer_norm": layer_norm_dims_NC,
@@ -209,6 +217,7 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "quantized_matvec": quantized_matvec_dims,
     "quantized_matvec_q8": quantized_matvec_dims,
     "linear": linear_dims,
+    "lm_head": lm_head_dims,
 }
 
 

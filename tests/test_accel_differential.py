@@ -153,7 +153,7 @@ def test_registry_lookups_and_backend_reasons():
         "softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention",
         "decode_attention", "quantized_matvec"}
     assert {s.name for s in registry.kernels("numba") if s.entry != "kernel"} == {  # LlamaOps' ops, fused steps
-        "rope_rotate", "linear", "llama_decode_step", "gpt2_decode_step"}
+        "rope_rotate", "linear", "lm_head", "llama_decode_step", "gpt2_decode_step"}
     avail = registry.available_backends()
     assert set(avail) == set(registry.BACKENDS)
     assert avail["numba"] == "", avail["numba"]

@@ -136,11 +136,13 @@ def test_the_tolerance_catches_a_cache_read_one_entry_short(name):
     assert not res.passed and res.worst > 100
 
 
-@pytest.mark.parametrize("name, fallback", [("rope_rotate", "_rope_rotate"), ("linear", "_linear")])
+@pytest.mark.parametrize("name, fallback", [("rope_rotate", "_rope_rotate"), ("linear", "_linear"),
+                                            ("lm_head", "lm_head")])
 def test_numba_llama_ops_take_their_kernels_on_the_cases_drawn(monkeypatch, name, fallback):
-    """rope_rotate[numba] and linear[numba] (the numba LlamaOps.rope and .linear) run their kernels, not refimpl's
-    function they hand other inputs to, on every case the suite draws for them (rope: x [B, n, T, D], tables
-    [B|1, 1, T, R/2]; linear: C- or F-contiguous W of x's dtype): with refimpl's function removed they still pass."""
+    """rope_rotate, linear and lm_head[numba] (the numba LlamaOps.rope, .linear, .lm_head) run their kernels, not
+    refimpl's function they hand other inputs to, on every case the suite draws for them (rope: x [B, n, T, D],
+    tables [B|1, 1, T, R/2]; linear: C- or F-contiguous W of x's dtype; lm_head: E of h's dtype): with refimpl's
+    function removed they still pass."""
     from hypothesis import HealthCheck
 
     import accel.numba_cpu.llama as numba_llama

@@ -26,6 +26,9 @@ def test_kernel_signature_equals_its_twins(spec):
             pytest.skip(f"{spec.id}: CuPy is not importable here ({e})")
         raise
     ours, theirs = inspect.signature(fn), inspect.signature(twin)
+    if spec.entry == "op":  # (a backend Ops' private operation: the same call, its annotations may differ)
+        ours, theirs = (s.replace(parameters=[p.replace(annotation=p.empty) for p in s.parameters.values()],
+                                  return_annotation=s.empty) for s in (ours, theirs))
     assert ours == theirs, f"{spec.id}: kernel {ours} differs from twin {spec.twin}{theirs}"
     assert spec.name == twin.__name__, f"{spec.id} is registered under another name than its twin's ({twin.__name__})"
 
