@@ -38,15 +38,13 @@ class Declined(Exception):
     """A backend's fused step declined its inputs: it would hand them to refimpl's per-operation blocks."""
 
 
-def _fused(ops, x, params, config, cache, positions, key_start=None):  # [B, T, C] -> [B, T, C]
-    """The backend's fused step on embedded tokens x, or Declined (the adapter to `decode_blocks`' convention)."""
-    if key_start is None:
-        args = (x, params, config, cache, ops) if _is_gpt2(config) else (x, params, config, cache, ops, positions)
-        out = ops.decode_blocks(*args)
-    else:
-        out = ops.decode_blocks(x, params, config, cache, ops, positions, key_start=key_start)
+def _fused(ops, x, params, config, cache, positions, key_mask=None):  # [B, T, C] -> [B, T, C]
+    """The backend's fused step on embedded tokens x, or Declined with its reason (the adapter to decode_blocks)."""
+    before = ops.declined.copy()
+    out = ops.decode_blocks(x, params, config, cache, ops, positions, key_mask)
     if out is None:
-        raise Declined(f"the {ops.name} backend's decode_blocks declined these inputs (it returned None)")
+        reasons = ", ".join(ops.declined - before) or "no reason counted"
+        raise Declined(f"the {ops.name} backend's decode_blocks declined these inputs: {reasons}")
     return out
 
 
@@ -119,15 +117,14 @@ def _run(ops, params, config, ids, cache_k, cache_v, length, attention_mask, xp=
         from refimpl.llama.model import KVCache, embed
 
         x = (ops.embed or embed)(params, config, ids)
-    key_start = None
+    key_mask = None
     if attention_mask is not None:
-        real = np.asarray(attention_mask, dtype=bool)
-        key_start = np.argmax(real, axis=1).astype(np.int64)  # each row's first real key (left padding)
-        positions = (length - key_start)[:, None] + np.arange(T)[None, :]  # [B, T]: the mask's cumsum - 1
+        key_mask = np.asarray(attention_mask, dtype=bool)  # [B, length + T]
+        positions = np.cumsum(key_mask, axis=1)[:, length:] - 1  # [B, T]: refimpl's positions from the mask
     elif not _is_gpt2(config):
         positions = np.arange(length, length + T)[None, :]  # [1, T]
     cache = KVCache(xp.asarray(np.array(cache_k)), xp.asarray(np.array(cache_v)), length)
-    out = _fused(ops, x, params, config, cache, positions, key_start)
+    out = _fused(ops, x, params, config, cache, positions, key_mask)
     return ops.to_numpy(out)
 
 
@@ -183,8 +180,9 @@ def numba_cuda_gpt2_decode_step(params, config, ids, cache_k, cache_v, length) -
 
     k = _numba_cuda_kernels()
 
-    def decode_blocks(x, params, config, cache, ops):
-        if not _step_applies(x, params, config, cache, np):
+    def decode_blocks(x, params, config, cache, ops, positions=None, key_mask=None):
+        if key_mask is not None or not _step_applies(x, params, config, cache, np):
+            ops.declined["not one token per sequence in the step's layout, no key mask"] += 1
             return None
         lengths = np.full(x.shape[0], cache.length + 1, np.int64)
         return decode_step(x[:, 0], params, config, cache.k, cache.v, lengths, k, np)[:, None]
