@@ -36,7 +36,8 @@ def encode_prompt(tokenizer, text: str, *, allowed_special=()) -> list[int]:
 
 
 def allowed_specials(allowed_special, special_tokens: Mapping[str, int]) -> frozenset[str]:
-    """The special tokens encode may match: "all", or a collection naming some of `special_tokens` (others: an error)."""
+    """The special tokens encode may match: "all",
+    or a collection naming some of `special_tokens` (others: an error)."""
     if isinstance(allowed_special, str):
         if allowed_special == "all":
             return frozenset(special_tokens)

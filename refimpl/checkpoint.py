@@ -247,7 +247,8 @@ def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
 
 # ----------------------------------------------------------------------------- .npz members
 
-NPZ_ERRORS = (Exception,)  # a damaged zip raises anything from zipfile / zlib / struct: each becomes one WeightFileError
+# a damaged zip raises anything from zipfile / zlib / struct: each becomes one WeightFileError
+NPZ_ERRORS = (Exception,)
 
 
 NPZ_MAX_RATIO = 1032  # deflate's largest expansion: 258 bytes out of each 2 bits at best (RFC 1951 sec. 3.2.5)
@@ -340,7 +341,7 @@ def npz_read(z: zipfile.ZipFile, member: str, *, max_bytes: int | None = None) -
         raise WeightFileError(f"npz entry {member!r} cannot be read: {type(e).__name__}: {e}") from None
 
 
-# ----------------------------------------------------------------------------- pickled PyTorch checkpoints (export only)
+# ---------------------------------------------------------------------------- pickled PyTorch checkpoints (export only)
 
 def torch_state_dict_tensors(sd, where: str) -> dict[str, Tensor]:
     """A torch state dict (name -> tensor) as Tensors of NumPy arrays: bfloat16 and float16 widened exactly

@@ -1,4 +1,5 @@
-"""Comparing two sets of activations point by point, with tolerances from an error model, and naming the first divergence.
+"""Comparing two sets of activations point by point, with tolerances from an error model,
+and naming the first divergence.
 
 The error model (the tolerance of each compared point)
 
@@ -103,7 +104,8 @@ class Row:
 
 
 def first_divergence(ratios) -> int | None:
-    """The index of the first ratio err / tol that is > 1 or NaN (NaN: values not comparable); None when all are <= 1."""
+    """The index of the first ratio err / tol that is > 1 or NaN (NaN:
+    values not comparable); None when all are <= 1."""
     for i, r in enumerate(ratios):
         if not r <= 1.0:  # NaN counts as a divergence
             return i
@@ -235,7 +237,8 @@ class Report:
         return json.dumps(self.to_dict(), indent=1)
 
     def plot(self, path) -> None:
-        """err / tol along the data flow on a log scale, the line err = tol, the first divergence marked (needs matplotlib)."""
+        """err / tol along the data flow on a log scale, the line err = tol,
+        the first divergence marked (needs matplotlib)."""
         from ..interp._plot import pyplot, save
 
         plt = pyplot()

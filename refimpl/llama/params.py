@@ -117,7 +117,8 @@ class LlamaParams:
         return cls(get("model.embed_tokens.weight"), tuple(blocks), get("model.norm.weight"), head)
 
     def to_checkpoint(self, config: LlamaConfig) -> dict[str, np.ndarray]:
-        """The tensors under their checkpoint names ([out, in] weights; Phi-3's fused again): what from_checkpoint reads."""
+        """The tensors under their checkpoint names ([out, in] weights; Phi-3's fused again):
+        what from_checkpoint reads."""
         c = config
         out = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
         if self.lm_head is not None:

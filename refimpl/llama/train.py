@@ -45,7 +45,8 @@ __all__ = ["init_params", "forward_with_cache", "loss", "loss_and_grads", "check
 
 
 def check_trainable(config: LlamaConfig) -> LlamaConfig:
-    """config is a plain LLaMA this module differentiates (see the module docstring), else a ValueError naming what is not."""
+    """config is a plain LLaMA this module differentiates (see the module docstring),
+    else a ValueError naming what is not."""
     if not isinstance(config, LlamaConfig):
         raise TypeError(f"config must be a LlamaConfig; got {type(config).__name__}")
     c = config
@@ -59,7 +60,8 @@ def check_trainable(config: LlamaConfig) -> LlamaConfig:
         ("soft-capping", c.attn_logit_softcapping is not None or c.final_logit_softcapping is not None),
     ) if bad]
     if problems:
-        raise ValueError(f"refimpl.llama.train differentiates the plain LLaMA block; this config has {', '.join(problems)}")
+        raise ValueError("refimpl.llama.train differentiates the plain LLaMA block; this config has "
+                         f"{', '.join(problems)}")
     return config
 
 
@@ -166,7 +168,8 @@ def loss(params: LlamaParams, config: LlamaConfig, ids, targets) -> float:  # [B
     return cross_entropy(logits, targets)
 
 
-def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids, targets) -> tuple[float, LlamaParams]:  # [B, T], [B, T] -> L, dL/dparams
+def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids,
+                   targets) -> tuple[float, LlamaParams]:  # [B, T], [B, T] -> L, dL/dparams
     """L = mean_p CE(logits_p, targets_p) and dL/dW for every weight W, by reverse-mode differentiation.
 
     Shapes: ids, targets [B, T] integers in [0, V), T <= max_position_embeddings. Returns (L as a

@@ -346,7 +346,8 @@ def _check(data: np.ndarray, t: GGMLType, shape) -> tuple[int, ...]:
 def dequantize(data: np.ndarray, ggml_type, shape) -> np.ndarray:  # uint8 [nbytes] -> float32 [*shape]
     """y = the values that the bytes `data` of a GGML tensor of `ggml_type` and `shape` encode, as ggml decodes them.
 
-    ggml_type: a name ("Q4_K"), an id (12) or a GGMLType; data: 1-D uint8 (a read-only memmap is fine; it is never written), little-endian as in GGUF;
+    ggml_type: a name ("Q4_K"), an id (12) or a GGMLType; data: 1-D uint8 (a read-only memmap is fine; it is never
+    written), little-endian as in GGUF;
     shape: NumPy order (the last axis is the blocked one, ggml's ne[0]). Returns a new float32 array.
     ValueError: an unknown or unsupported type, a last axis that is not whole blocks, or a byte count
     that disagrees with the shape (naming the type, the expected and the actual byte counts).

@@ -236,7 +236,8 @@ def translate(pattern: str, line_anchors: bool = False) -> str:
     if flags and flags.group(3) == ")" and "i" in flags.group(1):
         folded = [True]  # a global (?i) at the start
 
-    def emit_class(negate: bool, bmp: str, astral: str, at: int) -> int:  # -> index after the class (and a possessive + / *)
+    def emit_class(negate: bool, bmp: str, astral: str,
+                   at: int) -> int:  # -> index after the class (and a possessive + / *)
         if pattern.startswith(("++", "*+"), at):
             out.append(_possessive_run(negate, bmp, astral, pattern[at], exact_complement=not folded[-1]))
             return at + 2
