@@ -111,8 +111,8 @@ def check_masked_attention_args(q, k, v, *, causal, window, n_sink, key_mask, al
 
     Returns (q, k, v, causal, window, n_sink, key_mask, slopes): q, k, v as float arrays of shapes
     [B, H, T, D], [B, K, S, D], [B, K, S, Dv] (refimpl.attention.check_gqa_inputs); causal a
-    bool (True / False only, as the twin); window and n_sink as ints (window may be None); key_mask a bool [B, S] array or None; slopes a float
-    [H] array or None (each backend casts it to its own dtype).
+    bool (True / False only, as the twin); window and n_sink as ints (window may be None); key_mask a bool [B, S] array
+    or None; slopes a float [H] array or None (each backend casts it to its own dtype).
     """
     from refimpl._checks import as_float, check_bool, check_positive_int
     from refimpl.attention import check_gqa_inputs

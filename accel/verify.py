@@ -5,9 +5,9 @@ random inputs (from `seed`) in that dtype, the kernel on them, the twin on the s
 float64, and `accel._common.check_close` with the spec's tolerance. The cases cover what the
 kernels special-case: odd head dims, T = 1, T != S (T > S too), K < H (grouped-query heads),
 fully masked rows (a sequence whose keys are all padding, queries before key 0), every mask
-pattern, ALiBi, soft-capped scores (softcap), decode windows over ragged caches, and NaN / inf inputs: anywhere for the elementwise kernels, in q and k for
-attention (v stays finite: a NaN or inf value behind a zero weight is a documented difference,
-accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
+pattern, ALiBi, soft-capped scores (softcap), decode windows over ragged caches, and NaN / inf inputs: anywhere for the
+elementwise kernels, in q and k for attention (v stays finite: a NaN or inf value behind a zero weight is a documented
+difference, accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
 
     python -m refimpl verify [--backend B]     (refimpl.__main__ calls `main`)
 
@@ -160,7 +160,8 @@ def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, 
     shape = (*d["lead"], d["F"])
     if d.get("strided"):
         both = _normal(rng, (*d["lead"], 2 * d["F"]), dtype, d.get("scale", 3.0))
-        both[..., d["F"]:] /= both.dtype.type(d.get("scale", 3.0))  # u at unit scale, as below (the atol assumes |u| ~ 1)
+        # u at unit scale, as below (the atol assumes |u| ~ 1)
+        both[..., d["F"]:] /= both.dtype.type(d.get("scale", 3.0))
         g, u = both[..., :d["F"]], both[..., d["F"]:]
     else:
         g, u = _normal(rng, shape, dtype, d.get("scale", 3.0)), _normal(rng, shape, dtype)

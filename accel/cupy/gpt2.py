@@ -36,7 +36,8 @@ import numpy as np
 from refimpl._checks import check_bool
 from refimpl.gpt2.model import Ops
 
-__all__ = ["make_ops", "decode_step", "DeviceParams", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
+# OPS: built on first access (module __getattr__ below)
+__all__ = ["make_ops", "decode_step", "DeviceParams", "CAPTURES", "OPS"]
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ _PACKED_VIEWS: dict = {}  # id(view) -> (weakref to the view, PackedMatrix): the
 
 
 def attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
-              alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+              alibi_slopes=None,
+              scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """refimpl.attention.masked_attention on the Numba kernels (the `Ops.attention` of GPT-2).
 
     Shapes: q [B, H, T, D]; k, v [B, K, S, D] (views into the KV cache); key_mask [B, S] bool.
@@ -149,7 +150,8 @@ class PackedLinear(LinearParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.packed, PackedMatrix) or not self.packed.packs(self.w):
-            raise ValueError(f"PackedLinear.packed must be blas.pack_matrix(w) of this w ({self.w.dtype} {self.w.shape}; "
+            raise ValueError(f"PackedLinear.packed must be blas.pack_matrix(w) of this w ({self.w.dtype} "
+                             f"{self.w.shape}; "
                              f"a new w needs pack_matrix, or pack(model), again); got {self.packed!r}")
 
 
@@ -224,7 +226,8 @@ def _lm_head(h, params) -> np.ndarray:  # [..., C] -> [..., V]
 
 @needs_setup
 @njit(cache=True)
-def _linear_rows(x, w, b, threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]: x W (+ b), as refimpl.linear
+def _linear_rows(x, w, b,
+                 threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]: x W (+ b), as refimpl.linear
     y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
     matmul_threaded(y, x, w, threads)
     if b.shape[0]:
