@@ -347,7 +347,8 @@ def test_matmul_packed_equals_matmul(m, k, n, dtype, seed):
     y = np.full((m, n), np.nan, dtype=dtype)
     _call_packed(y, x, packed.buffer, k, n)
     ref = x.astype(np.float64) @ w.astype(np.float64)
-    assert_product_close(y, ref, x, w, dtypes=(dtype, np.float64), what=f"matmul_packed {m}x{k}x{n} {np.dtype(dtype).name}")
+    assert_product_close(y, ref, x, w, dtypes=(dtype, np.float64), what=f"matmul_packed {m}x{k}x{n} "
+                                                                        f"{np.dtype(dtype).name}")
 
 
 def _packed_vs_plain(w, packed, row_counts, rng) -> float:

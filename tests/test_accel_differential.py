@@ -365,7 +365,8 @@ def test_skipping_masked_tiles_is_exact():
 
 
 def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
-    """verify.main returns 0 on correct kernels and 1 once an entry is wrong (a kernel registered against the wrong twin)."""
+    """verify.main returns 0 on correct kernels and 1 once an entry is wrong (a kernel
+    registered against the wrong twin)."""
     from accel import verify
 
     _require(registry.get("softmax", "numba"))
@@ -375,7 +376,8 @@ def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
     assert "softmax" in table and "FAIL" not in table
     # rms_norm(x, gamma) posing as gelu_tanh_bias(x, b): same call shape, different math.
     bad = registry.KernelSpec("gelu_tanh_bias", "numba", "accel.numba_cpu.norms:rms_norm", "refimpl.ffn:gelu_tanh_bias",
-                              ("float64",), {"float64": 1e-12}, {"float64": 1e-12}, "a deliberately wrong entry for this test")
+                              ("float64",), {"float64": 1e-12}, {"float64": 1e-12}, "a deliberately wrong entry for "
+                                                                                    "this test")
     monkeypatch.setattr(registry, "KERNELS", [bad])
     assert verify.main("numba") == 1
     assert "FAIL" in capsys.readouterr().out

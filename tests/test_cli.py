@@ -166,7 +166,8 @@ def test_tokenize_prints_ids_and_pieces(capsys):
     (["tokenize", "--model", "/no/such/file", "hi"], "/no/such/file"),
     (["export", "--model", "/no/such/dir", "--out", "{tmp}"], "no such file"),
     (["export", "--model", "{hf}", "--out", "{file}/sub"], "Not a directory"),
-    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0.5", "--seed", "-1"], "seed must be None or a non-negative"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0.5", "--seed", "-1"], "seed must be None or a "
+                                                                                            "non-negative"),
     (["generate", "--model", "{hf}", "--ids", "1", "--seed", "3"], "--seed only matters when sampling"),
     (["generate", "--model", "{hf}", "--ids", "1", "--length-penalty", "2"], "--length-penalty only applies to beam"),
     (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0"], "(use --greedy for greedy decoding)"),

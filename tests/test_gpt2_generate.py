@@ -189,7 +189,8 @@ def test_repetition_penalty_is_checked_at_the_call_against_the_models_logit_boun
 @given(seed=st.integers(0, 2**31), log_theta=st.floats(-38.0, 38.5), scale=st.sampled_from([1.0, 1e10, 1e30]))
 @settings(deadline=None)
 def test_repetition_penalty_is_finite_or_refused(seed, log_theta, scale):
-    """For finite float32 logits and any penalty: a ValueError naming it, or every entry finite (never a silent inf/NaN)."""
+    """For finite float32 logits and any penalty: a ValueError naming it,
+    or every entry finite (never a silent inf/NaN)."""
     z = _logits(seed) * np.float32(scale)
     ids = np.random.default_rng(seed).integers(0, z.shape[1], (z.shape[0], 8))
     try:

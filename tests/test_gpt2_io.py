@@ -328,7 +328,8 @@ def test_pickled_files_are_refused_with_conversion_hint(hf, tmp_path):
     legacy = tmp_path / "legacy.pt"
     torch.save(model.state_dict(), legacy, _use_new_zipfile_serialization=False)
     for p in (zip_pt, legacy):
-        with pytest.raises(WeightFileError, match=r"pickled PyTorch.*python -m refimpl export --model DIR_OR_NAME --out DIR"):
+        with pytest.raises(WeightFileError, match=r"pickled PyTorch.*python -m refimpl export --model DIR_OR_NAME "
+                                                  r"--out DIR"):
             load_weights(p)
 
 
@@ -401,7 +402,8 @@ def test_misc_refusals(hf, tmp_path):
     out = save_weights(CFG, ref, tmp_path / "ours")
     cfg = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(dict(cfg, n_head=4)))
-    with pytest.raises(WeightFileError, match=r"config.json says n_head=4 but the config in model.safetensors says n_head=3"):
+    with pytest.raises(WeightFileError, match=r"config.json says n_head=4 but the config in model.safetensors says "
+                                              r"n_head=3"):
         load_weights(out)
 
 

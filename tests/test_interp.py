@@ -627,7 +627,8 @@ LLAMA_T = 12  # longer than every case's sliding window
 
 @pytest.fixture(scope="module")
 def llama_models(tmp_path_factory):
-    """case -> (Hugging Face model float32, our LlamaModel float64, our LlamaModel float32), read from save_pretrained."""
+    """case -> (Hugging Face model float32, our LlamaModel float64, our LlamaModel float32),
+    read from save_pretrained."""
     from llama_oracle import CASES, hf_llama
 
     import refimpl

@@ -67,7 +67,8 @@ def random_model(config, *, seed=0, tokenizer=None) -> GPT2Model:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A random GPT-2 (3 blocks x 2 heads, 64 positions) with a byte-level BPE of 280 tokens: "é" stays two byte tokens."""
+    """A random GPT-2 (3 blocks x 2 heads, 64 positions) with a byte-level BPE of 280 tokens:
+    "é" stays two byte tokens."""
     from refimpl.gpt2.bpe_train import save_bpe, train_bpe
     from refimpl.gpt2.io import save_weights
 

@@ -195,7 +195,8 @@ def test_not_a_dict():
     ("llama", dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)),
 ])
 def test_an_explicit_null_means_none_as_in_hugging_face(model_type, nulls):
-    """A null in config.json switches the setting off (as Hugging Face keeps it); only a missing key takes the default."""
+    """A null in config.json switches the setting off (as Hugging Face keeps it);
+    only a missing key takes the default."""
     d = {"model_type": model_type, **SHAPES_96, **nulls}
     ours = LlamaConfig.from_dict(d)
     assert all(getattr(ours, k) is None for k in nulls)

@@ -1,4 +1,5 @@
-"""Config keys of published Hugging Face folders: rope_interleaved proved, SmolLM2's and Qwen2.5's keys run as HF runs them.
+"""Config keys of published Hugging Face folders: rope_interleaved proved,
+SmolLM2's and Qwen2.5's keys run as HF runs them.
 
 rope_interleaved (SmolLM2's config.json carries it; nanotron trains with either pairing) turns the
 pairs (2i, 2i+1) of each head's rotated dims instead of Hugging Face's (i, i + R/2). Proof that
@@ -55,7 +56,8 @@ def rel(a, b) -> float:
 
 
 def logit_tolerance(config) -> float:
-    """(4 L + 1) * 2 gamma_n in float64 (tests/test_accel_llama_numba.py's argument: every product may round differently)."""
+    """(4 L + 1) * 2 gamma_n in float64 (tests/test_accel_llama_numba.py's argument:
+    every product may round differently)."""
     c = config
     n = max(c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim)
     return (4 * c.num_hidden_layers + 1) * 2 * gamma(n + 1, np.float64)

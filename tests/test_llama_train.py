@@ -125,7 +125,8 @@ def test_gradients_equal_torch_autograd(config, monkeypatch):
 
 def test_a_few_steps_reduce_the_loss_and_resume_is_exact(tmp_path):
     """Through refimpl.training's loop with LLAMA_FAMILY and BOS windows: 40 steps on a repetitive
-    stream more than halve the loss (each window's first target, after BOS, stays a guess among 11); 4 steps in one run equal 2 + checkpoint + 2 resumed (float32)."""
+    stream more than halve the loss (each window's first target, after BOS, stays a guess among 11); 4 steps in one run
+    equal 2 + checkpoint + 2 resumed (float32)."""
     config = _config(vocab_size=12, hidden_size=16, intermediate_size=32, max_position_embeddings=8, bos_token_id=11)
     toks = np.tile(np.arange(11), 60)
     s = TrainSettings(steps=40, batch_size=4, seq_len=8, max_lr=1e-2, min_lr=1e-3, warmup=4, eval_every=40,

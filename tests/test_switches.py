@@ -447,7 +447,8 @@ def test_bad_switch_values_exit_2_naming_the_flag(argv, flag, capsys):
 def test_inspect_attention_without_the_mask_fills_the_upper_triangle(tmp_path, capsys, monkeypatch):
     import refimpl.interp.attention_maps as maps
 
-    monkeypatch.setattr(maps, "plot_attention_maps", lambda model, ids, w, path: path)  # the JSON is checked, not the picture
+    # the JSON is checked, not the picture
+    monkeypatch.setattr(maps, "plot_attention_maps", lambda model, ids, w, path: path)
     rc, out, err = run_cli(["inspect", "attention", "--text", "Friends, Romans", "--no-causal-mask",
                             "--attention-scale", "head-dim", "--out", str(tmp_path)], capsys)
     assert rc == 0, err

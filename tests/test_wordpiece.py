@@ -92,7 +92,8 @@ def test_split_on_punctuation_concatenates_back(word):
 
 @given(st.text(max_size=40))
 def test_strip_accents_is_idempotent_and_leaves_no_mark(text):
-    """strip_accents(x) has no Mn character (NFD of a string without Mn... keeps none), so applying it twice changes nothing."""
+    """strip_accents(x) has no Mn character (NFD of a string without Mn... keeps none),
+    so applying it twice changes nothing."""
     once = wp.strip_accents(text)
     assert not any(unicodedata.category(c) == "Mn" for c in once)
     assert wp.strip_accents(once) == once
@@ -252,7 +253,8 @@ _low = st.characters(max_codepoint=0x5FF) | st.characters(min_codepoint=0x3000, 
 @settings(max_examples=100)
 @given(text=st.text(alphabet=_low, max_size=30))
 def test_hypothesis_unicode_blocks_equal_tokenizers(ours, hf, text):
-    """Drawn text from those blocks (controls, Latin, Greek, Cyrillic, Hebrew, CJK, emoji): tokenizers flavor = Rust oracle."""
+    """Drawn text from those blocks (controls, Latin, Greek, Cyrillic, Hebrew, CJK, emoji):
+    tokenizers flavor = Rust oracle."""
     assert ours["tokenizers"].encode(text) == hf_ids(hf["tokenizers"], text)
 
 
