@@ -133,7 +133,8 @@ def attention_cases(sizes, ceil: dict) -> list[dict]:
                    "throughput_ratio_vs_torch": theirs["median_s"] / mine["median_s"],
                    "fraction_of_sgemm_ceiling": flop / mine["median_s"] / 1e9 / ceil["sgemm_gflops"]}
             out.append(rec)
-            print(f"attention T={T} ({variant}): ours {mine['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
+            print(f"attention T={T} ({variant}): ours {mine['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} "
+                  "GFLOP/s), "
                   f"torch SDPA {theirs['median_s']*1e3:.2f} ms ({rec['torch_gflops']:.0f} GFLOP/s), "
                   f"ratio {rec['throughput_ratio_vs_torch']:.2f}x", flush=True)
     out += tile_sweep(make, ceil)
@@ -184,7 +185,8 @@ def tile_sweep(make, ceil: dict, T: int = 4096) -> list[dict]:
                             "throughput_ratio_vs_torch": theirs["median_s"] / mine["median_s"],
                             "fraction_of_sgemm_ceiling": flop / mine["median_s"] / 1e9 / ceil["sgemm_gflops"]})
         out.append(rec)
-        msg = rec.get("error") or (f"{rec['accel_numba_cuda']['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
+        msg = rec.get("error") or (f"{rec['accel_numba_cuda']['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} "
+                                   "GFLOP/s), "
                                    f"{rec['throughput_ratio_vs_torch']:.2f}x torch SDPA; max abs diff {diff:.1e} at T=512")
         print(f"attention tile sweep T={T} tiled={sizes} ({rec['threads_per_block']} threads): {msg}", flush=True)
     timed = [r for r in out if "accel_numba_cuda" in r]

@@ -266,7 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
                     help="gpt2: the default model (refimpl/data/default); llama: the tiny LLaMA "
                     "(refimpl/data/shakespeare-llama) with the default model's tokenizer")
-    ap.add_argument("--out", type=Path, help="default: refimpl/data/default (gpt2), refimpl/data/shakespeare-llama (llama)")
+    ap.add_argument("--out", type=Path, help="default: refimpl/data/default (gpt2), refimpl/data/shakespeare-llama "
+                                             "(llama)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, few steps: checks the pipeline in minutes")
     ap.add_argument("--steps", type=int, help="override the number of steps")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
@@ -349,7 +350,8 @@ def main(argv=None) -> int:
 # ----------------------------------------------------------------------------- --model llama
 
 def llama_config(model_kw: dict, vocab_size: int, bos: int):
-    """The LlamaConfig of a recipe: model_type llama, BOS = EOS = <|endoftext|> (config.json as Hugging Face's LlamaConfig reads it)."""
+    """The LlamaConfig of a recipe: model_type llama,
+    BOS = EOS = <|endoftext|> (config.json as Hugging Face's LlamaConfig reads it)."""
     from refimpl.llama.config import LlamaConfig
 
     return LlamaConfig.from_dict({"model_type": "llama", "vocab_size": vocab_size, **model_kw,
@@ -585,7 +587,8 @@ def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dic
         "and the targets are exactly the GPT-2 recipe's for the same s.",
         "",
         "## Model and training",
-        f"- LLaMA architecture (Hugging Face `model_type` \"llama\"): {c.num_hidden_layers} layers, width {c.hidden_size}, "
+        f"- LLaMA architecture (Hugging Face `model_type` \"llama\"): {c.num_hidden_layers} layers, width "
+        f"{c.hidden_size}, "
         f"{c.num_attention_heads} query heads sharing {c.num_key_value_heads} key/value heads (grouped-query attention, "
         f"head dim {c.head_dim}), SwiGLU MLP of hidden size {c.intermediate_size}, RMSNorm (eps {c.rms_norm_eps}), "
         f"RoPE (theta {c.rope.rope_theta:g}, half-split pairs), no biases, embeddings tied to the LM head, context "

@@ -119,5 +119,6 @@ for r in range(int(sys.argv[1]) if len(sys.argv)>1 else 9):
     for k,f in fns.items():
         t=time.perf_counter(); f(); T[k].append(time.perf_counter()-t)
 med={k:np.median(v) for k,v in T.items()}
-for k in fns: print(f"{k:8s} {med[k]*1e3:7.2f} ms  {tot/med[k]/1e9:6.2f} GB/s  frac_of_big {med['big']/med[k]:.2f}  paired {np.median(np.array(T['big'])/np.array(T[k])):.2f}")
+for k in fns: print(f"{k:8s} {med[k]*1e3:7.2f} ms  {tot/med[k]/1e9:6.2f} GB/s  frac_of_big {med['big']/med[k]:.2f}  "
+                    f"paired {np.median(np.array(T['big'])/np.array(T[k])):.2f}")
 print("load",os.getloadavg(), numba.threading_layer())
