@@ -472,7 +472,8 @@ def check_export_out(out_dir, source=None) -> Path:
     if source is not None:
         src = Path(os.path.realpath(os.fspath(source)))
         if out == src or (src.is_file() and out == src.parent):
-            raise ValueError(f"out_dir {text} is the folder of the model being exported ({source}); give another folder")
+            raise ValueError(f"out_dir {text} is the folder of the model being exported ({source}); give another "
+                             "folder")
     return Path(text)
 
 

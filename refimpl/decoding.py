@@ -130,7 +130,8 @@ def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [...
     if ids.dtype.kind not in "iu" and ids.size:
         raise TypeError(f"ids must be integer token ids; got dtype {ids.dtype}")
     if ids.shape[:-1] != x.shape[:-1] or ids.ndim != x.ndim:
-        raise ValueError(f"ids must have shape [..., N] with the leading axes of logits {x.shape[:-1]}; got {ids.shape}")
+        raise ValueError(f"ids must have shape [..., N] with the leading axes of logits {x.shape[:-1]}; got "
+                         f"{ids.shape}")
     V = x.shape[-1]
     if ids.size and (ids.min() < 0 or ids.max() >= V):
         raise ValueError(f"ids must lie in [0, V={V}); got values in [{ids.min()}, {ids.max()}]")

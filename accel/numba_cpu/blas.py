@@ -248,7 +248,8 @@ class PackedMatrix:
         return f"PackedMatrix(shape={self.shape}, dtype={self.dtype}, {self.nbytes} bytes)"
 
     def _refuse(self, *_):
-        raise TypeError("a PackedMatrix is MKL's layout at its own address: pack the matrix again instead of copying it")
+        raise TypeError("a PackedMatrix is MKL's layout at its own address: pack the matrix again instead of "
+                        "copying it")
 
     __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _refuse
 

@@ -114,7 +114,8 @@ def first_divergence(ratios) -> int | None:
 
 # Where to look when a point is the first to part, given that the points before it agreed.
 _HINTS = (
-    (r"blocks\.0\.resid_pre$", "the embedding: token ids, the position embedding or offset, Gemma's sqrt(hidden) scale"),
+    (r"blocks\.0\.resid_pre$", "the embedding: token ids, the position embedding or offset, Gemma's sqrt(hidden) "
+                               "scale"),
     (r"attn\.(q|k|v)$", "the input norm (eps; Gemma's 1 + w) or the q/k/v projections (weight layout [in, out] vs "
                         "[out, in], bias, head split; Qwen3's q/k norms)"),
     (r"attn\.(q|k)_rot$", "RoPE: the pairing (half-split vs interleaved), theta and its scaling, the positions "

@@ -98,7 +98,8 @@ def _check_batch(ids, targets, config: GPT2Config):
     if targets is not None:
         targets = check_token_ids(targets, config, name="targets")
         if targets.shape != ids.shape:
-            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got {list(targets.shape)}")
+            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got "
+                             f"{list(targets.shape)}")
     return ids, targets
 
 
