@@ -21,7 +21,8 @@ import numpy as np
 
 from ._checks import is_int
 
-__all__ = ["allowed_specials", "check_token_id", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder", "check_id_sequence"]
+__all__ = ["allowed_specials", "check_token_id", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder",
+           "check_id_sequence"]
 
 
 def encode_prompt(tokenizer, text: str, *, allowed_special=()) -> list[int]:

@@ -112,7 +112,9 @@ def _resolve_scale(D: int, scale, dtype) -> np.floating:
     return dtype.type(1.0 / math.sqrt(D)) if scale is None else dtype.type(scale)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None,
+                                 return_weights: bool = False
+                                 ):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
     """Attention(Q, K, V) = softmax(cap(Q K^T * scale + bias), masked to -inf where mask is False) V
     (Vaswani et al. 2017, eq. 1; cap: Gemma 2, sec. 2).
 
@@ -448,7 +450,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None,
     return _decode_attention(q, k, v, key_mask, scale, window, _check_softcap(softcap))
 
 
-def _decode_attention(q, k, v, key_mask, scale, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
+def _decode_attention(q, k, v, key_mask, scale, window=None, softcap=None
+                      ) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
     """decode_attention with no checks: inputs already validated (check_decode_inputs; scale None or a
     finite number; window None or a positive int; softcap None or a positive finite number)."""
     if window is not None:
@@ -712,7 +715,8 @@ def _check_masked_attention(q, k, v, causal, window, n_sink, key_mask, alibi_slo
     return q, k, v, causal, window, n_sink, key_mask, alibi_slopes
 
 
-def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
+def check_decode_inputs(q, k, v, key_lengths
+                        ):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
     """decode_attention's checks of q, k, v and key_lengths, in order (shared with the accel kernels).
 
     Returns q, k and v as float arrays and the key mask j < L_b [B, S] (padding_mask's right

@@ -46,7 +46,8 @@ from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, saf
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
-           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read", "torch_state_dict_tensors",
+           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read",
+           "torch_state_dict_tensors",
            "read_pickled_state_dict", "read_weight_map", "read_pickled_shards", "EXPORT_DTYPES", "check_export_dtype",
            "export_dtypes", "hub_config_file", "hub_model_folder", "TOKENIZER_FILES", "MODEL_FOLDER_FILES",
            "model_folder", "check_model_folder"]

@@ -514,8 +514,8 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
         most = math.log(np.finfo(np.float64).max) / math.log(max_new_tokens)  # that power must stay a finite,
         if abs(length_penalty) > most:                                          # nonzero float64
             raise ValueError(f"length_penalty must lie in [-{most:.4g}, {most:.4g}] with max_new_tokens="
-                             f"{max_new_tokens} (a beam's score is divided by its length to this power, which must stay a finite, "
-                             "nonzero float64); "
+                             f"{max_new_tokens} (a beam's score is divided by its length to this power, "
+                             "which must stay a finite, nonzero float64); "
                              f"got {length_penalty!r}")
     if isinstance(early_stopping, (bool, np.bool_)):
         early_stopping = bool(early_stopping)
@@ -638,8 +638,8 @@ def _choose(logits, seen, s: _Settings, rng) -> np.ndarray:  # [B, V], [B, V] bo
     return sample_from_logits(logits, rng)
 
 
-def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settings,
-                  rng, trace: Trace | None = None) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> yields next ids [B] per step
+def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settings, rng,
+                  trace: Trace | None = None) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> next ids [B] per step
     """Greedy / sampled decoding with a KV cache; prompts of different lengths are left-padded.
 
     Yields the chosen token of every row at each of n_steps steps; the caller stops early

@@ -127,7 +127,8 @@ def _norm_args(dy, x, gamma) -> tuple:
     return dy, x, gamma, C, np.result_type(dy, x, gamma)
 
 
-def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., C] -> dx, dgamma, dbeta
+def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., C] -> dx, dgamma, dbeta
     """For y = xhat * gamma + beta, xhat = (x - mu) * r, r = (sigma^2 + eps)^(-1/2)  (Ba et al. 2016, sec. 3):
 
         dgamma = sum_p dy * xhat,   dbeta = sum_p dy,
@@ -170,7 +171,8 @@ def gelu_tanh_backward(dy, x) -> np.ndarray:  # [...], [...] -> [...]
     xc = np.clip(x.astype(dtype, copy=False), dtype.type(-20.0), dtype.type(20.0))
     t = np.tanh(c * (xc + a * (xc * xc * xc)))
     du = c * (one + dtype.type(3.0) * a * (xc * xc))
-    return (dy.astype(dtype, copy=False) * (half * (one + t) + half * xc * (one - t * t) * du)).astype(out_dtype, copy=False)
+    return (dy.astype(dtype, copy=False)
+            * (half * (one + t) + half * xc * (one - t * t) * du)).astype(out_dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -288,7 +290,8 @@ def swiglu_backward(dh, gate, up) -> tuple[np.ndarray, np.ndarray]:  # [...], [.
 
 # ----------------------------------------------------------------------------- grouped-query attention
 
-def grouped_query_attention_backward(dout, q, k, v, weights, *, scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [B, H, T, Dv] -> dq, dk, dv
+def grouped_query_attention_backward(dout, q, k, v, weights, *, scale=None
+                                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [B, H, T, Dv] -> dq, dk, dv
     """GQA (Ainslie et al. 2023): query head h reads key/value head h // G, G = H / K, i.e. attention
     with each of the K key/value heads repeated G times. The repeat's VJP sums over the copies:
 

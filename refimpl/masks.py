@@ -193,7 +193,7 @@ def combine_masks(*masks) -> np.ndarray | None:  # [...] x n -> broadcast shape
     return _combine_masks(*_check_combine_masks(masks))
 
 
-def _combine_masks(*masks: np.ndarray | None) -> np.ndarray | None:  # bool arrays broadcasting together -> their AND; no checks
+def _combine_masks(*masks: np.ndarray | None) -> np.ndarray | None:  # broadcasting bool arrays -> their AND; no checks
     arrays = [m for m in masks if m is not None]
     if not arrays:
         return None

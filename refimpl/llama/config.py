@@ -389,7 +389,8 @@ class LlamaConfig:
                              "are causal)")
         if check_bool(get("use_mrope", False), f"{model_type} config use_mrope"):
             raise ValueError(f"{model_type} config use_mrope=true (multimodal RoPE: sections of each head turned by "
-                             "separate position ids) is not implemented; this decoder rotates by one position per token")
+                             "separate position ids) is not implemented; this decoder rotates by one position "
+                             "per token")
         if model_type == "gemma3_text" and get("attn_logit_softcapping") is not None:
             raise ValueError(f"gemma3_text config attn_logit_softcapping={get('attn_logit_softcapping')!r}: Hugging "
                              "Face's Gemma 3 attention never applies it; give null (refusing rather than guessing)")
@@ -416,7 +417,8 @@ class LlamaConfig:
         """config.json's rope_parameters: `rope`'s, or Gemma 3's {"full_attention": rope,
         "sliding_attention": rope_local}."""
         if self.model_type == "gemma3_text":
-            return {"full_attention": self.rope.to_dict(), "sliding_attention": (self.rope_local or self.rope).to_dict()}
+            return {"full_attention": self.rope.to_dict(),
+                    "sliding_attention": (self.rope_local or self.rope).to_dict()}
         return self.rope.to_dict()
 
     def to_dict(self) -> dict:

@@ -53,8 +53,8 @@ from ..safetensors import SafetensorsError, _gc_paused, read_header
 from .config import TEXT_PARTS, LlamaConfig, shape_summary, text_part
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
-__all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError", "ARCHITECTURES",
-           "COPIED_FILES"]
+__all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError",
+           "ARCHITECTURES", "COPIED_FILES"]
 
 # model_type -> the Hugging Face *ForCausalLM class that config.json's "architectures" names.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",

@@ -214,7 +214,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig,
 
 
 def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype,
-                 rope: RopeParameters | None = None) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1, 1, T, R/2]
+                 rope: RopeParameters | None = None) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1,1,T,R/2]
     """a cos(p w_i), a sin(p w_i) for every position p of a forward, once for all its layers (of one RoPE) and heads.
 
     rope: the RoPE to use (None: config.rope; Gemma 3's sliding layers have their own,

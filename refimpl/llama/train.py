@@ -182,7 +182,8 @@ def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids,
     logits, cache = _forward(params, config, ids)
     c = config
     B, T = ids.shape
-    H, K, D, V, C, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size, c.hidden_size, c.rms_norm_eps
+    H, K, D, V, C, eps = (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size, c.hidden_size,
+                          c.rms_norm_eps)
     cos, sin = cache["rope"]
     L, dlogits = cross_entropy_with_grad(logits, targets)  # dlogits [B, T, V]
     del logits
@@ -213,7 +214,8 @@ def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids,
         dxa, dw_attn_norm = rms_norm_backward(da_q + da_k + da_v, bc.x, p.attn_norm, eps=eps)
         dx = dx_mid + dxa
         block_grads.append(LlamaBlockParams(
-            dw_attn_norm, AttentionParams(LinearParams(dw_q), LinearParams(dw_k), LinearParams(dw_v), LinearParams(dw_o)),
+            dw_attn_norm,
+            AttentionParams(LinearParams(dw_q), LinearParams(dw_k), LinearParams(dw_v), LinearParams(dw_o)),
             dw_mlp_norm, GLUParams(LinearParams(dw_gate), LinearParams(dw_up), LinearParams(dw_down))))
     # embedding: x = E[ids]
     dembed = embedding_backward(dx, ids, V)

@@ -84,7 +84,8 @@ def dequantize_bf16(blocks: np.ndarray) -> np.ndarray:  # [N, 2] -> [N, 1]
 def _plain(dtype: str):
     def dequantize_plain(blocks: np.ndarray) -> np.ndarray:  # [N, itemsize] -> [N, 1]
         return blocks.view(dtype).astype(np.float32)
-    dequantize_plain.__doc__ = f"y = float32(v), v the little-endian {dtype} value (rounded to nearest if it does not fit)."
+    dequantize_plain.__doc__ = (f"y = float32(v), v the little-endian {dtype} value "
+                                "(rounded to nearest if it does not fit).")
     return dequantize_plain
 
 

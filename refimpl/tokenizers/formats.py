@@ -33,8 +33,8 @@ from .pretokenize import PATTERNS, SPLIT_BEHAVIORS, Split, compile_pattern
 from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
-__all__ = ["TokenizerNotImplemented", "TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece",
-           "load_tekken", "load_vocab_merges", "byte_to_unicode", "unicode_to_byte"]
+__all__ = ["TokenizerNotImplemented", "TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json",
+           "load_sentencepiece", "load_tekken", "load_vocab_merges", "byte_to_unicode", "unicode_to_byte"]
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
 

@@ -147,7 +147,8 @@ def _possessive_run(negate: bool, bmp: str, astral: str, quantifier: str, *, exa
         inverse = _astral_complement(astral) if exact_complement else None
         astral_stretch = (f"[^{astral}\\x00-\\uffff]+" if inverse is None
                           else f"[{inverse}]+" if inverse else "")
-        stretches = [f"[^{bmp}\\U00010000-\\U0010ffff]+"] + ([f"(?={_ASTRAL})" + astral_stretch] if astral_stretch else [])
+        stretches = ([f"[^{bmp}\\U00010000-\\U0010ffff]+"]
+                     + ([f"(?={_ASTRAL})" + astral_stretch] if astral_stretch else []))
     else:
         stretches = ([f"[{bmp}]+"] if bmp else []) + ([f"(?={_ASTRAL})[{astral}]+"] if astral else [])
     if not stretches:
