@@ -105,7 +105,8 @@ _F32_F64 = ("float32", "float64")
 KERNELS: list[KernelSpec] = [
     # ---------------------------------------------------------------- numba (CPU)
     KernelSpec(
-        "quantized_matvec", "numba", "accel.numba_cpu.qmatvec:quantized_matvec", "refimpl.quant.matmul:quantized_matvec",
+        "quantized_matvec", "numba", "accel.numba_cpu.qmatvec:quantized_matvec",
+        "refimpl.quant.matmul:quantized_matvec",
         ("float32",), rtol={"float32": 0.0}, atol={"float32": 1.6e-3},
         note="Q8_0 / Q4_1 blocks summed as d S_b (+ m X_b) per block of 32: |y - twin| <= (gamma_{K/32+33} + u) "
              "sum |d q x| + |m x| (qmatvec.error_bound, checked per entry in tests/test_accel_qmatvec.py); the "
@@ -116,15 +117,16 @@ KERNELS: list[KernelSpec] = [
         "quantized_matvec_q8", "numba", "accel.numba_cpu.qmatvec:quantized_matvec_q8",
         "refimpl.quant.matmul:quantized_matvec_q8", ("float32",), rtol={"float32": 0.0}, atol={"float32": 1e-3},
         note="x quantized as ggml's vec_dot does (bit-exact), integer block sums, then (d xd) I (+ m s): |y - twin| <= "
-             "gamma_{K/32+3} sum |d xd I| + |m s| + u |w x| (qmatvec.error_bound); the suite's cases (|w| <= 1, |x| <= 1, "
-             "K <= 576) bound that by (21 + 1) 2^-24 x 576 = 7.6e-4",
+             "gamma_{K/32+3} sum |d xd I| + |m s| + u |w x| (qmatvec.error_bound); the suite's cases "
+             "(|w| <= 1, |x| <= 1, K <= 576) bound that by (21 + 1) 2^-24 x 576 = 7.6e-4",
     ),
     KernelSpec(
         "softmax", "numba", "accel.numba_cpu.softmax:softmax", "refimpl.attention:softmax", _F32_F64,
         rtol={"float32": 4e-7, "float64": 1e-13}, atol={"float32": 1e-30, "float64": 1e-300},
         note="each row is computed in float64 (max, exp, a sum in a vectorised order, times 1 / sum) and rounded once "
              "to the input dtype: float32 is off by the final rounding (2^-24 relative) plus its "
-             "polynomial exp's < 5e-13 relative; float64 differs from NumPy's pairwise sum by <= n eps per row (n <= 1e3 here)",
+             "polynomial exp's < 5e-13 relative; float64 differs from NumPy's pairwise sum by <= n eps per row "
+             "(n <= 1e3 here)",
     ),
     KernelSpec(
         "layer_norm", "numba", "accel.numba_cpu.norms:layer_norm", "refimpl.norms:layer_norm", _F32_F64,
@@ -155,7 +157,8 @@ KERNELS: list[KernelSpec] = [
              "rounded once: float32 is off by that rounding (2^-24 relative), float64 by a few roundings of the "
              "formulas (SiLU: the twin's g e / (1 + e), e = exp(-|g|); no cancellation in either). atol is the "
              "REFERENCE's error: the twin's tanh GELU 0.5 g (1 + tanh t) cancels for g < 0, an absolute error up to "
-             "~2^-53 |g| |u| (under atol for the checks' u, of unit scale); below g = -708 SiLU's exp(-g) is inf here, a 0 where the true value is under 1e-300"
+             "~2^-53 |g| |u| (under atol for the checks' u, of unit scale); below g = -708 SiLU's exp(-g) is inf "
+             "here, a 0 where the true value is under 1e-300"
     ),
     KernelSpec(
         "apply_rope", "numba", "accel.numba_cpu.positional:apply_rope", "refimpl.positional:apply_rope", _F32_F64,
@@ -173,8 +176,8 @@ KERNELS: list[KernelSpec] = [
         note="online softmax over key tiles (running max, FlashAttention) in the input dtype: q.k over D "
              "and sum_j p_j v_j within a tile by BLAS (its order); float32 scores in base 2 (q carries scale * log2 e: "
              "one more rounding of q; the ALiBi slopes log2 e, in float64) and a <= 0.81-ulp polynomial 2^x, "
-             "tiles merged in order, running sum in float64, one divide. Each output carries ~(D + S/BK + log) roundings "
-             "of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1) plus eps * |score| from the exp "
+             "tiles merged in order, running sum in float64, one divide. Each output carries ~(D + S/BK + log) "
+             "roundings of 2^-24 relative to sum_j p_j |v_j| (atol, |v| ~ 1) plus eps * |score| from the exp "
              "argument (scores and ALiBi terms <~ 50 here): ~1e-6 seen, 2e-5 allowed; float64 at 2^-53. "
              "softcap: c tanh(s / c) has slope sech^2 <= 1, so it passes a score's error on no larger; `_cap_row` "
              "forms it with the kernel's own vectorised tanh (proved in attention.py: float32 within 4.8 u, "

@@ -438,6 +438,7 @@ def choose(found: list[dict], threads: int, measure, path: str | None) -> tuple[
     if path:
         entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
         entries[key] = {"choice": best, "seconds": timings, "probe_seconds": spent, "cpu": _cpu()[0],
-                        "threads": threads, "libraries": found, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                        "threads": threads, "libraries": found,
+                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         _write_cache(path, entries)
     return best, f"probe ({spent:.2f} s)", timings

@@ -102,7 +102,8 @@ def _exp_taylor_9(r, p):  # Horner's rule from the r^9 term down, p the polynomi
 
 @njit(inline="always")
 def _exp_scale(t, p, kr):  # e^r 2^k, with exp's limits (inf above 708, 0 below -708, NaN for NaN)
-    two_k = np.int64((np.float64(kr).view(np.int64) - np.int64(0x4338000000000000 - 1023)) << np.int64(52)).view(np.float64)
+    two_k = np.int64((np.float64(kr).view(np.int64) - np.int64(0x4338000000000000 - 1023))
+                     << np.int64(52)).view(np.float64)
     e = p * two_k
     e = np.inf if t > 708.0 else e
     e = 0.0 if t < -708.0 else e

@@ -183,7 +183,8 @@ def pack(model):  # GPT2Model or GPT2Params -> the same kind, with PackedLinear 
         raise RuntimeError(blas.NO_PACKING)
     layers = [getattr(blk, f) for blk in params.blocks for f in ("attn_qkv", "attn_proj", "mlp_fc", "mlp_proj")]
     for p in layers:
-        if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64) or not p.w.flags.c_contiguous):
+        if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64)
+                                                or not p.w.flags.c_contiguous):
             raise ValueError(f"pack needs C-contiguous float32 or float64 weights; got {p.w.dtype} "
                              f"{'C' if p.w.flags.c_contiguous else 'non-C'}-ordered {p.w.shape}")
     threads = kernel_threads()
@@ -318,7 +319,8 @@ def decode_blocks(x, params, config, cache, ops, positions=None, key_mask=None):
     the cache is long enough that decode_attention would run in parallel (DECODE_PARALLEL_WORK:
     all of GPT-2 small's context at B = 1 runs serially).
     """
-    if any(getattr(ops, f) is not getattr(OPS, f) for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
+    if any(getattr(ops, f) is not getattr(OPS, f)
+           for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
         return _declined(ops, "replaced operations")
     B, T, C = x.shape
     k, v = cache.k, cache.v

@@ -405,7 +405,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     # four 128-thread blocks fit an SM's 64K registers instead of three. Larger micro-tiles: no cap.
     capped = dtype == np.float32 and RM * RN <= 16 and N_O <= 32 and not SIMULATOR
     @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if capped else {}))
-    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink, out):
+    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink,
+                              out):
         # Same arguments and result as flash_attention (v1). Grid (ceil(T / br), H, B); block NT
         # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
         # columns c = bb * TC + tc (bb < RN) of each br x bc key tile and output columns
