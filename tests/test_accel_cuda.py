@@ -204,7 +204,8 @@ def test_apply_rope_with_scaled_frequencies_matches_twin(dtype):
     x = rand(rng, (2, 3, 5, 8), dtype)
     positions = rng.integers(0, 10_000, size=(2, 1, 5))
     yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128)
-    kw = {"rotary_dim": 6, "frequencies": scaled_rope_frequencies(6, **yarn), "attention_factor": rope_attention_factor(**yarn)}
+    kw = {"rotary_dim": 6, "frequencies": scaled_rope_frequencies(6, **yarn),
+          "attention_factor": rope_attention_factor(**yarn)}
     with nc.launch_config(threads=8):
         assert_matches_twin("apply_rope", (x, positions), kw)
         out = nc.apply_rope(x, positions, **kw)
@@ -582,8 +583,8 @@ def test_decode_attention_equals_last_row_of_causal_attention():
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 @FEW
-@given(dims=decode_dims_window_softcap_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**32 - 1))
+@given(dims=decode_dims_window_softcap_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_decode_attention_matches_twin_hypothesis(dims, dtype, seed):
     """Drawn shapes and cache lengths (0 .. S, an empty row among them): decode attention equals its twin."""
     case = make_case("decode_attention", np.random.default_rng(seed), dtype, dims)
@@ -831,13 +832,14 @@ def test_gpt2_decode_step_declines_what_it_does_not_cover():
     assert not _step_applies(x.astype(np.float16), dev, cfg, cache, np)
     half = KVCache(cache.k.astype(np.float16), cache.v.astype(np.float16))
     assert not _step_applies(x.astype(np.float16), dev, cfg, half, np)
-    other_heads = KVCache(cache.k.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd), cache.v.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd))
+    other_heads = KVCache(cache.k.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd),
+                          cache.v.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd))
     assert not _step_applies(x, dev, cfg, other_heads, np)
     strided = KVCache(np.zeros(cache.k.shape[:-1] + (2 * cache.k.shape[-1],), np.float32)[..., ::2], cache.v)
     assert not _step_applies(x, dev, cfg, strided, np)
     block = dev.blocks[0]
-    no_bias = dataclasses.replace(dev, blocks=(dataclasses.replace(block, mlp_proj=dataclasses.replace(block.mlp_proj, b=None)),)
-                                  + dev.blocks[1:])
+    no_bias_block = dataclasses.replace(block, mlp_proj=dataclasses.replace(block.mlp_proj, b=None))
+    no_bias = dataclasses.replace(dev, blocks=(no_bias_block,) + dev.blocks[1:])
     assert not _step_applies(x, no_bias, cfg, cache, np)
 
 
@@ -846,7 +848,8 @@ def test_decode_attention_refuses_partials_of_other_launch_sizes():
     from accel.numba_cuda.attention import decode_attention_device, decode_partials
 
     rng = np.random.default_rng(9)
-    q, k, v = rand(rng, (1, 2, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32)
+    q, k, v = (rand(rng, (1, 2, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32),
+               rand(rng, (1, 2, 40, 4), np.float32))
     out = cuda.device_array((1, 2, 4), np.float32)
     lengths = cuda.to_device(np.array([40]))
     with nc.launch_config(threads=8):

@@ -276,7 +276,8 @@ def test_left_padded_batch_and_its_cached_decoding_match_numpy(case, tmp_path_fa
         cache = KVCache.allocate(config, 1, max_len=T, dtype=np.float32)
         n = 8 - int((~mask[b]).sum())
         steps = [forward(params, config, real_ids[:, :n], cache=cache, ops=OPS)]
-        steps += [forward(params, config, real_ids[:, t:t + 1], cache=cache, ops=OPS) for t in range(n, real_ids.shape[1])]
+        steps += [forward(params, config, real_ids[:, t:t + 1], cache=cache, ops=OPS)
+                  for t in range(n, real_ids.shape[1])]
         alone.append(np.concatenate(steps, axis=1)[0])
     real = np.broadcast_to(mask[:, :, None], out["numpy"].shape)
     tol = logit_tolerance(config, np.float32)
@@ -433,8 +434,9 @@ def test_ops_attention_equals_the_twin(B, K, G, T_, S, D, window, softcap, padde
 
 
 @settings(max_examples=30)
-@given(N=dims(1, 5), C=dims(1, 20), F=dims(1, 40), bias=st.booleans(), act=st.sampled_from(["silu", "gelu_pytorch_tanh"]),
-       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
+@given(N=dims(1, 5), C=dims(1, 20), F=dims(1, 40), bias=st.booleans(),
+       act=st.sampled_from(["silu", "gelu_pytorch_tanh"]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**32 - 1))
 def test_ops_glu_hidden_equals_numpys(N, C, F, bias, act, dtype, seed):
     """OPS.glu_hidden (BLAS products, then the fused SiLU gate; GELU through refimpl's) equals NUMPY_OPS's
     within the products' bound (2 gamma_{C+1} |h| |W| per factor, tests/bounds.py) plus glu_gate's rounding."""

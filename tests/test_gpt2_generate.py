@@ -76,7 +76,8 @@ def test_top_k_matches_hugging_face(seed, k, keep):
     assert ours.dtype == np.float32
 
 
-@given(seed=st.integers(0, 2**31), p=st.floats(0.0, 1.0), keep=st.integers(1, 3), scale=st.sampled_from([0.3, 2.0, 8.0]))
+@given(seed=st.integers(0, 2**31), p=st.floats(0.0, 1.0), keep=st.integers(1, 3),
+       scale=st.sampled_from([0.3, 2.0, 8.0]))
 def test_top_p_matches_hugging_face(seed, p, keep, scale):
     """Same kept set and values as TopPLogitsWarper (cumulative mass rule, min_tokens_to_keep)."""
     z = _logits(seed) * np.float32(scale)

@@ -55,7 +55,8 @@ def hf_generate(hf, prompt, *, attention_mask=None, **kw):
                                                             "bos_token_id": None, "pad_token_id": 0, **kw})
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=mask, output_logits=True, return_dict_in_generate=True)
-    assert out.sequences.shape[1] == ids.shape[1] + kw["max_new_tokens"] or hf.generation_config.eos_token_id is not None
+    assert (out.sequences.shape[1] == ids.shape[1] + kw["max_new_tokens"]
+            or hf.generation_config.eos_token_id is not None)
     return out.sequences[:, ids.shape[1]:].numpy(), torch.stack(out.logits, 1).numpy()  # [B, N], [B, N, V]
 
 

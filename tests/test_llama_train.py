@@ -44,7 +44,8 @@ UNTIED = _config(tie_word_embeddings=False, num_key_value_heads=1)
 def _random_params(config: LlamaConfig, seed: int = 0) -> LlamaParams:
     """float64 weights of unit-scale outputs and norms away from 1 (an init's 1s would hide norm bugs)."""
     rng = np.random.default_rng(seed)
-    named = {n: (1 + 0.3 * rng.normal(size=a.shape)) if a.ndim == 1 else rng.normal(size=a.shape) / math.sqrt(a.shape[1])
+    named = {n: ((1 + 0.3 * rng.normal(size=a.shape)) if a.ndim == 1
+                 else rng.normal(size=a.shape) / math.sqrt(a.shape[1]))
              for n, a in init_params(config, seed=seed, dtype=np.float64).to_checkpoint(config).items()}
     return LlamaParams.from_checkpoint(named, config, dtype=np.float64)
 
@@ -164,7 +165,8 @@ def test_optimizer_on_named_tensors_equals_the_gpt2params_form():
     from refimpl.gpt2.train import clip_by_global_norm as gpt2_clip
     from refimpl.gpt2.train import init_params as gpt2_init, loss_and_grads as gpt2_grads
 
-    config = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=None, eos_token_id=None)
     p = gpt2_init(config, seed=0)
     _, g = gpt2_grads(p, config, np.arange(8)[None] % 20, (np.arange(8)[None] + 1) % 20)
     gc, n1 = gpt2_clip(g, 0.01)
