@@ -53,7 +53,8 @@ def blocked(w):
     n,m=w.shape; assert m%CB==0
     return np.ascontiguousarray(w.reshape(n,m//CB,CB).transpose(1,0,2))
 arena=np.concatenate([blocked(w).ravel() for w in Ws])
-offs=np.zeros(len(Ws)+1,np.int64); ins=np.array([w.shape[0] for w in Ws],np.int64); outs=np.array([w.shape[1] for w in Ws],np.int64)
+offs=np.zeros(len(Ws)+1,np.int64)
+ins=np.array([w.shape[0] for w in Ws],np.int64); outs=np.array([w.shape[1] for w in Ws],np.int64)
 for k,w in enumerate(Ws): offs[k+1]=offs[k]+w.size
 xs=np.full(F,1/C,np.float32)
 yout=np.zeros(int(outs.sum()),np.float32); yoffs=np.concatenate([[0],np.cumsum(outs)]).astype(np.int64)
