@@ -182,8 +182,8 @@ def _weighted_values(weights, scores, v) -> np.ndarray:  # [..., T, S], [..., T,
     visible = ~(scores == -np.inf)  # [..., T, S] (a NaN score is visible: its row is NaN anyway)
     positive = visible & (weights > 0)
 
-    def any_term(rows,
-                 cols):  # [..., T, S] bool, [..., S, Dv] bool -> [..., T, Dv]: some j with rows[i, j] and cols[j, d]
+    def any_term(rows, cols):  # [..., T, S] bool, [..., S, Dv] bool -> [..., T, Dv]
+        # True where some j has rows[i, j] and cols[j, d]
         return (rows.astype(v.dtype) @ cols.astype(v.dtype)) > 0
 
     out = weights @ np.where(finite, v, zero)
@@ -642,8 +642,8 @@ def _divide(width: int, n: int, what: str) -> int:  # width = n * d -> d
     return width // n
 
 
-def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv,
-                                scale) -> tuple:  # -> (x, kv, H, K, mask, bias)
+def _check_multi_head_attention(x, p, mask, bias,
+                                n_head, n_kv_head, kv, scale) -> tuple:  # -> (x, kv, H, K, mask, bias)
     x = as_float(x, "x")
     check_ndim(x, "x", 3, "[B, T, C]", exact=True)
     H = check_positive_int(n_head, "n_head")

@@ -78,8 +78,8 @@ def effective_norms(params: LlamaParams, config) -> tuple:
                  for b in params.blocks)
 
 
-def decode_step(x, params: LlamaParams, config, cache_k, cache_v, lengths, cos, sin, norms, kernels,
-                xp):  # [B, C] -> [B, C]
+def decode_step(x, params: LlamaParams, config, cache_k, cache_v, lengths, cos, sin, norms,
+                kernels, xp):  # [B, C] -> [B, C]
     """x <- Block_L(... Block_1(x)) for one new token per sequence: refimpl.llama.model's `block` at T = 1
     with no key mask, as kernel calls whose launches do not depend on the position.
 

@@ -127,8 +127,8 @@ _P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(1.9875691500e-4), np.float32(1.398199
 
 
 @njit(inline="always")
-def _horner(r, c5, c4, c3, c2, c1,
-            c0):  # -> c5 r^5 + c4 r^4 + ... + c0, by Horner's rule (FMAs where the caller allows)
+def _horner(r, c5, c4, c3, c2, c1, c0):  # -> c5 r^5 + c4 r^4 + ... + c0
+    # by Horner's rule (FMAs where the caller allows)
     return ((((c5 * r + c4) * r + c3) * r + c2) * r + c1) * r + c0
 
 

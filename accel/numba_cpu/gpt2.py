@@ -227,8 +227,8 @@ def _lm_head(h, params) -> np.ndarray:  # [..., C] -> [..., V]
 
 @needs_setup
 @njit(cache=True)
-def _linear_rows(x, w, b,
-                 threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]: x W (+ b), as refimpl.linear
+def _linear_rows(x, w, b, threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]
+    # x W (+ b), as refimpl.linear
     y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
     matmul_threaded(y, x, w, threads)
     if b.shape[0]:
