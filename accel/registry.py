@@ -126,7 +126,8 @@ _STEP_ATOL = {"float32": 4e-5, "float64": 8e-14}
 KERNELS: list[KernelSpec] = [
     # ---------------------------------------------------------------- numba (CPU)
     KernelSpec(
-        "quantized_matvec", "numba", "accel.numba_cpu.qmatvec:quantized_matvec", "refimpl.quant.matmul:quantized_matvec",
+        "quantized_matvec", "numba", "accel.numba_cpu.qmatvec:quantized_matvec",
+        "refimpl.quant.matmul:quantized_matvec",
         ("float32",), rtol={"float32": 0.0}, atol={"float32": 1.6e-3},
         note="Q8_0 / Q4_1 blocks summed per 32: (gamma_{K/32+33} + u) sum|d q x| + |m x| <= 1.53e-3 here",
     ),

@@ -5,9 +5,9 @@ random inputs (from `seed`) in that dtype, the kernel on them, the twin on the s
 float64, and `accel._common.check_close` with the spec's tolerance. The cases cover what the
 kernels special-case: odd head dims, T = 1, T != S (T > S too), K < H (grouped-query heads),
 fully masked rows (a sequence whose keys are all padding, queries before key 0), every mask
-pattern, ALiBi, soft-capped scores (softcap), decode windows over ragged caches, and NaN / inf inputs: anywhere for the elementwise kernels, in q and k for
-attention (v stays finite: a NaN or inf value behind a zero weight is a documented difference,
-accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
+pattern, ALiBi, soft-capped scores (softcap), decode windows over ragged caches, and NaN / inf
+inputs: anywhere for the elementwise kernels, in q and k for attention (v stays finite: a NaN or
+inf value behind a zero weight is a documented difference, accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
 The fused decoding steps (accel.steps) run tiny random models of the LLaMA family (LLaMA, Qwen2's
 biases, Gemma-2's norms, window and soft cap, Gemma 3's two RoPEs) and GPT-2 over random caches; a
 case a backend's step declines is a row marked "refused", counted under the table, not a pass.
@@ -76,7 +76,8 @@ def _case_softmax(rng, dtype, d) -> Case:  # dims: shape, axis, special
         x_rows = np.moveaxis(x, d["axis"], -1)
         if x_rows.ndim:
             x_rows[row] = -np.inf  # a fully masked row: zeros, not NaN
-    return Case((x,), {"axis": d["axis"]}, f"x{tuple(x.shape)} axis={d['axis']}" + (" +inf/nan" if d.get("special") else ""))
+    special = " +inf/nan" if d.get("special") else ""
+    return Case((x,), {"axis": d["axis"]}, f"x{tuple(x.shape)} axis={d['axis']}" + special)
 
 
 def _case_layer_norm(rng, dtype, d) -> Case:  # dims: lead, C, special
@@ -167,7 +168,8 @@ def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, 
     shape = (*d["lead"], d["F"])
     if d.get("strided"):
         both = _normal(rng, (*d["lead"], 2 * d["F"]), dtype, d.get("scale", 3.0))
-        both[..., d["F"]:] /= both.dtype.type(d.get("scale", 3.0))  # u at unit scale, as below (the atol assumes |u| ~ 1)
+        # u at unit scale, as below (the atol assumes |u| ~ 1)
+        both[..., d["F"]:] /= both.dtype.type(d.get("scale", 3.0))
         g, u = both[..., :d["F"]], both[..., d["F"]:]
     else:
         g, u = _normal(rng, shape, dtype, d.get("scale", 3.0)), _normal(rng, shape, dtype)
@@ -185,7 +187,8 @@ def _case_glu_gate(rng, dtype, d) -> Case:  # dims: lead, F, scale, activation, 
     return Case((g, u), {"activation": d["activation"]}, label + (" +inf/nan" if d.get("special") else ""))
 
 
-def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causal window n_sink padding alibi scale softcap special
+def _case_masked_attention(rng, dtype, d) -> Case:
+    # dims: B H K T S D Dv causal window n_sink padding alibi scale softcap special
     # alibi: True (slopes 2^-h), "random" (squared normals), or False
     B, H, K, T, S, D, Dv = (d[c] for c in ("B", "H", "K", "T", "S", "D", "Dv"))
     q = _normal(rng, (B, H, T, D), dtype)
@@ -214,7 +217,8 @@ def _case_masked_attention(rng, dtype, d) -> Case:  # dims: B H K T S D Dv causa
     opts += ", padding" if "key_mask" in kw else ""
     opts += (", random alibi" if d.get("alibi") == "random" else ", alibi") if "alibi_slopes" in kw else ""
     opts += ", +inf/nan in q, k" if d.get("special") else ""
-    return Case((q, k, v), kw, f"B={B} H={H} K={K} T={T} S={S} D={D} Dv={Dv}" + (f" {opts.lstrip(', ')}" if opts else ""))
+    extra = f" {opts.lstrip(', ')}" if opts else ""
+    return Case((q, k, v), kw, f"B={B} H={H} K={K} T={T} S={S} D={D} Dv={Dv}" + extra)
 
 
 def _case_decode_attention(rng, dtype, d) -> Case:  # dims: B H K S D Dv lengths window softcap special
@@ -350,7 +354,8 @@ _ATT = dict(B=2, H=4, K=2, D=7, Dv=5)
 # Fixed cases per kernel: "full" sizes, and "tiny" ones for the CUDA simulator.
 VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
     "softmax": {
-        "full": [dict(shape=(4, 7, 33), axis=-1), dict(shape=(5, 6, 3), axis=1), dict(shape=(3, 50), axis=-1, special=True)],
+        "full": [dict(shape=(4, 7, 33), axis=-1), dict(shape=(5, 6, 3), axis=1),
+                 dict(shape=(3, 50), axis=-1, special=True)],
         "tiny": [dict(shape=(3, 5), axis=-1), dict(shape=(3, 6), axis=-1, special=True)],
     },
     "layer_norm": {
@@ -370,12 +375,14 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
         "tiny": [dict(lead=(3,), F=8, scale=4.0), dict(lead=(2,), F=9, scale=12.0, special=True)],
     },
     "apply_rope": {
-        "full": [dict(lead=(2, 3), T=17, D=16, interleaved=False), dict(lead=(2, 3), T=9, D=10, interleaved=True, per_row=True),
+        "full": [dict(lead=(2, 3), T=17, D=16, interleaved=False),
+                 dict(lead=(2, 3), T=9, D=10, interleaved=True, per_row=True),
                  dict(lead=(2,), T=5, D=12, interleaved=False, rotary_dim=8, max_pos=10000),
                  dict(lead=(2, 3), T=11, D=16, interleaved=False, per_row=True, max_pos=10000, scaling="llama3"),
                  dict(lead=(2, 2), T=7, D=12, interleaved=True, max_pos=10000, scaling="yarn"),
                  dict(lead=(2,), T=6, D=16, interleaved=False, rotary_dim=8, max_pos=10000, scaling="longrope")],
-        "tiny": [dict(lead=(2,), T=3, D=6, interleaved=False), dict(lead=(2,), T=3, D=4, interleaved=True, per_row=True),
+        "tiny": [dict(lead=(2,), T=3, D=6, interleaved=False),
+                 dict(lead=(2,), T=3, D=4, interleaved=True, per_row=True),
                  dict(lead=(2,), T=3, D=8, interleaved=False, rotary_dim=4, max_pos=10000, scaling="yarn")],
     },
     "rope_rotate": {
@@ -418,11 +425,13 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
     },
     "decode_attention": {
         "full": [dict(B=3, H=4, K=2, S=300, D=9, Dv=6, lengths=True), dict(B=1, H=2, K=2, S=1, D=8, Dv=8),
-                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64), dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, special=True),
+                 dict(B=2, H=12, K=12, S=129, D=64, Dv=64),
+                 dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, special=True),
                  dict(B=3, H=4, K=2, S=300, D=9, Dv=6, lengths=True, window=37),  # a sliding window over ragged caches
                  dict(B=2, H=8, K=2, S=200, D=16, Dv=16, window=64, softcap=50.0),  # Gemma-2: window and cap
                  dict(B=3, H=4, K=2, S=40, D=8, Dv=5, lengths=True, window=5, softcap=1.0, special=True)],
-        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True), dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True),
+        "tiny": [dict(B=2, H=2, K=1, S=6, D=3, Dv=2, lengths=True),
+                 dict(B=2, H=2, K=1, S=5, D=2, Dv=2, lengths=True, special=True),
                  dict(B=3, H=2, K=1, S=7, D=3, Dv=2, lengths=True, window=3, softcap=1.0)],
     },
     "linear": {
@@ -432,7 +441,8 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
     },
     "lm_head": {  # up to SHARED_MAX_ROWS = 8 rows on matvec_rows, more on the threaded BLAS; Gemma-2's cap
         "full": [dict(family="llama", lead=(2, 1)), dict(family="qwen2", lead=(1, 8)),
-                 dict(family="gemma2", lead=(3, 1)), dict(family="gemma2", lead=(3, 5)), dict(family="llama", lead=(9,))],
+                 dict(family="gemma2", lead=(3, 1)), dict(family="gemma2", lead=(3, 5)),
+                 dict(family="llama", lead=(9,))],
         "tiny": [dict(family="llama", lead=(2, 1))],
     },
     "llama_decode_step": {  # (numba takes T > 1 and left padding in float32 only: elsewhere a counted refusal)
@@ -568,8 +578,8 @@ def run(backend: str | None = None, seed: int = 0) -> list[Row]:
                                     f"raised {type(e).__name__}: {e}", 0.0))
                     continue
                 res = chk.result
-                rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, chk.atol, chk.rtol,
-                                res.passed, res.reason, chk.seconds, res.worst))
+                rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, chk.atol,
+                                chk.rtol, res.passed, res.reason, chk.seconds, res.worst))
     return rows
 
 

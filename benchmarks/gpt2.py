@@ -293,7 +293,8 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     with torch.no_grad():
         first = hf(torch.from_numpy(ids), use_cache=True)
     hf_cache = first["cache"] if "cache" in first else first["past_key_values"]  # filled once, cropped back per sample
-    cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"  # transformers >= 5.2 / older
+    # transformers >= 5.2 / older
+    cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
 
     def hf_steps():
         extra = hf_cache.get_seq_length() - long_prompt

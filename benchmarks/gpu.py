@@ -110,7 +110,8 @@ def attention_cases(sizes, ceil: dict) -> list[dict]:
         with launch_config(attention=variant):
             masked_attention_device(q, k, v, o, causal=True)
         diff = float(cp.abs(o - cp.from_dlpack(ref)).max())
-        out.append({"case": f"attention validate T=S=512 float32 causal ({variant})", "max_abs_diff_vs_torch_sdpa": diff})
+        out.append({"case": f"attention validate T=S=512 float32 causal ({variant})",
+                    "max_abs_diff_vs_torch_sdpa": diff})
         print(f"attention T=S=512 ({variant}): max abs diff vs torch SDPA {diff:.3e}", flush=True)
         assert diff < 1e-4, f"fused attention ({variant}) disagrees with torch SDPA by {diff}"
 
@@ -133,7 +134,8 @@ def attention_cases(sizes, ceil: dict) -> list[dict]:
                    "throughput_ratio_vs_torch": theirs["median_s"] / mine["median_s"],
                    "fraction_of_sgemm_ceiling": flop / mine["median_s"] / 1e9 / ceil["sgemm_gflops"]}
             out.append(rec)
-            print(f"attention T={T} ({variant}): ours {mine['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
+            print(f"attention T={T} ({variant}): ours {mine['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} "
+                  "GFLOP/s), "
                   f"torch SDPA {theirs['median_s']*1e3:.2f} ms ({rec['torch_gflops']:.0f} GFLOP/s), "
                   f"ratio {rec['throughput_ratio_vs_torch']:.2f}x", flush=True)
     out += tile_sweep(make, ceil)
@@ -180,12 +182,15 @@ def tile_sweep(make, ceil: dict, T: int = 4096) -> list[dict]:
                 rec["error"] = f"disagrees with torch SDPA by {diff}"
             else:
                 mine = _gpu_time(lambda: masked_attention_device(*big, o_big, causal=True), repeats=5)
-                rec.update({"accel_numba_cuda": mine, "torch_sdpa": theirs, "accel_gflops": flop / mine["median_s"] / 1e9,
+                rec.update({"accel_numba_cuda": mine, "torch_sdpa": theirs,
+                            "accel_gflops": flop / mine["median_s"] / 1e9,
                             "throughput_ratio_vs_torch": theirs["median_s"] / mine["median_s"],
                             "fraction_of_sgemm_ceiling": flop / mine["median_s"] / 1e9 / ceil["sgemm_gflops"]})
         out.append(rec)
-        msg = rec.get("error") or (f"{rec['accel_numba_cuda']['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} GFLOP/s), "
-                                   f"{rec['throughput_ratio_vs_torch']:.2f}x torch SDPA; max abs diff {diff:.1e} at T=512")
+        msg = rec.get("error") or (f"{rec['accel_numba_cuda']['median_s']*1e3:.2f} ms ({rec['accel_gflops']:.0f} "
+                                   "GFLOP/s), "
+                                   f"{rec['throughput_ratio_vs_torch']:.2f}x torch SDPA; "
+                                   f"max abs diff {diff:.1e} at T=512")
         print(f"attention tile sweep T={T} tiled={sizes} ({rec['threads_per_block']} threads): {msg}", flush=True)
     timed = [r for r in out if "accel_numba_cuda" in r]
     if timed:  # the fastest size, for accel/numba_cuda/_common.py's _GPU_DEFAULTS (v1's time is printed above)
@@ -234,13 +239,15 @@ def bandwidth_cases(ceil: dict) -> list[dict]:
     t = _gpu_time(lambda: device.layer_norm(x, g, b, 1e-5))
     nbytes = 2 * x.nbytes
     out.append({"case": "layer_norm float32 [8192, 768]", "bytes": nbytes, "time": t,
-                "gbps": nbytes / t["median_s"] / 1e9, "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
+                "gbps": nbytes / t["median_s"] / 1e9,
+                "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
     h = rng.standard_normal((8192, 3072), dtype=cp.float32)
     bias = rng.standard_normal(3072, dtype=cp.float32)
     t = _gpu_time(lambda: device.gelu_tanh_bias(h, bias))
     nbytes = 2 * h.nbytes
     out.append({"case": "gelu_tanh_bias float32 [8192, 3072]", "bytes": nbytes, "time": t,
-                "gbps": nbytes / t["median_s"] / 1e9, "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
+                "gbps": nbytes / t["median_s"] / 1e9,
+                "fraction_of_copy": nbytes / t["median_s"] / 1e9 / ceil["copy_gbps"]})
     for r in out:
         print(f"{r['case']}: {r['time']['median_s']*1e6:.1f} us, {r['gbps']:.0f} GB/s "
               f"({100 * r['fraction_of_copy']:.0f}% of copy)", flush=True)

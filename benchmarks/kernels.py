@@ -150,9 +150,15 @@ call(q, k, v)
 """
 
 _IMPL_SETUP = {
-    "refimpl (naive)": "from refimpl.attention import masked_attention\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
-    "accel[numba] (fused)": "from accel.numba_cpu.attention import masked_attention\nimport numba; numba.set_num_threads({threads})\ncall = lambda q, k, v: masked_attention(q, k, v, causal=True)",
-    "torch.sdpa": "import torch; torch.set_num_threads({threads})\nimport torch.nn.functional as F\ncall = lambda q, k, v: F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=True)",
+    "refimpl (naive)": "from refimpl.attention import masked_attention\n"
+                       "call = lambda q, k, v: masked_attention(q, k, v, causal=True)",
+    "accel[numba] (fused)": "from accel.numba_cpu.attention import masked_attention\n"
+                            "import numba; numba.set_num_threads({threads})\n"
+                            "call = lambda q, k, v: masked_attention(q, k, v, causal=True)",
+    "torch.sdpa": "import torch; torch.set_num_threads({threads})\n"
+                  "import torch.nn.functional as F\n"
+                  "call = lambda q, k, v: F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), "
+                  "torch.from_numpy(v), is_causal=True)",
 }
 
 

@@ -48,7 +48,8 @@ HF_DECODE, HF_FORWARD = "hf.generate", "hf.torch"
 
 
 def build_models(seed: int = 0, **change):
-    """A random-weight HF LlamaForCausalLM at SmolLM-135M's shapes (float32) and refimpl's (config, params) on its tensors."""
+    """A random-weight HF LlamaForCausalLM at SmolLM-135M's shapes (float32) and refimpl's
+    (config, params) on its tensors."""
     import torch
     from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
 

@@ -59,11 +59,13 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                      f"{m.get('mode', '?')} mode, accel numba kernels' BLAS: {m.get('accel_numba_blas', '?')}"
                      + (f" inside kernels, {m['accel_numba_threaded_blas']} for the model's products"
                         if m.get("accel_numba_threaded_blas") else "")
-                     + (f", Numba's {m['numba_threading_layer']} threading layer" if m.get("numba_threading_layer") else "")
+                     + (f", Numba's {m['numba_threading_layer']} threading layer"
+                        if m.get("numba_threading_layer") else "")
                      + ", torch's: "
                      f"{_short_mkl(m.get('torch_mkl'))}. Ceilings measured in the same run: matmul "
                      f"{c['matmul']['gflops']:.0f} GFLOP/s (sgemm n={c['matmul']['n']}"
-                     + (f", the best of {_libraries(c['matmul']['by_library'])}" if c["matmul"].get("by_library") else "")
+                     + (f", the best of {_libraries(c['matmul']['by_library'])}"
+                        if c["matmul"].get("by_library") else "")
                      + f"), read bandwidth {c['bandwidth']['gbps']:.1f} GB/s (over "
                      f"{c['bandwidth']['bytes'] / 2**30:.2g} GiB: DRAM; a case whose arrays fit the last-level "
                      "cache can exceed it). \"of ceiling\" rates each kernel case by the resource it comes "
@@ -131,7 +133,8 @@ def markdown(out_dir: Path = RESULTS_DIR) -> str:
                     if frac == "-" and "paired_fraction_of_bound" in ex:  # a bound of its own (the long context)
                         frac = ""
                     if "paired_fraction_of_bound" in ex:
-                        frac += f" (paired {ex['paired_fraction_of_bound']:.0%})" if frac else f"paired {ex['paired_fraction_of_bound']:.0%}"
+                        frac += (f" (paired {ex['paired_fraction_of_bound']:.0%})" if frac
+                                 else f"paired {ex['paired_fraction_of_bound']:.0%}")
                 lines.append(f"| {case} | {impl} | {_fmt_time(r['seconds'])} | "
                              f"{f'{tps:.1f}' if tps else '-'} | {vs} | {frac} |")
         if g.get("blas"):  # which BLAS each backend ran on (benchmarks.gpt2.blas_report)

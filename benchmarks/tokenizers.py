@@ -1,4 +1,5 @@
-"""Encode throughput of refimpl.tokenizers against the libraries it is checked against, per format (reported, no target).
+"""Encode throughput of refimpl.tokenizers against the libraries it is checked against,
+per format (reported, no target).
 
     python -m benchmarks.tokenizers        (also: python -m benchmarks --only tokenizers)
 

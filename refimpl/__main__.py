@@ -15,7 +15,8 @@
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings,
                                patchscope,context,memory,neurons,training} [--model PATH] [--out DIR]
-    python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR) [--json F] [--plot P]
+    python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR)
+                              [--json F] [--plot P]
     python -m refimpl demo
 
 --model takes a shipped model's name, shakespeare-gpt2 (the default) or shakespeare-llama, a fetched
@@ -68,7 +69,8 @@ def _flag_value(argv, flag: str):
 
 
 def _thread_rule_applies(argv, environ) -> bool:
-    """Whether the one-thread rule may act on `argv`: a model command on NumPy's BLAS, no thread count set by the user."""
+    """Whether the one-thread rule may act on `argv`: a model command on NumPy's BLAS,
+    no thread count set by the user."""
     if any(v in environ for v in BLAS_THREAD_VARS) or not argv or argv[0] not in _MODEL_COMMANDS:
         return False
     return not (argv[0] == "generate" and (_flag_value(argv, "--backend") or "numpy") != "numpy")
@@ -350,7 +352,8 @@ def _note_numba_compile(model) -> None:
 # ----------------------------------------------------------------------------- tokenize
 
 def _llama_tokenizer(path: Path):
-    """The tokenizer of a LLaMA-family model folder (refimpl.models.llama_tokenizer), or a UsageError saying what is missing."""
+    """The tokenizer of a LLaMA-family model folder (refimpl.models.llama_tokenizer),
+    or a UsageError saying what is missing."""
     from refimpl.llama.io import load_config
     from refimpl.models import llama_tokenizer, tokenizer_absence
 
@@ -395,7 +398,8 @@ def cmd_tokenize(args) -> int:
     lost = sorted(set(text_bytes) & getattr(tok, "unrepresentable_bytes", frozenset()))
     if lost:  # a byte-level vocabulary without these bytes: they are dropped (or the unknown token), as in tokenizers
         print(f"note: the tokenizer cannot represent byte{'s' if len(lost) > 1 else ''} "
-              f"{', '.join(f'0x{b:02x}' for b in lost)} of the text (no token for {'them' if len(lost) > 1 else 'it'}): "
+              f"{', '.join(f'0x{b:02x}' for b in lost)} of the text "
+              f"(no token for {'them' if len(lost) > 1 else 'it'}): "
               "dropped, or the unknown token where the tokenizer has one", file=sys.stderr)
     print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}")
     print("ids:   ", " ".join(map(str, ids)))
@@ -543,8 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write our format (config.json + model.safetensors) from a Hugging Face model: "
                        "GPT-2 or the LLaMA family; or a LLaMA-family model as a GGUF file (--out FILE.gguf)")
     e.add_argument("--model", required=True, metavar="NAME|PATH", help="a local Hugging Face directory (GPT-2, or "
-                   "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, or gemma3's "
-                   "text decoder), a shipped model's "
+                   "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, "
+                   "or gemma3's text decoder), a shipped model's "
                    "name (shakespeare-gpt2, shakespeare-llama), or a Hugging Face hub name (org/name) of any of "
                    "these model types, fetched into the Hugging Face cache (or read from it alone with "
                    "HF_HUB_OFFLINE=1)")

@@ -176,7 +176,8 @@ def check_bool(value, name: str) -> bool:
         raise TypeError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
     return bool(value)
 
-def check_token_ids(ids, vocab_size: int, *, name: str = "ids", ragged_hint: str = "left-pad shorter ones") -> np.ndarray:
+def check_token_ids(ids, vocab_size: int, *, name: str = "ids",
+                    ragged_hint: str = "left-pad shorter ones") -> np.ndarray:
     """ids (any shape) as an int64 array after checking the dtype (integers, not bool) and the range 0 <= id < V.
 
     Python integers too large for int64 (NumPy keeps them as objects) are range-checked as themselves;

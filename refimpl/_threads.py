@@ -34,7 +34,8 @@ def width_of(config) -> int | None:
 
 def one_blas_thread_for(config) -> bool:
     """Limit the BLAS to one thread when `enabled` and the model of `config` is narrower than SMALL_MODEL_WIDTH;
-    True when it did. Without threadpoolctl (a dependency; absent only from a hand-made environment) the library's default stays."""
+    True when it did. Without threadpoolctl (a dependency;
+    absent only from a hand-made environment) the library's default stays."""
     width = width_of(config)
     if not enabled or width is None or width >= SMALL_MODEL_WIDTH or any(v in os.environ for v in BLAS_THREAD_VARS):
         return False

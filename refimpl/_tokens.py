@@ -21,7 +21,8 @@ import numpy as np
 
 from ._checks import is_int
 
-__all__ = ["allowed_specials", "check_token_id", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder", "check_id_sequence"]
+__all__ = ["allowed_specials", "check_token_id", "encode_prompt", "read_tiktoken_ranks", "StreamDecoder",
+           "check_id_sequence"]
 
 
 def encode_prompt(tokenizer, text: str, *, allowed_special=()) -> list[int]:
@@ -36,7 +37,8 @@ def encode_prompt(tokenizer, text: str, *, allowed_special=()) -> list[int]:
 
 
 def allowed_specials(allowed_special, special_tokens: Mapping[str, int]) -> frozenset[str]:
-    """The special tokens encode may match: "all", or a collection naming some of `special_tokens` (others: an error)."""
+    """The special tokens encode may match: "all",
+    or a collection naming some of `special_tokens` (others: an error)."""
     if isinstance(allowed_special, str):
         if allowed_special == "all":
             return frozenset(special_tokens)

@@ -112,8 +112,11 @@ def _resolve_scale(D: int, scale, dtype) -> np.floating:
     return dtype.type(1.0 / math.sqrt(D)) if scale is None else dtype.type(scale)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
-    """Attention(Q, K, V) = softmax(cap(Q K^T * scale + bias), masked to -inf where mask is False) V  (Vaswani et al. 2017, eq. 1; cap: Gemma 2, sec. 2).
+def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None,
+                                 return_weights: bool = False
+                                 ):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+    """Attention(Q, K, V) = softmax(cap(Q K^T * scale + bias), masked to -inf where mask is False) V
+    (Vaswani et al. 2017, eq. 1; cap: Gemma 2, sec. 2).
 
     Shapes: q [..., T, D], k [..., S, D], v [..., S, Dv]; the leading axes of q, k, v
     broadcast together to [...]; mask bool and bias float broadcastable to [..., T, S].
@@ -138,7 +141,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, s
     return _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights, _check_softcap(softcap))
 
 
-def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bool = False, softcap=None):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
+def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bool = False,
+                                  softcap=None):  # [..., T, D], [..., S, D], [..., S, Dv] -> [..., T, Dv]
     """Attention with no checks: inputs already validated (float arrays of matching shapes, mask
     bool and bias float broadcastable to [..., T, S] or None, scale None or a finite number,
     softcap None or a positive finite number)."""
@@ -160,7 +164,8 @@ def _scaled_dot_product_attention(q, k, v, mask, bias, scale, return_weights: bo
 
 
 def _weighted_values(weights, scores, v) -> np.ndarray:  # [..., T, S], [..., T, S], [..., S, Dv] -> [..., T, Dv]
-    """out_i = sum_j w_ij v_j over the keys j with s_ij > -inf: a key that cannot be seen adds nothing, whatever v_j holds.
+    """out_i = sum_j w_ij v_j over the keys j with s_ij > -inf:
+    a key that cannot be seen adds nothing, whatever v_j holds.
 
     A hidden key (masked, or scored -inf) has w_ij = 0 exactly, and `weights @ v` would add
     0 * v_j, which is NaN where v_j holds inf or NaN. For finite v that term is 0, so
@@ -177,7 +182,8 @@ def _weighted_values(weights, scores, v) -> np.ndarray:  # [..., T, S], [..., T,
     visible = ~(scores == -np.inf)  # [..., T, S] (a NaN score is visible: its row is NaN anyway)
     positive = visible & (weights > 0)
 
-    def any_term(rows, cols):  # [..., T, S] bool, [..., S, Dv] bool -> [..., T, Dv]: some j with rows[i, j] and cols[j, d]
+    def any_term(rows, cols):  # [..., T, S] bool, [..., S, Dv] bool -> [..., T, Dv]
+        # True where some j has rows[i, j] and cols[j, d]
         return (rows.astype(v.dtype) @ cols.astype(v.dtype)) > 0
 
     out = weights @ np.where(finite, v, zero)
@@ -199,7 +205,8 @@ def _group_heads(m: np.ndarray, H: int, K: int) -> np.ndarray:  # [.., H|1, T|1,
     return m.reshape(b, K, H // K, t, s)  # [b, K, G, t, s]: head h -> group h // G, member h % G
 
 
-def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None,
+                            return_weights: bool = False):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """head_h = Attention(Q_h, K_{g(h)}, V_{g(h)}), g(h) = floor(h / (H/K))  (GQA, Ainslie et al. 2023, sec. 2.2).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; mask bool and bias
@@ -215,7 +222,8 @@ def grouped_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softca
     return _grouped_query_attention(q, k, v, mask, bias, scale, return_weights, _check_softcap(softcap))
 
 
-def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False, softcap=None):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False,
+                             softcap=None):  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """GQA with no checks: inputs already validated (check_gqa_inputs; mask bool and bias float
     broadcastable to [B, H, T, S] or None; scale None or a finite number; softcap None or a
     positive finite number)."""
@@ -235,7 +243,8 @@ def _grouped_query_attention(q, k, v, mask, bias, scale, return_weights: bool = 
     return res.reshape(B, H, T, v.shape[3])  # [B, H, T, Dv]
 
 
-def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]
+def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=None,
+                          return_weights: bool = False):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]
     """head_h = Attention(Q_h, K, V): every query head shares one key/value head  (MQA, Shazeer 2019, sec. 3).
 
     Shapes: q [B, H, T, D], k [B, S, D], v [B, S, Dv] (no head axis, as in the paper);
@@ -246,7 +255,8 @@ def multi_query_attention(q, k, v, mask=None, bias=None, *, scale=None, softcap=
     return _multi_query_attention(q, k, v, mask, bias, scale, return_weights, _check_softcap(softcap))
 
 
-def _multi_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False, softcap=None):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]; no checks
+def _multi_query_attention(q, k, v, mask, bias, scale, return_weights: bool = False,
+                           softcap=None):  # [B, H, T, D], [B, S, D], [B, S, Dv] -> [B, H, T, Dv]; no checks
     return _grouped_query_attention(q, k[:, None], v[:, None], mask, bias, scale, return_weights, softcap)
 
 
@@ -309,8 +319,10 @@ class FusedQKVParams:
         _check_linear_params(self.o, "FusedQKVParams.o")
 
 
-def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: int | None = None, kv=None, scale=None, return_weights: bool = False):  # [B, T, C] -> [B, T, C]
-    """MultiHead(X) = Concat(head_1, ..., head_H) W_O, head_h = Attention(X W_Q^h, X_kv W_K^g(h), X_kv W_V^g(h))  (Vaswani et al. 2017, sec. 3.2.2).
+def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: int | None = None, kv=None, scale=None,
+                         return_weights: bool = False):  # [B, T, C] -> [B, T, C]
+    """MultiHead(X) = Concat(head_1, ..., head_H) W_O, head_h = Attention(X W_Q^h, X_kv W_K^g(h), X_kv W_V^g(h))
+    (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; kv [B, S, Ckv] (cross-attention) or None (self-attention, S = T);
     mask bool / bias float broadcastable to [B, H, T, S]. Returns [B, T, C'] (C' = o's output
@@ -327,7 +339,8 @@ def multi_head_attention(x, p, mask=None, bias=None, *, n_head: int, n_kv_head: 
     return _multi_head_attention(x, p, mask, bias, H, K, kv, scale, return_weights)
 
 
-def _multi_head_attention(x, p, mask, bias, H: int, K: int, kv=None, scale=None, return_weights: bool = False):  # [B, T, C] -> [B, T, C']
+def _multi_head_attention(x, p, mask, bias, H: int, K: int, kv=None, scale=None,
+                          return_weights: bool = False):  # [B, T, C] -> [B, T, C']
     """Multi-head attention with no checks: inputs already validated (x [B, T, C] and kv [B, S, Ckv]
     or None float arrays matching p's widths; H query and K key/value heads; mask / bias as in
     _grouped_query_attention)."""
@@ -337,7 +350,8 @@ def _multi_head_attention(x, p, mask, bias, H: int, K: int, kv=None, scale=None,
         q, k, v = np.split(qkv, [H * D, (H + K) * D], axis=-1)  # [B, T, H D], [B, T, K D], [B, T, K D]
     else:
         src = x if kv is None else kv
-        q, k, v = _linear(x, p.q.w, p.q.b), _linear(src, p.k.w, p.k.b), _linear(src, p.v.w, p.v.b)  # [B, T, H D], [B, S, K D], [B, S, K Dv]
+        # [B, T, H D], [B, S, K D], [B, S, K Dv]
+        q, k, v = _linear(x, p.q.w, p.q.b), _linear(src, p.k.w, p.k.b), _linear(src, p.v.w, p.v.b)
     res = _grouped_query_attention(_split_heads(q, H), _split_heads(k, K), _split_heads(v, K),  # [B, H|K, T|S, D]
                                    mask, bias, scale, return_weights)
     out, weights = res if return_weights else (res, None)
@@ -347,9 +361,11 @@ def _multi_head_attention(x, p, mask, bias, H: int, K: int, kv=None, scale=None,
 
 # ------------------------------------------------------------- structured attention (accel twins)
 
-def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), -inf where M[i, j] is False) V, p_i = S - T + i  (Vaswani et al. 2017, eq. 1, with GQA heads, ALiBi, Press et al. 2022, and Gemma-2's soft cap).
+def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
+                     alibi_slopes=None, scale=None,
+                     softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), -inf where M[i, j] is False) V, p_i = S - T + i
+    (Vaswani et al. 2017, eq. 1, with GQA heads, ALiBi, Press et al. 2022, and Gemma-2's soft cap).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
     bool (True = real token); alibi_slopes [H] (m_h; ALiBi, Press et al. 2022, sec. 3).
@@ -364,8 +380,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     sinks are visible anyway, and StreamingLLM's pattern is causal.
     Notes: the ALiBi bias is added as written, -m_h (p_i - j), also for keys after the query
     when causal=False (positive there). softcap=c caps each score to c tanh(s / c) after the scale and
-    the ALiBi term, before the mask (Gemma Team 2024, "Gemma 2", sec. 2; see soft_cap). Fully masked rows give zeros (so does S = 0; T = 0 or
-    B = 0 give an empty result). This is the twin that
+    the ALiBi term, before the mask (Gemma Team 2024, "Gemma 2", sec. 2; see soft_cap). Fully masked rows give zeros (so
+    does S = 0; T = 0 or B = 0 give an empty result). This is the twin that
     accel's fused (never materialising T x S) attention kernels are proved against; here the
     boolean [.., T, S] mask is built with refimpl.masks and handed to grouped_query_attention.
     """
@@ -375,7 +391,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
 
 
 def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, key_mask, alibi_slopes, scale,
-                      softcap=None, on_weights=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+                      softcap=None,
+                      on_weights=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """masked_attention with no checks: inputs already validated (_check_masked_attention: key_mask
     bool [B, S] or None, alibi_slopes [H] in the result dtype or None; softcap None or a positive finite number).
 
@@ -397,7 +414,8 @@ def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, ke
     mask = _combine_masks(pattern, padding)  # [T, S], [B, 1, 1, S], [B, 1, T, S] or None
     bias = None
     if alibi_slopes is not None:
-        distance = (_query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(alibi_slopes.dtype)  # [T, S]: p_i - j, exact ints first
+        # [T, S]: p_i - j, exact ints first
+        distance = (_query_positions(T, S)[:, None] - np.arange(S)[None, :]).astype(alibi_slopes.dtype)
         bias = -alibi_slopes[:, None, None] * distance  # [H, T, S]: -m_h (p_i - j)
     if on_weights is None:
         return _grouped_query_attention(q, k, v, mask, bias, scale, False, softcap)
@@ -408,16 +426,18 @@ def _masked_attention(q, k, v, causal: bool, window: int | None, n_sink: int, ke
     return y.reshape(B, H, T, v.shape[3])
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j}  (Vaswani et al. 2017, eq. 1, for the newest query over a KV cache).
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None,
+                     softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j}
+    (Vaswani et al. 2017, eq. 1, for the newest query over a KV cache).
 
     Shapes: q [B, H, D] (the newest query of each sequence), k [B, K, S, D], v [B, K, S, Dv]
     (the cache, H % K == 0); key_lengths [B] ints in 0 .. S or None (all S entries valid);
     window a positive int or None; softcap a positive finite real or None. Returns [B, H, Dv].
     Notes: cache entries j >= L_b are ignored (right padding of the cache), whatever they hold:
     their keys and values are zeroed first, since a NaN or inf left in them would reach the
-    output through the products (a zero weight times NaN or inf is NaN). The new token is the last query, so it sees every valid entry: no
-    causal mask is needed. L_b = 0 gives a zero row. The twin of accel's decode-attention kernel.
+    output through the products (a zero weight times NaN or inf is NaN). The new token is the last query, so it sees
+    every valid entry: no causal mask is needed. L_b = 0 gives a zero row. The twin of accel's decode-attention kernel.
     window=w (a sliding window: Mistral, Gemma-2, Qwen): the new token sits at position p = L_b - 1
     of its row and sees the keys with 0 <= p - j < w, the last w valid entries (masked_attention's
     causal window convention, so this equals masked_attention(..., causal=True, window=w) at the
@@ -430,7 +450,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, soft
     return _decode_attention(q, k, v, key_mask, scale, window, _check_softcap(softcap))
 
 
-def _decode_attention(q, k, v, key_mask, scale, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
+def _decode_attention(q, k, v, key_mask, scale, window=None, softcap=None
+                      ) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B, S] | None -> [B, H, Dv]
     """decode_attention with no checks: inputs already validated (check_decode_inputs; scale None or a
     finite number; window None or a positive int; softcap None or a positive finite number)."""
     if window is not None:
@@ -561,7 +582,8 @@ def _check_kv_heads(q_shape: tuple, q_form: str, B: int, H: int, D: int, k_shape
     if k_shape[0] != B or k_shape[3] != D:
         raise ValueError(f"k must have shape [B, K, S, D] with B={B}, D={D} (from q {q_shape}); got shape {k_shape}")
     if v_shape[:3] != (B, K, S):
-        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k_shape}); got shape {v_shape}")
+        raise ValueError(f"v must have shape [B, K, S, Dv] with B={B}, K={K}, S={S} (from k {k_shape}); got shape "
+                         f"{v_shape}")
     if K == 0 or H % K != 0:
         raise ValueError(f"the number of query heads H={H} must be a multiple of the key/value heads K={K} "
                          f"(q {q_shape}, k {k_shape})")
@@ -620,7 +642,8 @@ def _divide(width: int, n: int, what: str) -> int:  # width = n * d -> d
     return width // n
 
 
-def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale) -> tuple:  # -> (x, kv, H, K, mask, bias)
+def _check_multi_head_attention(x, p, mask, bias,
+                                n_head, n_kv_head, kv, scale) -> tuple:  # -> (x, kv, H, K, mask, bias)
     x = as_float(x, "x")
     check_ndim(x, "x", 3, "[B, T, C]", exact=True)
     H = check_positive_int(n_head, "n_head")
@@ -630,7 +653,8 @@ def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale) 
                              "a fused qkv projection reads a single sequence")
         K = H if n_kv_head is None else check_positive_int(n_kv_head, "n_kv_head")
         if x.shape[-1] != p.qkv.n_in:
-            raise ValueError(f"x must have shape [B, T, C] with C={p.qkv.n_in} (qkv.w is {p.qkv.w.shape}); got shape {x.shape}")
+            raise ValueError(f"x must have shape [B, T, C] with C={p.qkv.n_in} (qkv.w is {p.qkv.w.shape}); got shape "
+                             f"{x.shape}")
         if p.qkv.n_out % (H + 2 * K) != 0:
             raise ValueError(f"FusedQKVParams.qkv output width {p.qkv.n_out} must be (H + 2K)*D "
                              f"with H={H}, K={K}; it is not a multiple of {H + 2 * K}")
@@ -644,13 +668,15 @@ def _check_multi_head_attention(x, p, mask, bias, n_head, n_kv_head, kv, scale) 
         if src.ndim != 3 or src.shape[0] != x.shape[0]:
             raise ValueError(f"kv must have shape [B, S, Ckv] with B={x.shape[0]}; got shape {src.shape}")
         if x.shape[-1] != p.q.n_in:
-            raise ValueError(f"x must have shape [B, T, C] with C={p.q.n_in} (q.w is {p.q.w.shape}); got shape {x.shape}")
+            raise ValueError(f"x must have shape [B, T, C] with C={p.q.n_in} (q.w is {p.q.w.shape}); got shape "
+                             f"{x.shape}")
         if src.shape[-1] != p.k.n_in:
             raise ValueError(f"{'kv' if kv is not None else 'x'} must have shape [B, S, Ckv] with Ckv={p.k.n_in} "
                              f"(k.w is {p.k.w.shape}); got shape {src.shape}")
         D = _divide(p.q.n_out, H, f"AttentionParams.q output must be H*D wide with H=n_head={H}")
         if D == 0:
-            raise ValueError(f"AttentionParams.q output must be H*D wide with a head dim D >= 1; got width 0 (q.w is {p.q.w.shape})")
+            raise ValueError("AttentionParams.q output must be H*D wide with a head dim D >= 1; got width 0 (q.w is "
+                             f"{p.q.w.shape})")
         K = _divide(p.k.n_out, D, f"AttentionParams.k output must be K*D wide with D={D}")
         if n_kv_head is not None and check_positive_int(n_kv_head, "n_kv_head") != K:
             raise ValueError(f"n_kv_head={n_kv_head} but the k projection has width {p.k.n_out} = {K} heads of D={D}")
@@ -689,7 +715,8 @@ def _check_masked_attention(q, k, v, causal, window, n_sink, key_mask, alibi_slo
     return q, k, v, causal, window, n_sink, key_mask, alibi_slopes
 
 
-def check_decode_inputs(q, k, v, key_lengths):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
+def check_decode_inputs(q, k, v, key_lengths
+                        ):  # [B, H, D], [B, K, S, D], [B, K, S, Dv], [B] -> (q, k, v, key mask [B, S] or None)
     """decode_attention's checks of q, k, v and key_lengths, in order (shared with the accel kernels).
 
     Returns q, k and v as float arrays and the key mask j < L_b [B, S] (padding_mask's right

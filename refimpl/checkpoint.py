@@ -46,7 +46,8 @@ from .safetensors import DTYPES, SafetensorsError, read_header, read_tensor, saf
 
 __all__ = ["WeightFileError", "NotARegularWeightFile", "Tensor", "open_weights", "regular_file", "read_small_file",
            "config_object", "safetensors_tensors", "safetensors_source", "sharded_source", "read_checkpoint",
-           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read", "torch_state_dict_tensors",
+           "INDEX_NAME", "PICKLE_INDEX_NAME", "NPZ_ERRORS", "check_export_out", "npz_member_header", "npz_read",
+           "torch_state_dict_tensors",
            "read_pickled_state_dict", "read_weight_map", "read_pickled_shards", "EXPORT_DTYPES", "check_export_dtype",
            "export_dtypes", "hub_config_file", "hub_model_folder", "TOKENIZER_FILES", "MODEL_FOLDER_FILES",
            "model_folder", "check_model_folder"]
@@ -247,7 +248,8 @@ def _shard_reader(path: Path, header, name: str) -> Callable[[], np.ndarray]:
 
 # ----------------------------------------------------------------------------- .npz members
 
-NPZ_ERRORS = (Exception,)  # a damaged zip raises anything from zipfile / zlib / struct: each becomes one WeightFileError
+# a damaged zip raises anything from zipfile / zlib / struct: each becomes one WeightFileError
+NPZ_ERRORS = (Exception,)
 
 
 NPZ_MAX_RATIO = 1032  # deflate's largest expansion: 258 bytes out of each 2 bits at best (RFC 1951 sec. 3.2.5)
@@ -340,7 +342,7 @@ def npz_read(z: zipfile.ZipFile, member: str, *, max_bytes: int | None = None) -
         raise WeightFileError(f"npz entry {member!r} cannot be read: {type(e).__name__}: {e}") from None
 
 
-# ----------------------------------------------------------------------------- pickled PyTorch checkpoints (export only)
+# ---------------------------------------------------------------------------- pickled PyTorch checkpoints (export only)
 
 def torch_state_dict_tensors(sd, where: str) -> dict[str, Tensor]:
     """A torch state dict (name -> tensor) as Tensors of NumPy arrays: bfloat16 and float16 widened exactly
@@ -471,7 +473,8 @@ def check_export_out(out_dir, source=None) -> Path:
     if source is not None:
         src = Path(os.path.realpath(os.fspath(source)))
         if out == src or (src.is_file() and out == src.parent):
-            raise ValueError(f"out_dir {text} is the folder of the model being exported ({source}); give another folder")
+            raise ValueError(f"out_dir {text} is the folder of the model being exported ({source}); give another "
+                             "folder")
     return Path(text)
 
 

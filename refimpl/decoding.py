@@ -102,7 +102,8 @@ def _check_min_keep(n) -> int:
 
 
 def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [..., V], [..., N] -> [..., V]
-    """z_i <- z_i / theta if z_i > 0 else z_i * theta, for every token i already in `ids`  (CTRL, Keskar et al. 2019, sec. 4.1).
+    """z_i <- z_i / theta if z_i > 0 else z_i * theta, for every token i already in `ids`
+    (CTRL, Keskar et al. 2019, sec. 4.1).
 
     Shapes: logits [V] with ids [N], or logits [B, V] with ids [B, N] (row b penalises the
     tokens of ids[b]) -> same shape and dtype as logits.
@@ -129,7 +130,8 @@ def apply_repetition_penalty(logits, ids, penalty: float) -> np.ndarray:  # [...
     if ids.dtype.kind not in "iu" and ids.size:
         raise TypeError(f"ids must be integer token ids; got dtype {ids.dtype}")
     if ids.shape[:-1] != x.shape[:-1] or ids.ndim != x.ndim:
-        raise ValueError(f"ids must have shape [..., N] with the leading axes of logits {x.shape[:-1]}; got {ids.shape}")
+        raise ValueError(f"ids must have shape [..., N] with the leading axes of logits {x.shape[:-1]}; got "
+                         f"{ids.shape}")
     V = x.shape[-1]
     if ids.size and (ids.min() < 0 or ids.max() >= V):
         raise ValueError(f"ids must lie in [0, V={V}); got values in [{ids.min()}, {ids.max()}]")
@@ -171,7 +173,8 @@ def _penalize_seen(x: np.ndarray, seen: np.ndarray, penalty: float,
 
 
 def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> [..., V]
-    """z / tau: tau < 1 sharpens softmax(z), tau > 1 flattens it  (Ackley, Hinton & Sejnowski 1985; Hugging Face's TemperatureLogitsWarper).
+    """z / tau: tau < 1 sharpens softmax(z), tau > 1 flattens it
+    (Ackley, Hinton & Sejnowski 1985; Hugging Face's TemperatureLogitsWarper).
 
     Shapes: logits [..., V] -> same shape and dtype.
     Notes: any finite tau > 0 gives the distribution softmax(z / tau), rounded to the dtype.
@@ -194,7 +197,8 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:  # [..., V] -> 
     """
     x = _check_logits(logits)
     if not is_real(temperature) or not temperature > 0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
+        raise ValueError("temperature must be a finite number > 0 (use do_sample=False for greedy); got "
+                         f"{temperature!r}")
     info = np.finfo(x.dtype)
     with np.errstate(over="ignore", under="ignore"):
         tau = x.dtype.type(temperature)
@@ -229,7 +233,8 @@ def top_k_filter(logits, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray: 
 
 
 def top_p_filter(logits, p: float, *, min_tokens_to_keep: int = 1) -> np.ndarray:  # [..., V] -> [..., V]
-    """Keep the smallest set of most likely tokens whose probability mass reaches p; the rest -> -inf  (nucleus sampling; Holtzman et al. 2020, sec. 3.1).
+    """Keep the smallest set of most likely tokens whose probability mass reaches p; the rest -> -inf
+    (nucleus sampling; Holtzman et al. 2020, sec. 3.1).
 
     Shapes: logits [..., V] -> same shape and dtype.
     Notes: the rule, in Hugging Face's form (TopPLogitsWarper), step by step as it computes it:
@@ -355,7 +360,8 @@ class NoCache:
 
 
 def recomputing(forward_last: Callable) -> dict:
-    """The cache fields of a Decoder that keeps no cache: prefill and step are both forward_last, run on every token so far.
+    """The cache fields of a Decoder that keeps no cache:
+    prefill and step are both forward_last, run on every token so far.
 
     forward_last(weights, ids [B, S], cache, attention_mask) -> logits [B, V] of the last position,
     from the whole sequence (it sets cache.length = S); allocate and first_rows give a NoCache,
@@ -417,7 +423,8 @@ class Trace:
         self.tokens, self.prompt_tokens, self.prefill_ms, self.step_ms = [], 0, None, []
 
     def timing(self) -> dict:
-        """prompt_tokens, prefill_ms, prefill_ms_per_token, steps, mean_step_ms, median_step_ms (None where not measured)."""
+        """prompt_tokens, prefill_ms, prefill_ms_per_token, steps, mean_step_ms,
+        median_step_ms (None where not measured)."""
         n, steps = self.prompt_tokens, np.asarray(self.step_ms, dtype=float)
         return {"prompt_tokens": n, "prefill_ms": self.prefill_ms,
                 "prefill_ms_per_token": None if self.prefill_ms is None or not n else self.prefill_ms / n,
@@ -481,7 +488,8 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be True or False; got {do_sample!r}")
     if not is_num(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy); got {temperature!r}")
+        raise ValueError("temperature must be a finite number > 0 (use do_sample=False for greedy); got "
+                         f"{temperature!r}")
     if top_k == 0:
         top_k = None  # 0 = off, as in Hugging Face
     if top_k is not None and (not is_int(top_k) or top_k < 1):
@@ -506,8 +514,8 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
         most = math.log(np.finfo(np.float64).max) / math.log(max_new_tokens)  # that power must stay a finite,
         if abs(length_penalty) > most:                                          # nonzero float64
             raise ValueError(f"length_penalty must lie in [-{most:.4g}, {most:.4g}] with max_new_tokens="
-                             f"{max_new_tokens} (a beam's score is divided by its length to this power, which must stay a finite, "
-                             "nonzero float64); "
+                             f"{max_new_tokens} (a beam's score is divided by its length to this power, "
+                             "which must stay a finite, nonzero float64); "
                              f"got {length_penalty!r}")
     if isinstance(early_stopping, (bool, np.bool_)):
         early_stopping = bool(early_stopping)
@@ -630,8 +638,8 @@ def _choose(logits, seen, s: _Settings, rng) -> np.ndarray:  # [B, V], [B, V] bo
     return sample_from_logits(logits, rng)
 
 
-def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settings,
-                  rng, trace: Trace | None = None) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> yields next ids [B] per step
+def _sample_steps(dec: Decoder, rows: list[np.ndarray], n_steps: int, s: _Settings, rng,
+                  trace: Trace | None = None) -> Iterator[np.ndarray]:  # prompts [B] x [P_b] -> next ids [B] per step
     """Greedy / sampled decoding with a KV cache; prompts of different lengths are left-padded.
 
     Yields the chosen token of every row at each of n_steps steps; the caller stops early
@@ -726,8 +734,8 @@ class _StopMatcher:
         return len(self.text) - hold
 
 
-def _run_one(dec: Decoder, prompt: np.ndarray, s: _Settings, rng, n_steps: int,
-             matcher: _StopMatcher | None, trace: Trace | None = None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
+def _run_one(dec: Decoder, prompt: np.ndarray, s: _Settings, rng, n_steps: int, matcher: _StopMatcher | None,
+             trace: Trace | None = None) -> Iterator[tuple[int, str | None]]:  # -> (token, finish_reason or None)
     """One prompt, greedy or sampled: yields (token id, None) and, with the last token, its finish reason."""
     truncated = n_steps < s.max_new_tokens
     if n_steps == 0:

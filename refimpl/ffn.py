@@ -219,7 +219,8 @@ def _glu(x: np.ndarray, p: GLUParams, activation: Callable) -> np.ndarray:  # [.
 
 
 def glu_gate(gate, up, *, activation: str = "silu") -> np.ndarray:  # [..., F], [..., F] -> [..., F]
-    """act(g) * u: the gated hidden layer of GLU_act once the two products g = x W_gate, u = x W_up are made  (Shazeer 2020, eq. 5).
+    """act(g) * u: the gated hidden layer of GLU_act once the two products g = x W_gate, u = x W_up are made
+    (Shazeer 2020, eq. 5).
 
     Shapes: gate, up [..., F] of one shape -> [..., F] in their common float dtype.
     activation: a name, "silu" (SwiGLU), "gelu_tanh" or "gelu_erf" (GeGLU), so that a fused
@@ -257,7 +258,8 @@ def geglu(x, p: GLUParams, *, gelu: Callable = gelu_erf) -> np.ndarray:  # [...,
     return _geglu(_check_ffn(x, p, GLUParams, gelu), p, gelu)
 
 
-def _geglu(x: np.ndarray, p: GLUParams, gelu: Callable) -> np.ndarray:  # [..., C] -> [..., C]; no checks: inputs already validated
+def _geglu(x: np.ndarray, p: GLUParams,
+           gelu: Callable) -> np.ndarray:  # [..., C] -> [..., C]; no checks: inputs already validated
     return _glu(x, p, gelu)
 
 

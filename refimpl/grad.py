@@ -90,7 +90,8 @@ def embedding_backward(dy, ids, V: int) -> np.ndarray:  # [..., C], [...] -> [V,
 
 # ----------------------------------------------------------------------------- linear
 
-def linear_backward(dy, x, w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., out], [..., in], [in, out] -> dx, dw, db
+def linear_backward(dy, x,
+                    w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., out], [..., in], [in, out] -> dx, dw, db
     """For y = x W + b:  dx = dy W^T,  dW = sum_p x_p^T dy_p,  db = sum_p dy_p  (matrix calculus of the affine map).
 
     Shapes: dy [..., out], x [..., in], w [in, out] -> dx [..., in], dw [in, out], db [out].
@@ -115,7 +116,8 @@ def linear_backward(dy, x, w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [
 # ----------------------------------------------------------------------------- layer norm
 
 def _norm_args(dy, x, gamma) -> tuple:
-    """A normalisation backward's checked inputs: dy, x [..., C] of one shape, gamma [C]; -> (dy, x, gamma, C, dtype)."""
+    """A normalisation backward's checked inputs: dy, x [..., C] of one shape, gamma [C];
+    -> (dy, x, gamma, C, dtype)."""
     dy, x, gamma = as_float(dy, "dy"), as_float(x, "x"), as_float(gamma, "gamma")
     check_ndim(x, "x", 1, "[..., C]")
     C = x.shape[-1]
@@ -125,7 +127,8 @@ def _norm_args(dy, x, gamma) -> tuple:
     return dy, x, gamma, C, np.result_type(dy, x, gamma)
 
 
-def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., C] -> dx, dgamma, dbeta
+def layer_norm_backward(dy, x, gamma, *, eps: float = 1e-5
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., C] -> dx, dgamma, dbeta
     """For y = xhat * gamma + beta, xhat = (x - mu) * r, r = (sigma^2 + eps)^(-1/2)  (Ba et al. 2016, sec. 3):
 
         dgamma = sum_p dy * xhat,   dbeta = sum_p dy,
@@ -168,7 +171,8 @@ def gelu_tanh_backward(dy, x) -> np.ndarray:  # [...], [...] -> [...]
     xc = np.clip(x.astype(dtype, copy=False), dtype.type(-20.0), dtype.type(20.0))
     t = np.tanh(c * (xc + a * (xc * xc * xc)))
     du = c * (one + dtype.type(3.0) * a * (xc * xc))
-    return (dy.astype(dtype, copy=False) * (half * (one + t) + half * xc * (one - t * t) * du)).astype(out_dtype, copy=False)
+    return (dy.astype(dtype, copy=False)
+            * (half * (one + t) + half * xc * (one - t * t) * du)).astype(out_dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -186,7 +190,8 @@ def softmax_backward(dy, y, axis: int = -1) -> np.ndarray:  # [...], [...] -> [.
 
 # ----------------------------------------------------------------------------- attention
 
-def attention_backward(dout, q, k, v, weights, *, scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., T, Dv] -> dq, dk, dv
+def attention_backward(dout, q, k, v, weights, *,
+                       scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [..., T, Dv] -> dq, dk, dv
     """For out = P V, P = softmax(Q K^T * scale, masked)  (Vaswani et al. 2017, eq. 1):
 
         dV = P^T dout,   dP = dout V^T,   dZ = softmax_backward(dP, P),
@@ -243,8 +248,10 @@ def rms_norm_backward(dy, x, gamma, *, eps: float = 1e-6) -> tuple[np.ndarray, n
 
 # ----------------------------------------------------------------------------- RoPE
 
-def rope_backward(dy, cos, sin, *, interleaved: bool = False) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
-    """dx = R(theta)^T dy = R(-theta) dy: each rotated pair's gradient turned back by its angle  (Su et al. 2021, sec. 3.4.2).
+def rope_backward(dy, cos, sin, *,
+                  interleaved: bool = False) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
+    """dx = R(theta)^T dy = R(-theta) dy: each rotated pair's gradient turned back by its angle
+    (Su et al. 2021, sec. 3.4.2).
 
     RoPE is y = R(theta) x with R block-diagonal, each block the 2x2 rotation [[cos, -sin], [sin, cos]]
     of one pair (a, b); the VJP of a linear map is its transpose, and a rotation's transpose is
@@ -283,7 +290,8 @@ def swiglu_backward(dh, gate, up) -> tuple[np.ndarray, np.ndarray]:  # [...], [.
 
 # ----------------------------------------------------------------------------- grouped-query attention
 
-def grouped_query_attention_backward(dout, q, k, v, weights, *, scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [B, H, T, Dv] -> dq, dk, dv
+def grouped_query_attention_backward(dout, q, k, v, weights, *, scale=None
+                                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [B, H, T, Dv] -> dq, dk, dv
     """GQA (Ainslie et al. 2023): query head h reads key/value head h // G, G = H / K, i.e. attention
     with each of the K key/value heads repeated G times. The repeat's VJP sums over the copies:
 

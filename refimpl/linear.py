@@ -55,7 +55,8 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
     return _linear(x, p.w, p.b)
 
 
-def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:  # [..., in], [in, out], [out] | None -> [..., out]
+def _linear(x: np.ndarray, w: np.ndarray,
+            b: np.ndarray | None) -> np.ndarray:  # [..., in], [in, out], [out] | None -> [..., out]
     """y = x w + b with no checks: inputs already validated (float arrays, x's last axis = w's first)."""
     y = x @ w
     if b is not None:

@@ -97,7 +97,8 @@ def _padding_mask(lengths: np.ndarray, S: int, side: str = "right") -> np.ndarra
 
 
 def local_window_mask(T: int, S: int | None = None, *, window: int, causal: bool = True) -> np.ndarray:  # -> [T, S]
-    """Causal: M[i, j] = (0 <= p_i - j < w); two-sided: M[i, j] = (|p_i - j| < w)  (sliding window; Longformer, Beltagy et al. 2020, sec. 3.1).
+    """Causal: M[i, j] = (0 <= p_i - j < w); two-sided: M[i, j] = (|p_i - j| < w)
+    (sliding window; Longformer, Beltagy et al. 2020, sec. 3.1).
 
     Shapes: -> [T, S] bool.
     Notes: causal=True keeps the last `window` keys up to and including the query's own
@@ -138,8 +139,10 @@ def _strided_mask(T: int, S: int, stride: int, part: str) -> np.ndarray:  # -> [
     return {"local": local, "strided": strided, "both": local | strided}[part]
 
 
-def fixed_mask(T: int, S: int | None = None, *, block: int, summary: int, part: str = "both") -> np.ndarray:  # -> [T, S]
-    """Fixed attention: A1 = {j <= p : floor(j/l) = floor(p/l)}, A2 = {j <= p : j mod l >= l - c}  (Child et al. 2019, sec. 4.3).
+def fixed_mask(T: int, S: int | None = None, *, block: int, summary: int,
+               part: str = "both") -> np.ndarray:  # -> [T, S]
+    """Fixed attention: A1 = {j <= p : floor(j/l) = floor(p/l)}, A2 = {j <= p : j mod l >= l - c}
+    (Child et al. 2019, sec. 4.3).
 
     Shapes: -> [T, S] bool; `block` is the paper's l, `summary` its c (1 <= c <= l).
     Notes: part="block" returns A1 (the keys of the query's own length-l block, up to the
@@ -160,7 +163,8 @@ def _fixed_mask(T: int, S: int, block: int, summary: int, part: str) -> np.ndarr
 
 
 def sink_window_mask(T: int, S: int | None = None, *, n_sink: int, window: int) -> np.ndarray:  # -> [T, S]
-    """M[i, j] = (j <= p_i) and (j < n_sink or p_i - j < w)  (attention sinks + sliding window; StreamingLLM, Xiao et al. 2023, sec. 3.2).
+    """M[i, j] = (j <= p_i) and (j < n_sink or p_i - j < w)
+    (attention sinks + sliding window; StreamingLLM, Xiao et al. 2023, sec. 3.2).
 
     Shapes: -> [T, S] bool.
     Notes: the first n_sink keys (the "attention sinks") stay visible to every later query,
@@ -189,7 +193,7 @@ def combine_masks(*masks) -> np.ndarray | None:  # [...] x n -> broadcast shape
     return _combine_masks(*_check_combine_masks(masks))
 
 
-def _combine_masks(*masks: np.ndarray | None) -> np.ndarray | None:  # bool arrays broadcasting together -> their AND; no checks
+def _combine_masks(*masks: np.ndarray | None) -> np.ndarray | None:  # broadcasting bool arrays -> their AND; no checks
     arrays = [m for m in masks if m is not None]
     if not arrays:
         return None

@@ -56,8 +56,8 @@ import numpy as np
 
 from .checkpoint import WeightFileError, config_object, read_small_file
 
-__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "no_tokenizer_reason", "SUPPORTED_MODEL_TYPES",
-           "MODEL_NAMES", "FETCHED_MODELS", "DEFAULT_MODEL", "resolve_model"]
+__all__ = ["load", "logits", "export", "family_of", "llama_tokenizer", "tokenizer_absence", "no_tokenizer_reason",
+           "SUPPORTED_MODEL_TYPES", "MODEL_NAMES", "FETCHED_MODELS", "DEFAULT_MODEL", "resolve_model"]
 
 
 def _llama_types() -> tuple[str, ...]:

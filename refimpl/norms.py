@@ -39,7 +39,8 @@ def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] 
     return _layer_norm(*_check_layer_norm(x, gamma, beta, eps))
 
 
-def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:  # [..., C], [C], [C] -> [..., C]
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                eps: float) -> np.ndarray:  # [..., C], [C], [C] -> [..., C]
     """LayerNorm with no checks: inputs already validated (float arrays, C >= 1, eps a finite float >= 0)."""
     out_dtype = np.result_type(x, gamma, beta)
     w = _working_dtype(x, gamma, beta)

@@ -81,7 +81,8 @@ def _sinusoidal_encoding(P: int, d: int, base: float, dt: np.dtype) -> np.ndarra
 
 
 def sinusoidal_shift_matrix(k, d, *, base=10000.0, dtype=np.float64) -> np.ndarray:  # -> [d, d]
-    """M_k = blockdiag_i [[cos k w_i, sin k w_i], [-sin k w_i, cos k w_i]], so PE(p+k) = M_k PE(p)  (Vaswani et al. 2017, sec. 3.5).
+    """M_k = blockdiag_i [[cos k w_i, sin k w_i], [-sin k w_i, cos k w_i]], so PE(p+k) = M_k PE(p)
+    (Vaswani et al. 2017, sec. 3.5).
 
     The paper's reason for the sinusoids: "for any fixed offset k, PE_{pos+k} can be
     represented as a linear function of PE_{pos}". Proof, per pair (sin p w, cos p w):
@@ -121,12 +122,14 @@ def learned_positional_embedding(table, positions) -> np.ndarray:  # [P, C], [..
     return _learned_positional_embedding(*_check_learned_positional_embedding(table, positions))
 
 
-def _learned_positional_embedding(table: np.ndarray, positions: np.ndarray) -> np.ndarray:  # [P, C], [..., T] -> [..., T, C]; no checks
+def _learned_positional_embedding(table: np.ndarray,
+                                  positions: np.ndarray) -> np.ndarray:  # [P, C], [..., T] -> [..., T, C]; no checks
     return table[positions]  # [..., T, C]
 
 
 def positions_from_attention_mask(mask, *, pad_position=0) -> np.ndarray:  # [B, S] -> [B, S] int64
-    """pos[b, s] = (sum_{s' <= s} mask[b, s']) - 1 at real tokens, `pad_position` at pads  (Hugging Face's rule for padded batches).
+    """pos[b, s] = (sum_{s' <= s} mask[b, s']) - 1 at real tokens, `pad_position` at pads
+    (Hugging Face's rule for padded batches).
 
     Shapes: mask [B, S] (True / 1 = real token, False / 0 = pad) -> [B, S] int64.
     Notes:
@@ -141,7 +144,8 @@ def positions_from_attention_mask(mask, *, pad_position=0) -> np.ndarray:  # [B,
     return _positions_from_attention_mask(*_check_positions_from_attention_mask(mask, pad_position))
 
 
-def _positions_from_attention_mask(m: np.ndarray, pad_position: int) -> np.ndarray:  # [B, S] int64 0/1 -> [B, S] int64; no checks
+def _positions_from_attention_mask(m: np.ndarray,
+                                   pad_position: int) -> np.ndarray:  # [B, S] int64 0/1 -> [B, S] int64; no checks
     pos = np.cumsum(m, axis=-1) - 1  # [B, S]
     return np.where(m == 1, pos, pad_position)
 
@@ -149,7 +153,8 @@ def _positions_from_attention_mask(m: np.ndarray, pad_position: int) -> np.ndarr
 # ----------------------------------------------------------------------------- RoPE
 
 def rope_frequencies(d, *, theta=10000.0) -> np.ndarray:  # -> [d/2] float64
-    """w_i = theta^(-2i/d), i = 0 .. d/2 - 1  (Su et al. 2021, RoFormer, sec. 3.2.2: Theta = {theta_i = 10000^(-2(i-1)/d)}).
+    """w_i = theta^(-2i/d), i = 0 .. d/2 - 1
+    (Su et al. 2021, RoFormer, sec. 3.2.2: Theta = {theta_i = 10000^(-2(i-1)/d)}).
 
     Shapes: -> [d/2], float64 (angles p * w_i are formed in float64 before any cast).
     Notes: d is the number of rotated dimensions (the head dim D, or `rotary_dim` for
@@ -164,7 +169,8 @@ def _rope_frequencies(d: int, theta: float) -> np.ndarray:  # -> [d/2] float64; 
 
 
 def rope_pair_permutation(d) -> np.ndarray:  # -> [d] int64
-    """perm = [0, 2, 4, ..., d-2, 1, 3, ..., d-1]: x[..., perm] moves interleaved pairs (2i, 2i+1) to half-split pairs (i, i + d/2).
+    """perm = [0, 2, 4, ..., d-2, 1, 3, ..., d-1]: x[..., perm] moves interleaved pairs (2i,
+    2i+1) to half-split pairs (i, i + d/2).
 
     With P the permutation matrix (P x)_k = x_{perm[k]}:
         apply_rope(x, p, interleaved=True) == P^T apply_rope(P x, p, interleaved=False),
@@ -185,7 +191,8 @@ def _rope_pair_permutation(d: int) -> np.ndarray:  # -> [d] int64; no checks
 
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None, frequencies=None,
                attention_factor=1.0) -> np.ndarray:  # [..., T, D] -> [..., T, D]
-    """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p  (Su et al. 2021, RoFormer, sec. 3.2.2 and 3.4.2).
+    """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p
+    (Su et al. 2021, RoFormer, sec. 3.2.2 and 3.4.2).
 
     Equivalently, in complex form, (a + ib) * exp(i p w_i). Since rotations are orthogonal
     and R(m)^T R(n) = R(n - m), <rope(q, m), rope(k, n)> depends on positions only via m - n.
@@ -225,13 +232,15 @@ def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=Non
 
 def _apply_rope(x: np.ndarray, pos: np.ndarray, w: np.ndarray, scale: float, interleaved: bool,
                 R: int) -> np.ndarray:  # [..., T, D], [..., T], [R/2] float64 -> [..., T, D]
-    """RoPE with no checks: inputs already validated (check_rope_inputs; w the frequencies, scale the attention factor)."""
+    """RoPE with no checks: inputs already validated (check_rope_inputs; w the frequencies,
+    scale the attention factor)."""
     cos, sin = _rope_cos_sin(pos, w, scale, x.dtype)
     return _rope_rotate(x, cos, sin, interleaved)
 
 
 def rope_rotate(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
-    """(a, b) -> (a cos - b sin, a sin + b cos) on each pair of the leading R dims, given the angles' cos and sin  (Su et al. 2021, sec. 3.4.2).
+    """(a, b) -> (a cos - b sin, a sin + b cos) on each pair of the leading R dims, given the angles' cos and sin
+    (Su et al. 2021, sec. 3.4.2).
 
     apply_rope with the tables made beforehand: a model computes cos and sin once per forward
     (for every layer and head) and rotates q and k with them, as Hugging Face's rotary embedding does.
@@ -244,14 +253,18 @@ def rope_rotate(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [..., T, D]
     return _rope_rotate(*_check_rope_rotate(x, cos, sin, interleaved))
 
 
-def _rope_cos_sin(pos: np.ndarray, w: np.ndarray, scale: float, dtype) -> tuple[np.ndarray, np.ndarray]:  # [..., T], [R/2] -> 2 x [..., T, R/2]
-    """a cos(p w_i), a sin(p w_i) in `dtype`: angles and products in float64, rounded once (apply_rope's Precision note)."""
+def _rope_cos_sin(pos: np.ndarray, w: np.ndarray, scale: float,
+                  dtype) -> tuple[np.ndarray, np.ndarray]:  # [..., T], [R/2] -> 2 x [..., T, R/2]
+    """a cos(p w_i), a sin(p w_i) in `dtype`: angles and products in float64,
+    rounded once (apply_rope's Precision note)."""
     angles = pos.astype(np.float64)[..., None] * w  # [..., T, R/2]
     return (scale * np.cos(angles)).astype(dtype), (scale * np.sin(angles)).astype(dtype)
 
 
-def _rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
-    """Each pair (a, b) of the leading R = 2 * cos.shape[-1] dims -> (a cos - b sin, a sin + b cos); dims [R, D) unchanged."""
+def _rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                 interleaved: bool) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
+    """Each pair (a, b) of the leading R = 2 * cos.shape[-1] dims -> (a cos - b sin,
+    a sin + b cos); dims [R, D) unchanged."""
     R = 2 * cos.shape[-1]
     x_rot, x_pass = x[..., :R], x[..., R:]  # [..., T, R], [..., T, D-R]
     if interleaved:
@@ -270,7 +283,8 @@ def _rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: b
 # ----------------------------------------------------------------------------- ALiBi
 
 def alibi_slopes(n_heads, *, dtype=np.float64) -> np.ndarray:  # -> [H]
-    """m_h = 2^(-8h/n), h = 1 .. n for n = H a power of two; else the paper's interleaving rule  (Press et al. 2022, ALiBi, sec. 3).
+    """m_h = 2^(-8h/n), h = 1 .. n for n = H a power of two; else the paper's interleaving rule
+    (Press et al. 2022, ALiBi, sec. 3).
 
     Shapes: -> [H].
     Notes:
@@ -293,7 +307,8 @@ def _alibi_slopes(H: int, dt: np.dtype) -> np.ndarray:  # -> [H]; no checks
 
 
 def alibi_bias(n_heads_or_slopes, T, S=None, *, dtype=None) -> np.ndarray:  # -> [H, T, S]
-    """bias[h, i, j] = -m_h * ((S - T + i) - j)  (Press et al. 2022, ALiBi, sec. 3: softmax(q_i K^T + m * [-(i-1), ..., -1, 0])).
+    """bias[h, i, j] = -m_h * ((S - T + i) - j)
+    (Press et al. 2022, ALiBi, sec. 3: softmax(q_i K^T + m * [-(i-1), ..., -1, 0])).
 
     Shapes: n_heads_or_slopes: an int H (slopes from `alibi_slopes`) or slopes [H];
     T queries, S keys (default T) -> [H, T, S], added to the attention logits as `bias`.
@@ -318,8 +333,10 @@ def _alibi_bias(slopes: np.ndarray, T: int, S: int, dt: np.dtype) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- T5 relative bias
 
-def relative_position_bucket(relative_position, *, bidirectional=True, num_buckets=32, max_distance=128) -> np.ndarray:  # [...] -> [...] int64
-    """bucket(r) = n if n < n_exact, else n_exact + floor(log(n / n_exact) / log(max_distance / n_exact) * (N - n_exact)), capped at N - 1  (Raffel et al. 2020, T5, sec. 2.1).
+def relative_position_bucket(relative_position, *, bidirectional=True, num_buckets=32,
+                             max_distance=128) -> np.ndarray:  # [...] -> [...] int64
+    """bucket(r) = n if n < n_exact, else n_exact + floor(log(n / n_exact) / log(max_distance / n_exact) * (N -
+    n_exact)), capped at N - 1  (Raffel et al. 2020, T5, sec. 2.1).
 
     Here r = key_pos - query_pos (T5's memory_position - context_position). With
     bidirectional=True, N = num_buckets // 2, n = |r|, and r > 0 adds N (keys after the
@@ -339,7 +356,8 @@ def relative_position_bucket(relative_position, *, bidirectional=True, num_bucke
     return _relative_position_bucket(rp, *_check_buckets(bidirectional, num_buckets, max_distance))
 
 
-def _relative_position_bucket(rp: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:  # [...] int64 -> [...] int64; no checks
+def _relative_position_bucket(rp: np.ndarray, bidirectional: bool, num_buckets: int,
+                              max_distance: int) -> np.ndarray:  # [...] int64 -> [...] int64; no checks
     N = num_buckets
     if bidirectional:
         N //= 2
@@ -355,8 +373,10 @@ def _relative_position_bucket(rp: np.ndarray, bidirectional: bool, num_buckets: 
     return offset + np.where(n < n_exact, n, large)
 
 
-def relative_position_bias(table, T, S=None, *, bidirectional=True, num_buckets=None, max_distance=128) -> np.ndarray:  # [N, H] -> [H, T, S]
-    """bias[h, i, j] = table[bucket(j - (S - T + i)), h]  (Raffel et al. 2020, T5, sec. 2.1: a learned scalar per bucket and head).
+def relative_position_bias(table, T, S=None, *, bidirectional=True, num_buckets=None,
+                           max_distance=128) -> np.ndarray:  # [N, H] -> [H, T, S]
+    """bias[h, i, j] = table[bucket(j - (S - T + i)), h]
+    (Raffel et al. 2020, T5, sec. 2.1: a learned scalar per bucket and head).
 
     Shapes: table [num_buckets, H] (T5's relative_attention_bias.weight), T queries,
     S keys (default T) -> [H, T, S] in the table's dtype, added to the logits as `bias`.
@@ -365,7 +385,8 @@ def relative_position_bias(table, T, S=None, *, bidirectional=True, num_buckets=
     table.shape[0]; if given it must match. T5 computes this once (first layer) and shares it.
     See also: relative_position_bucket.
     """
-    return _relative_position_bias(*_check_relative_position_bias(table, T, S, bidirectional, num_buckets, max_distance))
+    return _relative_position_bias(*_check_relative_position_bias(table, T, S, bidirectional, num_buckets,
+                                                                  max_distance))
 
 
 def _relative_position_bias(table: np.ndarray, T: int, S: int, bidirectional: bool, num_buckets: int,
@@ -410,7 +431,8 @@ def _check_learned_positional_embedding(table, positions) -> tuple[np.ndarray, n
     return table, pos
 
 
-def _check_positions_from_attention_mask(mask, pad_position) -> tuple[np.ndarray, int]:  # -> (mask [B, S] int64 0/1, int)
+def _check_positions_from_attention_mask(mask,
+                                         pad_position) -> tuple[np.ndarray, int]:  # -> (mask [B, S] int64 0/1, int)
     m = np.asarray(mask)
     if m.dtype.kind == "b":
         m = m.astype(np.int64)
@@ -490,7 +512,8 @@ def _check_rope_rotate(x, cos, sin, interleaved) -> tuple:  # -> (x, cos, sin, i
     return x, cos, sin, interleaved
 
 
-def _check_alibi_bias(n_heads_or_slopes, T, S, dtype) -> tuple[np.ndarray, int, int, np.dtype]:  # -> (slopes [H], T, S, dtype)
+def _check_alibi_bias(n_heads_or_slopes, T, S,
+                      dtype) -> tuple[np.ndarray, int, int, np.dtype]:  # -> (slopes [H], T, S, dtype)
     if is_int(n_heads_or_slopes):  # H: its slopes (the argument normalised to [H])
         slopes = alibi_slopes(n_heads_or_slopes, dtype=np.float64 if dtype is None else dtype)
     else:

@@ -14,8 +14,8 @@ or max_position_embeddings for dynamic NTK); s the length of the sequence being 
 
 yarn and longrope also scale cos and sin by an attention factor (`rope_attention_factor`), which
 multiplies every score q.k by its square. Both go to refimpl.positional.apply_rope as
-`apply_rope(x, positions, frequencies=w, attention_factor=a, rotary_dim=d)`. The parameter names are Hugging Face's rope_parameters
-keys, so `scaled_rope_frequencies(d, **rope_parameters, ...)` takes a config's dict as it is.
+`apply_rope(x, positions, frequencies=w, attention_factor=a, rotary_dim=d)`. The parameter names are Hugging Face's
+rope_parameters keys, so `scaled_rope_frequencies(d, **rope_parameters, ...)` takes a config's dict as it is.
 """
 
 from __future__ import annotations
@@ -124,13 +124,15 @@ def yarn_frequencies(d, *, rope_theta=10000.0, factor, original_max_position_emb
     factor = _at_least_one(factor, "factor")
     w = rope_frequencies(d, theta=rope_theta)
     r = yarn_ramp(d, rope_theta=rope_theta, original_max_position_embeddings=original_max_position_embeddings,
-                  beta_fast=beta_fast or 32.0, beta_slow=beta_slow or 1.0, truncate=True if truncate is None else truncate)
+                  beta_fast=beta_fast or 32.0, beta_slow=beta_slow or 1.0,
+                  truncate=True if truncate is None else truncate)
     return (w / factor) * r + w * (1 - r)
 
 
 def longrope_frequencies(d, *, rope_theta=10000.0, short_factor, long_factor, original_max_position_embeddings,
                          seq_len=None) -> np.ndarray:  # -> [d/2]
-    """w'_i = w_i / lambda_i, lambda = long_factor when the sequence is longer than L, else short_factor  (Ding et al. 2024, LongRoPE; Phi-3)."""
+    """w'_i = w_i / lambda_i, lambda = long_factor when the sequence is longer than L, else short_factor
+    (Ding et al. 2024, LongRoPE; Phi-3)."""
     L = check_positive_int(original_max_position_embeddings, "original_max_position_embeddings")
     long = seq_len is not None and check_positive_int(seq_len, "seq_len", allow_zero=True) > L
     lam = np.asarray(long_factor if long else short_factor, dtype=np.float64)

@@ -196,8 +196,8 @@ def windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
     return ids, tokens[idx + 1]
 
 
-def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
-                 rng: np.random.Generator, *, bos: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # [N] -> ids [B, T], targets [B, T]
+def sample_batch(tokens: np.ndarray, batch_size: int, seq_len: int, rng: np.random.Generator, *,
+                 bos: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # [N] -> ids [B, T], targets [B, T]
     """B random windows: ids = tokens[s : s+T], targets = tokens[s+1 : s+T+1] (next-token prediction);
     bos: every window's first id replaced by it (see `windows`)."""
     if len(tokens) < seq_len + 1:

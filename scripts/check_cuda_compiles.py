@@ -53,7 +53,8 @@ def numba_kernels():
              (F[:, :, ::1], float64[:, ::1], float64[::1], float64, boolean, F[:, :, ::1]), name),
             ("rope_table_pairs (strided x)", positional._rope_table_kernel(np.dtype(dt)),
              (a4, F[:, :, ::1], F[:, :, ::1], boolean, c4), name),
-            *((f"glu_gate_rows {act} (strided g/u)", ffn._glu_gate_kernel(np.dtype(dt), act), (F[:, :], F[:, :], c2), name)
+            *((f"glu_gate_rows {act} (strided g/u)", ffn._glu_gate_kernel(np.dtype(dt), act),
+               (F[:, :], F[:, :], c2), name)
               for act in ffn.GATE_ACTIVATIONS),
             ("flash_attention (strided q/k/v)", attention._flash_kernel(np.dtype(dt), 64, 32, 64, 64),
              (a4, a4, a4, uint8[:, ::1], boolean, c1, boolean, F, F, boolean, int64, int64, c4), name),

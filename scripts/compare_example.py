@@ -32,7 +32,8 @@ def main() -> int:
     dump = compare.dump(out / "port_scaled_by_width.npz", porters_gpt2(model, ids, names="tl", scale_by_width=True),
                         ids=ids)
     run = subprocess.run([sys.executable, "-m", "refimpl", "compare", "--model", str(refimpl.gpt2.DEFAULT_MODEL_DIR),
-                          "--theirs", str(dump), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")],
+                          "--theirs", str(dump), "--plot", str(out / "compare.png"),
+                          "--json", str(out / "compare.json")],
                          capture_output=True, text=True, cwd=REPO)
     table = "".join(line for line in run.stdout.splitlines(True) if not line.startswith("wrote "))
     (out / "compare.txt").write_text(table)

@@ -115,7 +115,8 @@ class _QuantizeParams(ctypes.Structure):  # llama.h's llama_model_quantize_param
                 ("prune_layers", ctypes.c_void_p), ("max_buf_size", ctypes.c_size_t)]
 
 
-LLAMA_FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18}  # llama_ftype
+# llama_ftype
+LLAMA_FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18}
 
 
 def check_model_quantize(lib_dir: Path, work: Path) -> None:

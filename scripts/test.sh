@@ -22,6 +22,6 @@ fi
 # One BLAS thread per process: the suite is many small matmuls, where threads cost more than
 # they give on 2 cores (torch and numba keep their own pools).
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-# The linter first (pyproject.toml's [tool.ruff]): undefined or unused names fail the run before the tests.
+# The linter first (pyproject.toml's [tool.ruff]): undefined or unused names and long lines fail the run first.
 .venv/bin/python -m ruff check --quiet .
 exec .venv/bin/python -m pytest "$@"

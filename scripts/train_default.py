@@ -118,7 +118,8 @@ def strip_gutenberg(text: str) -> tuple[str, int]:
     m = _END.search(text)
     if m:
         text = text[:m.start()]
-    lines = [ln for ln in text.split("\n") if "project gutenberg" not in ln.lower() and "gutenberg.org" not in ln.lower()]
+    lines = [ln for ln in text.split("\n")
+             if "project gutenberg" not in ln.lower() and "gutenberg.org" not in ln.lower()]
     text = "\n".join(lines)
     return text.strip() + "\n", n_before - text.count("\n")
 
@@ -266,7 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
                     help="gpt2: the default model (refimpl/data/default); llama: the tiny LLaMA "
                     "(refimpl/data/shakespeare-llama) with the default model's tokenizer")
-    ap.add_argument("--out", type=Path, help="default: refimpl/data/default (gpt2), refimpl/data/shakespeare-llama (llama)")
+    ap.add_argument("--out", type=Path, help="default: refimpl/data/default (gpt2), refimpl/data/shakespeare-llama "
+                                             "(llama)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, few steps: checks the pipeline in minutes")
     ap.add_argument("--steps", type=int, help="override the number of steps")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
@@ -349,7 +351,8 @@ def main(argv=None) -> int:
 # ----------------------------------------------------------------------------- --model llama
 
 def llama_config(model_kw: dict, vocab_size: int, bos: int):
-    """The LlamaConfig of a recipe: model_type llama, BOS = EOS = <|endoftext|> (config.json as Hugging Face's LlamaConfig reads it)."""
+    """The LlamaConfig of a recipe: model_type llama,
+    BOS = EOS = <|endoftext|> (config.json as Hugging Face's LlamaConfig reads it)."""
     from refimpl.llama.config import LlamaConfig
 
     return LlamaConfig.from_dict({"model_type": "llama", "vocab_size": vocab_size, **model_kw,
@@ -462,7 +465,8 @@ def llama_tokenizer_json(vocab: dict[str, int], merges: list[str], bos: str = EN
         "post_processor": {"type": "TemplateProcessing",
                            "single": [special, {"Sequence": {"id": "A", "type_id": 0}}],
                            "pair": [special, {"Sequence": {"id": "A", "type_id": 0}},
-                                    {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                                    {"SpecialToken": {"id": bos, "type_id": 1}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
                            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}},
         "decoder": byte_level,
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
@@ -538,7 +542,8 @@ def _sink_lines(sinks: dict, config) -> list[str]:
               f"- Heads with ratio >= 5 on BOS-first windows: {heads('bos_first', 5)}; >= 2: {heads('bos_first', 2)}.",
               f"- Heads with ratio >= 2 on text-first windows: {heads('text_first', 2)}.",
               "- Mean ratio per layer, BOS first / text first: " + "; ".join(
-                  f"layer {l}: {np.mean([rows['bos_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
+                  f"layer {l}: "
+                  f"{np.mean([rows['bos_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
                   f" / {np.mean([rows['text_first'][(l, h)]['ratio'] for h in range(config.num_attention_heads)]):.1f}"
                   for l in range(config.num_hidden_layers)) + ".",
               "- The shipped GPT-2 on the same windows (largest ratio per layer), BOS first / text first: " + "; ".join(
@@ -581,13 +586,15 @@ def write_llama_card(out: Path, *, config, settings: TrainSettings, history: dic
         "and eos_token_id): text prompts get the BOS every training window started with.",
         f"- Windows: {settings.seq_len} tokens at random starts s, ids = tokens[s+1 .. s+T-1] after a first id "
         f"<|endoftext|> ({c.bos_token_id}) that replaces tokens[s], targets = tokens[s+1 .. s+T]: every window starts "
-        "with the same beginning-of-text token (a dedicated sink token, as in Xiao et al. 2023, StreamingLLM, sec. 3.3), "
-        "and the targets are exactly the GPT-2 recipe's for the same s.",
+        "with the same beginning-of-text token (a dedicated sink token, as in Xiao et al. 2023, StreamingLLM, "
+        "sec. 3.3), and the targets are exactly the GPT-2 recipe's for the same s.",
         "",
         "## Model and training",
-        f"- LLaMA architecture (Hugging Face `model_type` \"llama\"): {c.num_hidden_layers} layers, width {c.hidden_size}, "
-        f"{c.num_attention_heads} query heads sharing {c.num_key_value_heads} key/value heads (grouped-query attention, "
-        f"head dim {c.head_dim}), SwiGLU MLP of hidden size {c.intermediate_size}, RMSNorm (eps {c.rms_norm_eps}), "
+        f"- LLaMA architecture (Hugging Face `model_type` \"llama\"): {c.num_hidden_layers} layers, width "
+        f"{c.hidden_size}, "
+        f"{c.num_attention_heads} query heads sharing {c.num_key_value_heads} key/value heads "
+        f"(grouped-query attention, head dim {c.head_dim}), SwiGLU MLP of hidden size {c.intermediate_size}, "
+        f"RMSNorm (eps {c.rms_norm_eps}), "
         f"RoPE (theta {c.rope.rope_theta:g}, half-split pairs), no biases, embeddings tied to the LM head, context "
         f"{c.max_position_embeddings}; {s['n_params']:,} parameters ({s['weight_mb']:.1f} MB float32).",
         "- Initialisation: N(0, 0.02^2), o_proj and down_proj N(0, (0.02 / sqrt(2 L))^2), RMSNorm weights 1.",

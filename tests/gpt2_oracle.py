@@ -56,7 +56,8 @@ def hf_gpt2(config: GPT2Config, *, seed: int = 0, dtype=np.float32, wte_std: flo
     """
     hf_config = transformers.GPT2Config(
         attn_implementation="eager", vocab_size=config.vocab_size, n_positions=config.n_positions,
-        n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon,
+        n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
+        layer_norm_epsilon=config.layer_norm_epsilon,
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
     )

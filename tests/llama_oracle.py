@@ -96,7 +96,8 @@ def max_rel_diff(a, b) -> float:
 
 
 def _rms_norm_in_dtype(module, x):
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + getattr(module, "variance_epsilon", getattr(module, "eps", None)))
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return y * ((1.0 + module.weight) if module._plus_one else module.weight)
 
 

@@ -25,7 +25,8 @@ def _gelu(x, erf=False):
 
 def porters_gpt2(model: GPT2Model, ids, *, scale_by_width=False, no_causal_mask=False, gelu_erf=False, eps=None,
                  softmax_float16=False, position_offset=0, names="hf"):
-    """An independent GPT-2 forward on ids [T]; activations named as Hugging Face (names="hf") or TransformerLens ("tl")."""
+    """An independent GPT-2 forward on ids [T];
+    activations named as Hugging Face (names="hf") or TransformerLens ("tl")."""
     p, c = model.params, model.config
     T, C, H = len(ids), c.n_embd, c.n_head
     D = C // H

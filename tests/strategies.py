@@ -58,7 +58,8 @@ def qkv_BHTD(draw, dtype=np.float64, *, max_T: int = 7, max_S: int = 9, max_D: i
 
 
 @st.composite
-def qkv_BHKTD(draw, dtype=np.float64, *, max_K: int = 3, max_G: int = 3, max_T: int = 7, max_S: int = 9, max_D: int = 8):
+def qkv_BHKTD(draw, dtype=np.float64, *, max_K: int = 3, max_G: int = 3, max_T: int = 7, max_S: int = 9,
+              max_D: int = 8):
     """Grouped-query (q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv]) with H = K * G; T != S allowed."""
     B = draw(dims(1, 2))
     K = draw(dims(1, max_K))
@@ -182,7 +183,8 @@ def decode_dims_BHKSD(draw, tiny: bool = False, *, max_G: int | None = None, max
 
 @st.composite
 def quantized_matvec_dims(draw, tiny: bool = False) -> dict:
-    """W [N, K] in Q8_0 or Q4_1 blocks (K a multiple of 32, up to 512; N with tails past whole row blocks), x [..., K]."""
+    """W [N, K] in Q8_0 or Q4_1 blocks (K a multiple of 32, up to 512;
+    N with tails past whole row blocks), x [..., K]."""
     return dict(fmt=draw(st.sampled_from(["Q8_0", "Q4_1"])), lead=draw(lead_dims(1, 2)),
                 N=draw(dims(1, 8 if tiny else 200)), K=32 * draw(dims(1, 2 if tiny else 16)))
 
@@ -191,8 +193,9 @@ def quantized_matvec_dims(draw, tiny: bool = False) -> dict:
 def linear_dims(draw, tiny: bool = False) -> dict:
     """x [..., in], W [in, out] C- or F-contiguous (a stored [out, in] read transposed), with or without a bias;
     in <= 96 (the registry's linear tolerance assumes it)."""
-    return dict(lead=draw(lead_dims(2, 3)), n_in=draw(dims(1, 8 if tiny else 96)), n_out=draw(dims(1, 8 if tiny else 64)),
-                bias=draw(st.booleans()), layout=draw(st.sampled_from(["C", "F"])))
+    return dict(lead=draw(lead_dims(2, 3)), n_in=draw(dims(1, 8 if tiny else 96)),
+                n_out=draw(dims(1, 8 if tiny else 64)), bias=draw(st.booleans()),
+                layout=draw(st.sampled_from(["C", "F"])))
 
 
 @st.composite

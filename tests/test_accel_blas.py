@@ -180,7 +180,8 @@ def test_matmul_threaded_on_each_library():
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         name, ratio = res.stdout.strip().rsplit("|", 1)
-        print(f"ACCEL_BLAS={choice!r}: {name}, difference from float64 at most {float(ratio):.3f} of the rounding bound")
+        print(f"ACCEL_BLAS={choice!r}: {name}, difference from float64 at most {float(ratio):.3f} of the rounding "
+              "bound")
         assert float(ratio) <= 1
         names.append(name)
     assert names[0].startswith("SciPy") and names[3].startswith("SciPy") and names[4].startswith("NumPy's OpenBLAS")
@@ -270,14 +271,16 @@ def test_threaded_products_in_a_forked_child_finish():
         "from accel.numba_cpu.blas import THREADED_BLAS_NAME\n"
         "from accel.numba_cpu.gpt2 import _linear_rows\n"
         "rng = np.random.default_rng(0)\n"
-        "x, w = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)\n"
+        "x, w = rng.standard_normal((256, 512)).astype(np.float32), "
+        "rng.standard_normal((512, 512)).astype(np.float32)\n"
         "b = np.zeros(512, np.float32)\n"
         "_linear_rows(x, w, b, 2)\n"
         "from accel.numba_cpu import blas\n"
         "from accel.numba_cpu.gpt2 import _packed_rows\n"
         "u = np.finfo(np.float32).eps / 2\n"
         "bound = 2 * (513 * u / (1 - 513 * u)) * (np.abs(x) @ np.abs(w)).astype(np.float64)  # two float32 products\n"
-        "def close(y):  # x W (+ 0) by accel's BLAS against NumPy's x @ w: within the rounding bound (tests/bounds.py)\n"
+        "def close(y):  # x W (+ 0) by accel's BLAS against NumPy's x @ w: "
+        "within the rounding bound (tests/bounds.py)\n"
         "    return bool((np.abs(y.astype(np.float64) - x @ w) <= bound).all())\n"
         "def packed_ok(P):  # MKL's packed GEMM (when present), on this process's thread count\n"
         "    return P is None or close(_packed_rows(x, P.buffer, 512, 512, b, numba.get_num_threads()))\n"
@@ -285,9 +288,11 @@ def test_threaded_products_in_a_forked_child_finish():
         "assert packed_ok(packed)\n"
         "from accel.numba_cpu import apply_rope, decode_attention, layer_norm, masked_attention\n"
         "q = rng.standard_normal((1, 4, 300, 16)).astype(np.float32)\n"
-        "dq, dk = rng.standard_normal((1, 12, 64)).astype(np.float32), rng.standard_normal((1, 12, 2048, 64)).astype(np.float32)\n"
+        "dq, dk = rng.standard_normal((1, 12, 64)).astype(np.float32), "
+        "rng.standard_normal((1, 12, 2048, 64)).astype(np.float32)\n"
         "g = np.ones(512, np.float32)\n"
-        "kernels = [lambda: masked_attention(q, q, q, causal=True), lambda: apply_rope(x.reshape(4, 64, 512), np.arange(64)),\n"
+        "kernels = [lambda: masked_attention(q, q, q, causal=True), "
+        "lambda: apply_rope(x.reshape(4, 64, 512), np.arange(64)),\n"
         "           lambda: layer_norm(x, g, b), lambda: decode_attention(dq, dk, dk)]\n"
         "expected = [f() for f in kernels]  # parallel drivers in the parent\n"
         "pid = os.fork()\n"
@@ -295,7 +300,8 @@ def test_threaded_products_in_a_forked_child_finish():
         "    ok = close(_linear_rows(x, w, b, numba.get_num_threads()))\n"
         "    ok = ok and packed_ok(packed) and packed_ok(blas.pack_matrix(w, 2) if blas.PACKING else None)\n"
         "    same = [np.array_equal(f(), e) for f, e in zip(kernels[:3], expected)]  # row tasks: the same sums\n"
-        "    ok = ok and all(same) and np.allclose(kernels[3](), expected[3], rtol=1e-5, atol=1e-6)  # one chunk, not 2\n"
+        "    ok = ok and all(same) and np.allclose(kernels[3](), expected[3], rtol=1e-5, atol=1e-6)"
+        "  # one chunk, not 2\n"
         "    import threading\n"
         "    from accel.numba_cpu._launch import kernel_threads\n"
         "    seen = []  # a new thread of the child: Numba's thread-local count there is the default again\n"
@@ -347,7 +353,8 @@ def test_matmul_packed_equals_matmul(m, k, n, dtype, seed):
     y = np.full((m, n), np.nan, dtype=dtype)
     _call_packed(y, x, packed.buffer, k, n)
     ref = x.astype(np.float64) @ w.astype(np.float64)
-    assert_product_close(y, ref, x, w, dtypes=(dtype, np.float64), what=f"matmul_packed {m}x{k}x{n} {np.dtype(dtype).name}")
+    assert_product_close(y, ref, x, w, dtypes=(dtype, np.float64),
+                         what=f"matmul_packed {m}x{k}x{n} {np.dtype(dtype).name}")
 
 
 def _packed_vs_plain(w, packed, row_counts, rng) -> float:
@@ -440,7 +447,8 @@ def test_packing_without_mkl_says_why():
               "    print(e)\n"
               "from accel.numba_cpu.gpt2 import _packed_rows\n"
               "try:\n"
-              "    _packed_rows(np.ones((2, 2), np.float32), np.ones(64, np.float32), 2, 2, np.ones(2, np.float32), 1)\n"
+              "    _packed_rows(np.ones((2, 2), np.float32), np.ones(64, np.float32), 2, 2, "
+              "np.ones(2, np.float32), 1)\n"
               "except RuntimeError as e:\n"
               "    print(e)\n")
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="scipy"),

@@ -4,8 +4,8 @@ Each kernel is checked against its refimpl twin run in float64 on the same input
 with the registry's tolerance, by `accel.verify.check_against_twin` (the differential suite's
 check: |out - ref| <= atol + rtol |ref| where ref is finite, identical non-finite values
 elsewhere); the drawn cases come from tests/strategies.py's dims strategies and
-`accel.verify.make_case`, as in the differential suite. The cases pin what the shapes drawn elsewhere can miss on tiny blocks: several
-query and key tiles per block (so tile skipping, the online rescaling and the split-S merge
+`accel.verify.make_case`, as in the differential suite. The cases pin what the shapes drawn elsewhere can miss on tiny
+blocks: several query and key tiles per block (so tile skipping, the online rescaling and the split-S merge
 all run), fully masked rows, T > S, K < H, odd head dims.
 
 Also here: GPT-2 through the GPU `Ops` glue of accel.cupy.gpt2 over NumPy arrays and the
@@ -204,7 +204,8 @@ def test_apply_rope_with_scaled_frequencies_matches_twin(dtype):
     x = rand(rng, (2, 3, 5, 8), dtype)
     positions = rng.integers(0, 10_000, size=(2, 1, 5))
     yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128)
-    kw = {"rotary_dim": 6, "frequencies": scaled_rope_frequencies(6, **yarn), "attention_factor": rope_attention_factor(**yarn)}
+    kw = {"rotary_dim": 6, "frequencies": scaled_rope_frequencies(6, **yarn),
+          "attention_factor": rope_attention_factor(**yarn)}
     with nc.launch_config(threads=8):
         assert_matches_twin("apply_rope", (x, positions), kw)
         out = nc.apply_rope(x, positions, **kw)
@@ -358,7 +359,8 @@ ATTENTION_DIMS = attention_dims_softcap_BHKTSD(tiny=True, max_T=7, max_S=9, max_
 @FEW
 @given(dims=ATTENTION_DIMS, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_masked_attention_matches_twin_hypothesis(kernel, dims, dtype, seed):
-    """Drawn shapes (odd D, T = 1, T != S, K < H), masks, ALiBi and NaN / inf in q, k: both fused kernels equal their twin."""
+    """Drawn shapes (odd D, T = 1, T != S, K < H), masks, ALiBi and NaN / inf in q, k:
+    both fused kernels equal their twin."""
     case = make_case("masked_attention", np.random.default_rng(seed), dtype, dims)
     with nc.launch_config(**KERNELS[kernel]):
         assert_matches_twin("masked_attention", case.args, case.kwargs)
@@ -558,7 +560,8 @@ def test_decode_attention_window_and_softcap_match_twin(window, softcap, dtype):
 
 
 def test_windowed_decode_equals_last_row_of_causal_window_attention():
-    """decode(q_last, window=w) == masked_attention(causal=True, window=w)'s last row (p = S - 1 sees S - w .. S - 1)."""
+    """decode(q_last, window=w) == masked_attention(causal=True,
+    window=w)'s last row (p = S - 1 sees S - w .. S - 1)."""
     rng = np.random.default_rng(16)
     q, k, v = _qkv(rng, 2, 4, 2, 3, 13, 5, 3, np.float64)
     with nc.launch_config(threads=4, q_tile=4, k_tile=4):
@@ -568,7 +571,8 @@ def test_windowed_decode_equals_last_row_of_causal_window_attention():
 
 
 def test_decode_attention_equals_last_row_of_causal_attention():
-    """The newest query (position S-1) sees every key under the causal mask, so decode == masked_attention's last row."""
+    """The newest query (position S-1) sees every key under the causal mask,
+    so decode == masked_attention's last row."""
     rng = np.random.default_rng(13)
     q, k, v = _qkv(rng, 2, 4, 2, 1, 13, 5, 3, np.float64)
     with nc.launch_config(threads=4, q_tile=4, k_tile=4):
@@ -579,8 +583,8 @@ def test_decode_attention_equals_last_row_of_causal_attention():
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 @FEW
-@given(dims=decode_dims_window_softcap_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**32 - 1))
+@given(dims=decode_dims_window_softcap_BHKSD(tiny=True, max_G=3, max_S=20, max_D=6, max_Dv=6),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_decode_attention_matches_twin_hypothesis(dims, dtype, seed):
     """Drawn shapes and cache lengths (0 .. S, an empty row among them): decode attention equals its twin."""
     case = make_case("decode_attention", np.random.default_rng(seed), dtype, dims)
@@ -623,7 +627,8 @@ def test_dtype_in_equals_dtype_out_float16_runs_in_float32():
     (lambda: nc.masked_attention(np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4)), np.ones((1, 2, 2, 4)),
                                  alibi_slopes=np.ones(3)), ValueError, "alibi_slopes must have shape"),
     (lambda: nc.decode_attention(np.ones((1, 2, 4)), np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4)),
-                                 key_lengths=np.array([4])), ValueError, "lengths must lie in 0 .. S"),  # the twin's (refimpl.attention.check_decode_inputs) words
+                                 # the twin's (refimpl.attention.check_decode_inputs) words
+                                 key_lengths=np.array([4])), ValueError, "lengths must lie in 0 .. S"),
     (lambda: nc.decode_attention(np.ones((1, 2, 2, 4)), np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4))),
      ValueError, r"q must have shape \[B, H, D\]"),
 ])
@@ -827,13 +832,14 @@ def test_gpt2_decode_step_declines_what_it_does_not_cover():
     assert not _step_applies(x.astype(np.float16), dev, cfg, cache, np)
     half = KVCache(cache.k.astype(np.float16), cache.v.astype(np.float16))
     assert not _step_applies(x.astype(np.float16), dev, cfg, half, np)
-    other_heads = KVCache(cache.k.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd), cache.v.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd))
+    other_heads = KVCache(cache.k.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd),
+                          cache.v.reshape(cfg.n_layer, 2, 1, 8, cfg.n_embd))
     assert not _step_applies(x, dev, cfg, other_heads, np)
     strided = KVCache(np.zeros(cache.k.shape[:-1] + (2 * cache.k.shape[-1],), np.float32)[..., ::2], cache.v)
     assert not _step_applies(x, dev, cfg, strided, np)
     block = dev.blocks[0]
-    no_bias = dataclasses.replace(dev, blocks=(dataclasses.replace(block, mlp_proj=dataclasses.replace(block.mlp_proj, b=None)),)
-                                  + dev.blocks[1:])
+    no_bias_block = dataclasses.replace(block, mlp_proj=dataclasses.replace(block.mlp_proj, b=None))
+    no_bias = dataclasses.replace(dev, blocks=(no_bias_block,) + dev.blocks[1:])
     assert not _step_applies(x, no_bias, cfg, cache, np)
 
 
@@ -842,7 +848,8 @@ def test_decode_attention_refuses_partials_of_other_launch_sizes():
     from accel.numba_cuda.attention import decode_attention_device, decode_partials
 
     rng = np.random.default_rng(9)
-    q, k, v = rand(rng, (1, 2, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32)
+    q, k, v = (rand(rng, (1, 2, 4), np.float32), rand(rng, (1, 2, 40, 4), np.float32),
+               rand(rng, (1, 2, 40, 4), np.float32))
     out = cuda.device_array((1, 2, 4), np.float32)
     lengths = cuda.to_device(np.array([40]))
     with nc.launch_config(threads=8):
@@ -897,7 +904,8 @@ needs_cupy = pytest.mark.skipif(bool(_cupy_reason()), reason=f"CuPy backend unav
 @needs_cupy
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cupy_row_kernels_match_twins(dtype):
-    """RawKernels (softmax, layer_norm, rms_norm) and the fused bias + GELU equal their twins, rows longer than a block."""
+    """RawKernels (softmax, layer_norm,
+    rms_norm) and the fused bias + GELU equal their twins, rows longer than a block."""
     from accel.cupy import wrappers as cw
 
     for name in ("softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "masked_attention", "decode_attention"):

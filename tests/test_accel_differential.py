@@ -373,7 +373,8 @@ def test_skipping_masked_tiles_is_exact():
 
 
 def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
-    """verify.main returns 0 on correct kernels and 1 once an entry is wrong (a kernel registered against the wrong twin)."""
+    """verify.main returns 0 on correct kernels and 1 once an entry is wrong (a kernel
+    registered against the wrong twin)."""
     from accel import verify
 
     _require(registry.get("softmax", "numba"))
@@ -383,15 +384,17 @@ def test_verify_main_passes_and_fails_honestly(capsys, monkeypatch):
     assert "softmax" in table and "FAIL" not in table
     # rms_norm(x, gamma) posing as gelu_tanh_bias(x, b): same call shape, different math.
     bad = registry.KernelSpec("gelu_tanh_bias", "numba", "accel.numba_cpu.norms:rms_norm", "refimpl.ffn:gelu_tanh_bias",
-                              ("float64",), {"float64": 1e-12}, {"float64": 1e-12}, "a deliberately wrong entry for this test")
+                              ("float64",), {"float64": 1e-12}, {"float64": 1e-12},
+                              "a deliberately wrong entry for this test")
     monkeypatch.setattr(registry, "KERNELS", [bad])
     assert verify.main("numba") == 1
     assert "FAIL" in capsys.readouterr().out
 
 
 @settings(max_examples=40, deadline=None)
-@given(dims=attention_dims_softcap_BHKTSD(tiny=False), bq=st.sampled_from([1, 2, 3, 7, 16]), bk=st.sampled_from([1, 2, 5, 8, 33]),
-       dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**32 - 1))
+@given(dims=attention_dims_softcap_BHKTSD(tiny=False), bq=st.sampled_from([1, 2, 3, 7, 16]),
+       bk=st.sampled_from([1, 2, 5, 8, 33]), dtype=st.sampled_from(["float32", "float64"]),
+       seed=st.integers(0, 2**32 - 1))
 def test_fused_attention_equals_its_twin_at_every_tile_size(dims, bq, bk, dtype, seed):
     """The online softmax is tile-size independent: with tiles of 1 x 1 .. 16 x 33 (so a row spans many
     key tiles, the running max moves, and the sink / window / padding / causal cuts fall inside and
@@ -521,7 +524,8 @@ def test_base2_scores_never_overflow_where_the_twin_is_finite():
     tiny_k = np.array([1e-10, 2e-10], np.float32).reshape(1, 1, 2, 1)
     for q, k, kwargs in [(q0, k0, dict(causal=True, alibi_slopes=np.array([3e38], np.float32))),
                          (big_q, tiny_k, dict(scale=1.0))]:
-        out, ref = attend(q, k, v, **kwargs), twin(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kwargs)
+        out = attend(q, k, v, **kwargs)
+        ref = twin(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kwargs)
         assert np.isfinite(out).all() and np.allclose(out, ref), (out, ref)
 
 
@@ -573,10 +577,14 @@ def test_wide_vectors_reaches_the_compiled_code():
         assert ("zmm" in plain.inspect_asm(plain.signatures[0])) == zen, llvm.get_host_cpu_name()
 
     f32, f64 = np.ones(40, np.float32), np.ones(40)
-    calls = [(attention._row_max, (f32,)), (attention._row_sum, (f32,)), (attention._exp_row, (f32.copy(), np.float32(1), True)),
-             (attention._exp2_row, (f32.copy(), np.float32(1))), (attention._cap_row, (f32.copy(), 2.0, True)), (norms._sum64, (f32,)), (norms._sum_sq64, (f32, 0.0)),
-             (norms._layer_norm_row, (f32, f64, f64, 1e-5, f32.copy())), (norms._rms_norm_row, (f32, f64, 1e-5, f32.copy())),
-             (softmax._softmax_row, (f32, f32.copy())), (ffn._gelu_row_f32, (f32, f32, f32.copy())), (ffn._gelu_row, (f64, f64, f64.copy()))]
+    calls = [(attention._row_max, (f32,)), (attention._row_sum, (f32,)),
+             (attention._exp_row, (f32.copy(), np.float32(1), True)),
+             (attention._exp2_row, (f32.copy(), np.float32(1))),
+             (attention._cap_row, (f32.copy(), 2.0, True)), (norms._sum64, (f32,)), (norms._sum_sq64, (f32, 0.0)),
+             (norms._layer_norm_row, (f32, f64, f64, 1e-5, f32.copy())),
+             (norms._rms_norm_row, (f32, f64, 1e-5, f32.copy())),
+             (softmax._softmax_row, (f32, f32.copy())), (ffn._gelu_row_f32, (f32, f32, f32.copy())),
+             (ffn._gelu_row, (f64, f64, f64.copy()))]
     for fn, args in calls:  # recompiled uncached from their Python source (cached code cannot be inspected)
         fresh = njit(cache=False)(fn.py_func)
         fresh(*args)

@@ -314,7 +314,7 @@ def test_products_on_the_threaded_blas_equal_numpys(dtype):
     np.testing.assert_array_equal(empty, np.zeros((2, 3, 4), dtype))
 
 
-# ----------------------------------------------------------------------------- packed weights (accel.numba_cpu.gpt2.pack)
+# --------------------------------------------------------------------------- packed weights (accel.numba_cpu.gpt2.pack)
 
 from accel.numba_cpu import blas as _blas  # noqa: E402
 

@@ -83,7 +83,8 @@ CASES = {
                   rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=1e6)),  # qk norm, MQA, D != C/H
     "gemma": dict(num_key_value_heads=1, head_dim=8, hidden_act="gelu_pytorch_tanh"),  # (1 + w), embed scale, GeGLU
     "gemma2": dict(num_key_value_heads=2, head_dim=4, sliding_window=3, query_pre_attn_scalar=12,
-                   attn_logit_softcapping=0.5, final_logit_softcapping=1.0, tie_word_embeddings=False),  # caps that bite
+                   # caps that bite
+                   attn_logit_softcapping=0.5, final_logit_softcapping=1.0, tie_word_embeddings=False),
     "gemma3_text": dict(num_key_value_heads=2, head_dim=8, sliding_window=3, query_pre_attn_scalar=12,
                         sliding_window_pattern=2, rope_local_base_freq=100.0,
                         rope_scaling=dict(rope_type="linear", factor=8.0)),  # q/k (1 + w) norms, RoPE per layer type
@@ -147,7 +148,8 @@ def test_gpu_ops_logits_equal_the_numpy_backend(case):
 
 
 def test_gpu_ops_float64_equal_the_numpy_backend():
-    """float64 weights: the GPU ops run in float64 and agree to float64 rounding (Gemma-2: caps, windows, sandwich norms)."""
+    """float64 weights: the GPU ops run in float64 and agree to float64 rounding (Gemma-2:
+    caps, windows, sandwich norms)."""
     model = tiny_model("gemma2", dtype=np.float64)
     with nc.launch_config(**SIM):
         ours = logits(model, ids_of((1, T), seed=2), backend=sim_ops())

@@ -276,7 +276,8 @@ def test_left_padded_batch_and_its_cached_decoding_match_numpy(case, tmp_path_fa
         cache = KVCache.allocate(config, 1, max_len=T, dtype=np.float32)
         n = 8 - int((~mask[b]).sum())
         steps = [forward(params, config, real_ids[:, :n], cache=cache, ops=OPS)]
-        steps += [forward(params, config, real_ids[:, t:t + 1], cache=cache, ops=OPS) for t in range(n, real_ids.shape[1])]
+        steps += [forward(params, config, real_ids[:, t:t + 1], cache=cache, ops=OPS)
+                  for t in range(n, real_ids.shape[1])]
         alone.append(np.concatenate(steps, axis=1)[0])
     real = np.broadcast_to(mask[:, :, None], out["numpy"].shape)
     tol = logit_tolerance(config, np.float32)
@@ -382,7 +383,8 @@ def test_fused_step_declines_what_it_does_not_cover(tmp_path_factory):
 @given(B=dims(1, 3), n=dims(1, 4), T_=dims(1, 6), half=dims(1, 6), extra=st.sampled_from([0, 2, 6]),
        per_row=st.booleans(), interleaved=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
 def test_ops_rope_is_refimpls_rotation_bit_for_bit(B, n, T_, half, extra, per_row, interleaved, dtype, seed):
-    """OPS.rope on the forward's table (either pairing, rotary dims R = 2 half of D = R + extra) is the twin's arithmetic."""
+    """OPS.rope on the forward's table (either pairing,
+    rotary dims R = 2 half of D = R + extra) is the twin's arithmetic."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, n, T_, 2 * half + extra)).astype(dtype)
     x = x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)  # a strided view, as the forward's heads are
@@ -397,7 +399,8 @@ def test_ops_rope_is_refimpls_rotation_bit_for_bit(B, n, T_, half, extra, per_ro
 @given(lead=st.lists(dims(1, 3), min_size=1, max_size=3).map(tuple), C=dims(1, 70), dtype=st.sampled_from(DTYPES),
        seed=st.integers(0, 2**32 - 1))
 def test_ops_rms_norm_equals_its_twin(lead, C, dtype, seed):
-    """OPS.rms_norm (norms' row kernel without its checks) against refimpl.norms.rms_norm in float64, rms_norm[numba]'s tolerance."""
+    """OPS.rms_norm (norms' row kernel without its checks) against refimpl.norms.rms_norm in float64,
+    rms_norm[numba]'s tolerance."""
     rng = np.random.default_rng(seed)
     x, w = (2 * rng.standard_normal((*lead, C))).astype(dtype), rng.standard_normal(C).astype(dtype)
     out = OPS.rms_norm(x, w, 1e-6)
@@ -431,8 +434,9 @@ def test_ops_attention_equals_the_twin(B, K, G, T_, S, D, window, softcap, padde
 
 
 @settings(max_examples=30)
-@given(N=dims(1, 5), C=dims(1, 20), F=dims(1, 40), bias=st.booleans(), act=st.sampled_from(["silu", "gelu_pytorch_tanh"]),
-       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1))
+@given(N=dims(1, 5), C=dims(1, 20), F=dims(1, 40), bias=st.booleans(),
+       act=st.sampled_from(["silu", "gelu_pytorch_tanh"]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**32 - 1))
 def test_ops_glu_hidden_equals_numpys(N, C, F, bias, act, dtype, seed):
     """OPS.glu_hidden (BLAS products, then the fused SiLU gate; GELU through refimpl's) equals NUMPY_OPS's
     within the products' bound (2 gamma_{C+1} |h| |W| per factor, tests/bounds.py) plus glu_gate's rounding."""

@@ -5,7 +5,8 @@ of a family (LLaMA with biases and llama3 RoPE, Qwen2's q/k/v biases, Gemma-2's 
 norms with a window and a soft cap, Gemma 3's q/k norms and two RoPEs; GPT-2), a batch, new tokens
 (several per row, or one per row of a left-padded batch, where the backend's step takes them) and
 a random cache of some length, NaN past it (entries never to be read); the step's residual stream
-after the last block must equal the float64 twin's within the registry's tolerance (its derivation: registry.NOTES). A case the step
+after the last block must equal the float64 twin's within the registry's tolerance (its derivation:
+registry.NOTES). A case the step
 declines raises accel.steps.Declined, and here that fails the test: the cases drawn are the ones
 the backend's step covers, so a step that silently stopped covering them would show. `verify`
 reports the ones it declines (counted refusals). Numba-CUDA entries run under the simulator on

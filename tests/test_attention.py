@@ -62,7 +62,8 @@ def t(x):
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())
 def test_softmax_rows_sum_to_one_and_shift_invariant(dtype, data):
-    """softmax(x + c) = softmax(x) since exp(x_i + c) / sum exp(x_j + c) = exp(x_i) / sum exp(x_j); rows are in [0, 1] and sum to 1."""
+    """softmax(x + c) = softmax(x) since exp(x_i + c) / sum exp(x_j + c) = exp(x_i) / sum exp(x_j);
+    rows are in [0, 1] and sum to 1."""
     shape = data.draw(st.tuples(dims(1, 4), dims(1, 7)))
     x = data.draw(finite_arrays(shape, dtype, scale=20.0))
     c = data.draw(finite_arrays((shape[0], 1), dtype, scale=20.0))
@@ -178,7 +179,8 @@ def test_fully_masked_rows_give_zeros(dtype, data):
     for i in range(1, T):
         keys = np.flatnonzero(mask[i])
         if keys.size:
-            close(out[..., i, :], scaled_dot_product_attention(q[..., i:i + 1, :], k[..., keys, :], v[..., keys, :])[..., 0, :], dtype)
+            close(out[..., i, :],
+                  scaled_dot_product_attention(q[..., i:i + 1, :], k[..., keys, :], v[..., keys, :])[..., 0, :], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -234,7 +236,8 @@ def test_hidden_keys_holding_inf_add_nothing_and_visible_ones_follow_ieee():
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())
 def test_sdpa_matches_torch(dtype, data):
-    """Independent oracle: torch SDPA with a bool mask, a float bias, and is_causal (top-left aligned, so T = S only)."""
+    """Independent oracle: torch SDPA with a bool mask, a float bias,
+    and is_causal (top-left aligned, so T = S only)."""
     q, k, v = data.draw(qkv_BHTD(dtype))
     T, S = q.shape[-2], k.shape[-2]
     scale = data.draw(st.one_of(st.none(), st.floats(0.1, 2.0)))
@@ -298,7 +301,8 @@ def test_gqa_equals_explicit_repeat(dtype, data):
     B, H, T, _ = q.shape
     K, S = k.shape[1], k.shape[2]
     G = H // K
-    mask = np.array(data.draw(st.lists(st.booleans(), min_size=H * T * S, max_size=H * T * S)), bool).reshape(1, H, T, S)
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=H * T * S, max_size=H * T * S)),
+                    bool).reshape(1, H, T, S)
     bias = data.draw(random_arrays((B, 1, T, S), dtype))
     out, w = grouped_query_attention(q, k, v, mask, bias, return_weights=True)
     ref, w_ref = scaled_dot_product_attention(q, np.repeat(k, G, axis=1), np.repeat(v, G, axis=1), mask, bias,
@@ -311,7 +315,8 @@ def test_gqa_equals_explicit_repeat(dtype, data):
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())
 def test_gqa_with_K_equal_H_is_mha_and_mqa_is_K1(dtype, data):
-    """K = H: G = 1 and head h reads kv head h, which is per-head SDPA (MHA). MQA: every head reads the single kv head."""
+    """K = H: G = 1 and head h reads kv head h, which is per-head SDPA (MHA). MQA:
+    every head reads the single kv head."""
     q, k, v = data.draw(qkv_BHTD(dtype))
     T, S = q.shape[-2], k.shape[-2]
     mask = causal_mask(T, S)
@@ -389,7 +394,8 @@ def test_masked_attention_equals_explicit_mask_and_bias(dtype, data):
     seen = np.broadcast_to(mask.any(-1), ours.shape[:3])  # [B, H, T]
     np.testing.assert_array_equal(ours[~seen], 0)
     if torch is not None:
-        theirs = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(np.where(mask, bias, -np.inf).astype(dtype)),
+        theirs = F.scaled_dot_product_attention(t(q), t(k), t(v),
+                                                attn_mask=t(np.where(mask, bias, -np.inf).astype(dtype)),
                                                 enable_gqa=True).numpy()
         record("torch SDPA enable_gqa vs masked_attention (mask + ALiBi)", dtype, ours[seen], theirs[seen])
         close(ours[seen], theirs[seen], dtype, 10)
@@ -542,7 +548,8 @@ def test_mha_matches_torch_multihead_attention(dtype, data):
     C = H * D
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     x = rng.standard_normal((B, T, C)).astype(dtype)
-    mha = torch.nn.MultiheadAttention(C, H, batch_first=True, dtype=torch.float64 if dtype == np.float64 else torch.float32)
+    mha = torch.nn.MultiheadAttention(C, H, batch_first=True,
+                                      dtype=torch.float64 if dtype == np.float64 else torch.float32)
     with torch.no_grad():
         for prm in mha.parameters():
             prm.copy_(torch.from_numpy(rng.standard_normal(tuple(prm.shape)).astype(dtype) * 0.5))
@@ -568,7 +575,8 @@ def test_mha_matches_torch_multihead_attention(dtype, data):
 @settings(max_examples=10)
 @given(data=st.data())
 def test_mha_matches_hugging_face_gpt2_attention(dtype, data):
-    """Independent oracle: Hugging Face GPT2Attention (eager) with random weights. Its Conv1D c_attn is already [in, out]
+    """Independent oracle:
+    Hugging Face GPT2Attention (eager) with random weights. Its Conv1D c_attn is already [in, out]
     with output columns [q | k | v], so FusedQKVParams takes c_attn and c_proj as they are; the causal mask goes in as
     HF's additive form (0 where visible, -inf elsewhere)."""
     pytest.importorskip("transformers", reason="transformers (the oracle extra) is not installed")
@@ -681,39 +689,58 @@ _p = FusedQKVParams(LinearParams(np.zeros((4, 12))), LinearParams(np.zeros((4, 4
     (lambda: softmax(np.zeros(3), axis=1), ValueError, "axis must be an integer"),
     (lambda: softmax(np.zeros((2, 3)), axis=True), ValueError, "axis must be an integer"),
     (lambda: softmax(np.array(["a"])), TypeError, "x must be a real floating-point array"),
-    (lambda: scaled_dot_product_attention(np.zeros(3), np.zeros((2, 3)), np.zeros((2, 3))), ValueError, r"q must have shape \[\.\.\., T, D\]"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros((2, 3))), ValueError, "k must have shape .* D=3"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((4, 3))), ValueError, "v must have shape .* S=2"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 2, 3)), np.zeros((3, 2, 3)), np.zeros((3, 2, 3))), ValueError, "leading axes of q, k, v must broadcast"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), np.ones((2, 4))), TypeError, "mask must be boolean"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), np.ones((4, 2), bool)), ValueError, r"mask must be broadcastable to \[\.\.\., T, S\] = \(2, 4\)"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), np.ones((3, 2, 4), bool)), ValueError, "mask must be broadcastable"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), bias=np.zeros((2, 3))), ValueError, "bias must be broadcastable"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), scale="1"), TypeError, "scale must be a real number"),
-    (lambda: grouped_query_attention(np.zeros((1, 3, 2, 2)), _k, _v), ValueError, "H=3 must be a multiple of the key/value heads K=2"),
+    (lambda: scaled_dot_product_attention(np.zeros(3), np.zeros((2, 3)), np.zeros((2, 3))),
+     ValueError, r"q must have shape \[\.\.\., T, D\]"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros((2, 3))),
+     ValueError, "k must have shape .* D=3"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((4, 3))),
+     ValueError, "v must have shape .* S=2"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 2, 3)), np.zeros((3, 2, 3)), np.zeros((3, 2, 3))),
+     ValueError, "leading axes of q, k, v must broadcast"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), np.ones((2, 4))),
+     TypeError, "mask must be boolean"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), np.ones((4, 2), bool)),
+     ValueError, r"mask must be broadcastable to \[\.\.\., T, S\] = \(2, 4\)"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)),
+                                          np.ones((3, 2, 4), bool)),
+     ValueError, "mask must be broadcastable"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), bias=np.zeros((2, 3))),
+     ValueError, "bias must be broadcastable"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 3)), scale="1"),
+     TypeError, "scale must be a real number"),
+    (lambda: grouped_query_attention(np.zeros((1, 3, 2, 2)), _k, _v),
+     ValueError, "H=3 must be a multiple of the key/value heads K=2"),
     (lambda: grouped_query_attention(np.zeros((1, 0, 3, 2)), _k[:, :1], _v[:, :1]), ValueError, "H >= 1 query heads"),
-    (lambda: scaled_dot_product_attention(np.zeros((2, 0)), np.zeros((3, 0)), np.zeros((3, 4))), ValueError, "head dim D >= 1"),
+    (lambda: scaled_dot_product_attention(np.zeros((2, 0)), np.zeros((3, 0)), np.zeros((3, 4))),
+     ValueError, "head dim D >= 1"),
     (lambda: grouped_query_attention(_q[0], _k, _v), ValueError, r"q must have shape \[B, H, T, D\]"),
     (lambda: grouped_query_attention(_q, np.zeros((2, 2, 5, 2)), _v), ValueError, "k must have shape .* B=1"),
     (lambda: grouped_query_attention(_q, _k, np.zeros((1, 2, 4, 6))), ValueError, "v must have shape .* S=5"),
-    (lambda: grouped_query_attention(_q, _k, _v, np.ones((1, 2, 3, 5), bool)), ValueError, r"mask must be broadcastable to \[B, H, T, S\]"),
+    (lambda: grouped_query_attention(_q, _k, _v, np.ones((1, 2, 3, 5), bool)),
+     ValueError, r"mask must be broadcastable to \[B, H, T, S\]"),
     (lambda: multi_query_attention(_q, _k, _v), ValueError, r"k must have shape \[B, S, D\]"),
     (lambda: split_heads(np.zeros((2, 3, 10)), 4), ValueError, "C divisible by n_head=4"),
     (lambda: merge_heads(np.zeros((3, 4))), ValueError, r"x must have shape \[\.\.\., H, T, D\]"),
-    (lambda: multi_head_attention(np.zeros((1, 2, 5)), _p, n_head=2), ValueError, r"x must have shape \[B, T, C\] with C=4"),
+    (lambda: multi_head_attention(np.zeros((1, 2, 5)), _p, n_head=2),
+     ValueError, r"x must have shape \[B, T, C\] with C=4"),
     (lambda: multi_head_attention(np.zeros((1, 2, 4)), _p, n_head=5), ValueError, "not a multiple of 15"),
-    (lambda: multi_head_attention(np.zeros((1, 2, 4)), _p, n_head=2, kv=np.zeros((1, 3, 4))), ValueError, "cross-attention"),
-    (lambda: multi_head_attention(np.zeros((1, 2, 4)), {"w": 1}, n_head=2), TypeError, "p must be AttentionParams or FusedQKVParams"),
+    (lambda: multi_head_attention(np.zeros((1, 2, 4)), _p, n_head=2, kv=np.zeros((1, 3, 4))),
+     ValueError, "cross-attention"),
+    (lambda: multi_head_attention(np.zeros((1, 2, 4)), {"w": 1}, n_head=2),
+     TypeError, "p must be AttentionParams or FusedQKVParams"),
     (lambda: AttentionParams(_p.o, _p.o, np.zeros(3), _p.o), TypeError, r"AttentionParams\.v must be a LinearParams"),
     (lambda: masked_attention(_q, _k, _v, n_sink=2), ValueError, "n_sink=2 > 0 needs window"),
     (lambda: masked_attention(_q, _k, _v, window=2, n_sink=2), ValueError, "causal=True"),
     (lambda: masked_attention(_q, _k, _v, window=0), ValueError, "window must be > 0"),
     (lambda: masked_attention(_q, _k, _v, causal="yes"), TypeError, "causal must be True or False"),
-    (lambda: masked_attention(_q, _k, _v, key_mask=np.ones((1, 4), bool)), ValueError, r"key_mask must have shape \[B, S\] = \(1, 5\)"),
-    (lambda: masked_attention(_q, _k, _v, alibi_slopes=np.ones(3)), ValueError, r"alibi_slopes must have shape \[H\] = \(4,\)"),
+    (lambda: masked_attention(_q, _k, _v, key_mask=np.ones((1, 4), bool)),
+     ValueError, r"key_mask must have shape \[B, S\] = \(1, 5\)"),
+    (lambda: masked_attention(_q, _k, _v, alibi_slopes=np.ones(3)),
+     ValueError, r"alibi_slopes must have shape \[H\] = \(4,\)"),
     (lambda: linear(np.ones((2, 3)), np.ones((3, 5))), TypeError, r"p must be LinearParams \(w \[in, out\]"),
     (lambda: decode_attention(_q, _k, _v), ValueError, r"q must have shape \[B, H, D\]"),
-    (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[1, 2]), ValueError, r"key_lengths must have shape \[B\] = \(1,\)"),
+    (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[1, 2]),
+     ValueError, r"key_lengths must have shape \[B\] = \(1,\)"),
     (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[6]), ValueError, "key_lengths must lie in 0 .. S=5"),
     (lambda: decode_attention(_q[:, :, 0], _k, _v, key_lengths=[1.5]), TypeError, "key_lengths must be integers"),
     (lambda: decode_attention(_q[:, :, 0], _k[:, :, :, :1], _v), ValueError,
@@ -883,7 +910,8 @@ def test_a_minus_inf_bias_is_capped_but_a_mask_is_not():
 BAD_CAPS = [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
             (True, TypeError), ("1", TypeError)]
 CAP_CALLS = {
-    "scaled_dot_product_attention": lambda c: scaled_dot_product_attention(_q, _k[:, :1].repeat(4, 1), _v[:, :1].repeat(4, 1), softcap=c),
+    "scaled_dot_product_attention": lambda c: scaled_dot_product_attention(_q, _k[:, :1].repeat(4, 1),
+                                                                           _v[:, :1].repeat(4, 1), softcap=c),
     "grouped_query_attention": lambda c: grouped_query_attention(_q, _k, _v, softcap=c),
     "multi_query_attention": lambda c: multi_query_attention(_q, _k[:, 0], _v[:, 0], softcap=c),
     "masked_attention": lambda c: masked_attention(_q, _k, _v, softcap=c),
@@ -895,7 +923,8 @@ CAP_CALLS = {
 @pytest.mark.parametrize("cap, error", BAD_CAPS, ids=[repr(c) for c, _ in BAD_CAPS])
 def test_a_bad_softcap_is_refused(name, cap, error):
     """0, negatives, NaN, inf, bools and strings are refused by name (None, not 0 or inf, means "no cap")."""
-    with pytest.raises(error, match=r"softcap must be a positive finite real number \(the cap c of c tanh\(s / c\)\) or None"):
+    with pytest.raises(error, match=r"softcap must be a positive finite real number \(the cap c of c tanh\(s / c\)\) "
+                                    r"or None"):
         CAP_CALLS[name](cap)
 
 

@@ -54,7 +54,8 @@ def test_report_rates_a_case_by_its_binding_resource(tmp_path):
 
     from benchmarks.report import markdown
 
-    machine = {"date": "d", "cpu": "c", "cores": 2, "numpy": "n", "numba": "b", "torch": "t", "env": {"OPENBLAS_CORETYPE": None}}
+    machine = {"date": "d", "cpu": "c", "cores": 2, "numpy": "n", "numba": "b", "torch": "t",
+               "env": {"OPENBLAS_CORETYPE": None}}
     ceilings = {"matmul": {"gflops": 100.0, "n": 64, "by_library": {"numpy": 100.0}},
                 "bandwidth": {"gbps": 10.0, "bytes": 1 << 30}}
     (tmp_path / "ceilings.json").write_text(json.dumps({"machine": machine, "ceilings": ceilings}))

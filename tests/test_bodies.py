@@ -98,7 +98,8 @@ CASES = {
     "multi_query_attention softcap": (
         lambda: A.multi_query_attention(q16, kv1.astype(np.float16), vv1.astype(np.float16), mask, softcap=2.0,
                                         return_weights=True),
-        lambda: A._multi_query_attention(q16, kv1.astype(np.float16), vv1.astype(np.float16), mask, None, None, True, 2.0)),
+        lambda: A._multi_query_attention(q16, kv1.astype(np.float16), vv1.astype(np.float16), mask, None, None, True,
+                                         2.0)),
     "masked_attention softcap + window + alibi": (
         lambda: A.masked_attention(q, k, v, causal=True, window=2, key_mask=key_mask, alibi_slopes=slopes, softcap=1.0),
         lambda: A._masked_attention(q, k, v, True, 2, 0, key_mask, slopes, None, 1.0)),

@@ -97,7 +97,8 @@ def _tiktoken_encoding(v):
 
 
 def test_files_load_in_our_tokenizer_and_round_trip(trained):
-    """vocab.json + merges.txt load; decode(encode(t)) == t for the corpus and unseen text; ids agree with the trained table."""
+    """vocab.json + merges.txt load; decode(encode(t)) == t for the corpus and unseen text;
+    ids agree with the trained table."""
     v, d = trained
     tok = load_tokenizer(d)
     assert tok.vocab_size == v.vocab_size == 320

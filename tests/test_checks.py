@@ -74,7 +74,8 @@ def test_check_ndim_and_shape_and_axis():
     x = np.zeros((2, 3))
     check_ndim(x, "x", 2, "[T, D]")
     check_ndim(x, "x", 2, "[T, D]", exact=True)
-    with pytest.raises(ValueError, match=r"^x must have shape \[\.\.\., T, D\] \(at least 3 dimensions\); got shape \(2, 3\)$"):
+    with pytest.raises(ValueError, match=r"^x must have shape \[\.\.\., T, D\] \(at least 3 dimensions\); got shape "
+                                         r"\(2, 3\)$"):
         check_ndim(x, "x", 3, "[..., T, D]")
     with pytest.raises(ValueError, match=r"^x must have shape \[D\]; got shape \(2, 3\)$"):
         check_ndim(x, "x", 1, "[D]", exact=True)

@@ -90,7 +90,8 @@ def test_temperature_1e_300_samples_the_greedy_continuation(capsys):
     tau -> 0 is all mass on the argmax, so with distinct maxima the sample is the greedy continuation."""
     assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "8"]) == 0
     greedy = capsys.readouterr().out
-    assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "1e-300", "--seed", "1"]) == 0
+    assert main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "1e-300",
+                 "--seed", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.out == greedy and captured.err == ""
 
@@ -156,17 +157,20 @@ def test_tokenize_prints_ids_and_pieces(capsys):
     (["inspect", "lens", "--model", "{hf}", "--out", "{tmp}", "--ids", "1 99999999999999999999"],
      "--ids has token id 99999999999999999999 at position 1, outside the vocabulary [0, 97)"),
     (["inspect", "patch", "--model", "{hf}", "--out", "{tmp}", "--source-ids", "1 2", "--target-ids",
-      "1 99999999999999999999", "--answer-a", "1", "--answer-b", "2"], "--target-ids has token id 99999999999999999999"),
+      "1 99999999999999999999", "--answer-a", "1", "--answer-b", "2"],
+     "--target-ids has token id 99999999999999999999"),
     (["generate", "--model", "{hf}", "--ids", "1", "--repetition-penalty", "1e-45"],
      "--repetition-penalty=1e-45 is 1.4e-45 in the logits' dtype float32: it must lie in [1.18e-38, 3.4e+38]"),
-    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "inf"], "--temperature must be a finite number > 0"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "inf"],
+     "--temperature must be a finite number > 0"),
     (["generate", "--model", "{hf}", "--ids", "1", "--greedy", "--top-k", "3"], "--greedy cannot be combined"),
     (["generate", "--model", "{hf}", "--ids", "1", "--max-new-tokens", "100"], "n_positions=32"),
     (["generate", "--model", "{hf}", "--ids", "1", "--backend", "tpu"], "unknown backend 'tpu'"),
     (["tokenize", "--model", "/no/such/file", "hi"], "/no/such/file"),
     (["export", "--model", "/no/such/dir", "--out", "{tmp}"], "no such file"),
     (["export", "--model", "{hf}", "--out", "{file}/sub"], "Not a directory"),
-    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0.5", "--seed", "-1"], "seed must be None or a non-negative"),
+    (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0.5", "--seed", "-1"],
+     "seed must be None or a non-negative"),
     (["generate", "--model", "{hf}", "--ids", "1", "--seed", "3"], "--seed only matters when sampling"),
     (["generate", "--model", "{hf}", "--ids", "1", "--length-penalty", "2"], "--length-penalty only applies to beam"),
     (["generate", "--model", "{hf}", "--ids", "1", "--temperature", "0"], "(use --greedy for greedy decoding)"),

@@ -29,7 +29,8 @@ class C:
 
 def test_counts_non_blank_and_code_lines():
     nonblank, code = code_lines.count(SOURCE)
-    # non-blank, non-comment: 2 (module docstring text) + 5 (def, docstring, 2 of y, return) + 4 (class, docstring, 2 of s)
+    # non-blank, non-comment: 2 (module docstring text) + 5 (def, docstring,
+    # 2 of y, return) + 4 (class, docstring, 2 of s)
     assert nonblank == 11
     # code: def, y (2 lines), return, class, s (2 lines): docstrings and comments left out
     assert code == 7

@@ -50,7 +50,8 @@ def test_unit_roundoffs_and_the_tolerance_formula():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.floats(0, 10, allow_nan=False), st.just(math.nan), st.just(math.inf)), max_size=30))
 def test_first_divergence_is_the_earliest_ratio_above_one(ratios):
-    """For any sequence: the index of the first r > 1 (or NaN, or inf), every earlier one <= 1; None when all are <= 1."""
+    """For any sequence: the index of the first r > 1 (or NaN, or inf),
+    every earlier one <= 1; None when all are <= 1."""
     i = first_divergence(ratios)
     if i is None:
         assert all(r <= 1 for r in ratios)
@@ -147,7 +148,8 @@ def test_the_float16_softmax_overflow_is_reported_as_not_finite(odd):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 def test_hugging_face_agrees_within_its_tolerance(odd, dtype, tmp_path):
-    """HF GPT-2 run live in float32, float64, and bfloat16 (a bfloat16 copy of the weights) against the reference; the same through a dump file."""
+    """HF GPT-2 run live in float32, float64, and bfloat16 (a bfloat16 copy of the weights) against the reference;
+    the same through a dump file."""
     d, model = odd
     ref_model = gpt2.load(d, dtype=np.float64) if dtype == "float64" else model
     theirs, dt = compare.hf_activations(d, IDS, dtype=dtype)
@@ -156,14 +158,16 @@ def test_hugging_face_agrees_within_its_tolerance(odd, dtype, tmp_path):
     DIFFS.show(f"HF GPT-2 {dtype} (u = {report.u:.3g})", max_rel=worst, tol=1.0)
     assert report.ok, report.table()
     assert report.to_dict()["tolerance"]["their_dtype"] == dtype
-    arrays, ids, _ = compare.read_activations(compare.dump(tmp_path / "hf.safetensors", theirs, ids=IDS))  # through a dump
+    # through a dump
+    arrays, ids, _ = compare.read_activations(compare.dump(tmp_path / "hf.safetensors", theirs, ids=IDS))
     again = compare.compare_model(ref_model, ids, arrays, their_dtype=dt)
     assert [(r.name, r.max_abs) for r in again.rows] == [(r.name, r.max_abs) for r in report.rows]
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
 def test_dump_round_trip_and_the_command_line(odd, tmp_path, suffix):
-    """dump -> read_activations is exact; the CLI agrees (exit 0), catches a mistake (exit 1), refuses bad input (exit 2)."""
+    """dump -> read_activations is exact; the CLI agrees (exit 0), catches a mistake (exit 1),
+    refuses bad input (exit 2)."""
     d, model = odd
     good = porters_gpt2(model, IDS)
     f = compare.dump(tmp_path / f"good{suffix}", good, ids=IDS)
@@ -194,7 +198,8 @@ def test_dump_round_trip_and_the_command_line(odd, tmp_path, suffix):
 def test_bad_input_gets_a_clear_error(odd, tmp_path):
     _, model = odd
     good = porters_gpt2(model, IDS)
-    with pytest.raises(ValueError, match=r"their 'logits' has shape \[11, 1000\]; the reference's 'logits' is \[12, 1000\]"):
+    with pytest.raises(ValueError, match=r"their 'logits' has shape \[11, 1000\]; the reference's 'logits' is \[12, "
+                                         r"1000\]"):
         compare.compare_model(model, IDS, {"logits": good["logits"][:11]})
     with pytest.raises(ValueError, match="has dtype int64: cannot compare"):
         compare.compare_model(model, IDS, {"logits": np.zeros((12, 1000), np.int64)})

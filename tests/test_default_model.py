@@ -66,4 +66,5 @@ def test_held_out_loss_beats_bigram_baseline(model):
         print(f"\n{name}: {r['predictions']:,} predictions, model {r['model']:.3f} nats/token (perplexity "
               f"{math.exp(r['model']):.1f}), bigram (k={k}) {r['bigram']:.3f} ({math.exp(r['bigram']):.1f})")
         assert r["model"] < r["bigram"] - 0.3
-    assert same["all_held_out"]["bigram"] == pytest.approx(bigram, abs=0.01)  # every held-out prediction but the last few
+    # every held-out prediction but the last few
+    assert same["all_held_out"]["bigram"] == pytest.approx(bigram, abs=0.01)

@@ -66,7 +66,8 @@ def test_gelu_erf_matches_its_formula_pointwise():
 
 
 def test_glu_gate_silu_is_swiglus_hidden_layer():
-    """glu_gate(g, u) = silu(g) * u, dtype kept; swiglu(x) = glu_gate(x W_gate, x W_up) W_down; up's shape must be gate's."""
+    """glu_gate(g, u) = silu(g) * u, dtype kept; swiglu(x) = glu_gate(x W_gate, x W_up) W_down;
+    up's shape must be gate's."""
     rng = np.random.default_rng(4)
     g, u = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float32)
     out = glu_gate(g, u)
@@ -192,7 +193,8 @@ def test_dtype_shape_and_type_errors(act):
 
 
 def test_non_finite_inputs():
-    """nan -> nan for all; +inf -> inf for the x w(x) forms; -inf gives nan (-inf * 0), as in PyTorch's tanh GELU and SiLU."""
+    """nan -> nan for all; +inf -> inf for the x w(x) forms; -inf gives nan (-inf * 0),
+    as in PyTorch's tanh GELU and SiLU."""
     x = np.array([np.nan, np.inf, -np.inf])
     for act in (gelu_tanh, gelu_erf, silu):
         with np.errstate(invalid="ignore"):  # -inf * 0 is the invalid operation

@@ -232,13 +232,15 @@ def test_a_gpt2_style_tokenizer_in_a_llama_folder_is_read(llama_with_tokenizer, 
 
 
 def test_tokenizers_of_another_kind_go_to_refimpl_tokenizers_or_give_none_and_say_why(llama_with_tokenizer, tmp_path):
-    """Files GPT-2's loader refuses are read by refimpl.tokenizers when it can; when neither reads them: None, and why."""
+    """Files GPT-2's loader refuses are read by refimpl.tokenizers when it can;
+    when neither reads them: None, and why."""
     _, src = llama_with_tokenizer
     d = tmp_path / "m"
     shutil.copytree(src, d)
     gpt2_ids = refimpl.load(src).tokenizer.encode("my lord, good night")
     (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizerFast"}))
-    tok = refimpl.load(d).tokenizer  # GPT-2's loader refuses the class; refimpl.tokenizers reads vocab.json + merges.txt
+    # GPT-2's loader refuses the class; refimpl.tokenizers reads vocab.json + merges.txt
+    tok = refimpl.load(d).tokenizer
     assert tok is not None and type(tok).__module__ == "refimpl.tokenizers.tokenizer"
     assert tok.encode("my lord, good night") == gpt2_ids and tokenizer_absence(d) is None
     (d / "tokenizer_config.json").unlink()
@@ -258,7 +260,8 @@ def test_tokenizers_of_another_kind_go_to_refimpl_tokenizers_or_give_none_and_sa
     ("tokenizer.json", None, r"tokenizer.json: not valid JSON"),
     ("tokenizer.model", b"\x0a\x05hello", r"tokenizer.model: not a SentencePiece model"),
 ])
-def test_a_tokenizer_file_that_cannot_be_read_is_an_error_naming_it(llama_with_tokenizer, tmp_path, name, data, message):
+def test_a_tokenizer_file_that_cannot_be_read_is_an_error_naming_it(llama_with_tokenizer, tmp_path, name, data,
+                                                                    message):
     """A broken tokenizer file beside a tokenizer_config.json naming a class refimpl does not read as GPT-2's is
     refused naming the file, by the front door and by the command line (one line, the file's error first)."""
     _, src = llama_with_tokenizer
@@ -392,7 +395,8 @@ def test_hugging_face_tokenizer_json_of_gpt2s_kind_is_read_and_one_adding_a_bos_
     transformers.GPT2TokenizerFast.from_pretrained(str(d)).save_pretrained(d)
     assert (d / "tokenizer.json").is_file()
     model = refimpl.load(d)
-    assert model.tokenizer is not None and model.tokenizer.encode("my lord") == refimpl.load(src).tokenizer.encode("my lord")
+    assert model.tokenizer is not None
+    assert model.tokenizer.encode("my lord") == refimpl.load(src).tokenizer.encode("my lord")
     data = json.loads((d / "tokenizer.json").read_text())
     data["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
                                                                        {"Sequence": {"id": "A", "type_id": 0}}]}
@@ -408,7 +412,8 @@ def test_hugging_face_tokenizer_json_of_gpt2s_kind_is_read_and_one_adding_a_bos_
 
 @pytest.mark.parametrize("case", ["llama", "gemma2"])
 def test_refimpl_generate_continues_either_family(case, tmp_path_factory):
-    """refimpl.generate(refimpl.load(dir), ids) is the family's own generate: the same tokens, greedy, for LLaMA and GPT-2."""
+    """refimpl.generate(refimpl.load(dir), ids) is the family's own generate: the same tokens,
+    greedy, for LLaMA and GPT-2."""
     from refimpl.llama.generate import generate as llama_generate
 
     _, d = llama_dir(case, tmp_path_factory)
@@ -417,5 +422,6 @@ def test_refimpl_generate_continues_either_family(case, tmp_path_factory):
     assert out.ids == llama_generate(model, [1, 2, 3], max_new_tokens=8, eos_token_id=None).ids and len(out.ids) == 8
     gpt = refimpl.load()  # the shipped GPT-2
     assert refimpl.generate(gpt, "ROMEO:", max_new_tokens=5).ids == gpt2.generate(gpt, "ROMEO:", max_new_tokens=5).ids
-    with pytest.raises(TypeError, match=r"model must be a GPT2Model or a LlamaModel \(both from refimpl.load\(path\)\); got object"):
+    with pytest.raises(TypeError, match=r"model must be a GPT2Model or a LlamaModel \(both from "
+                                        r"refimpl.load\(path\)\); got object"):
         refimpl.generate(object(), [1, 2])

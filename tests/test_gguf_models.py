@@ -247,7 +247,8 @@ def test_gemma3_270m_greedy_32_tokens_equal_transformers_generate(gemma3):
 # ----------------------------------------------------------------------------- convention 1: the RoPE row order
 
 def converter_permute(w, n_heads):
-    """llama.cpp's convert_hf_to_gguf.py reordering of q / k rows, in its own form: [n, 2, D/2, ...], axes 1, 2 swapped."""
+    """llama.cpp's convert_hf_to_gguf.py reordering of q / k rows, in its own form:
+    [n, 2, D/2, ...], axes 1, 2 swapped."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -262,7 +263,8 @@ def test_half_split_rows_inverts_the_converters_permutation(n_heads, D):
 
 
 def test_permuted_rows_with_interleaved_rope_give_the_same_scores():
-    """q_gguf = x W_q_gguf^T rotated in adjacent pairs has the scores of q = x W_q^T rotated in half-split pairs (GQA)."""
+    """q_gguf = x W_q_gguf^T rotated in adjacent pairs has the scores of q = x W_q^T rotated
+    in half-split pairs (GQA)."""
     rng = np.random.default_rng(0)
     H, K, D, C, T = 4, 2, 8, 12, 7
     wq, wk, x = rng.standard_normal((H * D, C)), rng.standard_normal((K * D, C)), rng.standard_normal((T, C))
@@ -304,7 +306,8 @@ T = 12  # longer than gemma2's window
 
 
 def hf_random(arch: str, seed: int = 0):
-    """A random *ForCausalLM of ARCHS[arch], every parameter random (Hugging Face's init zeroes biases, sets norms to 1)."""
+    """A random *ForCausalLM of ARCHS[arch],
+    every parameter random (Hugging Face's init zeroes biases, sets norms to 1)."""
     config = transformers.AutoConfig.for_model(arch, **{**SHAPES, **ARCHS[arch]})
     gemma = arch in ("gemma", "gemma2", "gemma3_text")
     config.tie_word_embeddings = gemma
@@ -554,7 +557,8 @@ def test_a_fetched_models_name_runs_the_fetch_script_when_its_file_is_missing(tm
 
 
 def test_export_writes_a_gguf_model_as_a_hugging_face_folder(written, tmp_path):
-    """export (GGUF -> config.json + model.safetensors, float32): Hugging Face's from_pretrained reads the model written."""
+    """export (GGUF -> config.json + model.safetensors, float32):
+    Hugging Face's from_pretrained reads the model written."""
     from refimpl.llama import load_weights
 
     model, path = written("llama")

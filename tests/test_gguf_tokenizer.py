@@ -42,7 +42,8 @@ def lines() -> list[str]:
 
 @pytest.fixture(scope="module")
 def smol():
-    """(metadata, our tokenizer, tokenizers' Tokenizer with SmolLM2's pre-tokenizer, transformers' tokenizer of the GGUF)."""
+    """(metadata, our tokenizer, tokenizers' Tokenizer with SmolLM2's pre-tokenizer,
+    transformers' tokenizer of the GGUF)."""
     from tokenizers import Tokenizer, pre_tokenizers
     from transformers import AutoTokenizer
 
@@ -233,7 +234,8 @@ def test_llama_kind_checks_scores_and_byte_pieces():
 
 
 def test_smollm2_chat_prompts_equal_apply_chat_template(smol):
-    """The GGUF's own chat template through our tokenizer: the ids of transformers' apply_chat_template(tokenize=True)."""
+    """The GGUF's own chat template through our tokenizer: the ids of transformers'
+    apply_chat_template(tokenize=True)."""
     from types import SimpleNamespace
 
     from test_chat import conversations

@@ -76,7 +76,8 @@ def test_top_k_matches_hugging_face(seed, k, keep):
     assert ours.dtype == np.float32
 
 
-@given(seed=st.integers(0, 2**31), p=st.floats(0.0, 1.0), keep=st.integers(1, 3), scale=st.sampled_from([0.3, 2.0, 8.0]))
+@given(seed=st.integers(0, 2**31), p=st.floats(0.0, 1.0), keep=st.integers(1, 3),
+       scale=st.sampled_from([0.3, 2.0, 8.0]))
 def test_top_p_matches_hugging_face(seed, p, keep, scale):
     """Same kept set and values as TopPLogitsWarper (cumulative mass rule, min_tokens_to_keep)."""
     z = _logits(seed) * np.float32(scale)
@@ -189,7 +190,8 @@ def test_repetition_penalty_is_checked_at_the_call_against_the_models_logit_boun
 @given(seed=st.integers(0, 2**31), log_theta=st.floats(-38.0, 38.5), scale=st.sampled_from([1.0, 1e10, 1e30]))
 @settings(deadline=None)
 def test_repetition_penalty_is_finite_or_refused(seed, log_theta, scale):
-    """For finite float32 logits and any penalty: a ValueError naming it, or every entry finite (never a silent inf/NaN)."""
+    """For finite float32 logits and any penalty: a ValueError naming it,
+    or every entry finite (never a silent inf/NaN)."""
     z = _logits(seed) * np.float32(scale)
     ids = np.random.default_rng(seed).integers(0, z.shape[1], (z.shape[0], 8))
     try:

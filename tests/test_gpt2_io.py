@@ -328,7 +328,8 @@ def test_pickled_files_are_refused_with_conversion_hint(hf, tmp_path):
     legacy = tmp_path / "legacy.pt"
     torch.save(model.state_dict(), legacy, _use_new_zipfile_serialization=False)
     for p in (zip_pt, legacy):
-        with pytest.raises(WeightFileError, match=r"pickled PyTorch.*python -m refimpl export --model DIR_OR_NAME --out DIR"):
+        with pytest.raises(WeightFileError, match=r"pickled PyTorch.*python -m refimpl export --model DIR_OR_NAME "
+                                                  r"--out DIR"):
             load_weights(p)
 
 
@@ -364,7 +365,8 @@ def test_config_disagreeing_with_weights_names_field_and_tensor(hf, tmp_path):
     (lambda s: s.__setitem__("transformer.h.0.mlp.c_fc.weight", np.zeros((96, 24), np.float32)),
      r"'h.0.mlp.c_fc.weight' has shape \[96, 24\].*requires \[24, 96\]"),
     (lambda s: s.__setitem__("lm_head.weight", s["transformer.wte.weight"] + 1), "untied LM head"),
-    (lambda s: s.__setitem__("transformer.extra.weight", np.zeros(3, np.float32)), r"unexpected tensor.*'extra.weight'"),
+    (lambda s: s.__setitem__("transformer.extra.weight", np.zeros(3, np.float32)),
+     r"unexpected tensor.*'extra.weight'"),
     (lambda s: s.__setitem__("wte.weight", s["transformer.wte.weight"]), r"'wte.weight' appears twice"),
     (lambda s: s["transformer.ln_f.bias"].__setitem__(3, np.nan), r"'ln_f.bias' holds 1 non-finite"),
     (lambda s: s.__setitem__("transformer.ln_f.bias", np.zeros(24, np.int32)), r"'ln_f.bias' must be floating"),
@@ -401,7 +403,8 @@ def test_misc_refusals(hf, tmp_path):
     out = save_weights(CFG, ref, tmp_path / "ours")
     cfg = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(dict(cfg, n_head=4)))
-    with pytest.raises(WeightFileError, match=r"config.json says n_head=4 but the config in model.safetensors says n_head=3"):
+    with pytest.raises(WeightFileError, match=r"config.json says n_head=4 but the config in model.safetensors says "
+                                              r"n_head=3"):
         load_weights(out)
 
 

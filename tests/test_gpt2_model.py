@@ -324,7 +324,8 @@ def test_attention_crosses_the_ops_seam_as_structure():
     hidden_states(params, TINY, rand_ids(TINY, (2, 4)), attention_mask=mask[:, :4], ops=ops, last_only=True)
     assert [(T, S, set(kw)) for T, S, kw in seen] == (
         [(5, 5, {"causal", "key_mask"})] * L + [(1, 6, {"causal", "key_mask"})] * L
-        + [(1, 1, {"causal", "key_mask"})] * L + [(4, 4, {"causal", "key_mask"})] * (L - 1) + [(1, 4, {"causal", "key_mask"})])
+        + [(1, 1, {"causal", "key_mask"})] * L + [(4, 4, {"causal", "key_mask"})] * (L - 1)
+        + [(1, 4, {"causal", "key_mask"})])
     causal = [kw["causal"] for _, _, kw in seen]
     assert causal == [True] * L + [False] * L + [False] * L + [True] * (L - 1) + [False]
     for (_, S, kw), expected in zip(seen, [mask[:, :5]] * L + [mask] * L + [None] * L + [mask[:, :4]] * L):

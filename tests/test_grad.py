@@ -35,7 +35,8 @@ from refimpl.norms import layer_norm, rms_norm
 from refimpl.positional import rope_frequencies, rope_rotate
 
 H_STEP = 1e-6
-TOL64 = 1e-5  # a wrong term gives errors of order 1e-2..1; ill-conditioned draws (LayerNorm rows with variance near eps) reach ~5e-7
+# a wrong term gives errors of order 1e-2..1; ill-conditioned draws (LayerNorm rows with variance near eps) reach ~5e-7
+TOL64 = 1e-5
 MAX_REL: dict[str, float] = {}
 
 

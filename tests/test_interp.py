@@ -569,10 +569,12 @@ def test_encodings_positions_heads_dim_100000000_are_refused_within_1_gib(flag, 
     limit = 1 << 30
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d)); "
             "from refimpl.__main__ import main; sys.exit(main(sys.argv[1:]))" % (limit, limit))
-    run = subprocess.run([sys.executable, "-c", code, "inspect", "encodings", "--out", str(tmp_path), flag, "100000000"],
+    run = subprocess.run([sys.executable, "-c", code, "inspect", "encodings", "--out", str(tmp_path), flag,
+                          "100000000"],
                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert run.returncode == 2, run.stderr
-    assert run.stderr.startswith("error: " + message) and "got 100000000" in run.stderr and "Traceback" not in run.stderr
+    assert (run.stderr.startswith("error: " + message) and "got 100000000" in run.stderr
+            and "Traceback" not in run.stderr)
     assert not any(tmp_path.iterdir())  # refused before anything was drawn or written
 
 
@@ -588,12 +590,14 @@ def test_cli_errors_return_2(model_dir, tmp_path, capsys):
     import json
 
     V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    for bad, message in ((str(V), f"--answer-a {V} is outside the vocabulary [0, {V})"), ("-1", "outside the vocabulary")):
+    for bad, message in ((str(V), f"--answer-a {V} is outside the vocabulary [0, {V})"),
+                         ("-1", "outside the vocabulary")):
         assert main(["patch", "--model", str(model_dir), "--source-ids", "1 2", "--target-ids", "1 3",
                      "--answer-a", bad, "--answer-b", "2", "--out", str(tmp_path)]) == 2
         assert message in capsys.readouterr().err
     ids = " ".join(str(i % 50 + 1) for i in range(40))
-    for extra, message in ((["--tokens", "-100"], "--tokens must be >= 1"), (["--tokens", "0"], "--tokens must be >= 1"),
+    for extra, message in ((["--tokens", "-100"], "--tokens must be >= 1"),
+                           (["--tokens", "0"], "--tokens must be >= 1"),
                            (["--window", "300"], "n_sink + window <= n_positions"),
                            (["--n-sink", "-1", "--window", "10"], "--n-sink must be >= 0")):
         assert main(["streaming", "--model", str(model_dir), "--ids", ids, *extra, "--out", str(tmp_path)]) == 2
@@ -627,7 +631,8 @@ LLAMA_T = 12  # longer than every case's sliding window
 
 @pytest.fixture(scope="module")
 def llama_models(tmp_path_factory):
-    """case -> (Hugging Face model float32, our LlamaModel float64, our LlamaModel float32), read from save_pretrained."""
+    """case -> (Hugging Face model float32, our LlamaModel float64, our LlamaModel float32),
+    read from save_pretrained."""
     from llama_oracle import CASES, hf_llama
 
     import refimpl

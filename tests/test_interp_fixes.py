@@ -67,7 +67,8 @@ def random_model(config, *, seed=0, tokenizer=None) -> GPT2Model:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A random GPT-2 (3 blocks x 2 heads, 64 positions) with a byte-level BPE of 280 tokens: "é" stays two byte tokens."""
+    """A random GPT-2 (3 blocks x 2 heads, 64 positions) with a byte-level BPE of 280 tokens:
+    "é" stays two byte tokens."""
     from refimpl.gpt2.bpe_train import save_bpe, train_bpe
     from refimpl.gpt2.io import save_weights
 
@@ -77,7 +78,8 @@ def model_dir(tmp_path_factory):
     vocab = train_bpe([text], 280)
     save_bpe(d, vocab)
     V = len(vocab.encoder()) + len(vocab.special_tokens)
-    cfg = GPT2Config(vocab_size=V, n_positions=64, n_embd=16, n_layer=3, n_head=2, bos_token_id=V - 1, eos_token_id=V - 1)
+    cfg = GPT2Config(vocab_size=V, n_positions=64, n_embd=16, n_layer=3, n_head=2,
+                     bos_token_id=V - 1, eos_token_id=V - 1)
     save_weights(cfg, random_model(cfg).params, d, tokenizer_dir=d)
     return d
 
@@ -322,7 +324,8 @@ _REPORT = ("import atexit, os, runpy, sys\n"
 
 
 def _threads_chosen(argv, env_extra=None) -> tuple:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env.update(env_extra or {})
     res = subprocess.run([sys.executable, "-c", _REPORT, *map(str, argv)], capture_output=True, text=True, env=env,
                          cwd=REPO, timeout=120)

@@ -329,7 +329,8 @@ def test_memory_cli_measures_quadratic_naive_and_answers_the_window_question(tmp
     assert "does a window save memory (naive)? no" in printed
 
 
-@pytest.mark.parametrize("args, flag", [(["--T", "0"], "--T"), (["--T", "100000"], "--T"), (["--heads", "0"], "--heads"),
+@pytest.mark.parametrize("args, flag", [(["--T", "0"], "--T"), (["--T", "100000"], "--T"),
+                                        (["--heads", "0"], "--heads"),
                                         (["--window", "-1"], "--window"), (["--repeats", "0"], "--repeats"),
                                         (["--T", "4096", "--heads", "64"], "--heads")])
 def test_memory_bad_flags_exit_2(args, flag, tmp_path, capsys):

@@ -195,7 +195,8 @@ def test_not_a_dict():
     ("llama", dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)),
 ])
 def test_an_explicit_null_means_none_as_in_hugging_face(model_type, nulls):
-    """A null in config.json switches the setting off (as Hugging Face keeps it); only a missing key takes the default."""
+    """A null in config.json switches the setting off (as Hugging Face keeps it);
+    only a missing key takes the default."""
     d = {"model_type": model_type, **SHAPES_96, **nulls}
     ours = LlamaConfig.from_dict(d)
     assert all(getattr(ours, k) is None for k in nulls)
@@ -289,7 +290,8 @@ def test_a_sliding_window_pattern_that_agrees_with_the_layers_is_accepted(patter
     # strings are strings
     ("llama", {"model_type": ["llama"]}, "model_type ['llama'] is not one of"),
     ("llama", {"rope_parameters": {"rope_type": ["linear"], "factor": 2.0}},
-     "rope_type must be a string, one of ['default', 'dynamic', 'linear', 'llama3', 'longrope', 'yarn']; got ['linear']"),
+     "rope_type must be a string, one of ['default', 'dynamic', 'linear', 'llama3', 'longrope', 'yarn']; got "
+     "['linear']"),
     ("llama", {"rope_scaling": {"type": {"linear": 1}, "factor": 2.0}}, "config type must be a string, one of"),
     ("llama", {"hidden_act": ["silu"]}, "hidden_act ['silu'] is not implemented"),
     # integers are integers (the type error is a ValueError naming the field, as every other refusal here)
@@ -333,8 +335,10 @@ ROPE_REFUSED = [
     ("llama", dict(rope_type="dynamic", factor=1e300), "dynamic NTK scaling with factor=1e+300"),
     ("llama", dict(rope_type="default", rope_theta=0), "rope_theta must be a positive finite number; got 0"),
     ("llama", dict(rope_type="default", rope_theta=-1e4), "rope_theta must be a positive finite number"),
-    ("llama", dict(rope_type="default", rope_theta=float("nan")), "rope_theta must be a positive finite number; got nan"),
-    ("llama", dict(rope_type="default", rope_theta=float("inf")), "rope_theta must be a positive finite number; got inf"),
+    ("llama", dict(rope_type="default", rope_theta=float("nan")),
+     "rope_theta must be a positive finite number; got nan"),
+    ("llama", dict(rope_type="default", rope_theta=float("inf")),
+     "rope_theta must be a positive finite number; got inf"),
     ("llama", dict(rope_type="linear", rope_theta=1e300, factor=1e100),  # (w_3 / factor = 1e-225 / 1e100 underflows)
      "they give the inverse frequency w_3 = 0.0 at sequence length 2048; every w_i must be finite and > 0"),
     ("llama", dict(rope_type="linear", factor=float("nan")), "factor must be a positive finite number; got nan"),

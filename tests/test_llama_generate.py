@@ -46,7 +46,8 @@ def prompt_of(n, seed=0, V=97):
 
 
 def hf_generate(hf, prompt, *, attention_mask=None, **kw):
-    """Hugging Face's continuation of a [P] or [B, P] prompt under an explicit GenerationConfig (no implicit settings)."""
+    """Hugging Face's continuation of a [P] or [B, P] prompt under an explicit
+    GenerationConfig (no implicit settings)."""
     ids = torch.as_tensor(np.atleast_2d(prompt))
     mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(np.asarray(attention_mask, np.int64))
     # the model's own generation config is replaced (HF fills the unset fields of a passed one from it, eos included)
@@ -54,7 +55,8 @@ def hf_generate(hf, prompt, *, attention_mask=None, **kw):
                                                             "bos_token_id": None, "pad_token_id": 0, **kw})
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=mask, output_logits=True, return_dict_in_generate=True)
-    assert out.sequences.shape[1] == ids.shape[1] + kw["max_new_tokens"] or hf.generation_config.eos_token_id is not None
+    assert (out.sequences.shape[1] == ids.shape[1] + kw["max_new_tokens"]
+            or hf.generation_config.eos_token_id is not None)
     return out.sequences[:, ids.shape[1]:].numpy(), torch.stack(out.logits, 1).numpy()  # [B, N], [B, N, V]
 
 
@@ -79,8 +81,9 @@ def strip_after_eos(ids, eos):
 @pytest.mark.parametrize("case", MODEL_TYPES)
 def test_greedy_is_token_identical_to_hugging_face_generate(case, tmp_path_factory):
     """64 greedy tokens after a 7-token prompt equal HF generate(do_sample=False, max_new_tokens=64), without and with
-    repetition_penalty=2 (whose continuations do not repeat); so do the logits of every step (unpenalized). Phi-3: 7 + 64 tokens pass original_max_position_embeddings=64, where LongRoPE turns to its
-    long factors and both recompute the cache."""
+    repetition_penalty=2 (whose continuations do not repeat); so do the logits of every step (unpenalized). Phi-3: 7 +
+    64 tokens pass original_max_position_embeddings=64,
+    where LongRoPE turns to its long factors and both recompute the cache."""
     hf, model = model_of(case, tmp_path_factory)
     prompt = prompt_of(7, seed=1)
     out = generate(model, prompt, max_new_tokens=64, eos_token_id=None)
@@ -136,8 +139,8 @@ def test_beam_search_is_token_identical_to_hugging_face(tmp_path_factory):
 @pytest.mark.parametrize("case, P, n", [("mistral", 4, 12), ("gemma2", 3, 10), ("gemma3", 6, 10), ("phi3", 58, 12)])
 def test_cached_decoding_equals_full_recomputation(case, P, n, tmp_path_factory):
     """Greedy through the KV cache = argmax of a full forward over the whole sequence at every step (float64), and the
-    step logits are that forward's last row. mistral / gemma2 / gemma3 run past their windows; phi3 passes LongRoPE's switch
-    at 64 tokens (without recomputing the cache there, the steps after it differ from recomputation by ~10)."""
+    step logits are that forward's last row. mistral / gemma2 / gemma3 run past their windows; phi3 passes LongRoPE's
+    switch at 64 tokens (without recomputing the cache there, the steps after it differ from recomputation by ~10)."""
     _, model = model_of(case, tmp_path_factory, dtype=np.float64)
     prompt = prompt_of(P, seed=4)
     ours = generate(model, prompt, max_new_tokens=n, eos_token_id=None).ids
@@ -388,7 +391,8 @@ def test_the_logit_bound_holds_and_is_reached(case, tmp_path_factory):
 @given(case=st.sampled_from(["llama", "gemma", "gemma2_tight_caps", "qwen3"]), seed=st.integers(0, 2**31),
        scale=st.floats(0.01, 1e3), T=st.integers(1, 12))
 def test_the_logit_bound_is_never_exceeded(case, seed, scale, T, tmp_path_factory):
-    """For weights whose final norm is scaled by any factor and any ids, every logit and log-probability is within it."""
+    """For weights whose final norm is scaled by any factor and any ids,
+    every logit and log-probability is within it."""
     _, model = model_of(case, tmp_path_factory)
     config, params = model.config, model.params
     norm = (params.norm * np.float32(scale)).astype(np.float32)

@@ -124,14 +124,16 @@ def _drop(name):
 
 
 @pytest.mark.parametrize("model_type, edit_tensors, edit_config, message", [
-    ("llama", _drop("model.layers.1.mlp.up_proj.weight"), None, "missing tensor(s) ['model.layers.1.mlp.up_proj.weight']"),
+    ("llama", _drop("model.layers.1.mlp.up_proj.weight"), None,
+     "missing tensor(s) ['model.layers.1.mlp.up_proj.weight']"),
     ("llama", lambda t: t.update({"model.layers.0.extra.weight": np.zeros(3, np.float32)}), None,
      "unexpected tensor(s) ['model.layers.0.extra.weight']"),
     ("llama", None, lambda c: c.update(intermediate_size=64),
      "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [72, 48]"),
     ("llama", None, lambda c: c.update(num_hidden_layers=4),
      "config.json says num_hidden_layers=4 but the weights have layers model.layers.0 .. model.layers.4 (5 layers)"),
-    ("llama", None, lambda c: c.update(attention_bias=False), "unexpected tensor(s) ['model.layers.0.self_attn.k_proj.bias'"),
+    ("llama", None, lambda c: c.update(attention_bias=False),
+     "unexpected tensor(s) ['model.layers.0.self_attn.k_proj.bias'"),
     ("qwen2", None, lambda c: c.update(model_type="llama"), "llama config has fields this implementation does not"),
     ("qwen3", lambda t: t["model.layers.2.self_attn.q_norm.weight"].__setitem__(0, np.nan), None,
      "'model.layers.2.self_attn.q_norm.weight' holds 1 non-finite value(s)"),

@@ -317,7 +317,8 @@ def test_the_tight_soft_caps_bite(tmp_path_factory):
 # ----------------------------------------------------------------------------- the backend seam
 
 def test_every_hot_operation_goes_through_the_ops(tmp_path_factory):
-    """An LlamaOps whose operations record their calls sees every norm, product, rotation, attention and GLU of a forward."""
+    """An LlamaOps whose operations record their calls sees every norm, product, rotation,
+    attention and GLU of a forward."""
     _, config, params = pair("qwen3", tmp_path_factory)  # q/k norms, biases off, a window: every op kind
     calls: dict = {}
 
@@ -338,7 +339,8 @@ def test_every_hot_operation_goes_through_the_ops(tmp_path_factory):
 
 
 def test_backends_by_name_and_last_only(tmp_path_factory):
-    """get_ops resolves names (an unknown one lists the known); logits' backend= is that Ops; last_only is the last row."""
+    """get_ops resolves names (an unknown one lists the known); logits' backend= is that Ops;
+    last_only is the last row."""
     _, config, params = pair("llama", tmp_path_factory)
     assert get_ops("numpy") is NUMPY_OPS and get_ops(NUMPY_OPS) is NUMPY_OPS
     with pytest.raises(ValueError, match=r"unknown backend 'tpu'; available backends: \[.*'numpy'.*\]"):

@@ -1,4 +1,5 @@
-"""Config keys of published Hugging Face folders: rope_interleaved proved, SmolLM2's and Qwen2.5's keys run as HF runs them.
+"""Config keys of published Hugging Face folders: rope_interleaved proved,
+SmolLM2's and Qwen2.5's keys run as HF runs them.
 
 rope_interleaved (SmolLM2's config.json carries it; nanotron trains with either pairing) turns the
 pairs (2i, 2i+1) of each head's rotated dims instead of Hugging Face's (i, i + R/2). Proof that
@@ -55,7 +56,8 @@ def rel(a, b) -> float:
 
 
 def logit_tolerance(config) -> float:
-    """(4 L + 1) * 2 gamma_n in float64 (tests/test_accel_llama_numba.py's argument: every product may round differently)."""
+    """(4 L + 1) * 2 gamma_n in float64 (tests/test_accel_llama_numba.py's argument:
+    every product may round differently)."""
     c = config
     n = max(c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim)
     return (4 * c.num_hidden_layers + 1) * 2 * gamma(n + 1, np.float64)
@@ -93,7 +95,8 @@ def interleaved_twin(model):
             tensors[name] = half_to_interleaved_rows(a, 1, D, R)
         elif ".qkv_proj." in name:  # Phi-3: [q (H D) | k (K D) | v (K D)] rows
             q, k, v = np.split(a, [H * D, (H + K) * D])
-            tensors[name] = np.concatenate([half_to_interleaved_rows(q, H, D, R), half_to_interleaved_rows(k, K, D, R), v])
+            tensors[name] = np.concatenate([half_to_interleaved_rows(q, H, D, R), half_to_interleaved_rows(k, K, D, R),
+                                            v])
     config = dataclasses.replace(c, rope_interleaved=True)
     return config, LlamaParams.from_checkpoint(tensors, config, dtype=model.params.dtype)
 
@@ -180,7 +183,8 @@ FOLDERS = {  # name -> (model_type, the tiny model's config, the published keys)
                               SMOLLM2_135M_INSTRUCT),
     "SmolLM2 via transformers' GGUF conversion": ("llama", None, {**SMOLLM2_135M_INSTRUCT, **GGUF_CONVERSION}),
     "Qwen2.5-0.5B": ("qwen2", dict(num_key_value_heads=2, use_sliding_window=False, tie_word_embeddings=True,
-                                   max_position_embeddings=32768, rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+                                   max_position_embeddings=32768,
+                                   rope_parameters=dict(rope_type="default", rope_theta=1e6)),
                      QWEN25_05B),
 }
 

@@ -44,7 +44,8 @@ UNTIED = _config(tie_word_embeddings=False, num_key_value_heads=1)
 def _random_params(config: LlamaConfig, seed: int = 0) -> LlamaParams:
     """float64 weights of unit-scale outputs and norms away from 1 (an init's 1s would hide norm bugs)."""
     rng = np.random.default_rng(seed)
-    named = {n: (1 + 0.3 * rng.normal(size=a.shape)) if a.ndim == 1 else rng.normal(size=a.shape) / math.sqrt(a.shape[1])
+    named = {n: ((1 + 0.3 * rng.normal(size=a.shape)) if a.ndim == 1
+                 else rng.normal(size=a.shape) / math.sqrt(a.shape[1]))
              for n, a in init_params(config, seed=seed, dtype=np.float64).to_checkpoint(config).items()}
     return LlamaParams.from_checkpoint(named, config, dtype=np.float64)
 
@@ -125,7 +126,8 @@ def test_gradients_equal_torch_autograd(config, monkeypatch):
 
 def test_a_few_steps_reduce_the_loss_and_resume_is_exact(tmp_path):
     """Through refimpl.training's loop with LLAMA_FAMILY and BOS windows: 40 steps on a repetitive
-    stream more than halve the loss (each window's first target, after BOS, stays a guess among 11); 4 steps in one run equal 2 + checkpoint + 2 resumed (float32)."""
+    stream more than halve the loss (each window's first target, after BOS, stays a guess among 11); 4 steps in one run
+    equal 2 + checkpoint + 2 resumed (float32)."""
     config = _config(vocab_size=12, hidden_size=16, intermediate_size=32, max_position_embeddings=8, bos_token_id=11)
     toks = np.tile(np.arange(11), 60)
     s = TrainSettings(steps=40, batch_size=4, seq_len=8, max_lr=1e-2, min_lr=1e-3, warmup=4, eval_every=40,
@@ -163,7 +165,8 @@ def test_optimizer_on_named_tensors_equals_the_gpt2params_form():
     from refimpl.gpt2.train import clip_by_global_norm as gpt2_clip
     from refimpl.gpt2.train import init_params as gpt2_init, loss_and_grads as gpt2_grads
 
-    config = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=None, eos_token_id=None)
     p = gpt2_init(config, seed=0)
     _, g = gpt2_grads(p, config, np.arange(8)[None] % 20, (np.arange(8)[None] + 1) % 20)
     gc, n1 = gpt2_clip(g, 0.01)

@@ -205,9 +205,9 @@ def test_smollm2_logits_agree_with_llama_cpp_within_its_activation_rounding(smol
     test measures it: the same forward with the activations rounded exactly as ggml rounds them
     (rounded_ops) moves the exact logits by g8 (centered RMS, per prompt); llama.cpp must lie within 2 g8
     of the exact logits (measured: llama.cpp / g8 = 0.96-1.02: it is that rounding, with its own
-    summation order), and its largest difference within twice rounding's largest. The greedy argmax must agree wherever llama.cpp's top-2 margin exceeds twice the
-    largest difference rounding made. A real bug sits far outside: the wrong q/k pairing (the next test)
-    gives ~1.9, 13x g8.
+    summation order), and its largest difference within twice rounding's largest. The greedy argmax must agree wherever
+    llama.cpp's top-2 margin exceeds twice the largest difference rounding made. A real bug sits far outside: the wrong
+    q/k pairing (the next test) gives ~1.9, 13x g8.
     """
     _, fx, out = smollm2_logits
     random_ids = np.array(fx["random_ids"])

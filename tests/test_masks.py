@@ -228,7 +228,8 @@ def test_empty_sizes_give_empty_masks():
     """T = 0 or S = 0 (no queries; an empty cache) give empty masks of the right shape, as the attention
     functions accept those sizes, so a caller need not special-case them."""
     assert causal_mask(0, 3).shape == (0, 3) and causal_mask(3, 0).shape == (3, 0) and causal_mask(0).shape == (0, 0)
-    assert local_window_mask(2, 0, window=2).shape == (2, 0) and sink_window_mask(0, 4, n_sink=1, window=2).shape == (0, 4)
+    assert local_window_mask(2, 0, window=2).shape == (2, 0)
+    assert sink_window_mask(0, 4, n_sink=1, window=2).shape == (0, 4)
     assert strided_mask(0, stride=2).shape == (0, 0) and fixed_mask(3, 0, block=2, summary=1).shape == (3, 0)
     assert padding_mask([0, 0], 0).shape == (2, 0)
     assert query_positions(0, 5).shape == (0,)

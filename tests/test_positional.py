@@ -829,7 +829,8 @@ def test_t5_bucket_bidirectional_vs_unidirectional(cfg):
     bi = relative_position_bucket(r, bidirectional=True, num_buckets=nb, max_distance=md)
     uni = relative_position_bucket(r, bidirectional=False, num_buckets=nb // 2, max_distance=md)
     np.testing.assert_array_equal(bi[r <= 0], uni[r <= 0])
-    np.testing.assert_array_equal(bi[r > 0], relative_position_bucket(-r[r > 0], num_buckets=nb, max_distance=md) + nb // 2)
+    np.testing.assert_array_equal(bi[r > 0],
+                                  relative_position_bucket(-r[r > 0], num_buckets=nb, max_distance=md) + nb // 2)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -50,7 +50,8 @@ SPECIAL_F32 = [0x00000000, 0x80000000, 0x00000001, 0x007FFFFF, 0x7F7FFFFF, 0x7F8
 
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    return (a.dtype == b.dtype == np.float32 and a.shape == b.shape
+            and np.array_equal(a.view(np.uint32), b.view(np.uint32)))
 
 
 @st.composite

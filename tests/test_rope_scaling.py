@@ -154,7 +154,8 @@ def test_frequencies_and_attention_factor_equal_hugging_faces(config_class, rope
     (lambda: rope_attention_factor("longrope", factor=4.0, original_max_position_embeddings=1),
      "needs original_max_position_embeddings L > 1; got 1"),
     (lambda: scaled_rope_frequencies(8, rope_type="su"), "rope_type must be one of"),
-    (lambda: scaled_rope_frequencies(8, rope_type="linear", factor=2.0, fctor=3.0), "unknown rope parameter(s) ['fctor']"),
+    (lambda: scaled_rope_frequencies(8, rope_type="linear", factor=2.0, fctor=3.0),
+     "unknown rope parameter(s) ['fctor']"),
     (lambda: rope_attention_factor("yarn", factor=2.0, betafast=3), "unknown rope parameter(s) ['betafast']"),
 ])
 def test_bad_scaling_parameters(call, message):

@@ -69,7 +69,8 @@ def test_reads_what_the_package_writes_all_dtypes(tmp_path, mmap):
     got = ours.load_file(path, mmap=mmap)
     _assert_same(got, tensors)
     assert ours.read_header(path).metadata == {"who": "oracle", "n": "3"}
-    print(f"max abs diff vs safetensors package: {max(float(np.max(np.abs(got[k].astype(np.float64) - tensors[k].astype(np.float64)), initial=0)) for k in got):.3e}")
+    diff = max(float(np.max(np.abs(got[k].astype(np.float64) - tensors[k].astype(np.float64)), initial=0)) for k in got)
+    print(f"max abs diff vs safetensors package: {diff:.3e}")
     if mmap:
         assert not got["float32.matrix"].flags.writeable  # a read-only view of the map
     else:

@@ -319,7 +319,8 @@ def test_bad_arguments_are_named(models):
     with pytest.raises(ValueError, match="cache must be allocated for this llama model"):
         streaming_step(model, gpt2_cache, np.array([1]))
     cache = SinkCache.allocate(models["mistral"].config, n_sink=1, window=2, dtype=np.float64)
-    with pytest.raises(ValueError, match=r"cache k, v must be float64 of shape \[L, B, K, S_max, D\] = \[2, 1, 1, 3, 8\]"):
+    with pytest.raises(ValueError, match=r"cache k, v must be float64 of shape \[L, B, K, S_max, D\] = \[2, 1, 1, "
+                                         r"3, 8\]"):
         streaming_step(models["qwen3"], cache, np.array([1]))  # another model's key/value heads (the forward's check)
     with pytest.raises(ValueError, match=r"tokens must have shape \[B\] = \[1\]"):
         streaming_step(models["mistral"], cache, np.array([1, 2]))

@@ -334,7 +334,8 @@ def _tmp_llama(tmp_path_factory):
     """A random LLaMA with the shipped one's tokenizer files (scripts/train_default.py writes them)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("train_default", Path(__file__).parent.parent / "scripts" / "train_default.py")
+    spec = importlib.util.spec_from_file_location("train_default",
+                                                  Path(__file__).parent.parent / "scripts" / "train_default.py")
     td = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(td)
     path = _random_llama_dir(tmp_path_factory.mktemp("shakespeare-llama"))
@@ -377,7 +378,8 @@ def test_shakespeare_llama_by_name_in_the_library_and_every_command(shakespeare_
     assert m.tokenizer.bos_token == m.config.bos_token_id == 3071  # text prompts get the BOS it was trained with
     assert refimpl.models.family_of("shakespeare-llama") == "llama"
     assert main(["generate", "--model", "shakespeare-llama", "--prompt", "Friends", "--max-new-tokens", "3",
-                 "--no-causal-mask", "--attention-scale", "model-width", "--logprobs", "2", "--timing", "--no-eos"]) == 0
+                 "--no-causal-mask", "--attention-scale", "model-width", "--logprobs", "2", "--timing",
+                 "--no-eos"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Friends") and "logprob" in out and "decode   2 steps" in out
     assert main(["tokenize", "--model", "shakespeare-llama", "Friends, Romans"]) == 0
@@ -447,7 +449,8 @@ def test_bad_switch_values_exit_2_naming_the_flag(argv, flag, capsys):
 def test_inspect_attention_without_the_mask_fills_the_upper_triangle(tmp_path, capsys, monkeypatch):
     import refimpl.interp.attention_maps as maps
 
-    monkeypatch.setattr(maps, "plot_attention_maps", lambda model, ids, w, path: path)  # the JSON is checked, not the picture
+    # the JSON is checked, not the picture
+    monkeypatch.setattr(maps, "plot_attention_maps", lambda model, ids, w, path: path)
     rc, out, err = run_cli(["inspect", "attention", "--text", "Friends, Romans", "--no-causal-mask",
                             "--attention-scale", "head-dim", "--out", str(tmp_path)], capsys)
     assert rc == 0, err

@@ -245,8 +245,8 @@ def test_hypothesis_long_pieces_match_tiktoken(text):
 def _random_table(data, alphabet: bytes):
     """A random rank table over `alphabet` in which ranks ignore how tokens are built (so a
     merge often creates a pair of lower rank than its own): the hard case for merge_long."""
-    tokens = data.draw(st.lists(st.binary(min_size=2, max_size=5).map(lambda b: bytes(alphabet[x % len(alphabet)] for x in b)),
-                                max_size=14, unique=True))
+    word = st.binary(min_size=2, max_size=5).map(lambda b: bytes(alphabet[x % len(alphabet)] for x in b))
+    tokens = data.draw(st.lists(word, max_size=14, unique=True))
     ranks = {t: r for r, t in enumerate(tokens)}
     encoder = {bytes([b]): b for b in range(256)} | {t: 256 + r for t, r in ranks.items()}
     return ranks, encoder
@@ -465,7 +465,8 @@ def _naive_bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
-@given(st.binary(max_size=40) | tricky_text(40).map(str.encode) | st.text(st.sampled_from("ab the"), max_size=60).map(str.encode))
+@given(st.binary(max_size=40) | tricky_text(40).map(str.encode)
+       | st.text(st.sampled_from("ab the"), max_size=60).map(str.encode))
 def test_engine_bpe_equals_textbook_loop(piece):
     """engine.merge with GPT-2's table (concatenation rule over its ranks) returns the same parts
     as the quadratic textbook loop: both merge the lowest-ranked adjacent pair, leftmost first,
@@ -571,7 +572,8 @@ def test_gpt2_tokenizer_is_a_configuration_of_the_engine(tok, ranks_file):
     generic = tokenizers.load(ranks_file, pattern="gpt2", special_tokens={EOT: 50256})
     assert isinstance(tok, tokenizers.Tokenizer)
     assert tok._pairs == generic._pairs and tok._initial == generic._initial
-    assert [(r.pattern, b, i) for r, b, i in tok._split_regexes] == [(r.pattern, b, i) for r, b, i in generic._split_regexes]
+    assert ([(r.pattern, b, i) for r, b, i in tok._split_regexes]
+            == [(r.pattern, b, i) for r, b, i in generic._split_regexes])
     more = tok.with_special_tokens({"<|pad|>": 50257})
     assert type(more) is Tokenizer and more.special_tokens == {EOT: 50256, "<|pad|>": 50257}
     assert more.encode("a<|pad|>", allowed_special={"<|pad|>"}) == [64, 50257] and more.eot_token == 50256
@@ -626,7 +628,8 @@ def test_decode_out_of_range_ids_name_the_id_and_vocab_size(tok, bad):
             decode([bad])
 
 
-@pytest.mark.parametrize("bad", [1.5, 1.0, np.float64(2.0), float("nan"), float("inf"), "7", None, True, np.bool_(False), 1j])
+@pytest.mark.parametrize("bad", [1.5, 1.0, np.float64(2.0), float("nan"), float("inf"), "7", None, True,
+                                 np.bool_(False), 1j])
 def test_decode_non_integer_ids_name_the_value_and_vocab_size(tok, bad):
     for decode in (tok.decode, tok.decode_bytes, lambda ids: list(tok.decode_stream(ids))):
         with pytest.raises(TypeError, match=r"token ids must be integers; got .* vocab_size 50257"):

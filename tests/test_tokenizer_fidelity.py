@@ -134,7 +134,8 @@ def test_isolated_split_on_a_space_keeps_the_words(byte_level_json, tmp_path):
 
 def _tekken(tmp_path: Path, pattern: str, ranks: dict[bytes, int], n_special: int = 3) -> Path:
     import base64
-    vocab = [{"rank": r, "token_bytes": base64.b64encode(t).decode()} for t, r in sorted(ranks.items(), key=lambda x: x[1])]
+    vocab = [{"rank": r, "token_bytes": base64.b64encode(t).decode()}
+             for t, r in sorted(ranks.items(), key=lambda x: x[1])]
     data = {"config": {"pattern": pattern, "default_vocab_size": len(vocab) + n_special,
                        "default_num_special_tokens": n_special},
             "vocab": vocab, "special_tokens": [{"rank": i, "token_str": s} for i, s in
@@ -391,7 +392,8 @@ with open(f"{d}/r.tiktoken", "w") as f:
 files["tiktoken"] = dict(path=f"{d}/r.tiktoken", pattern="gpt2")
 vocab = [{"rank": r, "token_bytes": base64.b64encode(t).decode()} for r, t in enumerate(tokens)]
 json.dump({"config": {"pattern": "gpt2", "default_vocab_size": len(tokens) + 3, "default_num_special_tokens": 3},
-           "vocab": vocab, "special_tokens": [{"rank": i, "token_str": s} for i, s in enumerate(["<unk>", "<s>", "</s>"])]},
+           "vocab": vocab,
+           "special_tokens": [{"rank": i, "token_str": s} for i, s in enumerate(["<unk>", "<s>", "</s>"])]},
           open(f"{d}/tekken.json", "w"))
 files["tekken"] = dict(path=f"{d}/tekken.json")
 u = byte_to_unicode()

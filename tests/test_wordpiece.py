@@ -92,7 +92,8 @@ def test_split_on_punctuation_concatenates_back(word):
 
 @given(st.text(max_size=40))
 def test_strip_accents_is_idempotent_and_leaves_no_mark(text):
-    """strip_accents(x) has no Mn character (NFD of a string without Mn... keeps none), so applying it twice changes nothing."""
+    """strip_accents(x) has no Mn character (NFD of a string without Mn... keeps none),
+    so applying it twice changes nothing."""
     once = wp.strip_accents(text)
     assert not any(unicodedata.category(c) == "Mn" for c in once)
     assert wp.strip_accents(once) == once
@@ -223,7 +224,8 @@ def test_oracles_disagree_on_unassigned_code_points(ours, hf):
 # (final sigma), controls, whitespace variants, emoji, punctuation, special-token fragments.
 _ALPHABET = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()[]{}<>-_/\\#$%^&*~`|@+=")
              + list("éèêëàâäôöûüçñÅØßÉÈÎÏ\u0301\u0308\u0327\u0300") + list("東京日本中文北京字")
-             + list("ΑΒΓΔΣσςΟαβγδ") + list("\x00\x07\x0b\x0c\x1f\x7f\x85\t\n\r\u00a0\u2003\u3000\u2028\u200b\u200d\ufeff\ufffd")
+             + list("ΑΒΓΔΣσςΟαβγδ")
+             + list("\x00\x07\x0b\x0c\x1f\x7f\x85\t\n\r\u00a0\u2003\u3000\u2028\u200b\u200d\ufeff\ufffd")
              + list("😀👍🏽🧠❤✨") + list("—–…‘’“”«»¿¡€¥∑∞") + ["[CLS]", "[SEP]", "[MASK]", "[UNK]", "[PAD]", "##"])
 _texts = st.lists(st.sampled_from(_ALPHABET), max_size=40).map("".join)
 
@@ -252,7 +254,8 @@ _low = st.characters(max_codepoint=0x5FF) | st.characters(min_codepoint=0x3000, 
 @settings(max_examples=100)
 @given(text=st.text(alphabet=_low, max_size=30))
 def test_hypothesis_unicode_blocks_equal_tokenizers(ours, hf, text):
-    """Drawn text from those blocks (controls, Latin, Greek, Cyrillic, Hebrew, CJK, emoji): tokenizers flavor = Rust oracle."""
+    """Drawn text from those blocks (controls, Latin, Greek, Cyrillic, Hebrew, CJK, emoji):
+    tokenizers flavor = Rust oracle."""
     assert ours["tokenizers"].encode(text) == hf_ids(hf["tokenizers"], text)
 
 

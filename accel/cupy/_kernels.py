@@ -8,8 +8,8 @@ Kernels (one block per row of C features, 128 threads, warp-shuffle + shared-mem
                     (x' - mu') * (1 / sqrt(var + eps)) * gamma + beta.
   rms_norm_rows     ms = sum x^2 / C, x / sqrt(ms + eps) * gamma.
 and two ElementwiseKernels: kv_append (a decode step's k and v, columns C..3C of GPT-2's fused
-projection, written at cache position lengths[b] - 1) and gelu_tanh_bias: y = 0.5 z (1 + tanh(sqrt(2/pi)(zc + 0.044715 zc^3))),
-z = x + b, zc = z clamped to [-20, 20] (the twin's clamp).
+projection, written at cache position lengths[b] - 1) and gelu_tanh_bias: y = 0.5 z (1 + tanh(sqrt(2/pi)(zc + 0.044715
+zc^3))), z = x + b, zc = z clamped to [-20, 20] (the twin's clamp).
 
 Reduction order: per-thread strided partial sums, then butterfly shuffles within each
 warp, then one warp over the per-warp sums. REAL is float or double; all arithmetic is in

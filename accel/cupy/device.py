@@ -60,7 +60,8 @@ def linear(x: cp.ndarray, w: cp.ndarray, b: cp.ndarray | None) -> cp.ndarray:  #
     return y
 
 
-def layer_norm(x: cp.ndarray, gamma: cp.ndarray, beta: cp.ndarray, eps: float = 1e-5) -> cp.ndarray:  # [..., C] -> [..., C]
+def layer_norm(x: cp.ndarray, gamma: cp.ndarray, beta: cp.ndarray,
+               eps: float = 1e-5) -> cp.ndarray:  # [..., C] -> [..., C]
     """LN over the last axis: one block per row (two-pass mean / variance in the dtype)."""
     x2 = _rows(x)  # [N, C]
     out = cp.empty_like(x2)
@@ -113,8 +114,8 @@ def _numba(x):  # a CuPy array (or None) -> a Numba device array on the same mem
     return None if x is None else cuda.as_cuda_array(x, sync=False)
 
 
-def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None,
-                     scale=None, softcap=None) -> cp.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None, scale=None,
+                     softcap=None) -> cp.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel) on CuPy arrays; k, v may be strided cache views.
 
     key_mask: CuPy bool/uint8 [B, S] or None; alibi_slopes: CuPy [H] in q's dtype or None;
@@ -132,7 +133,8 @@ def masked_attention(q, k, v, *, causal=False, window=None, n_sink=0, key_mask=N
     return out
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None, partials=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None,
+                     partials=None) -> cp.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """Split-S decode attention (Numba-CUDA kernels) on CuPy arrays; key_lengths CuPy int64 [B] or None.
 
     window: a positive int or None (the newest query sees keys [L_b - window, L_b)); softcap: a
@@ -164,7 +166,8 @@ def decode_partials(B: int, H: int, S: int, Dv: int, dtype) -> tuple:
     return numba_partials(B, H, S, Dv, dtype, empty=cp.empty)
 
 
-def kv_append(qkv: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths: cp.ndarray) -> None:  # [B, 3C], [B, H, S, D] x 2, [B]
+def kv_append(qkv: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray,
+              lengths: cp.ndarray) -> None:  # [B, 3C], [B, H, S, D] x 2, [B]
     """k_cache[b, :, L_b - 1] = k_b and v_cache[b, :, L_b - 1] = v_b, with q | k | v = qkv[b]
     (GPT-2's fused projection, head h owning D consecutive columns of each) and L = lengths
     read on the device: one kernel whose launch does not depend on the position (a CUDA graph
@@ -174,7 +177,8 @@ def kv_append(qkv: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths
                                 size=B * H * D)
 
 
-def rope_rotate(x: cp.ndarray, cos: cp.ndarray, sin: cp.ndarray, *, interleaved: bool = False) -> cp.ndarray:  # [B, n, T, D], 2 x [B|1, 1, T, R/2] -> [B, n, T, D]
+def rope_rotate(x: cp.ndarray, cos: cp.ndarray, sin: cp.ndarray, *,
+                interleaved: bool = False) -> cp.ndarray:  # [B, n, T, D], 2 x [B|1, 1, T, R/2] -> [B, n, T, D]
     """RoPE of x (a strided view is fine) by the given cos / sin tables (Numba-CUDA kernel), pairs (i, i + R/2) or
     with interleaved (2i, 2i+1); dims [R, D) copied."""
     from accel.numba_cuda.positional import rope_rotate_device
@@ -198,7 +202,8 @@ def glu_gate(g: cp.ndarray, u: cp.ndarray, activation: str) -> cp.ndarray:  # [.
     return out.reshape(*lead, F)
 
 
-def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, lengths: cp.ndarray) -> None:  # [B, K, D] x 2 -> caches [B, K, S, D]
+def kv_write(k: cp.ndarray, v: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray,
+             lengths: cp.ndarray) -> None:  # [B, K, D] x 2 -> caches [B, K, S, D]
     """k_cache[b, :, L_b - 1] = k[b], v_cache[b, :, L_b - 1] = v[b] with L = lengths read on the device."""
     from accel.numba_cuda.attention import kv_write_device
 

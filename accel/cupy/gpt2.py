@@ -36,7 +36,8 @@ import numpy as np
 from refimpl._checks import check_bool
 from refimpl.gpt2.model import Ops
 
-__all__ = ["make_ops", "decode_step", "DeviceParams", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
+# OPS: built on first access (module __getattr__ below)
+__all__ = ["make_ops", "decode_step", "DeviceParams", "CAPTURES", "OPS"]
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,8 @@ def _cupy_ops() -> Ops:
 def _step_applies(x, params, config, cache, cp) -> bool:
     """True when decode_step covers this call: our device weights with every bias, one new token
     per sequence, a float32 / float64 device cache [L, B, H, S, D] laid out as the config says."""
-    if not isinstance(params, DeviceParams) or not isinstance(cache.k, cp.ndarray) or not isinstance(cache.v, cp.ndarray):
+    if (not isinstance(params, DeviceParams) or not isinstance(cache.k, cp.ndarray)
+            or not isinstance(cache.v, cp.ndarray)):
         return False
     dtype = cache.k.dtype
     if dtype not in (np.float32, np.float64) or x.dtype != dtype or cache.v.dtype != dtype or params.dtype != dtype:

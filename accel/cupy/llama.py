@@ -45,7 +45,8 @@ from refimpl.llama.params import LlamaBlockParams, LlamaParams
 
 from .gpt2 import CAPTURES, GraphedStep, _Linear  # one decode stream, cuBLAS handle and capture count per process
 
-__all__ = ["make_ops", "decode_step", "eager_decode_blocks", "GATE_ACTIVATION", "CAPTURES", "OPS"]  # OPS: built on first access (module __getattr__ below)
+# OPS: built on first access (module __getattr__ below)
+__all__ = ["make_ops", "decode_step", "eager_decode_blocks", "GATE_ACTIVATION", "CAPTURES", "OPS"]
 
 # config.hidden_act -> the activation name of the fused gate kernel (accel.numba_cuda.ffn.glu_gate)
 GATE_ACTIVATION = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu_erf"}
@@ -67,7 +68,8 @@ class _GLU:
 
 
 def effective_norms(params: LlamaParams, config) -> tuple:
-    """Per block, the RMSNorm weights the model multiplies by (Gemma: 1 + w, rounded as refimpl.llama.model.rms_norm)."""
+    """Per block, the RMSNorm weights the model multiplies by (Gemma: 1 + w, rounded as
+    refimpl.llama.model.rms_norm)."""
     def eff(w):
         return None if w is None else (w.dtype.type(1) + w if config.norm_plus_one else w)
 
@@ -76,7 +78,8 @@ def effective_norms(params: LlamaParams, config) -> tuple:
                  for b in params.blocks)
 
 
-def decode_step(x, params: LlamaParams, config, cache_k, cache_v, lengths, cos, sin, norms, kernels, xp):  # [B, C] -> [B, C]
+def decode_step(x, params: LlamaParams, config, cache_k, cache_v, lengths, cos, sin, norms,
+                kernels, xp):  # [B, C] -> [B, C]
     """x <- Block_L(... Block_1(x)) for one new token per sequence: refimpl.llama.model's `block` at T = 1
     with no key mask, as kernel calls whose launches do not depend on the position.
 

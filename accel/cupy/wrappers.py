@@ -37,7 +37,8 @@ def _host(x: cp.ndarray, dtype) -> np.ndarray:
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
-    """softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m)  (Bridle 1990), CuPy RawKernel. Twin: refimpl.attention.softmax."""
+    """softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m)
+    (Bridle 1990), CuPy RawKernel. Twin: refimpl.attention.softmax."""
     x = as_float(x, "x")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}; got {axis!r}")
@@ -48,7 +49,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:  # [...] -> [...]
 
 
 def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] -> [..., C]
-    """LN(x) = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta  (Ba et al. 2016), CuPy RawKernel. Twin: refimpl.norms.layer_norm."""
+    """LN(x) = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta
+    (Ba et al. 2016), CuPy RawKernel. Twin: refimpl.norms.layer_norm."""
     x, gamma, beta = as_float(x, "x"), as_float(gamma, "gamma"), as_float(beta, "beta")
     C = _check_width(x)
     _check_param(gamma, "gamma", C)
@@ -59,7 +61,8 @@ def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] 
 
 
 def rms_norm(x, gamma, *, eps: float = 1e-6) -> np.ndarray:  # [..., C] -> [..., C]
-    """RMSNorm(x) = x / sqrt(mean x^2 + eps) * gamma  (Zhang & Sennrich 2019), CuPy RawKernel. Twin: refimpl.norms.rms_norm."""
+    """RMSNorm(x) = x / sqrt(mean x^2 + eps) * gamma
+    (Zhang & Sennrich 2019), CuPy RawKernel. Twin: refimpl.norms.rms_norm."""
     x, gamma = as_float(x, "x"), as_float(gamma, "gamma")
     C = _check_width(x)
     _check_param(gamma, "gamma", C)
@@ -69,7 +72,8 @@ def rms_norm(x, gamma, *, eps: float = 1e-6) -> np.ndarray:  # [..., C] -> [...,
 
 
 def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
-    """GELU(x + b), tanh form  (Hendrycks & Gimpel 2016), one CuPy ElementwiseKernel. Twin: refimpl.ffn.gelu_tanh_bias."""
+    """GELU(x + b), tanh form
+    (Hendrycks & Gimpel 2016), one CuPy ElementwiseKernel. Twin: refimpl.ffn.gelu_tanh_bias."""
     x, b = as_float(x, "x"), as_float(b, "b")
     check_ndim(x, "x", 1, "[..., F]")
     if b.shape != (x.shape[-1],):
@@ -92,8 +96,9 @@ def linear(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
     return _host(device.linear(_dev(x, work), _dev(p.w, work), b), out_dtype)
 
 
-def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
+                     alibi_slopes=None, scale=None,
+                     softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """Fused masked attention (Numba-CUDA kernel on CuPy memory). Twin: refimpl.attention.masked_attention."""
     q, k, v, causal, window, n_sink, km, m = check_masked_attention_args(
         q, k, v, causal=causal, window=window, n_sink=n_sink, key_mask=key_mask, alibi_slopes=alibi_slopes, scale=scale)
@@ -110,7 +115,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
     return _host(out, out_dtype)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None,
+                     softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
     """Split-S decode attention (Numba-CUDA kernels on CuPy memory). Twin: refimpl.attention.decode_attention."""
     q, k, v, lengths = check_decode_attention_args(q, k, v, key_lengths)
     lengths = cp.asarray(lengths)

@@ -33,8 +33,8 @@ from .norms import layer_norm, rms_norm
 from .positional import apply_rope
 from .softmax import softmax
 
-__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention", "decode_attention",
-           "setup"]
+__all__ = ["softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention",
+           "decode_attention", "setup"]
 
 
 def _drop_stale_caches() -> None:

@@ -233,7 +233,8 @@ def _gemm_fn(addr):
 
 
 def ctypes_matmul(lib: Library, threads: int):
-    """y = x W for float32 x [m, k], W [k, n] (C- or F-contiguous) through `lib` by ctypes: ?gemv for one row, else ?gemm.
+    """y = x W for float32 x [m, k], W [k, n] (C- or F-contiguous) through `lib` by ctypes:
+    ?gemv for one row, else ?gemm.
 
     The integer arguments sit in int64 slots, which both LP64 and ILP64 libraries read right on a
     little-endian machine (as in blas.py). MKL's calls run on `threads` threads; other libraries
@@ -282,8 +283,8 @@ def probe(libraries: list[Library], threads: int, budget_s: float = 1.0, max_rou
     """{library key: seconds of WORKLOAD} measured here, each product's median over rounds of blocks.
 
     A round times every product of one library, then of the next, each library's block preceded by
-    _GAP_S of idle time and an untimed pass, until budget_s (counted from the start) is spent: at least 2 rounds, at most
-    max_rounds. Why blocks and gaps: after a call, GNU OpenMP's workers (MKL's, torch's) spin for a
+    _GAP_S of idle time and an untimed pass, until budget_s (counted from the start) is spent: at least 2 rounds, at
+    most max_rounds. Why blocks and gaps: after a call, GNU OpenMP's workers (MKL's, torch's) spin for a
     while and OpenBLAS's threads too; on a machine with few cores a library timed right after another
     waits for the other's spinning threads to give up their cores (measured on 2 cores: NumPy's
     OpenBLAS gemvs read at 49% of the memory bound straight after MKL calls, 81% after an idle gap),
@@ -437,6 +438,7 @@ def choose(found: list[dict], threads: int, measure, path: str | None) -> tuple[
     if path:
         entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
         entries[key] = {"choice": best, "seconds": timings, "probe_seconds": spent, "cpu": _cpu()[0],
-                        "threads": threads, "libraries": found, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                        "threads": threads, "libraries": found,
+                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         _write_cache(path, entries)
     return best, f"probe ({spent:.2f} s)", timings

@@ -271,7 +271,7 @@ def _address(lib, name: str):
         return None
 
 
-def _why_not_one_pool(mkl=None, mkl_threaded=None, name=None):  # -> None when Numba's omp layer would share MKL's libgomp
+def _why_not_one_pool(mkl=None, mkl_threaded=None, name=None):  # None when Numba's omp layer would share MKL's libgomp
     """None if the products run on MKL's GNU OpenMP threads and Numba's OpenMP layer would bind to that
     libgomp, else the reason it would not. Without arguments: for this process's setup."""
     if mkl_threaded is None:

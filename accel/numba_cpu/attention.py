@@ -82,7 +82,8 @@ BQ_HUGE = 256  # tiles from T * S >= HUGE (T = S = 8192): fewer passes over K an
 BK_HUGE = 1024  # stay in a core's 2 MiB L2 (4 MiB per head at S = 8192); s_buf is then 1 MiB per float32 task
 HUGE = 1 << 26
 DECODE_PARALLEL_WORK = 1 << 21  # k + v elements (8 MiB of float32) from which decode_attention runs in parallel:
-# GPT-2 small's whole 1024-token cache at B = 1 (1.6M) measured the same serial or parallel (~0.33 ms), B = 8 1.4 vs 2.1 ms
+# GPT-2 small's whole 1024-token cache at B = 1 (1.6M) measured the same
+# serial or parallel (~0.33 ms), B = 8 1.4 vs 2.1 ms
 
 @njit(inline="always")
 def _row_bounds(p, S, causal, window, n_sink):  # -> (sink_end, lo, hi): keys [0, sink_end) and [lo, hi)
@@ -126,7 +127,8 @@ _P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(1.9875691500e-4), np.float32(1.398199
 
 
 @njit(inline="always")
-def _horner(r, c5, c4, c3, c2, c1, c0):  # -> c5 r^5 + c4 r^4 + ... + c0, by Horner's rule (FMAs where the caller allows)
+def _horner(r, c5, c4, c3, c2, c1, c0):  # -> c5 r^5 + c4 r^4 + ... + c0
+    # by Horner's rule (FMAs where the caller allows)
     return ((((c5 * r + c4) * r + c3) * r + c2) * r + c1) * r + c0
 
 
@@ -582,7 +584,8 @@ def _decode_attention_serial(q, k, v, lengths, scale, softcap, window, n_chunks,
 
 
 def _tiles(T: int, S: int) -> tuple[int, int]:
-    """(BQ, BK) for a T x S problem: the huge tiles from T * S = HUGE on, the large ones from LONG, the short ones below."""
+    """(BQ, BK) for a T x S problem: the huge tiles from T * S = HUGE on,
+    the large ones from LONG, the short ones below."""
     if T * S >= HUGE:
         return BQ_HUGE, BK_HUGE
     return (BQ, BK) if T * S >= LONG else (BQ_SHORT, BK_SHORT)
@@ -600,9 +603,11 @@ def _base2_cannot_overflow(scale: float, slopes: np.ndarray, span: int) -> bool:
     return abs(scale) * _LOG2E_F64 <= 1.0 and max_slope * span * _LOG2E_F64 < 1e37
 
 
-def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), masked) V by online softmax (Numba CPU; twin refimpl.attention.masked_attention).
+def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
+                     alibi_slopes=None, scale=None,
+                     softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), masked) V by online softmax (Numba CPU; twin
+    refimpl.attention.masked_attention).
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
     bool; alibi_slopes [H]; softcap a positive finite real or None. Returns [B, H, T, Dv] in the
@@ -677,8 +682,10 @@ def _blas_rows(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [B, K, S, D] -> 
     return x if in_place else np.ascontiguousarray(x, dtype=work)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j} by split-S online softmax (Numba CPU; twin refimpl.attention.decode_attention).
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None,
+                     softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j} by split-S online
+    softmax (Numba CPU; twin refimpl.attention.decode_attention).
 
     Shapes: q [B, H, D], k [B, K, S, D], v [B, K, S, Dv], key_lengths [B] ints in 0 .. S or None
     -> [B, H, Dv] in the promoted dtype of q, k, v. window (w) a positive int or None (w = L_b);

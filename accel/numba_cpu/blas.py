@@ -46,7 +46,8 @@ _CHOSEN = {
     "BLAS_REASON": lambda s: s.blas_reason,                # how it was chosen (ACCEL_BLAS, probe, cache, ...)
     "PACKING": lambda s: s.packing,                        # MKL's packed GEMM is there (MKL's threaded products)
     "NO_PACKING": lambda s: (f"packed weights need MKL's threaded products; this process uses {s.threaded_blas_name} "
-                             "(install the `mkl` wheel, and leave ACCEL_BLAS unset or mkl)"),  # what pack raises without
+                             # what pack raises without
+                             "(install the `mkl` wheel, and leave ACCEL_BLAS unset or mkl)"),
     "_mkl": lambda s: s.mkl,                               # libmkl_rt's handle where MKL is used, else None
     "_mkl_threaded": lambda s: s.mkl_threaded,
 }
@@ -138,7 +139,8 @@ def _same_float_dtype_impl(y, x, w):
 @needs_setup
 @njit
 def matmul_threaded(y, x, w, threads):  # y [m, n] <- x [m, k] w [k, n]; y, x C-contiguous, w C- or F-contiguous
-    """Y <- X W by the threaded BLAS (THREADED_BLAS_NAME), on its threads (?gemv for one row, ?gemm otherwise); k = 0 gives zeros.
+    """Y <- X W by the threaded BLAS (THREADED_BLAS_NAME), on its threads (?gemv for one row,
+    ?gemm otherwise); k = 0 gives zeros.
 
     Row-major Y = X W is column-major Y^T = W^T X^T. A C-contiguous W's memory is the
     column-major [n, k] matrix W^T (leading dimension n); an F-contiguous W (a transposed
@@ -230,7 +232,8 @@ class PackedMatrix:
         return self.source.dtype
 
     def packs(self, w) -> bool:
-        """Whether w is the memory this was packed from (w itself or a view of it as a whole): same address, strides, shape, dtype."""
+        """Whether w is the memory this was packed from (w itself or a view of it as a whole):
+        same address, strides, shape, dtype."""
         src = self.source
         return (isinstance(w, np.ndarray) and w.shape == src.shape and w.dtype == src.dtype
                 and w.strides == src.strides and w.ctypes.data == src.ctypes.data)
@@ -245,7 +248,8 @@ class PackedMatrix:
         return f"PackedMatrix(shape={self.shape}, dtype={self.dtype}, {self.nbytes} bytes)"
 
     def _refuse(self, *_):
-        raise TypeError("a PackedMatrix is MKL's layout at its own address: pack the matrix again instead of copying it")
+        raise TypeError("a PackedMatrix is MKL's layout at its own address: pack the matrix again instead of "
+                        "copying it")
 
     __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _refuse
 

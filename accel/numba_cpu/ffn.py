@@ -28,10 +28,10 @@ How it differs from the twin:
   NaN -> NaN, exactly as the twin.
 
 glu_gate(g, u, activation) = act(g) u  (the GLU families' hidden layer; twin: refimpl.ffn.glu_gate)
-activation "silu" (SwiGLU: g sigma(g) u), "gelu_tanh" or "gelu_erf" (GeGLU). One pass over [N, F] rows (g and u may be strided row views, e.g. the halves of one [N, 2F]
-product): the twin materialises exp(-|g|), the sigmoid, SiLU and the product as arrays. The formula
-is the twin's, sigma(g) = (1 if g >= 0 else e) / (1 + e) with e = exp(-|g|), then (g sigma(g)) u, but
-in float64 whatever the dtype and rounded once; float32 rows take `_exp_f64_f32`, whose 0 below
+activation "silu" (SwiGLU: g sigma(g) u), "gelu_tanh" or "gelu_erf" (GeGLU). One pass over [N, F] rows (g and u may be
+strided row views, e.g. the halves of one [N, 2F] product): the twin materialises exp(-|g|), the sigmoid, SiLU and the
+product as arrays. The formula is the twin's, sigma(g) = (1 if g >= 0 else e) / (1 + e) with e = exp(-|g|), then (g
+sigma(g)) u, but in float64 whatever the dtype and rounded once; float32 rows take `_exp_f64_f32`, whose 0 below
 -708 is avoided by evaluating e^t as e^(t + 64) 2^-64 there (so g sigma(g) stays nonzero, and
 inf * it infinite, as in the float64 twin, down to g = -745, where exp itself underflows). Non-finite
 inputs give the twin's values: g = +inf -> inf * u, g = -inf -> -inf * 0 = NaN, NaN -> NaN.
@@ -102,7 +102,8 @@ def _exp_taylor_9(r, p):  # Horner's rule from the r^9 term down, p the polynomi
 
 @njit(inline="always")
 def _exp_scale(t, p, kr):  # e^r 2^k, with exp's limits (inf above 708, 0 below -708, NaN for NaN)
-    two_k = np.int64((np.float64(kr).view(np.int64) - np.int64(0x4338000000000000 - 1023)) << np.int64(52)).view(np.float64)
+    two_k = np.int64((np.float64(kr).view(np.int64) - np.int64(0x4338000000000000 - 1023))
+                     << np.int64(52)).view(np.float64)
     e = p * two_k
     e = np.inf if t > 708.0 else e
     e = 0.0 if t < -708.0 else e
@@ -167,7 +168,8 @@ def _gelu_tanh_bias_rows_serial(x, b, out):  # the same, on the calling thread
 
 
 def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
-    """gelu_tanh(x + b) = z / (1 + exp(-2 sqrt(2/pi)(z + 0.044715 z^3))), z = x + b (Numba CPU; twin refimpl.ffn.gelu_tanh_bias).
+    """gelu_tanh(x + b) = z / (1 + exp(-2 sqrt(2/pi)(z + 0.044715 z^3))), z = x + b (Numba CPU;
+    twin refimpl.ffn.gelu_tanh_bias).
 
     Shapes: x [..., F], b [F] -> [..., F] in NumPy's promotion of their dtypes.
     Notes: fused, float64 inside, one rounding; see the module header.
@@ -193,7 +195,8 @@ _TWO_M64 = 2.0 ** -64
 
 @njit(inline="always", fastmath={"contract"})
 def _silu_f64_f32(z):  # float64 -> z sigma(z) in float64, for results rounded to float32
-    """z sigma(z) as the twin forms it (sigma from e = exp(-|z|)); e by `_exp_f64_f32`, shifted below -700 (module header)."""
+    """z sigma(z) as the twin forms it (sigma from e = exp(-|z|)); e by `_exp_f64_f32`,
+    shifted below -700 (module header)."""
     t = -abs(z)
     low = t < -700.0
     e = _exp_f64_f32(t + 64.0 if low else t) * (_TWO_M64 if low else 1.0)
@@ -244,19 +247,22 @@ def _gate_rows_serial(g, u, act, out):  # the same, on the calling thread
 
 
 def _row_view(x: np.ndarray, work: np.dtype) -> np.ndarray:  # [..., F] -> [N, F]
-    """x's rows as [N, F] without a copy where each row's entries are adjacent (a view of a wider product), else copied."""
+    """x's rows as [N, F] without a copy where each row's entries are adjacent (a view of a
+    wider product), else copied."""
     if x.dtype == work and x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize):
         return x
     return np.ascontiguousarray(x, dtype=work).reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 def gate_rows(g: np.ndarray, u: np.ndarray, act: int, out: np.ndarray) -> None:  # [N, F] x2 (work dtype) -> out [N, F]
-    """out <- act(g) * u (act a GATE_CODES value) for [N, F] arrays of one dtype with adjacent entries in each row; no checks."""
+    """out <- act(g) * u (act a GATE_CODES value) for [N, F] arrays of one dtype with adjacent
+    entries in each row; no checks."""
     parallel_or_serial(out.size, _gate_rows, _gate_rows_serial)(g, u, act, out)
 
 
 def glu_gate(gate, up, *, activation: str = "silu") -> np.ndarray:  # [..., F], [..., F] -> [..., F]
-    """act(g) * u fused in one pass: SiLU (SwiGLU) or the tanh / erf GELU (GeGLU) (Numba CPU; twin refimpl.ffn.glu_gate).
+    """act(g) * u fused in one pass: SiLU (SwiGLU) or the tanh / erf GELU (GeGLU)
+    (Numba CPU; twin refimpl.ffn.glu_gate).
 
     Shapes: gate, up of one shape [..., F] -> [..., F] in their common float dtype.
     Notes: float64 inside, one rounding; see the module header. The twin's checks.

@@ -55,7 +55,8 @@ _PACKED_VIEWS: dict = {}  # id(view) -> (weakref to the view, PackedMatrix): the
 
 
 def attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
-              alibi_slopes=None, scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+              alibi_slopes=None,
+              scale=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
     """refimpl.attention.masked_attention on the Numba kernels (the `Ops.attention` of GPT-2).
 
     Shapes: q [B, H, T, D]; k, v [B, K, S, D] (views into the KV cache); key_mask [B, S] bool.
@@ -149,7 +150,8 @@ class PackedLinear(LinearParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.packed, PackedMatrix) or not self.packed.packs(self.w):
-            raise ValueError(f"PackedLinear.packed must be blas.pack_matrix(w) of this w ({self.w.dtype} {self.w.shape}; "
+            raise ValueError(f"PackedLinear.packed must be blas.pack_matrix(w) of this w ({self.w.dtype} "
+                             f"{self.w.shape}; "
                              f"a new w needs pack_matrix, or pack(model), again); got {self.packed!r}")
 
 
@@ -181,7 +183,8 @@ def pack(model):  # GPT2Model or GPT2Params -> the same kind, with PackedLinear 
         raise RuntimeError(blas.NO_PACKING)
     layers = [getattr(blk, f) for blk in params.blocks for f in ("attn_qkv", "attn_proj", "mlp_fc", "mlp_proj")]
     for p in layers:
-        if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64) or not p.w.flags.c_contiguous):
+        if not isinstance(p, PackedLinear) and (p.w.dtype not in (np.float32, np.float64)
+                                                or not p.w.flags.c_contiguous):
             raise ValueError(f"pack needs C-contiguous float32 or float64 weights; got {p.w.dtype} "
                              f"{'C' if p.w.flags.c_contiguous else 'non-C'}-ordered {p.w.shape}")
     threads = kernel_threads()
@@ -224,7 +227,8 @@ def _lm_head(h, params) -> np.ndarray:  # [..., C] -> [..., V]
 
 @needs_setup
 @njit(cache=True)
-def _linear_rows(x, w, b, threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]: x W (+ b), as refimpl.linear
+def _linear_rows(x, w, b, threads):  # [B, in], [in, out], [out] or empty, BLAS threads -> [B, out]
+    # x W (+ b), as refimpl.linear
     y = np.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
     matmul_threaded(y, x, w, threads)
     if b.shape[0]:
@@ -315,7 +319,8 @@ def decode_blocks(x, params, config, cache, ops, positions=None, key_mask=None):
     the cache is long enough that decode_attention would run in parallel (DECODE_PARALLEL_WORK:
     all of GPT-2 small's context at B = 1 runs serially).
     """
-    if any(getattr(ops, f) is not getattr(OPS, f) for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
+    if any(getattr(ops, f) is not getattr(OPS, f)
+           for f in ("layer_norm", "linear", "matmul", "gelu_bias", "attention")):
         return _declined(ops, "replaced operations")
     B, T, C = x.shape
     k, v = cache.k, cache.v

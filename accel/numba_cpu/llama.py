@@ -613,7 +613,8 @@ def _block_arrays(p, config, dtype, empty) -> tuple | None:
         elif not a.flags.c_contiguous:
             return None
         if i in _NORMS and config.norm_plus_one:
-            a = dtype.type(1) + a  # Gemma's weights are offsets from one (rounded first, as refimpl.llama.model.rms_norm)
+            # Gemma's weights are offsets from one (rounded first, as refimpl.llama.model.rms_norm)
+            a = dtype.type(1) + a
         out.append(a)
     return tuple(out)
 
@@ -748,7 +749,8 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
                         for t in (cos, sin))
         tables[rope] = cos, sin
     eps = float(c.rms_norm_eps)
-    scale = dtype.type(_scale_for(D, c.attention_scale, dtype))  # (scalars in x's dtype, as decode_attention passes them)
+    # (scalars in x's dtype, as decode_attention passes them)
+    scale = dtype.type(_scale_for(D, c.attention_scale, dtype))
     softcap = dtype.type(0 if c.attn_logit_softcapping is None else c.attn_logit_softcapping)  # 0: no cap
     act = _ACT_CODES[c.hidden_act]
     x = np.array(x.reshape(B * T, C), dtype=dtype, order="C")  # [B T, C], updated in place block by block

@@ -141,7 +141,8 @@ def _params64(p: np.ndarray) -> np.ndarray:  # [C] -> [C] float64
 
 
 def layer_norm(x, gamma, beta, *, eps: float = 1e-5) -> np.ndarray:  # [..., C] -> [..., C]
-    """LN(x) = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta over the last axis (Numba CPU; twin refimpl.norms.layer_norm).
+    """LN(x) = (x - mu) / sqrt(sigma^2 + eps) * gamma + beta over the last axis (Numba CPU;
+    twin refimpl.norms.layer_norm).
 
     Shapes: x [..., C], gamma [C], beta [C] -> [..., C] in NumPy's promotion of their dtypes.
     Notes: float64 accumulation, one rounding; see the module header.

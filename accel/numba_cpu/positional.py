@@ -75,7 +75,8 @@ def _rope_rows_serial(x, cos, sin, row_of, R, interleaved, out):  # the same, on
 
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None, frequencies=None,
                attention_factor=1.0) -> np.ndarray:  # [..., T, D] -> [..., T, D]
-    """Rotate each pair i of x at position p by p * w_i, scaled by attention_factor (Numba CPU; twin refimpl.positional.apply_rope).
+    """Rotate each pair i of x at position p by p * w_i, scaled by attention_factor (Numba CPU; twin
+    refimpl.positional.apply_rope).
 
     Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes;
     frequencies [R/2] (default theta^(-2i/R)) -> [..., T, D] in x's dtype.

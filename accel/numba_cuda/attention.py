@@ -405,7 +405,8 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     # four 128-thread blocks fit an SM's 64K registers instead of three. Larger micro-tiles: no cap.
     capped = dtype == np.float32 and RM * RN <= 16 and N_O <= 32 and not SIMULATOR
     @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if capped else {}))
-    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink, out):
+    def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink,
+                              out):
         # Same arguments and result as flash_attention (v1). Grid (ceil(T / br), H, B); block NT
         # threads. Thread t owns rows r = tr * RM + a (a < RM) of the block's br queries, score
         # columns c = bb * TC + tc (bb < RN) of each br x bc key tile and output columns
@@ -558,8 +559,9 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     return flash_attention_tiled
 
 
-def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0, key_mask=None,
-                            alibi_slopes=None, scale=None, softcap=None, stream=0) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
+def masked_attention_device(q, k, v, out, *, causal=False, window=None, n_sink=0, key_mask=None, alibi_slopes=None,
+                            scale=None, softcap=None,
+                            stream=0) -> None:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> out [B, H, T, Dv]
     """Fused masked attention on C-contiguous device arrays of one float dtype, into `out`.
 
     key_mask: device uint8 [B, S] (nonzero = may attend) or None; alibi_slopes: device [H] or
@@ -612,9 +614,11 @@ def _check_scale(scale):
     return float(scale)
 
 
-def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0,
-                     key_mask=None, alibi_slopes=None, scale=None, softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
-    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), -inf where M[i, j] is False) V, p_i = S - T + i  (FlashAttention tiling, Dao et al. 2022), on the GPU.
+def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None, n_sink: int = 0, key_mask=None,
+                     alibi_slopes=None, scale=None,
+                     softcap=None) -> np.ndarray:  # [B, H, T, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, T, Dv]
+    """out = softmax(cap(Q K^T * scale - m_h (p_i - j)), -inf where M[i, j] is False) V, p_i = S - T + i
+    (FlashAttention tiling, Dao et al. 2022), on the GPU.
 
     Shapes: q [B, H, T, D], k [B, K, S, D], v [B, K, S, Dv] with H % K == 0; key_mask [B, S]
     bool; alibi_slopes [H]; softcap a positive finite real or None (cap(s) = c tanh(s / c), Gemma 2
@@ -640,7 +644,8 @@ def masked_attention(q, k, v, *, causal: bool = False, window: int | None = None
         masked_attention_device(to_device(q, work), to_device(k, work), to_device(v, work), out,
                                 causal=causal, window=window, n_sink=n_sink, key_mask=mask_d,
                                 alibi_slopes=slopes_d, scale=scale,
-                                softcap=None if softcap is None else float(out_dtype.type(softcap)))  # rounded as the twin
+                                # rounded as the twin
+                                softcap=None if softcap is None else float(out_dtype.type(softcap)))
     return out.copy_to_host().astype(out_dtype, copy=False)
 
 
@@ -825,8 +830,10 @@ def decode_attention_device(q, k, v, lengths, out, *, scale=None, window=None, s
     _decode_merge_kernel(dtype, tpb)[(H, B), tpb, stream](part_m, part_l, part_acc, lengths, chunk, out)
 
 
-def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
-    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j}  (flash-decoding: split S, merge), on the GPU.
+def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None,
+                     softcap=None) -> np.ndarray:  # [B, H, D], [B, K, S, D], [B, K, S, Dv] -> [B, H, Dv]
+    """out_bh = sum_{L_b - w <= j < L_b} softmax_j(cap(q_bh . k_{b,g(h),j} * scale)) v_{b,g(h),j}
+    (flash-decoding: split S, merge), on the GPU.
 
     Shapes: q [B, H, D], k [B, K, S, D], v [B, K, S, Dv] (H % K == 0); key_lengths [B] ints
     in 0 .. S or None (all S valid); window (w) a positive int or None (w = L_b); softcap (c) a
@@ -844,7 +851,8 @@ def decode_attention(q, k, v, *, key_lengths=None, scale=None, window=None, soft
     if out.size:
         decode_attention_device(to_device(q, work), to_device(k, work), to_device(v, work),
                                 cuda.to_device(lengths), out, scale=scale, window=window,
-                                softcap=None if softcap is None else float(out_dtype.type(softcap)))  # rounded as the twin
+                                # rounded as the twin
+                                softcap=None if softcap is None else float(out_dtype.type(softcap)))
     return out.copy_to_host().astype(out_dtype, copy=False)
 
 

@@ -85,7 +85,8 @@ def gelu_tanh_bias_device(x, b, out) -> None:  # x [N, F], b [F] -> out [N, F]
 
 
 def gelu_tanh_bias(x, b) -> np.ndarray:  # [..., F], [F] -> [..., F]
-    """GELU(x + b), GELU(y) = y/2 (1 + tanh(sqrt(2/pi)(y + 0.044715 y^3)))  (Hendrycks & Gimpel 2016, sec. 2), fused, on the GPU.
+    """GELU(x + b), GELU(y) = y/2 (1 + tanh(sqrt(2/pi)(y + 0.044715 y^3)))
+    (Hendrycks & Gimpel 2016, sec. 2), fused, on the GPU.
 
     Shapes: x [..., F], b [F] -> [..., F] in the common float dtype.
     Notes: one pass over memory; see the module header for how it differs from the twin.

@@ -82,7 +82,8 @@ def _rope_kernel(dtype: np.dtype):
 
 def apply_rope_device(x, positions, freqs, out, *, interleaved: bool = False,
                       attention_factor: float = 1.0) -> None:  # [N, T, D], [N, T], [R/2] -> out [N, T, D]
-    """RoPE on device arrays: out[..., :R] rotated and scaled by attention_factor, out[..., R:] = x[..., R:] (R = 2 * len(freqs))."""
+    """RoPE on device arrays: out[..., :R] rotated and scaled by attention_factor,
+    out[..., R:] = x[..., R:] (R = 2 * len(freqs))."""
     out.copy_to_device(x)
     n = x.shape[0] * x.shape[1] * freqs.shape[0]
     if n == 0:
@@ -94,7 +95,8 @@ def apply_rope_device(x, positions, freqs, out, *, interleaved: bool = False,
 
 def apply_rope(x, positions, *, theta=10000.0, interleaved=False, rotary_dim=None, frequencies=None,
                attention_factor=1.0) -> np.ndarray:  # [..., T, D] -> [..., T, D]
-    """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p  (Su et al. 2021, RoFormer, sec. 3.2.2), on the GPU.
+    """(a, b) -> (a cos(p w_i) - b sin(p w_i), a sin(p w_i) + b cos(p w_i)) on each pair i at position p
+    (Su et al. 2021, RoFormer, sec. 3.2.2), on the GPU.
 
     Shapes: x [..., T, D]; positions [T] or [..., T] broadcastable against x's leading axes;
     frequencies [R/2] (default theta^(-2i/R)) -> [..., T, D] in x's dtype. Pairing, rotary_dim,
@@ -153,7 +155,8 @@ def _rope_table_kernel(dtype: np.dtype):
     return rope_table_pairs
 
 
-def rope_rotate_device(x, cos, sin, out, *, interleaved: bool = False, stream=0) -> None:  # [B, n, T, D], 2 x [B|1, T, R/2] -> out [B, n, T, D]
+def rope_rotate_device(x, cos, sin, out, *, interleaved: bool = False,
+                       stream=0) -> None:  # [B, n, T, D], 2 x [B|1, T, R/2] -> out [B, n, T, D]
     """rope_rotate on device arrays of one dtype (Numba or CuPy): x may be strided, out C-contiguous."""
     B, n, T, D = x.shape
     n_items = B * n * T * (D - cos.shape[2])
@@ -165,7 +168,8 @@ def rope_rotate_device(x, cos, sin, out, *, interleaved: bool = False, stream=0)
 
 
 def rope_rotate(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [..., T, D], 2 x [..., T, R/2] -> [..., T, D]
-    """(a, b) -> (a cos - b sin, a sin + b cos) on each pair of the leading R dims, tables given  (Su et al. 2021, sec. 3.4.2), on the GPU.
+    """(a, b) -> (a cos - b sin, a sin + b cos) on each pair of the leading R dims, tables given
+    (Su et al. 2021, sec. 3.4.2), on the GPU.
 
     Shapes: x [..., T, D]; cos, sin [..., T, R/2] broadcasting to x's leading axes -> [..., T, D]
     in NumPy's promotion of x, cos and sin (float16 runs in float32).

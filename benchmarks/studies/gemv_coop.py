@@ -53,7 +53,8 @@ def blocked(w):
     n,m=w.shape; assert m%CB==0
     return np.ascontiguousarray(w.reshape(n,m//CB,CB).transpose(1,0,2))
 arena=np.concatenate([blocked(w).ravel() for w in Ws])
-offs=np.zeros(len(Ws)+1,np.int64); ins=np.array([w.shape[0] for w in Ws],np.int64); outs=np.array([w.shape[1] for w in Ws],np.int64)
+offs=np.zeros(len(Ws)+1,np.int64)
+ins=np.array([w.shape[0] for w in Ws],np.int64); outs=np.array([w.shape[1] for w in Ws],np.int64)
 for k,w in enumerate(Ws): offs[k+1]=offs[k]+w.size
 xs=np.full(F,1/C,np.float32)
 yout=np.zeros(int(outs.sum()),np.float32); yoffs=np.concatenate([[0],np.cumsum(outs)]).astype(np.int64)
@@ -119,5 +120,6 @@ for r in range(int(sys.argv[1]) if len(sys.argv)>1 else 9):
     for k,f in fns.items():
         t=time.perf_counter(); f(); T[k].append(time.perf_counter()-t)
 med={k:np.median(v) for k,v in T.items()}
-for k in fns: print(f"{k:8s} {med[k]*1e3:7.2f} ms  {tot/med[k]/1e9:6.2f} GB/s  frac_of_big {med['big']/med[k]:.2f}  paired {np.median(np.array(T['big'])/np.array(T[k])):.2f}")
+for k in fns: print(f"{k:8s} {med[k]*1e3:7.2f} ms  {tot/med[k]/1e9:6.2f} GB/s  frac_of_big {med['big']/med[k]:.2f}  "
+                    f"paired {np.median(np.array(T['big'])/np.array(T[k])):.2f}")
 print("load",os.getloadavg(), numba.threading_layer())

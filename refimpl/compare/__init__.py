@@ -1,4 +1,5 @@
-"""Verify a port: compare any implementation's activations with the reference's, point by point, and name where they part.
+"""Verify a port: compare any implementation's activations with the reference's,
+point by point, and name where they part.
 
     from refimpl import compare
     report = compare.compare(compare.reference_activations(model, ids), theirs, n_layers=L)

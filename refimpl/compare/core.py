@@ -1,4 +1,5 @@
-"""Comparing two sets of activations point by point, with tolerances from an error model, and naming the first divergence.
+"""Comparing two sets of activations point by point, with tolerances from an error model,
+and naming the first divergence.
 
 The error model (the tolerance of each compared point)
 
@@ -103,7 +104,8 @@ class Row:
 
 
 def first_divergence(ratios) -> int | None:
-    """The index of the first ratio err / tol that is > 1 or NaN (NaN: values not comparable); None when all are <= 1."""
+    """The index of the first ratio err / tol that is > 1 or NaN (NaN:
+    values not comparable); None when all are <= 1."""
     for i, r in enumerate(ratios):
         if not r <= 1.0:  # NaN counts as a divergence
             return i
@@ -112,7 +114,8 @@ def first_divergence(ratios) -> int | None:
 
 # Where to look when a point is the first to part, given that the points before it agreed.
 _HINTS = (
-    (r"blocks\.0\.resid_pre$", "the embedding: token ids, the position embedding or offset, Gemma's sqrt(hidden) scale"),
+    (r"blocks\.0\.resid_pre$", "the embedding: token ids, the position embedding or offset, Gemma's sqrt(hidden) "
+                               "scale"),
     (r"attn\.(q|k|v)$", "the input norm (eps; Gemma's 1 + w) or the q/k/v projections (weight layout [in, out] vs "
                         "[out, in], bias, head split; Qwen3's q/k norms)"),
     (r"attn\.(q|k)_rot$", "RoPE: the pairing (half-split vs interleaved), theta and its scaling, the positions "
@@ -235,7 +238,8 @@ class Report:
         return json.dumps(self.to_dict(), indent=1)
 
     def plot(self, path) -> None:
-        """err / tol along the data flow on a log scale, the line err = tol, the first divergence marked (needs matplotlib)."""
+        """err / tol along the data flow on a log scale, the line err = tol,
+        the first divergence marked (needs matplotlib)."""
         from ..interp._plot import pyplot, save
 
         plt = pyplot()

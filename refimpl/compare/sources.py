@@ -43,7 +43,8 @@ def n_layers(model) -> int:
 
 
 def reference_activations(model, ids) -> dict[str, np.ndarray]:
-    """Every hook point of the reference run on ids ([T] or [B, T]), in the order the forward reaches them, then "logits"."""
+    """Every hook point of the reference run on ids ([T] or [B, T]),
+    in the order the forward reaches them, then "logits"."""
     from ..interp.capture import run_with_cache
 
     logits, acts = run_with_cache(model, ids)
@@ -90,7 +91,8 @@ def read_ids(path) -> np.ndarray | None:
                 return None
             ids = npz_read(z, IDS_KEY + ".npy", max_bytes=MAX_IDS_BYTES)
     else:
-        raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got {suffix or 'no suffix'!r}")
+        raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got "
+                         f"{suffix or 'no suffix'!r}")
     if ids.dtype.kind not in "iu":
         raise ValueError(f"{path}: {IDS_KEY!r} must hold integer token ids; got dtype {ids.dtype}")
     return ids
@@ -137,7 +139,8 @@ def read_activations(path, max_bytes: int | None = None) -> tuple[dict[str, np.n
                 arrays[m[:-4]] = npz_read(z, m, max_bytes=max_bytes)
         stored = [a.dtype.name for a in arrays.values()]
     else:
-        raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got {suffix or 'no suffix'!r}")
+        raise ValueError(f"{path}: activations must be a .safetensors or .npz file (no pickle); got "
+                         f"{suffix or 'no suffix'!r}")
     ids = arrays.pop(IDS_KEY, None)
     if ids is not None and ids.dtype.kind not in "iu":
         raise ValueError(f"{path}: {IDS_KEY!r} must hold integer token ids; got dtype {ids.dtype}")

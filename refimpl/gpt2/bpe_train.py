@@ -1,4 +1,5 @@
-"""Training a byte-level BPE vocabulary (Sennrich et al. 2016, sec. 3.2; GPT-2's byte-level form, Radford et al. 2019 sec. 2.2).
+"""Training a byte-level BPE vocabulary (Sennrich et al. 2016, sec. 3.2; GPT-2's byte-level form,
+Radford et al. 2019 sec. 2.2).
 
     text --pre_tokenize--> word counts --repeat: merge the most frequent adjacent pair--> ranks
 

@@ -17,7 +17,8 @@ __all__ = ["check_token_ids", "parse_token_ids", "check_forward_inputs"]
 
 def check_token_ids(ids, config: GPT2Config, *, name: str = "ids") -> np.ndarray:  # [...] -> [...] int64
     """ids as an int64 array after checking the dtype (integers) and the range 0 <= id < V (refimpl._checks)."""
-    return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts, or use generate_batch")
+    return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts, or use "
+                                                                           "generate_batch")
 
 
 def parse_token_ids(text, vocab_size: int, *, flag: str = "--ids") -> list[int]:

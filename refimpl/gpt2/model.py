@@ -201,7 +201,8 @@ class Forward:
 
 def attention(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
               last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
-    """MultiHead(x) = Concat_h(softmax(q_h k_h^T * scale, masked) v_h) W_O, scale 1/sqrt(D)  (Vaswani et al. 2017, sec. 3.2.2).
+    """MultiHead(x) = Concat_h(softmax(q_h k_h^T * scale, masked) v_h) W_O, scale 1/sqrt(D)
+    (Vaswani et al. 2017, sec. 3.2.2).
 
     Shapes: x [B, T, C]; q, k, v come from GPT-2's fused projection c_attn, x W + b
     [B, T, 3C] with columns [q | k | v] and head h owning D consecutive columns of each.

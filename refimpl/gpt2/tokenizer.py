@@ -363,8 +363,8 @@ def load_tokenizer_json(path) -> Tokenizer:
     """Load a Hugging Face `tokenizers` tokenizer.json holding a GPT-2-style byte-level BPE.
 
     Reads model.vocab, model.merges ('a b' strings or [a, b] pairs) and added_tokens
-    (all as special tokens: matched in text only when allowed, whatever their "special" flag). Refuses other models (WordPiece, Unigram, ...) and pre-tokenizers
-    other than plain ByteLevel, whose text would be split differently.
+    (all as special tokens: matched in text only when allowed, whatever their "special" flag). Refuses other models
+    (WordPiece, Unigram, ...) and pre-tokenizers other than plain ByteLevel, whose text would be split differently.
     """
     path = Path(path)
     data = _read_json(path)
@@ -381,7 +381,8 @@ def load_tokenizer_json(path) -> Tokenizer:
             raise TokenizerFileError(f"{where}: {key} is {kind!r:.60}; only GPT-2's ByteLevel is supported")
     pre = data.get("pre_tokenizer")
     if isinstance(pre, dict) and (pre.get("add_prefix_space") or pre.get("use_regex") is False):
-        raise TokenizerFileError(f"{where}: ByteLevel pre_tokenizer with add_prefix_space={pre.get('add_prefix_space')}, "
+        raise TokenizerFileError(f"{where}: ByteLevel pre_tokenizer with "
+                                 f"add_prefix_space={pre.get('add_prefix_space')}, "
                                  f"use_regex={pre.get('use_regex')} is not GPT-2's")
     if data.get("normalizer") is not None:
         raise TokenizerFileError(f"{where}: a normalizer is set ({data['normalizer']!r:.60}); GPT-2 has none")
@@ -405,7 +406,8 @@ def load_tokenizer_json(path) -> Tokenizer:
             raise TokenizerFileError(f"{where}: added_tokens[{k}] needs a non-empty 'content' string "
                                      f"and a non-negative integer 'id'; got {entry!r:.80}")
         try:  # the bound of `Tokenizer`, before comparing ids with the vocabulary's
-            _check_table_id(where, f"added_tokens[{k}] {entry['content']!r:.60}", entry["id"], len(encoder) + len(added))
+            _check_table_id(where, f"added_tokens[{k}] {entry['content']!r:.60}", entry["id"],
+                            len(encoder) + len(added))
         except ValueError as e:
             raise TokenizerFileError(str(e)) from None
         if special.get(entry["content"], entry["id"]) != entry["id"]:

@@ -98,7 +98,8 @@ def _check_batch(ids, targets, config: GPT2Config):
     if targets is not None:
         targets = check_token_ids(targets, config, name="targets")
         if targets.shape != ids.shape:
-            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got {list(targets.shape)}")
+            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got "
+                             f"{list(targets.shape)}")
     return ids, targets
 
 
@@ -141,7 +142,8 @@ def loss(params: GPT2Params, config: GPT2Config, ids, targets) -> float:  # [B, 
     return cross_entropy(logits, targets)
 
 
-def loss_and_grads(params: GPT2Params, config: GPT2Config, ids, targets) -> tuple[float, GPT2Params]:  # [B, T], [B, T] -> L, dL/dparams
+def loss_and_grads(params: GPT2Params, config: GPT2Config, ids,
+                   targets) -> tuple[float, GPT2Params]:  # [B, T], [B, T] -> L, dL/dparams
     """L = mean_p CE(logits_p, targets_p) and dL/dW for every weight W, by reverse-mode differentiation.
 
     Shapes: ids, targets [B, T] integers in [0, V), T <= n_positions. Returns (L as a float,

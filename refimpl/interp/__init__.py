@@ -1,4 +1,5 @@
-"""Looking inside a decoder (GPT-2, the LLaMA family): capture, logit lens, attention maps and sinks, StreamingLLM, steering, patching.
+"""Looking inside a decoder (GPT-2, the LLaMA family): capture, logit lens, attention maps and sinks,
+StreamingLLM, steering, patching.
 
 Modules, each a short read:
     capture         run_with_cache / run_with_interventions over the model's hook points
@@ -40,7 +41,8 @@ __all__ = [
     "hook_names", "run_with_cache", "run_with_interventions", "Intervention", "replace", "add",
     "residual_stream", "logit_lens", "lens_top_tokens",
     "attention_weights", "sink_share", "uniform_sink_share", "sink_table",
-    "SinkCache", "streaming_positions", "streaming_step", "streaming_logits", "streaming_generate", "recompute_window_logits",
+    "SinkCache", "streaming_positions", "streaming_step", "streaming_logits", "streaming_generate",
+    "recompute_window_logits",
     "streaming_perplexity",
     "steering_vector", "steered_generate", "steered_logprobs", "steering_effect",
     "patch_points", "logit_diff_metric", "patch_sweep",

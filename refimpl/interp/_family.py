@@ -39,7 +39,8 @@ def decoder_of(model) -> Decoder:
     return of_model(model)
 
 
-def as_batch(dec: Decoder, model, ids, name: str = "ids") -> tuple[np.ndarray, bool]:  # [T] or [B, T] -> [B, T], single?
+def as_batch(dec: Decoder, model, ids,
+             name: str = "ids") -> tuple[np.ndarray, bool]:  # [T] or [B, T] -> [B, T], single?
     """ids checked (integers in [0, V)) and given a batch axis; single says whether it was added."""
     ids = dec.check_ids(ids, model.config, name=name)
     if ids.ndim not in (1, 2):

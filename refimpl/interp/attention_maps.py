@@ -59,7 +59,8 @@ def _check_k(k, S: int) -> int:
 
 
 def sink_share(weights, k: int = 1) -> np.ndarray:  # [..., T, S] -> [...]
-    """share = (1/T) sum_i sum_{j<k} w[..., i, j]: mean attention mass on the first k keys  (Xiao et al. 2023, sec. 3.1)."""
+    """share = (1/T) sum_i sum_{j<k} w[..., i, j]: mean attention mass on the first k keys
+    (Xiao et al. 2023, sec. 3.1)."""
     w = np.asarray(weights)
     if w.ndim < 2 or w.dtype.kind != "f":
         raise ValueError(f"weights must be a float array [..., T, S]; got {w.dtype} of shape {w.shape}")
@@ -198,7 +199,7 @@ def plot_sink_statistics(share: np.ndarray, uniform: float, path, *, k: int = 1,
                     color=text_colour(im.cmap, im.norm, colour[l, h]))
     ax.set_xticks(range(H), [f"h{h}" for h in range(H)], fontsize=7)
     ax.set_yticks(range(L), [f"layer {l}" for l in range(L)], fontsize=7)
-    ax.set_title(title or f"attention on the first {k} token(s): share (text), log2(share / uniform {uniform:.3f}) (colour)",
-                 fontsize=8)
+    ax.set_title(title or f"attention on the first {k} token(s): share (text), "
+                          f"log2(share / uniform {uniform:.3f}) (colour)", fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.03, label="log2 ratio to a uniform causal head")
     return save(fig, path)

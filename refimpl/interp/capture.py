@@ -1,4 +1,5 @@
-"""Activation capture and interventions: run a decoder (GPT-2 or the LLaMA family) and keep (or change) its named intermediates.
+"""Activation capture and interventions:
+run a decoder (GPT-2 or the LLaMA family) and keep (or change) its named intermediates.
 
     logits, acts = run_with_cache(model, ids)                             # every hook point
     logits, acts = run_with_cache(model, ids, names=["blocks.*.resid_post"])
@@ -32,7 +33,8 @@ __all__ = ["hook_names", "select_names", "Intervention", "replace", "add",
            "make_hook", "run_with_cache", "run_with_interventions", "capture"]
 
 def hook_names(config) -> list[str]:
-    """Every hook point of a model with this config (GPT2Config or LlamaConfig), in the order the forward reaches them."""
+    """Every hook point of a model with this config (GPT2Config or LlamaConfig),
+    in the order the forward reaches them."""
     return decoder_for_config(config).hook_names(config)
 
 
@@ -104,7 +106,8 @@ def add(delta, *, positions=None) -> Intervention:
 
 def make_hook(config, *, names=(), interventions: Mapping[str, Callable] | None = None,
               store: dict | None = None) -> Callable:
-    """hook(name, x) -> x' for the model's forward: apply interventions[name], then copy x' into store[name] if selected."""
+    """hook(name, x) -> x' for the model's forward: apply interventions[name],
+    then copy x' into store[name] if selected."""
     keep = set(select_names(config, names)) if names != () else set()
     interventions = dict(interventions or {})
     every = set(hook_names(config))
@@ -122,7 +125,8 @@ def make_hook(config, *, names=(), interventions: Mapping[str, Callable] | None 
         if f is not None:
             y = np.asarray(f(x))
             if y.shape != x.shape:
-                raise ValueError(f"intervention at {name!r} returned shape {y.shape}; the activation has shape {x.shape}")
+                raise ValueError(f"intervention at {name!r} returned shape {y.shape}; the activation has shape "
+                                 f"{x.shape}")
             x = y.astype(x.dtype, copy=False)
         if name in keep:
             store[name] = np.array(x, copy=True)
@@ -132,8 +136,8 @@ def make_hook(config, *, names=(), interventions: Mapping[str, Callable] | None 
 
 
 def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callable] | None = None,
-                   positions=None, cache=None, causal: bool = True,
-                   attention_scale=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
+                   positions=None, cache=None, causal: bool = True, attention_scale=None
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
     """logits = model(ids), and acts[name] = the intermediate at each selected hook point.
 
     model: a GPT2Model or a LlamaModel. Shapes: ids [B, T] -> logits [B, T, V]; acts as listed

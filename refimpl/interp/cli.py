@@ -1,4 +1,5 @@
-"""python -m refimpl inspect SUBCOMMAND [--model PATH] [--out DIR] ...: pictures and tables of what a decoder does inside.
+"""python -m refimpl inspect SUBCOMMAND [--model PATH] [--out DIR] ...:
+pictures and tables of what a decoder does inside.
 
     python -m refimpl inspect lens      --text "Friends, Romans, countrymen"      # logit lens
     python -m refimpl inspect attention --text "..."                             # attention heatmaps
@@ -125,7 +126,8 @@ def _no_tokenizer(model, path, what: str = "the input", flag: str = "--ids") -> 
 
 def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None = None,
          flag: str = "--ids", bos_first: bool = False) -> np.ndarray:
-    """Token ids from --ids (each checked against the vocabulary), --text or --file (else the default text), cut to `limit` tokens.
+    """Token ids from --ids (each checked against the vocabulary),
+    --text or --file (else the default text), cut to `limit` tokens.
 
     bos_first: a text gets the BOS its tokenizer puts first (refimpl._tokens.encode_prompt, as `generate`
     does: the shipped LLaMA saw it at the start of every training window); --ids are taken as given.
@@ -469,7 +471,8 @@ def _sink_chunk(model) -> int:
 def _sink_layer_row(rows, layer) -> list:
     r = [x for x in rows if x["layer"] == layer]
     share, ratio = np.array([x["share"] for x in r]), np.array([x["ratio"] for x in r])
-    return [layer, float(np.median(share)), float(np.median(ratio)), float(ratio.max()), f"{int((ratio >= 2).sum())}/{len(r)}"]
+    return [layer, float(np.median(share)), float(np.median(ratio)), float(ratio.max()),
+            f"{int((ratio >= 2).sum())}/{len(r)}"]
 
 
 def cmd_streaming(args) -> int:
@@ -679,7 +682,8 @@ def cmd_encodings(args) -> int:
     p5, buckets = plot_relative(out / "relative.png", T=32)
     data = {"sinusoidal": {"n_positions": args.positions, "d": args.dim, "pe_row_1": pe[1].tolist()},
             "rope": {"d": args.dim // 4 * 2 or 2, "frequencies": rope_frequencies(args.dim // 4 * 2 or 2).tolist()},
-            "alibi": {"n_heads": args.heads, "slopes": alibi_slopes(args.heads).tolist(), "bias_row_15": bias[:, 15].tolist()}}
+            "alibi": {"n_heads": args.heads, "slopes": alibi_slopes(args.heads).tolist(),
+                      "bias_row_15": bias[:, 15].tolist()}}
     data["learned"] = {"model": "shakespeare-gpt2", "n_positions": int(sim.shape[0]),
                        "cosine_to_next_position_mean": float(np.mean(np.diag(sim, 1)))}
     data["relative"] = {k: v.tolist() for k, v in buckets.items()}
@@ -689,7 +693,7 @@ def cmd_encodings(args) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- patchscope, context, memory, neurons, training
+# ----------------------------------------------------------------------- patchscope, context, memory, neurons, training
 
 DEFAULT_PATCHSCOPE_SOURCE = "Friends, Romans, countrymen, lend me your"
 # Two senses of one word with different left contexts (a decoder's state at the word sees only what precedes it).
@@ -813,12 +817,14 @@ def _spans(layers) -> str:
 
 
 def cmd_context(args) -> int:
-    from .context import LAYER_ZERO, bert_word_states, cosine_by_layer, find_token_span, plot_context_similarity, word_states
+    from .context import (LAYER_ZERO, bert_word_states, cosine_by_layer, find_token_span, plot_context_similarity,
+                          word_states)
 
     if args.minilm and args.model is not None:
         raise _Usage("give one of --minilm (the default all-MiniLM-L6-v2) or --model PATH, not both")
     if args.context_ids and args.context:
-        raise _Usage("give the contexts as --context TEXT (repeated) or as --context-ids IDS with --position N, not both")
+        raise _Usage("give the contexts as --context TEXT (repeated) or as --context-ids IDS with --position N, "
+                     "not both")
     from refimpl.families import of_model
     from refimpl.models import load
 
@@ -961,7 +967,8 @@ def cmd_memory(args) -> int:
             at = [x for x in ans["ratios"] if x["T"] == top]
             pk, tm = [x["peak_ratio"] for x in at], [x["time_ratio"] for x in at]
             ratios = (f"at T = {top}, peak(window) / peak(none) = {min(pk):.2f} .. {max(pk):.2f}; time(window) / "
-                      f"time(none) = {min(tm):.2f} .. {max(tm):.2f} (times: medians on this machine, noisy when shared)")
+                      f"time(none) = {min(tm):.2f} .. {max(tm):.2f} "
+                      "(times: medians on this machine, noisy when shared)")
             if kernel == "naive":
                 print(f"does a window save memory (naive)? {'yes' if ans['saves'] else 'no'}: {ratios}")
             else:  # its traced peak is the output and the call's own arrays: O(T) with or without a window

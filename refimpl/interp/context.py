@@ -76,7 +76,8 @@ def word_states(model, ids, position: int) -> np.ndarray:  # [T] -> [L + 1, C]
     return residual_stream(model, ids)[:, int(position)].astype(np.float64)
 
 
-def bert_word_states(model, sentence: str, word: str) -> tuple[np.ndarray, slice, list[str]]:  # -> [L + 1, C], span, tokens
+def bert_word_states(model, sentence: str,
+                     word: str) -> tuple[np.ndarray, slice, list[str]]:  # -> [L + 1, C], span, tokens
     """The mean over `word`'s WordPiece pieces of each h_l (l = 0 .. L) of a BERT run on `sentence`, float64."""
     from ..bert import hidden_states
     from ..bert.teach import find_word

@@ -77,7 +77,8 @@ def output_embedding(model) -> np.ndarray:  # -> [V, C]
 
 
 def neuron_activations(model, chunks, *, layer: int) -> np.ndarray:  # N x [T] -> [N, T, F]
-    """m(x) = blocks.{layer}.mlp.hidden of each chunk (each run alone from position 0), float64; chunks of equal length."""
+    """m(x) = blocks.{layer}.mlp.hidden of each chunk (each run alone from position 0),
+    float64; chunks of equal length."""
     layer = _check_layer(model, layer)
     if len(chunks) == 0 or len({len(c) for c in chunks}) != 1:
         raise ValueError(f"chunks must be a non-empty list of equally long id sequences; got lengths "

@@ -126,8 +126,8 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
     the paper's default inspection), an int (every source state into that layer), or an
     iterable (the full grid). With "same", l' = L (after the last block) is left out unless the
     target position is the last: a state patched there at an earlier position reaches nothing
-    that is decoded (patchscope_generate refuses it when asked for explicitly). Each row: source_layer, target_layer, ids (the continuation),
-    p_first (softmax probability of its first token), top5_first (the five likeliest first
+    that is decoded (patchscope_generate refuses it when asked for explicitly). Each row: source_layer, target_layer,
+    ids (the continuation), p_first (softmax probability of its first token), top5_first (the five likeliest first
     tokens, best first), source_next (the token the source run predicts next at the source position)
     and first_is_top1_of_source (whether the continuation's first token is source_next).
     """
@@ -155,7 +155,8 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
                                          target_position=target_position, max_new_tokens=max_new_tokens)
             p = np.exp(z - z.max())
             rows.append({"source_layer": int(l), "target_layer": int(t), "ids": ids,
-                         "p_first": float(p[ids[0]] / p.sum()), "top5_first": np.argsort(-z, kind="stable")[:5].tolist(),
+                         "p_first": float(p[ids[0]] / p.sum()),
+                         "top5_first": np.argsort(-z, kind="stable")[:5].tolist(),
                          "source_next": src_next, "first_is_top1_of_source": ids[0] == src_next})
     return rows
 
@@ -171,7 +172,8 @@ def layers_decoding(rows: list[dict], token_ids) -> list[int]:
 
 
 def plot_patchscope(model, rows: list[dict], path, *, title: str | None = None):
-    """Grid of decoded continuations: source layer down, target layer across, colour = p(first token); returns the path."""
+    """Grid of decoded continuations: source layer down, target layer across,
+    colour = p(first token); returns the path."""
     from ._plot import pyplot, save
 
     plt = pyplot()

@@ -57,7 +57,8 @@ def plot_rope(path, *, d: int = 16, n_positions: int = 64, theta: float = 10000.
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     fig.get_layout_engine().set(wspace=0.06)
     im = axes[0].imshow(rotated, aspect="auto", cmap="RdBu_r", vmin=-1.5, vmax=1.5, interpolation="nearest")
-    axes[0].set_xlabel(f"feature c (pair i = (c, c + {d // 2}), i < {d // 2}; pair i turns by p * w_i, w_i = {theta:g}^(-2i/d))")
+    axes[0].set_xlabel(f"feature c (pair i = (c, c + {d // 2}), i < {d // 2}; pair i turns by p * w_i, w_i = "
+                       f"{theta:g}^(-2i/d))")
     axes[0].set_ylabel("position p")
     axes[0].set_title(f"rope(x = (1, ..., 1), p), d={d}: fast pairs on the left, slow on the right", fontsize=9)
     fig.colorbar(im, ax=axes[0], fraction=0.04, label="rope(x, p)[c]")
@@ -80,7 +81,8 @@ def plot_rope(path, *, d: int = 16, n_positions: int = 64, theta: float = 10000.
 
 
 def plot_alibi(path, *, n_heads: int = 8, T: int = 16):
-    """ALiBi (Press et al. 2022, sec. 3): bias[h, i, j] = -m_h (i - j) per head, causal part shown; returns (path, bias)."""
+    """ALiBi (Press et al. 2022, sec. 3): bias[h, i, j] = -m_h (i - j) per head,
+    causal part shown; returns (path, bias)."""
     from ._plot import pyplot, save
 
     plt = pyplot()

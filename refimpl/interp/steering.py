@@ -120,7 +120,8 @@ def steered_logprobs(model, prompt, direction, *, layer: int, alpha: float) -> n
 
 def steering_effect(model, prompt, direction, *, layer: int, alphas: Sequence[float],
                     target) -> list[dict]:
-    """For each alpha: log p(target) at the prompt's end and its change from alpha = 0 (target: id or text of one token)."""
+    """For each alpha: log p(target) at the prompt's end and its change from alpha = 0
+    (target: id or text of one token)."""
     if isinstance(target, str):
         if model.tokenizer is None:
             raise ValueError("a text target needs a tokenizer; pass the token id")

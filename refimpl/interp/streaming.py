@@ -1,4 +1,5 @@
-"""StreamingLLM (attention sinks plus a rolling window) for GPT-2 and the LLaMA family: past the context length with bounded memory.
+"""StreamingLLM (attention sinks plus a rolling window) for GPT-2 and the LLaMA family:
+past the context length with bounded memory.
 
     cache = SinkCache.allocate(model.config, n_sink=4, window=252)
     z = streaming_step(model, cache, tokens)                          # [B] -> [B, V], one token per row
@@ -21,8 +22,8 @@ the sinks are 0 .. n_sink-1, the window entries follow consecutively, and the ne
 (and its own key) gets the next index, n = min(t, M - 1). Each step rotates all n + 1 keys at
 0 .. n (a SlotRotatedCache: its key_positions, which refimpl.llama.model.hidden_states reads, are its
 slots), so the model never sees a position beyond M - 1, however long the text, and the distance
-between the query and a window entry is the true one. The masks are the model's own, over cache slots: a sliding-window layer
-(Mistral, Qwen2, Gemma-2's local layers) lets the query at slot n see slot j iff
+between the query and a window entry is the true one. The masks are the model's own, over cache slots: a sliding-window
+layer (Mistral, Qwen2, Gemma-2's local layers) lets the query at slot n see slot j iff
 n - j < sliding_window, as it lets position n see position j; global layers see every slot.
 So the cache is read as one contiguous sequence of n + 1 tokens at positions 0 .. n: where
 sliding_window >= M the local layers see the sinks too, as they see every token of a sequence
@@ -162,7 +163,8 @@ def _enter(model, cache: SinkCache, ids: np.ndarray) -> np.ndarray:  # [B, T] ->
 def _check_cache(model, cache) -> None:
     """cache is a SinkCache of this model's family, for its layers, heads and dtype."""
     if not isinstance(cache, SinkCache):
-        raise TypeError(f"cache must be a SinkCache (SinkCache.allocate(model.config, ...)); got {type(cache).__name__}")
+        raise TypeError("cache must be a SinkCache (SinkCache.allocate(model.config, ...)); got "
+                        f"{type(cache).__name__}")
     dec = decoder_of(model)
     want = KVCache if dec is GPT2 else SlotRotatedCache
     if type(cache.kv) is not want or cache.kv.k.dtype != dec.dtype(model.params) or \

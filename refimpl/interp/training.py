@@ -96,7 +96,8 @@ def clip_threshold(path, history: dict) -> tuple[float | None, str]:
 
 
 def training_summary(history: dict, clip: float | None) -> dict:
-    """Numbers read off the curves: first / last / min train loss, last evaluation, grad-norm quantiles, share clipped."""
+    """Numbers read off the curves: first / last / min train loss, last evaluation,
+    grad-norm quantiles, share clipped."""
     loss = np.asarray(history["train_loss"], float)
     out = {"steps": len(loss), "train_loss_first": float(loss[0]), "train_loss_last": float(loss[-1]),
            "train_loss_min": float(loss.min()), "seconds": history.get("seconds")}
@@ -153,7 +154,8 @@ def plot_training(history: dict, clip: float | None, path, *, title: str | None 
         ax.plot(steps, g, lw=0.6, color="tab:purple", label="global grad norm (before clipping)")
         if clip is not None:
             share = float((g > clip).mean())
-            ax.axhline(clip, color="black", ls="--", lw=1.2, label=f"clip threshold {clip:g} ({share:.0%} of steps above)")
+            ax.axhline(clip, color="black", ls="--", lw=1.2,
+                       label=f"clip threshold {clip:g} ({share:.0%} of steps above)")
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("||g||_2")

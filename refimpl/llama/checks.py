@@ -31,7 +31,8 @@ def context_limit(config: LlamaConfig) -> int | None:
 
 def check_token_ids(ids, config: LlamaConfig, *, name: str = "ids") -> np.ndarray:  # [...] -> [...] int64
     """ids as an int64 array after checking the dtype (integers) and the range 0 <= id < V (refimpl._checks)."""
-    return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts and pass attention_mask")
+    return _check_token_ids(ids, config.vocab_size, name=name, ragged_hint="left-pad shorter prompts and pass "
+                                                                           "attention_mask")
 
 
 def check_params(params, config) -> None:

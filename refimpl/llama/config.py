@@ -295,7 +295,8 @@ class LlamaConfig:
 
     @property
     def qkv_bias(self) -> bool:
-        """q, k and v projections have biases: attention_bias, or always for Qwen2 (whose output projection has none)."""
+        """q, k and v projections have biases: attention_bias,
+        or always for Qwen2 (whose output projection has none)."""
         return self.attention_bias or self.model_type == "qwen2"
 
     @property
@@ -331,7 +332,8 @@ class LlamaConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """R = int(D * partial_rotary_factor): the leading R dimensions of each head are rotated (Phi-3 may rotate a part)."""
+        """R = int(D * partial_rotary_factor):
+        the leading R dimensions of each head are rotated (Phi-3 may rotate a part)."""
         return int(self.head_dim * self.rope.partial_rotary_factor)
 
     def window(self, layer: int) -> int | None:
@@ -387,7 +389,8 @@ class LlamaConfig:
                              "are causal)")
         if check_bool(get("use_mrope", False), f"{model_type} config use_mrope"):
             raise ValueError(f"{model_type} config use_mrope=true (multimodal RoPE: sections of each head turned by "
-                             "separate position ids) is not implemented; this decoder rotates by one position per token")
+                             "separate position ids) is not implemented; this decoder rotates by one position "
+                             "per token")
         if model_type == "gemma3_text" and get("attn_logit_softcapping") is not None:
             raise ValueError(f"gemma3_text config attn_logit_softcapping={get('attn_logit_softcapping')!r}: Hugging "
                              "Face's Gemma 3 attention never applies it; give null (refusing rather than guessing)")
@@ -411,9 +414,11 @@ class LlamaConfig:
             eos_token_id=_ids(get("eos_token_id")), pad_token_id=get("pad_token_id"))
 
     def rope_parameters(self) -> dict:
-        """config.json's rope_parameters: `rope`'s, or Gemma 3's {"full_attention": rope, "sliding_attention": rope_local}."""
+        """config.json's rope_parameters: `rope`'s, or Gemma 3's {"full_attention": rope,
+        "sliding_attention": rope_local}."""
         if self.model_type == "gemma3_text":
-            return {"full_attention": self.rope.to_dict(), "sliding_attention": (self.rope_local or self.rope).to_dict()}
+            return {"full_attention": self.rope.to_dict(),
+                    "sliding_attention": (self.rope_local or self.rope).to_dict()}
         return self.rope.to_dict()
 
     def to_dict(self) -> dict:
@@ -515,7 +520,8 @@ def _check_rope_is_finite(config: "LlamaConfig", rope: RopeParameters | None = N
             w = scaled_rope_frequencies(R, max_position_embeddings=M, seq_len=seq_len, **params)
             bad = np.flatnonzero(~(np.isfinite(w) & (w > 0)))
             if bad.size:
-                raise ValueError(f"they give the inverse frequency w_{bad[0]} = {float(w[bad[0]])!r} at sequence length "
+                raise ValueError(f"they give the inverse frequency w_{bad[0]} = {float(w[bad[0]])!r} at sequence "
+                                 "length "
                                  f"{seq_len or M}; every w_i must be finite and > 0")
     except (ValueError, ArithmeticError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -617,7 +623,8 @@ def _gemma3_rope(get) -> tuple[RopeParameters, RopeParameters]:
 
 
 def _rope_parameters(model_type: str, get) -> RopeParameters:
-    """rope_parameters (Transformers 5), or the older rope_theta + rope_scaling (+ partial_rotary_factor), normalized."""
+    """rope_parameters (Transformers 5),
+    or the older rope_theta + rope_scaling (+ partial_rotary_factor), normalized."""
     new, old = get("rope_parameters"), get("rope_scaling")
     if new is not None and old is not None:
         raise ValueError(f"{model_type} config has both rope_parameters and rope_scaling; give one")

@@ -109,7 +109,8 @@ _REFUSED_TENSORS = {
 # ----------------------------------------------------------------------------- convention 1: RoPE row order
 
 def half_split_rows(w: np.ndarray, n_heads: int) -> np.ndarray:  # [n D, ...] -> [n D, ...]
-    """W[h D + k] <- W_gguf[h D + perm[k]], perm = rope_pair_permutation(D): llama.cpp's interleaved q / k rows back in half-split order.
+    """W[h D + k] <- W_gguf[h D + perm[k]], perm = rope_pair_permutation(D):
+    llama.cpp's interleaved q / k rows back in half-split order.
 
     Within each of the n heads, row 2i of the GGUF tensor is Hugging Face's row i and row 2i+1 is
     row i + D/2, so (with P the permutation of refimpl.positional.rope_pair_permutation)
@@ -121,7 +122,8 @@ def half_split_rows(w: np.ndarray, n_heads: int) -> np.ndarray:  # [n D, ...] ->
 
 
 def interleaved_rows(w: np.ndarray, n_heads: int) -> np.ndarray:  # [n D, ...] -> [n D, ...]
-    """W_gguf[h D + perm[k]] = W[h D + k]: the converter's reordering of Hugging Face's q / k rows, the inverse of half_split_rows.
+    """W_gguf[h D + perm[k]] = W[h D + k]: the converter's reordering of Hugging Face's q / k rows,
+    the inverse of half_split_rows.
 
     (llama.cpp's convert_hf_to_gguf.py writes it as a reshape to [n, 2, D/2, ...] and a swap of the
     two middle axes; tests check the two agree.)

@@ -18,8 +18,8 @@ generate has no eos and never stops on one; refimpl keeps config.json's.)
 The weights' layers (model.layers.<i>, from the safetensors header or index) are compared with
 config.json's num_hidden_layers first, before the config is built: both cost what the files
 hold, never what the config claims. Names and shapes are then checked against the config's
-table (refimpl.llama.params.checkpoint_shapes) before any tensor is read: a missing, unexpected or misshaped tensor is named in the error, and
-so is a config field that disagrees with a shape. float32, float16 and bfloat16 tensors are
+table (refimpl.llama.params.checkpoint_shapes) before any tensor is read: a missing, unexpected or misshaped tensor is
+named in the error, and so is a config field that disagrees with a shape. float32, float16 and bfloat16 tensors are
 widened exactly to the requested dtype (float32 by default). A checkpoint of a tied model may
 also hold lm_head.weight; it must then equal the embedding. Constant RoPE buffers that older
 checkpoints carry (self_attn.rotary_emb.inv_freq) are computed from the config instead and
@@ -53,8 +53,8 @@ from ..safetensors import SafetensorsError, _gc_paused, read_header
 from .config import TEXT_PARTS, LlamaConfig, shape_summary, text_part
 from .params import LM_HEAD, LlamaParams, checkpoint_shapes
 
-__all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError", "ARCHITECTURES",
-           "COPIED_FILES"]
+__all__ = ["load_weights", "load_config", "save_weights", "write_model_files", "export", "WeightFileError",
+           "ARCHITECTURES", "COPIED_FILES"]
 
 # model_type -> the Hugging Face *ForCausalLM class that config.json's "architectures" names.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -215,7 +215,8 @@ def _tensors(path: Path, config: LlamaConfig, stack: ExitStack, mmap: bool) -> d
 
 
 def _check_names(names, expected: dict, config: LlamaConfig, where: str = "") -> None:
-    """Every expected name present, no other name (a tied model's lm_head.weight allowed); `where` prefixes the error."""
+    """Every expected name present, no other name (a tied model's lm_head.weight allowed);
+    `where` prefixes the error."""
     where = f"{where}: " if where else ""
     tied_head = config.tie_word_embeddings and LM_HEAD in names
     unexpected = sorted(n for n in names if n not in expected and not (tied_head and n == LM_HEAD))

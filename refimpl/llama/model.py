@@ -207,13 +207,14 @@ def embed(params: LlamaParams, config: LlamaConfig, ids: np.ndarray) -> np.ndarr
     return x
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig, ops: LlamaOps = NUMPY_OPS) -> np.ndarray:  # [..., C], [C] -> [..., C]
+def rms_norm(x: np.ndarray, w: np.ndarray, config: LlamaConfig,
+             ops: LlamaOps = NUMPY_OPS) -> np.ndarray:  # [..., C], [C] -> [..., C]
     """x / sqrt(mean(x^2) + eps) * w; Gemma's weights are offsets from one: * (1 + w), 1 + w rounded first."""
     return ops.rms_norm(x, w.dtype.type(1) + w if config.norm_plus_one else w, config.rms_norm_eps)
 
 
 def rope_cos_sin(positions: np.ndarray, config: LlamaConfig, dtype,
-                 rope: RopeParameters | None = None) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1, 1, T, R/2]
+                 rope: RopeParameters | None = None) -> tuple[np.ndarray, np.ndarray]:  # [B|1, T] -> 2 x [B|1,1,T,R/2]
     """a cos(p w_i), a sin(p w_i) for every position p of a forward, once for all its layers (of one RoPE) and heads.
 
     rope: the RoPE to use (None: config.rope; Gemma 3's sliding layers have their own,
@@ -290,7 +291,8 @@ class Forward:
 
 def attention(h: np.ndarray, p: LlamaBlockParams, layer: int, fwd: Forward,
               hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C]
-    """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O  (Vaswani et al. 2017, sec. 3.2.2; GQA).
+    """Attn(h) = Concat_h(softmax(rope(q_h) rope(k_g(h))^T * scale, masked) v_g(h)) W_O
+    (Vaswani et al. 2017, sec. 3.2.2; GQA).
 
     Shapes: h [B, T, C] (normed). RoPE pairs dims (i, i + R/2), or (2i, 2i+1) where
     config.rope_interleaved: the one place the pairing is read. With a cache, the rotated k and v

@@ -111,13 +111,15 @@ class LlamaParams:
             if c.sandwich_norms:
                 extras.update(post_attn_norm=get(p + "post_attention_layernorm.weight"),
                               post_mlp_norm=get(p + "post_feedforward_layernorm.weight"))
-            mlp_norm = p + ("pre_feedforward_layernorm.weight" if c.sandwich_norms else "post_attention_layernorm.weight")
+            mlp_norm = p + ("pre_feedforward_layernorm.weight" if c.sandwich_norms
+                            else "post_attention_layernorm.weight")
             blocks.append(LlamaBlockParams(get(p + "input_layernorm.weight"), attn, get(mlp_norm), mlp, **extras))
         head = None if c.tie_word_embeddings else get(LM_HEAD)
         return cls(get("model.embed_tokens.weight"), tuple(blocks), get("model.norm.weight"), head)
 
     def to_checkpoint(self, config: LlamaConfig) -> dict[str, np.ndarray]:
-        """The tensors under their checkpoint names ([out, in] weights; Phi-3's fused again): what from_checkpoint reads."""
+        """The tensors under their checkpoint names ([out, in] weights; Phi-3's fused again):
+        what from_checkpoint reads."""
         c = config
         out = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
         if self.lm_head is not None:

@@ -45,7 +45,8 @@ __all__ = ["init_params", "forward_with_cache", "loss", "loss_and_grads", "check
 
 
 def check_trainable(config: LlamaConfig) -> LlamaConfig:
-    """config is a plain LLaMA this module differentiates (see the module docstring), else a ValueError naming what is not."""
+    """config is a plain LLaMA this module differentiates (see the module docstring),
+    else a ValueError naming what is not."""
     if not isinstance(config, LlamaConfig):
         raise TypeError(f"config must be a LlamaConfig; got {type(config).__name__}")
     c = config
@@ -59,7 +60,8 @@ def check_trainable(config: LlamaConfig) -> LlamaConfig:
         ("soft-capping", c.attn_logit_softcapping is not None or c.final_logit_softcapping is not None),
     ) if bad]
     if problems:
-        raise ValueError(f"refimpl.llama.train differentiates the plain LLaMA block; this config has {', '.join(problems)}")
+        raise ValueError("refimpl.llama.train differentiates the plain LLaMA block; this config has "
+                         f"{', '.join(problems)}")
     return config
 
 
@@ -117,7 +119,8 @@ def _check_batch(params, config, ids, targets):
     if targets is not None:
         targets = check_token_ids(targets, config, name="targets")
         if targets.shape != ids.shape:
-            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got {list(targets.shape)}")
+            raise ValueError(f"targets must have the shape of ids [B, T] = {list(ids.shape)}; got "
+                             f"{list(targets.shape)}")
     return ids, targets
 
 
@@ -166,7 +169,8 @@ def loss(params: LlamaParams, config: LlamaConfig, ids, targets) -> float:  # [B
     return cross_entropy(logits, targets)
 
 
-def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids, targets) -> tuple[float, LlamaParams]:  # [B, T], [B, T] -> L, dL/dparams
+def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids,
+                   targets) -> tuple[float, LlamaParams]:  # [B, T], [B, T] -> L, dL/dparams
     """L = mean_p CE(logits_p, targets_p) and dL/dW for every weight W, by reverse-mode differentiation.
 
     Shapes: ids, targets [B, T] integers in [0, V), T <= max_position_embeddings. Returns (L as a
@@ -178,7 +182,8 @@ def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids, targets) -> tu
     logits, cache = _forward(params, config, ids)
     c = config
     B, T = ids.shape
-    H, K, D, V, C, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size, c.hidden_size, c.rms_norm_eps
+    H, K, D, V, C, eps = (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size, c.hidden_size,
+                          c.rms_norm_eps)
     cos, sin = cache["rope"]
     L, dlogits = cross_entropy_with_grad(logits, targets)  # dlogits [B, T, V]
     del logits
@@ -209,7 +214,8 @@ def loss_and_grads(params: LlamaParams, config: LlamaConfig, ids, targets) -> tu
         dxa, dw_attn_norm = rms_norm_backward(da_q + da_k + da_v, bc.x, p.attn_norm, eps=eps)
         dx = dx_mid + dxa
         block_grads.append(LlamaBlockParams(
-            dw_attn_norm, AttentionParams(LinearParams(dw_q), LinearParams(dw_k), LinearParams(dw_v), LinearParams(dw_o)),
+            dw_attn_norm,
+            AttentionParams(LinearParams(dw_q), LinearParams(dw_k), LinearParams(dw_v), LinearParams(dw_o)),
             dw_mlp_norm, GLUParams(LinearParams(dw_gate), LinearParams(dw_up), LinearParams(dw_down))))
     # embedding: x = E[ids]
     dembed = embedding_backward(dx, ids, V)

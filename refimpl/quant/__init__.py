@@ -14,9 +14,10 @@ Q4_3) and 31-33, 36-38 are retired and never appear in a GGUF file.
 
 The formats' math (one function per format, its equation and block layout in its docstring):
     dequantize(data, t, shape) -> float32 [*shape]   bytes as stored -> values, bit for bit as ggml (dequant.py)
-    quantize(x, t) -> uint8 [nbytes]                  values -> bytes as llama.cpp's reference quantizers (quantizers.py)
-    quantized_matvec(blocks, t, (N, K), x) -> [..., N] x W^T with W decoded, summed in float64 (matmul.py)
-    quantized_matvec_q8(blocks, t, (N, K), x)          the same with x quantized as ggml's vec_dot does (matmul.py)
+    quantize(x, t) -> uint8 [nbytes]                  values -> bytes as llama.cpp's reference quantizers
+    (quantizers.py) quantized_matvec(blocks, t, (N, K), x) -> [..., N] x W^T with W decoded, summed in float64
+    (matmul.py) quantized_matvec_q8(blocks, t, (N, K),
+    x)          the same with x quantized as ggml's vec_dot does (matmul.py)
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def dequantize_bf16(blocks: np.ndarray) -> np.ndarray:  # [N, 2] -> [N, 1]
 def _plain(dtype: str):
     def dequantize_plain(blocks: np.ndarray) -> np.ndarray:  # [N, itemsize] -> [N, 1]
         return blocks.view(dtype).astype(np.float32)
-    dequantize_plain.__doc__ = f"y = float32(v), v the little-endian {dtype} value (rounded to nearest if it does not fit)."
+    dequantize_plain.__doc__ = (f"y = float32(v), v the little-endian {dtype} value "
+                                "(rounded to nearest if it does not fit).")
     return dequantize_plain
 
 
@@ -346,7 +347,8 @@ def _check(data: np.ndarray, t: GGMLType, shape) -> tuple[int, ...]:
 def dequantize(data: np.ndarray, ggml_type, shape) -> np.ndarray:  # uint8 [nbytes] -> float32 [*shape]
     """y = the values that the bytes `data` of a GGML tensor of `ggml_type` and `shape` encode, as ggml decodes them.
 
-    ggml_type: a name ("Q4_K"), an id (12) or a GGMLType; data: 1-D uint8 (a read-only memmap is fine; it is never written), little-endian as in GGUF;
+    ggml_type: a name ("Q4_K"), an id (12) or a GGMLType; data: 1-D uint8 (a read-only memmap is fine; it is never
+    written), little-endian as in GGUF;
     shape: NumPy order (the last axis is the blocked one, ggml's ne[0]). Returns a new float32 array.
     ValueError: an unknown or unsupported type, a last axis that is not whole blocks, or a byte count
     that disagrees with the shape (naming the type, the expected and the actual byte counts).

@@ -33,7 +33,8 @@ _TABLE = [
     (6, "Q5_0", 32, 2 + 4 + 16),                   # d, 32 high bits, 32 nibbles
     (7, "Q5_1", 32, 2 + 2 + 4 + 16),               # d, m, 32 high bits, 32 nibbles
     (8, "Q8_0", 32, 2 + 32),                       # d, 32 int8
-    (9, "Q8_1", 32, 2 + 2 + 32),                   # d, s = d * sum(q) (f16), 32 int8 (gguf-py says 40: its f32 layout of old)
+    # d, s = d * sum(q) (f16), 32 int8 (gguf-py says 40: its f32 layout of old)
+    (9, "Q8_1", 32, 2 + 2 + 32),
     (10, "Q2_K", QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),        # scales, 2-bit quants, d, dmin
     (11, "Q3_K", QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),        # high bits, 2-bit quants, scales, d
     (12, "Q4_K", QK_K, 2 + 2 + 12 + QK_K // 2),                # d, dmin, scales, nibbles

@@ -430,7 +430,8 @@ def quantize(x: np.ndarray, ggml_type) -> np.ndarray:  # float [..., n] -> uint8
         raise ValueError(f"quantize: GGML type {t.name} ({t.id}) is not supported; supported: {', '.join(SUPPORTED)}")
     x = np.asarray(x)
     if x.dtype.kind != "f" or x.ndim == 0:
-        raise ValueError(f"quantize: x must be a floating array with at least one axis; got {x.dtype} of shape {x.shape}")
+        raise ValueError(f"quantize: x must be a floating array with at least one axis; got {x.dtype} of shape "
+                         f"{x.shape}")
     try:
         row_nbytes(t, x.shape[-1])
     except ValueError as e:

@@ -33,8 +33,8 @@ from .pretokenize import PATTERNS, SPLIT_BEHAVIORS, Split, compile_pattern
 from .protobuf import ProtobufError, as_float, as_int32, fields
 from .tokenizer import AddedToken, Tokenizer
 
-__all__ = ["TokenizerNotImplemented", "TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json", "load_sentencepiece",
-           "load_tekken", "load_vocab_merges", "byte_to_unicode", "unicode_to_byte"]
+__all__ = ["TokenizerNotImplemented", "TokenizerFileError", "load", "load_tiktoken", "load_tokenizer_json",
+           "load_sentencepiece", "load_tekken", "load_vocab_merges", "byte_to_unicode", "unicode_to_byte"]
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
 
@@ -437,7 +437,8 @@ def load_tokenizer_json(path, *, data=None) -> Tokenizer:
         unk = vocab.get(unk_token, next((t.id for t in added if t.content == unk_token), None))
         missing = [b for b in range(256) if bytes([b]) not in encoder]
         if unk_token is not None and unk is None and missing:
-            raise TokenizerFileError(f"{where}: model.unk_token {unk_token!r:.40} is not in the vocabulary, which lacks "
+            raise TokenizerFileError(f"{where}: model.unk_token {unk_token!r:.40} is not in the vocabulary, which "
+                                     "lacks "
                                      f"{len(missing)} of the 256 bytes (byte 0x{missing[0]:02x}, ...)")
         return _byte_level(where, encoder, pairs, added=added, unk=unk, **config)
     # Byte-fallback tokens are looked up in the whole vocabulary, added tokens included (as the library does).
@@ -629,7 +630,8 @@ def _hf_metaspace(where, pre, norm, dec, model) -> dict:
             raise TokenizerNotImplemented(f"{where}: pre_tokenizer {kind!r} ({c!r:.80}) is not supported"
                                           + (" (a second Metaspace)" if unless_space else ""))
         if prefix != "never":
-            raise TokenizerNotImplemented(f"{where}: a Prepend normalizer with a Metaspace pre_tokenizer is not supported")
+            raise TokenizerNotImplemented(f"{where}: a Prepend normalizer with a Metaspace pre_tokenizer is not "
+                                          "supported")
         scheme = c.get("prepend_scheme", "always" if c.get("add_prefix_space", True) else "never")
         if scheme not in ("always", "first", "never"):
             raise TokenizerNotImplemented(f"{where}: Metaspace prepend_scheme {scheme!r} is not supported")

@@ -25,8 +25,8 @@ TemplateProcessing is (`Tokenizer.bos_token` / `eos_token`: the id a prompt star
 None when the file says none is added); `encode` never adds them.
 
 llama.cpp's pre-tokenizers are sequences of regexes, each splitting the pieces the one before
-left into its matches and the text between them (a Split(regex, "Isolated") each); the names below are llama.cpp's (src/llama-vocab.cpp), with
-the regexes as it writes them. A name not listed is an error naming it and listing these.
+left into its matches and the text between them (a Split(regex, "Isolated") each); the names below are llama.cpp's
+(src/llama-vocab.cpp), with the regexes as it writes them. A name not listed is an error naming it and listing these.
 """
 
 from __future__ import annotations

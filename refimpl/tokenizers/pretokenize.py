@@ -147,7 +147,8 @@ def _possessive_run(negate: bool, bmp: str, astral: str, quantifier: str, *, exa
         inverse = _astral_complement(astral) if exact_complement else None
         astral_stretch = (f"[^{astral}\\x00-\\uffff]+" if inverse is None
                           else f"[{inverse}]+" if inverse else "")
-        stretches = [f"[^{bmp}\\U00010000-\\U0010ffff]+"] + ([f"(?={_ASTRAL})" + astral_stretch] if astral_stretch else [])
+        stretches = ([f"[^{bmp}\\U00010000-\\U0010ffff]+"]
+                     + ([f"(?={_ASTRAL})" + astral_stretch] if astral_stretch else []))
     else:
         stretches = ([f"[{bmp}]+"] if bmp else []) + ([f"(?={_ASTRAL})[{astral}]+"] if astral else [])
     if not stretches:
@@ -236,7 +237,8 @@ def translate(pattern: str, line_anchors: bool = False) -> str:
     if flags and flags.group(3) == ")" and "i" in flags.group(1):
         folded = [True]  # a global (?i) at the start
 
-    def emit_class(negate: bool, bmp: str, astral: str, at: int) -> int:  # -> index after the class (and a possessive + / *)
+    def emit_class(negate: bool, bmp: str, astral: str,
+                   at: int) -> int:  # -> index after the class (and a possessive + / *)
         if pattern.startswith(("++", "*+"), at):
             out.append(_possessive_run(negate, bmp, astral, pattern[at], exact_complement=not folded[-1]))
             return at + 2
