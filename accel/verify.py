@@ -7,7 +7,8 @@ kernels special-case: odd head dims, T = 1, T != S (T > S too), K < H (grouped-q
 fully masked rows (a sequence whose keys are all padding, queries before key 0), every mask
 pattern, ALiBi, soft-capped scores (softcap), decode windows over ragged caches, and NaN / inf
 inputs: anywhere for the elementwise kernels, in q and k for attention (v stays finite: a NaN or
-inf value behind a zero weight is a documented difference, accel.numba_cpu.attention), and in the ignored cache entries past the key lengths for decode.
+inf value behind a zero weight is a documented difference, accel.numba_cpu.attention), and in
+the ignored cache entries past the key lengths for decode.
 The fused decoding steps (accel.steps) run tiny random models of the LLaMA family (LLaMA, Qwen2's
 biases, Gemma-2's norms, window and soft cap, Gemma 3's two RoPEs) and GPT-2 over random caches; a
 case a backend's step declines is a row marked "refused", counted under the table, not a pass.
