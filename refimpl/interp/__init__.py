@@ -4,6 +4,7 @@ StreamingLLM, steering, patching.
 Modules, each a short read:
     capture         run_with_cache / run_with_interventions over the model's hook points
     logit_lens      every layer's residual through the final norm and the LM head
+    tuned_lens      the logit lens through an affine translator per layer, fit by ridge least squares
     attention_maps  attention weights per layer and head; attention-sink statistics
     streaming       StreamingLLM cache (sinks + rolling window) and its perplexity comparison (GPT-2, LLaMA family)
     steering        mean-difference directions added to the residual stream
@@ -25,6 +26,7 @@ from __future__ import annotations
 from .attention_maps import attention_weights, sink_share, sink_table, uniform_sink_share
 from .capture import Intervention, add, hook_names, replace, run_with_cache, run_with_interventions
 from .logit_lens import lens_top_tokens, logit_lens, residual_stream
+from .tuned_lens import TunedLens, fit_tuned_lens, tuned_lens
 from .patching import logit_diff_metric, patch_points, patch_sweep
 from .steering import steered_generate, steered_logprobs, steering_effect, steering_vector
 from .streaming import (
@@ -40,6 +42,7 @@ from .streaming import (
 __all__ = [
     "hook_names", "run_with_cache", "run_with_interventions", "Intervention", "replace", "add",
     "residual_stream", "logit_lens", "lens_top_tokens",
+    "TunedLens", "fit_tuned_lens", "tuned_lens",
     "attention_weights", "sink_share", "uniform_sink_share", "sink_table",
     "SinkCache", "streaming_positions", "streaming_step", "streaming_logits", "streaming_generate",
     "recompute_window_logits",
