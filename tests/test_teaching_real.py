@@ -10,6 +10,7 @@ scripts/fetch_data.py shakespeare) and prints what it saw (run with -s):
                stay near recomputation (the same paper, sec. 3.2 / fig. 3)
     lens       the logit lens (nostalgebraist 2020) finds the answer late: " Paris" enters the top 5 for
                "The capital of France is" only in the last third of the 30 blocks, and is the final top-1.
+    tuned lens a tuned lens (Belrose et al. 2023; affine translators fit by ridge least squares) finds it earlier.
     patching   a name swap's effect sits at the name's position in the middle blocks and at the last position in
                the late ones (Wang et al. 2023, activation patching)
     neurons    an FFN neuron as a key-value memory: keyed on '[', it promotes ']' (Geva et al. 2021)
@@ -107,6 +108,31 @@ def test_logit_lens_finds_paris_late(smol):
           f"final top-1 {smol.tokenizer.decode([int(top[-1, 0, 0])])!r} p={prob[-1, 0, 0]:.3f}")
     assert first is not None and first >= 20  # measured: row 29 (after block 28) of 30, p(final top-1) 0.773
     assert top[-1, 0, 0] == paris[0]
+
+
+
+def test_tuned_lens_finds_paris_earlier_than_the_logit_lens(smol, held_out):
+    """A tuned lens (refimpl.interp.tuned_lens: ridge least-squares translators, fit on 2 x 256 tokens of held-out
+    Julius Caesar) reads " Paris" into the top 5 several blocks before the plain logit lens does."""
+    from refimpl.interp.tuned_lens import fit_tuned_lens, tuned_lens
+
+    ids = np.asarray(smol.tokenizer.encode("The capital of France is"), dtype=np.int64)
+    paris = smol.tokenizer.encode(" Paris")[0]
+    translators = fit_tuned_lens(smol, held_out[:512], chunk=256)
+
+    def ranks(lens):  # [L + 1]: the rank of ' Paris' at the last position, 0 = top
+        z = lens[:, -1].astype(np.float64)
+        return (z > z[:, paris:paris + 1]).sum(axis=-1)
+
+    plain, tuned = ranks(logit_lens(smol, ids)), ranks(tuned_lens(smol, ids, translators))
+    first = [next((r for r in range(len(k)) if k[r] < 5), None) for k in (plain, tuned)]
+    print(f"\ntuned lens ({translators.n_tokens} positions, ridge {translators.ridge:g}): ' Paris' in the top 5 from row "
+          f"{first[1]}, plain lens from row {first[0]} (row l: after block l - 1); ranks per row, plain:",
+          " ".join(map(str, plain)), "tuned:", " ".join(map(str, tuned)))
+    # measured (510 positions, ridge 0.01): tuned from row 25 (ranks 5, 0, 2, 0, ... from row 24), plain from row 29
+    # (395, 91, 112, 33, 6, 2, 0 from row 24); with 2,040 positions (`inspect lens --tuned`) tuned from row 24.
+    assert first[1] is not None and first[1] <= 27 and first[0] >= first[1] + 2
+    assert tuned[-1] == plain[-1] == 0  # row L is the model's output in both
 
 
 def test_patchscope_decodes_the_entity_early_and_the_answer_late(smol):

