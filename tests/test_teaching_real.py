@@ -126,8 +126,8 @@ def test_tuned_lens_finds_paris_earlier_than_the_logit_lens(smol, held_out):
 
     plain, tuned = ranks(logit_lens(smol, ids)), ranks(tuned_lens(smol, ids, translators))
     first = [next((r for r in range(len(k)) if k[r] < 5), None) for k in (plain, tuned)]
-    print(f"\ntuned lens ({translators.n_tokens} positions, ridge {translators.ridge:g}): ' Paris' in the top 5 from row "
-          f"{first[1]}, plain lens from row {first[0]} (row l: after block l - 1); ranks per row, plain:",
+    print(f"\ntuned lens ({translators.n_tokens} positions, ridge {translators.ridge:g}): ' Paris' in the top 5 "
+          f"from row {first[1]}, plain lens from row {first[0]} (row l: after block l - 1); ranks per row, plain:",
           " ".join(map(str, plain)), "tuned:", " ".join(map(str, tuned)))
     # measured (510 positions, ridge 0.01): tuned from row 25 (ranks 5, 0, 2, 0, ... from row 24), plain from row 29
     # (395, 91, 112, 33, 6, 2, 0 from row 24); with 2,040 positions (`inspect lens --tuned`) tuned from row 24.

@@ -350,7 +350,7 @@ def _train_ids(model, args) -> tuple[np.ndarray, str]:
 
 
 def _tuned_lens_rows(model, args, ids, answer, names, data) -> np.ndarray:
-    """--tuned: fit the translators, read ids through them; their top-k (and the answer's ranks) go into data["tuned"]."""
+    """--tuned: fit the translators, read ids through them; their top-k (and the answer's ranks) into data["tuned"]."""
     import time
 
     from .logit_lens import lens_top_tokens
@@ -379,10 +379,10 @@ def _tuned_lens_rows(model, args, ids, answer, names, data) -> np.ndarray:
 def _print_tuned(model, data, names, k: int) -> None:
     """The plain and the tuned lens side by side at the last position: the answer's rank and the top guess per layer."""
     t = data["tuned"]
-    print(f"tuned lens: translators fit on {t['train_positions']} positions of {t['train_text']} (ridge {t['ridge']:g}, "
-          f"{t['fit_seconds']:.1f} s); at the last position, per layer:")
+    print(f"tuned lens: translators fit on {t['train_positions']} positions of {t['train_text']} "
+          f"(ridge {t['ridge']:g}, {t['fit_seconds']:.1f} s); at the last position, per layer:")
     has = "answer" in data
-    head = ["layer"] + (["plain rank"] if has else []) + ["plain top-1"] + (["tuned rank"] if has else []) + ["tuned top-1"]
+    head = [h for h in ("layer", "plain rank", "plain top-1", "tuned rank", "tuned top-1") if has or "rank" not in h]
     rows = []
     for r, name in enumerate(names):
         plain = [data["answer_rank_last_position"][r]] if has else []
