@@ -249,19 +249,8 @@ def tiny_model(family: str, dtype, seed: int):  # -> (params, config)
                    * rng.standard_normal(s) for n, s in GPT2Params.expected_shapes(config).items()}
         return GPT2Params.from_named_tensors(tensors, config, dtype=dtype), config
     from refimpl.llama.config import LlamaConfig
-    from refimpl.llama.params import LlamaParams, checkpoint_shapes
+    from refimpl.llama.params import LlamaParams, random_checkpoint
 
     config = LlamaConfig.from_dict(FAMILIES[family])
-    gemma = config.model_type.startswith("gemma")
-    arrays = {}
-    for name, shape in checkpoint_shapes(config).items():
-        noise = rng.standard_normal(shape)
-        if "norm" in name:
-            arrays[name] = (0.0 if gemma else 1.0) + 0.1 * noise
-        elif name.endswith("bias"):
-            arrays[name] = 0.1 * noise
-        elif "embed_tokens" in name or name == "lm_head.weight":
-            arrays[name] = 0.5 * noise / (np.sqrt(config.hidden_size) if gemma else 1.0)
-        else:
-            arrays[name] = noise / np.sqrt(shape[1])
+    arrays = random_checkpoint(config, rng)
     return LlamaParams.from_checkpoint(arrays, config, dtype=dtype), config

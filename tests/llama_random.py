@@ -13,21 +13,9 @@ import numpy as np
 
 from refimpl.llama import LlamaModel
 from refimpl.llama.config import LlamaConfig
-from refimpl.llama.params import LlamaParams, checkpoint_shapes
+from refimpl.llama.params import LlamaParams, random_checkpoint
 
 
 def random_llama(config: LlamaConfig, *, seed: int = 0, dtype=np.float64) -> LlamaModel:
-    rng = np.random.default_rng(seed)
-    gemma = config.model_type.startswith("gemma")
-    arrays = {}
-    for name, shape in checkpoint_shapes(config).items():
-        noise = rng.standard_normal(shape)
-        if "norm" in name:
-            arrays[name] = (0.0 if gemma else 1.0) + 0.1 * noise
-        elif name.endswith("bias"):
-            arrays[name] = 0.1 * noise
-        elif "embed_tokens" in name or name == "lm_head.weight":
-            arrays[name] = 0.5 * noise / (np.sqrt(config.hidden_size) if gemma else 1.0)
-        else:
-            arrays[name] = noise / np.sqrt(shape[1])
+    arrays = random_checkpoint(config, np.random.default_rng(seed))
     return LlamaModel(config, LlamaParams.from_checkpoint(arrays, config, dtype=dtype))

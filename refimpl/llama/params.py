@@ -22,7 +22,7 @@ from ..linear import LinearParams
 from ..quant.weights import QuantizedLinear, QuantizedTensor
 from .config import LlamaConfig
 
-__all__ = ["LlamaBlockParams", "LlamaParams", "checkpoint_shapes", "LM_HEAD"]
+__all__ = ["LlamaBlockParams", "LlamaParams", "checkpoint_shapes", "random_checkpoint", "LM_HEAD"]
 
 LM_HEAD = "lm_head.weight"
 
@@ -196,3 +196,25 @@ def checkpoint_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "pre_feedforward_layernorm.weight"] = (C,)
             shapes[p + "post_feedforward_layernorm.weight"] = (C,)
     return shapes
+
+
+def random_checkpoint(config: LlamaConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:  # name -> float64
+    """Every tensor of checkpoint_shapes(config), random, with activations of order 1 through the forward.
+
+    Norm weights 1 + 0.1 N(0, 1) (Gemma's stored w of 1 + w: 0.1 N(0, 1)), biases 0.1 N(0, 1), embeddings
+    0.5 N(0, 1) (divided by sqrt(C) for Gemma, which multiplies them by sqrt(C)), linear weights
+    N(0, 1) / sqrt(fan-in). For tests and kernel checks that need a model without a checkpoint.
+    """
+    gemma = config.model_type.startswith("gemma")
+    arrays = {}
+    for name, shape in checkpoint_shapes(config).items():
+        noise = rng.standard_normal(shape)
+        if "norm" in name:
+            arrays[name] = (0.0 if gemma else 1.0) + 0.1 * noise
+        elif name.endswith("bias"):
+            arrays[name] = 0.1 * noise
+        elif "embed_tokens" in name or name == LM_HEAD:
+            arrays[name] = 0.5 * noise / (np.sqrt(config.hidden_size) if gemma else 1.0)
+        else:
+            arrays[name] = noise / np.sqrt(shape[1])
+    return arrays
