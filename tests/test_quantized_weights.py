@@ -161,7 +161,96 @@ def test_numba_computes_from_the_blocks_and_decodes_the_reference_tokens(files, 
     gq = refimpl.generate(q, IDS[0].tolist(), max_new_tokens=6, backend=ops, eos_token_id=None)
     gf = refimpl.generate(f, IDS[0].tolist(), max_new_tokens=6, backend="numpy", eos_token_id=None)
     assert gq.ids == gf.ids
-    assert counting.ran == 0 and counting.declined >= 6  # the fused blocks decline quantized weights
+    if t in qmatvec.FORMATS:  # every step in one launch (accel.numba_cpu.qstep), the 8-token prompt included
+        assert counting.ran >= 6 and counting.declined == 0
+    else:  # a format without a kernel: declined, one operation at a time
+        assert counting.ran == 0 and counting.declined >= 6
+
+
+def decode_steps(model, ids, ops, prompt: int, threads: int):  # -> (logits of every step, the cache)
+    import numba
+
+    from refimpl.llama.model import KVCache, forward
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        cache = KVCache.allocate(model.config, ids.shape[0], max_len=ids.shape[1], dtype=np.float32)
+        steps = [forward(model.params, model.config, ids[:, :prompt], cache=cache, ops=ops)]
+        steps += [forward(model.params, model.config, ids[:, s:s + 1], cache=cache, ops=ops)
+                  for s in range(prompt, ids.shape[1])]
+    finally:
+        numba.set_num_threads(before)
+    return np.concatenate(steps, axis=1), cache
+
+
+@pytest.mark.parametrize("arch, t", [c for c in CASES if c[1] != "Q5_1"])
+def test_the_fused_quantized_step_is_the_per_operation_path_bit_for_bit(files, arch, t):
+    """One token per step: the fused step's products are qmatvec's row kernels on the same STREAM_BLOCK-aligned row
+    ranges, its norms, RoPE, attention and gate the per-operation path's kernels on the same rows, so its logits
+    and cache are the per-operation path's bits, on one thread and on two. A 4-token prompt in the step: each
+    row's products, norms and attention (row by row, over its own causal keys) are those of a one-token step, so
+    the same bits again (the bound the test holds it to is the logit tolerance)."""
+    from collections import Counter
+
+    from test_accel_llama_numba import logit_tolerance
+
+    q = load_gguf_model(files[arch, t], weights="quantized")
+    per_op = dataclasses.replace(numba_llama.OPS, decode_blocks=None)
+    ids = IDS[:1, :7]
+    ref, c_ref = decode_steps(q, ids, per_op, prompt=1, threads=2)
+    for threads in (1, 2):
+        fused = dataclasses.replace(numba_llama.OPS, declined=Counter())
+        z, c = decode_steps(q, ids, fused, prompt=1, threads=threads)
+        assert not fused.declined  # (every step ran fused)
+        DIFFS.show(f"{arch} {t} fused quantized step, {threads} thread(s), vs per-operation",
+                   max_abs=float(np.abs(z - ref).max()), tol=0.0)
+        assert np.array_equal(z, ref) and np.array_equal(c.k, c_ref.k) and np.array_equal(c.v, c_ref.v)
+    z, _ = decode_steps(q, ids, numba_llama.OPS, prompt=4, threads=2)
+    err, tol = rel(z, ref), logit_tolerance(q.config, np.float32)
+    DIFFS.show(f"{arch} {t} fused quantized step with a 4-token prompt vs per-operation", max_rel=err, tol=tol)
+    assert err <= tol and np.array_equal(z, ref)
+
+
+def test_the_fused_quantized_step_takes_gemma_3s_layers_bit_for_bit(tmp_path):
+    """Gemma 3: a RoPE per layer type (five sliding layers, then a full one), q / k norms, sandwich norms, 1 + w
+    weights, GELU; k-quant and 32-value formats in one model (rows of 128 values take the writer's fallback)."""
+    from collections import Counter
+
+    config = LlamaConfig.from_dict(dict(
+        model_type="gemma3_text", vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=4, query_pre_attn_scalar=32,
+        sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=1e4, max_position_embeddings=64))
+    assert len({config.rope_of(layer) for layer in range(6)}) == 2
+    model = random_llama(config, seed=2, dtype=np.float32)
+    q = load_gguf_model(save_gguf(model, tmp_path / "gemma3.gguf", type="Q4_K").path, weights="quantized")
+    assert {f.q.ggml_type.name for b in q.params.blocks for f in (b.mlp.gate, b.mlp.down)} >= {"Q4_K"}
+    ids = IDS[:1, :9]
+    ref, c_ref = decode_steps(q, ids, dataclasses.replace(numba_llama.OPS, decode_blocks=None), prompt=1, threads=2)
+    for threads in (1, 2):
+        fused = dataclasses.replace(numba_llama.OPS, declined=Counter())
+        z, c = decode_steps(q, ids, fused, prompt=1, threads=threads)
+        assert not fused.declined
+        DIFFS.show(f"gemma3 Q4_K fused quantized step, {threads} thread(s), vs per-operation",
+                   max_abs=float(np.abs(z - ref).max()), tol=0.0)
+        assert np.array_equal(z, ref) and np.array_equal(c.k, c_ref.k) and np.array_equal(c.v, c_ref.v)
+
+
+def test_the_fused_step_declines_quantized_weights_it_does_not_read_with_the_reason(files):
+    from collections import Counter
+
+    q = load_gguf_model(files["llama", "Q5_1"], weights="quantized")  # (no qmatvec kernel for Q5_1)
+    ops = dataclasses.replace(numba_llama.OPS, declined=Counter())
+    decode_steps(q, IDS[:1, :3], ops, prompt=1, threads=1)
+    assert ops.declined == {"weights kept quantized as Q5_1 (no quantized kernel)": 3}
+    q8 = load_gguf_model(files["llama", "Q4_1"], weights="quantized", activations="q8")
+    ops = dataclasses.replace(numba_llama.OPS, declined=Counter())
+    decode_steps(q8, IDS[:1, :3], ops, prompt=1, threads=1)
+    assert ops.declined == {"weights kept quantized with activations='q8'": 3}
+    ops = dataclasses.replace(numba_llama.OPS, declined=Counter())
+    decode_steps(load_gguf_model(files["llama", "Q4_1"], weights="quantized"), np.tile(IDS[:1, :3], (9, 1)), ops,
+                 prompt=1, threads=1)
+    assert ops.declined == {"weights kept quantized, more rows than SHARED_MAX_ROWS": 3}
 
 
 # ----------------------------------------------------------------------------- the real files

@@ -24,9 +24,11 @@
               shared step reads one table); declined (None, the reason counted in ops.declined) for
               other dtypes, layouts, replaced
               operations, interleaved RoPE pairs (the compiled blocks turn half-split pairs only:
-              such a config runs one operation at a time, `rope` included), weights kept quantized (their
-              products are qmatvec's, one operation at a time), or a cache long enough
-              for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
+              such a config runs one operation at a time, `rope` included), or a cache long enough
+              for decode_attention to run in parallel (DECODE_PARALLEL_WORK). Weights kept quantized: up to
+              SHARED_MAX_ROWS rows, every block in one multi-threaded call with the products from the blocks
+              (qstep.decode_step: qmatvec's row kernels, so the per-operation path's bits); declined for a format
+              without a kernel, activations="q8", more rows
 
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
 within gamma_n of |x||W|), the norms' and the gate's float64 rows, and attention's online softmax: the
@@ -168,7 +170,7 @@ def _quantized_product(x, q: QuantizedTensor, b) -> np.ndarray:  # [..., K] -> [
 
 
 def _holds_quantized(params) -> bool:
-    """Whether any weight of `params` is kept quantized (the compiled blocks read float arrays only)."""
+    """Whether any weight of `params` is kept quantized (then the step is qstep's, or one operation at a time)."""
     return isinstance(params.embed, QuantizedTensor) or any(
         isinstance(f, QuantizedLinear) for p in params.blocks for f in (p.attn.q, p.attn.k, p.attn.v, p.attn.o,
                                                                          p.mlp.gate, p.mlp.up, p.mlp.down))
@@ -229,10 +231,19 @@ def _glu_hidden(h, p, act: str) -> np.ndarray:  # [..., C] -> [..., F]
 def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
     """logits = h E_out^T (refimpl.llama.model.lm_head), then Gemma-2's cap: up to SHARED_MAX_ROWS rows (decoding)
     on matvec_rows over E's rows where E [V, C] is C-contiguous (the decoding step's threads, _rows_worker), else
-    on the threaded BLAS."""
+    on the threaded BLAS; E kept quantized: up to SHARED_MAX_ROWS rows on qmatvec's row kernels on the step's
+    threads (qstep.head_rows), else qmatvec."""
     E = params.output_embedding  # [V, C]
     if isinstance(E, QuantizedTensor):  # kept quantized: from its blocks
-        z = _quantized_product(h, E, None)
+        if (E.activations == "float" and E.ggml_type.name in qmatvec.FORMATS and isinstance(h, np.ndarray)
+                and h.dtype == np.float32 and h.ndim >= 1 and h.shape[-1] == E.shape[1]
+                and 0 < h.size <= SHARED_MAX_ROWS * E.shape[1]):  # a decoding step's rows: on the step's threads
+            rows = np.ascontiguousarray(h.reshape(h.size // E.shape[1], E.shape[1]))
+            threads = kernel_threads()
+            with LAUNCH_LOCK:
+                z = qstep.head_rows(_kernel_form(E), rows, threads).reshape(h.shape[:-1] + (E.shape[0],))
+        else:
+            z = _quantized_product(h, E, None)
         return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
     if (isinstance(h, np.ndarray) and isinstance(E, np.ndarray) and h.dtype in _FLOATS and E.dtype == h.dtype
             and E.ndim == 2 and E.flags.c_contiguous and h.ndim >= 1 and 0 < h.shape[-1] == E.shape[1]
@@ -687,7 +698,9 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
     one are pads; the shared path only). Two paths: up to SHARED_MAX_ROWS rows (B T), float32, HF's weight
     layout, one RoPE for every layer: _decode_step_shared (every block in one multi-threaded call, the products
     on matvec_rows); else, for T = 1, one compiled call per block (_decode_block, the products on the
-    threaded BLAS, each block with its layer's RoPE table: Gemma 3's sliding and full layers differ).
+    threaded BLAS, each block with its layer's RoPE table: Gemma 3's sliding and full layers differ). Weights
+    kept quantized (up to SHARED_MAX_ROWS float32 rows): qstep.decode_step, every block in one call, each
+    with its layer's table.
     Returns the residual stream after the last block [B, T, C], or declines (None, the reason counted in
     ops.declined) and the caller runs the blocks one operation at a time: when `ops` is not this module's
     OPS in its hot operations (dataclasses.replace(OPS, linear=f) would be ignored here), when a dtype,
@@ -698,8 +711,6 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
     """
     if any(getattr(ops, f) is not getattr(OPS, f) for f in ("rms_norm", "linear", "rope", "attention", "glu_hidden")):
         return _declined(ops, "replaced operations")
-    if _holds_quantized(params):
-        return _declined(ops, "weights kept quantized")  # (the compiled blocks read float32; `linear` runs qmatvec)
     if config.rope_interleaved:
         return _declined(ops, "interleaved RoPE pairs")  # (the per-operation path, whose `rope` turns them)
     B, T, C = x.shape
@@ -720,17 +731,24 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
         return _declined(ops, "cache long enough for parallel decode attention")
     ropes = [c.rope_of(layer) for layer in range(c.num_hidden_layers)]  # one, or Gemma 3's two (per layer type)
     one_rope = all(r == c.rope for r in ropes)  # (the shared step reads one cos / sin table for every block)
+    quantized = None  # the blocks as qstep.decode_step reads them (weights kept quantized)
+    if _holds_quantized(params):
+        if dtype != np.float32 or B * T > SHARED_MAX_ROWS:
+            return _declined(ops, "weights kept quantized, more rows than SHARED_MAX_ROWS")
+        quantized = qstep.step_layers(params, c)
+        if isinstance(quantized, str):
+            return _declined(ops, quantized)
     shared = (_shared_layers(params, c, dtype) if B * T <= SHARED_MAX_ROWS and dtype == np.float32 and one_rope
-              else None)
+              and quantized is None else None)
     starts = np.zeros(B, dtype=np.int64)  # each sequence's first real key
     if key_mask is not None:
         first = _left_padding(key_mask) if T == 1 and np.shape(key_mask) == (B, S) else None
         if first is None:
             return _declined(ops, "a key mask other than left padding of one new token per sequence")
-        if shared is None:
+        if shared is None and quantized is None:
             return _declined(ops, "left padding off the shared step")
         starts[:] = first
-    if shared is None:
+    if shared is None and quantized is None:
         if T != 1:
             return _declined(ops, "more than one new token per sequence off the shared step")
         empty = np.empty(0, dtype=dtype)
@@ -756,6 +774,14 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
     x = np.array(x.reshape(B * T, C), dtype=dtype, order="C")  # [B T, C], updated in place block by block
     threads = kernel_threads()
     windows = [0 if c.window(layer) is None else int(c.window(layer)) for layer in range(c.num_hidden_layers)]
+    if quantized is not None:  # weights kept quantized: all blocks in one launch, the products from the blocks
+        order = list(dict.fromkeys(ropes))
+        cos, sin = (np.ascontiguousarray(np.stack([tables[r][n] for r in order])) for n in (0, 1))  # [P, rows, R/2]
+        with LAUNCH_LOCK:
+            qstep.decode_step(x, quantized, k, v, cache.length, cos, sin,
+                              np.array([order.index(r) for r in ropes], dtype=np.int64), eps, scale, softcap,
+                              np.array(windows, dtype=np.int64), act, bool(c.norm_plus_one), T, starts, threads)
+        return x.reshape(B, T, C)
     if shared is not None:  # HF's layout: every W^T has contiguous rows; all blocks in one launch
         with LAUNCH_LOCK:
             _decode_step_shared(x, *shared, k, v, cache.length, *tables[c.rope], eps, scale, softcap,
@@ -766,6 +792,8 @@ def decode_blocks(x, params, config, cache, ops, positions, key_mask=None):  # [
                       windows[layer], act, threads)
     return x[:, None, :]
 
+
+from . import qstep  # noqa: E402  (it reads this module's step helpers)
 
 OPS = LlamaOps(
     name="numba",
