@@ -33,14 +33,16 @@ __all__ = ["attention_weights", "sink_share", "uniform_sink_share", "sink_table"
            "plot_sink_statistics", "attention_colour_floor", "head_group_similarity"]
 
 
-def attention_weights(model, ids, *, causal: bool = True, attention_scale=None) -> np.ndarray:  # [T] -> [L, H, T, T]
+def attention_weights(model, ids, *, causal: bool = True, attention_scale=None,
+                      backend="numpy") -> np.ndarray:  # [T] -> [L, H, T, T]
     """w[l, h, i, j] = softmax_j(q_i . k_j * scale, masked) of block l, head h (captured from the forward).
 
     GPT-2: scale 1/sqrt(D), causal. LLaMA family: the model's own scores (RoPE'd q and k, its
     scale, Gemma-2's soft-cap, each layer's sliding window); query head h reads key head
     h // (H / K), and the map is per query head.
     causal=False: without the causal mask (the upper triangle fills in); attention_scale: the
-    factor on q k^T (refimpl._switches).
+    factor on q k^T (refimpl._switches). backend: whose operations compute the q, k and v it reads
+    (refimpl.interp.capture.backend_ops; the weights themselves are NumPy's on every backend).
     """
     dec = decoder_of(model)
     ids = np.asarray(ids)
@@ -48,7 +50,7 @@ def attention_weights(model, ids, *, causal: bool = True, attention_scale=None) 
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
     L = dec.n_layers(model.config)
     names = [f"blocks.{i}.attn.weights" for i in range(L)]
-    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale)  # (no LM head)
+    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale, backend=backend)  # (no LM head)
     return np.stack([acts[n] for n in names])  # [L, H, T, T]
 
 

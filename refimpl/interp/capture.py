@@ -30,7 +30,18 @@ from .._switches import AttentionRule
 from ._family import as_batch, decoder_for_config, decoder_of
 
 __all__ = ["hook_names", "select_names", "Intervention", "replace", "add",
-           "make_hook", "run_with_cache", "run_with_interventions", "capture"]
+           "make_hook", "backend_ops", "run_with_cache", "run_with_interventions", "capture"]
+
+
+def backend_ops(model, backend="numpy"):
+    """(ops, params): a backend's operations for the model's family (its get_ops: a name in the family's BACKENDS,
+    or an Ops object) and the model's parameters as that backend lays them out (ops.prepare).
+
+    The hooked forward runs the backend's norms, products, RoPE and FFN; with a hook, attention still materialises
+    its weights in NumPy (the models' _with_weights), so attn.weights is the same computation on every backend.
+    """
+    ops = decoder_of(model).get_ops(backend)
+    return ops, ops.prepare(model.params)
 
 def hook_names(config) -> list[str]:
     """Every hook point of a model with this config (GPT2Config or LlamaConfig),
@@ -136,7 +147,7 @@ def make_hook(config, *, names=(), interventions: Mapping[str, Callable] | None 
 
 
 def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callable] | None = None,
-                   positions=None, cache=None, causal: bool = True, attention_scale=None
+                   positions=None, cache=None, causal: bool = True, attention_scale=None, backend="numpy"
                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # [B, T] -> [B, T, V], {name: act}
     """logits = model(ids), and acts[name] = the intermediate at each selected hook point.
 
@@ -147,6 +158,7 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     interventions: {exact name: callable or replace()/add()} applied during the run.
     positions / cache: passed to the model's hidden_states (for cached decoding; a KVCache of its family).
     causal / attention_scale: the attention switches, passed to hidden_states (refimpl._switches).
+    backend: whose operations the forward runs ("numpy", "numba", or an Ops object; backend_ops).
     Notes: the logits come from the model's own forward through the hook, so with no
     interventions they equal refimpl.logits(model, ids) bit for bit.
     """
@@ -155,7 +167,9 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     store: dict[str, np.ndarray] = {}
     hook = make_hook(model.config, names=names, interventions=interventions, store=store)
     rule = AttentionRule.of(causal, attention_scale, head_dim=model.config.head_dim, width=dec.width(model.config))
-    h = dec.hidden_states(model.params, model.config, ids2, cache=cache, positions=positions, hook=hook, rule=rule)
+    ops, params = backend_ops(model, backend)
+    h = ops.to_numpy(dec.hidden_states(params, model.config, ids2, cache=cache, positions=positions, hook=hook,
+                                       rule=rule, ops=ops))
     logits = dec.lm_head(model, h)
     if single:
         return logits[0], {k: v[0] for k, v in store.items()}
@@ -163,22 +177,24 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
 
 
 def run_with_interventions(model, ids, interventions: Mapping[str, Callable], *,
-                           positions=None, cache=None) -> np.ndarray:  # [B, T] -> [B, T, V]
+                           positions=None, cache=None, backend="numpy") -> np.ndarray:  # [B, T] -> [B, T, V]
     """logits of model(ids) with interventions[name] applied at each named hook point (nothing captured)."""
-    return run_with_cache(model, ids, names=(), interventions=interventions, positions=positions, cache=cache)[0]
+    return run_with_cache(model, ids, names=(), interventions=interventions, positions=positions, cache=cache,
+                          backend=backend)[0]
 
 
 class _Captured(Exception):
     """Raised by capture's hook once every activation asked for is stored: the rest of the forward is not run."""
 
 
-def capture(model, ids, names, *, causal: bool = True,
-            attention_scale=None) -> dict[str, np.ndarray]:  # [B, T] -> {name: act}
+def capture(model, ids, names, *, causal: bool = True, attention_scale=None,
+            backend="numpy") -> dict[str, np.ndarray]:  # [B, T] -> {name: act}
     """acts[name] of run_with_cache(model, ids, names=names), the forward stopped once the last of them is computed.
 
     The activations are the same arrays run_with_cache stores (the same forward, hooked alike, up to
     that point); what follows them, the later blocks and the LM head ([T, V]: Gemma 3's 262,144
-    logits a token), is never computed. ids [T] gives activations without the batch axis.
+    logits a token), is never computed. ids [T] gives activations without the batch axis. backend: as
+    run_with_cache's.
     """
     dec = decoder_of(model)
     ids2, single = as_batch(dec, model, ids)
@@ -195,8 +211,9 @@ def capture(model, ids, names, *, causal: bool = True,
         return x
 
     rule = AttentionRule.of(causal, attention_scale, head_dim=model.config.head_dim, width=dec.width(model.config))
+    ops, params = backend_ops(model, backend)
     try:
-        dec.hidden_states(model.params, model.config, ids2, hook=hook, rule=rule)
+        dec.hidden_states(params, model.config, ids2, hook=hook, rule=rule, ops=ops)
     except _Captured:
         pass
     missing = [n for n in want if n not in store]

@@ -24,31 +24,34 @@ from .capture import capture
 __all__ = ["residual_stream", "logit_lens", "lens_top_tokens", "plot_logit_lens", "MAX_LENS_POSITIONS"]
 
 
-def residual_stream(model, ids, *, causal: bool = True, attention_scale=None) -> np.ndarray:  # [T] -> [L + 1, T, C]
+def residual_stream(model, ids, *, causal: bool = True, attention_scale=None,
+                    backend="numpy") -> np.ndarray:  # [T] -> [L + 1, T, C]
     """r_0 = embeddings, r_l = the residual after block l-1 (resid_pre of block l; r_L = resid_post of the last).
 
-    causal / attention_scale: the attention switches of the forward (refimpl._switches).
+    causal / attention_scale: the attention switches of the forward (refimpl._switches). backend: whose
+    operations the forward runs (refimpl.interp.capture.backend_ops).
     """
     L = decoder_of(model).n_layers(model.config)
     names = [f"blocks.{i}.resid_pre" for i in range(L)] + [f"blocks.{L - 1}.resid_post"]
     ids = np.asarray(ids)
     if ids.ndim != 1:
         raise ValueError(f"ids must have shape [T] (one sequence); got shape {ids.shape}")
-    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale)
+    acts = capture(model, ids, names, causal=causal, attention_scale=attention_scale, backend=backend)
     return np.stack([acts[n] for n in names])  # [L + 1, T, C]
 
 
-def logit_lens(model, ids, *, causal: bool = True, attention_scale=None) -> np.ndarray:  # [T] -> [L + 1, T, V]
+def logit_lens(model, ids, *, causal: bool = True, attention_scale=None,
+               backend="numpy") -> np.ndarray:  # [T] -> [L + 1, T, V]
     """lens[l] = head(norm_f(r_l)), norm_f with r_l's own statistics  (nostalgebraist 2020, the logit lens).
 
     norm_f, head: the model's final norm and LM head (module docstring; GPT-2: LN_f and W_te^T).
     Shapes: ids [T] -> [L + 1, T, V] in the parameters' dtype; row 0 reads the embeddings,
     row l the residual entering block l, row L the model's output (equal to its logits).
     causal / attention_scale: the attention switches of the forward (refimpl._switches); row L then
-    equals refimpl.logits(model, ids, causal=..., attention_scale=...).
+    equals refimpl.logits(model, ids, causal=..., attention_scale=...). backend: as residual_stream's.
     """
     dec = decoder_of(model)
-    r = residual_stream(model, ids, causal=causal, attention_scale=attention_scale)  # [L + 1, T, C]
+    r = residual_stream(model, ids, causal=causal, attention_scale=attention_scale, backend=backend)  # [L + 1, T, C]
     return dec.lm_head(model, dec.final_norm(model, r))
 
 

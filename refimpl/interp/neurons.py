@@ -76,15 +76,17 @@ def output_embedding(model) -> np.ndarray:  # -> [V, C]
     return model.params.wte if decoder_of(model).family == "gpt2" else model.params.output_embedding
 
 
-def neuron_activations(model, chunks, *, layer: int) -> np.ndarray:  # N x [T] -> [N, T, F]
+def neuron_activations(model, chunks, *, layer: int, backend="numpy") -> np.ndarray:  # N x [T] -> [N, T, F]
     """m(x) = blocks.{layer}.mlp.hidden of each chunk (each run alone from position 0),
-    float64; chunks of equal length."""
+    float64; chunks of equal length.
+
+    backend: whose operations the forward runs (refimpl.interp.capture.backend_ops)."""
     layer = _check_layer(model, layer)
     if len(chunks) == 0 or len({len(c) for c in chunks}) != 1:
         raise ValueError(f"chunks must be a non-empty list of equally long id sequences; got lengths "
                          f"{[len(c) for c in chunks]}")
     name = f"blocks.{layer}.mlp.hidden"
-    acts = capture(model, np.stack([np.asarray(c) for c in chunks]), [name])
+    acts = capture(model, np.stack([np.asarray(c) for c in chunks]), [name], backend=backend)
     return acts[name].astype(np.float64)  # [N, T, F]
 
 

@@ -51,7 +51,7 @@ def logit_diff_metric(a: int, b: int, *, position: int = -1) -> Callable[[np.nda
 
 
 def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], float], *, rows=None,
-                progress: bool = False) -> np.ndarray:  # [T], [T] -> [L + 1, T]
+                progress: bool = False, backend="numpy") -> np.ndarray:  # [T], [T] -> [L + 1, T]
     """effect[r, t] = metric(target with h_r[t] from the source) - metric(target): one patched run per (r, t).
 
     Shapes: source_ids, target_ids [T] (same T) -> [L + 1, T] float64 (rows as patch_points), or
@@ -64,6 +64,7 @@ def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], fl
     are computed alike), so a position whose source state equals the target's bit for bit (every
     position before the first token where the prompts differ, at every layer: causal attention)
     is not run; its effect is that 0. progress: a progress line on stderr (refimpl._progress).
+    backend: whose operations the forwards run (refimpl.interp.capture.backend_ops).
     """
     dec = decoder_of(model)
     src = dec.check_ids(source_ids, model.config, name="source_ids")
@@ -76,8 +77,8 @@ def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], fl
         if not rows or not all(is_int(r) and 0 <= r < len(points) for r in rows):
             raise ValueError(f"rows must be row indices in 0 .. {len(points) - 1} (patch_points); got {rows!r}")
         points = [points[r] for r in rows]
-    src_acts = capture(model, src, points)  # each [T, C]
-    tgt_acts = capture(model, tgt, points)
+    src_acts = capture(model, src, points, backend=backend)  # each [T, C]
+    tgt_acts = capture(model, tgt, points, backend=backend)
     T = len(tgt)
     per_batch = max(1, min(T, PATCH_BATCH_LOGITS // (T * model.config.vocab_size) - 1))  # patched runs per batch
     effects = np.zeros((len(points), T))  # a source state equal to the target's own: 0 exactly, not run
@@ -92,7 +93,7 @@ def patch_sweep(model, source_ids, target_ids, metric: Callable[[np.ndarray], fl
             for start in range(0, len(differ), per_batch):
                 ts = differ[start:start + per_batch]  # the positions patched in this batch
                 z = run_with_interventions(model, np.broadcast_to(tgt, (1 + len(ts), T)),
-                                           {name: _diagonal(src_acts[name][ts], ts)})  # [1 + n, T, V]
+                                           {name: _diagonal(src_acts[name][ts], ts)}, backend=backend)  # [1 + n, T, V]
                 base = metric(z[0])
                 effects[r, ts] = [metric(z[1 + i]) - base for i in range(len(ts))]
             if bar is not None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .._checks import check_positive_int, is_int
 from ._family import decoder_of
-from .capture import capture, make_hook, replace, run_with_cache
+from .capture import backend_ops, capture, make_hook, replace, run_with_cache
 from .patching import patch_points
 
 __all__ = ["IDENTITY_PROMPT", "PLACEHOLDER", "source_states", "patchscope_generate", "patchscope_grid",
@@ -60,12 +60,12 @@ def _check_index(value, n: int, name: str, what: str) -> int:
     return int(value) % n
 
 
-def source_states(model, source_ids, *, position=-1) -> np.ndarray:  # [T] -> [L + 1, C]
+def source_states(model, source_ids, *, position=-1, backend="numpy") -> np.ndarray:  # [T] -> [L + 1, C]
     """h^l at `position` of the source run for l = 0 .. L (rows as refimpl.interp.patching.patch_points)."""
     ids = _check_ids(model, source_ids, "source_ids")
     position = _check_index(position, len(ids), "position", "a source position")
     points = patch_points(model)
-    acts = capture(model, ids, points)
+    acts = capture(model, ids, points, backend=backend)
     return np.stack([acts[p][position] for p in points])  # [L + 1, C]
 
 
@@ -80,12 +80,14 @@ def placeholder_position(model, target_ids, placeholder: str = PLACEHOLDER) -> i
 
 
 def patchscope_generate(model, state, target_ids, *, target_layer: int, target_position: int = -1,
-                        max_new_tokens: int = 4) -> tuple[list[int], np.ndarray]:  # [C], [T] -> ids, logits [V]
+                        max_new_tokens: int = 4,
+                        backend="numpy") -> tuple[list[int], np.ndarray]:  # [C], [T] -> ids, logits [V]
     """Greedy continuation of target_ids with h^{target_layer}[target_position] <- state; (ids, first-step logits).
 
     state [C] in the model's width; target_layer in 0 .. L (module docstring); target_position
     may count from the end. Stops at max_new_tokens or the model's context end. The logits are
-    those of the patched prompt's last position (what chose the first token), float64.
+    those of the patched prompt's last position (what chose the first token), float64. backend: whose
+    operations the forwards run (refimpl.interp.capture.backend_ops).
     """
     dec = decoder_of(model)
     ids = _check_ids(model, target_ids, "target_ids")
@@ -109,17 +111,19 @@ def patchscope_generate(model, state, target_ids, *, target_layer: int, target_p
         raise ValueError(f"the target prompt ({len(ids)} tokens) leaves no room in the context ({limit})")
     hook = make_hook(model.config, interventions={points[layer]: replace(state, positions=[pos])})
     cache = dec.allocate_cache(model, 1, len(ids) + n - 1 if n > 1 else len(ids))
-    h = dec.hidden_states(model.params, model.config, ids[None], cache=cache, hook=hook)[:, -1]  # [1, C]
+    ops, params = backend_ops(model, backend)
+    h = ops.to_numpy(dec.hidden_states(params, model.config, ids[None], cache=cache, hook=hook, ops=ops))[:, -1]
     first = np.asarray(dec.lm_head(model, h)[0], dtype=np.float64)  # [V]
     out = [int(np.argmax(first))]
     for _ in range(n - 1):  # one cached step per token, no hook: the patch lives on in the cache
-        h = dec.hidden_states(model.params, model.config, np.array([[out[-1]]]), cache=cache)[:, -1]
+        h = ops.to_numpy(dec.hidden_states(params, model.config, np.array([[out[-1]]]), cache=cache, ops=ops))[:, -1]
         out.append(int(np.argmax(dec.lm_head(model, h)[0])))
     return out, first
 
 
 def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target_position=-1,
-                    source_layers=None, target_layers="same", max_new_tokens: int = 4) -> list[dict]:
+                    source_layers=None, target_layers="same", max_new_tokens: int = 4,
+                    backend="numpy") -> list[dict]:
     """One patched continuation per (source layer l, target layer l'): rows of the grid, l-major.
 
     source_layers: iterable of layers 0 .. L (None: all L + 1). target_layers: "same" (l' = l,
@@ -129,13 +133,14 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
     that is decoded (patchscope_generate refuses it when asked for explicitly). Each row: source_layer, target_layer,
     ids (the continuation), p_first (softmax probability of its first token), top5_first (the five likeliest first
     tokens, best first), source_next (the token the source run predicts next at the source position)
-    and first_is_top1_of_source (whether the continuation's first token is source_next).
+    and first_is_top1_of_source (whether the continuation's first token is source_next). backend: as
+    patchscope_generate's.
     """
     L1 = len(patch_points(model))
-    states = source_states(model, source_ids, position=source_position)  # [L + 1, C]
+    states = source_states(model, source_ids, position=source_position, backend=backend)  # [L + 1, C]
     src = _check_ids(model, source_ids, "source_ids")
     sp = _check_index(source_position, len(src), "source_position", "a source position")
-    src_next = int(np.argmax(run_with_cache(model, src[: sp + 1], names=())[0][-1]))
+    src_next = int(np.argmax(run_with_cache(model, src[: sp + 1], names=(), backend=backend)[0][-1]))
     layers = range(L1) if source_layers is None else list(source_layers)
     tgt = _check_ids(model, target_ids, "target_ids")
     tp = _check_index(target_position, len(tgt), "target_position", "a target position")
@@ -152,7 +157,8 @@ def patchscope_grid(model, source_ids, target_ids, *, source_position=-1, target
             targets = list(target_layers)
         for t in targets:
             ids, z = patchscope_generate(model, states[l], target_ids, target_layer=t,
-                                         target_position=target_position, max_new_tokens=max_new_tokens)
+                                         target_position=target_position, max_new_tokens=max_new_tokens,
+                                         backend=backend)
             p = np.exp(z - z.max())
             rows.append({"source_layer": int(l), "target_layer": int(t), "ids": ids,
                          "p_first": float(p[ids[0]] / p.sum()),

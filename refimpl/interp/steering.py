@@ -25,7 +25,7 @@ import numpy as np
 from .._checks import check_positive_int, is_int, is_real
 from ..gpt2.generate import log_softmax
 from ._family import decoder_of
-from .capture import add, capture, make_hook
+from .capture import add, backend_ops, capture, make_hook
 
 __all__ = ["steering_vector", "steered_generate", "steered_logprobs", "steering_effect"]
 
@@ -50,8 +50,10 @@ def _check_layer(model, layer) -> int:
 
 
 def steering_vector(model, prompts_a: Sequence, prompts_b: Sequence, *, layer: int,
-                    position: str = "last") -> np.ndarray:  # -> [C]
-    """d = mean_A r_layer - mean_B r_layer, r_layer = blocks.{layer}.resid_pre at the last token (or token mean)."""
+                    position: str = "last", backend="numpy") -> np.ndarray:  # -> [C]
+    """d = mean_A r_layer - mean_B r_layer, r_layer = blocks.{layer}.resid_pre at the last token (or token mean).
+
+    backend (here and below): whose operations the forwards run (refimpl.interp.capture.backend_ops)."""
     layer = _check_layer(model, layer)
     if position not in ("last", "mean"):
         raise ValueError(f"position must be 'last' or 'mean'; got {position!r}")
@@ -62,7 +64,8 @@ def steering_vector(model, prompts_a: Sequence, prompts_b: Sequence, *, layer: i
             raise ValueError(f"prompts_{which} must be a non-empty list of prompts (texts or id lists)")
         acts = []
         for p in prompts:
-            r = capture(model, _to_ids(model, p, f"a prompt of prompts_{which}"), [name])[name]  # [T, C]
+            ids = _to_ids(model, p, f"a prompt of prompts_{which}")
+            r = capture(model, ids, [name], backend=backend)[name]  # [T, C]
             acts.append(r[-1] if position == "last" else r.mean(axis=0))
         return np.mean(acts, axis=0)
 
@@ -82,7 +85,7 @@ def _steer_hook(model, direction, layer: int, alpha: float):
 
 
 def steered_generate(model, prompt, direction, *, layer: int, alpha: float,
-                     max_new_tokens: int = 20) -> list[int]:  # -> generated ids
+                     max_new_tokens: int = 20, backend="numpy") -> list[int]:  # -> generated ids
     """Greedy continuation with alpha * direction added to blocks.{layer}.resid_pre at every position.
 
     Uses a KV cache (the prompt once, then one token per step); the steering is applied to
@@ -98,28 +101,32 @@ def steered_generate(model, prompt, direction, *, layer: int, alpha: float,
     if n <= 0:
         return []
     cache = dec.allocate_cache(model, 1, len(ids) + n - 1 if n > 1 else len(ids))
-    h = dec.hidden_states(model.params, model.config, ids[None], cache=cache, hook=hook)[:, -1]  # [1, C]
+    ops, params = backend_ops(model, backend)
+    h = ops.to_numpy(dec.hidden_states(params, model.config, ids[None], cache=cache, hook=hook, ops=ops))[:, -1]
     out: list[int] = []
     for i in range(n):
         nxt = int(np.argmax(dec.lm_head(model, h)[0]))
         out.append(nxt)
         if i + 1 < n:
-            h = dec.hidden_states(model.params, model.config, np.array([[nxt]]), cache=cache, hook=hook)[:, -1]
+            h = ops.to_numpy(dec.hidden_states(params, model.config, np.array([[nxt]]), cache=cache, hook=hook,
+                                               ops=ops))[:, -1]
     return out
 
 
-def steered_logprobs(model, prompt, direction, *, layer: int, alpha: float) -> np.ndarray:  # -> [V]
+def steered_logprobs(model, prompt, direction, *, layer: int, alpha: float,
+                     backend="numpy") -> np.ndarray:  # -> [V]
     """log p(next token | prompt) at the last position, with alpha * direction added at blocks.{layer}.resid_pre."""
     dec = decoder_of(model)
     layer = _check_layer(model, layer)
     ids = _to_ids(model, prompt)
     hook = _steer_hook(model, direction, layer, alpha)
-    h = dec.hidden_states(model.params, model.config, ids[None], hook=hook)[0, -1]  # [C]
+    ops, params = backend_ops(model, backend)
+    h = ops.to_numpy(dec.hidden_states(params, model.config, ids[None], hook=hook, ops=ops))[0, -1]  # [C]
     return log_softmax(dec.lm_head(model, h).astype(np.float64))
 
 
 def steering_effect(model, prompt, direction, *, layer: int, alphas: Sequence[float],
-                    target) -> list[dict]:
+                    target, backend="numpy") -> list[dict]:
     """For each alpha: log p(target) at the prompt's end and its change from alpha = 0
     (target: id or text of one token)."""
     if isinstance(target, str):
@@ -130,10 +137,10 @@ def steering_effect(model, prompt, direction, *, layer: int, alphas: Sequence[fl
             raise ValueError(f"target {target!r} must be one token; it is {len(t)} tokens {t}")
         target = t[0]
     target = int(decoder_of(model).check_ids(np.array([target]), model.config, name="target")[0])
-    base = steered_logprobs(model, prompt, direction, layer=layer, alpha=0.0)[target]
+    base = steered_logprobs(model, prompt, direction, layer=layer, alpha=0.0, backend=backend)[target]
     rows = []
     for a in alphas:
-        lp = steered_logprobs(model, prompt, direction, layer=layer, alpha=float(a))
+        lp = steered_logprobs(model, prompt, direction, layer=layer, alpha=float(a), backend=backend)
         rows.append({"alpha": float(a), "target": target, "logprob": float(lp[target]),
                      "delta_logprob": float(lp[target] - base), "top1": int(np.argmax(lp))})
     return rows
