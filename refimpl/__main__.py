@@ -73,7 +73,7 @@ def _thread_rule_applies(argv, environ) -> bool:
     no thread count set by the user."""
     if any(v in environ for v in BLAS_THREAD_VARS) or not argv or argv[0] not in _MODEL_COMMANDS:
         return False
-    return not (argv[0] == "generate" and (_flag_value(argv, "--backend") or "numpy") != "numpy")
+    return not (argv[0] in ("generate", "inspect") and (_flag_value(argv, "--backend") or "numpy") != "numpy")
 
 
 def blas_threads_for(argv, environ) -> str | None:

@@ -586,3 +586,31 @@ def test_capture_stops_the_forward_and_keeps_what_run_with_cache_keeps(which, gp
     assert seen == ["blocks.0.resid_pre"]
     with pytest.raises(ValueError, match="at least one"):
         cap.capture(model, ids, [])
+
+
+def test_patch_steer_and_context_texts_begin_with_the_tokenizers_bos(tmp_path, capsys):
+    """A text given to patch, steer or context gets the BOS its tokenizer puts first (refimpl._tokens.encode_prompt,
+    as lens, attention and patchscope do: the shipped LLaMA saw it at the start of every training window, and Gemma 3
+    without it is off its training distribution); the word's position in a context moves by one with it."""
+    from refimpl._tokens import encode_prompt
+
+    toy = refimpl.load("shakespeare-llama")
+    bos = toy.tokenizer.bos_token
+    assert bos is not None
+    for sub, extra in (("patch", []), ("steer", ["--alpha", "1", "--max-new-tokens", "1"]), ("context", [])):
+        run_cli([sub, "--model", "shakespeare-llama", "--out", str(tmp_path / sub)] + extra, capsys)
+    patch = json.loads((tmp_path / "patch" / "patch.json").read_text())
+    steer = json.loads((tmp_path / "steer" / "steer.json").read_text())
+    context = json.loads((tmp_path / "context" / "context.json").read_text())
+    assert patch["source"][0] == patch["target"][0] == bos and steer["prompt"][0] == bos
+    from refimpl.interp.cli import DEFAULT_CONTEXTS, DEFAULT_PROMPT, DEFAULT_SOURCE
+
+    assert patch["source"] == encode_prompt(toy.tokenizer, DEFAULT_SOURCE)
+    assert steer["prompt"] == encode_prompt(toy.tokenizer, DEFAULT_PROMPT)
+    for c, text in zip(context["contexts"], DEFAULT_CONTEXTS):
+        assert c["ids"] == encode_prompt(toy.tokenizer, text) and c["ids"][0] == bos
+        assert c["positions"] == [len(c["ids"]) - 1]  # 'fair' ends each default sentence
+    # GPT-2's tokenizer has no BOS: its texts are taken as they are
+    run_cli(["patch", "--out", str(tmp_path / "gpt2")], capsys)
+    gpt2 = refimpl.load()
+    assert json.loads((tmp_path / "gpt2" / "patch.json").read_text())["source"] == gpt2.tokenizer.encode(DEFAULT_SOURCE)

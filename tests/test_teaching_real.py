@@ -19,6 +19,9 @@ scripts/fetch_data.py shakespeare) and prints what it saw (run with -s):
                are not, so its KV memory with local blocks bounded is 0.18 of all-global at 32768 tokens
     steer      a love - hate direction added mid-model raises p(' love') and changes the continuation
     context    one word's states in different sentences drift apart with depth (cosine 0.99 -> 0.66)
+    chat       the chat template writes the turns with special tokens; the answer ends with <|im_end|> (p 0.77, under
+               1e-5 at every step before); the same question as a plain prompt makes the instruct model close the
+               user turn itself (p(<|im_end|>) 0.67 at its first step)
     patchscope the token-identity Patchscope (Ghandeharioun et al. 2024, sec. 4.1) reads the entity ' Paris'
                from its own state in the early layers and the answer ' Paris' from "... France is" late.
 Thresholds keep a margin under the measured values (in each test's comment).
@@ -267,6 +270,29 @@ def test_a_word_s_states_in_different_contexts_drift_apart_with_depth(smol):
     # measured: 1.00, 0.99 (layer 1), 0.90 (10), 0.88 (20), 0.83 (29), 0.66 (30, after the last block)
     assert np.allclose(mean[0], 1.0) and mean[1] > 0.95
     assert mean[-1] < mean[1] - 0.2 and mean[-2] < mean[1] - 0.1
+
+
+def test_chat_template_turns_and_the_end_of_turn_token(smol, tmp_path, capsys):
+    """`inspect chat`: the template puts each turn between <|im_start|> (id 1) and <|im_end|> (id 2); greedy decoding
+    answers "The capital of France is Paris." and then gives <|im_end|> a high probability, having given it almost
+    none mid-answer. Without the template the instruct model, given the bare question, writes <|im_end|> first."""
+    import json
+
+    from refimpl.interp.cli import main
+
+    assert main(["chat", "--model", "smollm2-135m-instruct", "--max-new-tokens", "10", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "chat.json").read_text())
+    chat, plain = data["chat"], data["plain"]
+    p_end, p_plain = np.exp(chat["end_logprob"]), np.exp(plain["end_logprob"])
+    print(f"\nchat: {chat['text']!r}; p(<|im_end|>) at the end {p_end[-1]:.3f}, before at most {p_end[:-1].max():.1e}; "
+          f"plain prompt {plain['marked'][:60]!r}..., p(<|im_end|>) at its first step {p_plain[0]:.3f}")
+    assert [(s["token"], s["count"]) for s in data["special_tokens"]] == [("<|im_start|>", 3), ("<|im_end|>", 2)]
+    assert data["prompt_marked"].endswith("[<|im_start|>=1]assistant\n") and "[<|im_end|>=2]" in out
+    assert "Paris" in chat["text"] and chat["ended"] and chat["ids"][-1] == 2
+    # measured: 0.773 at the end, at most 3.7e-06 before (step 7, the '.'); plain: 0.672 at step 1
+    assert p_end[-1] > 0.5 and p_end[:-1].max() < 1e-4
+    assert plain["ids"][0] == 2 and p_plain[0] > 0.4
 
 
 MEDIAN_SINK_MIN = 3.0

@@ -8,11 +8,14 @@ pictures and tables of what a decoder does inside.
     python -m refimpl inspect steer     [--pos TEXT ...] [--neg TEXT ...] [--prompt TEXT] [--layer L] [--target TOKEN]
     python -m refimpl inspect patch     [--source TEXT --target TEXT --answer-a TOKEN --answer-b TOKEN]
     python -m refimpl inspect encodings                                          # sinusoidal, RoPE, ALiBi
+    python -m refimpl inspect chat      --model smollm2-135m-instruct [--message TEXT]  # the chat template's tokens
 
 --model is any decoder refimpl.load reads: a shipped model's name (shakespeare-gpt2, the default, or
 shakespeare-llama) or a GPT-2 / LLaMA-family path.
 lens and attention take the attention switches --no-causal-mask and --attention-scale S
-(refimpl._switches: a positive number, head-dim or model-width).
+(refimpl._switches: a positive number, head-dim or model-width). lens, sinks, steer, patch, patchscope,
+neurons and chat take --backend numpy|numba: whose operations the forward runs (numba: accel.numba_cpu,
+compiled on first use; the attention weights a hook reads are NumPy's on both).
 Input text comes from --text, --file or --ids ("1 2 3", for models without a tokenizer; steer
 takes --pos-ids / --neg-ids / --prompt-ids, patch --source-ids / --target-ids, and a target or
 answer token may be given as its id); lens / attention / sinks / steer / patch have built-in
@@ -36,6 +39,8 @@ Files written:
     steer      steer.png (change of log p(target) against alpha), steer.json (effects, generations)
     patch      patch.png (effect per layer and position), patch.json (effects, tokens)
     encodings  sinusoidal.png, rope.png, alibi.png, encodings.json
+    chat       chat.png (p(end of turn) per greedy step, with and without the template), chat.json (the
+               prompt with its special tokens marked, both runs' tokens and log-probabilities)
 """
 
 from __future__ import annotations
@@ -225,6 +230,30 @@ def _add_switch_flags(p) -> None:
                    "(1/sqrt(model width)); default: the model's own")
 
 
+def _add_backend_flag(p) -> None:
+    """--backend numpy|numba: whose operations the model's forward runs (its norms, products, RoPE, FFN)."""
+    p.add_argument("--backend", choices=["numpy", "numba"], default="numpy",
+                   help="numpy (the reference, default) or numba (accel.numba_cpu's kernels: faster on a large model, "
+                   "equal within their tolerance; the first use compiles them, cached afterwards)")
+
+
+def _ops_for(model, args):
+    """args.backend checked against the model's family (a _Usage saying why it is unusable), with Numba's one-line
+    note before a first compilation; returns the backend's name."""
+    from ._family import decoder_of
+
+    backend = getattr(args, "backend", "numpy")
+    try:
+        decoder_of(model).get_ops(backend)
+    except (ValueError, ImportError) as e:
+        raise _Usage(f"--backend {backend}: {e}") from None
+    if backend == "numba":
+        from refimpl.__main__ import _note_numba_compile
+
+        _note_numba_compile(model)
+    return backend
+
+
 def _switches(args) -> dict:
     """The attention switches given on the command line, as the library's keywords (and for the JSON record)."""
     return {"causal": not args.no_causal_mask, "attention_scale": args.attention_scale}
@@ -274,7 +303,7 @@ def cmd_lens(args) -> int:
         raise _Usage(f"--top-k must lie in 1 .. {V} (the vocabulary size); got {args.top_k}")
     answer = _token(model, args.answer, "--answer") if args.answer is not None else None
     ids = _ids(model, args, limit=min(args.max_tokens, _context(model)), bos_first=True)
-    lens = logit_lens(model, ids, **_switches(args))
+    lens = logit_lens(model, ids, **_switches(args), backend=_ops_for(model, args))
     top, prob = lens_top_tokens(lens, args.top_k)
     n_rows = lens.shape[0]
     names = ["embed"] + [f"after block {i}" for i in range(n_rows - 1)]
@@ -513,10 +542,11 @@ def cmd_sinks(args) -> int:
     # share is linear in w, so the mean of the chunks' shares is the share of their mean weights
     from .._progress import Progress
 
+    backend = _ops_for(model, args)
     w = 0.0
     with Progress(f"sinks: attention maps of {len(chunks)} chunk(s) of {T} tokens", len(chunks), unit="chunks") as bar:
         for c in chunks:
-            w = w + attention_weights(model, c) / len(chunks)  # [L, H, T, T]
+            w = w + attention_weights(model, c, backend=backend) / len(chunks)  # [L, H, T, T]
             bar.step()
     out = Path(args.out)
     result = {"tokens_per_chunk": int(T), "chunks": len(chunks), "bos_first": bool(b),
@@ -648,7 +678,7 @@ def cmd_steer(args) -> int:
 
     def prompts(texts, id_lists, flag):  # each text, then each id list: token ids [T] per prompt
         return ([_ids(model, argparse.Namespace(ids=None, text=t, file=None, model=args.model,
-                                                text_flag=flag.removesuffix("-ids")), flag=flag)
+                                                text_flag=flag.removesuffix("-ids")), flag=flag, bos_first=True)
                  for t in texts or ()] +
                 [_ids(model, argparse.Namespace(ids=i, text=None, file=None), flag=flag) for i in id_lists or ()])
 
@@ -658,20 +688,22 @@ def cmd_steer(args) -> int:
     layer = L // 2 if args.layer is None else args.layer
     if not 0 <= layer < L:
         raise _Usage(f"--layer must lie in 0 .. {L - 1} (a block of this {L}-block model); got {layer}")
-    d = steering_vector(model, pos, neg, layer=layer)
+    backend = _ops_for(model, args)
+    d = steering_vector(model, pos, neg, layer=layer, backend=backend)
     if args.prompt is not None and args.prompt_ids is not None:
         raise _Usage("give one of --prompt TEXT or --prompt-ids IDS, not both")
     text = DEFAULT_PROMPT if args.prompt is None and args.prompt_ids is None else args.prompt
     prompt = _ids(model, argparse.Namespace(ids=args.prompt_ids, text=text, file=None, model=args.model,
-                                            text_flag="--prompt"), flag="--prompt-ids")
+                                            text_flag="--prompt"), flag="--prompt-ids", bos_first=True)
     target = _token(model, args.target, "--target")
     alphas = args.alpha or [0.0, 1.0, 2.0, 4.0, 8.0]
     if 0.0 not in alphas:
         alphas = [0.0, *alphas]
-    rows = steering_effect(model, prompt, d, layer=layer, alphas=alphas, target=target)
+    rows = steering_effect(model, prompt, d, layer=layer, alphas=alphas, target=target, backend=backend)
     gens = {}
     for a in alphas:
-        g = steered_generate(model, prompt, d, layer=layer, alpha=a, max_new_tokens=args.max_new_tokens)
+        g = steered_generate(model, prompt, d, layer=layer, alpha=a, max_new_tokens=args.max_new_tokens,
+                             backend=backend)
         gens[str(a)] = model.tokenizer.decode(g) if model.tokenizer is not None else g
     out = Path(args.out)
     plt = pyplot()
@@ -698,16 +730,9 @@ def cmd_patch(args) -> int:
 
     model = _load(args.model)
 
-    def seq(text, ids_text, what, default):
-        if text is not None and ids_text is not None:
-            raise _Usage(f"give one of --{what} TEXT or --{what}-ids IDS, not both")
-        if text is None and ids_text is None:
-            text = default
-        return _ids(model, argparse.Namespace(ids=ids_text, text=text, file=None, model=args.model),
-                    flag=f"--{what}-ids")
-
-    src = seq(args.source, args.source_ids, "source", DEFAULT_SOURCE)
-    tgt = seq(args.target, args.target_ids, "target", DEFAULT_TARGET)
+    # Texts begin with the BOS their tokenizer puts first (as lens, attention, patchscope); --*-ids as given.
+    src = _seq(model, args, args.source, args.source_ids, "source", DEFAULT_SOURCE, bos_first=True)
+    tgt = _seq(model, args, args.target, args.target_ids, "target", DEFAULT_TARGET, bos_first=True)
     if len(src) != len(tgt):
         raise _Usage(f"the source and the target (--source / --source-ids, --target / --target-ids) must have the "
                      f"same number of tokens; got {len(src)} and {len(tgt)}")
@@ -716,7 +741,7 @@ def cmd_patch(args) -> int:
         raise _Usage(f"--answer-a and --answer-b are the same token {_quoted(model, a)} (id {a}): the metric "
                      "z[a] - z[b] would be 0 in every run; give two different tokens")
     metric = logit_diff_metric(a, b)
-    effects = patch_sweep(model, src, tgt, metric, progress=True)
+    effects = patch_sweep(model, src, tgt, metric, progress=True, backend=_ops_for(model, args))
     out = Path(args.out)
     data = {"source": src.tolist(), "target": tgt.tolist(), "answer_a": a, "answer_b": b,
             "rows": patch_points(model), "tokens": _labels(model, tgt), "effects": effects.tolist(),
@@ -852,7 +877,8 @@ def cmd_patchscope(args) -> int:
               f"reaches nothing decoded from the last position", file=sys.stderr)
     expect = _expected_tokens(model, args.expect) if args.expect is not None else None  # checked before any work
     rows = patchscope_grid(model, src, tgt, source_position=sp, target_position=tp, source_layers=args.source_layer,
-                           target_layers=targets, max_new_tokens=args.max_new_tokens)
+                           target_layers=targets, max_new_tokens=args.max_new_tokens,
+                           backend=_ops_for(model, args))
     decode = (lambda ids: model.tokenizer.decode(ids)) if model.tokenizer is not None else (lambda ids: ids)
     expect = expect or ([rows[0]["source_next"]] if rows else [])
     hits = layers_decoding(rows, expect)
@@ -916,6 +942,7 @@ def cmd_context(args) -> int:
     if args.context_ids and args.context:
         raise _Usage("give the contexts as --context TEXT (repeated) or as --context-ids IDS with --position N, "
                      "not both")
+    from refimpl._tokens import encode_prompt
     from refimpl.families import of_model
     from refimpl.models import load
 
@@ -956,7 +983,7 @@ def cmd_context(args) -> int:
                 raise _no_tokenizer(model, args.model, "the contexts", "--context-ids (with --position)")
             seqs, positions = [], []
             for text in args.context or DEFAULT_CONTEXTS:
-                ids = np.asarray(model.tokenizer.encode(text), dtype=np.int64)
+                ids = np.asarray(encode_prompt(model.tokenizer, text), dtype=np.int64)  # [BOS] first if it has one
                 span = None
                 for variant in (" " + word.strip(), word.strip()):
                     try:
@@ -1001,6 +1028,77 @@ def cmd_context(args) -> int:
     print(_table(["layer"] + [f"{a + 1}-{b + 1}" for a, b in pairs] + ["mean"],
                  [[l] + [float(cos[l, a, b]) for a, b in pairs] + [float(np.mean([cos[l, a, b] for a, b in pairs]))]
                   for l in range(cos.shape[0])]))
+    _done(paths)
+    return 0
+
+
+DEFAULT_CHAT = "What is the capital of France?"
+
+
+def cmd_chat(args) -> int:
+    from refimpl._tokens import encode_prompt
+    from refimpl.decoding import chat_prompt
+
+    from ._plot import pyplot, save
+    from .chat import answer_logprobs, show_special, special_counts
+
+    if args.max_new_tokens < 1:
+        raise _Usage(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
+    model = _load(args.model)
+    if model.tokenizer is None or getattr(model, "chat_template", None) is None:
+        missing = "tokenizer" if model.tokenizer is None else "chat template"
+        raise _Usage(f"{args.model or 'this model'} has no {missing}"
+                     " (a chat model's tokenizer_config.json chat_template, chat_template.jinja or a GGUF's "
+                     "tokenizer.chat_template): there is no template to show")
+    message = DEFAULT_CHAT if args.message is None else args.message
+    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
+        [{"role": "user", "content": message}]
+    prompt = chat_prompt(model, messages)
+    backend = _ops_for(model, args)
+    chat = answer_logprobs(model, prompt, max_new_tokens=args.max_new_tokens, backend=backend)
+    plain_prompt = encode_prompt(model.tokenizer, message)  # the same words as a plain text ([BOS] first if any)
+    plain = answer_logprobs(model, plain_prompt, max_new_tokens=args.max_new_tokens, stop_at_end=False,
+                            backend=backend)
+    ends = chat["end_ids"]
+    end_name = " or ".join(_quoted(model, e) for e in ends) or "none (the config names no eos_token_id)"
+    specials = special_counts(model, prompt)
+    data = {"messages": messages, "prompt_ids": prompt, "prompt_marked": show_special(model, prompt),
+            "special_tokens": specials, "end_ids": ends,
+            "chat": {**chat, "tokens": _labels(model, chat["ids"]), "text": model.tokenizer.decode(chat["ids"])},
+            "plain": {**plain, "prompt_ids": plain_prompt, "tokens": _labels(model, plain["ids"]),
+                      "marked": show_special(model, plain["ids"])}}
+    out = Path(args.out)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for run, label, style in ((chat, "with the chat template", "-o"), (plain, "plain prompt", "--s")):
+        ax.plot(range(1, len(run["ids"]) + 1), np.exp(run["end_logprob"]), style, label=label, ms=4)
+    ax.set_yscale("log")
+    ax.set_xlabel("greedy step")
+    ax.set_ylabel(f"p(end of turn) = p({end_name})")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{message!r}: when the model would end its turn", fontsize=9)
+    paths = [save(fig, out / "chat.png"), _write_json(out, "chat.json", data)]
+    print(f"the prompt through the chat template: {len(prompt)} tokens, special tokens shown as [TEXT=ID]")
+    print("  " + data["prompt_marked"].replace("\n", "\n  "))
+    print("special tokens: " + "; ".join(f"'{s['token']}' id {s['id']} at positions {_spans(s['positions'])}"
+                                         for s in specials)
+          + "  (plain text never encodes to them: the template writes them)")
+    print(f"with the template, greedy: log p of each answer token and p(end of turn {end_name}) at that step")
+    print(_table(["step", "token", "log p", "p(end)"],
+                 [[i + 1, f"'{t}'", lp, float(np.exp(e))] for i, (t, lp, e) in
+                  enumerate(zip(data["chat"]["tokens"], chat["logprob"], chat["end_logprob"]))]))
+    if chat["ended"]:
+        before = np.exp(chat["end_logprob"][:-1]).max() if len(chat["ids"]) > 1 else float("nan")
+        print(f"the turn ends at step {len(chat['ids'])}: p(end) = {np.exp(chat['end_logprob'][-1]):.3f}; "
+              f"at most {before:.2g} at the steps before")
+    else:
+        print(f"no end of turn within --max-new-tokens {args.max_new_tokens}")
+    first = next((i for i, t in enumerate(plain["ids"]) if t in ends), None)
+    print(f"the same words as a plain prompt ({len(plain_prompt)} tokens, no template), {args.max_new_tokens} greedy "
+          "steps through any end token:")
+    print("  " + repr(data["plain"]["marked"]))
+    print(f"p(end) at its first step {np.exp(plain['end_logprob'][0]):.3f}; "
+          + ("it never writes the end token" if first is None else f"first end token at step {first + 1}"))
     _done(paths)
     return 0
 
@@ -1133,7 +1231,7 @@ def cmd_neurons(args) -> int:
     ids = _ids(model, args, default=HELD_OUT_TEXT, limit=args.max_tokens)
     chunk = min(args.chunk, _context(model), len(ids))
     chunks = [ids[i:i + chunk] for i in range(0, len(ids) - chunk + 1, chunk)]
-    acts = neuron_activations(model, chunks, layer=layer)  # [N, T, F]
+    acts = neuron_activations(model, chunks, layer=layer, backend=_ops_for(model, args))  # [N, T, F]
     F = acts.shape[-1]
     for n in args.neuron or ():
         if not 0 <= n < F:
@@ -1238,6 +1336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ridge", type=float, default=None, metavar="R", help="the tuned lens's ridge toward the "
                    f"identity, relative to each layer's mean squared residual (default {DEFAULT_RIDGE:g})")
     _add_switch_flags(p)
+    _add_backend_flag(p)
     p.set_defaults(func=cmd_lens)
 
     p = sub.add_parser("attention", help="attention heatmaps per layer and head")
@@ -1255,6 +1354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, action="append", help="first-k positions counted (repeatable; default 1)")
     p.add_argument("--chunks", type=int, default=1,
                    help="average over this many consecutive chunks of the input (each its own sequence)")
+    _add_backend_flag(p)
     p.set_defaults(func=cmd_sinks)
 
     p = sub.add_parser("streaming", help="StreamingLLM perplexity: window vs sinks + window vs recompute")
@@ -1279,6 +1379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, help="block whose input is steered (default: number of blocks // 2)")
     p.add_argument("--alpha", type=float, action="append", help="steering strength (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=20)
+    _add_backend_flag(p)
     p.set_defaults(func=cmd_steer)
 
     p = sub.add_parser("patch", help="activation patching over layers x positions")
@@ -1289,6 +1390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-ids", nargs="+", metavar="ID", help="target as token ids")
     p.add_argument("--answer-a", default=" Caesar", help="token whose logit counts + (text or id; default ' Caesar')")
     p.add_argument("--answer-b", default=" Romeo", help="token whose logit counts - (text or id; default ' Romeo')")
+    _add_backend_flag(p)
     p.set_defaults(func=cmd_patch)
 
     p = sub.add_parser("encodings", help="pictures of sinusoidal, RoPE and ALiBi encodings")
@@ -1316,6 +1418,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=4)
     p.add_argument("--expect", metavar="TOKEN", help="mark the layers whose continuation holds this token (text, "
                    "with or without its leading space, or an id; default: the source's own next token)")
+    _add_backend_flag(p)
     p.set_defaults(func=cmd_patchscope)
 
     p = sub.add_parser("context", help="one word in several contexts: cosine of its states per layer")
@@ -1356,7 +1459,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-position", type=int, default=1, help="rank activations from this position of each "
                    "chunk on (default 1: the first token's massive activations, the attention sink's, left out; "
                    "0 keeps them)")
+    _add_backend_flag(p)
     p.set_defaults(func=cmd_neurons)
+
+    p = sub.add_parser("chat", help="the chat template's special tokens, and p(end of turn) with and without it")
+    p.add_argument("--model", default=None, metavar="NAME|PATH", help="a chat model (e.g. smollm2-135m-instruct)")
+    p.add_argument("--out", default="inspect_out", metavar="DIR", help="output folder (default ./inspect_out)")
+    p.add_argument("--message", help=f"the user message (default {DEFAULT_CHAT!r})")
+    p.add_argument("--system", help="a system message before it (default: the template's own, if any)")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    _add_backend_flag(p)
+    p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("training", help="loss and gradient-norm curves from a model's history.json")
     p.add_argument("--model", default=None, metavar="DIR", help="model folder holding history.json "
