@@ -18,19 +18,22 @@ Implementations
   that is descheduled stalls its partner at every one. On the shared 2-core VM of 2026-12-07 (load
   average ~3) SmolLM2 decoded at 1-7 tokens/s on 2 threads and 60-70 on 1: these rows show whether a
   run met that.
-- refimpl on SmolLM2 from the same GGUF (refimpl.load: float32 dequantized weights), the numba backend
-  (accel's kernels and threaded BLAS), `threads` threads, and again on 1.
+- refimpl on both files, the numba backend, `threads` threads, and again on 1: "float32" (refimpl.load: the
+  weights dequantized to float32; accel's kernels and threaded BLAS) and "quantized" (refimpl.load(...,
+  weights="quantized"): the matrices kept as the file's blocks, a decoding step one launch of
+  accel.numba_cpu.qstep on qmatvec's kernels; the reasons any step was declined are recorded, as is how many
+  greedy tokens the two weight forms share).
 
 Cases (interleaved rounds, harness.time_interleaved; "paired": the median of per-round ratios)
 - decode B=1: 8 prompt ids, then 64 new tokens, greedy: the prompt into an empty KV cache, then one token
   at a time, each step's argmax fed back (benchmarks.llama.greedy; the worker's loop is the same).
-  tokens/s = 64 / time, the prompt's prefill included. Before timing, the two SmolLM2 decoders' tokens
+  tokens/s = 64 / time, the prompt's prefill included. Before timing, the SmolLM2 decoders' tokens (llama.cpp, refimpl float32)
   are compared (they need not all agree: llama.cpp's logits are not the exact ones).
 - prefill T=128: 128 ids into an empty KV cache, logits of the last position only.
 
 Bound for decoding at batch 1: a step reads every weight once, so tokens/s <= bandwidth / bytes per token:
 the tensors' bytes in the file for llama.cpp (quantized; the tied embedding read whole as the LM head),
-the float32 parameters' bytes for refimpl. The bandwidth is a NumPy gemv over an array of refimpl's
+refimpl's parameter bytes (float32, or the blocks as kept) for refimpl. The bandwidth is a NumPy gemv over an array of refimpl's
 parameter size, sampled in the decoders' own rounds (row "bound: ..."); both bounds use it. (A file
 smaller than the last-level cache could beat it; these files are not.)
 """
@@ -128,6 +131,34 @@ def cpu_folder_name(info: dict) -> str:
     return f"{name}_f{fam}m{mod}_{time.strftime('%Y-%m-%d')}"
 
 
+def read_bytes(params) -> int:
+    """Bytes a decoding step reads: the LM head's matrix whole (params.output_embedding; of the embedding only one
+    row a token, not counted), every other distinct parameter array once, a matrix kept quantized as its blocks."""
+    from refimpl.quant.weights import QuantizedLinear
+
+    seen, total = set(), 0
+
+    def add(a):
+        nonlocal total
+        a = a.q if isinstance(a, QuantizedLinear) else a
+        if a is not None and id(a) not in seen:
+            seen.add(id(a))
+            total += a.nbytes
+
+    add(params.output_embedding), add(params.norm)
+    for b in params.blocks:
+        for a in (b.attn_norm, b.mlp_norm, b.q_norm, b.k_norm, b.post_attn_norm, b.post_mlp_norm):
+            add(a)
+        for lp in (b.attn.q, b.attn.k, b.attn.v, b.attn.o, b.mlp.gate, b.mlp.up, b.mlp.down):
+            add(lp if isinstance(lp, QuantizedLinear) else lp.w), add(lp.b)
+    return total
+
+
+def model_of(impl: str) -> str:
+    """'refimpl[numba] NAME (kind)[, 1 thread]' -> NAME."""
+    return impl.split(" ", 1)[1].rsplit(" (", 1)[0]
+
+
 def one_thread(fn, threads: int):
     """fn run with refimpl's side on 1 thread (harness.set_threads), then back on `threads`."""
     def call():
@@ -143,7 +174,7 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
     import refimpl
     from refimpl.llama.model import KVCache, get_ops, hidden_states, lm_head
 
-    from .llama import greedy, param_bytes
+    from .llama import greedy
 
     set_threads(threads)
     load_before = os.getloadavg()
@@ -154,14 +185,20 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
     try:
         about = worker.ask("about")
         n_new, prompt_len, T = 64, 8, 128
+        ops = get_ops("numba")
         for name, (_, path) in FILES.items():
             worker.ask("load", name=name, path=str(path), threads=threads, n_ctx=256)
             if threads != 1:
                 worker.ask("load", name=f"{name}, 1 thread", path=str(path), threads=1, n_ctx=256)
-        model = refimpl.load(FILES[SMOL][1])
-        ops = get_ops("numba")
-        cfg, params = model.config, ops.prepare(model.params)
-        f32_bytes = param_bytes(model.params)
+        loaded = {}  # (model, kind) -> (config, prepared params, bytes a decoding step reads)
+        for name, (_, path) in FILES.items():
+            for kind, weights in (("float32", "float"), ("quantized", "quantized")):
+                m = refimpl.load(path, weights=weights)
+                loaded[name, kind] = (m.config, ops.prepare(m.params), read_bytes(m.params))
+                if name == SMOL and kind == "float32":
+                    model = m
+        cfg, params = loaded[SMOL, "float32"][:2]
+        f32_bytes = loaded[SMOL, "float32"][2]
         file_bytes = {name: file_tensor_bytes(path) for name, (_, path) in FILES.items()}
         rng = np.random.default_rng(0)
         prompt = np.array(model.tokenizer.encode(PROMPT)[:prompt_len])  # also ordinary tokens of Gemma 3's vocabulary
@@ -170,55 +207,73 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
         ours_tokens = greedy(params, cfg, ops, prompt, n_new)
         theirs_tokens = worker.ask("decode", name=SMOL, prompt=prompt.tolist(), new=n_new)["tokens"]
         same_prefix = next((i for i, (a, b) in enumerate(zip(ours_tokens, theirs_tokens)) if a != b), n_new)
+        quantized_vs_float32 = {}  # greedy tokens of the quantized weights equal to the float32 weights'
+        for name in FILES:
+            (cf, pf, _), (cq, pq, _) = loaded[name, "float32"], loaded[name, "quantized"]
+            quantized_vs_float32[name] = sum(a == b for a, b in zip(greedy(pf, cf, ops, prompt, n_new),
+                                                                   greedy(pq, cq, ops, prompt, n_new)))
+        declined_before = dict(getattr(ops, "declined", {}))
+        for name in FILES:
+            greedy(loaded[name, "quantized"][1], loaded[name, "quantized"][0], ops, prompt, 2)
+        declined_quantized = {k: v - declined_before.get(k, 0) for k, v in getattr(ops, "declined", {}).items()
+                              if v != declined_before.get(k, 0)}
 
         probe_w = np.ones((f32_bytes // (4 * 16384), 16384), np.float32)
         probe_x = np.ones(16384, np.float32)
         names = [n for name in FILES for n in (name, f"{name}, 1 thread")[:1 if threads == 1 else 2]]
         decoders = {f"llama.cpp {name}": (lambda name=name: worker.ask("decode", name=name, prompt=prompt.tolist(),
                                                                          new=n_new)) for name in names}
-        decoders[f"refimpl[numba] {SMOL} (float32)"] = lambda: greedy(params, cfg, ops, prompt, n_new)
-        if threads != 1:
-            decoders[f"refimpl[numba] {SMOL} (float32), 1 thread"] = one_thread(
-                lambda: greedy(params, cfg, ops, prompt, n_new), threads)
+        reads = {}
+        for (name, kind), (c, p, nbytes) in loaded.items():
+            impl = f"refimpl[numba] {name} ({kind})"
+            decoders[impl] = lambda c=c, p=p: greedy(p, c, ops, prompt, n_new)
+            reads[impl] = nbytes
+            if threads != 1:
+                decoders[f"{impl}, 1 thread"] = one_thread(lambda c=c, p=p: greedy(p, c, ops, prompt, n_new), threads)
+                reads[f"{impl}, 1 thread"] = nbytes
         decoders[BOUND] = lambda: [probe_w @ probe_x for _ in range(n_new)]
+        reads[BOUND] = probe_w.nbytes
         rounds = 7 if quick else 11
         timings = time_interleaved(decoders, repeats=rounds, warmup=1)
         bandwidth = probe_w.nbytes * n_new / timings[BOUND].median
         results = []
         for impl, t in timings.items():
-            read = (f32_bytes if impl.startswith("refimpl") or impl == BOUND
-                    else file_bytes[impl.split(" ", 1)[1].removesuffix(", 1 thread")])
+            read = reads.get(impl) or file_bytes[impl.split(" ", 1)[1].removesuffix(", 1 thread")]
             extra = {"tokens_per_s": n_new / t.median, "rounds": len(t.samples), "samples": t.samples,
                      "read_bytes_per_token": read, "bound_tokens_per_s": bandwidth / read,
                      "fraction_of_bound": n_new / t.median * read / bandwidth}
             if impl.startswith("refimpl"):
-                extra["paired_tokens_per_s_vs_llama_cpp"] = 1 / paired_ratio(t, timings[f"llama.cpp {SMOL}"])
-                if f"llama.cpp {SMOL}, 1 thread" in timings:
+                peer = model_of(impl)
+                extra["paired_tokens_per_s_vs_llama_cpp"] = 1 / paired_ratio(t, timings[f"llama.cpp {peer}"])
+                if f"llama.cpp {peer}, 1 thread" in timings:
                     extra["paired_tokens_per_s_vs_llama_cpp_1_thread"] = 1 / paired_ratio(
-                        t, timings[f"llama.cpp {SMOL}, 1 thread"])
+                        t, timings[f"llama.cpp {peer}, 1 thread"])
             if impl != BOUND:
                 extra["paired_fraction_of_bound"] = (read / probe_w.nbytes) / paired_ratio(t, timings[BOUND])
             results.append(Result("decode B=1", impl, t.median, t.spread, bytes=read * n_new,
                                   params={"B": 1, "prompt": prompt_len, "new_tokens": n_new}, extra=extra))
 
-        def refimpl_prefill():
-            cache = KVCache.allocate(cfg, 1, max_len=T + 8, dtype=params.dtype, zeros=ops.zeros)
-            h = hidden_states(params, cfg, ids[None], cache=cache, ops=ops, last_only=True)
-            return ops.to_numpy((ops.lm_head or lm_head)(h[:, -1], params, cfg))
+        def refimpl_prefill(c=cfg, p=params):
+            cache = KVCache.allocate(c, 1, max_len=T + 8, dtype=p.dtype, zeros=ops.zeros)
+            h = hidden_states(p, c, ids[None], cache=cache, ops=ops, last_only=True)
+            return ops.to_numpy((ops.lm_head or lm_head)(h[:, -1], p, c))
 
         prefills = {f"llama.cpp {name}": (lambda name=name: worker.ask("prefill", name=name, ids=ids.tolist()))
                     for name in names}
-        prefills[f"refimpl[numba] {SMOL} (float32)"] = refimpl_prefill
-        if threads != 1:
-            prefills[f"refimpl[numba] {SMOL} (float32), 1 thread"] = one_thread(refimpl_prefill, threads)
+        for (name, kind), (c, p, _) in loaded.items():
+            impl = f"refimpl[numba] {name} ({kind})"
+            prefills[impl] = lambda c=c, p=p: refimpl_prefill(c, p)
+            if threads != 1:
+                prefills[f"{impl}, 1 thread"] = one_thread(lambda c=c, p=p: refimpl_prefill(c, p), threads)
         agree_prefill = int(refimpl_prefill().argmax()) == worker.ask("prefill", name=SMOL, ids=ids.tolist())["argmax"]
         timings = time_interleaved(prefills, repeats=rounds, warmup=1)
         for impl, t in timings.items():
             extra = {"tokens_per_s": T / t.median, "rounds": len(t.samples), "samples": t.samples}
             if impl.startswith("refimpl"):
-                extra["paired_time_vs_llama_cpp"] = paired_ratio(t, timings[f"llama.cpp {SMOL}"])
-                if f"llama.cpp {SMOL}, 1 thread" in timings:
-                    extra["paired_time_vs_llama_cpp_1_thread"] = paired_ratio(t, timings[f"llama.cpp {SMOL}, 1 thread"])
+                peer = model_of(impl)
+                extra["paired_time_vs_llama_cpp"] = paired_ratio(t, timings[f"llama.cpp {peer}"])
+                if f"llama.cpp {peer}, 1 thread" in timings:
+                    extra["paired_time_vs_llama_cpp_1_thread"] = paired_ratio(t, timings[f"llama.cpp {peer}, 1 thread"])
             results.append(Result(f"prefill T={T} (KV cache + last position's logits)", impl, t.median, t.spread,
                                   params={"T": T}, extra=extra))
     finally:
@@ -231,7 +286,9 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
             "bandwidth_gbps_in_decode_rounds": bandwidth / 1e9,
             "validation": {"smollm2_greedy_tokens_equal": sum(a == b for a, b in zip(ours_tokens, theirs_tokens)),
                            "smollm2_greedy_same_prefix": same_prefix, "of": n_new,
-                           "smollm2_prefill_argmax_equal": agree_prefill},
+                           "smollm2_prefill_argmax_equal": agree_prefill,
+                           "quantized_greedy_tokens_equal_float32": quantized_vs_float32,
+                           "fused_quantized_step_declined": declined_quantized},
             "results": results, "load_average": {"before": load_before, "after": os.getloadavg()}}
 
 

@@ -307,3 +307,25 @@ def test_the_benchmarks_llama_cpp_worker_decodes_greedily_and_reports_errors(tmp
     finally:
         worker.close()
     assert worker.proc.returncode == 0
+
+
+def test_the_benchmarks_bytes_per_token_count_quantized_matrices_as_their_blocks(tmp_path):
+    """benchmarks.llamacpp.read_bytes, the bound's numerator: weights kept quantized read the file's tensor bytes
+    (the tied embedding once, as the LM head); the same file dequantized reads 4 bytes a parameter, the head once."""
+    from benchmarks.llamacpp import file_tensor_bytes, read_bytes
+    from llama_random import random_llama
+    from refimpl.llama.config import LlamaConfig
+    from refimpl.llama.gguf import load_gguf_model
+    from refimpl.llama.gguf_write import save_gguf
+
+    config = LlamaConfig.from_dict(dict(model_type="llama", vocab_size=97, hidden_size=128, intermediate_size=96,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=64, rms_norm_eps=1e-5,
+                                        tie_word_embeddings=True))  # tied, as both real files are
+    path = save_gguf(random_llama(config, seed=1, dtype=np.float32), tmp_path / "m.gguf", type="Q4_1").path
+    quantized, dense = load_gguf_model(path, weights="quantized"), load_gguf_model(path)
+    n = 97 * 128 + 128 + 2 * (2 * 128 + 128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 96)
+    print(f"bytes/token: quantized {read_bytes(quantized.params)}, file {file_tensor_bytes(path)}, "
+          f"float32 {read_bytes(dense.params)} = 4 x {n}")
+    assert read_bytes(quantized.params) == file_tensor_bytes(path)
+    assert read_bytes(dense.params) == 4 * n
