@@ -27,14 +27,14 @@ Implementations
 Cases (interleaved rounds, harness.time_interleaved; "paired": the median of per-round ratios)
 - decode B=1: 8 prompt ids, then 64 new tokens, greedy: the prompt into an empty KV cache, then one token
   at a time, each step's argmax fed back (benchmarks.llama.greedy; the worker's loop is the same).
-  tokens/s = 64 / time, the prompt's prefill included. Before timing, the SmolLM2 decoders' tokens (llama.cpp, refimpl float32)
-  are compared (they need not all agree: llama.cpp's logits are not the exact ones).
+  tokens/s = 64 / time, the prompt's prefill included. Before timing, the SmolLM2 decoders' tokens
+  (llama.cpp, refimpl float32) are compared (they need not all agree: llama.cpp's logits are not the exact ones).
 - prefill T=128: 128 ids into an empty KV cache, logits of the last position only.
 
 Bound for decoding at batch 1: a step reads every weight once, so tokens/s <= bandwidth / bytes per token:
 the tensors' bytes in the file for llama.cpp (quantized; the tied embedding read whole as the LM head),
-refimpl's parameter bytes (float32, or the blocks as kept) for refimpl. The bandwidth is a NumPy gemv over an array of refimpl's
-parameter size, sampled in the decoders' own rounds (row "bound: ..."); both bounds use it. (A file
+refimpl's parameter bytes (float32, or the blocks as kept) for refimpl. The bandwidth is a NumPy gemv over
+an array of refimpl's parameter size, sampled in the decoders' own rounds (row "bound: ..."); both bounds use it. (A file
 smaller than the last-level cache could beat it; these files are not.)
 """
 
