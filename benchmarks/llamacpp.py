@@ -34,8 +34,8 @@ Cases (interleaved rounds, harness.time_interleaved; "paired": the median of per
 Bound for decoding at batch 1: a step reads every weight once, so tokens/s <= bandwidth / bytes per token:
 the tensors' bytes in the file for llama.cpp (quantized; the tied embedding read whole as the LM head),
 refimpl's parameter bytes (float32, or the blocks as kept) for refimpl. The bandwidth is a NumPy gemv over
-an array of refimpl's parameter size, sampled in the decoders' own rounds (row "bound: ..."); both bounds use it. (A file
-smaller than the last-level cache could beat it; these files are not.)
+an array of refimpl's parameter size, sampled in the decoders' own rounds (row "bound: ..."); both bounds
+use it. (A file smaller than the last-level cache could beat it; these files are not.)
 """
 
 from __future__ import annotations
