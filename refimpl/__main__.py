@@ -45,6 +45,7 @@ import os
 import sys
 from pathlib import Path
 
+from refimpl._compile_note import note_numba_compile as _note_numba_compile  # (inspect says it too)
 from refimpl._threads import BLAS_THREAD_VARS, SMALL_MODEL_WIDTH, one_blas_thread_for  # noqa: F401 (re-exported)
 
 
@@ -326,27 +327,6 @@ def _compare_beam(model, prompt, kw, args) -> int:
             print(_logprob_table(model, trace, args.repetition_penalty != 1.0))
         print(_timing_lines(trace, args.backend, name, beams=beams))
     return 0
-
-
-def _note_numba_compile(model) -> None:
-    """One line on stderr before --backend numba compiles its kernels: when its disk cache holds none for this
-    model's family (accel.numba_cpu._launch.kernels_cached), or always where the cache cannot be looked at."""
-    from refimpl.families import of_model
-
-    try:
-        from accel.numba_cpu._launch import kernels_cached
-    except ImportError:  # no Numba: generate's backend check says so
-        return
-    from refimpl._progress import note_once
-
-    module = of_model(model).name  # (accel.numba_cpu's module of that family)
-    cached = kernels_cached(module)
-    if cached is None:
-        note_once(f"accel.numba_cpu.{module}", "--backend numba compiles its kernels on first use (cached afterwards "
-                  "in NUMBA_CACHE_DIR); the first run can take a minute")
-    elif not cached:
-        note_once(f"accel.numba_cpu.{module}", f"compiling the Numba kernels for --backend numba ({module}; first "
-                  "use, cached afterwards): this can take a minute")
 
 
 # ----------------------------------------------------------------------------- tokenize

@@ -450,7 +450,7 @@ def test_inspect_attention_without_the_mask_fills_the_upper_triangle(tmp_path, c
     import refimpl.interp.attention_maps as maps
 
     # the JSON is checked, not the picture
-    monkeypatch.setattr(maps, "plot_attention_maps", lambda model, ids, w, path: path)
+    monkeypatch.setattr(maps, "plot_attention_maps", lambda model, ids, w, path, **kw: path)
     rc, out, err = run_cli(["inspect", "attention", "--text", "Friends, Romans", "--no-causal-mask",
                             "--attention-scale", "head-dim", "--out", str(tmp_path)], capsys)
     assert rc == 0, err

@@ -248,9 +248,9 @@ def _ops_for(model, args):
     except (ValueError, ImportError) as e:
         raise _Usage(f"--backend {backend}: {e}") from None
     if backend == "numba":
-        from refimpl.__main__ import _note_numba_compile
+        from refimpl._compile_note import note_numba_compile
 
-        _note_numba_compile(model)
+        note_numba_compile(model)
     return backend
 
 
