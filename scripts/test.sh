@@ -15,6 +15,8 @@ fi
 # torch==2.13.0 is the CPU build; see pyproject.toml's `oracle` extra.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,oracle,numba,blas,plot]'
 .venv/bin/python scripts/fetch_data.py
+# Everything the tests read is now here: a test that finds a data file missing fails rather than skips.
+export REFIMPL_DATA_FETCHED=1
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   export NUMBA_ENABLE_CUDASIM=1
