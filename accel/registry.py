@@ -533,6 +533,7 @@ NOTES: dict[str, str] = {
     ),
 }
 
+
 def kernels(backend: str | None = None) -> list[KernelSpec]:
     """The registered kernels, all or those of one backend, in registry order."""
     if backend is not None and backend not in BACKENDS:

@@ -452,7 +452,6 @@ def _non_negative_int(text: str) -> int:  # an argparse type
     return value
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refimpl", description="Readable NumPy transformer math, checked: "
                                  "GPT-2 and the LLaMA family (LLaMA, Mistral, Qwen2/3, Gemma/2, Phi-3) run from "

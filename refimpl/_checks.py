@@ -176,6 +176,7 @@ def check_bool(value, name: str) -> bool:
         raise TypeError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
     return bool(value)
 
+
 def check_token_ids(ids, vocab_size: int, *, name: str = "ids",
                     ragged_hint: str = "left-pad shorter ones") -> np.ndarray:
     """ids (any shape) as an int64 array after checking the dtype (integers, not bool) and the range 0 <= id < V.
@@ -212,6 +213,7 @@ def _check_id_range(a: np.ndarray, vocab_size: int, name: str) -> None:
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ValueError(f"{name} has token id {int(a[where])} at index {where}, outside the "
                              f"vocabulary [0, {vocab_size}) (vocab_size V={vocab_size})")
+
 
 def check_batch_of_ids(ids: np.ndarray) -> tuple[int, int]:
     """(B, T) of checked token ids (check_token_ids) that must be [B, T] with T >= 1."""
@@ -267,6 +269,7 @@ def check_cache_room(cache, B: int, T: int, dtype) -> int:
         raise ValueError(f"KV cache is full: it holds at most {cache.max_len} tokens, has {start}, "
                          f"cannot add T={T} more")
     return start
+
 
 def check_key_mask(attention_mask, B: int, S: int) -> np.ndarray:
     """attention_mask as a bool [B, S] key mask (1 / True = real token) after checking its shape and values."""

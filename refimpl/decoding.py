@@ -297,6 +297,7 @@ def sample_from_logits(logits, rng: np.random.Generator) -> np.ndarray:  # [B, V
 
 # ----------------------------------------------------------------------------- the family adapter
 
+
 @dataclass(frozen=True)
 class Decoder:
     """What the decoding strategies need of one model, run by one backend (built by its family's generate module).
@@ -556,7 +557,6 @@ def _settings(dec: Decoder, *, max_new_tokens, do_sample, temperature, top_k, to
     return _Settings(int(max_new_tokens), do_sample, float(temperature), top_k, top_p,
                      float(repetition_penalty), int(num_beams), float(length_penalty), early_stopping,
                      tuple(int(e) for e in eos_ids), stop, on_context_limit)
-
 
 
 def _check_penalty_for_model(penalty, dec: Decoder) -> None:

@@ -63,6 +63,7 @@ class AdamWState:
     m: dict[str, np.ndarray]
     v: dict[str, np.ndarray]
 
+
 def adamw_init(params: dict[str, np.ndarray]) -> AdamWState:
     """t = 0, m = v = 0 for every tensor (params: a dict name -> array)."""
     return AdamWState(0, {n: np.zeros_like(a) for n, a in params.items()},
@@ -135,6 +136,7 @@ def lr_at(step: int, *, max_lr: float, warmup: int, total: int, min_lr: float = 
     return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * s))
 
 # ----------------------------------------------------------------------------- the model a loop trains
+
 
 @dataclass(frozen=True)
 class TrainFamily:

@@ -24,6 +24,6 @@ fi
 # One BLAS thread per process: the suite is many small matmuls, where threads cost more than
 # they give on 2 cores (torch and numba keep their own pools).
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-# The linter first (pyproject.toml's [tool.ruff]): undefined or unused names and long lines fail the run first.
+# The linter first (pyproject.toml's [tool.ruff]): undefined or unused names, layout and long lines fail the run first.
 .venv/bin/python -m ruff check --quiet .
 exec .venv/bin/python -m pytest "$@"

@@ -454,6 +454,7 @@ def test_float16_attention_is_computed_in_float32_and_rounded_once():
     assert out.dtype == w.dtype == np.float16
     np.testing.assert_array_equal(out, ref.astype(np.float16))
 
+
 def test_decode_attention_ignores_whatever_the_cache_holds_past_each_length():
     """Entries j >= L_b take no part: NaN and inf there change nothing (bit for bit), though a zero
     weight times them would be NaN in a plain weighted sum."""
@@ -465,6 +466,7 @@ def test_decode_attention_ignores_whatever_the_cache_holds_past_each_length():
     k2[0, :, 3:], v2[0, :, 3:], k2[1], v2[1] = np.inf, np.nan, -np.inf, np.inf
     np.testing.assert_array_equal(decode_attention(q, k2, v2, key_lengths=lengths), out)
     assert np.isfinite(out).all() and (out[1] == 0).all()
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())

@@ -18,8 +18,6 @@ from train_script import train_default
 REPO = Path(__file__).resolve().parent.parent
 
 
-
-
 @pytest.fixture(scope="module")
 def model():
     return gpt2.load()

@@ -85,7 +85,8 @@ def test_top_p_matches_hugging_face(seed, p, keep, scale):
     ref = LP.TopPLogitsWarper(p, min_tokens_to_keep=keep)(None, torch.tensor(z)).numpy()
     np.testing.assert_array_equal(ours, ref)
     # the kept tokens carry mass >= p (the dropped ones have cumulative mass <= 1 - p), up to rounding
-    probs = np.exp(z - z.max(-1, keepdims=True)); probs /= probs.sum(-1, keepdims=True)
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
     assert (np.where(np.isinf(ours), 0, probs).sum(-1) >= p - 1e-5).all()
 
 
@@ -312,7 +313,8 @@ def test_sampler_frequencies_follow_softmax():
     probability (F(i) - F(i-1)) / F(V-1) = p_i. A -inf logit has p_i = 0 and is never drawn.
     """
     z = np.array([[0.0, 1.0, -1.0, 2.0, -np.inf, 0.5]], dtype=np.float32)
-    p = np.exp(z[0] - z[0].max()); p /= p.sum()
+    p = np.exp(z[0] - z[0].max())
+    p /= p.sum()
     rng = np.random.default_rng(0)
     n = 20000
     draws = np.concatenate([sample_from_logits(np.repeat(z, 1000, axis=0), rng) for _ in range(n // 1000)])

@@ -219,8 +219,6 @@ def test_shipped_llama_loads_and_equals_hugging_face():
     assert max_rel_diff(logits(model, ids), ref) < 1e-4
 
 
-
-
 SONNET_LINES = ["ROMEO:\nWhat light through yonder window breaks?", "Friends, Romans, countrymen, lend me your ears;",
                 "  To be, or not to be: that is the question:\n\n", "O, pardon me, thou bleeding piece of earth,",
                 "Cry 'Havoc!' and let slip the dogs of war;", "", " ", "Et tu, Brute!--Then fall, Caesar.\r\n",

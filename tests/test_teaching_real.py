@@ -113,7 +113,6 @@ def test_logit_lens_finds_paris_late(smol):
     assert top[-1, 0, 0] == paris[0]
 
 
-
 def test_tuned_lens_finds_paris_earlier_than_the_logit_lens(smol, held_out):
     """A tuned lens (refimpl.interp.tuned_lens: ridge least-squares translators, fit on 2 x 256 tokens of held-out
     Julius Caesar) reads " Paris" into the top 5 several blocks before the plain logit lens does."""

@@ -221,6 +221,7 @@ def test_cli_prints_the_tuned_rows_next_to_the_plain_ones(toy, tmp_path, capsys)
     assert (f"first in the top 5: plain {data['answer_first_in_top_k'] or 'never'}, "
             f"tuned {data['tuned']['answer_first_in_top_k'] or 'never'}") in out
 
+
 def test_cli_errors_for_the_tuned_flags(toy, tmp_path, capsys):
     model, _, _ = toy
     name = "shakespeare-gpt2" if type(model.config).__name__ == "GPT2Config" else "shakespeare-llama"

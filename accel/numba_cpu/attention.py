@@ -85,6 +85,7 @@ DECODE_PARALLEL_WORK = 1 << 21  # k + v elements (8 MiB of float32) from which d
 # GPT-2 small's whole 1024-token cache at B = 1 (1.6M) measured the same
 # serial or parallel (~0.33 ms), B = 8 1.4 vs 2.1 ms
 
+
 @njit(inline="always")
 def _row_bounds(p, S, causal, window, n_sink):  # -> (sink_end, lo, hi): keys [0, sink_end) and [lo, hi)
     """The keys query position p may see (before the padding mask): [0, sk) union [lo, hi)."""

@@ -404,6 +404,7 @@ def _flash_kernel_tiled(dtype: np.dtype, br: int, bc: int, rm: int, rn: int, d_p
     # a thread (ptxas, sm_90: no spills at the default tiles, where it would otherwise take 168), so
     # four 128-thread blocks fit an SM's 64K registers instead of three. Larger micro-tiles: no cap.
     capped = dtype == np.float32 and RM * RN <= 16 and N_O <= 32 and not SIMULATOR
+
     @cuda.jit(**({"max_registers": TILED_MAX_REGISTERS} if capped else {}))
     def flash_attention_tiled(q, k, v, key_mask, use_mask, slopes, use_alibi, scale, softcap, causal, window, n_sink,
                               out):

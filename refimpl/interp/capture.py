@@ -43,6 +43,7 @@ def backend_ops(model, backend="numpy"):
     ops = decoder_of(model).get_ops(backend)
     return ops, ops.prepare(model.params)
 
+
 def hook_names(config) -> list[str]:
     """Every hook point of a model with this config (GPT2Config or LlamaConfig),
     in the order the forward reaches them."""

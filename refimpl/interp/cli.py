@@ -423,7 +423,6 @@ def _print_tuned(model, data, names, k: int) -> None:
               f"tuned {t['answer_first_in_top_k'] or 'never'}")
 
 
-
 def cmd_attention(args) -> int:
     from .attention_maps import attention_weights, head_group_similarity, plot_attention_maps
 

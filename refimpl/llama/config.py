@@ -481,6 +481,7 @@ def shape_summary(config: LlamaConfig) -> str:
 
 # ----------------------------------------------------------------------------- reading helpers
 
+
 def _is_real(x) -> bool:  # a finite real number
     return is_real(x) and math.isfinite(x)
 
