@@ -12,6 +12,14 @@
               Python between them; declined (None) for other dtypes, layouts, replaced operations,
               or a cache long enough for decode_attention to run in parallel (DECODE_PARALLEL_WORK)
 
+Refusals: an operation hands refimpl's operation only what its kernels do not read (another float
+dtype such as float16, a weight or bias of another dtype than x: NumPy's promotion is refimpl's),
+and never silently: `refused(op, reason)` counts it in DECLINED as "op: reason" and notes it once
+on stderr. Other byte orders, strided weights and empty inputs are not refusals: they are made
+native / contiguous and run on the kernels. DECLINED is the numba backend's one Counter: both
+families' OPS hold it as `declined`, where decode_blocks counts its refusals too (without an op
+prefix), so `OPS.declined` says everything the backend handed to refimpl.
+
 Unlike accel.cupy.gpt2 (the same seam on the GPU): host arrays, no weight copies, no CUDA graph;
 the compiled block plays the part of its captured decode step. Costs: compiling on first use
 (cached on disk); pack(model) holds ~1.2x the four matrices' bytes more. Measured timings and
@@ -24,11 +32,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
+from collections import Counter
 
 import numpy as np
 from numba import njit
 
 from refimpl._checks import check_bool
+from refimpl._progress import note_once
 from refimpl.attention import _scale_for
 from refimpl.gpt2.model import GPT2Model, Ops, lm_head
 from refimpl.gpt2.params import GPT2Params
@@ -42,7 +52,35 @@ from .blas import PackedMatrix, matmul_packed, matmul_threaded, pack_matrix
 from .ffn import _gelu_row, _gelu_row_f32, gelu_tanh_bias
 from .norms import _layer_norm_row, layer_norm
 
-__all__ = ["OPS", "attention", "decode_blocks", "pack", "PackedLinear", "PACKING"]
+__all__ = ["OPS", "DECLINED", "refused", "attention", "decode_blocks", "pack", "PackedLinear", "PACKING"]
+
+_FLOATS = (np.float32, np.float64)  # the dtypes the kernels read (in either byte order: made native first)
+
+# The numba backend's refusals: decode_blocks' reasons, and "op: reason" for an operation that ran refimpl's.
+DECLINED: Counter = Counter()
+
+
+def refused(op: str, reason: str) -> None:
+    """An operation's refusal: its inputs go to refimpl's operation; counted in DECLINED as "op: reason" and noted
+    on stderr the first time (a float16 model on this backend runs refimpl's arithmetic, and says so)."""
+    DECLINED[f"{op}: {reason}"] += 1
+    note_once(f"accel.numba_cpu:{op}: {reason}", f"numba backend: {op} refused {reason}; refimpl's {op} runs "
+              "there (counted in its OPS.declined)")
+
+
+def float_refusal(name: str, a, like=None, like_name: str = "x") -> str | None:
+    """Why the kernels do not read `a` (not a NumPy float32 / float64 array, or not of `like`'s dtype), or None."""
+    if not isinstance(a, np.ndarray):
+        return f"{name} a {type(a).__name__}, not a NumPy array"
+    if a.dtype.type not in _FLOATS:
+        return f"{name} {a.dtype.name} (the kernels read float32 / float64)"
+    if like is not None and a.dtype.type is not like.dtype.type:
+        return f"{name} {a.dtype.name} with {like_name} {like.dtype.name} (NumPy's promotion: refimpl's)"
+    return None
+
+
+def native(a):  # an array in another byte order -> a native copy (the same values); anything else as it is
+    return a.astype(a.dtype.newbyteorder("=")) if isinstance(a, np.ndarray) and not a.dtype.isnative else a
 
 
 def __getattr__(name: str):  # PACKING is blas.PACKING, read when asked (it sets the package up)
@@ -75,23 +113,28 @@ def _layer_norm(x, g, b, eps):  # [..., C] -> [..., C]
     return layer_norm(x, g, b, eps=eps)
 
 
-def _product(x, w, b) -> np.ndarray | None:  # [..., in], [in, out], [out] or None -> [..., out], or None
-    """x W (+ b) on the threaded BLAS (`blas.matmul_threaded`), or None where it does not apply.
+def _product(x, w, b, op: str = "linear") -> np.ndarray | None:  # [..., in], [in, out], [out] | None -> [..., out]
+    """x W (+ b) on the threaded BLAS (`blas.matmul_threaded`), or None (a refusal of `op`, counted) where it does not
+    apply.
 
-    It applies to NumPy arrays of one float dtype (float32 or float64) with W [in, out] C-contiguous
-    (GPT-2's prepared weights) or F-contiguous (W_te^T, the tied output layer) and b None or [out].
-    Anything else (mixed dtypes, which NumPy would promote; a strided W; a misshaped input, which
-    refimpl names) returns None and the caller runs refimpl's NumPy version. The arithmetic is
-    refimpl.linear's: the product, then + b in the same dtype.
+    It applies to NumPy arrays of one float dtype (float32 or float64, either byte order) with W [in, out] and b
+    None or [out]: W as stored where it is C-contiguous (GPT-2's prepared weights) or F-contiguous (W_te^T, the
+    tied output layer), a contiguous copy of a strided W. Anything else (another dtype such as float16, mixed
+    dtypes, which NumPy would promote; a misshaped input, which refimpl names) is refused: `refused(op, reason)`,
+    None, and the caller runs refimpl's NumPy version. The arithmetic is refimpl.linear's: the product, then + b
+    in the same dtype.
     """
-    if not (isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and x.dtype == w.dtype
-            and x.dtype in (np.float32, np.float64) and x.ndim >= 1 and w.ndim == 2
-            and x.shape[-1] == w.shape[0] and (w.flags.c_contiguous or w.flags.f_contiguous)):
+    why = float_refusal("x", x) or float_refusal("W", w, x) or (b is not None and float_refusal("b", b, x))
+    if not why and (x.ndim < 1 or w.ndim != 2 or x.shape[-1] != w.shape[0]
+                    or (b is not None and b.shape != (w.shape[1],))):
+        why = "shapes not x [..., in], W [in, out], b [out] (refimpl's names the mismatch)"
+    if why:
+        refused(op, why)
         return None
-    if b is None:
-        b = np.empty(0, dtype=w.dtype)  # empty: no bias
-    elif not (isinstance(b, np.ndarray) and b.dtype == w.dtype and b.shape == (w.shape[1],)):
-        return None
+    x, w = native(x), native(w)
+    if not (w.flags.c_contiguous or w.flags.f_contiguous):
+        w = np.ascontiguousarray(w)
+    b = np.empty(0, dtype=w.dtype) if b is None else native(b)  # empty: no bias
     rows = np.ascontiguousarray(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]))  # [N, in] (in may be 0)
     return _linear_rows(rows, w, b, kernel_threads()).reshape(x.shape[:-1] + (w.shape[1],))
 
@@ -215,13 +258,13 @@ def _matmul(x, w) -> np.ndarray:  # [..., in], [in, out] -> [..., out]
     hit = _PACKED_VIEWS.get(id(w))
     y = _packed_product(x, hit[1], None) if hit is not None and hit[0]() is w else None
     if y is None:
-        y = _product(x, w, None)
+        y = _product(x, w, None, "matmul")
     return np.matmul(x, w) if y is None else y
 
 
 def _lm_head(h, params) -> np.ndarray:  # [..., C] -> [..., V]
     """logits = h W_te^T (refimpl.gpt2.model.lm_head) with the product on the threaded BLAS where `_product` applies."""
-    y = _product(h, params.wte.T, None)
+    y = _product(h, params.wte.T, None, "lm_head")
     return lm_head(h, params) if y is None else y
 
 
@@ -363,4 +406,5 @@ OPS = Ops(
     gelu_bias=gelu_tanh_bias,
     attention=attention,
     decode_blocks=decode_blocks,
+    declined=DECLINED,
 )

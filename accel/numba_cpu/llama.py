@@ -30,6 +30,11 @@
               (qstep.decode_step: qmatvec's row kernels, so the per-operation path's bits); declined for a format
               without a kernel, activations="q8", more rows
 
+Refusals (accel.numba_cpu.gpt2.refused, counted in OPS.declined as "op: reason", noted once on stderr): an
+operation runs refimpl's only on what its kernels do not read: another float dtype (float16, longdouble), a
+weight, bias or table of another dtype than x (NumPy's promotion is refimpl's), a shape the twin names as wrong.
+Other byte orders, strided inputs and empty ones run on the kernels (made native / contiguous first).
+
 How it differs from refimpl: the products' summation order (BLAS, or matvec's vectorised sums; both
 within gamma_n of |x||W|), the norms' and the gate's float64 rows, and attention's online softmax: the
 registry's kernel tolerances, compounded over the layers (tests/test_accel_llama_numba.py bounds the
@@ -66,7 +71,7 @@ from . import qmatvec
 from ._launch import LAUNCH_LOCK, kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
 from .ffn import GATE_CODES, gate_row, gate_rows
-from .gpt2 import _linear_rows, _product
+from .gpt2 import DECLINED, _linear_rows, _product, float_refusal, native, refused
 from .matvec import STREAM_BLOCK, atomic_add, atomic_load, atomic_store, matvec_rows
 from .norms import _rms_norm_row, _rms_norm_rows, _rms_norm_rows_serial, parallel_or_serial
 from .positional import _rope_rows, _rope_rows_serial
@@ -79,21 +84,27 @@ _FLOATS = (np.float32, np.float64)
 # ----------------------------------------------------------------------------- the operations
 
 def _norm(x, w, eps) -> np.ndarray:  # [..., C], [C] -> [..., C]
-    """x / sqrt(mean(x^2) + eps) * w on norms' row kernel (float64 rows, one rounding), or refimpl's where
-    the kernel does not apply (another dtype, a w of another dtype: NumPy's promotion is refimpl's)."""
-    if not (isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and x.dtype in _FLOATS and w.dtype == x.dtype
-            and x.ndim >= 1 and w.shape == (x.shape[-1],) and x.size):
+    """x / sqrt(mean(x^2) + eps) * w on norms' row kernel (float64 rows, one rounding); refused (refimpl's, counted)
+    for another dtype or a w of another dtype than x (NumPy's promotion is refimpl's)."""
+    why = float_refusal("x", x) or float_refusal("w", w, x)
+    if not why and (x.ndim < 1 or w.shape != (x.shape[-1],)):
+        why = "shapes not x [..., C], w [C]"
+    if why:
+        refused("rms_norm", why)
         return _rms_norm(x, w, eps)
+    x = native(x)
     C = x.shape[-1]
-    rows = np.ascontiguousarray(x).reshape(x.size // C, C)  # [N, C]
+    rows = np.ascontiguousarray(x).reshape(x.size // C if C else 0, C)  # [N, C]
     out = np.empty_like(rows)
-    parallel_or_serial(out.size, _rms_norm_rows, _rms_norm_rows_serial)(rows, w.astype(np.float64), float(eps), out)
+    if out.size:
+        parallel_or_serial(out.size, _rms_norm_rows, _rms_norm_rows_serial)(rows, w.astype(np.float64), float(eps),
+                                                                             out)
     return out.reshape(x.shape)
 
 
 def _linear_op(x, p: LinearParams) -> np.ndarray:  # [..., in] -> [..., out]
-    """y = x W (+ b) on the threaded BLAS where gpt2._product applies, else refimpl's; a QuantizedLinear's from
-    its blocks (_quantized_product)."""
+    """y = x W (+ b) on the threaded BLAS (gpt2._product), refimpl's where it refuses (counted); a QuantizedLinear's
+    from its blocks (_quantized_product)."""
     if isinstance(p, QuantizedLinear):
         return _quantized_product(x, p.q, p.b)
     y = _product(x, p.w, p.b)
@@ -182,19 +193,26 @@ def _rope(x, cos, sin, *, interleaved=False) -> np.ndarray:  # [B, n, T, D], [B|
 
     The table row of head row (b, h) is b (or 0 for a table shared by the batch); the arithmetic
     per pair is the twin's (a cos - b sin, a sin + b cos in x's dtype), so the result is the same.
-    Anything the kernel does not read as such (other dtypes or table shapes) goes to refimpl's.
+    Refused (refimpl's, counted): another dtype, tables of another dtype than x, or tables not
+    [B|1, 1, T, R/2] with R <= D.
     """
-    if not (isinstance(x, np.ndarray) and isinstance(cos, np.ndarray) and isinstance(sin, np.ndarray)
-            and x.ndim == 4 and x.dtype in _FLOATS and cos.dtype == sin.dtype == x.dtype
-            and cos.shape == sin.shape and cos.ndim == 4 and cos.shape[0] in (1, x.shape[0]) and cos.shape[1] == 1
-            and cos.shape[2] == x.shape[2] and 2 * cos.shape[3] <= x.shape[3] and x.size):
+    why = float_refusal("x", x) or float_refusal("cos", cos, x) or float_refusal("sin", sin, x)
+    if not why and not (x.ndim == 4 and cos.shape == sin.shape and cos.ndim == 4 and cos.shape[0] in (1, x.shape[0])
+                        and cos.shape[1] == 1 and cos.shape[2] == x.shape[2] and 2 * cos.shape[3] <= x.shape[3]):
+        why = "shapes not x [B, n, T, D], cos / sin [B|1, 1, T, R/2] with R <= D"
+    if why:
+        refused("rope", why)
         return _rope_rotate(x, cos, sin, interleaved)
+    interleaved = check_bool(interleaved, "interleaved")
+    x, cos, sin = native(x), native(cos), native(sin)
+    if x.size == 0:
+        return np.empty(x.shape, dtype=x.dtype)
     B, n, T, D = x.shape
     P, R = cos.shape[0], 2 * cos.shape[3]
     row_of = np.repeat(np.arange(P), n) if P == B else np.zeros(B * n, dtype=np.int64)  # [B n]
     out = np.empty((B * n, T, D), dtype=x.dtype)
     args = (np.ascontiguousarray(x).reshape(B * n, T, D), np.ascontiguousarray(cos.reshape(P, T, R // 2)),
-            np.ascontiguousarray(sin.reshape(P, T, R // 2)), row_of, R, check_bool(interleaved, "interleaved"), out)
+            np.ascontiguousarray(sin.reshape(P, T, R // 2)), row_of, R, interleaved, out)
     parallel_or_serial(out.size, _rope_rows, _rope_rows_serial)(*args)
     return out.reshape(B, n, T, D)
 
@@ -215,16 +233,22 @@ def attention(q, k, v, *, causal: bool = False, window: int | None = None, key_m
 
 
 def _glu_hidden(h, p, act: str) -> np.ndarray:  # [..., C] -> [..., F]
-    """act(h W_gate + b) * (h W_up + b): the products on BLAS, then act(g) * u in one pass (ffn.glu_gate) where the
-    two products are NumPy arrays of one float dtype, else refimpl's elementwise act(g) * u."""
+    """act(h W_gate + b) * (h W_up + b): the products on BLAS (_linear_op), then act(g) * u in one pass
+    (ffn.glu_gate); refused (refimpl's elementwise act(g) * u, counted) where the products are not NumPy arrays of
+    one float32 / float64 dtype and shape."""
     g, u = _linear_op(h, p.gate), _linear_op(h, p.up)
-    if not (isinstance(g, np.ndarray) and isinstance(u, np.ndarray) and g.dtype in _FLOATS
-            and u.dtype == g.dtype and g.shape == u.shape and g.size):
+    code = _ACT_CODES[act]  # (the names of refimpl's _ACTIVATIONS: a KeyError for another, as there)
+    why = float_refusal("h W_gate", g) or float_refusal("h W_up", u, g, "h W_gate")
+    if not why and g.shape != u.shape:
+        why = "h W_gate and h W_up of two shapes"
+    if why:
+        refused("glu_hidden", why)
         return _ACTIVATIONS[act](g) * u
+    g, u = native(g), native(u)
     F = g.shape[-1]
-    out = np.empty((g.size // F, F), dtype=g.dtype)
-    gate_rows(np.ascontiguousarray(g).reshape(out.shape), np.ascontiguousarray(u).reshape(out.shape),
-              _ACT_CODES[act], out)
+    out = np.empty((g.size // F if F else 0, F), dtype=g.dtype)
+    if out.size:
+        gate_rows(np.ascontiguousarray(g).reshape(out.shape), np.ascontiguousarray(u).reshape(out.shape), code, out)
     return out.reshape(g.shape)
 
 
@@ -245,6 +269,7 @@ def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
         else:
             z = _quantized_product(h, E, None)
         return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
+    h, E = native(h), native(E)  # (another byte order: the same values, on the same kernels)
     if (isinstance(h, np.ndarray) and isinstance(E, np.ndarray) and h.dtype in _FLOATS and E.dtype == h.dtype
             and E.ndim == 2 and E.flags.c_contiguous and h.ndim >= 1 and 0 < h.shape[-1] == E.shape[1]
             and 0 < h.size <= SHARED_MAX_ROWS * E.shape[1]):
@@ -255,7 +280,7 @@ def _lm_head(h, params, config) -> np.ndarray:  # [..., C] -> [..., V]
             _on_threads(_rows_worker, threads, (rows, E, y, np.zeros(1, dtype=np.int64)))
         z = y.reshape(h.shape[:-1] + (E.shape[0],))
     else:
-        z = _product(h, E.T, None)
+        z = _product(h, E.T, None, "lm_head")
     if z is None:
         return lm_head(h, params, config)
     return z if config.final_logit_softcapping is None else _soft_cap(z, config.final_logit_softcapping)
@@ -804,4 +829,5 @@ OPS = LlamaOps(
     glu_hidden=_glu_hidden,
     lm_head=_lm_head,
     decode_blocks=decode_blocks,
+    declined=DECLINED,  # (the numba backend's one Counter, shared with accel.numba_cpu.gpt2.OPS)
 )
