@@ -58,7 +58,8 @@ class KernelSpec:
     sizes: "full" or "tiny" (input sizes the differential suite draws for this entry).
     entry: what `fn` is. "kernel": a public kernel, checked at its door (any input its twin takes, any
       float dtype or byte order); "op": an operation of a backend's Ops (LlamaOps.rope, .linear), given
-      what the forward hands it (the Ops contract) and running the kernel on the layouts the suite draws;
+      what the forward hands it (the Ops contract) and running the kernel on the layouts the suite draws (an input
+      it does not run is a refusal counted in its backend's OPS.declined, refimpl's result: accel.verify.REFUSALS);
       "step": a backend's fused decoding step (accel.steps), whose twin is refimpl's step.
     """
 

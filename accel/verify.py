@@ -12,6 +12,10 @@ the ignored cache entries past the key lengths for decode.
 The fused decoding steps (accel.steps) run tiny random models of the LLaMA family (LLaMA, Qwen2's
 biases, Gemma-2's norms, window and soft cap, Gemma 3's two RoPEs) and GPT-2 over random caches; a
 case a backend's step declines is a row marked "refused", counted under the table, not a pass.
+Each operation of a backend's Ops that hands refimpl's operation what its kernels do not read
+(REFUSALS: a float16 input, a weight of another dtype) is fed one such input: its row is "refused"
+when the reason was counted in the backend's OPS.declined and the result is refimpl's, bit for
+bit, and FAIL otherwise (a silent fallback, or another result).
 
     python -m refimpl verify [--backend B]     (refimpl.__main__ calls `main`)
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,8 +37,8 @@ from ._common import CheckResult, check_close
 from .registry import BACKENDS, KernelSpec, available_backends, kernels
 from .steps import Declined
 
-__all__ = ["Case", "make_case", "VERIFY_DIMS", "TwinCheck", "check_against_twin", "run_case", "run",
-           "format_table", "main"]
+__all__ = ["Case", "make_case", "VERIFY_DIMS", "TwinCheck", "check_against_twin", "run_case", "Refusal", "REFUSALS",
+           "run_refusal", "run", "format_table", "main"]
 
 
 @dataclass(frozen=True)
@@ -545,6 +550,114 @@ def run_case(spec: KernelSpec, dtype, case: Case) -> TwinCheck:
     return check_against_twin(spec, case.args, case.kwargs, dtype=dtype, shapes=case.shapes)
 
 
+# ---------------------------------------------------------------------------- the operations' refusals
+
+@dataclass(frozen=True)
+class Refusal:
+    """One input an operation of a backend's Ops does not run on its kernels: it counts `reason` in the backend's
+    OPS.declined as "op: reason" and returns refimpl's operation's result (`twin`), bit for bit."""
+
+    op: str  # the Ops field: "rms_norm", "linear", ...
+    family: str  # "llama" or "gpt2": whose Ops
+    ops: str  # "module:attribute" of the backend's Ops object (its `declined` is the counter)
+    twin: str  # "module:attribute" of refimpl's operation, called with the same arguments
+    case: Callable  # rng -> Case
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}: {self.reason}"
+
+
+def _x16(rng, *shape) -> np.ndarray:
+    return _normal(rng, shape, np.float16)
+
+
+def _llama_lm_head_case(rng) -> Case:
+    from .steps import tiny_model
+
+    params, config = tiny_model("llama", np.float32, int(rng.integers(2**31)))
+    return Case((_x16(rng, 2, 1, config.hidden_size), params, config), {}, f"h{(2, 1, config.hidden_size)} "
+                "float16, E float32")
+
+
+def _glu_case(rng) -> Case:
+    from refimpl.ffn import GLUParams
+    from refimpl.linear import LinearParams
+
+    gate, up, down = (LinearParams(_x16(rng, *s)) for s in ((8, 12), (8, 12), (12, 8)))
+    return Case((_x16(rng, 3, 8), GLUParams(gate, up, down), "silu"), {}, "h(3, 8), W_gate, W_up [8, 12] float16")
+
+
+def _rope_case(rng) -> Case:
+    x, cos, sin = _x16(rng, 2, 3, 4, 8), _x16(rng, 1, 1, 4, 4), _x16(rng, 1, 1, 4, 4)
+    return Case((x, cos, sin), {"interleaved": False}, "x(2, 3, 4, 8), cos / sin(1, 1, 4, 4) float16")
+
+
+def _linear_case(rng, w_dtype=np.float64, b_dtype=np.float64) -> Case:
+    from refimpl.linear import LinearParams
+
+    p = LinearParams(_normal(rng, (8, 5), w_dtype), _normal(rng, (5,), b_dtype))
+    return Case((_normal(rng, (3, 8), np.float32), p), {},
+                f"x(3, 8) float32, W(8, 5) {np.dtype(w_dtype).name} + b {np.dtype(b_dtype).name}")
+
+
+def _gpt2_lm_head_case(rng) -> Case:
+    from .steps import tiny_model
+
+    params, config = tiny_model("gpt2", np.float32, int(rng.integers(2**31)))
+    return Case((_x16(rng, 2, 1, config.n_embd), params), {}, f"h{(2, 1, config.n_embd)} float16, W_te float32")
+
+
+_F16 = "x float16 (the kernels read float32 / float64)"
+_L, _G = "accel.numba_cpu.llama:OPS", "accel.numba_cpu.gpt2:OPS"
+REFUSALS: dict[str, list[Refusal]] = {  # backend -> one refused input per operation that hands over to refimpl
+    "numba": [
+        Refusal("rms_norm", "llama", _L, "refimpl.norms:_rms_norm",
+                lambda rng: Case((_x16(rng, 2, 3, 8), _x16(rng, 8), 1e-6), {}, "x(2, 3, 8), w(8,) float16"), _F16),
+        Refusal("linear", "llama", _L, "refimpl.llama.model:_np_linear", _linear_case,
+                "W float64 with x float32 (NumPy's promotion: refimpl's)"),
+        Refusal("rope", "llama", _L, "refimpl.llama.model:_np_rope", _rope_case, _F16),
+        Refusal("glu_hidden", "llama", _L, "refimpl.llama.model:_np_glu_hidden", _glu_case,
+                "h W_gate float16 (the kernels read float32 / float64)"),
+        Refusal("lm_head", "llama", _L, "refimpl.llama.model:lm_head", _llama_lm_head_case, _F16),
+        Refusal("linear", "gpt2", _G, "refimpl.linear:linear", lambda rng: _linear_case(rng, np.float32),
+                "b float64 with x float32 (NumPy's promotion: refimpl's)"),
+        Refusal("matmul", "gpt2", _G, "numpy:matmul",
+                lambda rng: Case((_x16(rng, 3, 8), _normal(rng, (8, 5), np.float32)), {}, "x(3, 8) float16, W(8, 5) "
+                                 "float32"), _F16),
+        Refusal("lm_head", "gpt2", _G, "refimpl.gpt2.model:lm_head", _gpt2_lm_head_case, _F16),
+    ],
+}
+
+
+def run_refusal(backend: str, r: Refusal, seed: int = 0, n: int = 0) -> Row:
+    """The operation on its refused input: "refused" if `r.key` was counted once in the backend's OPS.declined and
+    the result is refimpl's (same dtype, same bits; NaN where it has NaN); a failure saying which otherwise."""
+    from .registry import resolve
+
+    case = r.case(np.random.default_rng([seed, n, BACKENDS.index(backend), 7]))
+    ops = resolve(r.ops)
+    fn, twin = getattr(ops, r.op), resolve(r.twin)
+    before = ops.declined.copy()
+    t0 = time.perf_counter()
+    out = fn(*case.args, **case.kwargs)
+    seconds = time.perf_counter() - t0
+    with np.errstate(all="ignore"):
+        ref = twin(*case.args, **case.kwargs)
+    counted = ops.declined - before
+    label, dtype = f"{r.family} ops.{r.op}", kernel_dtype(case.args)
+    if counted[r.key] != 1:
+        why = f"no refusal {r.key!r} counted (counted: {dict(counted) or 'nothing'}): a silent fallback"
+    elif not (isinstance(out, np.ndarray) and out.dtype == ref.dtype and np.array_equal(out, ref, equal_nan=True)):
+        got = getattr(out, "dtype", type(out).__name__)
+        why = f"refused, but the result is not refimpl's bit for bit ({got} against {ref.dtype})"
+    else:
+        return Row(label, backend, dtype.name, case.shapes, 0.0, 0.0, 0.0, 0.0, False,
+                   f"refused: {r.key}; the result is refimpl's, bit for bit", seconds, 0.0, refused=True)
+    return Row(label, backend, dtype.name, case.shapes, math.nan, math.nan, 0.0, 0.0, False, why, seconds)
+
+
 GPU_BACKENDS = ("numba_cuda", "cupy")  # what `generate --backend cuda` runs on: "cuda" here selects both
 
 
@@ -581,6 +694,9 @@ def run(backend: str | None = None, seed: int = 0) -> list[Row]:
                 res = chk.result
                 rows.append(Row(spec.name, spec.backend, dtype, case.shapes, res.max_abs, res.max_rel, chk.atol,
                                 chk.rtol, res.passed, res.reason, chk.seconds, res.worst))
+    for name, refusals in REFUSALS.items():
+        if (backend is None or backend == name) and not avail[name]:
+            rows += [run_refusal(name, r, seed, n) for n, r in enumerate(refusals)]
     return rows
 
 
@@ -610,8 +726,8 @@ def format_table(rows: list[Row]) -> str:
     n_fail = sum(1 for r in rows if not r.passed and not r.refused and r.dtype != "-")
     n_ok = sum(1 for r in rows if r.passed)
     n_refused = sum(1 for r in rows if r.refused)
-    refused = (f"{n_refused} refused (a fused step declined: the backend runs refimpl's blocks there), "
-               if n_refused else "")
+    refused = (f"{n_refused} refused (the backend runs refimpl's there: a fused step declined, or an operation "
+               "refused its input), " if n_refused else "")
     lines += ["", f"{n_ok} passed, {n_fail} failed, {refused}{sum(1 for r in rows if r.dtype == '-')} kernels skipped "
                   "(check: |out - ref| <= atol + rtol |ref| vs the float64 twin, i.e. err/tol <= 1, the largest "
                   "ratio over the output; max rel err is over entries with ref != 0, where tiny |ref| make it large "

@@ -97,6 +97,7 @@ def test_verify_counts_and_shows_the_cases_a_step_declines(monkeypatch):
     """`verify` on the numba steps: every case passes except the float64 ones the numba LLaMA step declines (several
     new tokens, a left-padded batch: its float32-only path), which are rows marked refused, counted, not failures."""
     monkeypatch.setattr(registry, "KERNELS", [s for s in registry.KERNELS if s.fused_step and s.backend == "numba"])
+    monkeypatch.setattr(verify, "REFUSALS", {})  # (the operations' refusals: tests/test_accel_refusals.py)
     rows = verify.run("numba")
     refused = {(r.kernel, r.dtype, r.shapes) for r in rows if r.refused}
     assert refused == {("llama_decode_step", "float64", "llama B=2 T=3 cached=2"),
