@@ -136,6 +136,22 @@ def decode_step(x, params: DeviceParams, config, cache_k, cache_v, lengths, kern
     return x
 
 
+def check_weight_dtype(name: str, dtype) -> None:
+    """A device backend's refusal of weights its kernels do not run (float32 / float64 only; either byte order):
+    a TypeError at prepare, naming what came. (No host fallback here: the arrays live on the device.)"""
+    if np.dtype(dtype).type not in (np.float32, np.float64):
+        raise TypeError(f"the {name} backend runs float32 / float64 weights (its kernels' dtypes); got "
+                        f"{np.dtype(dtype).name}: load the model in float32 (dtype='float32'), or use the numpy / "
+                        "numba backend")
+
+
+def to_device(a, xp):  # a host array -> a C-contiguous xp array in native byte order (None stays None)
+    if a is None:
+        return None
+    a = np.asarray(a)
+    return xp.asarray(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("=")))
+
+
 def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
     """An Ops over array module `xp` with `kernels` providing (on xp arrays):
 
@@ -147,11 +163,12 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> Ops:
     device_copies: dict[int, tuple] = {}
 
     def put(a):
-        return None if a is None else xp.asarray(np.ascontiguousarray(a))
+        return to_device(a, xp)
 
     def prepare(params):
         if isinstance(params, DeviceParams):
             return params
+        check_weight_dtype(name, params.wte.dtype)
         hit = device_copies.get(id(params))
         if hit is not None and hit[0]() is params:
             return hit[1]

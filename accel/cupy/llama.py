@@ -43,7 +43,8 @@ from refimpl._checks import check_bool
 from refimpl.llama.model import LlamaOps, rope_cos_sin
 from refimpl.llama.params import LlamaBlockParams, LlamaParams
 
-from .gpt2 import CAPTURES, GraphedStep, _Linear  # one decode stream, cuBLAS handle and capture count per process
+from .gpt2 import CAPTURES, GraphedStep, _Linear, check_weight_dtype, to_device  # (one decode stream, cuBLAS handle
+# and capture count per process)
 
 # OPS: built on first access (module __getattr__ below)
 __all__ = ["make_ops", "decode_step", "eager_decode_blocks", "GATE_ACTIVATION", "CAPTURES", "OPS"]
@@ -181,7 +182,7 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> LlamaOps:
     tables: list = [None, None, None]  # the last host (cos, sin) and their device copies
 
     def put(a):
-        return None if a is None else xp.asarray(np.ascontiguousarray(a))
+        return to_device(a, xp)
 
     def linear_of(p) -> _Linear:
         return _Linear(put(p.w), put(p.b))
@@ -197,6 +198,10 @@ def make_ops(name: str, xp, kernels, *, decode_blocks=None) -> LlamaOps:
     def prepare(params: LlamaParams) -> LlamaParams:
         if _is_prepared(params):
             return params
+        if not isinstance(params.embed, np.ndarray):  # (weights kept quantized: refimpl.quant.weights)
+            raise TypeError(f"the {name} backend has no kernels for weights kept quantized; load the model with "
+                            f"weights='float'; got an embedding of type {type(params.embed).__name__}")
+        check_weight_dtype(name, params.dtype)
         hit = device_copies.get(id(params))
         if hit is not None and hit[0]() is params:
             return hit[1]
