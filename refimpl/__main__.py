@@ -212,6 +212,7 @@ def cmd_generate(args) -> int:
         return _compare_beam(model, prompt, kw, args)
     trace = decoding.Trace(alternatives=args.logprobs or 0) if (args.logprobs is not None or args.timing) else None
     kw["trace"] = trace
+    declined = _declined_now(model, args.backend) if args.timing else None
     out = sys.stdout
     # Every flag is checked by stream_text / stream at the call, before the prompt is printed.
     # An error that only the model's numbers can raise (NaN logits, a repetition penalty that
@@ -252,7 +253,26 @@ def cmd_generate(args) -> int:
     if args.timing:
         print(_timing_lines(trace, args.backend, f"beam search, {args.beams} beams" if args.beams > 1 else None,
                             beams=args.beams))
+        if declined is not None:
+            print(_declined_line(*declined))
     return 0
+
+
+def _declined_now(model, backend):  # -> (the backend's Ops.declined, a copy of it now), or None for numpy's
+    """What the run's report of refimpl's part starts from: a backend's Counter of the fused steps it declined and
+    the operations that refused their input (refimpl's ran there)."""
+    from refimpl.families import of_model
+
+    ops = of_model(model).get_ops(backend)
+    return None if ops.name == "numpy" else (ops.declined, ops.declined.copy())
+
+
+def _declined_line(counter, before) -> str:
+    """The refusals counted since `before`: each reason and how many forwards or operation calls it covered."""
+    new = counter - before
+    if not new:
+        return "  declined: nothing (the backend ran every fused step and operation itself)"
+    return "  declined (refimpl's ran there): " + "; ".join(f"{reason} x{n}" for reason, n in new.most_common())
 
 
 def _piece(model, token: int) -> str:
