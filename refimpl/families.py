@@ -10,18 +10,21 @@ table lists each family's entry by module path (`_ENTRIES`) and each class by it
 (`_TYPES`), so this module imports no family: an entry's module is imported when first asked for,
 and a model or config of a family exists only once that family was imported anyway.
 
-A new decoder family writes its config, params and forward, one module defining FAMILY (a
-`Family`, below), and one line in each of the two dicts here; decoding, interp, compare and the
-command line then take its models unchanged.
+A new decoder family writes its config, params and forward and one `Family` (below), and either
+`register(family)`s it at run time (a plugin, a notebook, a test: tests/test_new_family.py builds one
+that way) or, shipped in this package, puts its module in the two dicts here; decoding, interp,
+compare and the command line then take its models unchanged (refimpl.models.load reads a folder
+whose config.json model_type is among the family's `model_types`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import import_module
 from typing import Callable
 
-__all__ = ["Family", "of_model", "of_config", "named", "NAMES"]
+__all__ = ["Family", "of_model", "of_config", "named", "NAMES", "register", "unregister", "of_model_type",
+           "registered_model_types"]
 
 # family name -> the module whose FAMILY is its entry (imported when first asked for)
 _ENTRIES = {
@@ -35,7 +38,8 @@ _TYPES = {
     "refimpl.llama.model.LlamaModel": "llama", "refimpl.llama.config.LlamaConfig": "llama",
     "refimpl.bert.model.BertModel": "bert", "refimpl.bert.config.BertConfig": "bert",
 }
-NAMES = tuple(_ENTRIES)
+_REGISTERED: dict[str, "Family"] = {}  # family name -> its entry, added at run time by `register`
+NAMES = tuple(_ENTRIES)  # every family's name: the shipped ones, then the registered ones
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Family:
       front_door_tokenizer   whether refimpl.models finds the tokenizer (llama_tokenizer, and tokenizer_absence
                              says why there is none): a rule that reads other families' files too, so it
                              lives above the families and load takes it as load(path, tokenizer=rule)
+      model_types            a registered family's config.json model_type values: refimpl.models.family_of
+                             gives the family's folders to its `load` (the shipped families have their own rules)
     """
 
     name: str
@@ -102,6 +108,7 @@ class Family:
     allocate_cache: Callable | None = None
     dtype: Callable | None = None
     front_door_tokenizer: bool = False
+    model_types: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -119,9 +126,89 @@ class Family:
 
 def named(name: str) -> Family:
     """The Family called `name` (one of NAMES), its module imported on first use."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in _ENTRIES:
         raise ValueError(f"no model family {name!r}; the families are {', '.join(NAMES)}")
     return import_module(_ENTRIES[name]).FAMILY
+
+
+# What a decoder family must fill (the docstring's second group); an encoder fills the first group only.
+_DECODER_FIELDS = ("logits", "decoder", "get_ops", "model_type", "positions", "context_name", "context", "n_layers",
+                   "width", "n_heads", "n_kv_heads", "head_dim", "block_points", "final_point", "check_ids",
+                   "hidden_states", "lm_head", "final_norm", "allocate_cache", "dtype")
+
+
+def _type_key(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def register(family: Family) -> Family:
+    """Add `family` to the table: from now on of_model / of_config find its models and configs, named(its name)
+    returns it, and decoding, interp, compare and the command line take its models. Returns the family.
+
+    Refused with a ValueError naming what is wrong (nothing is added then): a name already in the table, a model or
+    config class that is already some family's, a decoder family (one with a `decoder`) that leaves a field of the
+    second group empty, hook points that are not names, a model_type another registered family reads; a TypeError
+    for something that is not a Family.
+    """
+    global NAMES
+    if not isinstance(family, Family):
+        raise TypeError(f"register takes a refimpl.families.Family; got {type(family).__name__}")
+    name = family.name
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a family's name must be an identifier such as 'gpt2'; got {name!r}")
+    if name in NAMES:
+        raise ValueError(f"a model family named {name!r} is already in the table (unregister it first)")
+    for what in ("model_class", "config_class"):
+        cls = getattr(family, what)
+        if not isinstance(cls, type):
+            raise ValueError(f"Family {name!r}: {what} must be a class; got {cls!r}")
+        if _type_key(cls) in _TYPES:
+            raise ValueError(f"Family {name!r}: {what} {cls.__qualname__} is already the {_TYPES[_type_key(cls)]!r} "
+                             "family's")
+    if family.decoder is not None:
+        empty = [f.name for f in fields(family) if f.name in _DECODER_FIELDS and getattr(family, f.name) in (None, ())]
+        if empty:
+            raise ValueError(f"Family {name!r} is a decoder (it has a decoder) but leaves {', '.join(empty)} empty")
+        points = (*family.block_points, family.final_point)
+        if not all(isinstance(p, str) and p and not p.startswith("blocks.") for p in points):
+            raise ValueError(f"Family {name!r}: block_points and final_point must be hook point names such as "
+                             f"'resid_pre' and 'norm.out'; got {points!r}")
+    if not isinstance(family.model_types, tuple) or not all(isinstance(t, str) and t for t in family.model_types):
+        raise ValueError(f"Family {name!r}: model_types must be a tuple of config.json model_type strings; got "
+                         f"{family.model_types!r}")
+    for other in _REGISTERED.values():
+        if set(other.model_types) & set(family.model_types):
+            raise ValueError(f"Family {name!r}: model_type {sorted(set(other.model_types) & set(family.model_types))} "
+                             f"is already read by the {other.name!r} family")
+    _REGISTERED[name] = family
+    _TYPES[_type_key(family.model_class)] = _TYPES[_type_key(family.config_class)] = name
+    NAMES = (*NAMES, name)
+    return family
+
+
+def unregister(name: str) -> Family:
+    """Take a family added by `register` out of the table again (returned); the shipped families stay (ValueError)."""
+    global NAMES
+    if name not in _REGISTERED:
+        raise ValueError(f"no registered family {name!r} (registered: {', '.join(_REGISTERED) or 'none'}; the shipped "
+                         f"families {', '.join(_ENTRIES)} cannot be removed)")
+    family = _REGISTERED.pop(name)
+    for cls in (family.model_class, family.config_class):
+        _TYPES.pop(_type_key(cls), None)
+    NAMES = tuple(n for n in NAMES if n != name)
+    return family
+
+
+def of_model_type(model_type: str) -> Family | None:
+    """The registered family whose folders have this config.json model_type (Family.model_types), or None."""
+    return next((f for f in _REGISTERED.values() if model_type in f.model_types), None)
+
+
+def registered_model_types() -> tuple[str, ...]:
+    """Every config.json model_type the registered families read (the shipped ones: refimpl.models)."""
+    return tuple(t for f in _REGISTERED.values() for t in f.model_types)
 
 
 def _find(obj) -> Family | None:
@@ -133,8 +220,10 @@ def _find(obj) -> Family | None:
 
 
 def _kinds(part: str, decoders: bool) -> str:  # "a GPT2Model or a LlamaModel"
-    names = [t.rsplit(".", 1)[1] for t, fam in _TYPES.items() if t.endswith(part)
+    names = [t.rsplit(".", 1)[1] for t, fam in _TYPES.items() if fam in _ENTRIES and t.endswith(part)
              and (not decoders or fam != "bert")]
+    names += [(f.model_class if part == "Model" else f.config_class).__qualname__ for f in _REGISTERED.values()
+              if not decoders or f.is_decoder]
     return " or ".join(f"a {n}" for n in names) if len(names) < 3 else \
         ", ".join(f"a {n}" for n in names[:-1]) + f" or a {names[-1]}"
 
