@@ -114,9 +114,9 @@ def _existing_model(name_or_path) -> Path:
 
 def _load_model(path, weights: str = "float"):
     """The decoder at `path`, a path or a shipped model's name (None: shakespeare-gpt2), by refimpl.models.family_of:
-    a LLaMA-family model or GPT-2; an unknown model_type or a BERT encoder is an error saying so. weights="quantized":
-    a GGUF file's block-quantized matrices kept as their blocks (refimpl.llama.gguf.load_gguf)."""
-    from refimpl import gpt2
+    a LLaMA-family model, GPT-2 or a registered family's; an unknown model_type or an encoder is an error saying
+    so. weights="quantized": a GGUF file's block-quantized matrices kept as their blocks (refimpl.llama.gguf.load_gguf).
+    """
     from refimpl.llama.gguf import gguf_path
     from refimpl.models import family_of
 
@@ -136,7 +136,13 @@ def _load_model(path, weights: str = "float"):
             return LlamaModel(*load_weights(path), None)  # (path: resolved by _existing_model)
     if family == "bert":
         raise UsageError(f"{path} holds a BERT encoder, which does not generate text (python -m refimpl embed --help)")
-    return gpt2.load(path)
+    import refimpl
+    from refimpl.families import named
+
+    if not named(family).is_decoder:
+        raise UsageError(f"{path} holds a {named(family).label} model, which does not generate text: "
+                         f"{named(family).not_a_decoder}")
+    return refimpl.load(path)  # (GPT-2's: refimpl.gpt2.load; a registered family's: its Family.load)
 
 
 def cmd_generate(args) -> int:

@@ -21,6 +21,10 @@ def note_numba_compile(model) -> None:
     from refimpl._progress import note_once
 
     module = of_model(model).name  # (accel.numba_cpu's module of that family)
+    from importlib.util import find_spec
+
+    if find_spec(f"accel.numba_cpu.{module}") is None:  # no kernels of this family: its get_ops says so
+        return
     cached = kernels_cached(module)
     if cached is None:
         note_once(f"accel.numba_cpu.{module}", "--backend numba compiles its kernels on first use (cached afterwards "

@@ -151,7 +151,8 @@ def _config_json(path: Path) -> Path:
 
 
 def family_of(path) -> str:
-    """"gpt2", "llama" or "bert": the family whose loader reads `path` (module docstring: the rule).
+    """"gpt2", "llama" or "bert" (or a registered family's name, by its Family.model_types): the family whose loader
+    reads `path` (module docstring: the rule).
 
     path: a path or a shipped model's name (resolve_model); None is the default model.
     An unknown model_type in config.json is a WeightFileError (a ValueError) naming the file and
@@ -183,8 +184,13 @@ def family_of(path) -> str:
         return "llama"
     if model_type == "bert":
         return "bert"
+    from .families import of_model_type, registered_model_types
+
+    fam = of_model_type(model_type) if isinstance(model_type, str) else None  # a family added by families.register
+    if fam is not None:
+        return fam.name
     raise WeightFileError(f"{config_json}: model_type {model_type!r:.60} is not supported; refimpl reads "
-                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+                          f"{', '.join((*SUPPORTED_MODEL_TYPES, *registered_model_types()))}")
 
 
 def _llama_tensor_names(p: Path) -> bool:

@@ -167,7 +167,8 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     ids2, single = as_batch(dec, model, ids)
     store: dict[str, np.ndarray] = {}
     hook = make_hook(model.config, names=names, interventions=interventions, store=store)
-    rule = AttentionRule.of(causal, attention_scale, head_dim=model.config.head_dim, width=dec.width(model.config))
+    rule = AttentionRule.of(causal, attention_scale, head_dim=dec.head_dim(model.config),
+                            width=dec.width(model.config))
     ops, params = backend_ops(model, backend)
     h = ops.to_numpy(dec.hidden_states(params, model.config, ids2, cache=cache, positions=positions, hook=hook,
                                        rule=rule, ops=ops))
@@ -211,7 +212,8 @@ def capture(model, ids, names, *, causal: bool = True, attention_scale=None,
             raise _Captured
         return x
 
-    rule = AttentionRule.of(causal, attention_scale, head_dim=model.config.head_dim, width=dec.width(model.config))
+    rule = AttentionRule.of(causal, attention_scale, head_dim=dec.head_dim(model.config),
+                            width=dec.width(model.config))
     ops, params = backend_ops(model, backend)
     try:
         dec.hidden_states(params, model.config, ids2, hook=hook, rule=rule, ops=ops)

@@ -58,7 +58,9 @@ def kv_cache_tokens(config, T: int) -> np.ndarray:  # -> [L]
     GPT-2 and single-kind models: every layer global.
     """
     T = check_positive_int(T, "T")
-    L = getattr(config, "num_hidden_layers", None) or config.n_layer
+    from ..families import of_config
+
+    L = of_config(config).n_layers(config)
     types = tuple(getattr(config, "layer_types", ()) or ()) or ("full_attention",) * L
     W = getattr(config, "sliding_window", None)
     return np.array([min(T, W) if t == "sliding_attention" and W else T for t in types], dtype=np.int64)
@@ -70,8 +72,10 @@ def kv_cache_bytes(config, T: int, *, itemsize: int = 4, windowed: bool = True) 
     K key/value heads of D dims (GPT-2: K = n_head, D = n_embd / n_head); itemsize 4 for float32.
     """
     n = kv_cache_tokens(config, T) if windowed else np.full(len(kv_cache_tokens(config, T)), int(T))
-    K = getattr(config, "num_key_value_heads", None) or config.n_head
-    D = getattr(config, "head_dim", None) or config.n_embd // config.n_head
+    from ..families import of_config
+
+    fam = of_config(config)
+    K, D = fam.n_kv_heads(config), fam.head_dim(config)
     return int(2 * K * D * itemsize * n.sum())
 
 
