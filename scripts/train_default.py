@@ -533,6 +533,7 @@ def _sink_lines(sinks: dict, config) -> list[str]:
         t = rows["text_first"][(layer, head)]
         lines.append(f"| {layer} | {head} ({head // G}) | {r['share']:.3f} | {r['ratio']:.1f} | "
                      f"{t['share']:.3f} | {t['ratio']:.1f} |")
+
     def heads(name, at_least):
         found = [f"L{l}H{h} ({r['ratio']:.1f})" for (l, h), r in sorted(rows[name].items()) if r["ratio"] >= at_least]
         return ", ".join(found) if found else "none"
