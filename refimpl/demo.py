@@ -136,7 +136,8 @@ def main() -> int:
         with Progress("demo: accel kernels vs their twins"):
             rows = verify.run("numba")
         print(verify.format_table(rows))
-        _check(all(r.passed for r in rows), "every numba kernel within its tolerance", failures)
+        _check(verify.held(rows), "every numba kernel within its tolerance (a refused case runs refimpl's)",
+               failures)
 
     print()
     if failures:
