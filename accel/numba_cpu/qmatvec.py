@@ -31,15 +31,20 @@ equals refimpl.quant's quantize_q8_0, quantize_q8_1 and quantize_q8_k, ggml's re
 
 Loops: rows of W go four at a time, one from each quarter of a block of STREAM_BLOCK rows (four streams, as
 accel.numba_cpu.matvec), each x element feeding four sums; rows after the last whole block one by one; threads
-take whole blocks of rows (the same bits on any thread count). Float sums are vectorised by LLVM under fast-math
-"reassoc" and "contract" only; integer sums (q8) run in 16 int32 lanes.
+take whole blocks of rows (the same bits on any thread count). The float loops keep LANES = 16 float32
+accumulators per row of W across the blocks, as llama.cpp's vec_dot keeps vector registers: lane t of block b
+gets d_b (q_t x_t (+ q_{t+16} x_{t+16} for blocks of 32)), and the 16 lanes (and the m terms' own sum) are added
+once per row, not once per block; LLVM vectorises them under fast-math "reassoc" and "contract" only. Integer
+sums (q8) run in 16 int32 lanes and are reduced per block.
 
 Error (Higham sec. 3.1, float32 u = 2^-24, gamma_n = n u / (1 - n u)), for any summation order the loops take:
-  float: each term d q_j x_j goes through at most 1 + (B - 1) + 1 + 1 + (nb - 1) = nb + B + 1 roundings (nb = K/B)
-         |y - y_exact| <= gamma_{nb+B+1} sum_b (|d_b| sum_j |q_j x_j| + |m_b| sum_j |x_j|)
+  float: each term d q_j x_j goes through at most 1 (the product) + (B/16 - 1) (a lane's values of one block)
+         + 1 (times d_b) + nb (its lane's sum over the blocks) + 16 (the lanes' sum, with the m terms' sum)
+         = nb + B/16 + 17 roundings (nb = K/B); an m term m_b X_b through 1 + nb + 16, fewer. So
+         |y - y_exact| <= gamma_{nb+B/16+17} sum_b (|d_b| sum_j |q_j x_j| + |m_b| sum_j |x_j|)
   q8:    I_b is exact; fl(fl(d_b xd_b) I_b) (+ fl(m_b xs_b)), then nb - 1 additions: nb + 3 roundings,
          |y - y_exact| <= gamma_{nb+3} sum_b (|d_b xd_b I_b| + |m_b xs_b|) (+ u sum_b |m_b xs_b| for Q8_K's xs);
-         Q6_K (blocks of 16) runs the float loop on x' = fl(xd xq): gamma_{nb+B+2} sum |d q x'|
+         Q6_K (blocks of 16) runs the float loop on x' = fl(xd xq): gamma_{nb+B/16+18} sum |d q x'|
 against the twin's decoded w: exact for Q8_0, Q4_0, Q5_0, within u |w| for Q4_1, Q4_K, Q6_K; and its float64
 sum's gamma_K(2^-53). `error_bound` computes the sum of the three. Scales are assumed finite.
 
@@ -58,7 +63,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ._launch import kernel_threads, run_parallel
 
@@ -68,6 +75,7 @@ __all__ = ["Packed", "repack", "unpack", "qmatvec", "quantized_matvec", "quantiz
 
 _FAST = {"reassoc", "contract"}  # the reduction may be reordered and fused; no other fast-math licence
 STREAM_BLOCK = 64  # rows of W per block; one row of x reads four of them together, one from each quarter
+LANES = 16  # float32 lanes of the float loops' accumulators (one AVX-512 register per row of W)
 FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 ACTIVATIONS = ("float", "q8")
 _IDS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
@@ -327,45 +335,79 @@ def quantize_activations(x, fmt: str):  # float32 [R, K] -> int8 [R, K], float32
 # The integer sums are written np.int32(s + a * b): Numba widens integer arithmetic to int64 and the cast lets
 # LLVM keep 16 int32 lanes (vpmovsxbd, vpmulld, vpaddd) instead of 8 int64 ones.
 
+@intrinsic
+def _lanes(typingctx):  # () -> float32 [LANES] on the stack
+    """A float32 [LANES] array on the stack (alloca; contents undefined): nothing can alias it, so LLVM keeps the
+    float loops' lane accumulators in registers (a heap array may alias the inputs: LLVM then stores every lane)."""
+    arr = types.Array(types.float32, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        n = context.get_constant(types.intp, LANES)
+        size = context.get_constant(types.intp, 4)
+        data = cgutils.alloca_once(builder, context.get_value_type(types.float32), size=n)
+        out = context.make_array(arr)(context, builder)
+        context.populate_array(out, data=data, shape=cgutils.pack_array(builder, [n]),
+                               strides=cgutils.pack_array(builder, [size]), itemsize=size, meminfo=None)
+        return out._getvalue()
+
+    return arr(), codegen
+
+
 @njit(cache=True, fastmath=_FAST, inline="always")
 def _i8_float(q, d, x, y, j0, j1, B):  # q int8 [N, K], d [N, K/B], x f32 [R, K] -> y[:, j0:j1]; B a constant
     R = x.shape[0]
     nb = d.shape[1]
     zero = np.float32(0)
     qq = STREAM_BLOCK // 4
+    a0, a1, a2, a3 = _lanes(), _lanes(), _lanes(), _lanes()
     j = j0
     while j + STREAM_BLOCK <= j1:
         for a in range(j, j + qq):
             for r in range(R):
-                y0 = zero
-                y1 = zero
-                y2 = zero
-                y3 = zero
+                for t in range(LANES):
+                    a0[t] = a1[t] = a2[t] = a3[t] = zero
                 for b in range(nb):
-                    s0 = zero
-                    s1 = zero
-                    s2 = zero
-                    s3 = zero
-                    for t in range(B):
-                        xi = x[r, B * b + t]
-                        s0 += np.float32(q[a, B * b + t]) * xi
-                        s1 += np.float32(q[a + qq, B * b + t]) * xi
-                        s2 += np.float32(q[a + 2 * qq, B * b + t]) * xi
-                        s3 += np.float32(q[a + 3 * qq, B * b + t]) * xi
-                    y0 += d[a, b] * s0
-                    y1 += d[a + qq, b] * s1
-                    y2 += d[a + 2 * qq, b] * s2
-                    y3 += d[a + 3 * qq, b] * s3
+                    d0, d1, d2, d3 = d[a, b], d[a + qq, b], d[a + 2 * qq, b], d[a + 3 * qq, b]
+                    for t in range(LANES):  # lane t: value t of the block (and t + 16 for B = 32), four rows
+                        i = B * b + t
+                        xi = x[r, i]
+                        s0 = np.float32(q[a, i]) * xi
+                        s1 = np.float32(q[a + qq, i]) * xi
+                        s2 = np.float32(q[a + 2 * qq, i]) * xi
+                        s3 = np.float32(q[a + 3 * qq, i]) * xi
+                        if B == 2 * LANES:
+                            xi = x[r, i + LANES]
+                            s0 += np.float32(q[a, i + LANES]) * xi
+                            s1 += np.float32(q[a + qq, i + LANES]) * xi
+                            s2 += np.float32(q[a + 2 * qq, i + LANES]) * xi
+                            s3 += np.float32(q[a + 3 * qq, i + LANES]) * xi
+                        a0[t] += d0 * s0
+                        a1[t] += d1 * s1
+                        a2[t] += d2 * s2
+                        a3[t] += d3 * s3
+                y0 = y1 = y2 = y3 = zero
+                for t in range(LANES):
+                    y0 += a0[t]
+                    y1 += a1[t]
+                    y2 += a2[t]
+                    y3 += a3[t]
                 y[r, a], y[r, a + qq], y[r, a + 2 * qq], y[r, a + 3 * qq] = y0, y1, y2, y3
         j += STREAM_BLOCK
     for a in range(j, j1):
         for r in range(R):
-            y0 = zero
+            for t in range(LANES):
+                a0[t] = zero
             for b in range(nb):
-                s0 = zero
-                for t in range(B):
-                    s0 += np.float32(q[a, B * b + t]) * x[r, B * b + t]
-                y0 += d[a, b] * s0
+                d0 = d[a, b]
+                for t in range(LANES):
+                    i = B * b + t
+                    s0 = np.float32(q[a, i]) * x[r, i]
+                    if B == 2 * LANES:
+                        s0 += np.float32(q[a, i + LANES]) * x[r, i + LANES]
+                    a0[t] += d0 * s0
+            y0 = zero
+            for t in range(LANES):
+                y0 += a0[t]
             y[r, a] = y0
 
 
@@ -375,47 +417,54 @@ def _nib_float(q, d, m, x, xs, y, j0, j1):  # q uint8 [N, K/2], d, m [N, K/32], 
     nb = d.shape[1]
     zero = np.float32(0)
     qq = STREAM_BLOCK // 4
+    a0, a1, a2, a3 = _lanes(), _lanes(), _lanes(), _lanes()
     j = j0
     while j + STREAM_BLOCK <= j1:
         for a in range(j, j + qq):
             for r in range(R):
-                y0 = zero
-                y1 = zero
-                y2 = zero
-                y3 = zero
+                for t in range(LANES):
+                    a0[t] = a1[t] = a2[t] = a3[t] = zero
+                u0 = u1 = u2 = u3 = zero  # the m terms
                 for b in range(nb):
-                    s0 = zero
-                    s1 = zero
-                    s2 = zero
-                    s3 = zero
-                    for t in range(16):  # S_b of four rows: 2 x 16 lanes, each x element feeding four sums
+                    d0, d1, d2, d3 = d[a, b], d[a + qq, b], d[a + 2 * qq, b], d[a + 3 * qq, b]
+                    for t in range(16):  # lane t: values t (low nibble) and t + 16 (high) of the block, four rows
                         xl = x[r, 32 * b + t]
                         xh = x[r, 32 * b + 16 + t]
                         v0 = np.int16(q[a, 16 * b + t])
                         v1 = np.int16(q[a + qq, 16 * b + t])
                         v2 = np.int16(q[a + 2 * qq, 16 * b + t])
                         v3 = np.int16(q[a + 3 * qq, 16 * b + t])
-                        s0 += np.float32(np.int16(v0 & 15)) * xl + np.float32(np.int16(v0 >> 4)) * xh
-                        s1 += np.float32(np.int16(v1 & 15)) * xl + np.float32(np.int16(v1 >> 4)) * xh
-                        s2 += np.float32(np.int16(v2 & 15)) * xl + np.float32(np.int16(v2 >> 4)) * xh
-                        s3 += np.float32(np.int16(v3 & 15)) * xl + np.float32(np.int16(v3 >> 4)) * xh
+                        a0[t] += d0 * (np.float32(np.int16(v0 & 15)) * xl + np.float32(np.int16(v0 >> 4)) * xh)
+                        a1[t] += d1 * (np.float32(np.int16(v1 & 15)) * xl + np.float32(np.int16(v1 >> 4)) * xh)
+                        a2[t] += d2 * (np.float32(np.int16(v2 & 15)) * xl + np.float32(np.int16(v2 >> 4)) * xh)
+                        a3[t] += d3 * (np.float32(np.int16(v3 & 15)) * xl + np.float32(np.int16(v3 >> 4)) * xh)
                     xb = xs[r, b]
-                    y0 += d[a, b] * s0 + m[a, b] * xb
-                    y1 += d[a + qq, b] * s1 + m[a + qq, b] * xb
-                    y2 += d[a + 2 * qq, b] * s2 + m[a + 2 * qq, b] * xb
-                    y3 += d[a + 3 * qq, b] * s3 + m[a + 3 * qq, b] * xb
-                y[r, a], y[r, a + qq], y[r, a + 2 * qq], y[r, a + 3 * qq] = y0, y1, y2, y3
+                    u0 += m[a, b] * xb
+                    u1 += m[a + qq, b] * xb
+                    u2 += m[a + 2 * qq, b] * xb
+                    u3 += m[a + 3 * qq, b] * xb
+                for t in range(LANES):
+                    u0 += a0[t]
+                    u1 += a1[t]
+                    u2 += a2[t]
+                    u3 += a3[t]
+                y[r, a], y[r, a + qq], y[r, a + 2 * qq], y[r, a + 3 * qq] = u0, u1, u2, u3
         j += STREAM_BLOCK
     for a in range(j, j1):
         for r in range(R):
-            y0 = zero
+            for t in range(LANES):
+                a0[t] = zero
+            u0 = zero
             for b in range(nb):
-                s0 = zero
+                d0 = d[a, b]
                 for t in range(16):
                     v0 = np.int16(q[a, 16 * b + t])
-                    s0 += np.float32(v0 & 15) * x[r, 32 * b + t] + np.float32(v0 >> 4) * x[r, 32 * b + 16 + t]
-                y0 += d[a, b] * s0 + m[a, b] * xs[r, b]
-            y[r, a] = y0
+                    a0[t] += d0 * (np.float32(np.int16(v0 & 15)) * x[r, 32 * b + t]
+                                   + np.float32(np.int16(v0 >> 4)) * x[r, 32 * b + 16 + t])
+                u0 += m[a, b] * xs[r, b]
+            for t in range(LANES):
+                u0 += a0[t]
+            y[r, a] = u0
 
 
 @njit(cache=True, fastmath=_FAST, inline="always")
@@ -703,7 +752,7 @@ def error_bound(blocks, ggml_type, shape, x, activations: str = "float") -> np.n
         terms = ax @ (absd[:, :, None] * np.abs(qv)).reshape(N, K).T
         if fmt in _NIBBLES:
             terms += ax.reshape(R, K // 32, 32).sum(-1) @ absm.T
-        n = nb + B + 1
+        n = nb + B // 16 + 17
         extra = 0.0
         wx = terms
     elif activations == "q8":
@@ -716,7 +765,7 @@ def error_bound(blocks, ggml_type, shape, x, activations: str = "float") -> np.n
         terms = terms + mterm
         n = nb + 3
         if B == 16:  # the float loop on fl(xd xq): one more rounding than activations="float"
-            n = nb + B + 2
+            n = nb + B // 16 + 18
         extra = u32 * mterm if _ACT[fmt] == "Q8_K" else 0.0
         xdq = np.abs(xq.astype(np.float64)).reshape(R, K // 32, 32) * np.abs(xd.astype(np.float64))[:, :, None]
         xdq = xdq.reshape(R, K)
