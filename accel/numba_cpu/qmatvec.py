@@ -49,12 +49,23 @@ against the twin's decoded w: exact for Q8_0, Q4_0, Q5_0, within u |w| for Q4_1,
 sum's gamma_K(2^-53). `error_bound` computes the sum of the three. Scales are assumed finite.
 
 Versions: v1 Q8_0 / Q4_1 with float x, the nibbles converted lane by lane to int32 (~3.5 G weights/s a Zen 4
-core in cache); v2 (this) six formats, the q8 mode, and loops written so LLVM keeps narrow lanes: int16 loads
+core in cache); v2 six formats, the q8 mode, and loops written so LLVM keeps narrow lanes: int16 loads
 and np.int32(s + a * b) around each integer add (Numba widens integer arithmetic to int64; without the casts
 LLVM ran 8 int64 lanes or scalar code), 9-13 G weights/s a core in cache for every format and mode (Q4_1's
 integer sums compile to vpmaddwd / vpdpwssd). Tried and dropped: a block-transposed layout (values [K/32 ...]
 per row, lanes over blocks, no per-block horizontal sum): vpmulld-bound, 8 against 13 G weights/s; a 16-lane
 integer loop for Q6_K's sub-blocks (LLVM leaves it scalar: Q6_K's q8 mode runs the float loop on fl(xd xq)).
+v3 (this): the float loops keep 16 lanes per row across the blocks in a stack array (_lanes: an alloca, which
+LLVM keeps in a zmm register; a heap array, v1's attempt, may alias the inputs and stays in memory), one
+horizontal sum per row instead of one per block: in cache, one Zen 4 core, paired against v2 in the same
+process (load ~3): Q4_1 17.8-19.5 G weights/s (v2 11.0), Q4_K 19.8 (11.2), Q8_0 19.8 (12.9), Q5_0 20.3 (7.0),
+Q6_K 19.3 (6.3), about the float32 matvec's in-cache rate; the hot loop per 32 weights and row is two
+widenings, two int-to-float conversions, a multiply and two FMAs (one with d_b broadcast from memory). Tried
+and dropped: eight streams instead of four for these loops (paired 1.01x in cache, 1.08x slower on a 47 MB
+matrix); a generic inner loop over a block's values per lane (LLVM then vectorised across blocks: 2-3 G
+weights/s for Q6_K), so the second value of a lane is written out (B = 32); the same lanes for the q8 loops
+(int32 sums of a lane's two products, fl(d_b xd_b) times each into float32 lanes): LLVM gave 2.1-3.4 against
+v2's 4.7-13.6 G weights/s (paired, load ~10), so the q8 loops keep v2's per-block integer sums.
 Speed: benchmarks/NOTES.md, "accel.numba_cpu.qmatvec"; `python -m benchmarks.qmatvec`.
 """
 
