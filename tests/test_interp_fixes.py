@@ -376,7 +376,7 @@ def test_numba_backend_says_when_it_will_compile(tmp_path, monkeypatch, capsys):
 
     model = random_model(GPT2Config(vocab_size=8, n_positions=8, n_embd=8, n_layer=1, n_head=2))
     for cached, words in ((False, "note: compiling the Numba kernels"), (None, "compiles its kernels on first use"),
-                          (True, None)):
+                          (True, "note: loading the Numba kernels")):
         monkeypatch.setattr(_launch, "kernels_cached", lambda module, cached=cached: cached)
         monkeypatch.setattr("refimpl._progress._noted", set())  # (said once per process)
         cli._note_numba_compile(model)

@@ -340,10 +340,11 @@ def _sources_digest(here: Path) -> str:
     return hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
 
 
-def kernels_cached(module: str, here: Path | None = None) -> bool | None:
+def kernels_cached(module: str, here: Path | None = None, kernels: tuple[str, ...] = ()) -> bool | None:
     """Whether compiled kernels of accel.numba_cpu.<module> lie in the package's disk cache (in `here`, default
     this package) and are current, so drop_stale_caches keeps them: True / False; None when NUMBA_CACHE_DIR puts
-    the cache elsewhere."""
+    the cache elsewhere. With `kernels` (function names in that module), each of them must be there; without,
+    any one of the module's."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return None
     here = Path(__file__).resolve().parent if here is None else Path(here)
@@ -352,7 +353,11 @@ def kernels_cached(module: str, here: Path | None = None) -> bool | None:
         current = (cache / "accel_numba_sources.sha256").read_text() == _sources_digest(here)
     except OSError:
         return False
-    return current and any(cache.glob(f"{module}.*.nbi"))
+    if not current:
+        return False
+    if kernels:
+        return all(any(cache.glob(f"{module}.{kernel}-*.nbi")) for kernel in kernels)
+    return any(cache.glob(f"{module}.*.nbi"))
 
 
 def drop_stale_caches(here: Path) -> None:

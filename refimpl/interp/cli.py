@@ -243,14 +243,14 @@ def _ops_for(model, args):
     from ._family import decoder_of
 
     backend = getattr(args, "backend", "numpy")
+    if backend == "numba":  # (before get_ops loads the module: this note knows which kernels the model needs)
+        from refimpl._compile_note import note_numba_compile
+
+        note_numba_compile(model)
     try:
         decoder_of(model).get_ops(backend)
     except (ValueError, ImportError) as e:
         raise _Usage(f"--backend {backend}: {e}") from None
-    if backend == "numba":
-        from refimpl._compile_note import note_numba_compile
-
-        note_numba_compile(model)
     return backend
 
 

@@ -1,0 +1,59 @@
+"""What the command line says around a run: the note before --backend numba compiles, the cost of weights kept
+quantized on NumPy, help texts, and errors that name the real cause."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from refimpl.llama.config import LlamaConfig
+from refimpl.llama.gguf import load_gguf_model
+from refimpl.llama.gguf_write import save_gguf
+from llama_random import random_llama
+
+TINY = dict(model_type="llama", vocab_size=40, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, rms_norm_eps=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    model = random_llama(LlamaConfig.from_dict(TINY), seed=1, dtype=np.float32)
+    return save_gguf(model, tmp_path_factory.mktemp("g") / "tiny-Q8_0.gguf", type="Q8_0").path
+
+
+def test_the_compile_note_checks_the_quantized_paths_kernels_too(tiny_gguf, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("numba", reason="the note is about Numba's compilation")
+    from accel.numba_cpu import _launch
+
+    from refimpl._compile_note import kernels_needed, note_numba_compile
+
+    floats, quantized = load_gguf_model(tiny_gguf), load_gguf_model(tiny_gguf, weights="quantized")
+    assert kernels_needed(floats) == {"llama": ()}
+    assert kernels_needed(quantized) == {"llama": (), "qmatvec": ("_rows",), "qstep": ("_step_worker",)}
+    for name in ("llama.py", "qmatvec.py", "qstep.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    _launch.drop_stale_caches(tmp_path)  # writes the sources' stamp
+    cache = tmp_path / "__pycache__"
+    (cache / "llama._chunks-10.py311.nbi").write_bytes(b"")  # a float run's kernels, nothing of the quantized path
+    (cache / "qmatvec._f16_round-211.py311.nbi").write_bytes(b"")  # one kernel of qmatvec, not the row loop
+    assert _launch.kernels_cached("qmatvec", tmp_path) is True
+    assert _launch.kernels_cached("qmatvec", tmp_path, kernels=("_rows",)) is False
+    monkeypatch.setattr(_launch, "kernels_cached", functools.partial(_launch.kernels_cached, here=tmp_path))
+
+    def note(model) -> str:
+        monkeypatch.setattr("refimpl._progress._noted", set())  # (said once per process)
+        note_numba_compile(model)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    assert "loading the Numba kernels for --backend numba (llama) from its disk cache" in note(floats)
+    err = note(quantized)
+    assert "compiling the Numba kernels for --backend numba (qmatvec, qstep: not in the disk cache" in err
+    assert "about a minute or two" in err
+    (cache / "qmatvec._rows-553.py311.nbi").write_bytes(b"")
+    (cache / "qstep._step_worker-169.py311.nbi").write_bytes(b"")
+    assert "(llama, qmatvec, qstep) from its disk cache" in note(quantized)
+
