@@ -57,3 +57,10 @@ def test_the_compile_note_checks_the_quantized_paths_kernels_too(tiny_gguf, tmp_
     (cache / "qstep._step_worker-169.py311.nbi").write_bytes(b"")
     assert "(llama, qmatvec, qstep) from its disk cache" in note(quantized)
 
+
+def test_a_backend_that_cannot_load_says_so_without_a_compile_note(capsys):
+    from refimpl._backends import resolve_backend
+
+    with pytest.raises(ValueError, match="backend 'gpu' is not usable here: accel.no_such_backend:OPS failed to load"):
+        resolve_backend("gpu", {"gpu": "accel.no_such_backend:OPS"}, type("Ops", (), {}))
+    assert "compiling" not in capsys.readouterr().err
