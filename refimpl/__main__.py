@@ -211,6 +211,12 @@ def cmd_generate(args) -> int:
                   top_k=args.top_k, top_p=args.top_p)
     if args.backend == "numba":
         _note_numba_compile(model)
+    elif args.weights == "quantized" and args.backend == "numpy":
+        from refimpl._progress import note_once
+
+        note_once("numpy-quantized", "--weights quantized on --backend numpy: refimpl's product decodes each matrix "
+                  "from its blocks on every use, several times slower per token than --weights float (SmolLM2-135M "
+                  "Q4_1: 7-9x); --backend numba computes straight from the blocks")
     if args.no_causal_mask:
         print("note: --no-causal-mask: every position attends to the whole sequence, later tokens too; the model "
               "was trained with the mask, and each step recomputes every position (no KV cache)", file=sys.stderr)

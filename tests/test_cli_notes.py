@@ -64,3 +64,15 @@ def test_a_backend_that_cannot_load_says_so_without_a_compile_note(capsys):
     with pytest.raises(ValueError, match="backend 'gpu' is not usable here: accel.no_such_backend:OPS failed to load"):
         resolve_backend("gpu", {"gpu": "accel.no_such_backend:OPS"}, type("Ops", (), {}))
     assert "compiling" not in capsys.readouterr().err
+
+
+def test_quantized_weights_on_numpy_say_what_they_cost_once(tiny_gguf, capsys, monkeypatch):
+    from refimpl.__main__ import main
+
+    for weights, said in (("float", False), ("quantized", True)):
+        monkeypatch.setattr("refimpl._progress._noted", set())
+        assert main(["generate", "--model", str(tiny_gguf), "--weights", weights, "--ids", "1 2",
+                     "--max-new-tokens", "2"]) == 0
+        err = capsys.readouterr().err
+        assert err.count("--weights quantized on --backend numpy") == int(said), err
+        assert ("--backend numba computes straight from the blocks" in err) == said
