@@ -563,7 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "name (shakespeare-gpt2, shakespeare-llama), or a Hugging Face hub name (org/name) of any of "
                    "these model types, fetched into the Hugging Face cache (or read from it alone with "
                    "HF_HUB_OFFLINE=1)")
-    e.add_argument("--out", required=True, help="output directory (a FILE.gguf: one GGUF file, as --gguf-type)")
+    e.add_argument("--out", required=True, help="output directory (a FILE.gguf: one GGUF file, as --gguf-type); "
+                   "from a GGUF source the folder gets its byte-level BPE tokenizer as tokenizer.json + "
+                   "tokenizer_config.json (chat template, bos / eos); a SentencePiece-style one (Gemma, LLaMA 2) "
+                   "is not written, as tokenizer.json's ranked merges do not reproduce its score order: export to "
+                   "FILE.gguf keeps it")
     e.add_argument("--gguf-type", type=str.upper, choices=("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q4_K", "Q5_K", "Q6_K"), help="write --out as a GGUF file (llama.cpp's format) whose 2-D weights "
                    "take this type (norms and biases stay F32; k-quant rows not a multiple of 256 fall back as "

@@ -313,7 +313,8 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     """Read the LLaMA-family checkpoint `source` and write it to out_dir in our format; return out_dir.
 
     source: any layout load_weights reads (a GGUF file's tensors dequantized, its q / k rows and norms as
-    Hugging Face's: refimpl.llama.gguf; its tokenizer, kept in its metadata, is not written), or, on this
+    Hugging Face's: refimpl.llama.gguf; its byte-level tokenizer written as tokenizer.json and
+    tokenizer_config.json with the chat template: refimpl.tokenizers.hf_files), or, on this
     explicit request only, a pickled PyTorch
     checkpoint: a folder holding pytorch_model.bin (or model.pt / .pth / .ckpt), or
     pytorch_model.bin.index.json and the shards it lists, beside its config.json, or such a file
@@ -335,11 +336,10 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     check_export_dtype(dtype)
     src, out = Path(source), Path(out_dir)
     check_model_folder(out, also=COPIED_FILES)
-    from .gguf import gguf_path, load_gguf
+    from .gguf import gguf_path
 
     if gguf_path(src) is not None:  # dequantized to float32 ("source"), or the dtype asked where exact
-        config, params, _ = load_gguf(src)
-        return save_weights(config, params, out, dtypes=export_dtypes(params.to_checkpoint(config), {}, dtype, src))
+        return _export_gguf_source(src, out, dtype)
 
     def read(path: Path, stack: ExitStack) -> tuple[LlamaConfig, LlamaParams, dict[str, str]]:
         pickled = _pickled_source(path)
@@ -360,6 +360,28 @@ def export(source, out_dir, *, dtype: str = "source") -> Path:
     config, params, stored = read_checkpoint(src, None, read)
     dtypes = export_dtypes(params.to_checkpoint(config), stored, dtype, src)
     return save_weights(config, params, out, copy_from=src if src.is_dir() else src.parent, dtypes=dtypes)
+
+
+def _export_gguf_source(src: Path, out: Path, dtype: str) -> Path:
+    """A GGUF file's model written as a folder: config.json + model.safetensors, and its tokenizer as
+    tokenizer.json + tokenizer_config.json where they tokenize as the GGUF does (refimpl.tokenizers.hf_files;
+    otherwise none, and a note on stderr says why)."""
+    from .._files import write_text_atomic
+    from .._progress import note
+    from ..checkpoint import export_dtypes
+    from ..tokenizers.hf_files import tokenizer_files_from_gguf
+    from .gguf import load_gguf
+
+    config, params, metadata = load_gguf(src)
+    files, why = tokenizer_files_from_gguf(metadata, str(src))
+    dtypes = export_dtypes(params.to_checkpoint(config), {}, dtype, src)
+    with model_folder(out, also=COPIED_FILES) as new:
+        write_model_files(new, config, params, dtypes=dtypes)
+        for name, text in files.items():
+            write_text_atomic(new / name, text, fsync=False)
+    if why is not None:
+        note(why)
+    return out
 
 
 def _export_tensors(path: Path, config: LlamaConfig, stack: ExitStack) -> dict[str, Tensor]:
