@@ -30,7 +30,7 @@ from ._family import decoder_of
 from .capture import capture
 
 __all__ = ["attention_weights", "sink_share", "uniform_sink_share", "sink_table", "plot_attention_maps",
-           "plot_sink_statistics", "attention_colour_floor", "head_group_similarity"]
+           "plot_sink_statistics", "attention_colour_floor", "head_group_similarity", "mass_beyond_window"]
 
 
 def attention_weights(model, ids, *, causal: bool = True, attention_scale=None,
@@ -68,6 +68,25 @@ def sink_share(weights, k: int = 1) -> np.ndarray:  # [..., T, S] -> [...]
         raise ValueError(f"weights must be a float array [..., T, S]; got {w.dtype} of shape {w.shape}")
     k = _check_k(k, w.shape[-1])
     return w[..., :k].sum(axis=-1).mean(axis=-1)
+
+
+def mass_beyond_window(weights, window: int) -> np.ndarray:  # [..., T, S] -> [...]
+    """beyond = mean over queries with p_i >= window of sum_{j <= p_i - window} w[..., i, j], p_i = S - T + i:
+    the attention on keys `window` or more positions back, outside a causal sliding window of `window` keys
+    (masks.local_window_mask: keys p-w+1 .. p). A local layer of that window gives exactly 0; NaN where no
+    query has such a key (S <= window)."""
+    w = np.asarray(weights)
+    if w.ndim < 2 or w.dtype.kind != "f":
+        raise ValueError(f"weights must be a float array [..., T, S]; got {w.dtype} of shape {w.shape}")
+    if not is_int(window) or window < 1:
+        raise ValueError(f"window must be a positive integer; got {window!r}")
+    T, S = w.shape[-2:]
+    p = query_positions(T, S)[:, None]  # [T, 1]
+    far = np.arange(S)[None, :] <= p - window  # [T, S]
+    rows = p[:, 0] >= window
+    if not rows.any():
+        return np.full(w.shape[:-2], np.nan)
+    return np.where(far, w, 0).sum(axis=-1)[..., rows].mean(axis=-1)
 
 
 def uniform_sink_share(T: int, S: int | None = None, k: int = 1) -> float:

@@ -424,7 +424,7 @@ def _print_tuned(model, data, names, k: int) -> None:
 
 
 def cmd_attention(args) -> int:
-    from .attention_maps import attention_weights, head_group_similarity, plot_attention_maps
+    from .attention_maps import attention_weights, head_group_similarity, mass_beyond_window, plot_attention_maps
 
     model = _load(args.model)
     L = _n_layers(model)
@@ -443,6 +443,8 @@ def cmd_attention(args) -> int:
                                                         np.linspace(0, L - 1, max(1, MAX_ATTENTION_PANELS // H))
                                                         .round().astype(int).tolist())
     kinds = _layer_kinds(model, L)
+    W = _sliding_window(model)  # every layer measured against it, global ones too (what a local layer drops)
+    beyond = None if W is None else mass_beyond_window(w, W)  # [L, H]; NaN: no key W or more back (T <= W)
     few = len(drawn) * H * T * T <= MAX_JSON_WEIGHTS
     data = {"tokens": _labels(model, ids), "ids": ids.tolist(), "layers_drawn": drawn,
             "weights": w[drawn].round(5).tolist() if few else None,
@@ -450,6 +452,9 @@ def cmd_attention(args) -> int:
                                               f"{MAX_JSON_WEIGHTS:,}); fewer --layer or --max-tokens keep them"}),
             "mean_entropy": ent.tolist(), "mean_on_previous": prev.tolist(),
             "mean_on_first": first.tolist(), **_switches(args)}
+    if beyond is not None:
+        data["sliding_window"] = W
+        data["mass_beyond_window"] = None if np.isnan(beyond).all() else beyond.tolist()
     K = getattr(model.config, "num_key_value_heads", H)
     if K < H and T > 2:
         within, across = head_group_similarity(w, K)
@@ -460,17 +465,29 @@ def cmd_attention(args) -> int:
     paths = [plot_attention_maps(model, ids, w[drawn], out / "attention.png", layers=drawn,
                                  titles=None if kinds is None else [kinds[l] for l in drawn]),
              _write_json(out, "attention.json", data)]
+    far = [] if beyond is None else [f"on keys >= {W} back"]  # (the mean over queries that have such keys)
+
+    def far_cell(v):
+        return "-" if np.isnan(v) else float(v)
     if L * H <= SINK_ROWS_PRINTED:
-        print(_table(["layer", "head", "entropy", "on first", "on previous"],
+        print(_table(["layer", "head", "entropy", "on first", "on previous"] + far,
                      [[l, h, float(ent[l, h]), float(first[l, h]), float(prev[l, h])]
-                      for l in range(L) for h in range(H)]))
+                      + ([] if beyond is None else [far_cell(beyond[l, h])]) for l in range(L) for h in range(H)]))
     else:  # a wide model: one line per layer, then the heads that stand out (every head is in attention.json)
         print(f"{L} layers x {H} heads, T = {T}: per layer, the median head and the head that stands out most")
-        print(_table(["layer"] + (["type"] if kinds else []) + ["median entropy", "most on first", "most on previous"],
+        print(_table(["layer"] + (["type"] if kinds else []) + ["median entropy", "most on first", "most on previous"]
+                     + [f"most {c}" for c in far],
                      [[l] + ([kinds[l]] if kinds else []) + [float(np.median(ent[l])),
                                                               f"h{int(first[l].argmax())} {first[l].max():.3f}",
                                                               f"h{int(prev[l].argmax())} {prev[l].max():.3f}"]
+                      + ([] if beyond is None else ["-" if np.isnan(beyond[l]).all() else
+                                                    f"h{int(beyond[l].argmax())} {beyond[l].max():.3f}"])
                       for l in range(L)]))
+    if beyond is not None:
+        print(f"on keys >= {W} back: the weight a query puts on keys outside a sliding window of {W} (every layer "
+              f"measured against it; a local layer's is exactly 0)"
+              + (f"; none here: T = {T} <= {W}, no query has such keys (--max-tokens above {W})"
+                 if np.isnan(beyond).all() else ""))
         top = np.argsort(-prev.ravel(), kind="stable")[:5]
         print("previous-token heads (mean weight on the token before): "
               + ", ".join(f"{l}.h{h} {prev[l, h]:.2f}" for l, h in (divmod(int(i), H) for i in top)))
@@ -493,6 +510,13 @@ def cmd_attention(args) -> int:
 
 MAX_JSON_WEIGHTS = 1 << 20  # attention.json keeps the drawn maps up to this many values (about 8 MB of text)
 MAX_ATTENTION_PANELS = 64  # attention.png: more layers x heads than this draws a spread of layers (--layer for others)
+
+
+def _sliding_window(model) -> int | None:
+    """The model's sliding window where some of its layers attend through one (Gemma 2/3, Mistral); else None."""
+    W = getattr(model.config, "sliding_window", None)
+    types = getattr(model.config, "layer_types", ()) or ()
+    return W if isinstance(W, int) and W > 0 and "sliding_attention" in types else None
 
 
 def _layer_kinds(model, L: int) -> list[str] | None:
