@@ -62,3 +62,10 @@ def test_only_a_model_with_sliding_layers_is_measured_against_a_window():
         return _sliding_window(SimpleNamespace(config=LlamaConfig.from_dict({**base, **kw})))
     assert _sliding_window(tiny_gemma3(window=4)) == 4 and window(model_type="mistral", sliding_window=8) == 8
     assert window(model_type="llama") is None and window(model_type="mistral", sliding_window=None) is None
+
+
+def test_the_wide_tables_cell_names_the_head_with_the_most_and_the_least():
+    from refimpl.interp.cli import _far_cell
+
+    assert _far_cell(np.zeros(4)) == "0 (every head)" and _far_cell(np.full(4, np.nan)) == "-"
+    assert _far_cell(np.array([0.1, 0.5, 0.25])) == "h1 0.500 (min 0.100)"

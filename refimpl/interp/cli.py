@@ -155,8 +155,7 @@ def _ids(model, args, *, default: str | None = DEFAULT_TEXT, limit: int | None =
             try:  # a regular file only (a FIFO would block, /dev/zero never ends), of bounded size
                 text = read_regular_bytes(args.file, "--file", max_bytes=MAX_FILE_BYTES).decode("utf-8")
             except (OSError, UnicodeDecodeError) as e:
-                raise _Usage(f"--file {args.file}: cannot read it as UTF-8 text "
-                             f"({(e.strerror or e) if isinstance(e, OSError) else e})") from None
+                raise _Usage(_unreadable(f"--file {args.file}", args.file, e)) from None
             except ValueError as e:  # not a regular file, or too large
                 raise _Usage(str(e)) from None
         elif default is not None:
@@ -362,8 +361,7 @@ def _train_ids(model, args) -> tuple[np.ndarray, str]:
     try:
         text = read_regular_bytes(path, flag, max_bytes=MAX_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise _Usage(f"{flag}: cannot read it as UTF-8 text "
-                     f"({(e.strerror or e) if isinstance(e, OSError) else e})") from None
+        raise _Usage(_unreadable(flag, path, e)) from None
     except ValueError as e:  # not a regular file, or too large
         raise _Usage(str(e)) from None
     n, chars = args.train_tokens, 8 * args.train_tokens  # encode a prefix, longer until it holds N tokens
@@ -480,8 +478,7 @@ def cmd_attention(args) -> int:
                      [[l] + ([kinds[l]] if kinds else []) + [float(np.median(ent[l])),
                                                               f"h{int(first[l].argmax())} {first[l].max():.3f}",
                                                               f"h{int(prev[l].argmax())} {prev[l].max():.3f}"]
-                      + ([] if beyond is None else ["-" if np.isnan(beyond[l]).all() else
-                                                    f"h{int(beyond[l].argmax())} {beyond[l].max():.3f}"])
+                      + ([] if beyond is None else [_far_cell(beyond[l])])
                       for l in range(L)]))
     if beyond is not None:
         print(f"on keys >= {W} back: the weight a query puts on keys outside a sliding window of {W} (every layer "
@@ -510,6 +507,28 @@ def cmd_attention(args) -> int:
 
 MAX_JSON_WEIGHTS = 1 << 20  # attention.json keeps the drawn maps up to this many values (about 8 MB of text)
 MAX_ATTENTION_PANELS = 64  # attention.png: more layers x heads than this draws a spread of layers (--layer for others)
+
+
+def _far_cell(beyond) -> str:  # [H] -> the wide table's cell: the head with the most, and the least
+    """A layer's weight beyond the window in one cell: '-' (no query has such keys), '0 (every head)', or the
+    head with the most and the smallest among its heads."""
+    if np.isnan(beyond).all():
+        return "-"
+    if not beyond.any():
+        return "0 (every head)"
+    return f"h{int(beyond.argmax())} {beyond.max():.3f} (min {beyond.min():.3f})"
+
+
+def _unreadable(flag: str, path, e: Exception) -> str:
+    """Why a text file could not be read: it does not exist (under .cache/: the fetch that makes it), or it is
+    not UTF-8 text, or the OS's reason."""
+    if isinstance(e, FileNotFoundError):
+        parts = Path(path).parts
+        at = parts.index(".cache") if ".cache" in parts[:-1] else None
+        fetch = "" if at is None else (f" (the data under .cache/ is fetched: `python scripts/fetch_data.py "
+                                       f"{parts[at + 1]}`; --help there lists the names)")
+        return f"{flag}: the file does not exist{fetch}"
+    return f"{flag}: cannot read it as UTF-8 text ({(e.strerror or e) if isinstance(e, OSError) else e})"
 
 
 def _sliding_window(model) -> int | None:
