@@ -47,6 +47,26 @@ def test_unit_roundoffs_and_the_tolerance_formula():
     assert sum_length({"a": np.zeros((3, 7)), "b": np.zeros((2, 5, 9)), "logits": np.zeros((3, 1000))}) == 9
 
 
+def test_errors_over_chunks_equal_the_whole_array(monkeypatch):
+    """max |t - r| / max |r| taken chunk by chunk (3 entries here) equals the whole array's; a non-finite
+    value of theirs where the reference's is finite, in any chunk, is inf."""
+    from refimpl.compare import core
+
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((4, 5)).astype(np.float32)
+    t = r + np.float32(1e-3) * rng.standard_normal((4, 5)).astype(np.float32)
+    whole = core._errors(r, t)
+    monkeypatch.setattr(core, "_CHUNK", 3)
+    d = np.abs(t.astype(np.float64) - r)
+    assert core._errors(r, t) == whole == (d.max(), d.max() / np.abs(r.astype(np.float64)).max())
+    bad = t.copy()
+    bad[3, 4] = np.nan  # the last chunk
+    assert core._errors(r, bad) == (math.inf, math.inf)
+    r2, t2 = r.copy(), t.copy()
+    r2[0, 0] = t2[0, 0] = np.inf  # infinite on both sides at one entry: compared on the rest
+    assert core._errors(r2, t2)[0] == np.abs(t2.astype(np.float64) - r2)[np.isfinite(r2)].max()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.floats(0, 10, allow_nan=False), st.just(math.nan), st.just(math.inf)), max_size=30))
 def test_first_divergence_is_the_earliest_ratio_above_one(ratios):

@@ -282,17 +282,32 @@ def _match_batch(ref: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, np.nd
     return ref, theirs
 
 
+_CHUNK = 1 << 22  # entries widened to float64 at a time (32 MiB per array)
+
+
 def _errors(ref: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
-    """(max |theirs - ref|, that / max |ref|), in float64; inf when theirs is not finite where ref is."""
-    r, t = ref.astype(np.float64), theirs.astype(np.float64)
-    if not np.array_equal(np.isfinite(r), np.isfinite(t)) or np.isnan(t).any() and not np.isnan(r).any():
+    """(max |theirs - ref|, that / max |ref|), in float64; inf when theirs is not finite where ref is.
+
+    Taken over chunks of the flattened arrays, so that a large point (the logits: T x V) is never
+    widened to float64 whole."""
+    r_all, t_all = ref.reshape(-1), theirs.reshape(-1)
+    max_abs = peak = 0.0
+    nan_r = nan_t = any_finite = False
+    for start in range(0, r_all.size, _CHUNK):
+        r = r_all[start:start + _CHUNK].astype(np.float64)
+        t = t_all[start:start + _CHUNK].astype(np.float64)
+        fin = np.isfinite(r)
+        if not np.array_equal(fin, np.isfinite(t)):
+            return math.inf, math.inf
+        nan_r, nan_t = nan_r or bool(np.isnan(r).any()), nan_t or bool(np.isnan(t).any())
+        if fin.any():
+            any_finite = True
+            max_abs = max(max_abs, float(np.abs(t[fin] - r[fin]).max()))
+            peak = max(peak, float(np.abs(r[fin]).max()))
+    if nan_t and not nan_r:
         return math.inf, math.inf
-    fin = np.isfinite(r)
-    if not fin.any():
+    if not any_finite:
         return 0.0, 0.0
-    d = np.abs(t[fin] - r[fin])
-    max_abs = float(d.max()) if d.size else 0.0
-    peak = float(np.abs(r[fin]).max())
     return max_abs, (max_abs / peak if peak > 0 else max_abs)
 
 
