@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refimpl import compare, gpt2
-from refimpl.compare.core import first_divergence, sum_length, tolerance, unit_roundoff
+from refimpl.compare.core import first_divergence, rotated_positions, sum_length, tolerance, unit_roundoff
 from refimpl.compare.names import reference_name, to_reference
 from gpt2_oracle import ODD, oracle_pair
 from porters import _gelu, porters_gpt2  # the bug zoo's GPT-2 (tests/porters.py)
@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 # ----------------------------------------------------------------------------- the error model
 
 def test_unit_roundoffs_and_the_tolerance_formula():
-    """u per dtype; tol = scale (d + 1) (8 u + 2 sqrt(n) min(u, 2^-24)); d = block index, L after the blocks."""
+    """u per dtype; tol = scale (d + 1) (8 u + 2 sqrt(n) u_acc + 2 P u_acc), u_acc = min(u, 2^-24); d = block index,
+    L after the blocks; P = the positions rotated (0 without RoPE)."""
     assert unit_roundoff(np.float64) == 2.0 ** -53 and unit_roundoff("bfloat16") == 2.0 ** -8
     assert unit_roundoff(np.float32) == 2.0 ** -24 and unit_roundoff(np.float16) == 2.0 ** -11
     with pytest.raises(ValueError, match="cannot compare dtype 'int32'"):
@@ -45,6 +46,11 @@ def test_unit_roundoffs_and_the_tolerance_formula():
     ub = 2.0 ** -8  # bfloat16 stored, float32 accumulated
     assert tolerance("blocks.0.resid_pre", 5, ub, 100) == pytest.approx(8 * ub + 20 * u)
     assert sum_length({"a": np.zeros((3, 7)), "b": np.zeros((2, 5, 9)), "logits": np.zeros((3, 1000))}) == 9
+    # the rotation term: 2 P u_acc more in each block's budget, u_acc = float32's at most
+    assert tolerance("blocks.3.attn.weights", 5, u, 400, positions=600) == pytest.approx(4 * (48 + 1200) * u)
+    assert tolerance("blocks.0.attn.q", 5, ub, 100, positions=600) == pytest.approx(8 * ub + 20 * u + 1200 * u)
+    assert rotated_positions({"blocks.0.attn.k_rot": np.zeros((1, 2, 7, 4)), "blocks.0.attn.q": np.zeros((9, 4))}) == 7
+    assert rotated_positions({"blocks.0.attn.k": np.zeros((2, 7, 4))}) == 0  # no RoPE (GPT-2)
 
 
 def test_errors_over_chunks_equal_the_whole_array(monkeypatch):
@@ -241,11 +247,12 @@ def _rms(x, w, eps, plus_one):
 
 
 def porters_llama(model, ids, *, interleaved=False, forget_plus_one=False, tile_kv_heads=False, tie_head=False,
-                  position_offset=0):
+                  position_offset=0, angle_dtype=np.float64):
     """An independent LLaMA / Gemma forward on ids [T] (no window, no caps, no q/k norms), TransformerLens names.
 
     The RoPE frequencies come from refimpl.rope_scaling (a porter copies them from the model's
-    config); everything else is written here from the equations.
+    config); everything else is written here from the equations. angle_dtype: the precision the
+    angles p w_i are formed in (float32 as Hugging Face and llama.cpp do; float16 is a mistake).
     """
     from refimpl.rope_scaling import scaled_rope_frequencies
 
@@ -254,8 +261,8 @@ def porters_llama(model, ids, *, interleaved=False, forget_plus_one=False, tile_
     plus_one = c.norm_plus_one and not forget_plus_one
     rope = c.rope.to_dict()
     w = scaled_rope_frequencies(c.rotary_dim, max_position_embeddings=c.max_position_embeddings, seq_len=T, **rope)
-    angles = (np.arange(T) + position_offset)[:, None] * w  # [T, D/2]
-    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]  # [T, 1, D/2]
+    angles = (np.arange(T) + position_offset).astype(angle_dtype)[:, None] * w.astype(angle_dtype)  # [T, D/2]
+    cos, sin = np.cos(angles).astype(np.float64)[:, None, :], np.sin(angles).astype(np.float64)[:, None, :]
 
     def rot(x):  # [T, n, D]
         if interleaved:
@@ -390,3 +397,84 @@ def test_hugging_face_llama_family_agrees_live(llamas, case, tmp_path, monkeypat
     r64 = compare.compare_model(model64, LLAMA_IDS, lifted, their_dtype="float64")
     DIFFS.show(f"HF {case} float64 lifted", max_rel=max(r.ratio for r in r64.rows), tol=1.0)
     assert r64.ok, r64.table()
+
+
+# ----------------------------------------------------------------------------- long prompts: RoPE's float32 angles
+
+LONG = 800  # positions: a float32 angle p w_i is then off by up to ~P u = 4.8e-5 rad
+
+
+@pytest.fixture(scope="module")
+def long_llama():
+    """A random 1-layer Hugging Face LLaMA with SmolLM2-135M's head width (D = 64, RoPE theta 1e4) and q / k
+    weights twice the unit scale, so that its score scale c |q| |k| (~50) is SmolLM2's first block's (57);
+    the refimpl model of it, and LONG random token ids."""
+    import tempfile
+
+    import torch
+
+    from llama_oracle import hf_llama
+
+    hf = hf_llama("llama", num_hidden_layers=1, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=64, rope_parameters=dict(rope_type="default", rope_theta=1e4),
+                  max_position_embeddings=2 * LONG)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(2.0)
+            layer.self_attn.k_proj.weight.mul_(2.0)
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        model = refimpl_load(d)
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, LONG)
+    return hf, model, ids
+
+
+def _without_rotation_term(report, name):
+    """err / tol of `name` under the error model without its rotation term (positions = 0)."""
+    row = next(r for r in report.rows if r.name == name)
+    return row.max_rel / tolerance(name, report.n_layers, report.u, report.n, report.scale)
+
+
+def test_hugging_face_float32_agrees_at_a_long_prompt(long_llama):
+    """HF forms the RoPE angles p w_i in float32: an angle error growing with p, which moves the attention
+    weights by several times what the sums' terms allow at 800 positions; with HF's angles formed in float64
+    instead, the weights agree without the rotation term, so the angles are the cause."""
+    import types
+
+    from llama_oracle import _rotary_in_float64
+
+    hf, model, ids = long_llama
+    theirs, dt = compare.hf_activations(hf, ids)
+    report = compare.compare_model(model, ids, theirs, their_dtype=dt)
+    worst = max(r.ratio for r in report.rows)
+    before = _without_rotation_term(report, "blocks.0.attn.weights")
+    DIFFS.show(f"HF llama float32 at {LONG} positions (weights without the rotation term: {before:.3g})",
+               max_rel=worst, tol=1.0)
+    assert report.ok and report.positions == LONG, report.table()
+    assert before > 2, report.table()  # the failure the rotation term removes
+    for module in hf.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            module.forward = types.MethodType(_rotary_in_float64, module)
+    lifted, _ = compare.hf_activations(hf, ids)
+    lifted_report = compare.compare_model(model, ids, lifted, their_dtype=dt)
+    after = _without_rotation_term(lifted_report, "blocks.0.attn.weights")
+    print(f"\n[HF, angles in float64] weights' err / tol without the rotation term: {after:.3g}")
+    assert after < before / 4, lifted_report.table()
+
+
+def test_float32_angles_agree_and_float16_angles_are_caught_at_a_long_prompt(long_llama):
+    """The porter's LLaMA with float32 angles agrees at every point (without the rotation term its q_rot parts);
+    with float16 angles (off by up to P 2^-11 rad) it parts at q_rot; a wrong KV-head order is still caught at
+    the weights, and a wrong RoPE pairing at q_rot."""
+    _, model, ids = long_llama
+    f32 = compare.compare_model(model, ids, porters_llama(model, ids, angle_dtype=np.float32))
+    before = _without_rotation_term(f32, "blocks.0.attn.q_rot")
+    DIFFS.show(f"porter's llama, float32 angles, {LONG} positions (q_rot without the rotation term: {before:.3g})",
+               max_rel=max(r.ratio for r in f32.rows), tol=1.0)
+    assert f32.ok and before > 1, f32.table()
+    for kw, where in ((dict(angle_dtype=np.float16), "blocks.0.attn.q_rot"),
+                      (dict(tile_kv_heads=True), "blocks.0.attn.weights"),
+                      (dict(interleaved=True), "blocks.0.attn.q_rot")):
+        bad = compare.compare_model(model, ids, porters_llama(model, ids, **kw))
+        print(f"\n[{kw}, {LONG} positions] {bad.summary()[:200]}")
+        assert not bad.ok and bad.rows[bad.first].name == where, bad.table()

@@ -22,13 +22,13 @@ The command line: python -m refimpl compare (refimpl.compare.cli).
 
 from __future__ import annotations
 
-from .core import Report, Row, compare, first_divergence, sum_length, tolerance, unit_roundoff
+from .core import Report, Row, compare, first_divergence, rotated_positions, sum_length, tolerance, unit_roundoff
 from .names import reference_name, to_reference
 from .sources import IDS_KEY, dump, hf_activations, n_layers, read_activations, reference_activations
 
 __all__ = ["compare", "compare_model", "Report", "Row", "first_divergence", "tolerance", "unit_roundoff", "sum_length",
-           "reference_name", "to_reference", "reference_activations", "read_activations", "dump", "hf_activations",
-           "n_layers", "IDS_KEY"]
+           "rotated_positions", "reference_name", "to_reference", "reference_activations", "read_activations", "dump",
+           "hf_activations", "n_layers", "IDS_KEY"]
 
 
 def compare_model(model, ids, theirs, *, their_dtype=None, scale: float = 1.0, tolerances=None) -> Report:

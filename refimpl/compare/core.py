@@ -4,16 +4,20 @@ and naming the first divergence.
 The error model (the tolerance of each compared point)
 
     err(point) = max |theirs - ref| / max |ref|        (normwise relative; max |ref| = 0: absolute)
-    tol(point) = scale * (d + 1) * (8 u + 2 sqrt(n) u_acc)
+    tol(point) = scale * (d + 1) * (8 u + 2 sqrt(n) u_acc + 2 P u_acc)
 
 - u: the unit roundoff of the less precise of the two sides' stored values (float64 2^-53,
   float32 2^-24, float16 2^-11, bfloat16 2^-8); u_acc = min(u, 2^-24), the precision sums are
   accumulated in (float64 when both sides are float64; float32 otherwise, which is what PyTorch
   does for float16 / bfloat16 products and reductions on CPU and GPU).
 - n: the longest sum in the model, read off the reference's activations: the widest hidden
-  width, MLP width or key count (the last axis of every point but the logits).
+  width, MLP width or key count (the last axis of every point but the logits). So the key
+  count S is in n as soon as it is the longest: the softmax's normaliser and the weighted sum
+  of the values are sums over S keys.
 - d: the number of blocks the value has passed through (d = i for the points of block i,
   d = L for the final norm and the logits).
+- P: the number of positions rotated (RoPE): the longest key axis of the reference's
+  attn.k_rot points; 0 when it has none (GPT-2's learned positions).
 - Why this form. An inner product of length n accumulated in floating point carries a
   relative error up to n u_acc, and about sqrt(n) u_acc when the rounding errors are
   independent (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., sec. 3.1 and
@@ -24,6 +28,25 @@ The error model (the tolerance of each compared point)
   times over what two correct implementations differ by (refimpl against Hugging Face in
   float32, float64 and bfloat16: the tests print err / tol); the mistakes a port makes (a wrong
   scale, pairing, mask, norm, activation) are errors of order 1e-3 to 1.
+- The rotation term 2 P u_acc. RoPE turns pair i at position p by the angle p w_i (w_i <= 1).
+  The reference forms p w_i in float64; a correct port may form it in float32, as Hugging Face
+  and llama.cpp do: fl(fl(w_i) p) = p w_i (1 + e) with |e| a few u_acc (w_i's own rounding,
+  then the product's), an absolute angle error of a few p w_i u_acc <= P u_acc that grows with
+  the position (not a relative error of the rotated values, so it is linear in P where a sum's
+  is sqrt(n)). A pair (a, b) turned by an extra angle t moves by (-b', a') t, (a', b') the
+  turned pair, so q_rot and k_rot carry a normwise error of that angle error (measured: 0.76 to
+  0.94 P u_acc for Hugging Face's float32 cos / sin at P = 132 to 4096, hence the 2).
+  The scores s = c q.k then move by |ds| <= c sum_i |q_i| |k_i| (t_q,i + t_k,i), and a
+  softmax weight by |dp_j| = p_j |ds_j - sum_k p_k ds_k| <= 2 p_j (1 - p_j) max |ds|
+  <= max |ds| / 2 (to first order). The worst case multiplies the angle error by the score
+  scale c |q| |k| (57 in SmolLM2-135M's first block), but only the fastest pairs (w_i near 1;
+  w_i falls geometrically with i) have an angle error that large, so the weights move by a
+  small part of it: measured 0.23 P u_acc (SmolLM2-135M against Hugging Face, block 0,
+  P = 648; 0.02 P u_acc once Hugging Face's angles are made in float64). What the weights
+  pass to attn.out and the residual stream is an error of that block's attention, and adds
+  up over the blocks like the others: hence one term per block, inside (d + 1). A port that
+  forms the angles in float16 or bfloat16 is off by up to P 2^-11 or P 2^-8 rad and is caught
+  (u_acc is float32's at most).
 - `scale` (default 1) widens or narrows every tolerance (a port that accumulates in float16
   needs more); `tolerances` sets a point's outright.
 
@@ -41,9 +64,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["unit_roundoff", "depth", "tolerance", "sum_length", "Row", "Report", "first_divergence", "compare"]
+__all__ = ["unit_roundoff", "depth", "tolerance", "sum_length", "rotated_positions", "Row", "Report",
+           "first_divergence", "compare"]
 
-FORMULA = "scale * (d + 1) * (8 u + 2 sqrt(n) u_acc)"
+FORMULA = "scale * (d + 1) * (8 u + 2 sqrt(n) u_acc + 2 P u_acc)"
 
 _UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
@@ -65,15 +89,22 @@ def depth(name: str, n_layers: int) -> int:
     return int(m.group(1)) if m else n_layers
 
 
-def tolerance(name: str, n_layers: int, u: float, n: int, scale: float = 1.0) -> float:
-    """tol = scale * (d + 1) * (8 u + 2 sqrt(n) u_acc), u_acc = min(u, 2^-24) (module docstring)."""
+def tolerance(name: str, n_layers: int, u: float, n: int, scale: float = 1.0, positions: int = 0) -> float:
+    """tol = scale (d + 1) (8 u + 2 sqrt(n) u_acc + 2 P u_acc), u_acc = min(u, 2^-24), P = positions
+    (module docstring)."""
     u_acc = min(u, _UNIT_ROUNDOFF["float32"])
-    return scale * (depth(name, n_layers) + 1) * (8 * u + 2 * math.sqrt(n) * u_acc)
+    return scale * (depth(name, n_layers) + 1) * (8 * u + 2 * math.sqrt(n) * u_acc + 2 * positions * u_acc)
 
 
 def sum_length(reference: dict) -> int:
     """n of the error model: the largest last-axis length among the reference's points other than the logits."""
     return max([np.shape(a)[-1] for name, a in reference.items() if name != "logits" and np.ndim(a)] + [1])
+
+
+def rotated_positions(reference: dict) -> int:
+    """P of the error model: the longest key axis of the reference's attn.k_rot points (0: no RoPE)."""
+    return max([np.shape(a)[-2] for name, a in reference.items()
+                if name.endswith("attn.k_rot") and np.ndim(a) >= 2] + [0])
 
 
 @dataclass(frozen=True)
@@ -155,6 +186,7 @@ class Report:
     first: int | None = field(init=False)
     reference_names: tuple[str, ...] = ()  # every point of the reference, in data-flow order
     notes: tuple[str, ...] = ()  # printed after the summary
+    positions: int = 0  # P, the positions rotated (0: no RoPE)
 
     def __post_init__(self) -> None:
         self.first = first_divergence([r.ratio if r.verdict != "NOT FINITE" else math.nan for r in self.rows])
@@ -181,7 +213,7 @@ class Report:
     def summary(self) -> str:
         """One line: all agree, or the first diverging point with what agreed just before it and where to look."""
         tol = (f"tolerance {FORMULA}: scale {self.scale:g}, u = {self.u:.3g} ({self.dtypes[1]} vs {self.dtypes[0]}), "
-               f"n = {self.n}")
+               f"n = {self.n}" + (f", P = {self.positions}" if self.positions else ""))
         if self.first is None:
             return f"all {len(self.rows)} points agree ({tol})"
         r = self.rows[self.first]
@@ -225,8 +257,8 @@ class Report:
         return {
             "ok": self.ok, "summary": self.summary(),
             "tolerance": {"formula": FORMULA, "u": self.u, "u_acc": min(self.u, _UNIT_ROUNDOFF["float32"]),
-                          "n": self.n, "scale": self.scale, "reference_dtype": self.dtypes[0],
-                          "their_dtype": self.dtypes[1]},
+                          "n": self.n, "positions": self.positions, "scale": self.scale,
+                          "reference_dtype": self.dtypes[0], "their_dtype": self.dtypes[1]},
             "first_divergence": None if self.first is None else self.rows[self.first].name,
             "rows": [{"name": r.name, "theirs": r.their_name, "shape": list(r.shape), "max_abs": num(r.max_abs),
                       "max_rel": num(r.max_rel), "tol": r.tol, "ratio": num(r.ratio), "verdict": r.verdict}
@@ -355,13 +387,14 @@ def compare(reference: dict, theirs: dict, *, n_layers: int, their_dtype=None, s
         kinds = {t.dtype.name for *_, t in rows_in if t.dtype.kind == "f"}
         their_dtype = max(kinds, key=unit_roundoff) if kinds else "float64"
     u = max(unit_roundoff(their_dtype), unit_roundoff(ref_dtype))
-    n = sum_length(reference)
+    n, positions = sum_length(reference), rotated_positions(reference)
     rows = []
     for name, their_name, r, t in rows_in:
         max_abs, max_rel = _errors(r, t)
-        tol = float(tolerances[name]) if name in tolerances else tolerance(name, n_layers, u, n, scale)
+        tol = float(tolerances[name]) if name in tolerances else tolerance(name, n_layers, u, n, scale, positions)
         rows.append(Row(name, their_name, tuple(r.shape), max_abs, max_rel, tol))
-    report = Report(rows, u, n, (ref_dtype, str(their_dtype)), float(scale), n_layers, tuple(reference))
+    report = Report(rows, u, n, (ref_dtype, str(their_dtype)), float(scale), n_layers, tuple(reference),
+                    positions=positions)
     report.notes = tuple(_final_hidden_state_note(report, reference, mapped, n_layers))
     return report
 
@@ -382,7 +415,7 @@ def _final_hidden_state_note(report: Report, reference: dict, mapped: dict, n_la
         if r.shape == t.shape:
             max_abs, max_rel = _errors(r, t)
             if Row(pre, last, tuple(r.shape), max_abs, max_rel, tolerance(pre, n_layers, report.u, report.n,
-                                                                          report.scale)).agrees:
+                                                                          report.scale, report.positions)).agrees:
                 note += (f"; theirs agrees with {pre}, the output before the final norm: store the normed output "
                          f"as {last} (or name this one blocks.{n_layers - 1}.hook_resid_post)")
     return [note]
