@@ -80,7 +80,9 @@ def _reference_step(hidden_states, cache_type, params, config, ids, cache_k, cac
             seen["x"] = x
         return x
 
-    hidden_states(_cast(params, dtype), config, ids, cache=cache, attention_mask=attention_mask, hook=keep)
+    from refimpl.batch import Batch
+
+    hidden_states(_cast(params, dtype), config, Batch(ids, attention_mask), cache, hook=keep)
     return seen["x"]
 
 

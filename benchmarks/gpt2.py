@@ -213,6 +213,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
     results: list[Result] = []
 
     # ---- prefill: all implementations and both forms timed interleaved (one sample of each per round)
+    from refimpl.batch import Batch
     from refimpl.gpt2.model import KVCache, hidden_states, lm_head
 
     for T in ((128,) if quick else (128, 1024)):
@@ -228,7 +229,7 @@ def run(quick: bool = True, backends=("numpy",), threads: int = 2) -> dict:
             def generation_prefill(ops=ops, params=params):
                 cache = KVCache.allocate(cfg, 1, max_len=min(T + 32, cfg.n_positions), dtype=params.wte.dtype,
                                          zeros=ops.zeros)
-                h = hidden_states(params, cfg, ids, cache=cache, ops=ops, last_only=True)  # [1, 1, C]
+                h = hidden_states(params, cfg, Batch(ids, last_only=True), cache, ops=ops)  # [1, 1, C]
                 return ops.to_numpy((ops.lm_head or lm_head)(h[:, -1], params))  # [1, V]
 
             impls[(full, f"refimpl[{b}]")] = lambda ops=ops, params=params: forward(params, cfg, ids, ops=ops)

@@ -99,11 +99,12 @@ def validate(hf, config, params, ops, T: int = 32) -> float:
 
 def greedy(params, config, ops, prompt: np.ndarray, n_new: int) -> list[int]:
     """Greedy decoding: prompt [T] into a KV cache, then n_new tokens one at a time (argmax of each step's logits)."""
+    from refimpl.batch import Batch
     from refimpl.llama.model import KVCache, hidden_states, lm_head
 
     head = ops.lm_head or lm_head
     cache = KVCache.allocate(config, 1, max_len=len(prompt) + n_new, dtype=params.dtype, zeros=ops.zeros)
-    h = hidden_states(params, config, prompt[None], cache=cache, ops=ops, last_only=True)  # [1, 1, C]
+    h = hidden_states(params, config, Batch(prompt[None], last_only=True), cache, ops=ops)  # [1, 1, C]
     out = []
     for _ in range(n_new):
         tok = int(ops.to_numpy(head(h[:, -1], params, config)).argmax())
@@ -125,6 +126,7 @@ def prefill_flop(config, T: int) -> float:
 def run(quick: bool = True, backends=("numpy", "numba"), threads: int = 2) -> dict:
     import torch
 
+    from refimpl.batch import Batch
     from refimpl.llama.model import KVCache, forward, get_ops, hidden_states, lm_head
 
     import os
@@ -221,7 +223,7 @@ def run(quick: bool = True, backends=("numpy", "numba"), threads: int = 2) -> di
 
         def generation_prefill(o=o, p=p):
             cache = KVCache.allocate(cfg, 1, max_len=T + 32, dtype=p.dtype, zeros=o.zeros)
-            h = hidden_states(p, cfg, ids, cache=cache, ops=o, last_only=True)  # [1, 1, C]
+            h = hidden_states(p, cfg, Batch(ids, last_only=True), cache, ops=o)  # [1, 1, C]
             return o.to_numpy((o.lm_head or lm_head)(h[:, -1], p, cfg))  # [1, V]
 
         impls[(full, f"refimpl[{b}]")] = lambda o=o, p=p: forward(p, cfg, ids, ops=o)

@@ -172,6 +172,7 @@ def one_thread(fn, threads: int):
 
 def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
     import refimpl
+    from refimpl.batch import Batch
     from refimpl.llama.model import KVCache, get_ops, hidden_states, lm_head
 
     from .llama import greedy
@@ -255,7 +256,7 @@ def run(python: str, *, quick: bool = True, threads: int = 2) -> dict:
 
         def refimpl_prefill(c=cfg, p=params):
             cache = KVCache.allocate(c, 1, max_len=T + 8, dtype=p.dtype, zeros=ops.zeros)
-            h = hidden_states(p, c, ids[None], cache=cache, ops=ops, last_only=True)
+            h = hidden_states(p, c, Batch(ids[None], last_only=True), cache, ops=ops)
             return ops.to_numpy((ops.lm_head or lm_head)(h[:, -1], p, c))
 
         prefills = {f"llama.cpp {name}": (lambda name=name: worker.ask("prefill", name=name, ids=ids.tolist()))

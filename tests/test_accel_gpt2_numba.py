@@ -54,10 +54,11 @@ def test_logits_match_numpy(dtype, tol):
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_last_only_prefill_matches_the_full_prefill(padded):
-    """hidden_states(last_only=True) on the numba backend: the last block's one query row takes the
+    """hidden_states(Batch(..., last_only=True)) on the numba backend: the last block's one query row takes the
     decode-attention path without padding (T = 1, mask None) and the fused kernel with it (T = 1, a key
     mask); h equals the full pass's last row within rounding and the cache is the same bit for bit (the
     same kernels on the same rows)."""
+    from refimpl.batch import Batch
     from refimpl.gpt2.model import KVCache, hidden_states
 
     model = _model()
@@ -70,7 +71,7 @@ def test_last_only_prefill_matches_the_full_prefill(padded):
     out = {}
     for last_only in (False, True):
         cache = KVCache.allocate(CONFIG, 2, max_len=24, dtype=np.float32)
-        h = hidden_states(params, CONFIG, ids, cache=cache, attention_mask=mask, ops=OPS, last_only=last_only)
+        h = hidden_states(params, CONFIG, Batch(ids, mask, last_only=last_only), cache, ops=OPS)
         out[last_only] = (h, cache)
     (full, c_full), (last, c_last) = out[False], out[True]
     d = float(np.abs(last[:, 0] - full[:, -1]).max())

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import refimpl.gpt2 as gpt2
+from refimpl.batch import Batch
 from refimpl.gpt2.model import NUMPY_OPS, KVCache, Ops, forward, get_ops, hidden_states
 from gpt2_oracle import GPT2_SMALL, SMALL_CONFIGS, TINY, ODD, hf_logits, max_rel_diff, oracle_pair
 from report import MaxDiffs, diff_line
@@ -160,7 +161,7 @@ def test_left_padded_batch_equals_each_sequence_alone(data, dtype):
 
 @given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
 def test_last_only_gives_the_last_position_and_the_same_cache(data, dtype):
-    """hidden_states(last_only=True) == hidden_states()[:, -1:], and the KV cache it fills is the same.
+    """hidden_states(Batch(ids, last_only=True)) == hidden_states(ids)[:, -1:], and the KV cache it fills is the same.
 
     Proof: after the last block nothing mixes positions (LN_f is row-wise), so only the last
     block's output at the last position reaches h[:, -1]; that output needs every position's
@@ -186,9 +187,8 @@ def test_last_only_gives_the_last_position_and_the_same_cache(data, dtype):
     for last_only in (False, True):
         cache = KVCache.allocate(config, B, max_len=prefix + T + 2, dtype=dtype)
         if prefix:
-            hidden_states(params, config, ids[:, :prefix], cache=cache,
-                          attention_mask=None if mask is None else mask[:, :prefix])
-        h = hidden_states(params, config, ids[:, prefix:], cache=cache, attention_mask=mask, last_only=last_only)
+            hidden_states(params, config, Batch(ids[:, :prefix], None if mask is None else mask[:, :prefix]), cache)
+        h = hidden_states(params, config, Batch(ids[:, prefix:], mask, last_only=last_only), cache)
         results.append((h, cache))
     (full, cache_full), (last, cache_last) = results
     assert last.shape == (B, 1, config.n_embd) and last.dtype == dtype
@@ -206,7 +206,7 @@ def test_last_only_is_refused_with_a_hook():
     config = TINY
     _, params = pair("tiny")
     with pytest.raises(ValueError, match="last_only runs without hooks"):
-        hidden_states(params, config, rand_ids(config, (1, 4)), hook=lambda name, x: x, last_only=True)
+        hidden_states(params, config, Batch(rand_ids(config, (1, 4)), last_only=True), hook=lambda name, x: x)
 
 
 def test_dtype_in_equals_dtype_out():
@@ -318,10 +318,10 @@ def test_attention_crosses_the_ops_seam_as_structure():
     mask = np.ones((2, 6), dtype=bool)
     mask[0, :2] = False
     cache = KVCache.allocate(TINY, 2, max_len=8)
-    hidden_states(params, TINY, rand_ids(TINY, (2, 5)), cache=cache, attention_mask=mask[:, :5], ops=ops)
-    hidden_states(params, TINY, rand_ids(TINY, (2, 1)), cache=cache, attention_mask=mask, ops=ops)
+    hidden_states(params, TINY, Batch(rand_ids(TINY, (2, 5)), mask[:, :5]), cache, ops=ops)
+    hidden_states(params, TINY, Batch(rand_ids(TINY, (2, 1)), mask), cache, ops=ops)
     hidden_states(params, TINY, rand_ids(TINY, (2, 1)), cache=KVCache.allocate(TINY, 2, max_len=8), ops=ops)
-    hidden_states(params, TINY, rand_ids(TINY, (2, 4)), attention_mask=mask[:, :4], ops=ops, last_only=True)
+    hidden_states(params, TINY, Batch(rand_ids(TINY, (2, 4)), mask[:, :4], last_only=True), ops=ops)
     assert [(T, S, set(kw)) for T, S, kw in seen] == (
         [(5, 5, {"causal", "key_mask"})] * L + [(1, 6, {"causal", "key_mask"})] * L
         + [(1, 1, {"causal", "key_mask"})] * L + [(4, 4, {"causal", "key_mask"})] * (L - 1)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import refimpl.decoding as decoding
 import refimpl.gpt2 as gpt2
+from refimpl.batch import Batch
 from refimpl.gpt2.tokenizer import Tokenizer
 from refimpl.llama import LlamaModel, load_weights
 from refimpl.llama import generate as llama_generate
@@ -431,7 +432,7 @@ def test_chunked_prefill_equals_one_shot(case, tmp_path_factory):
     ids[1, :7] = 0
     one = KVCache.allocate(config, 2, max_len=24)
     h1 = prefill(params, config, ids, one, attention_mask=mask)
-    np.testing.assert_array_equal(h1, hidden_states(params, config, ids, attention_mask=mask, last_only=True))
+    np.testing.assert_array_equal(h1, hidden_states(params, config, Batch(ids, mask, last_only=True)))
     worst = 0.0
     for chunk in (1, 2, 3, 4, 5, 6, 7, 9, 13, 20, 64):
         cache = KVCache.allocate(config, 2, max_len=24)

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from refimpl.batch import Batch
 from refimpl.llama import load_weights
 from refimpl.llama.model import (NUMPY_OPS, KVCache, LlamaModel, LlamaOps, forward, get_ops, hidden_states, lm_head,
                                  logits, no_hook, rms_norm)
@@ -351,7 +352,7 @@ def test_backends_by_name_and_last_only(tmp_path_factory):
     with pytest.raises(ValueError, match="unknown backend"):
         logits(model, ids, backend="tpu")
     full = hidden_states(params, config, ids)
-    np.testing.assert_array_equal(hidden_states(params, config, ids, last_only=True), full[:, -1:])
+    np.testing.assert_array_equal(hidden_states(params, config, Batch(ids, last_only=True)), full[:, -1:])
     assert isinstance(NUMPY_OPS, LlamaOps)
 
 

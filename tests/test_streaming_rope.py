@@ -18,6 +18,7 @@ import json
 import numpy as np
 import pytest
 
+from refimpl.batch import Batch
 import refimpl.llama.model as llama_model
 from refimpl.interp import (SinkCache, recompute_window_logits, run_with_cache, streaming_generate,
                             streaming_logits, streaming_perplexity, streaming_positions, streaming_step)
@@ -336,7 +337,7 @@ def test_bad_arguments_are_named(models):
 
     kv = SlotRotatedCache.allocate(c, 1, max_len=8, dtype=np.float64)
     with pytest.raises(ValueError, match="positions or key_positions, not both"):
-        llama_model.hidden_states(model.params, c, np.array([[1]]), cache=kv, positions=[0])
+        llama_model.hidden_states(model.params, c, Batch(np.array([[1]]), positions=[0]), kv)
     with pytest.raises(ValueError, match=r"key_positions must have shape \[S\] or \[B, S\] = \[1, 1\]"):
         llama_model.hidden_states(model.params, c, np.array([[1]]), cache=cache_with([0, 1]))
     with pytest.raises(ValueError, match=r"key_positions must lie in \[0, 64\)"):

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import check_batch_of_ids, check_cache_room, check_key_mask
 from .._checks import check_token_ids as _check_token_ids
+from ..batch import Batch
 from .config import GPT2Config
 
 __all__ = ["check_token_ids", "parse_token_ids", "check_forward_inputs"]
@@ -41,16 +42,16 @@ def parse_token_ids(text, vocab_size: int, *, flag: str = "--ids") -> list[int]:
     return ids
 
 
-def check_forward_inputs(params, config: GPT2Config, ids, *, cache, attention_mask,
-                         positions) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, int]:
-    """(ids [B, T] int64, key_mask [B, S] bool or None, positions as an array or None, start) for hidden_states.
+def check_forward_inputs(params, config: GPT2Config, tokens: Batch, cache) -> tuple[Batch, int]:
+    """(tokens checked, start) for hidden_states: ids [B, T] int64, attention_mask the key mask [B, S] bool or None,
+    positions an array or None; start = cache.length, or 0.
 
     Checks: ids integer token ids in [0, V) of shape [B, T] with T >= 1; the cache (if any)
     holds B sequences in the parameters' dtype and has room for T more; S = start + T is at
     most n_positions (start = cache.length, or 0); attention_mask [B, S] of booleans or 0 / 1;
     positions [T] or [B, T].
     """
-    ids = check_token_ids(ids, config)
+    ids, attention_mask, positions = check_token_ids(tokens.ids, config), tokens.attention_mask, tokens.positions
     B, T = check_batch_of_ids(ids)
     start = 0 if cache is None else check_cache_room(cache, B, T, params.wte.dtype)
     S = start + T
@@ -63,4 +64,4 @@ def check_forward_inputs(params, config: GPT2Config, ids, *, cache, attention_ma
         positions = np.asarray(positions)
         if positions.shape not in ((T,), (B, T)):
             raise ValueError(f"positions must have shape [T] or [B, T] = [{B}, {T}]; got shape {positions.shape}")
-    return ids, key_mask, positions, start
+    return Batch(ids, key_mask, positions, tokens.last_only), start

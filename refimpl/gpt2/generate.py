@@ -4,7 +4,7 @@ The strategies (logits processors, greedy, seeded sampling, beam search, stop st
 context-limit policy) are refimpl.decoding's, for every family; their names are re-exported
 here. What is GPT-2's own is `decoder(model, backend)`, the `refimpl.decoding.Decoder` of a
 GPT2Model: context n_positions (learned positions), the cache of refimpl.gpt2.model, prefill
-and step through hidden_states(last_only=True) and the tied LM head, and the logit bound of
+and step through hidden_states (Batch(..., last_only=True)) and the tied LM head, and the logit bound of
 the final layer norm and the tied embedding (`_score_bound`). causal=False (no causal mask)
 has no cache: prefill and every step run hidden_states over the whole sequence so far
 (refimpl._switches says why); attention_scale changes the factor on q k^T in every forward.
@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .. import decoding
+from ..batch import Batch
 from ..decoding import (Decoder, Generation, apply_repetition_penalty, apply_temperature, log_softmax, recomputing,
                         sample_from_logits, top_k_filter, top_p_filter)
 from .model import GPT2Model, KVCache, attention_rule, get_ops, hidden_states, lm_head
@@ -76,13 +77,13 @@ def decoder(model: GPT2Model, backend="numpy", *, causal: bool = True, attention
         return ops.to_numpy((ops.lm_head or lm_head)(h[:, -1], weights))
 
     def prefill(weights, ids, cache, attention_mask):  # [B, P] -> [B, V]
-        return last_logits(hidden_states(weights, config, ids, cache=cache, attention_mask=attention_mask, ops=ops,
-                                         last_only=True, rule=rule), weights)
+        return last_logits(hidden_states(weights, config, Batch(ids, attention_mask, last_only=True), cache, ops=ops,
+                                         rule=rule), weights)
 
     def recompute(weights, ids, cache, attention_mask):  # [B, S] every token so far -> [B, V]; no cache
         cache.length = ids.shape[1]
-        return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
-                                         last_only=True, rule=rule), weights)
+        return last_logits(hidden_states(weights, config, Batch(ids, attention_mask, last_only=True), ops=ops,
+                                         rule=rule), weights)
 
     if rule.causal:
         cache_fields = dict(

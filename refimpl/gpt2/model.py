@@ -43,6 +43,7 @@ from typing import Callable
 import numpy as np
 
 from .._backends import resolve_backend
+from ..batch import Batch
 from .._switches import MODEL_RULE, AttentionRule, check_rule
 from ..attention import _masked_attention, masked_attention
 from ..cache import KVCache
@@ -58,7 +59,8 @@ from .params import BlockParams, GPT2Params
 __all__ = [
     "GPT2Model", "Ops", "NUMPY_OPS", "BACKENDS", "get_ops",
     "KVCache", "check_token_ids", "parse_token_ids", "no_hook",
-    "embed", "Forward", "attention", "mlp", "block", "hidden_states", "lm_head", "forward", "attention_rule",
+    "embed", "Forward", "attention", "mlp", "block", "fused_step", "hidden_states", "lm_head", "forward",
+    "attention_rule",
 ]
 
 
@@ -189,7 +191,8 @@ class Forward:
     """What every block of one forward reads besides x and its weights, made once by hidden_states.
 
     ops: the backend's operations; rule: the attention's mask and scale (refimpl._switches); cache: a
-    KVCache or None; key_mask [B, S] bool or None (the real keys).
+    KVCache or None; key_mask [B, S] bool or None (the real keys); positions [B|1, T]: the new tokens';
+    last_row_layer: the layer that computes its last row only (a Batch's last_only: the last one), or None.
     """
 
     config: GPT2Config
@@ -197,10 +200,12 @@ class Forward:
     rule: AttentionRule
     cache: KVCache | None
     key_mask: np.ndarray | None
+    positions: np.ndarray | None = None
+    last_row_layer: int | None = None
 
 
-def attention(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
-              last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+def attention(x, p: BlockParams, layer: int, fwd: Forward,
+              hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] for fwd.last_row_layer)
     """MultiHead(x) = Concat_h(softmax(q_h k_h^T * scale, masked) v_h) W_O, scale 1/sqrt(D)
     (Vaswani et al. 2017, sec. 3.2.2).
 
@@ -214,9 +219,9 @@ def attention(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
     [0, length + T) as views; the caller advances cache.length once all layers have run. hook sees
     "attn.q", "attn.k", "attn.v", "attn.weights" and "attn.out" (module docstring); block()
     prefixes the names with "blocks.i.". With no_hook attention is `ops.attention`; with another
-    hook, NUMPY_OPS.attention's arithmetic with the weights made explicit for the hook. last_only:
-    keys and values of every position (the cache needs them), the query and output of the last
-    position only.
+    hook, NUMPY_OPS.attention's arithmetic with the weights made explicit for the hook. The layer
+    fwd.last_row_layer: keys and values of every position (the cache needs them), the query and
+    output of the last position only.
     """
     ops, cache = fwd.ops, fwd.cache
     B, T, C = x.shape
@@ -224,7 +229,8 @@ def attention(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
     D = C // H
     qkv = ops.linear(x, p.attn_qkv)  # [B, T, 3C]
     q, k, v = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
-    q, k, v = hook("attn.q", q[:, :, -1:] if last_only else q), hook("attn.k", k), hook("attn.v", v)
+    q = q[:, :, -1:] if layer == fwd.last_row_layer else q
+    q, k, v = hook("attn.q", q), hook("attn.k", k), hook("attn.v", v)
     if cache is not None:
         start = cache.length
         cache.k[layer, :, :, start:start + T] = k  # written in place
@@ -257,32 +263,50 @@ def mlp(x, p: BlockParams, ops: Ops, *, hook=no_hook) -> np.ndarray:  # [B, T, C
     return hook("mlp.out", ops.linear(h, p.mlp_proj))  # [B, T, C]
 
 
-def block(x, p: BlockParams, layer: int, fwd: Forward, hook=no_hook,
-          last_only: bool = False) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] if last_only)
+def block(x, p: BlockParams, layer: int, fwd: Forward,
+          hook=no_hook) -> np.ndarray:  # [B, T, C] -> [B, T, C] ([B, 1, C] for fwd.last_row_layer)
     """x <- x + Attn(LN_1(x)); x <- x + MLP(LN_2(x))  (pre-LN residual block; GPT-2 sec. 2.3).
 
     hook sees "blocks.{layer}.resid_pre", ".resid_mid", ".resid_post" and the attention / MLP
-    names under the same prefix. last_only (no hook): the block's output at the last position
+    names under the same prefix. The layer fwd.last_row_layer (no hook): the block's output at the last position
     only, from the keys and values of every position (see attention); the other positions'
     rows would feed nothing after the last block.
     """
     ops, eps = fwd.ops, fwd.config.layer_norm_epsilon
     local = _prefixed(hook, f"blocks.{layer}.")
     x = local("resid_pre", x)
-    a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, layer, fwd, local, last_only)
-    x = local("resid_mid", (x[:, -1:] if last_only else x) + a)
+    a = attention(ops.layer_norm(x, p.ln_1.g, p.ln_1.b, eps), p, layer, fwd, local)
+    x = local("resid_mid", (x[:, -1:] if layer == fwd.last_row_layer else x) + a)
     return local("resid_post", x + mlp(ops.layer_norm(x, p.ln_2.g, p.ln_2.b, eps), p, ops, hook=local))
 
 
-def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | None = None,
-                  attention_mask=None, positions=None, ops: Ops = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False,
-                  rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] if last_only)
+def _positions(tokens: Batch, start: int) -> np.ndarray:  # -> [B|1, T]
+    """The new tokens' positions: given, else from the mask (cumsum - 1, as Hugging Face), else cache indices."""
+    if tokens.positions is not None:
+        return tokens.positions
+    T = tokens.ids.shape[1]
+    return (positions_from_attention_mask(tokens.attention_mask)[:, start:] if tokens.attention_mask is not None
+            else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
+
+
+def fused_step(x, params: GPT2Params, fwd: Forward) -> np.ndarray | None:  # [B, T, C] -> [B, T, C] or None
+    """Every block at once by the backend's own step (ops.decode_blocks), offered with a cache and the model's own
+    attention rule (and by hidden_states only with the default hook): its x_L, or None where the backend has no such
+    step or declines (the reason counted in ops.declined) and the blocks run one operation at a time."""
+    ops = fwd.ops
+    if ops.decode_blocks is None or fwd.rule != MODEL_RULE or fwd.cache is None:
+        return None
+    return ops.decode_blocks(x, params, fwd.config, fwd.cache, ops, fwd.positions, fwd.key_mask)
+
+
+def hidden_states(params: GPT2Params, config: GPT2Config, ids, cache: KVCache | None = None, *, hook=no_hook,
+                  ops: Ops = NUMPY_OPS, rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, C]
     """h = LN_f(Block_L(... Block_1(W_te[ids] + W_pe[positions])))  (GPT-2's transformer; the input to the LM head).
 
-    Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token,
-    0 = pad) covering the cached tokens and the new ones, S = cache.length + T; positions
-    [B, T] or [T]. Returns [B, T, C] in the parameters' dtype.
+    Shapes: ids [B, T] integers in [0, V), or a refimpl.batch.Batch of them with their padding mask
+    [B, S] (1 / True = real token, 0 = pad) over the cached tokens and the new ones, S =
+    cache.length + T, positions [B, T] or [T], and last_only. Returns [B, T, C] in the
+    parameters' dtype ([B, 1, C] with last_only).
     Notes:
     - Positions: given, else from the mask as Hugging Face does (cumsum - 1: each row's first
       real token is position 0, so a left-padded row equals the row run alone), else
@@ -290,11 +314,10 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     - Mask: query i sees key j iff j <= S - T + i (causal) and key j is real. A pad query sees
       no key and its row is zero (its outputs are meaningless and must be ignored).
     - Cache: new keys / values are written at [length, length + T) and length advances by T.
-      With the default hook and rule the backend's decode_blocks is offered every block at once;
-      it runs them or declines (None, the reason counted in ops.declined).
+      With the default hook the backend's own every-block step may run the blocks (fused_step).
     - hook: hook(name, x) -> x' called at every named intermediate (module docstring); no_hook
       (or None), the identity, by default.
-    - last_only: return h at the last position only, [B, 1, C] (what a decoding loop's prefill
+    - last_only (Batch): h at the last position only, [B, 1, C] (what a decoding loop's prefill
       needs: the cache and the next token's logits). Every block but the last runs as usual; the
       last one writes every position's keys and values into the cache but computes the query,
       attention output, MLP and residual of the last position only, since the earlier positions'
@@ -304,29 +327,22 @@ def hidden_states(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache
     - rule: the attention's mask and scale (refimpl._switches.AttentionRule; MODEL_RULE the model's
       own). AttentionRule(causal=False) has no cache (ValueError: a cache is valid only under the mask).
     """
-    hook = no_hook if hook is None else hook
-    if last_only and hook is not no_hook:
+    hook, tokens = no_hook if hook is None else hook, Batch.of(ids)
+    if tokens.last_only and hook is not no_hook:
         raise ValueError(_LAST_ONLY_WITH_HOOK)
-    ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
-                                                           attention_mask=attention_mask, positions=positions)
-    rule = check_rule(rule, cache)
-    T = ids.shape[1]
-    if positions is None:
-        positions = (positions_from_attention_mask(key_mask)[:, start:] if key_mask is not None
-                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
-    x = (ops.embed or embed)(params, ids, positions)  # [B, T, C]
-    fused = None  # the backend's every-block step, offered where the plain arithmetic is asked for
-    if ops.decode_blocks and hook is no_hook and rule == MODEL_RULE and cache is not None:
-        fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_mask)  # None: declined
-    if fused is not None:  # the backend ran every block at once
+    tokens, start = check_forward_inputs(params, config, tokens, cache)
+    fwd = Forward(config, ops, check_rule(rule, cache), cache, tokens.attention_mask, _positions(tokens, start),
+                  len(params.blocks) - 1 if tokens.last_only else None)
+    x = (ops.embed or embed)(params, tokens.ids, fwd.positions)  # [B, T, C]
+    fused = fused_step(x, params, fwd) if hook is no_hook else None
+    if fused is not None:
         x = fused
     else:
-        fwd, L = Forward(config, ops, rule, cache, key_mask), len(params.blocks)
         for layer, p in enumerate(params.blocks):
-            x = block(x, p, layer, fwd, hook, last_only and layer == L - 1)
+            x = block(x, p, layer, fwd, hook)
     if cache is not None:
-        cache.length = start + T
-    h = ops.layer_norm(x[:, -1:] if last_only else x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)
+        cache.length = start + tokens.ids.shape[1]
+    h = ops.layer_norm(x[:, -1:] if tokens.last_only else x, params.ln_f.g, params.ln_f.b, config.layer_norm_epsilon)
     return hook("ln_f.out", h)  # [B, T, C]
 
 
@@ -345,8 +361,8 @@ def forward(params: GPT2Params, config: GPT2Config, ids, *, cache: KVCache | Non
     call hidden_states + lm_head on the last position only, which saves the [T, C] x [C, V]
     product for every earlier position.
     """
-    return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                  positions=positions, ops=ops, hook=hook, rule=rule), params)
+    h = hidden_states(params, config, Batch.of(ids, attention_mask, positions), cache, hook=hook, ops=ops, rule=rule)
+    return (ops.lm_head or lm_head)(h, params)
 
 
 def attention_rule(config: GPT2Config, causal=True, attention_scale=None) -> AttentionRule:

@@ -27,6 +27,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .._switches import AttentionRule
+from ..batch import Batch
 from ._family import as_batch, decoder_for_config, decoder_of
 
 __all__ = ["hook_names", "select_names", "Intervention", "replace", "add",
@@ -170,7 +171,7 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     rule = AttentionRule.of(causal, attention_scale, head_dim=dec.head_dim(model.config),
                             width=dec.width(model.config))
     ops, params = backend_ops(model, backend)
-    h = ops.to_numpy(dec.hidden_states(params, model.config, ids2, cache=cache, positions=positions, hook=hook,
+    h = ops.to_numpy(dec.hidden_states(params, model.config, Batch(ids2, positions=positions), cache, hook=hook,
                                        rule=rule, ops=ops))
     logits = dec.lm_head(model, h)
     if single:

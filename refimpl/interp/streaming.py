@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_positive_int, is_int
+from ..batch import Batch
 from ..cache import KVCache
 from ..decoding import log_softmax, sample_from_logits, top_k_filter
 from ..gpt2 import model as gpt2_model
@@ -151,7 +152,7 @@ def _enter(model, cache: SinkCache, ids: np.ndarray) -> np.ndarray:  # [B, T] ->
     """
     n, T = cache.kv.length, ids.shape[1]
     if decoder_of(model).positions == "learned":
-        h = gpt2_model.hidden_states(model.params, model.config, ids, cache=cache.kv, positions=np.arange(n, n + T))
+        h = gpt2_model.hidden_states(model.params, model.config, Batch(ids, positions=np.arange(n, n + T)), cache.kv)
         z = gpt2_model.lm_head(h, model.params)
     else:
         h = llama_model.hidden_states(model.params, model.config, ids, cache=cache.kv)  # keys at slots 0 .. n + T - 1
@@ -349,7 +350,7 @@ def recompute_window_logits(model, ids, *, context: int | None = None, bos: int 
         ts = range(t0, min(N, t0 + B))
         windows = np.stack([ids[t - M + 1:t + 1] if bos is None else np.concatenate([[bos], ids[t - M + 2:t + 1]])
                             for t in ts])  # [b, M]
-        h = dec.hidden_states(model.params, model.config, windows, last_only=True)  # [b, 1, C]
+        h = dec.hidden_states(model.params, model.config, Batch(windows, last_only=True))  # [b, 1, C]
         out[t0:t0 + len(ts)] = dec.lm_head(model, h[:, -1])
         if on_token is not None:
             on_token(len(ts))

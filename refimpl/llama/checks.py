@@ -18,6 +18,7 @@ import numpy as np
 from .._checks import check_int_array, check_type
 from .._checks import check_batch_of_ids, check_cache_room, check_key_mask
 from .._checks import check_token_ids as _check_token_ids
+from ..batch import Batch
 from .config import LlamaConfig
 from .params import LlamaParams
 
@@ -54,18 +55,17 @@ def check_params(params, config) -> None:
                 raise ValueError(f"params.blocks[{i}].{name} is None; a {c.model_type} block needs it")
 
 
-def check_forward_inputs(params, config: LlamaConfig, ids, *, cache, attention_mask,
-                         positions) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, int]:
-    """(ids [B, T] int64, key_mask [B, S] bool or None, positions [B|1, T] int64 or None, start) for hidden_states.
+def check_forward_inputs(params, config: LlamaConfig, tokens: Batch, cache) -> tuple[Batch, int]:
+    """(tokens checked, start) for hidden_states: ids [B, T] int64, attention_mask the key mask [B, S] bool or None,
+    positions [B|1, T] int64 or None; start = cache.length, or 0.
 
     Checks: params match config; ids integer token ids in [0, V) of shape [B, T], T >= 1; the
     cache (if any) holds B sequences of the parameters' dtype, for this config's layers and
-    heads, and has room for T more; S = start + T within context_limit(config) (start =
-    cache.length, or 0); attention_mask [B, S] of booleans or 0 / 1; positions [T] or [B, T]
-    integers in [0, context limit).
+    heads, and has room for T more; S = start + T within context_limit(config); attention_mask
+    [B, S] of booleans or 0 / 1; positions [T] or [B, T] integers in [0, context limit).
     """
     check_params(params, config)
-    ids = check_token_ids(ids, config)
+    ids = check_token_ids(tokens.ids, config)
     B, T = check_batch_of_ids(ids)
     start = 0
     if cache is not None:
@@ -81,7 +81,8 @@ def check_forward_inputs(params, config: LlamaConfig, ids, *, cache, attention_m
     if limit is not None and S > limit:
         detail = "ids have" if cache is None else f"the cache ({start} tokens) plus ids ({T}) make"
         raise ValueError(f"{detail} {S} tokens, more than the model's context max_position_embeddings={limit}")
-    key_mask = None if attention_mask is None else check_key_mask(attention_mask, B, S)
+    key_mask = None if tokens.attention_mask is None else check_key_mask(tokens.attention_mask, B, S)
+    positions = tokens.positions
     if positions is not None:
         positions = check_int_array(positions, "positions", what="be integer position ids")
         if positions.shape not in ((T,), (B, T)):
@@ -90,7 +91,7 @@ def check_forward_inputs(params, config: LlamaConfig, ids, *, cache, attention_m
             raise ValueError(f"positions must lie in [0, {limit}) (max_position_embeddings); got min "
                              f"{positions.min()}, max {positions.max()}")
         positions = positions.astype(np.int64, copy=False).reshape(-1, T)
-    return ids, key_mask, positions, start
+    return Batch(ids, key_mask, positions, tokens.last_only), start
 
 
 def check_key_positions(key_positions, positions, B: int, S: int, config: LlamaConfig) -> np.ndarray:  # -> [B|1, S]

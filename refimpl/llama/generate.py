@@ -10,7 +10,7 @@ backend, prefill_chunk=...)`, the `refimpl.decoding.Decoder` of an LlamaModel:
   dynamic RoPE (then only max_new_tokens bounds a run);
 - prefill: refimpl.llama.model.prefill, in chunks of prefill_chunk tokens (None: one forward),
   then the LM head (E_out, Gemma-2's final soft-cap) on the last position; a step is
-  hidden_states(last_only=True) of one new token per row through the same cache;
+  hidden_states of one new token (Batch(..., last_only=True)) per row through the same cache;
 - LongRoPE (Phi-3) rotates with its short factors while the sequence (max position + 1) is at
   most original_max_position_embeddings and with its long ones past it, for every position of
   the forward (rope_cos_sin). At the step that first passes it, every cached layer was computed
@@ -37,6 +37,7 @@ import numpy as np
 
 from .._checks import check_positive_int
 from .. import decoding
+from ..batch import Batch
 from ..decoding import Decoder, Generation, recomputing
 from .checks import context_limit
 from .config import LlamaConfig
@@ -125,13 +126,13 @@ def decoder(model: LlamaModel, backend="numpy", *, prefill_chunk: int | None = N
             cache.length = 0  # every cached layer was computed with the short ones, so recompute them all
             return last_logits(prefill(weights, config, ids, cache, attention_mask=attention_mask, ops=ops,
                                        rule=rule), weights)
-        return last_logits(hidden_states(weights, config, ids[:, -1:], cache=cache, attention_mask=attention_mask,
-                                         ops=ops, last_only=True, rule=rule), weights)
+        return last_logits(hidden_states(weights, config, Batch(ids[:, -1:], attention_mask, last_only=True), cache,
+                                         ops=ops, rule=rule), weights)
 
     def recompute(weights, ids, cache, attention_mask):  # [B, S] every token so far -> [B, V]; no cache
         cache.length = ids.shape[1]
-        return last_logits(hidden_states(weights, config, ids, attention_mask=attention_mask, ops=ops,
-                                         last_only=True, rule=rule), weights)
+        return last_logits(hidden_states(weights, config, Batch(ids, attention_mask, last_only=True), ops=ops,
+                                         rule=rule), weights)
 
     if rule.causal:
         cache_fields = dict(

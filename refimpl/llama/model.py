@@ -65,6 +65,7 @@ from typing import Callable
 
 from .._backends import resolve_backend
 from .._checks import check_positive_int
+from ..batch import Batch
 from .._switches import MODEL_RULE, AttentionRule, check_rule
 from ..attention import _masked_attention, _soft_cap, masked_attention
 from ..cache import KVCache
@@ -80,8 +81,8 @@ from .config import LlamaConfig, RopeParameters
 from .params import LlamaBlockParams, LlamaParams
 
 __all__ = ["LlamaModel", "KVCache", "LlamaOps", "NUMPY_OPS", "BACKENDS", "get_ops", "no_hook", "embed", "rms_norm",
-           "rope_cos_sin", "Forward", "attention", "mlp", "block", "hidden_states", "prefill", "lm_head", "forward",
-           "logits", "attention_rule"]
+           "rope_cos_sin", "Forward", "attention", "mlp", "block", "fused_step", "hidden_states", "prefill", "lm_head",
+           "forward", "logits", "attention_rule"]
 
 
 # ----------------------------------------------------------------------------- the loaded model
@@ -264,10 +265,10 @@ class Forward:
     """What every block of one forward reads besides x and its weights, made once by hidden_states.
 
     ops: the backend's operations; rule: the attention's mask and scale (refimpl._switches); cache: a
-    KVCache or None; key_mask [B, S] bool or None (the real keys); rope[layer]: the queries' (cos, sin)
-    [B|1, 1, T, R/2] (rope_cos_sin, once per distinct RoPE); key_rope[layer]: every key's [B|1, 1, S, R/2]
-    where the cache rotates its keys when read (cache.key_positions), else None: each new key is rotated
-    as its query is, once, before it enters the cache.
+    KVCache or None; key_mask [B, S] bool or None (the real keys); positions [B|1, T]: the new tokens';
+    rope[layer]: the queries' (cos, sin) [B|1, 1, T, R/2] (rope_cos_sin, once per distinct RoPE);
+    key_rope[layer]: every key's [B|1, 1, S, R/2] where the cache rotates its keys when read
+    (cache.key_positions), else None: each new key is rotated as its query is, once, before it enters the cache.
     """
 
     config: LlamaConfig
@@ -275,18 +276,37 @@ class Forward:
     rule: AttentionRule
     cache: KVCache | None
     key_mask: np.ndarray | None
+    positions: np.ndarray
     rope: list
     key_rope: list | None
 
     @classmethod
-    def of(cls, config: LlamaConfig, ops: LlamaOps, rule: AttentionRule, cache, key_mask, positions,
-           key_positions, dtype) -> "Forward":  # positions [B|1, T]; key_positions [B|1, S] or None
+    def of(cls, config: LlamaConfig, ops: LlamaOps, rule: AttentionRule, cache, tokens: Batch, start: int,
+           dtype) -> "Forward":
+        """The Forward of checked tokens (refimpl.llama.checks.check_forward_inputs) entering the cache at start."""
+        positions, key_positions = _positions(config, cache, tokens, start)
         if key_positions is None:
-            return cls(config, ops, rule, cache, key_mask, _rope_tables(positions, config, dtype), None)
+            return cls(config, ops, rule, cache, tokens.attention_mask, positions,
+                       _rope_tables(positions, config, dtype), None)
         key_rope = _rope_tables(key_positions, config, dtype)  # the queries' angles: the last T of the keys'
         T = positions.shape[1]
         rope = [tuple(a[:, :, a.shape[2] - T:] for a in layer_rope) for layer_rope in key_rope]
-        return cls(config, ops, rule, cache, key_mask, rope, key_rope)
+        return cls(config, ops, rule, cache, tokens.attention_mask, positions, rope, key_rope)
+
+
+def _positions(config: LlamaConfig, cache, tokens: Batch, start: int) -> tuple:
+    """(the new tokens' positions [B|1, T], every key's [B|1, S] or None): given, else from the mask (cumsum - 1,
+    as Hugging Face's generation), else cache indices; where the cache rotates its keys when read
+    (cache.key_positions(T) not None) its positions for all S = start + T keys, the new tokens' the last T."""
+    (B, T), key_mask, positions = tokens.ids.shape, tokens.attention_mask, tokens.positions
+    key_positions = None if cache is None else cache.key_positions(T)
+    if key_positions is not None:
+        key_positions = check_key_positions(key_positions, positions, B, start + T, config)
+        return key_positions[:, start:], key_positions
+    if positions is None:
+        positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
+                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
+    return positions, None
 
 
 def attention(h: np.ndarray, p: LlamaBlockParams, layer: int, fwd: Forward,
@@ -383,29 +403,24 @@ def _left_padding(key_mask: np.ndarray) -> np.ndarray | None:  # [B, S] -> [B] i
     return first.astype(np.int64)
 
 
-def _positions(config: LlamaConfig, cache, key_mask, positions, start: int, B: int, T: int) -> tuple:
-    """(the new tokens' positions [B|1, T], every key's [B|1, S] or None): given, else from the mask (cumsum - 1,
-    as Hugging Face's generation), else cache indices; where the cache rotates its keys when read
-    (cache.key_positions(T) not None) its positions for all S = start + T keys, the new tokens' the last T."""
-    key_positions = None if cache is None else cache.key_positions(T)
-    if key_positions is not None:
-        key_positions = check_key_positions(key_positions, positions, B, start + T, config)
-        return key_positions[:, start:], key_positions
-    if positions is None:
-        positions = (_positions_from_attention_mask(key_mask.astype(np.int64), 0)[:, start:] if key_mask is not None
-                     else np.arange(start, start + T)[None, :])  # [B, T] or [1, T]
-    return positions, None
+def fused_step(x: np.ndarray, params: LlamaParams, fwd: Forward) -> np.ndarray | None:  # [B, T, C] -> [B, T, C]
+    """Every block at once by the backend's own step (ops.decode_blocks), offered with the model's own attention rule
+    and a cache of rotated keys (and by hidden_states only with the default hook): its x_L, or None where the backend
+    has no such step or declines (the reason counted in ops.declined) and the blocks run one operation at a time."""
+    ops = fwd.ops
+    if ops.decode_blocks is None or fwd.rule != MODEL_RULE or fwd.cache is None or fwd.key_rope is not None:
+        return None
+    return ops.decode_blocks(x, params, fwd.config, fwd.cache, ops, fwd.positions, fwd.key_mask)
 
 
-def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | None = None,
-                  attention_mask=None, positions=None, ops: LlamaOps = NUMPY_OPS, hook=no_hook,
-                  last_only: bool = False,
-                  rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, C] ([B, 1, C] with last_only)
+def hidden_states(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache | None = None, *, hook=no_hook,
+                  ops: LlamaOps = NUMPY_OPS, rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, T] -> [B, T, C]
     """h = norm(Block_L(... Block_1(E[ids])))  (the input to the LM head).
 
-    Shapes: ids [B, T] integers in [0, V); attention_mask [B, S] (1 / True = real token, 0 =
-    pad) covering the cached tokens and the new ones, S = cache.length + T; positions [B, T]
-    or [T]. Returns [B, T, C] in the parameters' dtype.
+    Shapes: ids [B, T] integers in [0, V), or a refimpl.batch.Batch of them with their padding mask
+    [B, S] (1 / True = real token, 0 = pad) over the cached tokens and the new ones, S =
+    cache.length + T, positions [B, T] or [T], and last_only. Returns [B, T, C] in the parameters'
+    dtype ([B, 1, C] with last_only: only the last position is normed).
     Notes:
     - Positions: given, else from the mask as Hugging Face's generation does (cumsum - 1: each
       row's first real token is position 0, so a left-padded row equals the row run alone),
@@ -417,39 +432,30 @@ def hidden_states(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCac
     - Context: S and the positions within max_position_embeddings (refimpl.llama.checks).
     - Cache: new rotated keys / values are written at [length, length + T); length advances by T.
     - hook: hook(name, x) -> x' at every named intermediate (module docstring); None is no_hook.
-    - ops: the backend's operations (LlamaOps; params as its `prepare` left them). With the
-      default hook and rule and a cache of rotated keys, the backend's decode_blocks is offered
-      every block at once; it runs them or declines (None, the reason counted in ops.declined),
-      and then the blocks run one operation at a time.
-    - last_only: norm only the last position (what a decoding step needs): [B, 1, C].
+    - ops: the backend's operations (LlamaOps; params as its `prepare` left them); with the default
+      hook its own every-block step may run the blocks (fused_step).
     - rule: the attention's mask and scale (refimpl._switches.AttentionRule; MODEL_RULE the model's
       own). AttentionRule(causal=False) has no cache (ValueError: a cache is valid only under the mask).
     """
     hook = no_hook if hook is None else hook
-    ids, key_mask, positions, start = check_forward_inputs(params, config, ids, cache=cache,
-                                                           attention_mask=attention_mask, positions=positions)
-    rule = check_rule(rule, cache)
-    (B, T), dtype = ids.shape, params.dtype
-    positions, key_positions = _positions(config, cache, key_mask, positions, start, B, T)
-    x = (ops.embed or embed)(params, config, ids)  # [B, T, C]
-    fused = None  # the backend's every-block step, offered where the plain arithmetic is asked for
-    if ops.decode_blocks and hook is no_hook and rule == MODEL_RULE and cache is not None and key_positions is None:
-        fused = ops.decode_blocks(x, params, config, cache, ops, positions, key_mask)  # None: declined
-    if fused is not None:  # the backend ran every block at once
+    tokens, start = check_forward_inputs(params, config, Batch.of(ids), cache)
+    fwd = Forward.of(config, ops, check_rule(rule, cache), cache, tokens, start, params.dtype)
+    x = (ops.embed or embed)(params, config, tokens.ids)  # [B, T, C]
+    fused = fused_step(x, params, fwd) if hook is no_hook else None
+    if fused is not None:
         x = fused
     else:
-        fwd = Forward.of(config, ops, rule, cache, key_mask, positions, key_positions, dtype)
         for layer, p in enumerate(params.blocks):
             x = block(x, p, layer, fwd, hook)
     if cache is not None:
-        cache.length = start + T
-    return hook("norm.out", rms_norm(x[:, -1:] if last_only else x, params.norm, config, ops))  # [B, T|1, C]
+        cache.length = start + x.shape[1]
+    return hook("norm.out", rms_norm(x[:, -1:] if tokens.last_only else x, params.norm, config, ops))  # [B, T|1, C]
 
 
 def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, chunk_size: int | None = None,
             attention_mask=None, ops: LlamaOps = NUMPY_OPS,
             rule: AttentionRule = MODEL_RULE) -> np.ndarray:  # [B, P] -> [B, 1, C]
-    """A prompt into the cache chunk_size tokens at a time: the last position's h, as hidden_states(last_only=True).
+    """A prompt into the cache chunk_size tokens at a time: the last position's h (a Batch with last_only).
 
     Shapes: ids [B, P]; attention_mask [B, S] over the cached tokens and the prompt (S =
     cache.length + P), or None. Returns [B, 1, C]; the cache then holds the prompt's rotated
@@ -469,8 +475,8 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
     """
     if cache is None:
         raise ValueError("prefill writes a KV cache: pass cache=KVCache.allocate(config, B, max_len)")
-    ids, key_mask, _, start = check_forward_inputs(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                   positions=None)
+    tokens, start = check_forward_inputs(params, config, Batch(ids, attention_mask), cache)
+    ids, key_mask = tokens.ids, tokens.attention_mask
     P = ids.shape[1]
     chunk = P if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
     ends = list(range(min(chunk, P), P, chunk)) + [P]
@@ -491,8 +497,8 @@ def prefill(params: LlamaParams, config: LlamaConfig, ids, cache: KVCache, *, ch
     check_rule(rule, cache)
     h = None
     for s, e in zip([0] + ends, ends):
-        h = hidden_states(params, config, ids[:, s:e], cache=cache, ops=ops, last_only=True,
-                          attention_mask=None if key_mask is None else key_mask[:, :start + e], rule=rule)
+        chunk_tokens = Batch(ids[:, s:e], None if key_mask is None else key_mask[:, :start + e], last_only=True)
+        h = hidden_states(params, config, chunk_tokens, cache, ops=ops, rule=rule)
     return h
 
 
@@ -511,8 +517,8 @@ def forward(params: LlamaParams, config: LlamaConfig, ids, *, cache: KVCache | N
     Shapes: ids [B, T] -> [B, T, V] in the parameters' dtype. See hidden_states for the
     cache, attention_mask, positions, hook and rule.
     """
-    return (ops.lm_head or lm_head)(hidden_states(params, config, ids, cache=cache, attention_mask=attention_mask,
-                                                  positions=positions, ops=ops, hook=hook, rule=rule), params, config)
+    h = hidden_states(params, config, Batch.of(ids, attention_mask, positions), cache, hook=hook, ops=ops, rule=rule)
+    return (ops.lm_head or lm_head)(h, params, config)
 
 
 def attention_rule(config: LlamaConfig, causal=True, attention_scale=None) -> AttentionRule:
