@@ -143,7 +143,7 @@ def prefill_flop(config, T: int) -> float:
 
 
 def last_only_saving(config, T: int) -> float:
-    """FLOP that hidden_states(last_only=True) skips: the last block's proj, fc and fc_proj for T - 1 rows
+    """FLOP that hidden_states(Batch(ids, last_only=True)) skips: the last block's proj, fc and fc_proj for T - 1 rows
     (its q, k, v product still runs on every row) and its attention for T - 1 queries."""
     C = config.n_embd
     return 2 * (C * C + 2 * C * 4 * C) * (T - 1) + 2 * 2 * C * (T * (T + 1) / 2 - T)

@@ -17,7 +17,7 @@ Cases
 - prefill T=128 (logits at every position): one forward over 128 prompt tokens returning
   [T, V] logits (HF's forward default), and (KV cache + last position's logits) what
   generation does with a prompt: HF's forward with use_cache=True, logits_to_keep=1, against
-  refimpl's hidden_states into a KVCache with last_only=True and the LM head on that row.
+  refimpl's hidden_states into a KVCache with Batch(ids, last_only=True) and the LM head on that row.
 
 Bandwidth bound for decoding at batch 1: each step must read every parameter once (the
 embedding is tied: the LM head reads it whole; the gathered row is beside the point), so
