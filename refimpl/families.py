@@ -67,8 +67,10 @@ class Family:
       n_layers(config), width(config), n_heads(config), n_kv_heads(config), head_dim(config)
       block_points, final_point   the hook points of a block and of the final norm (hook_names)
       check_ids(ids, config, name=) -> int64 array
-      hidden_states(params, config, ids [B, T] | refimpl.batch.Batch, cache, *, hook, rule, ops) -> [B, T, C]
-                             (rule: a refimpl._switches.AttentionRule; ops: get_ops(backend)'s, as interp passes them)
+      hidden_states(params, config, ids [B, T], cache=None, *, hook, rule, ops) -> [B, T, C]
+                             (rule: a refimpl._switches.AttentionRule; ops: get_ops(backend)'s, as interp passes them;
+                             ids a refimpl.batch.Batch where run_with_cache is given positions, or StreamingLLM's
+                             recompute asks for the last row: Batch(ids, last_only=True))
       lm_head(model, h [..., C]) -> [..., V]; final_norm(model, r [..., C]) -> [..., C]
       allocate_cache(model, batch_size, max_len) -> a refimpl.cache.KVCache
       dtype(params)          the float dtype of the parameters

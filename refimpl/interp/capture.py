@@ -171,8 +171,8 @@ def run_with_cache(model, ids, *, names=None, interventions: Mapping[str, Callab
     rule = AttentionRule.of(causal, attention_scale, head_dim=dec.head_dim(model.config),
                             width=dec.width(model.config))
     ops, params = backend_ops(model, backend)
-    h = ops.to_numpy(dec.hidden_states(params, model.config, Batch(ids2, positions=positions), cache, hook=hook,
-                                       rule=rule, ops=ops))
+    tokens = ids2 if positions is None else Batch(ids2, positions=positions)
+    h = ops.to_numpy(dec.hidden_states(params, model.config, tokens, cache=cache, hook=hook, rule=rule, ops=ops))
     logits = dec.lm_head(model, h)
     if single:
         return logits[0], {k: v[0] for k, v in store.items()}
