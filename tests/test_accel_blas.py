@@ -76,33 +76,60 @@ def test_gemm_refuses_mismatched_shapes_and_strided_rows():
         _call(np.zeros((2, 4)), a, np.ones((3, 8))[:, ::2], False, False)
 
 
+# ----------------------------------------------------------------------------- fresh processes, one per ACCEL_BLAS
+
+# The library is chosen once per process, so each of the checks below runs in a fresh process per ACCEL_BLAS value.
+# The checks share those processes: one process per value runs each check _PLAN gives that value, one after the
+# other, each script in a namespace of its own, and prints its lines under the check's name. (A process costs
+# seconds: Python, NumPy, Numba, the BLAS set-up, the kernels from the disk cache; one per check and value spent
+# them again for every check.)
+_CHECKS: dict[str, str] = {}  # check -> the script run for it, defined next to the test that reads its output
+_PLAN = {"scipy": ("attention", "threaded", "packing"), "numpy": ("attention", "threaded"),
+         "mkl": ("attention", "threaded", "forked"), "": ("attention", "threaded", "forked"),
+         "mkl-sequential": ("threaded",)}
+_RAN: dict[tuple[str, bool], dict[str, str]] = {}
+
+
+def _fresh(choice: str, check: str, again: bool = False) -> str:
+    """The stdout of _CHECKS[check] in a fresh process with ACCEL_BLAS=choice, the process shared with the other
+    checks of _PLAN[choice] (again=True: a process of its own for this check, started after the shared ones)."""
+    import os
+    import subprocess
+    import sys
+
+    if (choice, again) not in _RAN:
+        checks = (check,) if again else _PLAN[choice]
+        driver = "".join(f"print('@@ {c}', flush=True)\nexec({_CHECKS[c]!r}, {{'__name__': '__main__'}})\n"
+                         for c in checks)
+        res = subprocess.run([sys.executable, "-c", driver], env=dict(os.environ, ACCEL_BLAS=choice),
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, (choice, checks, res.stderr[-2000:])
+        _RAN[choice, again] = dict(part.partition("\n")[::2] for part in res.stdout.split("@@ ")[1:])
+    return _RAN[choice, again][check]
+
+
+_CHECKS["attention"] = (
+    "import numpy as np\n"
+    "from accel.numba_cpu import attention as fused\n"
+    "from accel.numba_cpu.blas import BLAS_NAME\n"
+    "from refimpl.attention import masked_attention as twin\n"
+    "fused.BQ_SHORT, fused.BK_SHORT = 8, 16\n"
+    "rng = np.random.default_rng(0)\n"
+    "q, k, v = (rng.standard_normal((1, 4, 70, 16)).astype(np.float32) for _ in range(3))\n"
+    "out = fused.masked_attention(q, k, v, causal=True, window=40, n_sink=3)\n"
+    "ref = twin(*(a.astype(np.float64) for a in (q, k, v)), causal=True, window=40, n_sink=3)\n"
+    "print(BLAS_NAME, float(np.abs(out - ref).max()))\n"
+)
+
+
 def test_both_blas_libraries_give_the_fused_attention_its_twins_result():
     """The kernel calls whichever ?gemm accel.numba_cpu.blas bound (MKL with ACCEL_BLAS=mkl, SciPy's OpenBLAS
     with ACCEL_BLAS=scipy, NumPy's own OpenBLAS, its 64-bit-integer symbols, with ACCEL_BLAS=numpy, and the
     fastest measured when unset): in a fresh process per choice, the fused attention over many
     key tiles equals the float64 twin within the registry tolerance, and the library is the one asked for."""
-    import os
-    import subprocess
-    import sys
-
-    script = (
-        "import numpy as np\n"
-        "from accel.numba_cpu import attention as fused\n"
-        "from accel.numba_cpu.blas import BLAS_NAME\n"
-        "from refimpl.attention import masked_attention as twin\n"
-        "fused.BQ_SHORT, fused.BK_SHORT = 8, 16\n"
-        "rng = np.random.default_rng(0)\n"
-        "q, k, v = (rng.standard_normal((1, 4, 70, 16)).astype(np.float32) for _ in range(3))\n"
-        "out = fused.masked_attention(q, k, v, causal=True, window=40, n_sink=3)\n"
-        "ref = twin(*(a.astype(np.float64) for a in (q, k, v)), causal=True, window=40, n_sink=3)\n"
-        "print(BLAS_NAME, float(np.abs(out - ref).max()))\n"
-    )
     names = []
     for choice in ("scipy", "numpy", "mkl", ""):
-        env = dict(os.environ, ACCEL_BLAS=choice)
-        res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-2000:]
-        name, err = res.stdout.strip().rsplit(" ", 1)
+        name, err = _fresh(choice, "attention").strip().rsplit(" ", 1)
         print(f"ACCEL_BLAS={choice!r}: {name}, max abs diff vs float64 twin {float(err):.2e}")
         assert float(err) < 2e-5
         names.append(name)
@@ -145,6 +172,26 @@ def test_matmul_threaded_refuses_mismatched_shapes_and_views():
         _call_threaded(np.zeros((2, 4), np.int64), x.astype(np.int64), w.astype(np.int64))
 
 
+_CHECKS["threaded"] = (
+    "import numpy as np\n"
+    "from accel.numba_cpu.blas import THREADED_BLAS_NAME\n"
+    "from accel.numba_cpu.gpt2 import _linear_rows\n"
+    "rng = np.random.default_rng(0)\n"
+    "w = rng.standard_normal((768, 2304)).astype(np.float32)\n"
+    "b = rng.standard_normal(2304).astype(np.float32)\n"
+    "u = np.finfo(np.float32).eps / 2\n"
+    "g = 769 * u / (1 - 769 * u)  # gamma_{k+1}: x W + b, k = 768 (tests/bounds.py)\n"
+    "ratio = 0.0\n"
+    "for m in (1, 4):\n"
+    "    x = rng.standard_normal((m, 768)).astype(np.float32)\n"
+    "    y = _linear_rows(x, w, b, 2)\n"
+    "    x64, w64 = x.astype(np.float64), w.astype(np.float64)\n"
+    "    bound = 1.01 * g * (np.abs(x64) @ np.abs(w64) + np.abs(b))  # 1.01: the float64 reference's own rounding\n"
+    "    ratio = max(ratio, float((np.abs(y - (x64 @ w64 + b)) / bound).max()))\n"
+    "print(THREADED_BLAS_NAME + '|' + str(ratio))\n"
+)
+
+
 def test_matmul_threaded_on_each_library():
     """MKL on GNU OpenMP threads where it loads (ACCEL_BLAS=mkl), NumPy's own OpenBLAS with
     ACCEL_BLAS=mkl-sequential (or without MKL), SciPy's with ACCEL_BLAS=scipy: in a fresh process each,
@@ -153,33 +200,10 @@ def test_matmul_threaded_on_each_library():
     first one compiled, whichever library that was (the integer arguments are passed so that every
     library reads them right: see blas.py)."""
     import os
-    import subprocess
-    import sys
 
-    script = (
-        "import numpy as np\n"
-        "from accel.numba_cpu.blas import THREADED_BLAS_NAME\n"
-        "from accel.numba_cpu.gpt2 import _linear_rows\n"
-        "rng = np.random.default_rng(0)\n"
-        "w = rng.standard_normal((768, 2304)).astype(np.float32)\n"
-        "b = rng.standard_normal(2304).astype(np.float32)\n"
-        "u = np.finfo(np.float32).eps / 2\n"
-        "g = 769 * u / (1 - 769 * u)  # gamma_{k+1}: x W + b, k = 768 (tests/bounds.py)\n"
-        "ratio = 0.0\n"
-        "for m in (1, 4):\n"
-        "    x = rng.standard_normal((m, 768)).astype(np.float32)\n"
-        "    y = _linear_rows(x, w, b, 2)\n"
-        "    x64, w64 = x.astype(np.float64), w.astype(np.float64)\n"
-        "    bound = 1.01 * g * (np.abs(x64) @ np.abs(w64) + np.abs(b))  # 1.01: the float64 reference's own rounding\n"
-        "    ratio = max(ratio, float((np.abs(y - (x64 @ w64 + b)) / bound).max()))\n"
-        "print(THREADED_BLAS_NAME + '|' + str(ratio))\n"
-    )
     names = []
-    for choice in ("scipy", "mkl", "mkl-sequential", "scipy", "numpy", ""):
-        env = dict(os.environ, ACCEL_BLAS=choice)
-        res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-2000:]
-        name, ratio = res.stdout.strip().rsplit("|", 1)
+    for i, choice in enumerate(("scipy", "mkl", "mkl-sequential", "scipy", "numpy", "")):
+        name, ratio = _fresh(choice, "threaded", again=i == 3).strip().rsplit("|", 1)  # scipy again: a new process
         print(f"ACCEL_BLAS={choice!r}: {name}, difference from float64 at most {float(ratio):.3f} of the rounding "
               "bound")
         assert float(ratio) <= 1
@@ -253,6 +277,59 @@ def test_pytorch_imported_after_accel_keeps_its_own_mkl():
     assert after.stdout == alone.stdout and probed.stdout == alone.stdout
 
 
+_CHECKS["forked"] = (
+    "import os, signal, numba, numpy as np\n"
+    "from accel.numba_cpu.blas import THREADED_BLAS_NAME\n"
+    "from accel.numba_cpu.gpt2 import _linear_rows\n"
+    "rng = np.random.default_rng(0)\n"
+    "x, w = rng.standard_normal((256, 512)).astype(np.float32), "
+    "rng.standard_normal((512, 512)).astype(np.float32)\n"
+    "b = np.zeros(512, np.float32)\n"
+    "_linear_rows(x, w, b, 2)\n"
+    "from accel.numba_cpu import blas\n"
+    "from accel.numba_cpu.gpt2 import _packed_rows\n"
+    "u = np.finfo(np.float32).eps / 2\n"
+    "bound = 2 * (513 * u / (1 - 513 * u)) * (np.abs(x) @ np.abs(w)).astype(np.float64)  # two float32 products\n"
+    "def close(y):  # x W (+ 0) by accel's BLAS against NumPy's x @ w: "
+    "within the rounding bound (tests/bounds.py)\n"
+    "    return bool((np.abs(y.astype(np.float64) - x @ w) <= bound).all())\n"
+    "def packed_ok(P):  # MKL's packed GEMM (when present), on this process's thread count\n"
+    "    return P is None or close(_packed_rows(x, P.buffer, 512, 512, b, numba.get_num_threads()))\n"
+    "packed = blas.pack_matrix(w, 2) if blas.PACKING else None\n"
+    "assert packed_ok(packed)\n"
+    "from accel.numba_cpu import apply_rope, decode_attention, layer_norm, masked_attention\n"
+    "q = rng.standard_normal((1, 4, 300, 16)).astype(np.float32)\n"
+    "dq, dk = rng.standard_normal((1, 12, 64)).astype(np.float32), "
+    "rng.standard_normal((1, 12, 2048, 64)).astype(np.float32)\n"
+    "g = np.ones(512, np.float32)\n"
+    "kernels = [lambda: masked_attention(q, q, q, causal=True), "
+    "lambda: apply_rope(x.reshape(4, 64, 512), np.arange(64)),\n"
+    "           lambda: layer_norm(x, g, b), lambda: decode_attention(dq, dk, dk)]\n"
+    "expected = [f() for f in kernels]  # parallel drivers in the parent\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    ok = close(_linear_rows(x, w, b, numba.get_num_threads()))\n"
+    "    ok = ok and packed_ok(packed) and packed_ok(blas.pack_matrix(w, 2) if blas.PACKING else None)\n"
+    "    same = [np.array_equal(f(), e) for f, e in zip(kernels[:3], expected)]  # row tasks: the same sums\n"
+    "    ok = ok and all(same) and np.allclose(kernels[3](), expected[3], rtol=1e-5, atol=1e-6)"
+    "  # one chunk, not 2\n"
+    "    import threading\n"
+    "    from accel.numba_cpu._launch import kernel_threads\n"
+    "    seen = []  # a new thread of the child: Numba's thread-local count there is the default again\n"
+    "    def other():\n"
+    "        seen.append(np.array_equal(kernels[2](), expected[2]) and np.array_equal(kernels[0](), expected[0])\n"
+    "                    and close(_linear_rows(x, w, b, kernel_threads())))\n"
+    "    t = threading.Thread(target=other)\n"
+    "    t.start()\n"
+    "    t.join()\n"
+    "    os._exit(0 if ok and seen == [True] else 3)\n"
+    "signal.signal(signal.SIGALRM, lambda *a: os.kill(pid, signal.SIGKILL))\n"
+    "signal.alarm(60)\n"
+    "_, status = os.waitpid(pid, 0)\n"
+    "print(THREADED_BLAS_NAME + '|' + str(status))\n"
+)
+
+
 def test_threaded_products_in_a_forked_child_finish():
     """GNU OpenMP hangs in a child forked after its threads ran (multiprocessing's default start method on
     Linux forks): blas.py sets MKL and Numba to one thread in a forked child. In a fresh process, a threaded product
@@ -262,68 +339,10 @@ def test_threaded_products_in_a_forked_child_finish():
     when called from a thread the child starts (where Numba's thread-local count is the default again).
     MKL's packed products (a matrix packed in the parent, and one packed in the child, where pack_matrix
     keeps to the child's one thread) must finish there too.
-    Wait status 15 = terminated by Numba (SIGTERM), 9 = hung and killed, 768 = a wrong result."""
-    import subprocess
-    import sys
-
-    script = (
-        "import os, signal, numba, numpy as np\n"
-        "from accel.numba_cpu.blas import THREADED_BLAS_NAME\n"
-        "from accel.numba_cpu.gpt2 import _linear_rows\n"
-        "rng = np.random.default_rng(0)\n"
-        "x, w = rng.standard_normal((256, 512)).astype(np.float32), "
-        "rng.standard_normal((512, 512)).astype(np.float32)\n"
-        "b = np.zeros(512, np.float32)\n"
-        "_linear_rows(x, w, b, 2)\n"
-        "from accel.numba_cpu import blas\n"
-        "from accel.numba_cpu.gpt2 import _packed_rows\n"
-        "u = np.finfo(np.float32).eps / 2\n"
-        "bound = 2 * (513 * u / (1 - 513 * u)) * (np.abs(x) @ np.abs(w)).astype(np.float64)  # two float32 products\n"
-        "def close(y):  # x W (+ 0) by accel's BLAS against NumPy's x @ w: "
-        "within the rounding bound (tests/bounds.py)\n"
-        "    return bool((np.abs(y.astype(np.float64) - x @ w) <= bound).all())\n"
-        "def packed_ok(P):  # MKL's packed GEMM (when present), on this process's thread count\n"
-        "    return P is None or close(_packed_rows(x, P.buffer, 512, 512, b, numba.get_num_threads()))\n"
-        "packed = blas.pack_matrix(w, 2) if blas.PACKING else None\n"
-        "assert packed_ok(packed)\n"
-        "from accel.numba_cpu import apply_rope, decode_attention, layer_norm, masked_attention\n"
-        "q = rng.standard_normal((1, 4, 300, 16)).astype(np.float32)\n"
-        "dq, dk = rng.standard_normal((1, 12, 64)).astype(np.float32), "
-        "rng.standard_normal((1, 12, 2048, 64)).astype(np.float32)\n"
-        "g = np.ones(512, np.float32)\n"
-        "kernels = [lambda: masked_attention(q, q, q, causal=True), "
-        "lambda: apply_rope(x.reshape(4, 64, 512), np.arange(64)),\n"
-        "           lambda: layer_norm(x, g, b), lambda: decode_attention(dq, dk, dk)]\n"
-        "expected = [f() for f in kernels]  # parallel drivers in the parent\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    ok = close(_linear_rows(x, w, b, numba.get_num_threads()))\n"
-        "    ok = ok and packed_ok(packed) and packed_ok(blas.pack_matrix(w, 2) if blas.PACKING else None)\n"
-        "    same = [np.array_equal(f(), e) for f, e in zip(kernels[:3], expected)]  # row tasks: the same sums\n"
-        "    ok = ok and all(same) and np.allclose(kernels[3](), expected[3], rtol=1e-5, atol=1e-6)"
-        "  # one chunk, not 2\n"
-        "    import threading\n"
-        "    from accel.numba_cpu._launch import kernel_threads\n"
-        "    seen = []  # a new thread of the child: Numba's thread-local count there is the default again\n"
-        "    def other():\n"
-        "        seen.append(np.array_equal(kernels[2](), expected[2]) and np.array_equal(kernels[0](), expected[0])\n"
-        "                    and close(_linear_rows(x, w, b, kernel_threads())))\n"
-        "    t = threading.Thread(target=other)\n"
-        "    t.start()\n"
-        "    t.join()\n"
-        "    os._exit(0 if ok and seen == [True] else 3)\n"
-        "signal.signal(signal.SIGALRM, lambda *a: os.kill(pid, signal.SIGKILL))\n"
-        "signal.alarm(60)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(THREADED_BLAS_NAME + '|' + str(status))\n"
-    )
-    import os
-
+    Wait status 15 = terminated by Numba (SIGTERM), 9 = hung and killed, 768 = a wrong result.
+    (In the processes of the other checks with these ACCEL_BLAS values, after them: more has run before the fork.)"""
     for choice in ("mkl", ""):  # MKL's GNU OpenMP products (where MKL is installed), and the measured choice
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, ACCEL_BLAS=choice))
-        assert res.returncode == 0, res.stderr[-2000:]
-        name, status = res.stdout.strip().rsplit("|", 1)
+        name, status = _fresh(choice, "forked").strip().rsplit("|", 1)
         print(f"ACCEL_BLAS={choice!r}, {name}: forked child's wait status {status} (0 = finished and right)")
         assert int(status) == 0
 
@@ -431,31 +450,27 @@ def test_pack_matrix_and_matmul_packed_refuse_bad_input():
         _call_packed(np.zeros((2, 4), np.float32), np.ones((2, 3), np.float32), np.ones(11, np.float32), 3, 4)
 
 
+_CHECKS["packing"] = ("import numpy as np\n"
+          "from accel.numba_cpu import blas\n"
+          "assert not blas.PACKING\n"
+          "try:\n"
+          "    blas.pack_matrix(np.ones((2, 2), np.float32), 1)\n"
+          "except RuntimeError as e:\n"
+          "    print(e)\n"
+          "from accel.numba_cpu.gpt2 import _packed_rows\n"
+          "try:\n"
+          "    _packed_rows(np.ones((2, 2), np.float32), np.ones(64, np.float32), 2, 2, "
+          "np.ones(2, np.float32), 1)\n"
+          "except RuntimeError as e:\n"
+          "    print(e)\n")
+
+
 def test_packing_without_mkl_says_why():
     """With ACCEL_BLAS=scipy (no MKL) PACKING is False, packing raises a RuntimeError naming the BLAS in use,
     and so does matmul_packed, whose compiled code may come from the disk cache of a process that had MKL."""
-    import os
-    import subprocess
-    import sys
-
-    script = ("import numpy as np\n"
-              "from accel.numba_cpu import blas\n"
-              "assert not blas.PACKING\n"
-              "try:\n"
-              "    blas.pack_matrix(np.ones((2, 2), np.float32), 1)\n"
-              "except RuntimeError as e:\n"
-              "    print(e)\n"
-              "from accel.numba_cpu.gpt2 import _packed_rows\n"
-              "try:\n"
-              "    _packed_rows(np.ones((2, 2), np.float32), np.ones(64, np.float32), 2, 2, "
-              "np.ones(2, np.float32), 1)\n"
-              "except RuntimeError as e:\n"
-              "    print(e)\n")
-    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ACCEL_BLAS="scipy"),
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    print(res.stdout.strip())
-    assert "need MKL" in res.stdout and "SciPy's OpenBLAS" in res.stdout and "no MKL packed GEMM" in res.stdout
+    out = _fresh("scipy", "packing")
+    print(out.strip())
+    assert "need MKL" in out and "SciPy's OpenBLAS" in out and "no MKL packed GEMM" in out
 
 
 def test_an_unknown_accel_blas_value_is_refused():
