@@ -25,6 +25,7 @@ from refimpl.tokenizers import TokenizerFileError
 from refimpl.tokenizers.formats import TokenizerNotImplemented, byte_to_unicode
 from refimpl.tokenizers.gguf import PRE_TOKENIZERS, chat_template_from_gguf, tokenizer_from_gguf
 from refimpl.tokenizers.pretokenize import compile_pattern, split_text
+from real_files import readers_shared
 from tokenizer_oracles import CACHE, corpus
 
 SMOL = CACHE / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,7 +49,8 @@ def smol():
     from transformers import AutoTokenizer
 
     meta = read_metadata(SMOL)
-    hf = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    with readers_shared():  # the file's gguf reader, shared with the other tests (tests/real_files.py)
+        hf = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
     oracle = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     oracle.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])

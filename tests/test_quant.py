@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from real_files import REAL_GGUF, real_gguf
+from real_files import REAL_GGUF, gguf_reader, real_gguf
 from hypothesis import given, strategies as st
 
 from refimpl.quant import GGML_TYPES, dequantize, ggml_type, quantize, row_nbytes
@@ -185,19 +185,6 @@ def test_each_decoder_maps_whole_blocks_to_their_values():
 
 # ------------------------------------------------------------------------------------- real files
 
-class _PlainReader(gguf.GGUFReader):
-    """gguf's GGUFReader over a plain ndarray view of its memmap: numpy.memmap's Python-level slicing
-    hooks cost ~10 s on gemma's 262144-entry vocabulary; the bytes read are the same."""
-
-    @property
-    def data(self):
-        return self._plain
-
-    @data.setter
-    def data(self, value):
-        self._plain = np.asarray(value)
-
-
 BIG = 16 << 20  # tensors over 16 MB: only every 8th row and the last are compared (time); smaller ones whole
 
 
@@ -205,7 +192,7 @@ BIG = 16 << 20  # tensors over 16 MB: only every 8th row and the last are compar
 def test_every_tensor_of_a_real_file_dequantizes_as_gguf(name):
     path = real_gguf(name)
     t0, c0 = time.perf_counter(), time.process_time()
-    reader = _PlainReader(path)
+    reader = gguf_reader(path)  # gguf-py's, over a plain view of the file (tests/real_files.py)
     counts: dict[str, list[int]] = {}
     for tensor in reader.tensors:
         name = tensor.tensor_type.name
