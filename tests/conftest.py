@@ -9,6 +9,7 @@ Select with HYPOTHESIS_PROFILE=<name>.
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -25,6 +26,29 @@ settings.register_profile(
 )
 settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32():
+    """refimpl.load("smollm2-135m-instruct"): the real SmolLM2 file's float32 model through the front door, loaded
+    once for every module that reads it (the load dequantizes 30 blocks; the model is frozen dataclasses of arrays
+    no test writes to). Missing file: a failure in CI, else a skip naming the fetch command (tests/real_files.py)."""
+    import refimpl
+    from real_files import real_gguf
+
+    real_gguf("smollm2-135m-instruct")
+    return refimpl.load("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_f32():
+    """refimpl.load("gemma-3-270m"): the real Gemma 3 270M file's float32 model through the front door, loaded once
+    for the whole run (its 262,144-token embedding alone takes seconds to dequantize)."""
+    import refimpl
+    from real_files import real_gguf
+
+    real_gguf("gemma-3-270m")
+    return refimpl.load("gemma-3-270m")
 
 
 def pytest_configure(config):

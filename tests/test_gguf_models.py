@@ -30,6 +30,7 @@ from refimpl.llama.model import forward  # noqa: E402
 from refimpl.positional import apply_rope  # noqa: E402
 from refimpl.models import family_of, resolve_model  # noqa: E402
 from llama_oracle import FLOAT32_STEPS, float64_throughout, hf_logits, max_rel_diff  # noqa: E402
+from real_files import readers_shared  # noqa: E402
 from report import MaxDiffs  # noqa: E402
 from test_llama_config import assert_agrees  # noqa: E402
 
@@ -54,9 +55,11 @@ def hf_from_gguf(path):
     (from_pretrained itself also asks for accelerate, to place the weights; that adds nothing to the arithmetic.)"""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    with readers_shared():  # the config's and the tensors' GGUFReader: for a real file one, shared with other tests
+        config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                              dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     assert not unexpected and set(missing) <= ({"lm_head.weight"} if config.tie_word_embeddings else set()), (
         missing, unexpected)
@@ -66,10 +69,10 @@ def hf_from_gguf(path):
 # ----------------------------------------------------------------------------- SmolLM2-135M-Instruct Q4_1
 
 @pytest.fixture(scope="module")
-def smol():
-    """(path, ours float32 through the front door, transformers' model of the same file)."""
+def smol(smollm2_f32):
+    """(path, ours float32 through the front door (conftest's, shared), transformers' model of the same file)."""
     path = resolve_model("smollm2-135m-instruct")
-    return path, refimpl.load("smollm2-135m-instruct"), hf_from_gguf(path)
+    return path, smollm2_f32, hf_from_gguf(path)
 
 
 def test_smollm2_is_read_by_the_front_door(smol):
@@ -144,25 +147,10 @@ GEMMA3_PROMPTS = {
 
 
 @pytest.fixture(scope="module")
-def gemma3():
-    """(path, ours float32 through the front door, transformers' model of the same file). transformers builds a
-    GGUFReader for the config and again for the tensors, and each costs many seconds on this file's 262,144-token
-    vocabulary: here the two share the first (the same object each would build: a read-only view of the file)."""
-    import gguf as gguf_package
-
+def gemma3(gemma3_f32):
+    """(path, ours float32 through the front door (conftest's, shared), transformers' model of the same file)."""
     path = resolve_model("gemma-3-270m")
-    reader, readers = gguf_package.GGUFReader, {}
-
-    def shared_reader(p, *args, **kwargs):
-        key = (str(p), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = reader(p, *args, **kwargs)
-        return readers[key]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gguf_package, "GGUFReader", shared_reader)
-        hf = hf_from_gguf(path)
-    return path, refimpl.load("gemma-3-270m"), hf
+    return path, gemma3_f32, hf_from_gguf(path)
 
 
 def test_gemma3_270m_is_read_by_the_front_door(gemma3):

@@ -175,15 +175,15 @@ def centered_rms(d: np.ndarray) -> float:  # [T, n] -> RMS of each row's differe
 
 
 @pytest.fixture(scope="module")
-def smollm2_logits():
+def smollm2_logits(smollm2_f32):
     """(model, fixture, {prompt: (exact, rounded)} logits [T, V]) for the three prompts."""
-    import refimpl
     from refimpl.llama.model import logits
 
     path = real_file("smollm2")
     fx = json.loads(LOGITS.read_text())["smollm2"]
     assert fx["file"] == path.name
-    model = refimpl.load(path)  # float32, the dequantized weights
+    model = smollm2_f32  # refimpl.load of the file: float32, the dequantized weights (conftest.py, shared)
+    assert model.config.model_type == "llama" and model.params.dtype == np.float32
     ops = rounded_ops()
     out = {}
     for p in fx["prompts"]:

