@@ -261,13 +261,10 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma-3-270m"])
 def real(request):  # (name, the model kept quantized, the float32 model on the same file's decoded weights)
-    from refimpl.llama import LlamaModel
-    from refimpl.llama.gguf import load_gguf
-
     path = real_gguf(request.param)
     q = load_gguf_model(path, weights="quantized")
-    config, params, _ = load_gguf(path)
-    return request.param, q, LlamaModel(config, params, q.tokenizer, q.chat_template)
+    f = request.getfixturevalue({"smollm2-135m-instruct": "smollm2_f32", "gemma-3-270m": "gemma3_f32"}[request.param])
+    return request.param, q, f  # f: refimpl.load(name), loaded once for the run (conftest.py)
 
 
 def test_real_models_decode_the_same_greedy_tokens_from_their_blocks(real):
