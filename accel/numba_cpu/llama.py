@@ -66,7 +66,7 @@ from refimpl.norms import _rms_norm
 from refimpl.positional import _rope_rotate
 from refimpl.quant.weights import QuantizedLinear, QuantizedTensor, round_activations
 
-from . import qmatvec
+from . import qmatmat, qmatvec
 
 from ._launch import LAUNCH_LOCK, kernel_threads, needs_setup
 from .attention import DECODE_PARALLEL_WORK, _decode_attention_serial, decode_attention, masked_attention
@@ -172,7 +172,9 @@ def _quantized_product(x, q: QuantizedTensor, b) -> np.ndarray:  # [..., K] -> [
     elif not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1 and x.shape[-1] == K and x.size):
         y = _linear(x, q.dequantize().T, b)
     else:
-        y = qmatvec.qmatvec(form, x.reshape(-1, K), kernel_threads()).reshape(x.shape[:-1] + (N,))
+        rows = x.reshape(-1, K)  # a prompt's rows: W decoded a panel at a time (qmatmat); a few rows: qmatvec
+        product = qmatmat.qmatmat if rows.shape[0] >= qmatmat.MIN_ROWS else qmatvec.qmatvec
+        y = product(form, rows, kernel_threads()).reshape(x.shape[:-1] + (N,))
         if b is not None:
             y += b
     if fix is not None:
