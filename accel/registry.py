@@ -138,6 +138,11 @@ KERNELS: list[KernelSpec] = [
         note="x quantized as ggml does, integer block sums: (gamma_{K/32+3} + u) sum |w x| <= 7.6e-4 here",
     ),
     KernelSpec(
+        "quantized_matmul", "numba", "accel.numba_cpu.qmatmat:quantized_matmul",
+        "refimpl.quant.weights:quantized_matmul", ("float32",), rtol={"float32": 0.0}, atol={"float32": 2e-3},
+        note="W decoded exactly (refimpl's bits), dot products in any order: gamma_K sum |x w| <= 1.95e-3 here",
+    ),
+    KernelSpec(
         "softmax", "numba", "accel.numba_cpu.softmax:softmax", "refimpl.attention:softmax", _F32_F64,
         rtol={"float32": 4e-7, "float64": 1e-13}, atol={"float32": 1e-30, "float64": 1e-300},
         note="rows in float64, rounded once: float32 off by 2^-24; float64 by n eps (summation order)",
@@ -341,6 +346,15 @@ NOTES: dict[str, str] = {
         "x quantized as ggml's vec_dot does (bit-exact), integer block sums, then (d xd) I (+ m s): |y - twin| <= "
         "gamma_{K/32+3} sum |d xd I| + |m s| + u |w x| (qmatvec.error_bound); the suite's cases (|w| <= 1, |x| <= "
         "1, K <= 576) bound that by (21 + 1) 2^-24 x 576 = 7.6e-4"
+    ),
+    "quantized_matmul[numba]": (
+        "qmatmat decodes W a panel of rows at a time, bit for bit refimpl's dequantize (each format's float32 "
+        "operations proved exact or the same single rounding in qmatmat's docstring), then sums each x . w_n in "
+        "4 x 4 vectorised tiles: any summation order of K terms is within gamma_K sum_k |x_k||w_nk| of the exact "
+        "product of the same decoded W (Higham, Thm 3.1), the float32 BLAS product's bound (linear[numba]); "
+        "qmatmat.error_bound checks it per entry in tests/test_qmatmat.py. The suite's cases "
+        "(verify._case_quantized_matmul: |d q| + |m| <= 1/2, |x| <= 1, K <= 256) bound that by gamma_256 x 128 = "
+        "1.95e-3"
     ),
     "softmax[numba]": (
         "each row is computed in float64 (max, exp, a sum in a vectorised order, times 1 / sum) and rounded once "

@@ -278,6 +278,15 @@ def _case_quantized_matvec(rng, dtype, d) -> Case:  # dims: fmt, lead, N, K
     return Case((blocks.reshape(-1), fmt, (N, K), x), {}, f"{fmt} W({N}, {K}) x{x.shape}")
 
 
+def _case_quantized_matmul(rng, dtype, d) -> Case:  # dims: fmt, lead, N, K
+    """x [..., K] and W [N, K] as _case_quantized_matvec draws them (|d q| + |m| <= 1/2, |x| <= 1), W held as a
+    QuantizedTensor: the registry's atol assumes these ranges and K <= 256."""
+    from refimpl.quant.weights import QuantizedTensor
+
+    blocks, fmt, shape, x = _case_quantized_matvec(rng, dtype, d).args
+    return Case((x, QuantizedTensor(fmt, shape, blocks)), {}, f"{fmt} W{shape} x{x.shape}")
+
+
 def _case_linear(rng, dtype, d) -> Case:  # dims: lead, n_in, n_out, bias, layout
     """x [..., in] ~ N(0, 1), W [in, out] ~ N(0, 1 / in) (C-contiguous, or "F": the transposed view of a stored
     [out, in], as checkpoints' weights arrive), b ~ N(0, 0.1^2) or None: the registry's atol assumes these."""
@@ -342,6 +351,7 @@ _BUILDERS = {
     "decode_attention": _case_decode_attention,
     "quantized_matvec": _case_quantized_matvec,
     "quantized_matvec_q8": _case_quantized_matvec,
+    "quantized_matmul": _case_quantized_matmul,
     "linear": _case_linear,
     "lm_head": _case_lm_head,
     "llama_decode_step": _case_decode_step,
@@ -473,6 +483,11 @@ VERIFY_DIMS: dict[str, dict[str, list[dict]]] = {
         "full": [dict(fmt="Q4_1", lead=(1,), N=192, K=576), dict(fmt="Q4_1", lead=(3,), N=70, K=512),
                  dict(fmt="Q8_0", lead=(1,), N=129, K=512), dict(fmt="Q8_0", lead=(2, 2), N=5, K=32)],
         "tiny": [dict(fmt="Q4_1", lead=(1,), N=3, K=32), dict(fmt="Q8_0", lead=(2,), N=3, K=64)],
+    },
+    "quantized_matmul": {  # a prompt's rows in 4 x 4 tiles and tails (rows of x and of W), K <= 256
+        "full": [dict(fmt="Q4_1", lead=(13,), N=70, K=256), dict(fmt="Q8_0", lead=(2, 9), N=37, K=128),
+                 dict(fmt="Q4_1", lead=(1,), N=5, K=32)],
+        "tiny": [dict(fmt="Q4_1", lead=(5,), N=6, K=32), dict(fmt="Q8_0", lead=(2,), N=3, K=64)],
     },
 }
 

@@ -190,6 +190,14 @@ def quantized_matvec_dims(draw, tiny: bool = False) -> dict:
 
 
 @st.composite
+def quantized_matmul_dims(draw, tiny: bool = False) -> dict:
+    """W [N, K] in Q8_0 or Q4_1 blocks (K a multiple of 32, up to 256), x [..., K] with up to 20 rows: tails of rows
+    of x and of W past whole 4 x 4 tiles."""
+    return dict(fmt=draw(st.sampled_from(["Q8_0", "Q4_1"])), lead=(draw(dims(1, 6 if tiny else 20)),),
+                N=draw(dims(1, 8 if tiny else 90)), K=32 * draw(dims(1, 2 if tiny else 8)))
+
+
+@st.composite
 def linear_dims(draw, tiny: bool = False) -> dict:
     """x [..., in], W [in, out] C- or F-contiguous (a stored [out, in] read transposed), with or without a bias;
     in <= 96 (the registry's linear tolerance assumes it)."""
@@ -219,6 +227,7 @@ KERNEL_DIMS = {  # kernel name -> its dims strategy (called with tiny=...)
     "decode_attention": decode_dims_BHKSD,
     "quantized_matvec": quantized_matvec_dims,
     "quantized_matvec_q8": quantized_matvec_dims,
+    "quantized_matmul": quantized_matmul_dims,
     "linear": linear_dims,
     "lm_head": lm_head_dims,
 }

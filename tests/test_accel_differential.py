@@ -151,7 +151,7 @@ def test_registry_lookups_and_backend_reasons():
         registry.kernels("fortran")
     assert {s.name for s in registry.kernels("numba") if s.entry == "kernel"} == {
         "softmax", "layer_norm", "rms_norm", "gelu_tanh_bias", "glu_gate", "apply_rope", "masked_attention",
-        "decode_attention", "quantized_matvec", "quantized_matvec_q8"}
+        "decode_attention", "quantized_matvec", "quantized_matvec_q8", "quantized_matmul"}
     assert {s.name for s in registry.kernels("numba") if s.entry != "kernel"} == {  # LlamaOps' ops, fused steps
         "rope_rotate", "linear", "lm_head", "llama_decode_step", "gpt2_decode_step"}
     avail = registry.available_backends()

@@ -133,8 +133,8 @@ def test_real_matrices_decode_to_refimpls_bits_and_multiply_within_the_bound(nam
 
 
 def test_registered_entry_takes_the_twins_arguments():
-    """quantized_matmul(x, w) (the registry's fn): lead axes, float16 x, activations="q8", a format without a kernel
-    (the twin's decode-then-product), and a w that is not a QuantizedTensor named at the boundary."""
+    """quantized_matmul(x, w) (the registry's fn): lead axes, float16 and big-endian x, activations="q8", a format
+    without a kernel (the twin's decode-then-product); float64 x and a w that is not a QuantizedTensor refused."""
     rng = np.random.default_rng(3)
     w = QuantizedTensor("Q4_1", (21, 64), _blocks(rng, "Q4_1", 21, 64, "quantized"))
     x = rng.standard_normal((2, 3, 64)).astype(np.float32)
@@ -142,6 +142,9 @@ def test_registered_entry_takes_the_twins_arguments():
     assert y.shape == (2, 3, 21) and y.dtype == np.float32
     assert np.array_equal(y.reshape(6, 21), qmm.qmatmat(qm.repack(w.blocks, "Q4_1", w.shape), x.reshape(6, 64), 1))
     assert qmm.quantized_matmul(x.astype(np.float16), w).dtype == np.float16
+    assert np.array_equal(qmm.quantized_matmul(x.astype(">f4"), w), y)
+    with pytest.raises(ValueError, match="float32"):
+        qmm.quantized_matmul(x.astype(np.float64), w)
     bound = qmm.error_bound(qm.repack(w.blocks, "Q4_1", w.shape), x.reshape(6, 64)).reshape(y.shape)
     w8 = QuantizedTensor("Q4_1", w.shape, w.blocks, activations="q8")
     assert (np.abs(qmm.quantized_matmul(x, w8) - quantized_matmul(x, w8)) <= 2 * bound + 1e-6).all()

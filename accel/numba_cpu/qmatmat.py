@@ -241,23 +241,32 @@ def error_bound(p: qmatvec.Packed, x) -> np.ndarray:  # float32 [..., K] -> floa
 
 
 def quantized_matmul(x, w) -> np.ndarray:  # [..., K], QuantizedTensor W [N, K] -> [..., N]
-    """y = x W^T with W decoded (refimpl.quant.weights.quantized_matmul's twin): qmatmat from the blocks for float32
-    (or float16, widened and cast back) x and a format of qmatvec.FORMATS; refimpl's definition otherwise."""
-    from refimpl.quant.weights import QuantizedTensor, quantized_matmul as twin, round_activations
+    """y = x W^T with W decoded: refimpl.quant.weights.quantized_matmul's twin (the registry's fn), by qmatmat from
+    the blocks (repacked each call) for a format of qmatvec.FORMATS, the twin's decode-then-product for the others;
+    activations="q8" rounds x as the twin does first (and adds Q8_1's term). x: float32 in any byte order, or
+    float16 (widened, the result cast back); float64 is refused (ValueError: qmatmat sums in float32; the twin is
+    the float64 product); other dtypes: the TypeError of accel's CPU kernels; w not a QuantizedTensor: TypeError."""
+    from accel._common import cpu_dtypes
+    from refimpl.quant.weights import QuantizedTensor, round_activations
+    from refimpl.quant.weights import quantized_matmul as twin
 
     if not isinstance(w, QuantizedTensor):
         raise TypeError(f"quantized_matmul: w must be a QuantizedTensor; got {type(w).__name__}")
     x = np.asarray(x)
+    if x.dtype.kind != "f":
+        x = x.astype(np.float64)
+    work, out = cpu_dtypes([x], ["x"])
     N, K = w.shape
-    if not (x.dtype in (np.float32, np.float16) and x.ndim >= 1 and x.shape[-1] == K
-            and w.ggml_type.name in qmatvec.FORMATS):
-        return twin(x, w)
+    if work != np.float32 or x.ndim < 1 or x.shape[-1] != K:
+        raise ValueError(f"qmatmat: x must be float32 (or float16) [..., K] with K = {K}; got {x.dtype} of shape "
+                         f"{x.shape}")
     xf = x.astype(np.float32)
-    if w.activations == "q8":
-        xf = round_activations(xf, w.ggml_type)
-    p = qmatvec.repack(w.blocks, w.ggml_type.name, w.shape)
-    y = qmatmat(p, xf.reshape(-1, K)).reshape(x.shape[:-1] + (N,))
-    fix = w.q8_1_correction(x)
+    if w.ggml_type.name not in qmatvec.FORMATS:
+        return twin(xf, w).astype(out, copy=False)
+    rows = round_activations(xf, w.ggml_type) if w.activations == "q8" else xf
+    y = qmatmat(qmatvec.repack(w.blocks, w.ggml_type.name, w.shape), rows.reshape(-1, K)).reshape(x.shape[:-1] + (N,))
+    fix = w.q8_1_correction(xf)
     if fix is not None:
         y += fix.reshape(y.shape).astype(y.dtype)
-    return y.astype(x.dtype, copy=False)
+    return y.astype(out, copy=False)
+
