@@ -284,6 +284,33 @@ def test_real_models_decode_the_same_greedy_tokens_from_their_blocks(real):
         assert err <= tol
 
 
+LONG_PROMPT = ("The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz "
+               "combined movable metal type, an oil-based ink and a screw press adapted from the wine makers of "
+               "the Rhine. Within fifty years presses were running in more than two hundred cities across Europe, "
+               "and the price of a book fell so far that students, merchants and priests could own their own "
+               "copies. Pamphlets, maps, calendars and sheet music followed, and printers began to standardise the "
+               "spelling of the languages they set in type. Scholars still argue about what changed most: the speed")
+
+
+def test_real_models_prefill_a_long_prompt_from_their_blocks(real):
+    """A prompt of ~120 tokens: its products run on qmatmat (W decoded a panel at a time, float32 dot products;
+    within gamma_K sum |x||w| of the float32 model's products, the bound its BLAS products have). The greedy tokens
+    equal the float32 model's on the numba backend, the logits within the float32 numba backend's tolerance."""
+    from test_accel_llama_numba import logit_tolerance, margin
+
+    name, q, f = real
+    ids = q.tokenizer.encode(LONG_PROMPT)
+    assert len(ids) >= 110
+    runs = [refimpl.generate(model, LONG_PROMPT, max_new_tokens=4, backend="numba", eos_token_id=None).ids
+            for model in (q, f)]
+    assert runs[0] == runs[1], runs
+    zq, zf = logits(q, np.array(ids), backend="numba"), logits(f, np.array(ids))
+    err, tol = rel(zq, zf), logit_tolerance(q.config, np.float32)
+    DIFFS.show(f"{name} {len(ids)}-token prompt: numba from the blocks (qmatmat) vs numpy float32 (top-2 margin "
+               f"min {margin(zf) / np.abs(zf).max():.1e} rel)", max_rel=err, tol=tol)
+    assert err <= tol
+
+
 def test_generate_takes_weights_quantized_from_the_command_line(files, capsys):
     from refimpl.__main__ import main
 
