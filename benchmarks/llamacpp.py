@@ -29,7 +29,8 @@ Cases (interleaved rounds, harness.time_interleaved; "paired": the median of per
   at a time, each step's argmax fed back (benchmarks.llama.greedy; the worker's loop is the same).
   tokens/s = 64 / time, the prompt's prefill included. Before timing, the SmolLM2 decoders' tokens
   (llama.cpp, refimpl float32) are compared (they need not all agree: llama.cpp's logits are not the exact ones).
-- prefill T=128: 128 ids into an empty KV cache, logits of the last position only.
+- prefill T=128: 128 ids into an empty KV cache, logits of the last position only (weights kept quantized: each
+  product on accel.numba_cpu.qmatmat, W decoded a panel of rows at a time).
 
 Bound for decoding at batch 1: a step reads every weight once, so tokens/s <= bandwidth / bytes per token:
 the tensors' bytes in the file for llama.cpp (quantized; the tied embedding read whole as the LM head),
