@@ -43,6 +43,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from refimpl.quant.weights import QuantizedTensor
+
 from . import qmatvec
 from ._launch import kernel_threads, run_parallel
 from ._simd import wide_vectors
@@ -240,14 +242,14 @@ def error_bound(p: qmatvec.Packed, x) -> np.ndarray:  # float32 [..., K] -> floa
     return g * (np.abs(x.astype(np.float64)) @ np.abs(w).T) + tiny
 
 
-def quantized_matmul(x, w) -> np.ndarray:  # [..., K], QuantizedTensor W [N, K] -> [..., N]
+def quantized_matmul(x, w: QuantizedTensor) -> np.ndarray:  # [..., K], W [N, K] -> [..., N]
     """y = x W^T with W decoded: refimpl.quant.weights.quantized_matmul's twin (the registry's fn), by qmatmat from
     the blocks (repacked each call) for a format of qmatvec.FORMATS, the twin's decode-then-product for the others;
     activations="q8" rounds x as the twin does first (and adds Q8_1's term). x: float32 in any byte order, or
     float16 (widened, the result cast back); float64 is refused (ValueError: qmatmat sums in float32; the twin is
     the float64 product); other dtypes: the TypeError of accel's CPU kernels; w not a QuantizedTensor: TypeError."""
     from accel._common import cpu_dtypes
-    from refimpl.quant.weights import QuantizedTensor, round_activations
+    from refimpl.quant.weights import round_activations
     from refimpl.quant.weights import quantized_matmul as twin
 
     if not isinstance(w, QuantizedTensor):
