@@ -21,18 +21,10 @@ scripts/gpu_check.sh runs this file on a real GPU. Run with -s to read the max d
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import zlib
 
-# No GPU driver here and no explicit choice: run the Numba-CUDA kernels on the simulator
-# (as scripts/test.sh does). Must happen before numba.cuda is first imported.
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and shutil.which("nvidia-smi") is None:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    if "numba.cuda" not in sys.modules:
-        import numba.core.config
-
-        numba.core.config.reload_config()
+import cuda_simulator  # noqa: F401  (before numba.cuda: the simulator where there is no GPU)
 
 import numpy as np
 import pytest

@@ -17,21 +17,7 @@ at the end of the run: tests/report.py). The dims strategies are tests/strategie
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-
-# No GPU driver here and no explicit choice: the Numba-CUDA entries run on the simulator
-# (the same rule as tests/test_accel_cuda.py). Must happen before numba.cuda is imported.
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and shutil.which("nvidia-smi") is None:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    if "numba.cuda" not in sys.modules:
-        try:
-            import numba.core.config
-
-            numba.core.config.reload_config()
-        except ImportError:
-            pass
+import cuda_simulator  # noqa: F401  (before numba.cuda: the simulator where there is no GPU)
 
 import numpy as np
 import pytest

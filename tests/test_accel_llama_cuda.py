@@ -18,18 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sys
 from types import SimpleNamespace
 
-# No GPU driver here and no explicit choice: the Numba-CUDA kernels run on the simulator (as in
-# tests/test_accel_cuda.py). Must happen before numba.cuda is first imported.
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and shutil.which("nvidia-smi") is None:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    if "numba.cuda" not in sys.modules:
-        import numba.core.config
-
-        numba.core.config.reload_config()
+import cuda_simulator  # noqa: F401  (before numba.cuda: the simulator where there is no GPU)
 
 import numpy as np
 import pytest

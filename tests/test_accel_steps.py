@@ -21,19 +21,7 @@ Run with -s to read the max errors seen.
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and shutil.which("nvidia-smi") is None:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # (as tests/test_accel_differential.py: before numba.cuda's import)
-    if "numba.cuda" not in sys.modules:
-        try:
-            import numba.core.config
-
-            numba.core.config.reload_config()
-        except ImportError:
-            pass
+import cuda_simulator  # noqa: F401  (before numba.cuda: the simulator where there is no GPU)
 
 import numpy as np
 import pytest
