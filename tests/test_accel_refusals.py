@@ -190,3 +190,22 @@ def test_the_gpu_backend_refuses_float16_weights_at_prepare(family):
     params, _ = tiny_model(family, np.float16, 0)
     with pytest.raises(TypeError, match="runs float32 / float64 weights .*; got float16"):
         ops.prepare(params)
+
+
+def test_weights_kept_quantized_count_an_x_their_kernels_do_not_read():
+    """A float64 x on a QuantizedLinear runs refimpl's definition (decode, then x W^T), counted as linear's refusal;
+    a float32 x runs the kernels and counts nothing."""
+    from refimpl.quant import quantize
+    from refimpl.quant.weights import QuantizedLinear, QuantizedTensor, quantized_linear
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    p = QuantizedLinear(QuantizedTensor("Q8_0", w.shape, quantize(w, "Q8_0")))
+    x = rng.standard_normal((2, 64))
+    before = ng.DECLINED.copy()
+    y = nl._linear_op(x, p)
+    assert (ng.DECLINED - before) == {"linear: x float64 on weights kept quantized (their kernels read float32 x)": 1}
+    np.testing.assert_array_equal(y, quantized_linear(x, p))
+    before = ng.DECLINED.copy()
+    nl._linear_op(x.astype(np.float32), p)
+    assert not (ng.DECLINED - before)

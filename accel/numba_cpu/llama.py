@@ -159,7 +159,8 @@ def _release_pages(blocks) -> None:
 def _quantized_product(x, q: QuantizedTensor, b) -> np.ndarray:  # [..., K] -> [..., N]
     """y = x W^T (+ b) for W [N, K] kept quantized: qmatvec from the blocks for float32 x, on the step's threads
     (its summation order: qmatvec's error bound against refimpl.quant.weights.quantized_linear); a format without a
-    kernel on the BLAS over its decoded matrix; another x dtype: refimpl's definition (decode, then x W^T)."""
+    kernel on the BLAS over its decoded matrix; another x dtype: refimpl's definition (decode, then x W^T), refused
+    (counted)."""
     form = _kernel_form(q)
     N, K = q.shape
     fix = None
@@ -170,6 +171,8 @@ def _quantized_product(x, q: QuantizedTensor, b) -> np.ndarray:  # [..., K] -> [
         y = _product(x, form.T, b)
         y = _linear(x, form.T, b) if y is None else y
     elif not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1 and x.shape[-1] == K and x.size):
+        if isinstance(x, np.ndarray) and x.dtype != np.float32:  # (a misshapen x gets refimpl's error; empty, its [])
+            refused("linear", f"x {x.dtype.name} on weights kept quantized (their kernels read float32 x)")
         y = _linear(x, q.dequantize().T, b)
     else:
         rows = x.reshape(-1, K)  # a prompt's rows: W decoded a panel at a time (qmatmat); a few rows: qmatvec
